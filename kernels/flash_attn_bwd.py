@@ -1,0 +1,441 @@
+"""FlashAttention backward in Triton: gradients from O and one log-sum-exp per row.
+
+What has to be computed
+-----------------------
+With S = scale * Q K^T, P = softmax(S) row-wise and O = P V, the gradients for an upstream
+gradient dO are (for one batch and head):
+
+    dV = P^T dO                        (s_k, d)
+    dP = dO V^T                        (s_q, s_k)
+    dS = P * (dP - delta[:, None])     (s_q, s_k),  delta = rowsum(dO * O)   (s_q,)
+    dQ = scale * dS K                  (s_q, d)
+    dK = scale * dS^T Q                (s_k, d)
+
+(delta is rowsum(P * dP), the softmax's correction term; rowsum(dO * O) is the same number,
+cheaper to get.) P is never stored: the forward kept lse2 = log2-sum-exp of the scores in
+log2 units, and every tile of P is recomputed exactly as ``exp2(q k^T * scale * log2(e) - lse2)``.
+
+Three launches, no atomics
+--------------------------
+1. ``_bwd_delta_kernel``: delta = rowsum(dO * O) in fp32: reads O and dO once.
+2. ``_bwd_dkdv_kernel``: one program per block of BLOCK_N keys of one key/value head. It keeps
+   its K and V tiles and fp32 dK, dV accumulators on chip and walks over every query block of
+   every query head that shares this key/value head (GQA), so dK and dV are complete when the
+   program ends and each is written exactly once, in the input dtype, with no reduction over
+   heads afterwards and no extra buffer.
+3. ``_bwd_dq_kernel``: one program per block of BLOCK_M query rows; it walks over the key
+   blocks and accumulates dQ on chip, written once.
+
+Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q K^T and
+dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
+dQ buffer, and the result is deterministic.
+
+Masks, as in the forward: causal attention is aligned top-left like PyTorch's SDPA (query i
+sees keys j <= i). Tiles that lie fully below the diagonal run with no mask; only tiles that
+cross the diagonal or the end of a sequence do. Rows past the end of the queries need no
+arithmetic mask at all: their lse2 is loaded as +inf, so their probabilities are exp2(-inf)
+= 0 and they contribute nothing.
+
+Extra memory of the backward: delta (B * H * s_q * 4 bytes) and the three gradients, in the
+inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.flash_attn_fwd import LOG2E, SMEM_BYTES, _autotune_options, _configs, _mm, seq_bucket
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs hold two fp32 (BLOCK_N, d)
+# accumulators, so they favour a long key tile and short query steps; dQ programs hold one
+# (BLOCK_M, d) accumulator and favour the opposite.
+DKDV_SPACE = [
+    (64, 128, 8, 2),
+    (64, 128, 8, 3),
+    (32, 128, 4, 2),
+    (32, 128, 8, 3),
+    (64, 64, 4, 2),
+    (32, 64, 4, 3),
+]
+DQ_SPACE = [
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 32, 4, 2),
+    (64, 64, 4, 3),
+    (64, 32, 4, 2),
+]
+BWD_DEFAULT = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+DELTA_BLOCK_M = 64
+
+
+def _prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Drop configs whose pipelined tiles cannot fit in shared memory; keep small tiles for the
+    largest head dims, where the fp32 accumulators would otherwise spill."""
+    d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    elem = named_args["Q"].element_size()
+    kept = []
+    for c in configs:
+        bm, bn, st = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages
+        smem = st * 2 * max(bm, bn) * d * elem + 2 * min(bm, bn) * d * elem
+        if smem > SMEM_BYTES:
+            continue
+        if d >= 256 and (max(bm, bn) > 64 or st > 2):
+            continue
+        kept.append(c)
+    return kept or [triton.Config(dict(BLOCK_M=32, BLOCK_N=32), num_warps=4, num_stages=1)]
+
+
+@triton.jit(do_not_specialize=["s_q"])
+def _bwd_delta_kernel(
+    O, DO,  # (B, H, s_q, d), any strides
+    DELTA,  # (B, H, s_q) fp32, contiguous: rowsum(dO * O)
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H, s_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    # Reads 2 * BLOCK_M * d elements, writes BLOCK_M fp32.
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < s_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(
+        O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(
+        DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
+
+
+@triton.jit
+def _dkdv_query_loop(
+    dk, dv,  # (BLOCK_N, BLOCK_D) fp32 accumulators
+    k, v,  # (BLOCK_N, BLOCK_D) this program's key and value tiles
+    q_ptrs, do_ptrs,  # pointers to the (BLOCK_M, BLOCK_D) tiles of query row 0 of this head
+    lse_ptr, delta_ptr,  # this head's (s_q,) lse2 and delta
+    stride_qm, stride_dom,
+    offs_n,  # (BLOCK_N,) absolute key indices of this program
+    offs_d,  # (BLOCK_D,)
+    lo, hi,  # query rows [lo, hi) visited by this loop, lo a multiple of BLOCK_M
+    s_q, qk_scale, HEAD_DIM,
+    BLOCK_M: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr,  # rows cross the diagonal or the end of the queries
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    offs_m0 = tl.arange(0, BLOCK_M)
+    q_ptrs += lo * stride_qm
+    do_ptrs += lo * stride_dom
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m0  # (BLOCK_M,)
+        # ---- load a query tile, its dO tile, lse2 and delta: 2 * BLOCK_M * d + 2 * BLOCK_M -----
+        if MASKED:
+            ld_mask = rows[:, None] < s_q
+            if not EVEN_D:
+                ld_mask = ld_mask & (offs_d[None, :] < HEAD_DIM)
+            q = tl.load(q_ptrs, mask=ld_mask, other=0.0)
+            do = tl.load(do_ptrs, mask=ld_mask, other=0.0)
+            lse = tl.load(lse_ptr + rows, mask=rows < s_q, other=float("inf"))
+            delta = tl.load(delta_ptr + rows, mask=rows < s_q, other=0.0)
+        else:
+            if EVEN_D:
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+            else:
+                q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+                do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            lse = tl.load(lse_ptr + rows)
+            delta = tl.load(delta_ptr + rows)
+        # ---- P^T for this tile, recomputed from lse2: (BLOCK_N, BLOCK_M) -----------------------
+        qk_t = _mm(k, tl.trans(q), IEEE)
+        p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
+        if MASKED and CAUSAL:
+            p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
+        # ---- dV += P^T dO ------------------------------------------------------------------------
+        dv += _mm(p_t.to(do.dtype), do, IEEE)
+        # ---- dS^T = P^T * (V dO^T - delta), dK += dS^T Q ------------------------------------------
+        dp_t = _mm(v, tl.trans(do), IEEE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += _mm(ds_t.to(q.dtype), q, IEEE)
+        q_ptrs += BLOCK_M * stride_qm
+        do_ptrs += BLOCK_M * stride_dom
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+def _bwd_dkdv_kernel(
+    Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
+    LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
+    DK, DV,  # outputs (B, H_kv, s_k, d), written in full
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, H_kv, GROUP,
+    s_q, s_k,
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale (dK = scale * dS^T Q)
+    seq_bucket,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)  # (batch, key/value head)
+    b = bhk // H_kv
+    h_kv = bhk % H_kv
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    # ---- this program's K and V tiles stay on chip: 2 * BLOCK_N * d reads ----------------------
+    kv_mask = offs_n[:, None] < s_k
+    if not EVEN_D:
+        kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
+    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # ---- which query blocks need a mask ---------------------------------------------------------
+    # Causal: rows below start_n see none of these keys; rows in [lo, mid) see some of them
+    # (the diagonal); rows from mid on see all of them.
+    s_q_full = (s_q // BLOCK_M) * BLOCK_M
+    s_q_end = tl.cdiv(s_q, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(lo + tl.cdiv(start_n + BLOCK_N - lo, BLOCK_M) * BLOCK_M, s_q_end)
+        full_hi = tl.maximum(mid, s_q_full)
+    else:
+        lo = 0
+        mid = 0
+        full_hi = s_q_full
+
+    for g in range(0, GROUP):  # every query head that reads this key/value head
+        h = h_kv * GROUP + g
+        bh = b * H + h
+        q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+        do_ptrs = (DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
+        lse_ptr = LSE2 + bh.to(tl.int64) * s_q
+        delta_ptr = DELTA + bh.to(tl.int64) * s_q
+        if CAUSAL:  # the diagonal band
+            dk, dv = _dkdv_query_loop(
+                dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
+                offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM,
+                BLOCK_M, EVEN_D, True, CAUSAL, IEEE)
+        # rows that see every key of the tile, then the ragged end of the queries
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
+            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM,
+            BLOCK_M, EVEN_D, False, CAUSAL, IEEE)
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
+            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM,
+            BLOCK_M, EVEN_D, True, False, IEEE)
+
+    # ---- write dK and dV once: 2 * BLOCK_N * d elements -------------------------------------------
+    dk = dk * sm_scale
+    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh
+               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh
+               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_key_loop(
+    dq,  # (BLOCK_M, BLOCK_D) fp32 accumulator
+    q, do,  # (BLOCK_M, BLOCK_D) tiles in registers
+    lse, delta,  # (BLOCK_M,) fp32
+    k_ptrs, v_ptrs,  # pointers to the (BLOCK_N, BLOCK_D) tiles of key 0 of this head
+    stride_kn, stride_vn,
+    offs_m, offs_d,
+    lo, hi,  # keys [lo, hi)
+    s_k, qk_scale, HEAD_DIM,
+    BLOCK_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n0
+        if MASKED:
+            ld_mask = cols[:, None] < s_k
+            if not EVEN_D:
+                ld_mask = ld_mask & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_ptrs, mask=ld_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=ld_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        # ---- P, dP and dS for this tile: (BLOCK_M, BLOCK_N) ---------------------------------------
+        p = tl.math.exp2(_mm(q, tl.trans(k), IEEE) * qk_scale - lse[:, None])
+        if MASKED:
+            visible = cols[None, :] < s_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = _mm(do, tl.trans(v), IEEE)
+        ds = p * (dp - delta[:, None])
+        # ---- dQ += dS K -----------------------------------------------------------------------------
+        dq += _mm(ds.to(k.dtype), k, IEEE)
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return dq
+
+
+@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE2, DELTA,
+    DQ,  # output (B, H, s_q, d), written in full
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, GROUP,
+    s_q, s_k,
+    qk_scale, sm_scale,
+    seq_bucket,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    h_kv = h // GROUP
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    # ---- this program's Q and dO tiles, lse2 and delta stay on chip ----------------------------
+    row_mask = offs_m[:, None] < s_q
+    if not EVEN_D:
+        row_mask = row_mask & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row_mask, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=row_mask, other=0.0)
+    lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=float("inf"))
+    delta = tl.load(DELTA + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=0.0)
+    k_ptrs = (K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # ---- the same split of the key range as the forward ----------------------------------------
+    s_k_full = (s_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        full_hi = tl.minimum(s_k_full, (start_m // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(s_k, start_m + BLOCK_M)
+    else:
+        full_hi = s_k_full
+        hi = s_k
+    dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                      offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
+                      BLOCK_N, EVEN_D, False, CAUSAL, IEEE)
+    dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                      offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM,
+                      BLOCK_N, EVEN_D, True, CAUSAL, IEEE)
+
+    # ---- write dQ once: BLOCK_M * d elements ---------------------------------------------------
+    dq = dq * sm_scale
+    tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+_dkdv_tuned = triton.autotune(
+    configs=_configs(DKDV_SPACE),
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
+    prune_configs_by={"early_config_prune": _prune_bwd},
+    **_autotune_options(),
+)(_bwd_dkdv_kernel)
+
+_dq_tuned = triton.autotune(
+    configs=_configs(DQ_SPACE),
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
+    prune_configs_by={"early_config_prune": _prune_bwd},
+    **_autotune_options(),
+)(_bwd_dq_kernel)
+
+
+def attention_backward(
+    do: torch.Tensor,  # (B, H, s_q, d) upstream gradient, any strides
+    q: torch.Tensor,  # (B, H, s_q, d)
+    k: torch.Tensor,  # (B, H_kv, s_k, d)
+    v: torch.Tensor,  # (B, H_kv, s_k, d)
+    o: torch.Tensor,  # (B, H, s_q, d) the forward's output
+    lse2: torch.Tensor,  # (B, H, s_q) fp32
+    causal: bool,
+    scale: float,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
+
+    Allocates delta (B, H, s_q) fp32 and the three gradients, nothing else.
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner for both kernels.
+    """
+    from kernels.flash_attn_fwd import block_d
+
+    B, H, s_q, d = q.shape
+    H_kv, s_k = k.shape[1], k.shape[2]
+    group = H // H_kv
+    bd = block_d(d)
+    delta = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
+    _bwd_delta_kernel[(triton.cdiv(s_q, DELTA_BLOCK_M), B * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, s_q,
+        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=DELTA_BLOCK_M,
+    )
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
+                IEEE=q.dtype == torch.float32)
+    bucket = seq_bucket(max(s_q, s_k))
+    dkdv_args = (
+        q, k, v, do, lse2, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
+    )
+    dq_args = (
+        q, k, v, do, lse2, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        H, group, s_q, s_k, scale * LOG2E, scale, bucket,
+    )
+    if config is None:
+        _dkdv_tuned[lambda c: (triton.cdiv(s_k, c["BLOCK_N"]), B * H_kv)](*dkdv_args, **meta)
+        _dq_tuned[lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H)](*dq_args, **meta)
+    else:
+        _bwd_dkdv_kernel[(triton.cdiv(s_k, config["BLOCK_N"]), B * H_kv)](
+            *dkdv_args, **meta, **config)
+        _bwd_dq_kernel[(triton.cdiv(s_q, config["BLOCK_M"]), B * H)](*dq_args, **meta, **config)
+    return dq, dk, dv

@@ -1,0 +1,315 @@
+"""FlashAttention forward in Triton: one pass over the keys, no s x s matrix in memory.
+
+The algorithm, in our words
+---------------------------
+Attention for one (batch, head) is ``O = softmax(scale * Q K^T) V`` with Q of shape (s_q, d)
+and K, V of shape (s_k, d). Written plainly it materialises the (s_q, s_k) score matrix. Here
+each program owns BLOCK_M query rows and walks over the keys BLOCK_N at a time, keeping three
+running quantities per row in registers:
+
+* ``m``   the largest score seen so far (the softmax's shift, for numerical safety),
+* ``l``   the sum of exp(score - m) over the keys seen so far,
+* ``acc`` the sum of exp(score - m) * v over the keys seen so far, shape (BLOCK_M, d).
+
+When a new block raises the maximum from m to m', everything accumulated so far was scaled
+by exp(-m) and must be rescaled by exp(m - m'): one multiply per row for ``l`` and per row of
+``acc``. After the last block, ``O = acc / l``. This is the "online softmax": the exact
+softmax, computed in one streaming pass.
+
+Base 2 instead of base e. The exponential unit computes 2^x; exp(x) costs an extra multiply
+by log2(e). We fold log2(e) into the softmax scale once (``qk_scale = scale * log2(e)``), so
+that every score is in log2 units and the inner loop calls ``exp2`` only. The row statistic
+that we save for the backward is ``lse2 = m + log2(l)``, the log-sum-exp in those same units:
+with it the backward recomputes any probability as ``exp2(qk * qk_scale - lse2)`` without
+redoing the softmax's normalisation.
+
+Causal masking (aligned as PyTorch's SDPA ``is_causal``: top-left, query i sees keys j <= i,
+also when s_q != s_k) and the ragged tail of the key sequence are the only places that need
+a mask. So the key loop is split in two: the blocks that lie fully inside the visible region
+run without any mask (the bulk of the work), and the few blocks that straddle the diagonal or
+the end of the keys run with one. Blocks entirely above the diagonal are never visited: that
+is where causal attention saves half of the work.
+
+Memory traffic per (batch, head): read Q once (s_q * d), read K and V once per query block
+(2 * s_k * d * ceil(s_q / BLOCK_M)), write O once (s_q * d) and one fp32 lse2 per row. No
+other s-sized buffer is allocated: the extra memory of the forward is exactly
+``B * H * s_q * (d * e + 4)`` bytes (O and lse2).
+
+Head dims that are not a power of two (80, 96, ...) are padded to the next power of two
+inside the kernel: the padded columns are loaded as zeros, which leave every dot product
+unchanged, and are never stored.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton
+import triton.language as tl
+
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning space. Each entry is (BLOCK_M, BLOCK_N, num_warps, num_stages). On Hopper the known
+# good region for the forward is BLOCK_M = 128 with 8 warps (two warpgroups share the query
+# tile) and 3-4 pipeline stages for the K/V loads; smaller tiles serve short sequences and the
+# large head dims, where shared memory runs out first. The autotuner's key is (length bucket,
+# head dim, causal, dtypes): causal and non-causal never share an entry.
+# ---------------------------------------------------------------------------------------------
+FWD_SPACE = [
+    (128, 128, 8, 3),
+    (128, 64, 8, 3),
+    (128, 64, 4, 3),
+    (128, 128, 8, 4),
+    (128, 64, 8, 4),
+    (64, 64, 4, 3),
+    (128, 32, 4, 2),
+    (64, 32, 4, 2),
+]
+SMEM_BYTES = 220 * 1024  # usable shared memory per block on H100/H200 is 227 KiB
+# Fixed configs for the interpreter and for callers that must not tune (tests).
+FWD_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+
+def block_d(d: int) -> int:
+    """Head dim padded to the next power of two (at least 16, the smallest dot size)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def seq_bucket(s: int) -> int:
+    """Length bucket for the autotuner's key: powers of two from 256 up to 16384."""
+    return min(16384, max(256, triton.next_power_of_2(s)))
+
+
+def _configs(space: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+        for bm, bn, w, st in space
+    ]
+
+
+def _prune_fwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Drop configs whose pipelined K/V tiles cannot fit in shared memory, or whose query tile
+    is far longer than the sequence (they would only compute padding)."""
+    d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    elem = named_args["Q"].element_size()
+    s_q = named_args["s_q"]
+    kept = []
+    for c in configs:
+        bm, bn, st = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages
+        smem = st * 2 * bn * d * elem + bm * d * elem
+        if smem > SMEM_BYTES or (bm > 64 and s_q <= 64):
+            continue
+        if d >= 256 and (bn > 64 or st > 2):
+            continue
+        kept.append(c)
+    return kept or [triton.Config(dict(BLOCK_M=64, BLOCK_N=32), num_warps=4, num_stages=1)]
+
+
+def _autotune_options() -> dict:
+    """Options of triton.autotune that exist in this Triton: keep the timings on disk
+    (cache_results, Triton >= 3.2, in TRITON_CACHE_DIR) and bench each config briefly."""
+    params = inspect.signature(triton.autotune).parameters
+    opts = {}
+    if "cache_results" in params:
+        opts["cache_results"] = True
+    if "warmup" in params and "rep" in params:
+        opts.update(warmup=10, rep=40)
+    return opts
+
+
+@triton.jit
+def _mm(a, b, IEEE: tl.constexpr):
+    """a @ b with fp32 accumulation; exact fp32 products when the inputs are fp32 (IEEE)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _fwd_key_loop(
+    acc, m_i, l_i,  # running state: (BLOCK_M, BLOCK_D) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32
+    q,  # (BLOCK_M, BLOCK_D) query tile, input dtype, already in registers
+    k_ptrs, v_ptrs,  # pointers to the (BLOCK_N, BLOCK_D) key / value tile at key `lo`
+    stride_kn, stride_vn,  # how far one key row moves the pointers
+    offs_m,  # (BLOCK_M,) absolute query row indices of this program
+    offs_d,  # (BLOCK_D,) column indices, padded to a power of two
+    lo, hi,  # key range [lo, hi) visited by this loop; lo and hi are multiples of BLOCK_N or s_k
+    s_k, qk_scale, HEAD_DIM,
+    BLOCK_N: tl.constexpr,
+    EVEN_D: tl.constexpr,  # HEAD_DIM == BLOCK_D: no column mask needed
+    MASKED: tl.constexpr,  # this range straddles the diagonal or the end of the keys
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n  # (BLOCK_N,) absolute key indices
+        # ---- load one key and one value tile: 2 * BLOCK_N * d elements --------------------
+        if MASKED:
+            kv_mask = cols[:, None] < s_k
+            if not EVEN_D:
+                kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            d_mask = offs_d[None, :] < HEAD_DIM
+            k = tl.load(k_ptrs, mask=d_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=d_mask, other=0.0)
+        # ---- scores in log2 units: (BLOCK_M, BLOCK_N) ---------------------------------------
+        qk = _mm(q, tl.trans(k), IEEE) * qk_scale
+        if MASKED:
+            visible = cols[None, :] < s_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        # ---- online softmax update ------------------------------------------------------------
+        # Every row has seen at least one visible key before or in this block (key 0 is
+        # visible to every row), so m_new is finite and no NaN can appear.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
+        p = tl.math.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, m_i, l_i
+
+
+@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+def _fwd_kernel(
+    Q, K, V,  # inputs: (B, H, s_q, d), (B, H_kv, s_k, d), (B, H_kv, s_k, d); any strides
+    O,  # output: (B, H, s_q, d), written in full
+    LSE2,  # output: (B, H, s_q) fp32, contiguous: log2-sum-exp of the scaled scores per row
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, GROUP,  # query heads; query heads per key/value head (GQA; 1 for plain MHA)
+    s_q, s_k,  # sequence lengths (any value >= 1)
+    qk_scale,  # softmax scale * log2(e)
+    seq_bucket,  # only read by the autotuner's key: tuned configs are kept per length bucket
+    HEAD_DIM: tl.constexpr,  # the real head dim d
+    BLOCK_D: tl.constexpr,  # d padded to a power of two (>= 16)
+    EVEN_D: tl.constexpr,  # HEAD_DIM == BLOCK_D: no column masks anywhere
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,  # fp32 inputs: exact fp32 products instead of tf32
+    BLOCK_M: tl.constexpr,  # query rows per program
+    BLOCK_N: tl.constexpr,  # keys per inner step
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    h_kv = h // GROUP
+    # 64-bit offsets for batch and head: B * H * s * d can exceed 2^31 elements.
+    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    lse_base = LSE2 + bh.to(tl.int64) * s_q
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    # ---- the query tile stays in registers for the whole key loop: BLOCK_M * d reads ------
+    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    row_mask = offs_m[:, None] < s_q
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=row_mask, other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_mask & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # ---- which key blocks need a mask ---------------------------------------------------------
+    # full_hi: end of the key blocks that every row of this tile sees entirely.
+    # hi:      end of the keys that any row of this tile sees.
+    s_k_full = (s_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        full_hi = tl.minimum(s_k_full, (start_m // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(s_k, start_m + BLOCK_M)
+    else:
+        full_hi = s_k_full
+        hi = s_k
+    acc, m_i, l_i = _fwd_key_loop(
+        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_d,
+        0, full_hi, s_k, qk_scale, HEAD_DIM,
+        BLOCK_N, EVEN_D, False, CAUSAL, IEEE,
+    )
+    acc, m_i, l_i = _fwd_key_loop(
+        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_d,
+        full_hi, hi, s_k, qk_scale, HEAD_DIM,
+        BLOCK_N, EVEN_D, True, CAUSAL, IEEE,
+    )
+
+    # ---- epilogue: normalise, write O (BLOCK_M * d) and lse2 (BLOCK_M fp32) ------------------
+    acc = acc / l_i[:, None]
+    tl.store(lse_base + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < s_q)
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    if EVEN_D:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_mask)
+    else:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_mask & (offs_d[None, :] < HEAD_DIM))
+
+
+_fwd_kernel_tuned = triton.autotune(
+    configs=_configs(FWD_SPACE),
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],  # the tensors' dtypes are added by Triton
+    prune_configs_by={"early_config_prune": _prune_fwd},
+    **_autotune_options(),
+)(_fwd_kernel)
+
+
+def attention_forward(
+    q: torch.Tensor,  # (B, H, s_q, d)
+    k: torch.Tensor,  # (B, H_kv, s_k, d)
+    v: torch.Tensor,  # (B, H_kv, s_k, d)
+    causal: bool,
+    scale: float,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel; returns O (B, H, s_q, d) in q's dtype and lse2 (B, H, s_q) fp32.
+
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner; the interpreter
+    and the tests use it. Inputs are read through their strides: nothing is copied.
+    """
+    B, H, s_q, d = q.shape
+    H_kv, s_k = k.shape[1], k.shape[2]
+    o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)  # (B, H, s_q, d)
+    lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
+    args = (
+        q, k, v, o, lse2,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, H // H_kv, s_q, s_k, scale * LOG2E, seq_bucket(max(s_q, s_k)),
+    )
+    meta = dict(
+        HEAD_DIM=d, BLOCK_D=block_d(d), EVEN_D=block_d(d) == d, CAUSAL=bool(causal),
+        IEEE=q.dtype == torch.float32,
+    )
+    if config is None:
+        def grid(cfg):
+            return (triton.cdiv(s_q, cfg["BLOCK_M"]), B * H)
+
+        _fwd_kernel_tuned[grid](*args, **meta)
+    else:
+        grid = (triton.cdiv(s_q, config["BLOCK_M"]), B * H)
+        _fwd_kernel[grid](*args, **meta, **config)
+    return o, lse2
+
+
