@@ -1,0 +1,119 @@
+"""Parameter counts and weight memory of a decoder-only transformer.
+
+The count adds up the weight matrices that the Hugging Face `transformers` modeling code
+creates for each architecture (modeling_llama.py and the files derived from it, modeling_gpt2.py):
+
+- token embedding: vocab x hidden; the output projection (lm_head) is another vocab x hidden
+  unless tied to it (Press & Wolf, "Using the Output Embedding to Improve Language Models",
+  arXiv 1608.05859); GPT-2 adds a learned position table of n_positions x hidden.
+- attention (Vaswani et al., arXiv 1706.03762, sec. 3.2.2, with grouped-query K/V of Ainslie
+  et al., arXiv 2305.13245): q hidden x H·d, k and v hidden x H_kv·d each, o H·d x hidden;
+  plus biases where the architecture has them, plus the q/k RMSNorm weights (d each) of Qwen3
+  and Gemma 3.
+- MLP: gated (SwiGLU/GeGLU, Shazeer arXiv 2002.05202; Llama, arXiv 2302.13971) has gate and up
+  (hidden x I) and down (I x hidden): 3·hidden·I; non-gated (GPT-2) 2·hidden·I.
+- mixture of experts (Mixtral, arXiv 2401.04088): every expert is a full MLP of width I, plus a
+  router hidden x E; Qwen2-MoE adds a shared expert and its hidden x 1 gate.
+- norms: one weight vector of width hidden per norm (RMSNorm, Zhang & Sennrich arXiv
+  1910.07467), a second one (bias) for LayerNorm; 2 per block (Gemma 2/3: 4) plus a final norm.
+
+Counts are exact integers; weights in bytes are the count times the bytes per parameter.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from calc.models import ModelConfig
+from calc.units import ceil_bytes, check_bytes_per_element
+
+
+def _mlp_params(model: ModelConfig, width: int) -> int:
+    """One MLP (or one expert) of inner width `width`: matrices plus biases when set."""
+    matrices = 3 if model.gated_mlp else 2
+    params = matrices * model.hidden_size * width
+    if model.mlp_bias:  # one bias per output: gate and up (or fc) of width, down of hidden
+        params += (matrices - 1) * width + model.hidden_size
+    return params
+
+
+def _attention_params(model: ModelConfig) -> int:
+    """One attention block: q, k, v, o projections, their biases and q/k norms."""
+    h, d = model.hidden_size, model.head_dim
+    q_width, kv_width = model.num_heads * d, model.num_kv_heads * d
+    params = h * q_width + 2 * h * kv_width + q_width * h  # q, k, v, o
+    if model.attention_bias:
+        params += q_width + 2 * kv_width
+    if model.attention_out_bias:
+        params += h
+    if model.qk_norm:
+        params += 2 * d
+    return params
+
+
+def _norm_params(model: ModelConfig) -> int:
+    """One norm: weight (and bias for LayerNorm) of width hidden."""
+    return model.hidden_size * (2 if model.norm_bias else 1)
+
+
+def _moe_mlp_params(model: ModelConfig, experts: int) -> int:
+    """The MLP of one MoE layer counting `experts` experts, the router and the shared expert."""
+    params = experts * _mlp_params(model, model.intermediate_size)
+    params += model.hidden_size * model.num_experts  # router (no bias)
+    if model.shared_expert_intermediate_size:
+        params += _mlp_params(model, model.shared_expert_intermediate_size)
+        params += model.hidden_size  # shared-expert gate: hidden x 1
+    return params
+
+
+def param_breakdown(model: ModelConfig, experts: int | None = None) -> dict[str, int]:
+    """Parameters by part: embeddings, lm_head, positions, attention, mlp, norms (counts).
+
+    `experts` counts that many experts per MoE layer (default: all of them, i.e. stored
+    weights); pass `model.experts_per_token` for the parameters one token uses.
+    """
+    layers = model.num_layers
+    if model.num_experts > 1:
+        moe_layers = layers - model.dense_mlp_layers
+        mlp = moe_layers * _moe_mlp_params(model, experts or model.num_experts)
+        mlp += model.dense_mlp_layers * _mlp_params(model, model.dense_intermediate_size)
+    else:
+        mlp = layers * _mlp_params(model, model.intermediate_size)
+    embed = model.vocab_size * model.hidden_size
+    return {
+        "embeddings": embed,
+        "lm_head": 0 if model.tie_embeddings else embed,
+        "positions": model.learned_positions * model.hidden_size,
+        "attention": layers * _attention_params(model),
+        "mlp": mlp,
+        "norms": (layers * model.norms_per_layer + 1) * _norm_params(model),
+    }
+
+
+def param_count(model: ModelConfig) -> int:
+    """Total stored parameters (a count, not bytes), all MoE experts included.
+
+    Sum of the parts listed in this module's docstring; matches the published counts of the
+    presets within 0.5% (tests/test_models.py lists them with their sources).
+    """
+    return sum(param_breakdown(model).values())
+
+
+def active_param_count(model: ModelConfig) -> int:
+    """Parameters used per token: as param_count, but only experts_per_token experts per MoE
+    layer (router, shared expert, attention and embeddings in full). Equals param_count for a
+    dense model. This is the "active parameters" figure of MoE model cards (Mixtral 12.9B).
+    """
+    if model.num_experts <= 1:
+        return param_count(model)
+    return sum(param_breakdown(model, experts=model.experts_per_token).values())
+
+
+def weight_bytes(model: ModelConfig, bytes_per_param: float | str) -> int:
+    """Bytes to store every weight: param_count x bytes_per_param, rounded up to whole bytes.
+
+    bytes_per_param is a number (4 fp32, 2 bf16/fp16, 1 fp8/int8, 0.5 int4) or a dtype name
+    ("bf16", "int4", "float16", ...). Quantization scales and zero points are not counted.
+    """
+    per_param: Fraction = check_bytes_per_element(bytes_per_param)
+    return ceil_bytes(param_count(model) * per_param)
