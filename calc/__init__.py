@@ -7,8 +7,30 @@ are listed in calc/API.md.
 
 from __future__ import annotations
 
+from calc.fit import largest_fitting, max_seq_len
+from calc.gpus import DEFAULT_GPU, GPUS
+from calc.kv import kv_cache_bytes
+from calc.memory import MemoryBreakdown, gpus_needed, model_max_seq_len, model_memory
 from calc.models import ModelConfig
+from calc.params import active_param_count, param_count, weight_bytes
+from calc.peak import (
+    IMPL_KIND,
+    IMPL_LABELS,
+    IMPLEMENTATIONS,
+    PEAK_MODEL_NOTES,
+    attention_flops,
+    attention_peak_bytes,
+    attention_peak_terms,
+    check_impl,
+)
 from calc.scores import score_matrix_bytes
+from calc.sweep import default_seq_lens, sweep_param, sweep_seq_len
+from calc.training import (
+    TrainingAttention,
+    saved_for_backward_bytes,
+    training_attention,
+    training_attention_bytes,
+)
 from calc.units import (
     DTYPE_BYTES,
     DTYPES,
@@ -28,21 +50,13 @@ from calc.units import (
 )
 
 __all__ = [
-    "DTYPES",
-    "DTYPE_BYTES",
-    "GB",
-    "GIB",
-    "MAX_BATCH",
-    "MAX_HEADS",
-    "MAX_HEAD_DIM",
-    "MAX_SEQ_LEN",
-    "ModelConfig",
-    "check_int",
-    "dtype_bytes",
-    "dtype_name",
-    "format_bytes",
-    "format_gb",
-    "format_gib",
-    "score_matrix_bytes",
-    "to_unit",
+    "DEFAULT_GPU", "DTYPES", "DTYPE_BYTES", "GB", "GIB", "GPUS", "IMPLEMENTATIONS", "IMPL_KIND",
+    "IMPL_LABELS", "MAX_BATCH", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_SEQ_LEN", "MemoryBreakdown",
+    "ModelConfig", "PEAK_MODEL_NOTES", "TrainingAttention", "active_param_count",
+    "attention_flops", "attention_peak_bytes", "attention_peak_terms", "check_impl", "check_int",
+    "default_seq_lens", "dtype_bytes", "dtype_name", "format_bytes", "format_gb", "format_gib",
+    "gpus_needed", "kv_cache_bytes", "largest_fitting", "max_seq_len", "model_max_seq_len",
+    "model_memory", "param_count", "saved_for_backward_bytes", "score_matrix_bytes",
+    "sweep_param", "sweep_seq_len", "to_unit", "training_attention", "training_attention_bytes",
+    "weight_bytes",
 ]

@@ -1,0 +1,79 @@
+"""Sweeps of the analytic model as pandas DataFrames, ready for plotting.
+
+Each row is one (implementation, x) point with the predicted extra peak of calc.peak and, for
+reference, the score-matrix size B·H·s²·e of calc.scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pandas as pd
+
+from calc.peak import IMPL_KIND, attention_peak_bytes, check_impl
+from calc.scores import score_matrix_bytes
+from calc.units import MAX_SEQ_LEN, check_int
+
+SWEEP_PARAMS = ("batch", "heads")
+
+
+def default_seq_lens(lo: int = 128, hi: int = 1_048_576) -> list[int]:
+    """Powers of two from lo to hi inclusive (lo rounded up, hi down to a power of two)."""
+    lo = check_int("lo", lo, 1, MAX_SEQ_LEN)
+    hi = check_int("hi", hi, lo, MAX_SEQ_LEN)
+    out, s = [], 1
+    while s <= hi:
+        if s >= lo:
+            out.append(s)
+        s *= 2
+    return out
+
+
+def sweep_seq_len(
+    impls: Iterable[str],
+    seq_lens: Sequence[int],
+    batch: int,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    causal: bool = False,
+    backward: bool = False,
+    kv_heads: int | None = None,
+) -> pd.DataFrame:
+    """Predicted peak against sequence length: columns impl, kind, seq_len, peak_bytes,
+    score_bytes (one row per implementation and length)."""
+    impls = [check_impl(i) for i in impls]
+    rows = []
+    for s in seq_lens:
+        scores = score_matrix_bytes(batch, heads, s, dtype)
+        for impl in impls:
+            peak = attention_peak_bytes(
+                impl, batch, heads, s, head_dim, dtype, causal, backward, kv_heads)
+            rows.append((impl, IMPL_KIND[impl], int(s), peak, scores))
+    return pd.DataFrame(rows, columns=["impl", "kind", "seq_len", "peak_bytes", "score_bytes"])
+
+
+def sweep_param(
+    name: str,
+    values: Sequence[int],
+    impls: Iterable[str],
+    seq_len: int,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    causal: bool = False,
+    backward: bool = False,
+) -> pd.DataFrame:
+    """Predicted peak against batch or heads (linear in both): columns impl, kind, <name>,
+    peak_bytes."""
+    if name not in SWEEP_PARAMS:
+        raise ValueError(f"name must be one of {', '.join(SWEEP_PARAMS)}, got {name!r}")
+    impls = [check_impl(i) for i in impls]
+    rows = []
+    for v in values:
+        b, h = (v, heads) if name == "batch" else (batch, v)
+        for impl in impls:
+            peak = attention_peak_bytes(impl, b, h, seq_len, head_dim, dtype, causal, backward)
+            rows.append((impl, IMPL_KIND[impl], int(v), peak))
+    return pd.DataFrame(rows, columns=["impl", "kind", name, "peak_bytes"])
