@@ -23,6 +23,7 @@ from calc.peak import (
     attention_peak_terms,
     check_impl,
 )
+from calc.presets import MODELS
 from calc.scores import score_matrix_bytes
 from calc.sweep import default_seq_lens, sweep_param, sweep_seq_len
 from calc.training import (
@@ -51,7 +52,7 @@ from calc.units import (
 
 __all__ = [
     "DEFAULT_GPU", "DTYPES", "DTYPE_BYTES", "GB", "GIB", "GPUS", "IMPLEMENTATIONS", "IMPL_KIND",
-    "IMPL_LABELS", "MAX_BATCH", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_SEQ_LEN", "MemoryBreakdown",
+    "IMPL_LABELS", "MAX_BATCH", "MODELS", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_SEQ_LEN", "MemoryBreakdown",
     "ModelConfig", "PEAK_MODEL_NOTES", "TrainingAttention", "active_param_count",
     "attention_flops", "attention_peak_bytes", "attention_peak_terms", "check_impl", "check_int",
     "default_seq_lens", "dtype_bytes", "dtype_name", "format_bytes", "format_gb", "format_gib",
