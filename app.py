@@ -1,0 +1,30 @@
+"""Entry point: page config, navigation and the shared sidebar. No math here (DESIGN.md).
+
+Run with `make app` (or `.venv/bin/python -m streamlit run app.py`). Every page is also a
+script of its own (pages/*.py), so tests can run each with streamlit.testing.v1.AppTest.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from pages.common import unit_switch
+
+st.set_page_config(page_title="Attention memory", page_icon="🧮", layout="wide")
+
+PAGES = [
+    st.Page("pages/score_matrix.py", title="Score matrix", icon="🟦", url_path="score-matrix", default=True),
+    st.Page("pages/model_memory.py", title="Model memory", icon="🧱", url_path="model-memory"),
+    st.Page("pages/scaling.py", title="Scaling", icon="📈", url_path="scaling"),
+    st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon="⚡", url_path="flash-attention"),
+    st.Page("pages/measure.py", title="GPU measurement", icon="🔬", url_path="measure"),
+]
+
+page = st.navigation(PAGES, position="sidebar")
+with st.sidebar:
+    unit_switch()
+    st.caption(
+        "Numbers marked *computed* come from the analytic model (formula cited beside them); "
+        "*measured* ones from real GPU runs. Every input is in the URL: copy it to share the view."
+    )
+page.run()

@@ -1,0 +1,311 @@
+"""What every page shares: URL-bound widgets, the GB/GiB switch, colours, chart and download helpers.
+
+URL binding (STYLE.md: "widgets keyed and bound to the URL"): each input has a key, which is
+also its query-parameter name, and a spec from calc.urlparams that says its type, default and
+bounds. Before a widget is drawn, `_init` puts its value into st.session_state: the value the
+widget already has this session, else the URL's (parsed; a bad value gives the default and a
+st.warning naming the key), else the last value this session used on any page (kept across
+page switches), else the default. After the page has drawn everything, `sync_url` writes the
+page's inputs back into the URL, so the address bar is always a link to the current view.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from calc.units import format_bytes, to_unit
+from calc.urlparams import (
+    BoolParam,
+    ChoiceParam,
+    FloatParam,
+    IntParam,
+    MultiChoiceParam,
+    md_escape,
+    nearest_power_of_two,
+)
+
+#: One fixed colour per implementation name, on every page and in the measurement overlay.
+#: Okabe & Ito's colour-blind-safe palette (readable on light and dark backgrounds); the
+#: quadratic implementations are warm, the linear (fused) ones cool.
+IMPL_COLORS: dict[str, str] = {
+    "naive": "#D55E00",  # vermillion
+    "naive_inplace": "#E69F00",  # orange
+    "sdpa_math": "#CC79A7",  # reddish purple
+    "sdpa_efficient": "#56B4E9",  # sky blue
+    "sdpa_flash": "#009E73",  # bluish green
+    "sdpa_cudnn": "#8C8C8C",  # grey
+    "triton": "#0072B2",  # blue
+}
+FALLBACK_COLOR = "#7F7F7F"
+
+#: Colours of the memory parts on the model page (not implementations).
+PART_COLORS: dict[str, str] = {
+    "weights": "#0072B2",
+    "KV cache": "#56B4E9",
+    "attention": "#D55E00",
+}
+
+UNIT_KEY = "unit"
+UNIT_SPEC = ChoiceParam("GB", ("GB", "GiB"))
+UNIT_HELP = "GB = 10⁹ bytes (what vendors print on the box); GiB = 2³⁰ bytes (what nvidia-smi and PyTorch report)."
+_KEEP = "_url_keep"  # session_state: key -> last valid value used on any page
+
+COMPUTED = "Computed (analytic model, not measured)"
+
+Spec = IntParam | FloatParam | ChoiceParam | BoolParam | MultiChoiceParam
+
+
+def impl_color(impl: str) -> str:
+    """The fixed colour of an implementation name (grey for names not in IMPL_COLORS)."""
+    return IMPL_COLORS.get(impl, FALLBACK_COLOR)
+
+
+# --- URL-bound state ---------------------------------------------------------------------------
+
+
+def _query_raw(key: str) -> str | list[str] | None:
+    """The raw URL value(s) of a key: None if absent, a string, or a list if repeated."""
+    values = st.query_params.get_all(key)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else list(values)
+
+
+def _valid(spec: Spec, value: Any) -> bool:
+    if isinstance(spec, MultiChoiceParam):
+        return isinstance(value, (list, tuple)) and spec.is_valid(tuple(value))
+    return spec.is_valid(value)
+
+
+def _widget_value(spec: Spec, value: Any) -> Any:
+    return list(value) if isinstance(spec, MultiChoiceParam) else value
+
+
+def warn(message: str) -> None:
+    """Show a warning whose text may contain user-controlled parts, escaped (no markdown)."""
+    st.warning(md_escape(message), icon="⚠️")
+
+
+def _init(key: str, spec: Spec) -> None:
+    """Put the value of widget `key` into session_state before the widget is drawn."""
+    keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
+    if key in st.session_state and _valid(spec, st.session_state[key]):
+        return
+    raw = _query_raw(key)
+    if raw is not None:
+        parsed = spec.parse(key, raw)
+        if parsed.warning:
+            warn(parsed.warning)
+            value = spec.default
+        else:
+            value = parsed.value
+    elif key in keep and _valid(spec, keep[key]):
+        value = keep[key]
+    else:
+        value = spec.default
+    st.session_state[key] = _widget_value(spec, value)
+
+
+def sync_url(specs: Mapping[str, Spec]) -> None:
+    """Write the page's inputs (and the unit) into the URL; remember them for other pages."""
+    keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
+    wanted: dict[str, str] = {UNIT_KEY: get_unit()}
+    for key, spec in specs.items():
+        if key in st.session_state:
+            value = st.session_state[key]
+            keep[key] = tuple(value) if isinstance(spec, MultiChoiceParam) else value
+            wanted[key] = spec.to_url(keep[key])
+    if st.query_params.to_dict() != wanted:
+        st.query_params.from_dict(wanted)
+
+
+def get_unit() -> str:
+    """'GB' or 'GiB': the sidebar switch's value, else the URL's, else GB."""
+    value = st.session_state.get(UNIT_KEY)
+    if value in UNIT_SPEC.choices:
+        return value
+    parsed = UNIT_SPEC.parse(UNIT_KEY, _query_raw(UNIT_KEY))
+    return parsed.value
+
+
+def unit_switch() -> str:
+    """The GB/GiB switch (drawn once per run, by app.py in the sidebar)."""
+    _init(UNIT_KEY, UNIT_SPEC)
+    unit = st.radio("Memory unit", UNIT_SPEC.choices, key=UNIT_KEY, horizontal=True, help=UNIT_HELP)
+    if st.query_params.get(UNIT_KEY) != unit:
+        st.query_params[UNIT_KEY] = unit
+    return unit
+
+
+# --- widgets -----------------------------------------------------------------------------------
+
+
+def int_input(label: str, key: str, spec: IntParam, where: Any = st, **kw: Any) -> int:
+    _init(key, spec)
+    return int(where.number_input(label, min_value=spec.lo, max_value=spec.hi, step=1, key=key, **kw))
+
+
+def float_input(label: str, key: str, spec: FloatParam, where: Any = st, **kw: Any) -> float:
+    _init(key, spec)
+    return float(where.number_input(label, min_value=spec.lo, max_value=spec.hi, key=key, **kw))
+
+
+def select(label: str, key: str, spec: ChoiceParam, where: Any = st, **kw: Any) -> str:
+    _init(key, spec)
+    return where.selectbox(label, spec.choices, key=key, **kw)
+
+
+def radio(label: str, key: str, spec: ChoiceParam, where: Any = st, **kw: Any) -> str:
+    _init(key, spec)
+    return where.radio(label, spec.choices, key=key, horizontal=True, **kw)
+
+
+def multiselect(label: str, key: str, spec: MultiChoiceParam, where: Any = st, **kw: Any) -> list[str]:
+    _init(key, spec)
+    return list(where.multiselect(label, spec.choices, key=key, **kw))
+
+
+def toggle(label: str, key: str, spec: BoolParam, where: Any = st, **kw: Any) -> bool:
+    _init(key, spec)
+    return bool(where.checkbox(label, key=key, **kw))
+
+
+def short_len(n: int) -> str:
+    """128 -> '128', 4096 -> '4K', 1048576 -> '1M' (binary K/M, as sequence lengths go)."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10}K"
+    return f"{n:,}"
+
+
+def seq_len_input(
+    label: str,
+    key: str,
+    spec: IntParam,
+    lo_pow2: int = 128,
+    hi_pow2: int = 1 << 24,
+    where: Any = st,
+    help: str | None = None,
+) -> int:
+    """Sequence length: a log-scaled slider over powers of two plus an exact number box.
+
+    The number box (key `key`, in the URL) is the value; the slider (key `key`+'_pow2', not in
+    the URL) moves it in powers of two and follows it to the nearest power of two.
+    """
+    skey = f"_{key}_pow2"
+    options = [1 << p for p in range(lo_pow2.bit_length() - 1, hi_pow2.bit_length())]
+    _init(key, spec)
+
+    def from_slider() -> None:
+        st.session_state[key] = int(st.session_state[skey])
+
+    def from_number() -> None:
+        st.session_state[skey] = nearest_power_of_two(int(st.session_state[key]), lo_pow2, hi_pow2)
+
+    near = nearest_power_of_two(int(st.session_state[key]), lo_pow2, hi_pow2)
+    if st.session_state.get(skey) != near:
+        st.session_state[skey] = near
+    left, right = where.columns([3, 1])
+    left.select_slider(
+        f"{label} (log scale: powers of two)", options, key=skey, format_func=short_len,
+        on_change=from_slider, help=help,
+    )
+    value = right.number_input(
+        "exact", min_value=spec.lo, max_value=spec.hi, step=1, key=key, on_change=from_number,
+        help=f"Any whole number from {spec.lo:,} to {spec.hi:,}.",
+    )
+    return int(value)
+
+
+# --- numbers, tables, charts, downloads --------------------------------------------------------
+
+
+def fmt(n_bytes: int | float, unit: str | None = None) -> str:
+    """Bytes in the user's unit (GB or GiB; MB/KB below one)."""
+    return format_bytes(n_bytes, unit or get_unit())
+
+
+def in_unit(n_bytes: int | float, unit: str | None = None) -> float:
+    return to_unit(n_bytes, unit or get_unit())
+
+
+def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Text cells starting with = + - @ (or tab/CR) get a leading apostrophe, so a spreadsheet
+    opening the CSV never evaluates them as formulas (OWASP "CSV injection")."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].map(
+                lambda v: "'" + v if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r") else v
+            )
+    return out
+
+
+def csv_bytes(df: pd.DataFrame) -> bytes:
+    buf = io.StringIO()
+    csv_safe(df).to_csv(buf, index=False)
+    return buf.getvalue().encode()
+
+
+def download_csv(df: pd.DataFrame, file_name: str, key: str, where: Any = st) -> None:
+    """A 'numbers as CSV' button; the file is built only when clicked."""
+    where.download_button(
+        "⬇ Numbers (CSV)", data=lambda: csv_bytes(df), file_name=file_name, mime="text/csv",
+        key=key, on_click="ignore",
+    )
+
+
+def download_html(fig: go.Figure, file_name: str, key: str, where: Any = st) -> None:
+    """A 'chart as HTML' button (interactive, works offline); built only when clicked."""
+    where.download_button(
+        "⬇ Chart (HTML)", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
+        file_name=file_name, mime="text/html", key=key, on_click="ignore",
+        help="An interactive copy of the chart. For a PNG, use the camera icon in the chart's toolbar.",
+    )
+
+
+def style(fig: go.Figure, x_title: str, y_title: str, height: int = 430) -> go.Figure:
+    """Common layout. No template and no background colours: st.plotly_chart's Streamlit
+    theme follows the app's light or dark theme."""
+    fig.update_layout(
+        height=height,
+        margin=dict(l=10, r=10, t=40, b=10),
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        hoverlabel=dict(namelength=-1),
+    )
+    return fig
+
+
+def chart(fig: go.Figure, key: str, file_stem: str, df: pd.DataFrame | None = None) -> None:
+    """Draw a figure (theme follows the app) with its download buttons underneath."""
+    st.plotly_chart(
+        fig, key=key, theme="streamlit",
+        config={"displaylogo": False, "toImageButtonOptions": {"filename": file_stem, "scale": 2}},
+    )
+    cols = st.columns([1, 1, 3])
+    download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=cols[0])
+    if df is not None:
+        download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=cols[1])
+
+
+def gpu_options(gpus: Mapping[str, int]) -> tuple[str, ...]:
+    """GPU names ordered by memory size."""
+    return tuple(sorted(gpus, key=lambda name: (gpus[name], name)))
+
+
+def cached(max_entries: int = 64) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """st.cache_data for sweeps, bounded so a long session cannot grow memory without limit."""
+    return st.cache_data(max_entries=max_entries, show_spinner=False)
+
+
+def labels(names: Iterable[str], table: Mapping[str, str]) -> dict[str, str]:
+    return {n: table.get(n, n) for n in names}
