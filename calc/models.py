@@ -234,7 +234,7 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
             dense_width = 0
 
     # Sliding window: Qwen configs carry a window that only counts when use_sliding_window.
-    window = r.get_int("sliding_window", hi=MAX_SEQ_LEN, default=None)
+    window = r.get_int("sliding_window", lo=0, hi=MAX_SEQ_LEN, default=None) or None  # 0: off
     if model_type in _QWEN and not r.get_bool("use_sliding_window", False):
         window = None
     windowed = _sliding_layers(r, model_type, layers, window)
