@@ -1,0 +1,241 @@
+"""Model memory: weights + KV cache + attention for a real model, and whether it fits a GPU.
+
+Thin page: read widgets (preset or an uploaded/pasted config.json) -> calc.model_memory,
+calc.model_max_seq_len, calc.training_attention -> verdict, stacked bars, table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import json  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from calc import (  # noqa: E402
+    DEFAULT_GPU,
+    DTYPES,
+    GPUS,
+    MAX_SEQ_LEN,
+    MODELS,
+    ModelConfig,
+    gpus_needed,
+    model_max_seq_len,
+    model_memory,
+    param_count,
+    training_attention,
+    weight_bytes,
+)
+from calc.units import DTYPE_ALIASES  # noqa: E402
+from calc.urlparams import BoolParam, ChoiceParam, IntParam  # noqa: E402
+from pages import common as c  # noqa: E402
+
+CUSTOM = "Custom config.json"
+MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
+NAIVE, FLASH = "naive", "sdpa_flash"
+ACT_DTYPES = ("bf16", "fp16", "fp32")
+
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, CUSTOM)),
+    "mode": ChoiceParam("inference", ("inference", "training")),
+    "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "adtype": ChoiceParam("bf16", ACT_DTYPES, aliases=DTYPE_ALIASES),
+    "b": IntParam(1, 1, 65_536),
+    "s": IntParam(8192, 1, MAX_SEQ_LEN),
+    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "ckpt": BoolParam(False),
+}
+
+
+@c.cached(max_entries=128)
+def longest_context(
+    model: ModelConfig, gpu_bytes: int, batch: int, wd: str, kvd: str, ad: str, impl: str
+) -> int:
+    """Exact integer search over s (calc.model_max_seq_len); cached: ~30 model evaluations."""
+    return model_max_seq_len(model, gpu_bytes, batch, wd, kvd, ad, impl)
+
+
+def parse_config(text: str, name: str) -> ModelConfig:
+    """config.json text -> ModelConfig; raises ValueError with a readable message."""
+    try:
+        data = json.loads(text)
+    except RecursionError as err:
+        raise ValueError("config.json is nested too deeply to be a model config") from err
+    except ValueError as err:
+        raise ValueError(f"config.json is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"config.json must be a JSON object {{...}}, got a {type(data).__name__}")
+    return ModelConfig.from_hf_config(data, name=name)
+
+
+def custom_model() -> ModelConfig | None:
+    """The uploaded or pasted config (the last valid one stays in use after a bad one)."""
+    st.caption(
+        f"Upload or paste a Hugging Face `config.json` (at most {MAX_CONFIG_BYTES // 1000:,} kB). "
+        "It is parsed as JSON only, never executed. It is not stored in the URL."
+    )
+    up_col, paste_col = st.columns(2)
+    uploaded = up_col.file_uploader("config.json", type=["json"], max_upload_size=1, key="cfg_file")
+    pasted = paste_col.text_area("…or paste it here", height=120, max_chars=MAX_CONFIG_BYTES, key="cfg_text")
+    text, name = None, "custom model"
+    try:
+        if uploaded is not None:
+            if uploaded.size > MAX_CONFIG_BYTES:
+                raise ValueError(f"file is {uploaded.size:,} bytes; the limit is {MAX_CONFIG_BYTES:,}")
+            raw = uploaded.read(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise ValueError(f"file is larger than the limit of {MAX_CONFIG_BYTES:,} bytes")
+            text, name = raw.decode("utf-8"), Path(uploaded.name).stem[:60]
+        elif pasted.strip():
+            text = pasted
+        if text is not None:
+            model = parse_config(text, name)
+            st.session_state["_custom_model"] = model
+            return model
+    except (ValueError, UnicodeDecodeError) as err:
+        st.error(c.md_escape(f"Could not use this config: {err}"), icon="🚫")
+        if "_custom_model" in st.session_state:
+            st.info("Still showing the last config that was valid.")
+    return st.session_state.get("_custom_model")
+
+
+st.title("Model memory")
+st.markdown(
+    "**Does my model fit, and at what context length?** Weights, KV cache and the attention "
+    "scores of one layer, for standard (eager) attention and for FlashAttention."
+)
+
+top = st.columns([2, 1, 1])
+choice = c.select("Model", "model", SPECS["model"], where=top[0])
+mode = c.radio("View", "mode", SPECS["mode"], where=top[1])
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+used = dict(SPECS)
+
+model = MODELS.get(choice)
+if choice == CUSTOM:
+    model = custom_model()
+    if model is None:
+        st.info("Upload or paste a config.json to see its memory; until then, the default model is shown.")
+        model = MODELS[SPECS["model"].default]
+
+row = st.columns(5)
+wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=row[0])
+kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
+ad = c.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
+batch = c.int_input("Batch size", "b", SPECS["b"], where=row[3])
+if mode == "training":
+    ckpt = c.toggle("Activation checkpointing", "ckpt", SPECS["ckpt"], where=row[4])
+else:
+    del used["ckpt"]
+    row[4].caption(" ")
+seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+
+unit = c.get_unit()
+gpu_bytes = GPUS[gpu]
+params = param_count(model)
+st.caption(
+    f"**{model.name}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers, "
+    f"{model.num_heads} query heads, {model.num_kv_heads} KV heads, head dim {model.head_dim}"
+    + (f", trained for {model.max_position_embeddings:,} tokens" if model.max_position_embeddings else "")
+    + "."
+)
+if model.max_position_embeddings and seq_len > model.max_position_embeddings:
+    st.info(f"s = {seq_len:,} is longer than the {model.max_position_embeddings:,} tokens this model was trained for.")
+
+impls = {NAIVE: "Standard attention (eager)", FLASH: "FlashAttention (SDPA flash)"}
+parts: dict[str, dict[str, int]] = {}
+if mode == "inference":
+    for impl in impls:
+        mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
+        parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes, "attention": mm.attention_bytes}
+    formulas = {
+        "weights": "parameter count × bytes per parameter",
+        "KV cache": "2·L·B·s·H_kv·d·e (all layers)",
+        "attention": "extra peak of one layer's attention call (calc.attention_peak_bytes)",
+    }
+else:
+    for impl in impls:
+        ta = training_attention(model, batch, seq_len, ad, impl, ckpt)
+        parts[impl] = {"weights": weight_bytes(model, wd), "attention": ta.total_bytes}
+    formulas = {
+        "weights": "parameter count × bytes per parameter",
+        "attention": "(L−1) layers' saved-for-backward + one layer's forward+backward peak"
+        + (" (checkpointing: nothing saved between layers)" if ckpt else ""),
+    }
+totals = {impl: sum(p.values()) for impl, p in parts.items()}
+
+cols = st.columns(len(impls))
+for col, (impl, label) in zip(cols, impls.items(), strict=True):
+    total = totals[impl]
+    with col:
+        st.metric(f"{label}: total ({unit})", c.fmt(total, unit), help=c.COMPUTED)
+        if total <= gpu_bytes:
+            head = gpu_bytes - total
+            st.success(f"Fits on one {gpu}: headroom {c.fmt(head, unit)} ({head / gpu_bytes:.0%} free).", icon="✅")
+        else:
+            n = gpus_needed(total, gpu_bytes)
+            st.error(
+                f"Does not fit on one {gpu}: {c.fmt(total - gpu_bytes, unit)} over. "
+                f"Needs {n} of them (ideal split of the total).",
+                icon="❌",
+            )
+        if mode == "inference":
+            longest = longest_context(model, gpu_bytes, batch, wd, kvd, ad, impl)
+            st.metric("Longest context that fits", f"{longest:,} tokens" if longest else "none",
+                      help="Exact integer search over s of weights + KV cache + attention ≤ GPU memory (computed).")
+
+fig = go.Figure()
+names = list(parts[NAIVE])
+for part in names:
+    fig.add_trace(go.Bar(
+        name=part, x=[impls[i] for i in impls], y=[c.in_unit(parts[i][part], unit) for i in impls],
+        marker_color=c.PART_COLORS[part],
+        customdata=[c.fmt(parts[i][part], unit) for i in impls],
+        hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
+    ))
+fig.add_hline(y=c.in_unit(gpu_bytes, unit), line_dash="dash",
+              annotation_text=f"{gpu}: {c.fmt(gpu_bytes, unit)}", annotation_position="top left")
+fig.update_layout(barmode="stack")
+c.style(fig, "", f"memory ({unit})", 420)
+
+table = pd.DataFrame(
+    [{"part": p, **{impls[i]: parts[i][p] for i in impls}, "formula (computed)": formulas[p]} for p in names]
+    + [{"part": "total", **{impls[i]: totals[i] for i in impls}, "formula (computed)": "sum"}]
+)
+left, right = st.columns([1.4, 1])
+with left:
+    c.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+with right:
+    shown = table.copy()
+    for i in impls:
+        shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))
+    st.dataframe(shown, hide_index=True)
+    if mode == "training":
+        both = pd.DataFrame([
+            {"checkpointing": "off" if not on else "on",
+             **{impls[i]: c.fmt(training_attention(model, batch, seq_len, ad, i, on).total_bytes, unit)
+                for i in impls}}
+            for on in (False, True)
+        ])
+        st.markdown("**Attention memory of a training step, with and without activation checkpointing**")
+        st.dataframe(both, hide_index=True)
+        st.caption(
+            "Training view counts the attention tensors autograd keeps (naive: the s×s "
+            "probabilities of every layer; FlashAttention: output + fp32 log-sum-exp) and the "
+            "weights. Gradients, optimizer states and the other activations are not included."
+        )
+    else:
+        st.caption(
+            "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
+            "one after another, so only one layer's scores exist at a time."
+        )
+st.caption(f"{c.COMPUTED}. Sources: DESIGN.md formulas; KV cache 2·L·B·s·H_kv·d·e; model shapes from each model's config.json ({model.source or 'uploaded'}).")
+
+c.sync_url(used)
