@@ -21,8 +21,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def interpreting() -> bool:
-    """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 at
-    import time): then CPU tensors are accepted."""
+    """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 set
+    before triton was imported): then CPU tensors are accepted."""
     return type(_fwd_kernel).__name__ == "InterpretedFunction"
 
 
@@ -42,10 +42,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     if not (q.device == k.device == v.device):
         raise ValueError(
             f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
-    if q.device.type != "cuda" and not interpreting():
-        raise ValueError(
-            f"q, k, v must be CUDA tensors (got device {q.device}); CPU tensors are accepted "
-            "only under Triton's interpreter (TRITON_INTERPRET=1 set before importing kernels)")
     B, H, s_q, d = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have one shape, got k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -64,6 +60,10 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number or None, got {scale}")
+    if q.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"q, k, v must be CUDA tensors (got device {q.device}); CPU tensors are accepted "
+            "only under Triton's interpreter (TRITON_INTERPRET=1 set before importing triton)")
 
 
 class FlashAttentionFunction(torch.autograd.Function):

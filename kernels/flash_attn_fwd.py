@@ -48,7 +48,6 @@ import torch
 import triton
 import triton.language as tl
 
-
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 
 
@@ -111,13 +110,11 @@ def _prune_fwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list
 
 def _autotune_options() -> dict:
     """Options of triton.autotune that exist in this Triton: keep the timings on disk
-    (cache_results, Triton >= 3.2, in TRITON_CACHE_DIR) and bench each config briefly."""
+    (cache_results, in TRITON_CACHE_DIR), where this Triton has the option."""
     params = inspect.signature(triton.autotune).parameters
     opts = {}
     if "cache_results" in params:
         opts["cache_results"] = True
-    if "warmup" in params and "rep" in params:
-        opts.update(warmup=10, rep=40)
     return opts
 
 
@@ -189,7 +186,7 @@ def _fwd_key_loop(
 @triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
 def _fwd_kernel(
     Q, K, V,  # inputs: (B, H, s_q, d), (B, H_kv, s_k, d), (B, H_kv, s_k, d); any strides
-    O,  # output: (B, H, s_q, d), written in full
+    Out,  # output: (B, H, s_q, d), written in full
     LSE2,  # output: (B, H, s_q) fp32, contiguous: log2-sum-exp of the scaled scores per row
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -216,7 +213,7 @@ def _fwd_kernel(
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     lse_base = LSE2 + bh.to(tl.int64) * s_q
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -263,9 +260,9 @@ def _fwd_kernel(
     tl.store(lse_base + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < s_q)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     if EVEN_D:
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_mask)
+        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_mask)
     else:
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_mask & (offs_d[None, :] < HEAD_DIM))
+        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_mask & (offs_d[None, :] < HEAD_DIM))
 
 
 _fwd_kernel_tuned = triton.autotune(

@@ -1,0 +1,347 @@
+"""The bundled Triton FlashAttention against the eager fp32 reference.
+
+Tolerance comes from the data (as in Dao-AILab/flash-attention's tests): the kernel's error
+against a high-precision reference must be at most twice the error of plain PyTorch eager in
+the same low precision, plus a small absolute floor. Inputs are fresh random draws every
+time; every buffer the kernel allocates is poisoned with NaN first, so an element that the
+kernel fails to write shows up as a mismatch.
+
+Without a GPU the kernels run under Triton's CPU interpreter. Triton decides
+interpret-or-compile when its own library and our kernels are decorated, i.e. when triton is
+first imported, so the interpreter cases run in ONE child process started with
+TRITON_INTERPRET=1 (this file run as a script); each parametrized test then reports its own
+case from that run. Nothing in this pytest process is switched to interpreter mode. The
+interpreter has no bf16: those runs use fp16 and fp32. The full grid of shapes runs on a GPU
+as tests marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+HAS_CUDA = torch.cuda.is_available()
+KERNEL_MODULES = ("kernels.flash_attn_fwd", "kernels.flash_attn_bwd", "kernels.flash_attn")
+# Fixed tile configs, so the GPU grid compiles once per (d, causal, dtype) and never autotunes.
+GPU_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+GPU_CONFIG_D256 = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+# Absolute error floor per dtype, on O(1) outputs and gradients.
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.fixture(scope="module")
+def fa():
+    """kernels.flash_attn, imported in this process (compiled kernels; no driver call)."""
+    return importlib.import_module("kernels.flash_attn")
+
+
+@contextlib.contextmanager
+def poison_empty():
+    """Every torch.empty / empty_like inside returns NaN-filled memory."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty_like(*args, **kwargs):
+        t = real_empty_like(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty, torch.empty_like = empty, empty_like
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = real_empty, real_empty_like
+
+
+@pytest.fixture
+def poisoned():
+    with poison_empty():
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout="contiguous"):
+    """Fresh random q, k, v (requiring grad) and dO; layout 'bshd' gives non-contiguous views."""
+    def make(h, s):
+        if layout == "bshd":  # stored as (B, s, h, d), viewed as (B, h, s, d)
+            return torch.randn(B, s, h, d, device=device).transpose(1, 2).to(dtype)
+        return torch.randn(B, h, s, d, device=device).to(dtype)
+
+    q, k, v = make(H, s_q), make(H_kv, s_k), make(H_kv, s_k)
+    do = torch.randn(B, H, s_q, d, device=device).to(dtype)
+    return [t.detach().requires_grad_() for t in (q, k, v)] + [do]
+
+
+def _forward_backward(fn, q, k, v, do):
+    """out and (dq, dk, dv) of fn on leaf copies of q, k, v."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(do.to(out.dtype))
+    return out.detach(), [t.grad.detach() for t in leaves]
+
+
+def assert_within(name: str, got: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
+                  floor: float) -> None:
+    """|got - ref| <= 2 * max|base - ref| + floor everywhere; on failure, say which elements."""
+    got, ref, base = got.double(), ref.double(), base.double()
+    bound = 2 * (base - ref).abs().max().item() + floor
+    err = (got - ref).abs()
+    bad = ~(err <= bound)  # NaN counts as bad
+    if bad.any():
+        idx = bad.nonzero()[:8].tolist()
+        lines = [f"  at {tuple(i)}: got {got[tuple(i)].item():.6g}, ref {ref[tuple(i)].item():.6g}"
+                 for i in idx]
+        pytest.fail(
+            f"{name}: {int(bad.sum())} of {bad.numel()} elements off by more than {bound:.3g} "
+            f"(max error {err.nan_to_num(float('inf')).max().item():.3g}, NaN: "
+            f"{int(got.isnan().sum())}, plain torch error {bound - floor:.3g} x1):\n"
+            + "\n".join(lines))
+
+
+def check_against_reference(fa, B, H, H_kv, s_q, s_k, d, causal, dtype, device,
+                            layout="contiguous", config=None, scale=None):
+    """Kernel vs fp64/fp32 reference vs plain eager in `dtype`, forward and every gradient."""
+    from kernels.reference import attention_reference
+
+    q, k, v, do = _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout)
+    hi = torch.float64 if device == "cpu" else torch.float32
+
+    def kernel(a, b, c):
+        return fa.flash_attention(a, b, c, causal=causal, scale=scale, config=config)
+
+    out, grads = _forward_backward(kernel, q, k, v, do)
+    ref, ref_grads = _forward_backward(
+        lambda a, b, c: attention_reference(a.to(hi), b.to(hi), c.to(hi), causal, scale),
+        q, k, v, do)
+    base, base_grads = _forward_backward(
+        lambda a, b, c: attention_reference(a, b, c, causal, scale), q, k, v, do)
+    assert out.shape == (B, H, s_q, d) and out.dtype == dtype
+    floor = FLOOR[dtype]
+    assert_within("out", out, ref, base, floor)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads, strict=True):
+        assert g.shape == r.shape
+        assert_within(name, g, r, b, floor)
+
+
+# ---------------------------------------------------------------------------------------------
+# import, errors
+# ---------------------------------------------------------------------------------------------
+def test_import_touches_no_gpu_or_triton():
+    code = (
+        "import sys, kernels\n"
+        "assert 'triton' not in sys.modules, 'import kernels pulled in triton'\n"
+        "assert callable(kernels.attention_reference)\n"
+        "import kernels.flash_attn, torch\n"
+        "assert not torch.cuda.is_initialized(), 'importing the kernel initialised CUDA'\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_errors_name_the_argument(fa, monkeypatch):
+    """Runs in this process on CPU: every check happens before any kernel launch."""
+    """Runs in this process on CPU: every check happens before any kernel launch."""
+    dev = "cuda" if HAS_CUDA else "cpu"
+    q = torch.randn(1, 4, 8, 16, device=dev, dtype=torch.float16)
+    kv = torch.randn(1, 2, 8, 16, device=dev, dtype=torch.float16)
+    cases = [
+        (ValueError, "4-d", (q[0], kv, kv)),
+        (TypeError, "dtype", (q, kv.float(), kv)),
+        (TypeError, "float16, bfloat16 or float32", (q.int(), kv, kv)),
+        (ValueError, "multiple of key/value heads", (q, kv[:, :1].expand(1, 3, 8, 16), kv[:, :1]
+                                                     .expand(1, 3, 8, 16))),
+        (ValueError, "head_dim must be from 16 to 256", (q[..., :8], kv[..., :8], kv[..., :8])),
+        (ValueError, "one head dim", (q, kv[..., :15], kv[..., :15])),
+        (ValueError, "one batch size", (q, torch.cat([kv, kv]), torch.cat([kv, kv]))),
+        (TypeError, "torch.Tensor", (q.tolist(), kv, kv)),
+    ]
+    for exc, words, args in cases:
+        with pytest.raises(exc, match=words):
+            fa.flash_attention(*args)
+    with pytest.raises(ValueError, match="scale must be"):
+        fa.flash_attention(q, kv, kv, scale=-1.0)
+    q_big = torch.randn(1, 4, 8, 272, device=dev, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head_dim"):
+        fa.flash_attention(q_big, q_big[:, :2], q_big[:, :2])
+    # CPU tensors are refused unless the kernels run under the interpreter.
+    monkeypatch.setattr(fa, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        fa.flash_attention(q.cpu(), kv.cpu(), kv.cpu())
+
+
+def test_memory_formula_docstring(fa):
+    # 1 x 32 heads x 4096 x 128, fp16: O 32 MiB + lse 0.5 MiB.
+    assert fa.forward_bytes(1, 32, 4096, 128, 2) == 32 * 4096 * (128 * 2 + 4)
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == (
+        2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096)
+    assert "2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q" in fa.flash_attention.__doc__
+
+
+# ---------------------------------------------------------------------------------------------
+# interpreter (CPU) subset: small shapes, fp32 and fp16
+# ---------------------------------------------------------------------------------------------
+INTERP_CASES = [
+    # B, H, H_kv, s_q, s_k, d, causal, dtype
+    (1, 2, 2, 1, 1, 16, False, torch.float32),
+    (1, 2, 2, 1, 1, 16, True, torch.float16),
+    (2, 2, 2, 17, 17, 16, True, torch.float32),
+    (1, 4, 1, 17, 17, 80, False, torch.float16),
+    (1, 4, 1, 97, 97, 16, True, torch.float16),
+    (2, 2, 2, 97, 97, 64, False, torch.float32),
+    (1, 8, 1, 33, 33, 96, True, torch.float32),
+    (1, 2, 2, 64, 64, 32, True, torch.float16),
+    (1, 4, 2, 17, 97, 16, True, torch.float32),  # s_q < s_k, top-left causal
+    (1, 4, 2, 97, 17, 48, True, torch.float16),  # s_q > s_k
+    (1, 2, 1, 40, 70, 24, False, torch.float32),
+    (1, 2, 2, 1, 97, 16, True, torch.float32),  # a single query row: sees key 0 only
+]
+
+
+def _strided_case(fa):
+    check_against_reference(fa, 2, 4, 2, 33, 33, 32, True, torch.float32, "cpu",
+                            layout="bshd", scale=0.3)
+
+
+def _stride0_grad_case(fa):
+    """out.sum().backward() hands the kernel an expanded (stride-0) dO."""
+    from kernels.reference import attention_reference
+
+    q, k, v, _ = _inputs(1, 2, 1, 9, 9, 16, torch.float32, "cpu")
+    fa.flash_attention(q, k, v, causal=True).sum().backward()
+    q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    attention_reference(q2, k2, v2, causal=True).sum().backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-5, rtol=1e-4)
+
+
+INTERP_IDS = [f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
+
+
+def _interp_worker() -> None:
+    """Child process (TRITON_INTERPRET=1): run every interpreter case, print JSON results."""
+    fa = importlib.import_module("kernels.flash_attn")
+    assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
+    runs = [lambda c=c: check_against_reference(fa, *c, "cpu") for c in INTERP_CASES]
+    runs += [lambda: _strided_case(fa), lambda: _stride0_grad_case(fa)]
+    results = {}
+    for name, run in zip(INTERP_IDS, runs, strict=True):
+        try:
+            with poison_empty():
+                run()
+            results[name] = "ok"
+        except BaseException as exc:  # pytest.fail raises a BaseException subclass
+            results[name] = f"{type(exc).__name__}: {exc}"
+    print("INTERP_RESULTS " + json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interp_results() -> dict[str, str]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--interp-worker"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=500)
+    for line in res.stdout.splitlines():
+        if line.startswith("INTERP_RESULTS "):
+            return json.loads(line[len("INTERP_RESULTS "):])
+    pytest.fail(f"interpreter worker failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="interpreter subset: the GPU runs the full grid instead")
+@pytest.mark.parametrize("case", INTERP_IDS)
+def test_interpreter_matches_reference(interp_results, case):
+    """Small shapes under the CPU interpreter: s 1/17/97, d 16..96, GQA, s_q != s_k, strides."""
+    if interp_results[case] != "ok":
+        pytest.fail(f"{case}: {interp_results[case]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the full grid
+# ---------------------------------------------------------------------------------------------
+GPU_SEQ = [1, 17, 97, 128, 1000, 1025]
+GPU_DIMS = [16, 64, 80, 96, 128, 256]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", GPU_DIMS)
+@pytest.mark.parametrize("s", GPU_SEQ)
+def test_gpu_grid(fa, poisoned, s, d, causal, group, dtype):
+    config = GPU_CONFIG_D256 if d > 128 else GPU_CONFIG
+    check_against_reference(fa, 2, 8, 8 // group, s, s, d, causal, dtype, "cuda", config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_k", [(17, 97), (1025, 128), (128, 1000), (1, 1025), (1000, 1)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 96])
+def test_gpu_unequal_lengths(fa, poisoned, s_q, s_k, d, causal):
+    check_against_reference(fa, 2, 4, 2, s_q, s_k, d, causal, torch.bfloat16, "cuda",
+                            config=GPU_CONFIG)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bshd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
+                         ids=["fp16", "bf16", "fp32"])
+def test_gpu_strides_and_fp32(fa, poisoned, layout, dtype):
+    check_against_reference(fa, 2, 8, 2, 300, 300, 64, True, dtype, "cuda", layout=layout,
+                            config=GPU_CONFIG, scale=0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_autotuned_path(fa, poisoned, d, causal):
+    """The autotuner's choices are correct too (config=None)."""
+    check_against_reference(fa, 1, 8, 8, 1025, 1025, d, causal, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backward", [False, True])
+def test_gpu_memory_matches_formula(fa, backward):
+    """Peak extra bytes of one call equal the documented formula (allocator rounding aside)."""
+    B, H, H_kv, s, d = 2, 8, 2, 2048, 128
+    q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
+    cfg = GPU_CONFIG
+
+    def call():
+        if backward:
+            fa.flash_attention(q, k, v, causal=True, config=cfg).backward(do)
+        else:
+            with torch.no_grad():
+                fa.flash_attention(q, k, v, causal=True, config=cfg)
+
+    call()  # compile
+    for t in (q, k, v):
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    want = (fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2) if backward
+            else fa.forward_bytes(B, H, s, d, 2))
+    assert want <= peak <= want + 8 * 512, (peak, want)
+
+
+if __name__ == "__main__" and "--interp-worker" in sys.argv:
+    _interp_worker()
