@@ -2,7 +2,7 @@
 
 URL binding (STYLE.md: "widgets keyed and bound to the URL"): each input has a key, which is
 also its query-parameter name, and a spec from calc.urlparams that says its type, default and
-bounds. Before a widget is drawn, `_init` puts its value into st.session_state: the value the
+bounds. Before a widget is drawn, `init` puts its value into st.session_state: the value the
 widget already has this session, else the URL's (parsed; a bad value gives the default and a
 st.warning naming the key), else the last value this session used on any page (kept across
 page switches), else the default. After the page has drawn everything, `sync_url` writes the
@@ -92,7 +92,7 @@ def warn(message: str) -> None:
     st.warning(md_escape(message), icon="⚠️")
 
 
-def _init(key: str, spec: Spec) -> None:
+def init(key: str, spec: Spec) -> None:
     """Put the value of widget `key` into session_state before the widget is drawn."""
     keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
     if key in st.session_state and _valid(spec, st.session_state[key]):
@@ -136,7 +136,7 @@ def get_unit() -> str:
 
 def unit_switch() -> str:
     """The GB/GiB switch (drawn once per run, by app.py in the sidebar)."""
-    _init(UNIT_KEY, UNIT_SPEC)
+    init(UNIT_KEY, UNIT_SPEC)
     unit = st.radio("Memory unit", UNIT_SPEC.choices, key=UNIT_KEY, horizontal=True, help=UNIT_HELP)
     if st.query_params.get(UNIT_KEY) != unit:
         st.query_params[UNIT_KEY] = unit
@@ -147,32 +147,32 @@ def unit_switch() -> str:
 
 
 def int_input(label: str, key: str, spec: IntParam, where: Any = st, **kw: Any) -> int:
-    _init(key, spec)
+    init(key, spec)
     return int(where.number_input(label, min_value=spec.lo, max_value=spec.hi, step=1, key=key, **kw))
 
 
 def float_input(label: str, key: str, spec: FloatParam, where: Any = st, **kw: Any) -> float:
-    _init(key, spec)
+    init(key, spec)
     return float(where.number_input(label, min_value=spec.lo, max_value=spec.hi, key=key, **kw))
 
 
 def select(label: str, key: str, spec: ChoiceParam, where: Any = st, **kw: Any) -> str:
-    _init(key, spec)
+    init(key, spec)
     return where.selectbox(label, spec.choices, key=key, **kw)
 
 
 def radio(label: str, key: str, spec: ChoiceParam, where: Any = st, **kw: Any) -> str:
-    _init(key, spec)
+    init(key, spec)
     return where.radio(label, spec.choices, key=key, horizontal=True, **kw)
 
 
 def multiselect(label: str, key: str, spec: MultiChoiceParam, where: Any = st, **kw: Any) -> list[str]:
-    _init(key, spec)
+    init(key, spec)
     return list(where.multiselect(label, spec.choices, key=key, **kw))
 
 
 def toggle(label: str, key: str, spec: BoolParam, where: Any = st, **kw: Any) -> bool:
-    _init(key, spec)
+    init(key, spec)
     return bool(where.checkbox(label, key=key, **kw))
 
 
@@ -201,7 +201,7 @@ def seq_len_input(
     """
     skey = f"_{key}_pow2"
     options = [1 << p for p in range(lo_pow2.bit_length() - 1, hi_pow2.bit_length())]
-    _init(key, spec)
+    init(key, spec)
 
     def from_slider() -> None:
         st.session_state[key] = int(st.session_state[skey])
