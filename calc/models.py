@@ -6,7 +6,8 @@ formulas that use it live in params.py (weights) and kv.py (KV cache); presets i
 `ModelConfig.from_hf_config` reads the keys that the Hugging Face `transformers` configuration
 classes define (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig,
 Qwen3Config, Qwen3MoeConfig, GemmaConfig, Gemma2Config, Gemma3TextConfig, Phi3Config,
-GPT2Config). Per-architecture conventions that a config.json leaves implicit (tied embeddings,
+GPT2Config, and the non-gated GPTNeoXConfig and PhiConfig). Unknown model types are read with
+the Llama conventions (gated MLP, RMSNorm, no biases unless attention_bias/mlp_bias say so). Per-architecture conventions that a config.json leaves implicit (tied embeddings,
 which layers use the sliding window, biases, extra norms) follow the matching modeling_*.py
 files of `transformers`; each rule below names its architecture.
 """
@@ -78,6 +79,10 @@ _MAX_EXPERTS = 100_000
 #: the base PretrainedConfig that GPT2Config uses). Every other type defaults to untied, as
 #: LlamaConfig, MistralConfig, Qwen2Config and Phi3Config do.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2"}
+#: Non-gated families besides GPT-2: a 2-matrix MLP, LayerNorm with bias and biases on every
+#: linear layer (modeling_gpt_neox.py for Pythia; modeling_phi.py for Phi-1/1.5/2, whose
+#: parallel block has a single LayerNorm). Unknown model types are read as Llama-style.
+_CLASSIC = {"gpt_neox", "phi"}
 #: Gemma 2/3 blocks norm before and after both attention and MLP (4 RMSNorms per block).
 _FOUR_NORMS = {"gemma2", "gemma3", "gemma3_text"}
 #: Per-head RMSNorm on q and k (modeling_qwen3.py, modeling_gemma3.py: q_norm, k_norm).
@@ -125,8 +130,8 @@ class _Reader:
         if found is None or found[1] is None:
             if default is not _MISSING:
                 return default
-            also = "".join(f" (or '{k}')" for k in keys[1:])
-            raise ValueError(f"config.json: missing '{keys[0]}'{also}")
+            also = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
+            raise ValueError(f"config.json: missing '{keys[0]}'{also}, a whole number")
         path, value = found
         if isinstance(value, str):  # JSON strings are never numbers here: say so plainly
             raise ValueError(
@@ -187,8 +192,8 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     model_type = r.get_str("model_type").lower()
     gpt2 = model_type == "gpt2" or (r.find("n_embd") is not None and not model_type)
 
-    layers = r.get_int("num_hidden_layers", "n_layer", "num_layers", hi=_MAX_LAYERS)
-    hidden = r.get_int("hidden_size", "n_embd", "d_model", hi=_MAX_WIDTH)
+    layers = r.get_int("num_hidden_layers", "n_layer", hi=_MAX_LAYERS)
+    hidden = r.get_int("hidden_size", "n_embd", hi=_MAX_WIDTH)
     heads = r.get_int("num_attention_heads", "n_head", hi=MAX_HEADS)
     kv_heads = r.get_int("num_key_value_heads", "num_kv_heads", hi=MAX_HEADS, default=heads)
     if heads % kv_heads:
@@ -208,7 +213,7 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     if gpt2:  # GPT2Config: n_inner null means 4 x n_embd
         intermediate = r.get_int("n_inner", "intermediate_size", hi=_MAX_WIDTH, default=4 * hidden)
     else:
-        intermediate = r.get_int("intermediate_size", "n_inner", "ffn_dim", hi=_MAX_WIDTH)
+        intermediate = r.get_int("intermediate_size", "n_inner", hi=_MAX_WIDTH)
     vocab = r.get_int("vocab_size", hi=_MAX_VOCAB, default=None)
     if vocab is None:
         if model_type not in ("gemma3", "gemma3_text"):
@@ -239,18 +244,20 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         window = None
     windowed = _sliding_layers(r, model_type, layers, window)
 
-    if gpt2:
-        qkv_bias = out_bias = mlp_bias = norm_bias = True
-        learned = positions if positions is not None else r.get_int("n_positions")
-        default_tied = True
+    classic = gpt2 or model_type in _CLASSIC
+    if classic:  # biases on every linear layer; GPTNeoXConfig can switch attention's off
+        qkv_bias = out_bias = r.get_bool("attention_bias", True)
+        mlp_bias = norm_bias = True
     else:
         attention_bias = r.get_bool("attention_bias", False)
         qkv_bias = attention_bias or model_type in _QWEN2_QKV_BIAS
         out_bias = attention_bias
         mlp_bias = r.get_bool("mlp_bias", False)
         norm_bias = False
-        learned = 0
-        default_tied = model_type in _TIED_BY_DEFAULT
+    learned = 0
+    if gpt2:  # learned absolute positions (GPT-2 paper; modeling_gpt2.py: wpe)
+        learned = positions if positions is not None else r.get_int("n_positions")
+    norms = 4 if model_type in _FOUR_NORMS else 1 if model_type == "phi" else 2
 
     if name is None:
         name = r.get_str("_name_or_path") or model_type or "custom model"
@@ -263,8 +270,8 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         head_dim=head_dim,
         intermediate_size=intermediate,
         vocab_size=vocab,
-        tie_embeddings=r.get_bool("tie_word_embeddings", default_tied),
-        gated_mlp=not gpt2,
+        tie_embeddings=r.get_bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT or gpt2),
+        gated_mlp=not classic,
         num_experts=experts,
         experts_per_token=per_token,
         sliding_window=window if windowed else None,
@@ -276,7 +283,7 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         max_position_embeddings=positions,
         source="config.json",
         attention_out_bias=out_bias,
-        norms_per_layer=4 if model_type in _FOUR_NORMS else 2,
+        norms_per_layer=norms,
         qk_norm=model_type in _QK_NORM,
         shared_expert_intermediate_size=shared,
         dense_mlp_layers=dense_layers,

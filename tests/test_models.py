@@ -269,6 +269,42 @@ def test_gpt2_keys() -> None:
     assert param_count(ModelConfig.from_hf_config(untied)) == 124_439_808 + 50257 * 768
 
 
+def test_other_non_gated_families() -> None:
+    # EleutherAI/pythia-1.4b config.json; 1,414,647,808 parameters (Biderman et al., "Pythia",
+    # arXiv 2304.01373, Table 1 lists the model as 1.4B; the exact count is the checkpoint's).
+    pythia = {
+        "model_type": "gpt_neox",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "vocab_size": 50304,
+        "max_position_embeddings": 2048,
+        "rotary_pct": 0.25,
+        "tie_word_embeddings": False,
+    }
+    m = ModelConfig.from_hf_config(pythia)
+    assert not m.gated_mlp and m.norm_bias and m.attention_bias and m.mlp_bias
+    assert param_count(m) == 1_414_647_808
+    # microsoft/phi-2 config.json; 2,779,683,840 stored (HF safetensors). The lm_head bias
+    # (51,200 values) is not modelled: 0.002% short.
+    phi2 = {
+        "model_type": "phi",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 51200,
+        "max_position_embeddings": 2048,
+        "partial_rotary_factor": 0.4,
+        "tie_word_embeddings": False,
+    }
+    m = ModelConfig.from_hf_config(phi2)
+    assert m.norms_per_layer == 1
+    assert param_count(m) == 2_779_683_840 - 51_200
+
+
 def test_text_config_falls_back_to_top_level() -> None:
     nested = {"model_type": "llava", "tie_word_embeddings": True, "text_config": llama_like()}
     m = ModelConfig.from_hf_config(nested)
