@@ -1,0 +1,238 @@
+"""Speed of the bundled Triton kernel next to every SDPA backend, in one run.
+
+    python -m kernels.bench                 # the full grid (a few minutes on an H200)
+    python -m kernels.bench --quick         # fp16, d=128, s in {1024, 4096, 16384}
+    python -m kernels.bench --dtypes bf16 --dims 64 --seqs 2048 8192 --modes fwd
+
+For each (dtype, head dim, causal, forward | forward+backward, s) every implementation runs on
+the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time is the
+median of ``triton.testing.do_bench`` (CUDA events, after warm-up and autotuning). TFLOP/s use
+the project's convention (DESIGN.md): forward = 4*B*H*s^2*d, half when causal; the backward
+counts 2.5 x forward, so forward+backward = 3.5 x forward. The table prints TFLOP/s and our
+kernel's ratio to sdpa_cudnn and sdpa_flash; a CSV gets one row per measurement, stamped
+with the GPU name, torch and triton versions and the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+IMPLS = ("triton", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math")
+SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
+        "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+MATH_MAX_SEQ = 8192  # sdpa_math keeps fp32 s x s scores: skipped above this length
+
+
+@dataclass(frozen=True)
+class Row:
+    impl: str  # implementation name (kernels registry names; "triton" is ours)
+    dtype: str  # fp16 | bf16
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+    mode: str  # fwd | fwd_bwd
+    median_ms: float  # do_bench median, milliseconds (nan when not run)
+    tflops: float  # TFLOP/s by the convention in the module docstring
+    rel_err: float  # ||out - sdpa_ref|| / ||sdpa_ref|| of the forward output (nan if not checked)
+    status: str  # ok | unsupported | oom | error: ...
+    gpu: str
+    torch_version: str
+    triton_version: str
+    timestamp: str  # UTC, ISO 8601
+
+
+def flops(batch: int, heads: int, s: int, d: int, causal: bool, mode: str) -> float:
+    """Forward 4*B*H*s^2*d (half if causal); forward+backward 3.5 x that (DESIGN.md)."""
+    f = 4.0 * batch * heads * s * s * d * (0.5 if causal else 1.0)
+    return f * (3.5 if mode == "fwd_bwd" else 1.0)
+
+
+def _impl_fn(name: str):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name == "triton":
+        from kernels.flash_attn import flash_attention
+
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
+    backend = getattr(SDPBackend, SDPA[name])
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    del torch
+    return run
+
+
+def measure(name, q, k, v, do, causal, mode, ref):
+    """(median_ms, rel_err, status) of one implementation on one shape."""
+    import torch
+    from triton.testing import do_bench
+
+    fn = _impl_fn(name)
+    try:
+        with torch.no_grad():
+            out = fn(q, k, v, causal)
+        rel = float((out.float() - ref).norm() / ref.norm()) if ref is not None else math.nan
+        if mode == "fwd":
+            def call():
+                with torch.no_grad():
+                    fn(q, k, v, causal)
+        else:
+            def call():
+                fn(q, k, v, causal).backward(do)
+        ms = do_bench(call, warmup=25, rep=100, grad_to_none=[q, k, v], return_mode="median")
+        return ms, rel, "ok"
+    except torch.OutOfMemoryError:
+        return math.nan, math.nan, "oom"
+    except RuntimeError as exc:
+        msg = str(exc).splitlines()[0][:120]
+        status = "unsupported" if "No available kernel" in msg or "not support" in msg else msg
+        return math.nan, math.nan, status
+    finally:
+        torch.cuda.empty_cache()
+
+
+def run_grid(args) -> list[Row]:
+    import torch
+    import triton
+
+    stamp = dict(gpu=torch.cuda.get_device_name(), torch_version=torch.__version__,
+                 triton_version=triton.__version__,
+                 timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    rows: list[Row] = []
+    B, H = args.batch, args.heads
+    for dname in args.dtypes:
+        for d in args.dims:
+            for causal in args.causal:
+                for s in args.seqs:
+                    gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+                    q, k, v, do = (torch.randn(B, H, s, d, device="cuda", generator=gen,
+                                               dtype=dtypes[dname]) for _ in range(4))
+                    for t in (q, k, v):
+                        t.requires_grad_()
+                    with torch.no_grad():  # the accuracy reference: cuDNN, else flash
+                        ref = None
+                        for r in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
+                            try:
+                                ref = _impl_fn(r)(q, k, v, bool(causal)).float()
+                                break
+                            except RuntimeError:
+                                continue
+                    for mode in args.modes:
+                        for name in args.impls:
+                            if name == "sdpa_math" and s > MATH_MAX_SEQ:
+                                continue
+                            ms, rel, status = measure(name, q, k, v, do, bool(causal), mode,
+                                                      ref if name == "triton" else None)
+                            tf = flops(B, H, s, d, bool(causal), mode) / (ms * 1e-3) / 1e12
+                            rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms, tf,
+                                            rel, status, **stamp))
+                            print(f"{name:15s} {dname} d={d:3d} causal={int(causal)} {mode:7s} "
+                                  f"s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}",
+                                  flush=True)
+                    del q, k, v, do, ref
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    """Markdown table: TFLOP/s per implementation, our ratio to sdpa_cudnn and sdpa_flash."""
+    impls = [i for i in IMPLS if any(r.impl == i for r in rows)]
+    keys = sorted({(r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) for r in rows},
+                  key=lambda k: (k[0], k[1], k[3], k[2], k[4]))
+    by = {(r.impl, r.dtype, r.head_dim, r.causal, r.mode, r.seq_len): r for r in rows}
+    head = ["dtype", "d", "causal", "pass", "s"] + impls + ["triton/cudnn", "triton/flash"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for key in keys:
+        cells = [key[0], str(key[1]), "yes" if key[2] else "no",
+                 "fwd+bwd" if key[3] == "fwd_bwd" else "fwd", str(key[4])]
+        vals = {}
+        for i in impls:
+            r = by.get((i, *key))
+            vals[i] = r.tflops if r is not None and r.status == "ok" else math.nan
+            cells.append("-" if r is None else (f"{r.tflops:.0f}" if r.status == "ok"
+                                                else r.status[:12]))
+        for other in ("sdpa_cudnn", "sdpa_flash"):
+            ratio = vals.get("triton", math.nan) / vals.get(other, math.nan)
+            cells.append("-" if math.isnan(ratio) else f"{ratio:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tuned_configs() -> dict[str, dict[str, str]]:
+    """What the autotuner chose in this process, per kernel and key (for NOTES.md)."""
+    if "kernels.flash_attn_fwd" not in sys.modules:
+        return {}
+    from kernels import flash_attn_bwd as bwd
+    from kernels import flash_attn_fwd as fwd
+
+    out = {}
+    for name, tuner in (("fwd", fwd._fwd_kernel_tuned), ("dkdv", bwd._dkdv_tuned),
+                        ("dq", bwd._dq_tuned)):
+        out[name] = {str(k): str(c) for k, c in getattr(tuner, "cache", {}).items()}
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="fp16, d=128, s in {1024, 4096, 16384}, causal and not, both passes")
+    p.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=["fp16", "bf16"])
+    p.add_argument("--dims", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--seqs", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")
+    p.add_argument("--markdown", default=None, help="also write the table to this file")
+    p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.dtypes, args.dims, args.seqs = ["fp16"], [128], [1024, 4096, 16384]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return 2
+    rows = run_grid(args)
+    with open(args.csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        w.writeheader()
+        w.writerows(asdict(r) for r in rows)
+    if args.tuned_json:
+        import json
+
+        with open(args.tuned_json, "w") as f:
+            json.dump(tuned_configs(), f, indent=1)
+    md = table(rows)
+    r0 = rows[0]
+    header = (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}, {r0.timestamp}, "
+              f"B={r0.batch}, H={r0.heads}; TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(header + "\n\n" + md + "\n")
+    print("\n" + header + "\n\n" + md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
