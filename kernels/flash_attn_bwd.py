@@ -89,7 +89,7 @@ def _prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list
 
 @triton.jit(do_not_specialize=["s_q"])
 def _bwd_delta_kernel(
-    O, DO,  # (B, H, s_q, d), any strides
+    Out, DO,  # (B, H, s_q, d), any strides
     DELTA,  # (B, H, s_q) fp32, contiguous: rowsum(dO * O)
     stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
@@ -104,7 +104,7 @@ def _bwd_delta_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < s_q) & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(
-        O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
         + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
     do = tl.load(
         DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
