@@ -12,7 +12,7 @@ from calc.gpus import DEFAULT_GPU, GPUS
 from calc.kv import kv_cache_bytes
 from calc.memory import MemoryBreakdown, gpus_needed, model_max_seq_len, model_memory
 from calc.models import ModelConfig
-from calc.params import active_param_count, param_count, weight_bytes
+from calc.params import active_param_count, param_breakdown, param_count, weight_bytes
 from calc.peak import (
     IMPL_KIND,
     IMPL_LABELS,
@@ -23,7 +23,7 @@ from calc.peak import (
     attention_peak_terms,
     check_impl,
 )
-from calc.presets import MODELS
+from calc.presets import MODELS, PRESET_HF_CONFIGS, fixture_name
 from calc.scores import score_matrix_bytes
 from calc.sweep import default_seq_lens, sweep_param, sweep_seq_len
 from calc.training import (
@@ -57,7 +57,7 @@ __all__ = [
     "attention_flops", "attention_peak_bytes", "attention_peak_terms", "check_impl", "check_int",
     "default_seq_lens", "dtype_bytes", "dtype_name", "format_bytes", "format_gb", "format_gib",
     "gpus_needed", "kv_cache_bytes", "largest_fitting", "max_seq_len", "model_max_seq_len",
-    "model_memory", "param_count", "saved_for_backward_bytes", "score_matrix_bytes",
+    "model_memory", "param_breakdown", "param_count", "PRESET_HF_CONFIGS", "fixture_name", "saved_for_backward_bytes", "score_matrix_bytes",
     "sweep_param", "sweep_seq_len", "to_unit", "training_attention", "training_attention_bytes",
     "weight_bytes",
 ]
