@@ -324,7 +324,10 @@ def _bwd_dq_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    if CAUSAL:  # longest rows first, as in the forward
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H

@@ -204,7 +204,12 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    # Causal: the last query blocks do the most work (they see the most keys), so hand them
+    # out first; the short ones then fill the gaps at the end of the grid.
+    if CAUSAL:
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
