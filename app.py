@@ -10,14 +10,14 @@ import streamlit as st
 
 from pages.common import unit_switch
 
-st.set_page_config(page_title="Attention memory", page_icon="🧮", layout="wide")
+st.set_page_config(page_title="Attention memory", page_icon=":material/grid_on:", layout="wide")
 
 PAGES = [
-    st.Page("pages/score_matrix.py", title="Score matrix", icon="🟦", url_path="score-matrix", default=True),
-    st.Page("pages/model_memory.py", title="Model memory", icon="🧱", url_path="model-memory"),
-    st.Page("pages/scaling.py", title="Scaling", icon="📈", url_path="scaling"),
-    st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon="⚡", url_path="flash-attention"),
-    st.Page("pages/measure.py", title="GPU measurement", icon="🔬", url_path="measure"),
+    st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score-matrix", default=True),
+    st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model-memory"),
+    st.Page("pages/scaling.py", title="Scaling", icon=":material/show_chart:", url_path="scaling"),
+    st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon=":material/bolt:", url_path="flash-attention"),
+    st.Page("pages/measure.py", title="GPU measurement", icon=":material/science:", url_path="measure"),
 ]
 
 page = st.navigation(PAGES, position="sidebar")

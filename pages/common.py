@@ -89,7 +89,7 @@ def _widget_value(spec: Spec, value: Any) -> Any:
 
 def warn(message: str) -> None:
     """Show a warning whose text may contain user-controlled parts, escaped (no markdown)."""
-    st.warning(md_escape(message), icon="⚠️")
+    st.warning(md_escape(message), icon=":material/warning:")
 
 
 def init(key: str, spec: Spec) -> None:
@@ -291,10 +291,29 @@ def chart(fig: go.Figure, key: str, file_stem: str, df: pd.DataFrame | None = No
         fig, key=key, theme="streamlit",
         config={"displaylogo": False, "toImageButtonOptions": {"filename": file_stem, "scale": 2}},
     )
-    cols = st.columns([1, 1, 3])
-    download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=cols[0])
+    row = st.container(horizontal=True)
+    download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=row)
     if df is not None:
-        download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=cols[1])
+        download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=row)
+
+
+def log_len_axis(fig: go.Figure, lo: int, hi: int) -> None:
+    """Log x axis of sequence lengths, ticks at powers of four labelled 128, 512, 2K, 8K, ..."""
+    ticks = [1 << p for p in range(max(lo, 1).bit_length() - 1, hi.bit_length(), 2)]
+    fig.update_xaxes(type="log", tickvals=ticks, ticktext=[short_len(t) for t in ticks])
+
+
+def capacity_line(fig: go.Figure, name: str, n_bytes: int, x0: float, x1: float, unit: str) -> None:
+    """A GPU's memory as a dashed horizontal line with a legend entry and hover value.
+
+    (A trace, not fig.add_hline: hline annotations land in the wrong place on log axes.)
+    """
+    y = in_unit(n_bytes, unit)
+    fig.add_trace(go.Scatter(
+        x=[x0, x1], y=[y, y], mode="lines", name=f"{name} ({fmt(n_bytes, unit)})",
+        line=dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5),
+        hovertemplate=f"{name}: {fmt(n_bytes, unit)} ({n_bytes:,} bytes)<extra></extra>",
+    ))
 
 
 def gpu_options(gpus: Mapping[str, int]) -> tuple[str, ...]:

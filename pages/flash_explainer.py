@@ -102,7 +102,7 @@ fig.add_annotation(x=(tile.k_start + tile.k_end - 1) / 2, y=tile.q_start - 0.5, 
                    showarrow=False, yshift=10, font=dict(color=CURRENT, size=13))
 fig.update_yaxes(autorange="reversed", title="query i (rows)", dtick=blk, scaleanchor="x")
 fig.update_xaxes(title="key j (columns)", dtick=blk, side="top")
-fig.update_layout(height=460, margin=dict(l=10, r=10, t=30, b=10))
+fig.update_layout(height=560, margin=dict(l=10, r=10, t=30, b=10))
 
 left, right = st.columns([1.2, 1])
 with left:
@@ -125,8 +125,10 @@ with right:
         {"row": r.row, "running max m": round(r.m, 4), "running sum ℓ": round(r.l, 4)} for r in state.rows
     ])
     st.dataframe(rows_df, hide_index=True)
-    st.latex(r"m' = \max(m,\ \max_j S_{ij}) \qquad \ell' = e^{m-m'}\,\ell + \sum_j e^{S_{ij}-m'}")
-    st.latex(r"O' = e^{m-m'}\,O + \sum_j e^{S_{ij}-m'}\,V_j \qquad \text{at the end: } O / \ell")
+    st.latex(r"m' = \max\big(m,\ \max_{j \in \text{tile}} S_{ij}\big)")
+    st.latex(r"\ell' = e^{m-m'}\,\ell + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}")
+    st.latex(r"O' = e^{m-m'}\,O + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}\,V_j"
+             r"\quad\text{(output: } O/\ell\text{)}")
     st.caption(
         f"{tr} query blocks × {tr} key blocks = {len(tiles)} tiles"
         + (f", {skipped} skipped by the causal mask" if causal else "")

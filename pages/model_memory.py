@@ -39,6 +39,7 @@ from pages import common as c  # noqa: E402
 CUSTOM = "Custom config.json"
 MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
 NAIVE, FLASH = "naive", "sdpa_flash"
+IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
 ACT_DTYPES = ("bf16", "fp16", "fp32")
 
 SPECS = {
@@ -100,7 +101,7 @@ def custom_model() -> ModelConfig | None:
             st.session_state["_custom_model"] = model
             return model
     except (ValueError, UnicodeDecodeError) as err:
-        st.error(c.md_escape(f"Could not use this config: {err}"), icon="🚫")
+        st.error(c.md_escape(f"Could not use this config: {err}"), icon=":material/block:")
         if "_custom_model" in st.session_state:
             st.info("Still showing the last config that was valid.")
     return st.session_state.get("_custom_model")
@@ -149,7 +150,7 @@ st.caption(
 if model.max_position_embeddings and seq_len > model.max_position_embeddings:
     st.info(f"s = {seq_len:,} is longer than the {model.max_position_embeddings:,} tokens this model was trained for.")
 
-impls = {NAIVE: "Standard attention (eager)", FLASH: "FlashAttention (SDPA flash)"}
+impls = {NAIVE: "Standard (eager)", FLASH: "FlashAttention"}
 parts: dict[str, dict[str, int]] = {}
 if mode == "inference":
     for impl in impls:
@@ -171,25 +172,27 @@ else:
     }
 totals = {impl: sum(p.values()) for impl, p in parts.items()}
 
-cols = st.columns(len(impls))
-for col, (impl, label) in zip(cols, impls.items(), strict=True):
-    total = totals[impl]
-    with col:
-        st.metric(f"{label}: total ({unit})", c.fmt(total, unit), help=c.COMPUTED)
-        if total <= gpu_bytes:
-            head = gpu_bytes - total
-            st.success(f"Fits on one {gpu}: headroom {c.fmt(head, unit)} ({head / gpu_bytes:.0%} free).", icon="✅")
-        else:
-            n = gpus_needed(total, gpu_bytes)
-            st.error(
-                f"Does not fit on one {gpu}: {c.fmt(total - gpu_bytes, unit)} over. "
-                f"Needs {n} of them (ideal split of the total).",
-                icon="❌",
-            )
-        if mode == "inference":
-            longest = longest_context(model, gpu_bytes, batch, wd, kvd, ad, impl)
-            st.metric("Longest context that fits", f"{longest:,} tokens" if longest else "none",
-                      help="Exact integer search over s of weights + KV cache + attention ≤ GPU memory (computed).")
+summary, picture = st.columns([1, 1.25])
+with summary:
+    cols = st.columns(len(impls))
+    for col, (impl, label) in zip(cols, impls.items(), strict=True):
+        total = totals[impl]
+        with col:
+            st.metric(f"{label}: total", c.fmt(total, unit), help=f"{c.COMPUTED}: {' + '.join(parts[impl])} ({IMPL_NAMES[impl]}).")
+            if total <= gpu_bytes:
+                head = gpu_bytes - total
+                st.success(f"Fits on one {gpu}: headroom {c.fmt(head, unit)} ({head / gpu_bytes:.0%} free).", icon=":material/check_circle:")
+            else:
+                n = gpus_needed(total, gpu_bytes)
+                st.error(
+                    f"Does not fit on one {gpu}: {c.fmt(total - gpu_bytes, unit)} over. "
+                    f"Needs {n} of them (ideal split of the total).",
+                    icon=":material/cancel:",
+                )
+            if mode == "inference":
+                longest = longest_context(model, gpu_bytes, batch, wd, kvd, ad, impl)
+                st.metric("Longest context (tokens)", f"{longest:,}" if longest else "none",
+                          help="Exact integer search over s of weights + KV cache + attention ≤ GPU memory (computed).")
 
 fig = go.Figure()
 names = list(parts[NAIVE])
@@ -209,10 +212,9 @@ table = pd.DataFrame(
     [{"part": p, **{impls[i]: parts[i][p] for i in impls}, "formula (computed)": formulas[p]} for p in names]
     + [{"part": "total", **{impls[i]: totals[i] for i in impls}, "formula (computed)": "sum"}]
 )
-left, right = st.columns([1.4, 1])
-with left:
+with picture:
     c.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
-with right:
+with st.container():
     shown = table.copy()
     for i in impls:
         shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))

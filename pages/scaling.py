@@ -79,19 +79,19 @@ st.markdown(
     "FlashAttention-style kernels keep only the output and a log-sum-exp per row: slope 1."
 )
 
-with st.expander("Shape and implementations", expanded=True):
+controls, main = st.columns([1, 2.8])
+with controls:
     impls = c.multiselect(
         "Implementations", "impls", SPECS["impls"], format_func=lambda i: IMPL_LABELS.get(i, i)
     )
-    cols = st.columns(4)
+    cols = st.columns(2)
     b = c.int_input("Batch B", "b", SPECS["b"], where=cols[0])
     h = c.int_input("Heads H", "h", SPECS["h"], where=cols[1])
-    d = c.int_input("Head dim d", "d", SPECS["d"], where=cols[2])
-    dtype = c.select("dtype", "dtype", SPECS["dtype"], where=cols[3])
-    cols = st.columns([1, 1, 2])
+    d = c.int_input("Head dim d", "d", SPECS["d"], where=cols[0])
+    dtype = c.select("dtype", "dtype", SPECS["dtype"], where=cols[1])
     causal = c.toggle("Causal mask", "causal", SPECS["causal"], where=cols[0])
     bwd = c.toggle("Forward + backward", "bwd", SPECS["bwd"], where=cols[1])
-    gpus = c.multiselect("GPU capacity lines", "gpus", SPECS["gpus"], where=cols[2])
+    gpus = c.multiselect("GPU capacity lines", "gpus", SPECS["gpus"])
     _init_smax = c.select(
         "Longest s on the chart", "smax", SPECS["smax"],
         format_func=lambda v: c.short_len(int(v)),
@@ -99,82 +99,83 @@ with st.expander("Shape and implementations", expanded=True):
 s_hi = int(_init_smax)
 unit = c.get_unit()
 
-if not impls:
-    st.info("Pick at least one implementation.")
-    c.sync_url(SPECS)
-    st.stop()
+with main:
+    if not impls:
+        st.info("Pick at least one implementation.")
+        c.sync_url(SPECS)
+        st.stop()
 
-quad = [i for i in impls if IMPL_KIND[i] == "quadratic"]
-lin = [i for i in impls if IMPL_KIND[i] == "linear"]
-if gpus:
-    gpu0 = gpus[-1]
-    mcols = st.columns(3)
-    found = {}
-    for col, group in zip(mcols, (quad, lin), strict=False):
-        if group:
-            impl = group[0]
-            found[impl] = oom_len(impl, GPUS[gpu0], b, h, d, dtype, causal, bwd)
-            col.metric(f"Longest s on {gpu0}: {IMPL_LABELS.get(impl, impl)}", f"{found[impl]:,}",
-                       help="Computed: exact integer search of calc.attention_peak_bytes ≤ GPU memory.")
-    if quad and lin and found[quad[0]]:
-        mcols[2].metric("FlashAttention-style reaches", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
-
-df = seq_sweep(tuple(impls), s_hi, b, h, d, dtype, causal, bwd)
-fig = go.Figure()
-for impl in impls:
-    part = df[df["impl"] == impl]
-    fig.add_trace(go.Scatter(
-        x=part["seq_len"], y=[c.in_unit(v, unit) for v in part["peak_bytes"]],
-        mode="lines+markers", name=IMPL_LABELS.get(impl, impl),
-        line=dict(color=c.impl_color(impl), dash="solid" if IMPL_KIND[impl] == "quadratic" else "dot"),
-        customdata=[f"{v:,}" for v in part["peak_bytes"]],
-        hovertemplate=(
-            f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
-            "<br>%{customdata} bytes<extra></extra>"
-        ),
-    ))
-
-oom_rows = []
-for gpu in gpus:
-    cap = GPUS[gpu]
-    fig.add_hline(y=c.in_unit(cap, unit), line_dash="dash", line_width=1,
-                  annotation_text=f"{gpu} ({c.fmt(cap, unit)})", annotation_position="top left")
+    what = "forward + backward" if bwd else "forward"
+    st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
+    df = seq_sweep(tuple(impls), s_hi, b, h, d, dtype, causal, bwd)
+    fig = go.Figure()
     for impl in impls:
-        s_max = oom_len(impl, cap, b, h, d, dtype, causal, bwd)
-        oom_rows.append({"gpu": gpu, "impl": impl, "longest s that fits": s_max,
-                         "capped": s_max >= MAX_SEQ_LEN})
-        if 128 <= s_max <= s_hi:
-            peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd)
-            fig.add_trace(go.Scatter(
-                x=[s_max], y=[c.in_unit(peak, unit)], mode="markers", showlegend=False,
-                marker=dict(symbol="x", size=13, color=c.impl_color(impl), line=dict(width=2)),
-                hovertemplate=(
-                    f"<b>{IMPL_LABELS.get(impl, impl)}</b> runs out of memory on {gpu}<br>"
-                    f"longest s that fits: {s_max:,}<br>peak there: {peak:,} bytes<extra></extra>"
-                ),
-            ))
-fig.update_xaxes(type="log", tickformat=",", dtick=0.30103 * 2)
-fig.update_yaxes(type="log", exponentformat="power")
-what = "forward + backward" if bwd else "forward"
-c.style(fig, "sequence length s (tokens, log scale)", f"extra peak memory of one call ({unit}, log scale)", 520)
-st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
-c.chart(fig, "scaling_chart", "scaling-seq-len", df)
-st.caption(
-    f"{c.COMPUTED}: calc.attention_peak_bytes, the predicted extra peak of one attention call "
-    "(inputs already allocated). × marks the longest s that fits each GPU (exact integer search, "
-    "calc.max_seq_len). Solid lines: quadratic (store s × s); dotted: linear (fused kernels)."
-)
+        part = df[df["impl"] == impl]
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"], y=[c.in_unit(v, unit) for v in part["peak_bytes"]],
+            mode="lines+markers", name=IMPL_LABELS.get(impl, impl),
+            line=dict(color=c.impl_color(impl), dash="solid" if IMPL_KIND[impl] == "quadratic" else "dot"),
+            customdata=[f"{v:,}" for v in part["peak_bytes"]],
+            hovertemplate=(
+                f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
+                "<br>%{customdata} bytes<extra></extra>"
+            ),
+        ))
 
-if oom_rows:
-    oom = pd.DataFrame(oom_rows)
-    shown = oom.assign(
-        impl=oom["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
-        **{"longest s that fits": [
-            (f"≥ {v:,}" if cap else f"{v:,}") for v, cap in zip(oom["longest s that fits"], oom["capped"], strict=True)
-        ]},
-    ).drop(columns="capped")
-    st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
-    st.dataframe(shown.pivot(index="impl", columns="gpu", values="longest s that fits"))
+    oom_rows = []
+    for gpu in gpus:
+        cap = GPUS[gpu]
+        c.capacity_line(fig, gpu, cap, 128, s_hi, unit)
+        for impl in impls:
+            s_max = oom_len(impl, cap, b, h, d, dtype, causal, bwd)
+            oom_rows.append({"gpu": gpu, "impl": impl, "longest s that fits": s_max,
+                             "capped": s_max >= MAX_SEQ_LEN})
+            if 128 <= s_max <= s_hi:
+                peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd)
+                fig.add_trace(go.Scatter(
+                    x=[s_max], y=[c.in_unit(peak, unit)], mode="markers", showlegend=False,
+                    marker=dict(symbol="x", size=13, color=c.impl_color(impl), line=dict(width=2)),
+                    hovertemplate=(
+                        f"<b>{IMPL_LABELS.get(impl, impl)}</b> runs out of memory on {gpu}<br>"
+                        f"longest s that fits: {s_max:,}<br>peak there: {peak:,} bytes<extra></extra>"
+                    ),
+                ))
+    c.log_len_axis(fig, 128, s_hi)
+    fig.update_yaxes(type="log", exponentformat="power")
+    c.style(fig, "sequence length s (tokens, log scale)", f"extra peak memory of one call ({unit}, log scale)", 520)
+    c.chart(fig, "scaling_chart", "scaling-seq-len", df)
+    st.caption(
+        f"{c.COMPUTED}: calc.attention_peak_bytes, the predicted extra peak of one attention call "
+        "(inputs already allocated). × marks the longest s that fits each GPU (exact integer search, "
+        "calc.max_seq_len). Solid lines: quadratic (store s × s); dotted: linear (fused kernels)."
+    )
+
+    quad = [i for i in impls if IMPL_KIND[i] == "quadratic"]
+    lin = [i for i in impls if IMPL_KIND[i] == "linear"]
+    if gpus:
+        gpu0 = gpus[-1]
+        st.markdown(f"**On one {gpu0}** (the attention call alone)")
+        mcols = st.columns(3)
+        found = {}
+        for col, group in zip(mcols, (quad, lin), strict=False):
+            if group:
+                impl = group[0]
+                found[impl] = oom_len(impl, GPUS[gpu0], b, h, d, dtype, causal, bwd)
+                col.metric(f"{IMPL_LABELS.get(impl, impl)}: longest s", f"{found[impl]:,}",
+                           help="Computed: exact integer search of calc.attention_peak_bytes ≤ GPU memory.")
+        if quad and lin and found[quad[0]]:
+            mcols[2].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
+
+    if oom_rows:
+        oom = pd.DataFrame(oom_rows)
+        shown = oom.assign(
+            impl=oom["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
+            **{"longest s that fits": [
+                (f"≥ {v:,}" if cap else f"{v:,}") for v, cap in zip(oom["longest s that fits"], oom["capped"], strict=True)
+            ]},
+        ).drop(columns="capped")
+        st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
+        st.dataframe(shown.pivot(index="impl", columns="gpu", values="longest s that fits"))
 
 st.subheader("Memory against batch or heads (linear axes)")
 cols = st.columns([1, 1, 2])

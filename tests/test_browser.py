@@ -1,0 +1,232 @@
+"""End to end in a real browser: start the app, drive Debian's headless Chromium with Playwright.
+
+For each page: load it, check the headline number, change an input, check the new number and
+that a plotly chart rendered. With SAVE_SCREENSHOTS=1 each page is saved to
+docs/screenshots/<page>.png (the README shows them). No browser is downloaded: Playwright
+drives /usr/bin/chromium (Debian's `chromium` package). Skipped, with the reason, where either
+is missing. Run: .venv/bin/python -m pytest -m browser tests/test_browser.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from calc import (
+    GPUS,
+    IMPL_LABELS,
+    MODELS,
+    format_bytes,
+    max_seq_len,
+    model_memory,
+)
+from calc.io_model import standard_io
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "docs" / "screenshots"
+SAVE = os.environ.get("SAVE_SCREENSHOTS") == "1"
+LAUNCH_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+TIMEOUT_MS = 60_000
+
+try:
+    from playwright.sync_api import Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+
+def _skip_reason() -> str | None:
+    if sync_playwright is None:
+        return "the playwright Python package is not installed (pip install -r requirements-dev.txt)"
+    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
+        return f"{CHROMIUM} is missing (apt-get install chromium)"
+    return None
+
+
+if (_reason := _skip_reason()) is not None:
+    pytest.skip(f"browser test skipped: {_reason}", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """The app on a free localhost port; killed at the end whatever happens."""
+    port = _free_port()
+    log = open(ROOT / ".pytest_cache" / f"streamlit-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.headless", "true", "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+         "--client.toolbarMode", "minimal"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with code {proc.returncode} before serving")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("streamlit did not answer /_stcore/health within 90 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(server: str) -> Iterator[Page]:
+    with sync_playwright() as p:
+        exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+        browser = p.chromium.launch(executable_path=exe, args=LAUNCH_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()
+
+
+def _open(page: Page, url: str) -> None:
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector('[data-testid="stMetricValue"]', timeout=TIMEOUT_MS)
+    _wait_idle(page)
+
+
+def _wait_idle(page: Page) -> None:
+    """Wait until the script run finished (no 'running' status widget) and charts drew."""
+    page.wait_for_timeout(300)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=TIMEOUT_MS
+    )
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=TIMEOUT_MS)
+
+
+def _metrics(page: Page) -> list[str]:
+    return [t.strip() for t in page.locator('[data-testid="stMetricValue"]').all_inner_texts()]
+
+
+def _set_number(page: Page, label: str, value: int) -> None:
+    box = page.get_by_label(label, exact=True).first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _expect_metric(page: Page, text: str) -> None:
+    expect(page.locator('[data-testid="stMetricValue"]', has_text=text).first).to_be_visible(timeout=TIMEOUT_MS)
+
+
+def _shot(page: Page, name: str) -> None:
+    if SAVE:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        _wait_idle(page)
+        size = page.viewport_size
+        page.set_viewport_size({"width": 1400, "height": 1500})  # Streamlit scrolls inside
+        page.wait_for_timeout(1200)  # a container: make the viewport hold the page's top
+        page.screenshot(path=str(SHOTS / f"{name}.png"))
+        if size:
+            page.set_viewport_size(size)
+            page.wait_for_timeout(300)
+
+
+def test_score_matrix_page(browser_page: Page, server: str) -> None:
+    page = browser_page
+    _open(page, f"{server}/")
+    assert "1.07 GB" in _metrics(page)
+    assert page.locator(".js-plotly-plot .main-svg").count() >= 1
+    _shot(page, "score_matrix")
+    _set_number(page, "exact", 8192)
+    _expect_metric(page, "4.29 GB")
+    _wait_idle(page)
+    assert "s=8192" in page.url  # the view is in the URL
+
+
+def test_url_prefills_and_bad_values_warn(browser_page: Page, server: str) -> None:
+    page = browser_page
+    _open(page, f"{server}/?s=8192&h=32&b=1&dtype=fp16")
+    _expect_metric(page, "4.29 GB")
+    _open(page, f"{server}/?s=NaN&h=%5Bx%5D(javascript:alert(1))")
+    _expect_metric(page, "1.07 GB")
+    alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
+    assert any("'s'" in a and "NaN" in a for a in alerts), alerts
+    assert page.locator("a[href^='javascript']").count() == 0
+
+
+def test_model_memory_page(browser_page: Page, server: str) -> None:
+    page = browser_page
+    _open(page, f"{server}/model-memory")
+    model = MODELS["Llama 3.1 8B"]
+    total = model_memory(model, 1, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
+    _expect_metric(page, format_bytes(total, "GB"))
+    _shot(page, "model_memory")
+    _set_number(page, "Batch size", 4)
+    total4 = model_memory(model, 4, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
+    _expect_metric(page, format_bytes(total4, "GB"))
+    _wait_idle(page)
+
+
+def test_scaling_page(browser_page: Page, server: str) -> None:
+    page = browser_page
+    _open(page, f"{server}/scaling")
+    gpu = "NVIDIA H200 141GB"
+    _expect_metric(page, f"{max_seq_len('naive', GPUS[gpu], 1, 32, 128, 'fp16'):,}")
+    assert page.locator(".js-plotly-plot").count() >= 2
+    _shot(page, "scaling")
+    _set_number(page, "Heads H", 64)
+    _expect_metric(page, f"{max_seq_len('naive', GPUS[gpu], 1, 64, 128, 'fp16'):,}")
+    assert IMPL_LABELS["naive"]
+
+
+def test_flash_explainer_page(browser_page: Page, server: str) -> None:
+    page = browser_page
+    _open(page, f"{server}/flash-attention?step=5")
+    _expect_metric(page, format_bytes(standard_io(1, 32, 4096, 128, 2).total_bytes, "GB"))
+    _shot(page, "flash_explainer")
+    _set_number(page, "sequence s", 8192)
+    _expect_metric(page, format_bytes(standard_io(1, 32, 8192, 128, 2).total_bytes, "GB"))
+
+
+def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str) -> None:
+    page = browser_page
+    _open(page, f"{server}/")
+    page.locator('[data-testid="stSidebar"]').get_by_text("GiB", exact=True).click()
+    _wait_idle(page)
+    assert "unit=GiB" in page.url
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Scaling").click()
+    page.wait_for_url("**/scaling**")
+    _wait_idle(page)
+    assert page.locator("text=GiB").count() > 0
+    assert "unit=GiB" in page.url
