@@ -55,6 +55,8 @@ UNIT_KEY = "unit"
 UNIT_SPEC = ChoiceParam("GB", ("GB", "GiB"))
 UNIT_HELP = "GB = 10⁹ bytes (what vendors print on the box); GiB = 2³⁰ bytes (what nvidia-smi and PyTorch report)."
 _KEEP = "_url_keep"  # session_state: key -> last valid value used on any page
+_OWNER = "_url_owner"  # session_state: key -> page whose widget holds it now
+_PAGE = "_url_page"  # session_state: the page being drawn
 
 COMPUTED = "Computed (analytic model, not measured)"
 
@@ -92,19 +94,39 @@ def warn(message: str) -> None:
     st.warning(md_escape(message), icon=":material/warning:")
 
 
-def init(key: str, spec: Spec) -> None:
+def page_setup(name: str) -> None:
+    """Call first on every page: names the page whose widgets the following calls draw."""
+    st.session_state[_PAGE] = name
+
+
+def _claim(key: str, page: str | None = None) -> bool:
+    """Record that `key` now belongs to this page's widget; True if it already did.
+
+    Widget state survives one run after a page switch, so a key that another page's widget
+    used (same URL name, different widget) must be set again explicitly, or the new widget
+    would start from its own default instead of the shared value.
+    """
+    owners: dict[str, str] = st.session_state.setdefault(_OWNER, {})
+    page = page if page is not None else st.session_state.get(_PAGE, "")
+    mine = owners.get(key) == page
+    owners[key] = page
+    return mine
+
+
+def init(key: str, spec: Spec, page: str | None = None) -> None:
     """Put the value of widget `key` into session_state before the widget is drawn."""
     keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
-    if key in st.session_state and _valid(spec, st.session_state[key]):
+    if _claim(key, page) and key in st.session_state and _valid(spec, st.session_state[key]):
         return
+    if key in st.session_state and _valid(spec, st.session_state[key]):
+        keep[key] = tuple(st.session_state[key]) if isinstance(spec, MultiChoiceParam) else st.session_state[key]
     raw = _query_raw(key)
-    if raw is not None:
-        parsed = spec.parse(key, raw)
-        if parsed.warning:
-            warn(parsed.warning)
-            value = spec.default
-        else:
-            value = parsed.value
+    parsed = spec.parse(key, raw) if raw is not None else None
+    if parsed is not None and parsed.warning:
+        warn(parsed.warning)
+        value = spec.default
+    elif parsed is not None:
+        value = parsed.value
     elif key in keep and _valid(spec, keep[key]):
         value = keep[key]
     else:
@@ -116,6 +138,7 @@ def sync_url(specs: Mapping[str, Spec]) -> None:
     """Write the page's inputs (and the unit) into the URL; remember them for other pages."""
     keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
     wanted: dict[str, str] = {UNIT_KEY: get_unit()}
+    keep[UNIT_KEY] = wanted[UNIT_KEY]
     for key, spec in specs.items():
         if key in st.session_state:
             value = st.session_state[key]
@@ -131,12 +154,15 @@ def get_unit() -> str:
     if value in UNIT_SPEC.choices:
         return value
     parsed = UNIT_SPEC.parse(UNIT_KEY, _query_raw(UNIT_KEY))
-    return parsed.value
+    if parsed.warning is None and _query_raw(UNIT_KEY) is not None:
+        return parsed.value
+    kept = st.session_state.get(_KEEP, {}).get(UNIT_KEY)
+    return kept if kept in UNIT_SPEC.choices else UNIT_SPEC.default
 
 
 def unit_switch() -> str:
     """The GB/GiB switch (drawn once per run, by app.py in the sidebar)."""
-    init(UNIT_KEY, UNIT_SPEC)
+    init(UNIT_KEY, UNIT_SPEC, page="app")
     unit = st.radio("Memory unit", UNIT_SPEC.choices, key=UNIT_KEY, horizontal=True, help=UNIT_HELP)
     if st.query_params.get(UNIT_KEY) != unit:
         st.query_params[UNIT_KEY] = unit
@@ -210,7 +236,7 @@ def seq_len_input(
         st.session_state[skey] = nearest_power_of_two(int(st.session_state[key]), lo_pow2, hi_pow2)
 
     near = nearest_power_of_two(int(st.session_state[key]), lo_pow2, hi_pow2)
-    if st.session_state.get(skey) != near:
+    if not _claim(skey) or st.session_state.get(skey) != near:
         st.session_state[skey] = near
     left, right = where.columns([3, 1])
     left.select_slider(

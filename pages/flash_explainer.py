@@ -52,6 +52,7 @@ def demo(n: int, blk: int, causal: bool) -> tuple[list[list[float]], list, list]
     return scores, tile_schedule(n, blk, blk, causal), online_softmax_trace(scores, blk, blk, causal)
 
 
+c.page_setup("flash")
 st.title("How FlashAttention works")
 st.markdown(
     "**Why does FlashAttention need so little memory?** It never writes the *s × s* score "

@@ -107,6 +107,7 @@ def custom_model() -> ModelConfig | None:
     return st.session_state.get("_custom_model")
 
 
+c.page_setup("model")
 st.title("Model memory")
 st.markdown(
     "**Does my model fit, and at what context length?** Weights, KV cache and the attention "

@@ -40,7 +40,7 @@ S_MAX_CHOICES = tuple(str(1 << p) for p in range(10, 25))  # 1K .. 16M
 DEFAULT_GPUS = tuple(g for g in ("NVIDIA RTX 4090 24GB", "NVIDIA H100 80GB", "NVIDIA H200 141GB") if g in GPUS)
 
 SPECS = {
-    "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS, min_items=1),
+    "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS),
     "b": IntParam(1, 1, 65_536),
     "h": IntParam(32, 1, MAX_HEADS),
     "d": IntParam(128, 1, MAX_HEAD_DIM),
@@ -72,6 +72,7 @@ def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int,
     return sweep_param(by, values, impls, s, b, h, d, dtype, causal, bwd)
 
 
+c.page_setup("scaling")
 st.title("Scaling with sequence length")
 st.markdown(
     "**Why does attention run out of memory?** Standard attention stores the *s × s* scores, so "

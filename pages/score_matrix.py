@@ -57,6 +57,7 @@ def curve(batch: int, heads: int, e: float | str) -> pd.DataFrame:
     )
 
 
+c.page_setup("score")
 st.title("Score matrix memory")
 st.markdown(
     "**How much memory does one attention layer's score matrix take?** Standard attention "
@@ -151,11 +152,8 @@ with right:
         marker=dict(size=12, symbol="diamond", color=c.impl_color("triton")),
         hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + "<extra></extra>",
     ))
-    fig.add_hline(
-        y=c.in_unit(gpu_bytes, unit), line_dash="dot",
-        annotation_text=f"{DEFAULT_GPU}: {c.fmt(gpu_bytes, unit)}", annotation_position="bottom right",
-    )
-    fig.update_xaxes(type="log", dtick=0.30103 * 2, tickformat=",")
+    c.capacity_line(fig, DEFAULT_GPU, gpu_bytes, CURVE_LENS[0], CURVE_LENS[-1], unit)
+    c.log_len_axis(fig, CURVE_LENS[0], CURVE_LENS[-1])
     fig.update_yaxes(type="log", exponentformat="power")
     c.style(fig, "sequence length s (tokens, log scale)", f"score matrix, one layer ({unit}, log scale)", 380)
     c.chart(fig, "score_chart", "score-matrix", df.assign(batch=batch, heads=heads, bytes_per_element=e_value))

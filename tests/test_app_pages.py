@@ -1,0 +1,259 @@
+"""Every page, headless (streamlit.testing.v1.AppTest): runs, shows the right numbers, reacts to
+inputs, takes its inputs from the URL and warns (never raises) on bad URL values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from calc import (
+    GPUS,
+    MODELS,
+    format_bytes,
+    max_seq_len,
+    model_max_seq_len,
+    model_memory,
+    score_matrix_bytes,
+)
+from calc.io_model import flash_io, standard_io
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = {
+    "score": ROOT / "pages" / "score_matrix.py",
+    "model": ROOT / "pages" / "model_memory.py",
+    "scaling": ROOT / "pages" / "scaling.py",
+    "flash": ROOT / "pages" / "flash_explainer.py",
+}
+TIMEOUT = 60  # plotly and pandas import slowly on a cold 2-core machine
+FIXTURES = ROOT / "tests" / "fixtures" / "hf_configs"
+
+
+def run(page: str, **query: str) -> AppTest:
+    at = AppTest.from_file(str(PAGES[page]), default_timeout=TIMEOUT)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def warnings(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning]
+
+
+# --- every page -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_page_runs_without_exception_and_writes_its_url(page: str) -> None:
+    at = run(page)
+    assert not warnings(at)
+    assert at.query_params.get("unit") in ("GB", ["GB"])
+    assert len(at.query_params) > 1  # the page's inputs are in the URL
+
+
+def test_router_runs_every_page() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert "1.07 GB" in metrics(at).values()
+    assert at.sidebar.radio(key="unit").value == "GB"
+    for path in ("pages/model_memory.py", "pages/scaling.py", "pages/flash_explainer.py",
+                 "pages/measure.py", "pages/score_matrix.py"):
+        at.switch_page(path).run()
+        assert not at.exception, (path, [e.value for e in at.exception])
+
+
+def test_unit_is_remembered_across_pages() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    at.sidebar.radio(key="unit").set_value("GiB").run()
+    assert list(metrics(at).values())[0] == "1.00 GiB"
+    at.switch_page("pages/scaling.py").run()
+    assert not at.exception
+    assert at.query_params.get("unit") in ("GiB", ["GiB"])
+    at.switch_page("pages/score_matrix.py").run()
+    assert list(metrics(at).values())[0] == "1.00 GiB"
+
+
+# --- score matrix -----------------------------------------------------------------------------
+
+
+def test_score_defaults_are_the_worked_example() -> None:
+    at = run("score")
+    values = list(metrics(at).values())
+    assert values[0] == "1.07 GB" and values[1] == "1.00 GiB"
+    assert values[2] == "4.29 GB"  # twice the length: four times the memory
+    assert "1{,}073{,}741{,}824" in at.latex[0].value  # the formula with the numbers substituted
+
+
+def test_score_reacts_to_inputs() -> None:
+    at = run("score")
+    at.number_input(key="s").set_value(8192).run()
+    assert list(metrics(at).values())[0] == "4.29 GB"
+    assert at.query_params["s"] in ("8192", ["8192"])
+    at.select_slider(key="_s_pow2").set_value(1 << 20).run()  # the log slider drives s
+    assert at.number_input(key="s").value == 1 << 20
+    assert list(metrics(at).values())[0] == format_bytes(score_matrix_bytes(1, 32, 1 << 20, 2))
+    at.number_input(key="s").set_value(4096).run()
+    at.selectbox(key="dtype").set_value("fp32").run()
+    assert list(metrics(at).values())[0] == "2.15 GB"
+    at.selectbox(key="dtype").set_value("custom").run()
+    at.number_input(key="e").set_value(0.5).run()
+    assert list(metrics(at).values())[0] == "0.27 GB"
+    at.number_input(key="b").set_value(2).run()
+    at.number_input(key="h").set_value(64).run()
+    assert list(metrics(at).values())[0] == format_bytes(score_matrix_bytes(2, 64, 4096, 0.5))
+
+
+def test_score_url_prefills_widgets() -> None:
+    at = run("score", s="8192", h="32", b="1", dtype="bf16", unit="GiB")
+    assert at.number_input(key="s").value == 8192
+    assert at.selectbox(key="dtype").value == "bf16"
+    assert list(metrics(at).values())[0] == "4.00 GiB"
+    assert not warnings(at)
+
+
+@pytest.mark.parametrize(
+    "bad", ["abc", "-5", "0", "NaN", "inf", "1e999", "", "9" * 500, "4.5", "[x](javascript:alert(1))"],
+    ids=lambda v: repr(v)[:16],
+)
+def test_score_bad_url_values_warn_and_use_defaults(bad: str) -> None:
+    at = run("score", s=bad)
+    assert list(metrics(at).values())[0] == "1.07 GB"
+    ws = warnings(at)
+    assert len(ws) == 1 and "s" in ws[0] and "whole number" in ws[0]
+    assert "](" not in ws[0]  # markdown escaped: no live link
+
+
+def test_score_repeated_and_other_bad_params() -> None:
+    at = AppTest.from_file(str(PAGES["score"]), default_timeout=TIMEOUT)
+    at.query_params["s"] = ["1024", "2048"]
+    at.query_params["dtype"] = "fp13"
+    at.query_params["unit"] = "TB"
+    at.query_params["b"] = "-1"
+    at.run()
+    assert not at.exception
+    assert list(metrics(at).values())[0] == "1.07 GB"
+    assert len(warnings(at)) == 3  # s, dtype, b (unit falls back quietly where no switch is drawn)
+
+
+# --- model memory -----------------------------------------------------------------------------
+
+
+def test_model_defaults_and_verdict() -> None:
+    at = run("model")
+    m = MODELS["Llama 3.1 8B"]
+    gpu = GPUS["NVIDIA H100 80GB"]
+    naive = model_memory(m, 1, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
+    flash = model_memory(m, 1, 8192, "bf16", "bf16", "bf16", "sdpa_flash").total_bytes
+    values = [x.value for x in at.metric]
+    assert format_bytes(naive) in values and format_bytes(flash) in values
+    assert f"{model_max_seq_len(m, gpu, 1, 'bf16', 'bf16', 'bf16', 'naive'):,}" in values
+    assert f"{model_max_seq_len(m, gpu, 1, 'bf16', 'bf16', 'bf16', 'sdpa_flash'):,}" in values
+    assert len(at.success) == 2 and "Fits" in at.success[0].value
+
+
+def test_model_does_not_fit_says_how_many_gpus() -> None:
+    at = run("model", model="Llama 3.1 405B", gpu="NVIDIA H100 80GB")
+    assert at.error and "Does not fit" in at.error[0].value and "Needs" in at.error[0].value
+
+
+def test_model_inputs_change_the_numbers() -> None:
+    at = run("model")
+    at.number_input(key="b").set_value(4).run()
+    at.number_input(key="s").set_value(32768).run()
+    m = MODELS["Llama 3.1 8B"]
+    total = model_memory(m, 4, 32768, "bf16", "bf16", "bf16", "naive").total_bytes
+    assert format_bytes(total) in [x.value for x in at.metric]
+
+
+def test_model_training_view() -> None:
+    at = run("model", mode="training", ckpt="true")
+    assert at.checkbox(key="ckpt").value is True
+    assert len(at.dataframe) >= 2  # breakdown table + with/without checkpointing table
+
+
+def test_model_custom_config_paste_good_and_bad() -> None:
+    at = run("model", model="Custom config.json")
+    at.text_area(key="cfg_text").input("{not json").run()
+    assert not at.exception
+    assert at.error and "not valid JSON" in at.error[0].value
+    at.text_area(key="cfg_text").input(json.dumps([1, 2])).run()
+    assert at.error and "JSON object" in at.error[0].value
+    at.text_area(key="cfg_text").input("[" * 100_000 + "]" * 100_000).run()
+    assert not at.exception and at.error
+    good = FIXTURES / "Llama-3.2-1B.json"
+    if good.exists():
+        at.text_area(key="cfg_text").input(good.read_text()).run()
+        assert not at.exception and not at.error
+        assert any("custom model" in cap.value for cap in at.caption)
+        at.text_area(key="cfg_text").input(json.dumps({"num_hidden_layers": "many"})).run()
+        assert at.error  # a bad config after a good one: error shown, last good one kept
+        assert any("last config that was valid" in i.value for i in at.info)
+
+
+def test_model_bad_url_values() -> None:
+    at = run("model", model="<img src=x>", b="NaN", gpu="H9000", wdtype="fp64")
+    assert len(warnings(at)) == 4
+    assert at.selectbox(key="model").value == "Llama 3.1 8B"
+
+
+# --- scaling ----------------------------------------------------------------------------------
+
+
+def test_scaling_defaults_show_where_memory_runs_out() -> None:
+    at = run("scaling")
+    values = [x.value for x in at.metric]
+    assert f"{max_seq_len('naive', GPUS['NVIDIA H200 141GB'], 1, 32, 128, 'fp16'):,}" in values
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_scaling_inputs_and_url() -> None:
+    at = run("scaling", impls="naive,triton", h="64", gpus="NVIDIA A100 40GB", causal="true")
+    values = [x.value for x in at.metric]
+    assert f"{max_seq_len('naive', GPUS['NVIDIA A100 40GB'], 1, 64, 128, 'fp16', True):,}" in values
+    at.number_input(key="h").set_value(16).run()
+    values = [x.value for x in at.metric]
+    assert f"{max_seq_len('naive', GPUS['NVIDIA A100 40GB'], 1, 16, 128, 'fp16', True):,}" in values
+    assert at.query_params["h"] in ("16", ["16"])
+
+
+def test_scaling_with_no_implementation_asks_for_one() -> None:
+    at = run("scaling")
+    at.multiselect(key="impls").set_value([]).run()
+    assert not at.exception and at.info
+
+
+def test_scaling_bad_url_values() -> None:
+    at = run("scaling", impls="naive,evil", smax="3", by="layers", d="1e9")
+    assert len(warnings(at)) == 4
+
+
+# --- FlashAttention explainer ----------------------------------------------------------------
+
+
+def test_flash_explainer_numbers_and_step_slider() -> None:
+    at = run("flash")
+    values = list(metrics(at).values())
+    assert values[0] == format_bytes(standard_io(1, 32, 4096, 128, 2).total_bytes)
+    assert values[1] == format_bytes(flash_io(1, 32, 4096, 128, 2, 128, 64, True).total_bytes)
+    at.slider(key="step").set_value(5).run()
+    assert not at.exception
+    assert any("Step 5 of 9" in md.value for md in at.markdown)
+    at.number_input(key="s").set_value(8192).run()
+    assert list(metrics(at).values())[0] == format_bytes(standard_io(1, 32, 8192, 128, 2).total_bytes)
+
+
+def test_flash_explainer_url_and_out_of_range_step() -> None:
+    at = run("flash", step="9999", causal="false", n="8", blk="8")
+    assert not at.exception  # a single tile: no slider, step clamped
+    at = run("flash", step="3", n="8", blk="4", causal="false")
+    assert at.slider(key="step").value == 3
+    at = run("flash", step="-1", br="7")
+    assert len(warnings(at)) == 2
