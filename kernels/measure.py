@@ -81,8 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--db", type=Path, default=None, help="also store the run in this SQLite file")
     ap.add_argument("--label", default="", help="label of the stored run")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per point")
-    ap.add_argument("--warmup-ms", type=float, default=25.0)
-    ap.add_argument("--rep-ms", type=float, default=100.0)
+    ap.add_argument("--warmup-ms", type=float, default=5.0,
+                    help="do_bench warm-up, ms of GPU time (default 5)")
+    ap.add_argument("--rep-ms", type=float, default=20.0,
+                    help="do_bench repetitions, ms of GPU time (default 20; the median is kept)")
+    ap.add_argument("--resume", type=Path, action="append", default=[],
+                    help="skip points that already have a row in this results CSV (repeatable)")
     ap.add_argument("--max-gb", type=float, default=None,
                     help="skip points whose predicted peak exceeds this many GB (status skipped)")
     ap.add_argument("--deadline", type=float, default=None,
@@ -93,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace CSV (default: <out>_trace.csv)")
     ap.add_argument("--trace-seq-len", type=int, default=2048)
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--repredict", type=Path, default=None, metavar="CSV",
+                    help="measure nothing: recompute predicted_bytes and rel_error of CSV's rows "
+                         "from the current calc model and write them to --out")
     return ap
 
 
@@ -156,13 +163,33 @@ def summary_table(results: Sequence[PointResult], min_s: int = 1024) -> str:
     return "\n".join(lines)
 
 
+def point_key(p: PointConfig | dict[str, Any]) -> tuple:
+    """(impl, B, H, H_kv, s, d, dtype, causal, backward) of a config or a CSV row."""
+    if isinstance(p, PointConfig):
+        return (p.impl, p.batch, p.heads, p.h_kv, p.seq_len, p.head_dim,
+                registry.canonical_dtype(p.dtype), bool(p.causal), bool(p.backward))
+    return (p["impl"], int(p["batch"]), int(p["heads"]), int(p.get("kv_heads") or p["heads"]),
+            int(p["seq_len"]), int(p["head_dim"]), registry.canonical_dtype(p["dtype"]),
+            str(p["causal"]).lower() in ("true", "1"), str(p["backward"]).lower() in ("true", "1"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.repredict is not None:
+        n = repredict_csv(args.repredict, args.out)
+        print(f"{n} rows re-predicted from calc into {args.out}")
+        return 0
     causals = {"on": (True,), "off": (False,), "both": (False, True)}[args.causal]
     backwards = {"fwd": (False,), "bwd": (True,), "both": (False, True)}[args.mode]
     points = expand_points(args.impl, args.seq_len, batch=args.batch, heads=args.heads,
                            head_dims=args.head_dim, dtypes=args.dtype, causals=causals,
                            backwards=backwards, kv_heads=args.kv_heads)
+    if args.resume:
+        done = set()
+        for path in args.resume:
+            with open(path, newline="") as fh_in:
+                done |= {point_key(r) for r in csv.DictReader(fh_in)}
+        points = [p for p in points if point_key(p) not in done]
     options = BenchOptions(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
                            max_predicted_bytes=int(args.max_gb * 1e9) if args.max_gb else None)
     store = ResultStore(args.db) if args.db else None
@@ -213,6 +240,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace_out = args.trace_out or args.out.with_name(args.out.stem + "_trace.csv")
         write_trace(args, trace_out)
     return 0
+
+
+def repredict_csv(src: Path, dst: Path) -> int:
+    """Rewrite predicted_bytes and rel_error of a results CSV from the current calc model."""
+    from kernels.harness import predict_bytes, rel_error
+    from kernels.store import read_csv_rows
+
+    rows = read_csv_rows(src)
+    for r in rows:
+        cfg = PointConfig(r["impl"], r["batch"], r["heads"], r["seq_len"], r["head_dim"],
+                          r["dtype"], bool(r["causal"]), bool(r["backward"]), r["kv_heads"])
+        r["predicted_bytes"], _ = predict_bytes(cfg)
+        r["rel_error"] = rel_error(r["predicted_bytes"], r["peak_extra_bytes"])
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow(["" if r.get(c) is None else neutralise(r.get(c)) for c in COLUMNS])
+    return len(rows)
 
 
 def write_trace(args: argparse.Namespace, path: Path) -> None:
