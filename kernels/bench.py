@@ -170,6 +170,41 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def cpu_overhead_us(n: int = 300) -> dict[str, float]:
+    """Host microseconds per call on a tiny shape (the GPU idles; Python and launches cost).
+    A call whose host time exceeds its GPU time is launch-bound at that size."""
+    import time
+
+    import torch
+
+    q, k, v, do = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
+                   for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = {}
+    for name in ("triton", "sdpa_flash", "sdpa_cudnn"):
+        fn = _impl_fn(name)
+        for mode in ("fwd", "fwd_bwd"):
+            def call(fn=fn, mode=mode):
+                if mode == "fwd":
+                    with torch.no_grad():
+                        fn(q, k, v, False)
+                else:
+                    fn(q, k, v, False).backward(do)
+            try:
+                for _ in range(20):
+                    call()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    call()
+                torch.cuda.synchronize()
+                out[f"{name}_{mode}"] = (time.perf_counter() - t0) / n * 1e6
+            except RuntimeError:
+                out[f"{name}_{mode}"] = math.nan
+    return out
+
+
 def tuned_configs() -> dict[str, dict[str, str]]:
     """What the autotuner chose in this process, per kernel and key (for NOTES.md)."""
     if "kernels.flash_attn_fwd" not in sys.modules:
@@ -199,6 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
+    p.add_argument("--overhead", action="store_true",
+                   help="first print host microseconds per call on a tiny shape")
     args = p.parse_args(argv)
     if args.quick:
         args.dtypes, args.dims, args.seqs = ["fp16"], [128], [1024, 4096, 16384]
@@ -213,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         print("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
+    if args.overhead:
+        print("host us/call:", {k: round(v, 1) for k, v in cpu_overhead_us().items()})
     rows = run_grid(args)
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))

@@ -15,16 +15,17 @@ gradient dO are (for one batch and head):
 cheaper to get.) P is never stored: the forward kept lse2 = log2-sum-exp of the scores in
 log2 units, and every tile of P is recomputed exactly as ``exp2(q k^T * scale * log2(e) - lse2)``.
 
-Three launches, no atomics
---------------------------
-1. ``_bwd_delta_kernel``: delta = rowsum(dO * O) in fp32: reads O and dO once.
+Two launches, no atomics
+------------------------
+1. ``_bwd_dq_kernel``: one program per block of BLOCK_M query rows. It first computes
+   delta = rowsum(dO * O) for its rows in fp32 (O and dO are read once, here) and stores it
+   for the second launch, then walks over the key blocks and accumulates dQ on chip, written
+   once.
 2. ``_bwd_dkdv_kernel``: one program per block of BLOCK_N keys of one key/value head. It keeps
    its K and V tiles and fp32 dK, dV accumulators on chip and walks over every query block of
    every query head that shares this key/value head (GQA), so dK and dV are complete when the
    program ends and each is written exactly once, in the input dtype, with no reduction over
    heads afterwards and no extra buffer.
-3. ``_bwd_dq_kernel``: one program per block of BLOCK_M query rows; it walks over the key
-   blocks and accumulates dQ on chip, written once.
 
 Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q K^T and
 dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
@@ -46,7 +47,17 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.flash_attn_fwd import LOG2E, SMEM_BYTES, _autotune_options, _configs, _mm, seq_bucket
+from kernels.flash_attn_fwd import (
+    LOG2E,
+    SMEM_BYTES,
+    _autotune_options,
+    _configs,
+    _mm,
+    block_d,
+    launch,
+    pretuned,
+    seq_bucket,
+)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs hold two fp32 (BLOCK_N, d)
 # accumulators, so they favour a long key tile and short query steps; dQ programs hold one
@@ -54,8 +65,7 @@ from kernels.flash_attn_fwd import LOG2E, SMEM_BYTES, _autotune_options, _config
 DKDV_SPACE = [
     (64, 128, 8, 2),
     (64, 128, 8, 3),
-    (32, 128, 4, 2),
-    (32, 128, 8, 3),
+    (32, 128, 8, 2),
     (64, 64, 4, 2),
     (32, 64, 4, 3),
 ]
@@ -64,53 +74,29 @@ DQ_SPACE = [
     (128, 64, 8, 3),
     (128, 32, 4, 2),
     (64, 64, 4, 3),
-    (64, 32, 4, 2),
 ]
-BWD_DEFAULT = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
-DELTA_BLOCK_M = 64
 
 
 def _prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Drop configs whose pipelined tiles cannot fit in shared memory; keep small tiles for the
     largest head dims, where the fp32 accumulators would otherwise spill."""
+    is_dkdv = "DK" in named_args
+    hit = pretuned("dkdv" if is_dkdv else "dq", named_args, kwargs)
+    if hit is not None:
+        return [hit]
     d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     elem = named_args["Q"].element_size()
     kept = []
     for c in configs:
         bm, bn, st = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages
-        smem = st * 2 * max(bm, bn) * d * elem + 2 * min(bm, bn) * d * elem
+        streamed, resident = (bm, bn) if is_dkdv else (bn, bm)
+        smem = (st - 1) * 2 * streamed * d * elem + 2 * resident * d * elem
         if smem > SMEM_BYTES:
             continue
         if d >= 256 and (max(bm, bn) > 64 or st > 2):
             continue
         kept.append(c)
     return kept or [triton.Config(dict(BLOCK_M=32, BLOCK_N=32), num_warps=4, num_stages=1)]
-
-
-@triton.jit(do_not_specialize=["s_q"])
-def _bwd_delta_kernel(
-    Out, DO,  # (B, H, s_q, d), any strides
-    DELTA,  # (B, H, s_q) fp32, contiguous: rowsum(dO * O)
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    H, s_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    # Reads 2 * BLOCK_M * d elements, writes BLOCK_M fp32.
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m[:, None] < s_q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(
-        Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(
-        DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
 
 
 @triton.jit
@@ -309,11 +295,14 @@ def _dq_key_loop(
 
 @triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE2, DELTA,
+    Q, K, V, Out, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d) x 2; any strides
+    LSE2,  # (B, H, s_q) fp32 from the forward
+    DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O), written here for the dK/dV launch
     DQ,  # output (B, H, s_q, d), written in full
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     H, GROUP,
@@ -347,7 +336,12 @@ def _bwd_dq_kernel(
                  + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=row_mask, other=0.0)
     lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=float("inf"))
-    delta = tl.load(DELTA + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=0.0)
+    # delta = rowsum(dO * O) in fp32: BLOCK_M * d more reads (O), BLOCK_M fp32 writes.
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=row_mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
     k_ptrs = (K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
               + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
     v_ptrs = (V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
@@ -404,20 +398,14 @@ def attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
 
-    Allocates delta (B, H, s_q) fp32 and the three gradients, nothing else.
+    Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous), nothing else.
     ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner for both kernels.
     """
-    from kernels.flash_attn_fwd import block_d
-
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
     delta = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
-    _bwd_delta_kernel[(triton.cdiv(s_q, DELTA_BLOCK_M), B * H)](
-        o, do, delta, *o.stride(), *do.stride(), H, s_q,
-        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=DELTA_BLOCK_M,
-    )
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
@@ -430,15 +418,13 @@ def attention_backward(
         H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
     dq_args = (
-        q, k, v, do, lse2, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        q, k, v, o, do, lse2, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
         H, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
-    if config is None:
-        _dkdv_tuned[lambda c: (triton.cdiv(s_k, c["BLOCK_N"]), B * H_kv)](*dkdv_args, **meta)
-        _dq_tuned[lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H)](*dq_args, **meta)
-    else:
-        _bwd_dkdv_kernel[(triton.cdiv(s_k, config["BLOCK_N"]), B * H_kv)](
-            *dkdv_args, **meta, **config)
-        _bwd_dq_kernel[(triton.cdiv(s_q, config["BLOCK_M"]), B * H)](*dq_args, **meta, **config)
+    # dQ first: it writes delta, which the dK/dV launch reads.
+    launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, config, dq_args,
+           lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H))
+    launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, config, dkdv_args,
+           lambda c: (triton.cdiv(s_k, c["BLOCK_N"]), B * H_kv))
     return dq, dk, dv

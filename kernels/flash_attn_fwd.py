@@ -43,6 +43,7 @@ unchanged, and are never stored.
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 import triton
@@ -60,17 +61,12 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 # ---------------------------------------------------------------------------------------------
 FWD_SPACE = [
     (128, 128, 8, 3),
+    (128, 128, 8, 2),
     (128, 64, 8, 3),
-    (128, 64, 4, 3),
-    (128, 128, 8, 4),
     (128, 64, 8, 4),
     (64, 64, 4, 3),
-    (128, 32, 4, 2),
-    (64, 32, 4, 2),
 ]
 SMEM_BYTES = 220 * 1024  # usable shared memory per block on H100/H200 is 227 KiB
-# Fixed configs for the interpreter and for callers that must not tune (tests).
-FWD_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def block_d(d: int) -> int:
@@ -90,16 +86,41 @@ def _configs(space: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     ]
 
 
+# Configs that the autotuner chose on an H200 (kernels/NOTES.md), keyed by
+# (kernel, element bytes, BLOCK_D, causal, length bucket) -> (BLOCK_M, BLOCK_N, warps, stages);
+# element bytes 2 covers fp16 and bf16.
+# On a Hopper GPU a hit here skips tuning, so a fresh process starts at full speed; set
+# FLASH_ATTN_TUNE=1 to tune anyway. Other GPUs always tune (and keep the result on disk).
+TUNED_H200: dict[tuple[str, int, int, bool, int], tuple[int, int, int, int]] = {}
+
+
+def pretuned(kernel: str, named_args: dict, kwargs: dict) -> triton.Config | None:
+    """The stored H200 choice for this call, if there is one and the GPU is a Hopper part."""
+    if os.environ.get("FLASH_ATTN_TUNE") == "1":
+        return None
+    q = named_args["Q"]
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return None
+    key = (kernel, q.element_size(), kwargs["BLOCK_D"], bool(kwargs["CAUSAL"]),
+           named_args["seq_bucket"])
+    hit = TUNED_H200.get(key)
+    return None if hit is None else _configs([hit])[0]
+
+
 def _prune_fwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Drop configs whose pipelined K/V tiles cannot fit in shared memory, or whose query tile
     is far longer than the sequence (they would only compute padding)."""
+    hit = pretuned("fwd", named_args, kwargs)
+    if hit is not None:
+        return [hit]
     d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     elem = named_args["Q"].element_size()
     s_q = named_args["s_q"]
     kept = []
     for c in configs:
         bm, bn, st = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages
-        smem = st * 2 * bn * d * elem + bm * d * elem
+        # K/V tiles in flight: (stages - 1) buffers of both, plus the resident Q tile.
+        smem = (st - 1) * 2 * bn * d * elem + bm * d * elem
         if smem > SMEM_BYTES or (bm > 64 and s_q <= 64):
             continue
         if d >= 256 and (bn > 64 or st > 2):
@@ -278,6 +299,31 @@ _fwd_kernel_tuned = triton.autotune(
 )(_fwd_kernel)
 
 
+# The config chosen per (kernel, element size, head dim, causal, bucket) in this process. After
+# the first call of a key the kernel is launched directly with it: the autotuner's own dispatch
+# costs tens of microseconds of Python per launch, which short sequences would feel. fp16 and
+# bf16 share one entry: same tile sizes, same tensor-core rate, same shared memory, so a
+# choice tuned on one serves the other (and the second dtype compiles one config, not all).
+_CHOSEN: dict[tuple, dict] = {}
+
+
+def launch(tuned, plain, name: str, meta: dict, bucket: int, config: dict | None, args: tuple,
+           grid) -> None:
+    """Launch `plain` with `config`, or with the autotuner's choice for this key."""
+    if config is not None:
+        plain[grid(config)](*args, **meta, **config)
+        return
+    key = (name, args[0].element_size(), meta["HEAD_DIM"], meta["CAUSAL"], bucket)
+    chosen = _CHOSEN.get(key)
+    if chosen is not None:
+        plain[grid(chosen)](*args, **meta, **chosen)
+        return
+    tuned[grid](*args, **meta)
+    best = getattr(tuned, "best_config", None)
+    if best is not None:
+        _CHOSEN[key] = best.all_kwargs()
+
+
 def attention_forward(
     q: torch.Tensor,  # (B, H, s_q, d)
     k: torch.Tensor,  # (B, H_kv, s_k, d)
@@ -304,14 +350,8 @@ def attention_forward(
         HEAD_DIM=d, BLOCK_D=block_d(d), EVEN_D=block_d(d) == d, CAUSAL=bool(causal),
         IEEE=q.dtype == torch.float32,
     )
-    if config is None:
-        def grid(cfg):
-            return (triton.cdiv(s_q, cfg["BLOCK_M"]), B * H)
-
-        _fwd_kernel_tuned[grid](*args, **meta)
-    else:
-        grid = (triton.cdiv(s_q, config["BLOCK_M"]), B * H)
-        _fwd_kernel[grid](*args, **meta, **config)
+    launch(_fwd_kernel_tuned, _fwd_kernel, "fwd", meta, args[-1], config, args,
+           lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H))
     return o, lse2
 
 
