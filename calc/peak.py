@@ -71,7 +71,8 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     "naive": (
         "Two s×s tensors in the input dtype are alive at once (scores and softmax "
         "probabilities), plus the output; a causal call adds a bool s×s mask (shared across "
-        "batch and heads). GQA adds the key/value copies made by repeat_interleave."
+        "batch and heads). GQA adds the key/value copies made by repeat_interleave. The "
+        "backward peak holds four s×s tensors plus the output and dV (measured on an H200)."
     ),
     "naive_inplace": (
         "Same peak as masked_fill: the in-place fill saves a copy kernel (time), not the "
@@ -85,18 +86,24 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     ),
     "sdpa_efficient": (
         "Fused (Rabe & Staats): forward keeps only the output; the backward adds the "
-        "gradients, an fp32 dq accumulator, the log-sum-exp and the row sums of dO·O. "
-        "Internal workspaces beyond these are not modelled; the measured error shows them."
+        "gradients, an fp32 dq accumulator, the log-sum-exp, the row sums of dO·O and a copy "
+        "of dO in the kernel's layout (measured). This backend has no enable_gqa path in "
+        "torch 2.11: GQA runs on k and v expanded to H heads, which costs their copies and "
+        "H-head gradients. Internal workspaces beyond these are not modelled; the measured "
+        "error shows them."
     ),
     "sdpa_flash": (
         "FlashAttention-2: the forward always writes the fp32 log-sum-exp; the backward "
         "adds the gradients and two fp32 output-sized accumulators (dq and a padded "
-        "workspace). Rounding of s to multiples of 128 inside the kernel is not modelled."
+        "workspace). With GQA the backward computes dk, dv per query head and then sums "
+        "each group (both alive: GQA's extra peak is above MHA's). Rounding of s to "
+        "multiples of 128 inside the kernel is not modelled."
     ),
     "sdpa_cudnn": (
-        "cuDNN fused attention: same terms as the memory-efficient backend (output; in the "
-        "backward gradients, an fp32 dq accumulator, log-sum-exp and row sums). cuDNN's "
-        "workspace, when it asks for one, is not modelled."
+        "cuDNN fused attention: output; in the backward the gradients, an fp32 dq "
+        "accumulator, log-sum-exp and row sums (no dO copy, unlike the memory-efficient "
+        "backend); with GQA, dk and dv per query head before the group sum. cuDNN's "
+        "workspace, when it asks for one, is not modelled (seen: +1 MiB at s=8192)."
     ),
     "triton": (
         "Our kernel: the forward writes the output and one fp32 log-sum-exp per row; the "
@@ -141,21 +148,28 @@ class _Shape:
 
 def _naive(sh: _Shape) -> list[Term]:
     e = sh.e
+    gqa = sh.h_kv != sh.h
     terms: list[Term] = []
-    if sh.h_kv != sh.h:
-        terms.append(("k, v expanded to H heads (repeat_interleave)", 2 * sh.out_bytes()))
     if not sh.backward:
+        if gqa:
+            terms.append(("k, v expanded to H heads (repeat_interleave)", 2 * sh.out_bytes()))
         terms.append(("scores Q·Kᵀ (s×s, input dtype)", ceil_bytes(sh.n * e)))
         terms.append(("softmax probabilities (s×s, input dtype)", ceil_bytes(sh.n * e)))
         terms.append(("output", sh.out_bytes()))
     else:
-        # Backward peak: saved probabilities P, dP = dO·Vᵀ, dS = softmax backward, and the
-        # scaled copy that feeds dQ = dS·K: four s×s tensors, plus the output (measured).
+        # Backward peak (softmax backward): saved probabilities P, dP = dO·Vᵀ, dS and the
+        # scaled copy that feeds dQ = dS·K: four s×s tensors. Alive beside them (measured on
+        # an H200 with dO allocated before the call, data/reference_h200.csv): the output
+        # (held by the caller), dV = Pᵀ·dO (already computed, H heads) and, for GQA, the
+        # expanded K that the matmul keeps for dQ (expanded V is freed once dV exists).
         terms.append(("probabilities P kept for backward (s×s)", ceil_bytes(sh.n * e)))
         terms.append(("dP = dO·Vᵀ (s×s)", ceil_bytes(sh.n * e)))
         terms.append(("dS, softmax backward (s×s)", ceil_bytes(sh.n * e)))
         terms.append(("dS scaled (s×s)", ceil_bytes(sh.n * e)))
         terms.append(("output", sh.out_bytes()))
+        terms.append(("dV = Pᵀ·dO (H heads)", sh.out_bytes()))
+        if gqa:
+            terms.append(("k expanded to H heads, kept for dQ", sh.out_bytes()))
     if sh.causal:
         terms.append(("causal mask (bool s×s, shared by batch and heads)", sh.s * sh.s))
     return terms
@@ -169,6 +183,10 @@ def _math(sh: _Shape) -> list[Term]:
         terms.append(("fp32 softmax (s×s)", sh.n * c))
         terms.append(("bool 'row all -inf' test of safe softmax (s×s)", sh.n))
         terms.append(("fp32 copies of q, k, v and the fp32 output", 4 * sh.out_bytes(c)))
+        if sh.h_kv != sh.h:
+            # Measured (bf16, d=64, H=32, H_kv=8): +2·B·H_kv·s·d·4 bytes: k and v are cast to
+            # fp32 before enable_gqa's repeat to H heads, and those copies are still alive.
+            terms.append(("fp32 k, v before expansion to H heads (GQA)", 2 * sh.kv_bytes(c)))
         if sh.causal:
             terms.append(("causal mask as fp32 additive bias (s×s)", sh.s * sh.s * 4))
     else:
@@ -189,10 +207,39 @@ def _fused_backward_terms(sh: _Shape) -> list[Term]:
     ]
 
 
+def _gqa_expanded_grads(sh: _Shape) -> list[Term]:
+    """FlashAttention-2 and cuDNN with enable_gqa compute dk, dv per query head (H heads),
+    then sum each group into H_kv heads: both copies are alive at the peak (measured)."""
+    if sh.h_kv == sh.h:
+        return []
+    return [("dk, dv per query head before the sum over each group (GQA)", 2 * sh.out_bytes())]
+
+
 def _efficient(sh: _Shape) -> list[Term]:
+    gqa = sh.h_kv != sh.h
+    # torch 2.11's memory-efficient backend has no enable_gqa path: GQA runs on k, v expanded
+    # to H heads (repeat_interleave), so the kernel sees H heads everywhere.
+    expanded = [("k, v expanded to H heads (no enable_gqa path in this backend)",
+                 2 * sh.out_bytes())] if gqa else []
+    if not sh.backward:
+        return expanded + [("output", sh.out_bytes())]
+    terms = _fused_backward_terms(sh)
+    if gqa:
+        terms = [t if t[0] != "dk, dv" else ("dk, dv of the expanded k, v (H heads)",
+                                             2 * sh.out_bytes()) for t in terms]
+    return expanded + terms + [
+        ("fp32 dq accumulator", sh.out_bytes(4)),
+        # Measured: +B·H·s·d·e at every s (900.1 vs 772 MiB at s=16384, fp16, d=128): the
+        # backward copies dO into the kernel's (B, s, H, d) layout.
+        ("dO copied to the kernel's layout", sh.out_bytes()),
+    ]
+
+
+def _cudnn(sh: _Shape) -> list[Term]:
     if not sh.backward:
         return [("output", sh.out_bytes())]
-    return _fused_backward_terms(sh) + [("fp32 dq accumulator", sh.out_bytes(4))]
+    return (_fused_backward_terms(sh) + [("fp32 dq accumulator", sh.out_bytes(4))]
+            + _gqa_expanded_grads(sh))
 
 
 def _flash(sh: _Shape) -> list[Term]:
@@ -201,7 +248,7 @@ def _flash(sh: _Shape) -> list[Term]:
     return _fused_backward_terms(sh) + [
         ("fp32 dq accumulator", sh.out_bytes(4)),
         ("fp32 output-sized workspace", sh.out_bytes(4)),
-    ]
+    ] + _gqa_expanded_grads(sh)
 
 
 def _triton(sh: _Shape) -> list[Term]:
@@ -216,7 +263,7 @@ _MODELS: dict[str, Callable[[_Shape], list[Term]]] = {
     "sdpa_math": _math,
     "sdpa_efficient": _efficient,
     "sdpa_flash": _flash,
-    "sdpa_cudnn": _efficient,
+    "sdpa_cudnn": _cudnn,
     "triton": _triton,
 }
 
@@ -274,13 +321,16 @@ def attention_peak_bytes(
     """Predicted extra peak bytes of one attention call of `impl` (see the module docstring).
 
     Per implementation (N = B·H·s², O = B·H·s·d·e, LSE = B·H·s·4, mask = s² bytes):
-    - naive, naive_inplace: forward 2·N·e + O (+ mask if causal); forward+backward
-      4·N·e + O (+ mask). GQA adds 2·O for the expanded k and v.
-    - sdpa_math (fp32 compute): forward 9·N + 4·B·H·s·d·4 (+ 4·s² if causal);
-      forward+backward 16·N + 14·B·H·s·d.
-    - sdpa_efficient, sdpa_cudnn: forward O; forward+backward O + dq + dk + dv + 2·LSE +
-      fp32 dq (B·H·s·d·4).
-    - sdpa_flash: forward O + LSE; forward+backward as efficient plus one more fp32
+    - naive, naive_inplace: forward 2·N·e + O (+ mask if causal), GQA + 2·O for the
+      expanded k and v; forward+backward 4·N·e + 2·O (output and dV) (+ mask), GQA + O
+      (expanded k kept for dQ).
+    - sdpa_math (fp32 compute): forward 9·N + 4·B·H·s·d·4 (+ 4·s² if causal; GQA + fp32
+      k, v at H_kv heads); forward+backward 16·N + 14·B·H·s·d.
+    - sdpa_cudnn: forward O; forward+backward O + dq + dk + dv + 2·LSE + fp32 dq
+      (B·H·s·d·4), GQA + 2·O (dk, dv per query head).
+    - sdpa_efficient: as cudnn plus a copy of dO (O) in the backward; GQA runs on expanded
+      k, v: + 2·O in both directions, and its dk, dv have H heads.
+    - sdpa_flash: forward O + LSE; forward+backward as cudnn plus one more fp32
       output-sized workspace.
     - triton (ours): forward O + LSE; forward+backward O + dq + dk + dv + 2·LSE.
     Returns whole bytes.

@@ -37,9 +37,12 @@ def test_reproduces_h200_anchor_within_2_percent(impl: str, row: dict) -> None:
     b, h, s, d = (int(row[k]) for k in ("batch", "heads", "seq_len", "head_dim"))
     causal, backward = row["causal"] == "True", row["backward"] == "True"
     measured = float(row["peak_extra_mib"]) * MIB
-    if backward:
+    if backward and impl in ("sdpa_flash", "sdpa_cudnn", "sdpa_math"):
         # The anchors allocated dO inside the call; our convention allocates it before
         # (shared/ANCHORS.md), so their backward peaks are one output-sized tensor higher.
+        # Not so for the eager path and the memory-efficient backend: the project's harness,
+        # with dO allocated before, measured the anchors' very numbers (65,792 and 900 MiB at
+        # s=16384; data/reference_h200.csv): dO was not alive at their peak, or a copy of it is.
         measured -= b * h * s * d * 2
     predicted = attention_peak_bytes(impl, b, h, s, d, row["dtype"], causal, backward)
     if s >= 1024:
@@ -113,10 +116,11 @@ def test_gqa_never_above_mha(impl, h_kv, ratio, s, causal, bwd) -> None:
     h = h_kv * ratio
     mha = attention_peak_bytes(impl, 1, h, s, 128, "bf16", causal, bwd)
     gqa = attention_peak_bytes(impl, 1, h, s, 128, "bf16", causal, bwd, kv_heads=h_kv)
-    if IMPL_KIND[impl] == "linear":
-        assert gqa <= mha
-    else:  # eager attention expands k and v to H heads: the copies cost memory
-        assert gqa <= mha + 2 * h * s * 128 * 2
+    # Not "never above": eager attention and the memory-efficient backend expand k and v to
+    # H heads, and FlashAttention-2/cuDNN backwards keep per-query-head dk, dv before the
+    # group sum (measured on an H200: flash fwd+bwd 34.25 MiB with GQA vs 32.25 MiB MHA at
+    # bf16, d=64, H=32, s=1024). The excess is at most the two H-head copies.
+    assert gqa <= mha + 2 * h * s * 128 * 2
 
 
 @given(st.integers(1, 1 << 20))
