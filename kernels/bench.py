@@ -112,6 +112,9 @@ def run_grid(args) -> list[Row]:
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows: list[Row] = []
     B, H = args.batch, args.heads
+    sink = open(args.csv, "w", newline="")  # rows are written as they come: a cut run keeps them
+    writer = csv.DictWriter(sink, fieldnames=list(Row.__dataclass_fields__))
+    writer.writeheader()
     for dname in args.dtypes:
         for d in args.dims:
             for causal in args.causal:
@@ -138,11 +141,14 @@ def run_grid(args) -> list[Row]:
                             tf = flops(B, H, s, d, bool(causal), mode) / (ms * 1e-3) / 1e12
                             rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms, tf,
                                             rel, status, **stamp))
+                            writer.writerow(asdict(rows[-1]))
+                            sink.flush()
                             print(f"{name:15s} {dname} d={d:3d} causal={int(causal)} {mode:7s} "
                                   f"s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}",
                                   flush=True)
                     del q, k, v, do, ref
                     torch.cuda.empty_cache()
+    sink.close()
     return rows
 
 
@@ -253,10 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.overhead:
         print("host us/call:", {k: round(v, 1) for k, v in cpu_overhead_us().items()})
     rows = run_grid(args)
-    with open(args.csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        w.writerows(asdict(r) for r in rows)
     if args.tuned_json:
         import json
 

@@ -184,18 +184,23 @@ def _fwd_key_loop(
             k = tl.load(k_ptrs, mask=d_mask, other=0.0)
             v = tl.load(v_ptrs, mask=d_mask, other=0.0)
         # ---- scores in log2 units: (BLOCK_M, BLOCK_N) ---------------------------------------
-        qk = _mm(q, tl.trans(k), IEEE) * qk_scale
+        qk = _mm(q, tl.trans(k), IEEE)
+        # ---- online softmax update ------------------------------------------------------------
+        # Every row has seen at least one visible key before or in this block (key 0 is
+        # visible to every row), so m_new is finite and no NaN can appear.
         if MASKED:
             visible = cols[None, :] < s_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None])
-            qk = tl.where(visible, qk, float("-inf"))
-        # ---- online softmax update ------------------------------------------------------------
-        # Every row has seen at least one visible key before or in this block (key 0 is
-        # visible to every row), so m_new is finite and no NaN can appear.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - m_new[:, None])
+        else:
+            # max(scale * x) == scale * max(x) for scale > 0 (checked by the caller), and
+            # scale * x - m is one fused multiply-add per score.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
-        p = tl.math.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, IEEE)
         m_i = m_new
