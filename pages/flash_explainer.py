@@ -14,7 +14,6 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from calc import MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, dtype_bytes  # noqa: E402
@@ -81,29 +80,33 @@ state = trace[step]
 tile = state.tile
 skipped = sum(t.skipped for t in tiles)
 
-fig = go.Figure()
 z = [[None if causal and j > i else scores[i][j] for j in range(n)] for i in range(n)]
-fig.add_trace(go.Heatmap(
-    z=z, x=list(range(n)), y=list(range(n)), colorscale="RdBu", reversescale=True, zmid=0,
-    text=[[("" if v is None else f"{v:.1f}") for v in row] for row in z],
-    texttemplate="%{text}" if n <= 16 else None, showscale=False,
+heat = dict(
+    type="heatmap", z=z, x=list(range(n)), y=list(range(n)), colorscale="RdBu", reversescale=True,
+    zmid=0, showscale=False, text=[[("" if v is None else f"{v:.1f}") for v in row] for row in z],
     hovertemplate="query %{y}, key %{x}<br>score %{z:.2f}<extra></extra>",
-))
+)
+if n <= 16:
+    heat["texttemplate"] = "%{text}"
+shapes = []  # built as one list: fig.add_shape re-validates every shape on each call
 for t in tiles:
-    box = dict(type="rect", x0=t.k_start - 0.5, x1=t.k_end - 0.5, y0=t.q_start - 0.5, y1=t.q_end - 0.5)
+    box = dict(type="rect", x0=t.k_start - 0.5, x1=t.k_end - 0.5, y0=t.q_start - 0.5, y1=t.q_end - 0.5,
+               line=dict(color=TILE_LINE, width=1))
     if t.skipped:
-        fig.add_shape(**box, fillcolor="rgba(128,128,128,0.55)", line=dict(color=TILE_LINE, width=1))
+        box["fillcolor"] = "rgba(128,128,128,0.55)"
     elif t.step is not None and t.step < step:
-        fig.add_shape(**box, fillcolor="rgba(0,158,115,0.18)", line=dict(color=TILE_LINE, width=1))
-    else:
-        fig.add_shape(**box, line=dict(color=TILE_LINE, width=1))
-fig.add_shape(type="rect", x0=tile.k_start - 0.5, x1=tile.k_end - 0.5, y0=tile.q_start - 0.5,
-              y1=tile.q_end - 0.5, line=dict(color=CURRENT, width=4))
-fig.add_annotation(x=(tile.k_start + tile.k_end - 1) / 2, y=tile.q_start - 0.5, text="in SRAM",
-                   showarrow=False, yshift=10, font=dict(color=CURRENT, size=13))
-fig.update_yaxes(autorange="reversed", title="query i (rows)", dtick=blk, scaleanchor="x")
-fig.update_xaxes(title="key j (columns)", dtick=blk, side="top")
-fig.update_layout(height=560, margin=dict(l=10, r=10, t=30, b=10))
+        box["fillcolor"] = "rgba(0,158,115,0.18)"
+    shapes.append(box)
+shapes.append(dict(type="rect", x0=tile.k_start - 0.5, x1=tile.k_end - 0.5, y0=tile.q_start - 0.5,
+                   y1=tile.q_end - 0.5, line=dict(color=CURRENT, width=4)))
+fig = {"data": [heat], "layout": dict(
+    shapes=shapes,
+    annotations=[dict(x=(tile.k_start + tile.k_end - 1) / 2, y=tile.q_start - 0.5, text="in SRAM",
+                      showarrow=False, yshift=10, font=dict(color=CURRENT, size=13))],
+    yaxis=dict(autorange="reversed", title=dict(text="query i (rows)"), dtick=blk, scaleanchor="x"),
+    xaxis=dict(title=dict(text="key j (columns)"), dtick=blk, side="top"),
+    height=560, margin=dict(l=10, r=10, t=30, b=10),
+)}
 
 left, right = st.columns([1.2, 1])
 with left:
@@ -163,17 +166,19 @@ rows = [
     for (label, a), (_, f) in zip(std.rows(), fl.rows(), strict=True)
 ]
 io_df = pd.DataFrame(rows)
-fig2 = go.Figure()
 palette = ["#0072B2", "#56B4E9", "#D55E00", "#E69F00", "#009E73"]
-for color, row in zip(palette, rows, strict=True):
-    fig2.add_trace(go.Bar(
-        name=row["what"], y=["standard attention", "FlashAttention"],
-        x=[c.in_unit(row["standard"], unit), c.in_unit(row["flash"], unit)], orientation="h",
-        marker_color=color, customdata=[f"{row['standard']:,}", f"{row['flash']:,}"],
-        hovertemplate="%{y}<br>" + row["what"] + ": %{x:,.4g} " + unit + " (%{customdata} bytes)<extra></extra>",
-    ))
-fig2.update_layout(barmode="stack")
-c.style(fig2, f"bytes moved to/from HBM, one forward pass ({unit})", "", 300)
+fig2 = c.figure(
+    [
+        dict(
+            type="bar", name=row["what"], y=["standard attention", "FlashAttention"],
+            x=[c.in_unit(row["standard"], unit), c.in_unit(row["flash"], unit)], orientation="h",
+            marker=dict(color=color), customdata=[f"{row['standard']:,}", f"{row['flash']:,}"],
+            hovertemplate="%{y}<br>" + row["what"] + ": %{x:,.4g} " + unit + " (%{customdata} bytes)<extra></extra>",
+        )
+        for color, row in zip(palette, rows, strict=True)
+    ],
+    f"bytes moved to/from HBM, one forward pass ({unit})", "", 300, barmode="stack",
+)
 c.chart(fig2, "io_chart", "hbm-traffic", io_df.assign(batch=b, heads=h, seq_len=s, head_dim=d, dtype=dtype,
                                                         block_q=br, block_k=bc, causal=causal))
 st.caption(

@@ -14,7 +14,6 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from calc import (  # noqa: E402
@@ -60,15 +59,25 @@ def seq_sweep(impls: tuple[str, ...], s_hi: int, b: int, h: int, d: int, dtype: 
     return sweep_seq_len(impls, default_seq_lens(128, s_hi), b, h, d, dtype, causal, bwd)
 
 
-@c.cached(max_entries=256)
-def oom_len(impl: str, budget: int, b: int, h: int, d: int, dtype: str, causal: bool, bwd: bool) -> int:
-    return max_seq_len(impl, budget, b, h, d, dtype, causal, bwd)
+@c.cached()
+def oom_table(impls: tuple[str, ...], gpus: tuple[str, ...], b: int, h: int, d: int, dtype: str,
+              causal: bool, bwd: bool) -> pd.DataFrame:
+    """Longest s that fits each GPU, per implementation, and the peak there (one cache entry)."""
+    rows = []
+    for gpu in gpus:
+        for impl in impls:
+            s_max = max_seq_len(impl, GPUS[gpu], b, h, d, dtype, causal, bwd)
+            peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd) if s_max else 0
+            rows.append((gpu, impl, s_max, peak))
+    return pd.DataFrame(rows, columns=["gpu", "impl", "max_seq_len", "peak_bytes_at_max"])
 
 
 @c.cached()
 def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
                 causal: bool, bwd: bool) -> pd.DataFrame:
-    values = list(range(1, 65)) if by == "batch" else list(range(1, 129))
+    # linear in both, so a dozen points draw the same lines as a hundred (and cost 10x less)
+    values = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+    values = values if by == "batch" else [*values, 80, 96, 112, 128]
     return sweep_param(by, values, impls, s, b, h, d, dtype, causal, bwd)
 
 
@@ -109,41 +118,37 @@ with main:
     what = "forward + backward" if bwd else "forward"
     st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
     df = seq_sweep(tuple(impls), s_hi, b, h, d, dtype, causal, bwd)
-    fig = go.Figure()
-    for impl in impls:
-        part = df[df["impl"] == impl]
-        fig.add_trace(go.Scatter(
-            x=part["seq_len"], y=[c.in_unit(v, unit) for v in part["peak_bytes"]],
-            mode="lines+markers", name=IMPL_LABELS.get(impl, impl),
+    oom = oom_table(tuple(impls), tuple(gpus), b, h, d, dtype, causal, bwd)
+    traces = []
+    for impl, part in df.groupby("impl", sort=False):
+        label = IMPL_LABELS.get(impl, impl)
+        traces.append(dict(
+            type="scatter", x=part["seq_len"].tolist(),
+            y=[c.in_unit(v, unit) for v in part["peak_bytes"].tolist()],
+            mode="lines+markers", name=label,
             line=dict(color=c.impl_color(impl), dash="solid" if IMPL_KIND[impl] == "quadratic" else "dot"),
-            customdata=[f"{v:,}" for v in part["peak_bytes"]],
-            hovertemplate=(
-                f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
-                "<br>%{customdata} bytes<extra></extra>"
-            ),
+            customdata=[f"{v:,}" for v in part["peak_bytes"].tolist()],
+            hovertemplate=f"<b>{label}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<br>%{{customdata}} bytes<extra></extra>",
         ))
-
-    oom_rows = []
     for gpu in gpus:
-        cap = GPUS[gpu]
-        c.capacity_line(fig, gpu, cap, 128, s_hi, unit)
-        for impl in impls:
-            s_max = oom_len(impl, cap, b, h, d, dtype, causal, bwd)
-            oom_rows.append({"gpu": gpu, "impl": impl, "longest s that fits": s_max,
-                             "capped": s_max >= MAX_SEQ_LEN})
-            if 128 <= s_max <= s_hi:
-                peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd)
-                fig.add_trace(go.Scatter(
-                    x=[s_max], y=[c.in_unit(peak, unit)], mode="markers", showlegend=False,
-                    marker=dict(symbol="x", size=13, color=c.impl_color(impl), line=dict(width=2)),
-                    hovertemplate=(
-                        f"<b>{IMPL_LABELS.get(impl, impl)}</b> runs out of memory on {gpu}<br>"
-                        f"longest s that fits: {s_max:,}<br>peak there: {peak:,} bytes<extra></extra>"
-                    ),
-                ))
-    c.log_len_axis(fig, 128, s_hi)
-    fig.update_yaxes(type="log", exponentformat="power")
-    c.style(fig, "sequence length s (tokens, log scale)", f"extra peak memory of one call ({unit}, log scale)", 520)
+        traces.append(c.capacity_dict(gpu, GPUS[gpu], 128, s_hi, unit))
+    marks = [r for r in oom.itertuples(index=False) if 128 <= r.max_seq_len <= s_hi]
+    if marks:
+        traces.append(dict(  # every out-of-memory point in one trace
+            type="scatter", x=[r.max_seq_len for r in marks],
+            y=[c.in_unit(r.peak_bytes_at_max, unit) for r in marks],
+            mode="markers", name="runs out of memory",
+            marker=dict(symbol="x", size=13, color=[c.impl_color(r.impl) for r in marks], line=dict(width=2)),
+            customdata=[[IMPL_LABELS.get(r.impl, r.impl), r.gpu, f"{r.max_seq_len:,}", f"{r.peak_bytes_at_max:,}"]
+                        for r in marks],
+            hovertemplate=("<b>%{customdata[0]}</b> runs out of memory on %{customdata[1]}<br>"
+                           "longest s that fits: %{customdata[2]}<br>peak there: %{customdata[3]} bytes"
+                           "<extra></extra>"),
+        ))
+    fig = c.figure(
+        traces, "sequence length s (tokens, log scale)", f"extra peak memory of one call ({unit}, log scale)",
+        520, xaxis=c.log_len_xaxis(128, s_hi), yaxis=dict(type="log", exponentformat="power"),
+    )
     c.chart(fig, "scaling_chart", "scaling-seq-len", df)
     st.caption(
         f"{c.COMPUTED}: calc.attention_peak_bytes, the predicted extra peak of one attention call "
@@ -161,40 +166,39 @@ with main:
         for col, group in zip(mcols, (quad, lin), strict=False):
             if group:
                 impl = group[0]
-                found[impl] = oom_len(impl, GPUS[gpu0], b, h, d, dtype, causal, bwd)
+                found[impl] = int(oom[(oom["gpu"] == gpu0) & (oom["impl"] == impl)]["max_seq_len"].iloc[0])
                 col.metric(f"{IMPL_LABELS.get(impl, impl)}: longest s", f"{found[impl]:,}",
                            help="Computed: exact integer search of calc.attention_peak_bytes ≤ GPU memory.")
         if quad and lin and found[quad[0]]:
             mcols[2].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
 
-    if oom_rows:
-        oom = pd.DataFrame(oom_rows)
-        shown = oom.assign(
+    if len(oom):
+        table = oom.assign(
             impl=oom["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
-            **{"longest s that fits": [
-                (f"≥ {v:,}" if cap else f"{v:,}") for v, cap in zip(oom["longest s that fits"], oom["capped"], strict=True)
-            ]},
-        ).drop(columns="capped")
+            fits=[f"≥ {v:,}" if v >= MAX_SEQ_LEN else f"{v:,}" for v in oom["max_seq_len"]],
+        )
         st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
-        st.dataframe(shown.pivot(index="impl", columns="gpu", values="longest s that fits"))
+        st.dataframe(table.pivot(index="impl", columns="gpu", values="fits"))
 
 st.subheader("Memory against batch or heads (linear axes)")
 cols = st.columns([1, 1, 2])
 by = c.radio("Vary", "by", SPECS["by"], where=cols[0])
 s2 = c.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
 df2 = param_sweep(by, tuple(impls), s2, b, h, d, dtype, causal, bwd)
-fig2 = go.Figure()
-for impl in impls:
-    part = df2[df2["impl"] == impl]
-    fig2.add_trace(go.Scatter(
-        x=part[by], y=[c.in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
-        name=IMPL_LABELS.get(impl, impl), line=dict(color=c.impl_color(impl)),
-        customdata=[f"{v:,}" for v in part["peak_bytes"]],
-        hovertemplate=f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>{by} = %{{x}}<br>%{{y:,.4g}} {unit}"
-        "<br>%{customdata} bytes<extra></extra>",
-    ))
 other = f"H = {h}" if by == "batch" else f"B = {b}"
-c.style(fig2, f"{'batch size B' if by == 'batch' else 'heads H'} (s = {s2:,}, {other})", f"extra peak memory ({unit})", 400)
+fig2 = c.figure(
+    [
+        dict(
+            type="scatter", x=part[by].tolist(), y=[c.in_unit(v, unit) for v in part["peak_bytes"].tolist()],
+            mode="lines+markers", name=IMPL_LABELS.get(impl, impl), line=dict(color=c.impl_color(impl)),
+            customdata=[f"{v:,}" for v in part["peak_bytes"].tolist()],
+            hovertemplate=f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>{by} = %{{x}}<br>%{{y:,.4g}} {unit}"
+            "<br>%{customdata} bytes<extra></extra>",
+        )
+        for impl, part in df2.groupby("impl", sort=False)
+    ],
+    f"{'batch size B' if by == 'batch' else 'heads H'} (s = {s2:,}, {other})", f"extra peak memory ({unit})", 400,
+)
 c.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)
 st.caption(f"{c.COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
 

@@ -12,7 +12,6 @@ if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from calc import (  # noqa: E402
@@ -136,26 +135,28 @@ with left:
 with right:
     df = curve(batch, heads, e)
     gpu_bytes = GPUS[DEFAULT_GPU]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(
-        x=df["seq_len"], y=[c.in_unit(b, unit) for b in df["bytes"]], mode="lines+markers",
-        name="B·H·s²·e", line=dict(color=c.impl_color("naive")),
-        customdata=[f"{b:,} bytes" for b in df["bytes"]],
-        hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + " (%{customdata})<extra></extra>",
-    ))
     marks = [(seq_len, n_bytes, "your s")]
     if 2 * seq_len <= MAX_SEQ_LEN:
         marks.append((2 * seq_len, doubled, "2 s: ×4"))
-    fig.add_trace(go.Scatter(
-        x=[m[0] for m in marks], y=[c.in_unit(m[1], unit) for m in marks], mode="markers+text",
-        text=[m[2] for m in marks], textposition="top left", name="your shape",
-        marker=dict(size=12, symbol="diamond", color=c.impl_color("triton")),
-        hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + "<extra></extra>",
-    ))
-    c.capacity_line(fig, DEFAULT_GPU, gpu_bytes, CURVE_LENS[0], CURVE_LENS[-1], unit)
-    c.log_len_axis(fig, CURVE_LENS[0], CURVE_LENS[-1])
-    fig.update_yaxes(type="log", exponentformat="power")
-    c.style(fig, "sequence length s (tokens, log scale)", f"score matrix, one layer ({unit}, log scale)", 380)
+    fig = c.figure(
+        [
+            dict(
+                type="scatter", x=df["seq_len"].tolist(), y=[c.in_unit(b, unit) for b in df["bytes"].tolist()],
+                mode="lines+markers", name="B·H·s²·e", line=dict(color=c.impl_color("naive")),
+                customdata=[f"{b:,} bytes" for b in df["bytes"].tolist()],
+                hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + " (%{customdata})<extra></extra>",
+            ),
+            dict(
+                type="scatter", x=[m[0] for m in marks], y=[c.in_unit(m[1], unit) for m in marks],
+                mode="markers+text", text=[m[2] for m in marks], textposition="top left", name="your shape",
+                marker=dict(size=12, symbol="diamond", color=c.impl_color("triton")),
+                hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + "<extra></extra>",
+            ),
+            c.capacity_dict(DEFAULT_GPU, gpu_bytes, CURVE_LENS[0], CURVE_LENS[-1], unit),
+        ],
+        "sequence length s (tokens, log scale)", f"score matrix, one layer ({unit}, log scale)", 380,
+        xaxis=c.log_len_xaxis(CURVE_LENS[0], CURVE_LENS[-1]), yaxis=dict(type="log", exponentformat="power"),
+    )
     c.chart(fig, "score_chart", "score-matrix", df.assign(batch=batch, heads=heads, bytes_per_element=e_value))
 
 c.sync_url(used)

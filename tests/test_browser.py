@@ -225,8 +225,15 @@ def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str)
     page.locator('[data-testid="stSidebar"]').get_by_text("GiB", exact=True).click()
     _wait_idle(page)
     assert "unit=GiB" in page.url
+    _set_number(page, "Attention heads H", 64)
+    _expect_metric(page, "2.00 GiB")
     page.locator('[data-testid="stSidebarNav"]').get_by_text("Scaling").click()
     page.wait_for_url("**/scaling**")
     _wait_idle(page)
     assert page.locator("text=GiB").count() > 0
     assert "unit=GiB" in page.url
+    # the heads chosen on one page carry over to the next (same URL name, same meaning)
+    expect(page.get_by_label("Heads H", exact=True).first).to_have_value("64", timeout=TIMEOUT_MS)
+    page.locator('[data-testid="stSidebarNav"]').get_by_text("Score matrix").click()
+    _wait_idle(page)
+    _expect_metric(page, "2.00 GiB")
