@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip points that already have a row in this results CSV (repeatable)")
     ap.add_argument("--max-gb", type=float, default=None,
                     help="skip points whose predicted peak exceeds this many GB (status skipped)")
+    ap.add_argument("--order", choices=("grid", "length"), default="grid",
+                    help="grid: each series short to long (default); length: every series at "
+                         "one s before the next s (with --deadline, cuts only the longest)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds for the whole sweep; points not started by then are skipped")
     ap.add_argument("--lock-wait", type=float, default=0.0, help="seconds to wait for a busy GPU")
@@ -184,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     points = expand_points(args.impl, args.seq_len, batch=args.batch, heads=args.heads,
                            head_dims=args.head_dim, dtypes=args.dtype, causals=causals,
                            backwards=backwards, kv_heads=args.kv_heads)
+    if args.order == "length":
+        points.sort(key=lambda p: p.seq_len)  # stable: the grid order within one length
     if args.resume:
         done = set()
         for path in args.resume:
