@@ -466,3 +466,30 @@ def read_csv_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not v.ok:
         raise ValueError(f"{path}: " + "; ".join(v.errors[:5]))
     return list(v.rows)
+
+
+def attach_predictions(df: Any) -> Any:
+    """A copy of a results DataFrame with the current model's prediction and error beside each
+    measured row: ``model_bytes`` (calc.attention_peak_bytes now, which may differ from the
+    ``predicted_bytes`` stored when the row was measured) and ``model_error`` =
+    (model - measured) / measured. Pure (pandas and calc only)."""
+    from calc import attention_peak_bytes
+
+    out = df.copy()
+    preds: list[Any] = []
+    errs: list[Any] = []
+    for r in out.itertuples(index=False):
+        try:
+            kv = None if r.kv_heads is None or (isinstance(r.kv_heads, float) and math.isnan(r.kv_heads)) else int(r.kv_heads)
+            p = attention_peak_bytes(r.impl, int(r.batch), int(r.heads), int(r.seq_len),
+                                     int(r.head_dim), r.dtype, bool(r.causal), bool(r.backward),
+                                     kv_heads=kv)
+        except (ValueError, TypeError, KeyError):
+            p = None
+        preds.append(p)
+        m = r.peak_extra_bytes
+        ok = p is not None and m is not None and not (isinstance(m, float) and math.isnan(m)) and m > 0
+        errs.append((p - m) / m if ok else None)
+    out["model_bytes"] = preds
+    out["model_error"] = errs
+    return out

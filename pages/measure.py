@@ -1,6 +1,432 @@
-"""GPU measurement page: placeholder until the measurement issue lands (another engineer's file)."""
+"""GPU measurement: run real attention implementations, lay measured peaks and times over the
+analytic model, keep every run.
 
-import streamlit as st
+Thin page: widgets -> kernels.child.run_points (a child process, one measurement per GPU at a
+time) -> kernels.store (SQLite) -> plotly figures over calc.sweep_seq_len. Without a GPU it
+says so and shows the bundled H200 reference (data/reference_h200.csv) or an uploaded results
+CSV (validated by kernels.store.validate_csv; a bad file changes nothing).
+"""
 
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from calc import IMPL_LABELS, IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
+from calc.urlparams import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
+from kernels.store import (  # noqa: E402
+    COLUMNS,
+    ResultStore,
+    attach_predictions,
+    csv_text,
+    read_csv_rows,
+    validate_csv,
+)
+from pages import common as c  # noqa: E402
+
+REFERENCE_CSV = ROOT / "data" / "reference_h200.csv"
+REFERENCE_TRACE_CSV = ROOT / "data" / "reference_h200_trace.csv"
+REF = "ref"
+SEQ_CHOICES = tuple(str(1 << p) for p in range(7, 17))  # 128 .. 65,536
+MODES = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}
+IMPL_COLORS = getattr(c, "IMPL_COLORS", None) or {  # fallback if pages/common lacks it
+    "naive": "#D55E00", "naive_inplace": "#E69F00", "sdpa_math": "#CC79A7",
+    "sdpa_efficient": "#56B4E9", "sdpa_flash": "#009E73", "sdpa_cudnn": "#8C8C8C",
+    "triton": "#0072B2",
+}
+
+SPECS = {
+    "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS),
+    "lens": MultiChoiceParam(("512", "1024", "2048", "4096", "8192", "16384"), SEQ_CHOICES),
+    "b": IntParam(1, 1, 64),
+    "h": IntParam(32, 1, 256),
+    "hkv": IntParam(0, 0, 256),
+    "d": IntParam(128, 8, 256),
+    "dtype": ChoiceParam("fp16", ("fp16", "bf16", "fp32")),
+    "causal": BoolParam(False),
+    "mode": ChoiceParam("both", tuple(MODES)),
+    "tmetric": ChoiceParam("TFLOP/s", ("TFLOP/s", "ms")),
+}
+
+
+def color(impl: str) -> str:
+    return IMPL_COLORS.get(impl, "#7F7F7F")
+
+
+def label(impl: str) -> str:
+    return IMPL_LABELS.get(impl, impl)
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def gpu_reason() -> str | None:
+    """None when a CUDA GPU is usable here, else why not."""
+    from kernels.registry import gpu_reason as reason
+
+    return reason()
+
+
+@st.cache_data(show_spinner=False)
+def reference_rows() -> pd.DataFrame:
+    if not REFERENCE_CSV.exists():
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.DataFrame(read_csv_rows(REFERENCE_CSV), columns=list(COLUMNS))
+
+
+@st.cache_data(show_spinner=False)
+def reference_trace() -> pd.DataFrame:
+    if not REFERENCE_TRACE_CSV.exists():
+        return pd.DataFrame()
+    return pd.read_csv(REFERENCE_TRACE_CSV)
+
+
+def open_store() -> ResultStore | None:
+    try:
+        return ResultStore()
+    except Exception as exc:  # noqa: BLE001 - a page without history still works
+        c.warn(f"The results store could not be opened ({exc}); runs will not be kept.")
+        return None
+
+
+@c.cached()
+def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
+                     causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
+    lens, s = [], lo
+    while s <= hi:  # powers of two and the halfway points (a smooth line on log axes)
+        lens += [s, int(s * 1.5)]
+        s *= 2
+    lens = sorted({x for x in lens if lo <= x <= hi})
+    return sweep_seq_len(impls, lens, b, h, d, dtype, causal, bwd, kv_heads=hkv)
+
+
+def select_rows(df: pd.DataFrame, impls, b, h, hkv, d, dtype, causal) -> pd.DataFrame:
+    if df.empty:
+        return df
+    kv = hkv or h
+    m = ((df["impl"].isin(impls)) & (df["batch"] == b) & (df["heads"] == h)
+         & (df["kv_heads"].fillna(df["heads"]) == kv) & (df["head_dim"] == d)
+         & (df["dtype"] == dtype) & (df["causal"] == causal))
+    return df[m]
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, title: str) -> go.Figure:
+    fig = go.Figure()
+    for impl in impls:
+        part = curves[curves["impl"] == impl]
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"], y=[c.in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
+            name=f"{label(impl)} (model)", legendgroup=impl,
+            line=dict(color=color(impl), width=1.5, dash="dot"),
+            hovertemplate=f"<b>{label(impl)}</b> model<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<extra></extra>",
+        ))
+        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows["peak_extra_bytes"].notna()]
+        if len(got):
+            err = [f"{100 * e:+.2f}%" if e is not None and e == e else "-" for e in got["model_error"]]
+            fig.add_trace(go.Scatter(
+                x=got["seq_len"], y=[c.in_unit(v, unit) for v in got["peak_extra_bytes"]],
+                mode="markers", name=f"{label(impl)} (measured)", legendgroup=impl,
+                marker=dict(color=color(impl), size=9, line=dict(width=1, color="white")),
+                customdata=list(zip(err, [f"{int(v):,}" for v in got["peak_extra_bytes"]], strict=True)),
+                hovertemplate=(f"<b>{label(impl)}</b> measured<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
+                               "<br>%{customdata[1]} bytes<br>model error %{customdata[0]}<extra></extra>"),
+            ))
+        oom = rows[(rows["impl"] == impl) & (rows["status"] == "oom")]
+        if len(oom):
+            fig.add_trace(go.Scatter(
+                x=oom["seq_len"], y=[c.in_unit(v, unit) if v == v and v is not None else None
+                                     for v in oom["model_bytes"]],
+                mode="markers", name=f"{label(impl)}: out of memory", legendgroup=impl,
+                marker=dict(symbol="x", size=13, color=color(impl), line=dict(width=2)),
+                hovertemplate=(f"<b>{label(impl)}</b>: out of memory at s = %{{x:,}}"
+                               f"<br>model: %{{y:,.4g}} {unit}<extra></extra>"),
+            ))
+    c.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log", exponentformat="power")
+    fig.update_layout(title=title)
+    return fig
+
+
+def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure:
+    fig = go.Figure()
+    col = "tflops" if metric == "TFLOP/s" else "median_ms"
+    for impl in impls:
+        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows[col].notna()].sort_values("seq_len")
+        if len(got):
+            fig.add_trace(go.Scatter(
+                x=got["seq_len"], y=got[col], mode="lines+markers", name=label(impl),
+                line=dict(color=color(impl)),
+                hovertemplate=f"<b>{label(impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {metric}<extra></extra>",
+            ))
+    c.style(fig, "sequence length s (log scale)", metric + (" (log)" if col == "median_ms" else ""), 400)
+    fig.update_xaxes(type="log")
+    if col == "median_ms":
+        fig.update_yaxes(type="log")
+    fig.update_layout(title=title)
+    return fig
+
+
+def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
+    t = rows.sort_values(["backward", "impl", "seq_len"])
+    return pd.DataFrame({
+        "implementation": t["impl"].map(label),
+        "mode": ["fwd+bwd" if x else "fwd" for x in t["backward"]],
+        "s": t["seq_len"],
+        "status": t["status"],
+        f"measured ({unit})": [c.in_unit(v, unit) if v == v and v is not None else None for v in t["peak_extra_bytes"]],
+        f"model ({unit})": [c.in_unit(v, unit) if v == v and v is not None else None for v in t["model_bytes"]],
+        "model error %": [100 * e if e is not None and e == e else None for e in t["model_error"]],
+        "median ms": t["median_ms"],
+        "TFLOP/s": t["tflops"],
+        "note": t["message"].fillna("").map(lambda m: md_escape(str(m))[:200]),
+    })
+
+
+# --- the page ------------------------------------------------------------------------------
+
+c.page_setup("measure")
 st.title("GPU measurement")
-st.info("Coming: run real attention implementations on a GPU and compare measured peaks with the analytic model.")
+st.markdown(
+    "Measured peaks laid over the analytic model. Each point is one attention call: "
+    "`max_memory_allocated()` during the call minus `memory_allocated()` just before it "
+    "(inputs already allocated, caches emptied, warm-up done), timed with CUDA events "
+    "(`triton.testing.do_bench` median). The model's error is shown for every point, never hidden."
+)
+
+reason = gpu_reason()
+store = open_store()
+unit = c.get_unit()
+
+controls, main = st.columns([1, 2.8])
+with controls:
+    impls = c.multiselect("Implementations", "impls", SPECS["impls"], format_func=label)
+    lens = [int(x) for x in c.multiselect("Sequence lengths", "lens", SPECS["lens"],
+                                          format_func=lambda v: c.short_len(int(v)))]
+    cols = st.columns(2)
+    b = c.int_input("Batch B", "b", SPECS["b"], where=cols[0])
+    h = c.int_input("Heads H", "h", SPECS["h"], where=cols[1])
+    hkv = c.int_input("KV heads (0 = H)", "hkv", SPECS["hkv"], where=cols[0],
+                      help="Fewer key/value heads than H is GQA; 0 means the same as H.")
+    d = c.int_input("Head dim d", "d", SPECS["d"], where=cols[1])
+    dtype = c.select("dtype", "dtype", SPECS["dtype"], where=cols[0])
+    mode = c.select("Pass", "mode", SPECS["mode"], where=cols[1],
+                    help="fwd: forward under no_grad; fwd+bwd: forward and backward(dO), gradients count.")
+    causal = c.toggle("Causal mask", "causal", SPECS["causal"])
+    kv = hkv if hkv and hkv != h else None
+    if kv is not None and h % kv:
+        c.warn(f"Heads H ({h}) must be a multiple of KV heads ({hkv}); using KV heads = H.")
+        kv = None
+    backwards = MODES[mode]
+
+with main:
+    # -- run (GPU) or say plainly why not ------------------------------------------------
+    if reason:
+        st.info(f"**No GPU here**: {reason}. Showing the bundled reference measured on an NVIDIA "
+                "H200 with this page's harness; upload a results CSV from "
+                "`python -m kernels.measure` (run on a GPU machine) to see your own.",
+                icon=":material/info:")
+    else:
+        run_cols = st.columns([1, 1, 2])
+        go_run = run_cols[0].button("Run measurement", type="primary", disabled=not (impls and lens))
+        run_cols[1].button("Cancel", key="cancel_run",
+                           help="Stops the sweep: the child process is killed, finished rows are kept.",
+                           on_click=lambda: st.session_state.update(cancelled=True))
+        with run_cols[2].expander("Run options"):
+            limit_s = st.number_input("Time limit per point (s)", 5, 1800, 120)
+            label_text = st.text_input("Label of this run", "", max_chars=100)
+        if st.session_state.pop("cancelled", False):
+            st.warning("Cancelled: the rows finished before the cancel are kept in the run.")
+        if go_run:
+            from kernels.child import GpuBusy, run_points
+            from kernels.harness import expand_points
+
+            points = expand_points(impls, sorted(lens), batch=b, heads=h, head_dims=[d],
+                                   dtypes=[dtype], causals=[causal], backwards=backwards,
+                                   kv_heads=kv)
+            progress = st.progress(0.0, text=f"0 of {len(points)} points")
+            live = st.empty()
+            state = {"run": None, "rows": []}
+
+            def on_result(res, i, n):
+                row = res.to_row()
+                if store is not None:
+                    if state["run"] is None:
+                        state["run"] = store.new_run(
+                            gpu_name=res.gpu_name, driver=res.driver,
+                            torch_version=res.torch_version, triton_version=res.triton_version,
+                            label=label_text or "page", source="measured")
+                    store.add_row(state["run"], row)
+                state["rows"].append(row)
+                progress.progress((i + 1) / n, text=f"{i + 1} of {n}: {res.impl} {res.mode} "
+                                                    f"s={res.seq_len:,} {res.status}")
+                df_live = attach_predictions(pd.DataFrame(state["rows"], columns=list(COLUMNS)))
+                curves = predicted_curves(tuple(impls), min(lens), max(lens), b, h, d, dtype,
+                                          causal, bool(res.backward), kv)
+                live.plotly_chart(memory_figure(df_live[df_live["backward"] == res.backward],
+                                                curves, impls, unit, "live"),
+                                  key=f"live_{i}", theme="streamlit")
+
+            try:
+                summary = run_points(points, on_result=on_result, timeout_s=float(limit_s))
+                live.empty()
+                progress.progress(1.0, text=f"{len(summary.results)} points in {summary.wall_s:.1f} s")
+                if state["run"] is not None:
+                    st.session_state["src"] = str(state["run"])
+            except GpuBusy as exc:
+                st.error(str(exc))
+
+    # -- which results to show ----------------------------------------------------------
+    runs = store.runs() if store is not None else []
+    options = [REF] + [str(r.id) for r in runs]
+    names = {REF: "Bundled reference: NVIDIA H200 (data/reference_h200.csv)"}
+    names.update({str(r.id): f"#{r.id} · {r.gpu_name or '?'} · {r.label or r.source} · "
+                             f"{r.n_rows} rows · {r.started[:16]}" for r in runs})
+    src_spec = ChoiceParam(REF, tuple(options))
+    src = c.select("Results to show", "src", src_spec, format_func=lambda k: md_escape(names.get(k, k)))
+    if src == REF:
+        data = reference_rows()
+        if data.empty:
+            st.info("The bundled reference dataset is not in this checkout (data/reference_h200.csv).")
+    else:
+        data = store.dataframe(int(src)) if store is not None else pd.DataFrame(columns=list(COLUMNS))
+    data = attach_predictions(data) if not data.empty else data.assign(model_bytes=[], model_error=[])
+
+    if not impls or not lens:
+        st.info("Pick at least one implementation and one sequence length.")
+    else:
+        sel = select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
+        if not data.empty and sel.empty:
+            have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
+            st.info("No rows for this selection in these results. They hold: "
+                    + "; ".join(f"{r.dtype}, d={r.head_dim}, H={r.heads}/{r.kv_heads}, B={r.batch}"
+                                for r in have.head(12).itertuples()))
+        for bwd in backwards:
+            part = sel[sel["backward"] == bwd] if not sel.empty else sel
+            what = ("forward + backward" if bwd else "forward") + (", causal" if causal else "")
+            s_lo = int(min(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
+            s_hi = int(max(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
+            curves = predicted_curves(tuple(impls), s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
+            fig = memory_figure(part, curves, impls, unit, f"Peak extra memory, {what}")
+            c.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
+                    part[list(COLUMNS)] if len(part) else None)
+            if len(part):
+                tab = error_table(part, unit)
+                st.dataframe(tab, hide_index=True, column_config={
+                    "model error %": st.column_config.NumberColumn(format="%+.2f"),
+                    "median ms": st.column_config.NumberColumn(format="%.3f"),
+                    "TFLOP/s": st.column_config.NumberColumn(format="%.0f"),
+                })
+                big = part[(part["seq_len"] >= 1024) & part["model_error"].notna()
+                           & (part["model_error"].abs() > 0.02)]
+                if len(big):
+                    st.warning("Model error above 2% at s ≥ 1,024 for: "
+                               + ", ".join(sorted({label(i) for i in big["impl"]}))
+                               + ". What each formula cannot know is listed below.")
+        if len(sel):
+            metric = c.radio("Speed as", "tmetric", SPECS["tmetric"])
+            for bwd in backwards:
+                part = sel[sel["backward"] == bwd]
+                if len(part):
+                    what = "forward + backward" if bwd else "forward"
+                    c.chart(time_figure(part, impls, metric, f"{metric}, {what}"),
+                            f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
+            st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
+                       "that (calc.attention_flops), over the median time.")
+        with st.expander("What each formula assumes (and cannot know)"):
+            for impl in impls:
+                st.markdown(f"**{label(impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}")
+
+    # -- trace fingerprint ---------------------------------------------------------------
+    st.subheader("Trace fingerprint: the kernels one call launches")
+    trace = reference_trace()
+    if not reason:
+        if st.button("Trace the selected implementations (s = 2,048)"):
+            from kernels.child import GpuBusy, run_trace
+            from kernels.harness import PointConfig
+
+            cfgs = [PointConfig(i, b, h, 2048, d, dtype, causal, bwd, kv) for i in impls for bwd in backwards]
+            try:
+                with st.spinner("Profiling..."):
+                    st.session_state["trace"] = run_trace(cfgs)
+            except GpuBusy as exc:
+                st.error(str(exc))
+        if "trace" in st.session_state:
+            trace = pd.DataFrame(st.session_state["trace"])
+    if trace.empty:
+        st.info("No trace fingerprint available (bundled: data/reference_h200_trace.csv).")
+    else:
+        tsel = trace[trace["impl"].isin(impls)] if impls else trace
+        if "causal" in tsel:
+            tsel = tsel[tsel["causal"].astype(str).str.lower() == str(causal).lower()]
+        total = tsel[tsel["kernel"] == "(all)"]
+        if len(total):
+            st.dataframe(pd.DataFrame({
+                "implementation": total["impl"].map(label), "mode": total["mode"],
+                "s": total["seq_len"], "kernel launches": total["count"],
+                "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
+            }), hide_index=True)
+        with st.expander("Every kernel (name, launches, share of the call's GPU time)"):
+            st.dataframe(tsel[tsel["kernel"] != "(all)"][
+                [x for x in ("impl", "mode", "causal", "kernel", "category", "count", "gpu_us", "share", "bytes")
+                 if x in tsel]], hide_index=True)
+        st.caption("Eager attention launches one kernel per step (matmul, scale, fill, softmax, "
+                   "matmul): masked_fill adds an out-of-place copy that masked_fill_ avoids; the "
+                   "math backend adds fp32 casts; the fused backends launch one kernel.")
+
+    # -- upload, history, compare, export, delete ----------------------------------------
+    st.subheader("Results from elsewhere, and past runs")
+    up = st.file_uploader("Upload a results CSV (from `python -m kernels.measure --out ...`)",
+                          type=["csv"], key="upload")
+    if up is not None:
+        v = validate_csv(up.getvalue())
+        if not v.ok:
+            st.error("This file was not imported (nothing changed):\n\n"
+                     + "\n".join(f"- {md_escape(e)}" for e in v.errors))
+        else:
+            st.success(f"{len(v.rows):,} valid rows.")
+            if store is not None and st.button(f"Import {len(v.rows):,} rows as a run"):
+                run_id = store.import_rows(list(v.rows), label=up.name[:100], source="upload")
+                st.session_state["src"] = str(run_id)
+                st.rerun()
+
+    if runs:
+        st.dataframe(pd.DataFrame([{
+            "run": r.id, "started (UTC)": r.started, "GPU": r.gpu_name, "driver": r.driver,
+            "torch": r.torch_version, "triton": r.triton_version, "label": r.label,
+            "source": r.source, "rows": r.n_rows} for r in runs]), hide_index=True)
+        cmp_cols = st.columns(2)
+        a = cmp_cols[0].selectbox("Compare run A", options[1:], key="cmp_a",
+                                  format_func=lambda k: md_escape(names.get(k, k)))
+        bb = cmp_cols[1].selectbox("with run B", options[1:], key="cmp_b",
+                                   index=min(1, len(options) - 2),
+                                   format_func=lambda k: md_escape(names.get(k, k)))
+        if a and bb and a != bb and store is not None:
+            st.dataframe(store.compare(int(a), int(bb)), hide_index=True)
+        del_cols = st.columns([2, 1, 1])
+        victim = del_cols[0].selectbox("Delete run", options[1:], key="del_run",
+                                       format_func=lambda k: md_escape(names.get(k, k)))
+        sure = del_cols[1].checkbox("I am sure", key="del_sure")
+        if del_cols[2].button("Delete", disabled=not sure) and store is not None and victim:
+            store.delete_run(int(victim))
+            if st.session_state.get("src") == victim:
+                st.session_state["src"] = REF
+            st.rerun()
+    export = (csv_text(data[list(COLUMNS)].to_dict("records")) if not data.empty else "")
+    st.download_button("⬇ Export the shown results (CSV)", data=export.encode(),
+                       file_name=f"attention-measure-{src}.csv", mime="text/csv",
+                       disabled=not export, key="export_csv")
+
+c.sync_url(SPECS | {"src": ChoiceParam(REF, tuple(options))})
