@@ -13,13 +13,15 @@ from pages.common import unit_switch
 st.set_page_config(page_title="Attention memory", page_icon=":material/grid_on:", layout="wide")
 
 PAGES = [
-    st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score-matrix", default=True),
-    st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model-memory"),
+    st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score_matrix", default=True),
+    st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model_memory"),
     st.Page("pages/scaling.py", title="Scaling", icon=":material/show_chart:", url_path="scaling"),
-    st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon=":material/bolt:", url_path="flash-attention"),
+    st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon=":material/bolt:", url_path="flash_explainer"),
     st.Page("pages/measure.py", title="GPU measurement", icon=":material/science:", url_path="measure"),
 ]
 
+# url_path = file name: a deep link's first run on a fresh server is handed from Streamlit's old
+# multipage mode back to this router by page hash (see pages/common.page_setup).
 page = st.navigation(PAGES, position="sidebar")
 with st.sidebar:
     unit_switch()

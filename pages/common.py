@@ -96,8 +96,23 @@ def warn(message: str) -> None:
 
 
 def page_setup(name: str) -> None:
-    """Call first on every page: names the page whose widgets the following calls draw."""
+    """Call first on every page: names the page whose widgets the following calls draw.
+
+    Also hands a page that Streamlit ran without the router back to app.py: because a pages/
+    folder exists, a server's first run reached through a deep link (e.g. /scaling) runs
+    pages/scaling.py directly, in the old multipage mode (no sidebar switch, every file listed
+    as a page) until st.navigation has been called once. Leaving that mode and re-running makes
+    app.py route to the same page (app.py's url_path of each page is its file name, so the
+    page hash matches).
+    """
     st.session_state[_PAGE] = name
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:  # pragma: no cover - Streamlit internals moved; the app still works
+        return
+    if getattr(PagesManager, "uses_pages_directory", False):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
 
 
 def _claim(key: str, page: str | None = None) -> bool:

@@ -143,7 +143,7 @@ unit = c.get_unit()
 gpu_bytes = GPUS[gpu]
 params = param_count(model)
 st.caption(
-    f"**{model.name}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers, "
+    f"**{c.md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers, "
     f"{model.num_heads} query heads, {model.num_kv_heads} KV heads, head dim {model.head_dim}"
     + (f", trained for {model.max_position_embeddings:,} tokens" if model.max_position_embeddings else "")
     + "."
@@ -239,6 +239,6 @@ with st.container():
             "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
             "one after another, so only one layer's scores exist at a time."
         )
-st.caption(f"{c.COMPUTED}. Sources: DESIGN.md formulas; KV cache 2·L·B·s·H_kv·d·e; model shapes from each model's config.json ({model.source or 'uploaded'}).")
+st.caption(f"{c.COMPUTED}. Sources: DESIGN.md formulas; KV cache 2·L·B·s·H_kv·d·e; model shapes from each model's config.json ({model.source if choice != CUSTOM else 'uploaded'}).")
 
 c.sync_url(used)

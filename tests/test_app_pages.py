@@ -198,6 +198,21 @@ def test_model_custom_config_paste_good_and_bad() -> None:
         assert any("last config that was valid" in i.value for i in at.info)
 
 
+def test_model_config_upload() -> None:
+    at = run("model", model="Custom config.json")
+    good = FIXTURES / "Llama-3.2-1B.json"
+    if good.exists():
+        at.file_uploader(key="cfg_file").set_value(("[evil](javascript:x).json", good.read_bytes(), "application/json")).run()
+        assert not at.exception and not [e for e in at.error if "Could not use" in e.value]
+        assert not any("](javascript" in cap.value for cap in at.caption)  # the file name is escaped
+    big = b'{"a": "' + b"x" * 1_100_000 + b'"}'
+    at.file_uploader(key="cfg_file").set_value(("big.json", big, "application/json")).run()
+    assert not at.exception and any("limit" in e.value for e in at.error)
+    pickle_bytes = b"\x80\x04\x95\x1c\x00cos\nsystem\n(S'echo pwned'\ntR."
+    at.file_uploader(key="cfg_file").set_value(("model.json", pickle_bytes, "application/json")).run()
+    assert not at.exception and any("Could not use" in e.value for e in at.error)
+
+
 def test_model_bad_url_values() -> None:
     at = run("model", model="<img src=x>", b="NaN", gpu="H9000", wdtype="fp64")
     assert len(warnings(at)) == 4

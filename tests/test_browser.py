@@ -9,6 +9,7 @@ is missing. Run: .venv/bin/python -m pytest -m browser tests/test_browser.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -67,11 +68,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+@contextlib.contextmanager
+def _app_server() -> Iterator[str]:
     """The app on a free localhost port; killed at the end whatever happens."""
     port = _free_port()
-    log = open(ROOT / ".pytest_cache" / f"streamlit-{port}.log", "w") if (ROOT / ".pytest_cache").is_dir() else subprocess.DEVNULL
+    log_path = ROOT / ".pytest_cache" / f"streamlit-{port}.log"
+    log = open(log_path, "w") if log_path.parent.is_dir() else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1",
@@ -104,6 +106,12 @@ def server() -> Iterator[str]:
             proc.wait(timeout=15)
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with _app_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +195,7 @@ def test_url_prefills_and_bad_values_warn(browser_page: Page, server: str) -> No
 
 def test_model_memory_page(browser_page: Page, server: str) -> None:
     page = browser_page
-    _open(page, f"{server}/model-memory")
+    _open(page, f"{server}/model_memory")
     model = MODELS["Llama 3.1 8B"]
     total = model_memory(model, 1, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
     _expect_metric(page, format_bytes(total, "GB"))
@@ -212,7 +220,7 @@ def test_scaling_page(browser_page: Page, server: str) -> None:
 
 def test_flash_explainer_page(browser_page: Page, server: str) -> None:
     page = browser_page
-    _open(page, f"{server}/flash-attention?step=5")
+    _open(page, f"{server}/flash_explainer?step=5")
     _expect_metric(page, format_bytes(standard_io(1, 32, 4096, 128, 2).total_bytes, "GB"))
     _shot(page, "flash_explainer")
     _set_number(page, "sequence s", 8192)
@@ -237,3 +245,39 @@ def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str)
     page.locator('[data-testid="stSidebarNav"]').get_by_text("Score matrix").click()
     _wait_idle(page)
     _expect_metric(page, "2.00 GiB")
+
+
+def test_dark_theme_is_readable(server: str, browser_page: Page) -> None:
+    """With the system in dark mode the app and its charts turn dark (no hard-coded white)."""
+    context = browser_page.context.browser.new_context(
+        viewport={"width": 1400, "height": 1000}, color_scheme="dark"
+    )
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        _open(page, f"{server}/scaling")
+        bg = page.evaluate(
+            "() => getComputedStyle(document.querySelector('[data-testid=\"stApp\"]')).backgroundColor"
+        )
+        rgb = [int(x) for x in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3]]
+        assert sum(rgb) < 3 * 80, f"app background is not dark: {bg}"
+        paper = page.evaluate(
+            "() => getComputedStyle(document.querySelector('.js-plotly-plot .main-svg')).backgroundColor"
+        )
+        assert "255, 255, 255" not in paper, f"chart keeps a white background in dark mode: {paper}"
+        _shot(page, "scaling_dark")
+    finally:
+        context.close()
+
+
+def test_deep_link_on_a_fresh_server_gets_the_router(browser_page: Page) -> None:
+    """A fresh server's first request, straight to a page, still runs through app.py's router
+    (a pages/ folder would otherwise put Streamlit in its old multipage mode)."""
+    with _app_server() as url:
+        page = browser_page
+        _open(page, f"{url}/scaling?h=64")
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        expect(sidebar.get_by_text("Memory unit")).to_be_visible(timeout=TIMEOUT_MS)
+        expect(sidebar.get_by_text("How FlashAttention works")).to_be_visible()
+        assert sidebar.get_by_text("common", exact=True).count() == 0
+        expect(page.get_by_label("Heads H", exact=True).first).to_have_value("64")
