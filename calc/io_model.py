@@ -102,12 +102,39 @@ def standard_io(
     )
 
 
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """Σ_{i=0}^{n-1} floor((a·i + b) / m) for n ≥ 0, m ≥ 1, a, b ≥ 0, in O(log m) steps.
+
+    The classic Euclid-like reduction (as in the AtCoder Library's floor_sum); it keeps the
+    causal tile counts below O(1) per call even for s = 10^8 with 16-row blocks.
+    """
+    total = 0
+    while True:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            return total
+        n, b = divmod(y_max, m)
+        m, a = a, m
+
+
+def _causal_blocks_before(i0: int, bq: int, bk: int) -> int:
+    """Σ over query blocks i < i0 (all full) of the key blocks block i visits:
+    floor(((i+1)·B_r - 1) / B_c) + 1 each."""
+    return floor_sum(i0, bk, bq, bq - 1) + i0
+
+
 def kv_blocks_read(seq_len: int, block_q: int, block_k: int, causal: bool) -> int:
     """How many K (and V) blocks the flash loop loads in total, over all query blocks.
 
     Without a mask every query block reads all T_c = ceil(N/B_c) key blocks; with a causal mask
     query block i (rows i·B_r .. min(N, (i+1)·B_r) - 1) reads key blocks up to the one holding
-    its last row.
+    its last row. Closed form (floor_sum), exact; tests compare it with tile_schedule.
     """
     n = _check("seq_len", seq_len)
     bq = _check("block_q", block_q)
@@ -116,11 +143,7 @@ def kv_blocks_read(seq_len: int, block_q: int, block_k: int, causal: bool) -> in
     t_c = math.ceil(n / bk)
     if not causal:
         return t_r * t_c
-    total = 0
-    for i in range(t_r):
-        last_row = min(n, (i + 1) * bq) - 1
-        total += last_row // bk + 1
-    return total
+    return _causal_blocks_before(t_r - 1, bq, bk) + t_c  # the last query block reads all T_c
 
 
 def flash_io(
@@ -156,16 +179,19 @@ def flash_io(
 
 
 def _kv_rows_read(n: int, bq: int, bk: int, causal: bool) -> int:
-    """Key rows loaded in total: Σ over query blocks of the key rows that block visits."""
+    """Key rows loaded in total: Σ over query blocks of the key rows that block visits.
+
+    Causal: block i visits key blocks 0 .. b_i; their rows are min(N, (b_i + 1)·B_c), which is N
+    exactly when b_i is the last key block. b_i is non-decreasing in i, so the blocks before the
+    first one that reaches the last key block are summed in closed form, the rest count N each.
+    """
     t_r = math.ceil(n / bq)
     if not causal:
         return t_r * n
-    total = 0
-    for i in range(t_r):
-        last_row = min(n, (i + 1) * bq) - 1
-        blocks = last_row // bk + 1
-        total += min(n, blocks * bk)
-    return total
+    t_c = math.ceil(n / bk)
+    # first query block whose last row lies in the last key block: (i+1)·B_r - 1 ≥ (T_c - 1)·B_c
+    i0 = min(t_r - 1, max(0, -(-((t_c - 1) * bk + 1) // bq) - 1))
+    return bk * _causal_blocks_before(i0, bq, bk) + (t_r - i0) * n
 
 
 def theorem2_flash_elements(seq_len: int, head_dim: int, sram_elements: int) -> float:

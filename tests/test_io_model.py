@@ -12,6 +12,7 @@ from calc.io_model import (
     LSE_BYTES,
     example_scores,
     flash_io,
+    floor_sum,
     kv_blocks_read,
     online_softmax_trace,
     softmax_row_stats,
@@ -116,3 +117,35 @@ def test_kv_block_count_matches_the_schedule(n: int, bq: int, bk: int, causal: b
         return
     tiles = tile_schedule(n, bq, bk, causal)
     assert kv_blocks_read(n, bq, bk, causal) == sum(not t.skipped for t in tiles)
+
+
+def _kv_rows_loop(n: int, bq: int, bk: int, causal: bool) -> int:
+    """Reference: the loop the closed form replaces."""
+    total = 0
+    for i in range(math.ceil(n / bq)):
+        last = min(n, (i + 1) * bq) - 1
+        visited = last // bk + 1 if causal else math.ceil(n / bk)
+        total += min(n, visited * bk)
+    return total
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 3000), bq=st.integers(1, 300), bk=st.integers(1, 300), causal=st.booleans())
+def test_closed_form_kv_rows_match_the_loop(n: int, bq: int, bk: int, causal: bool) -> None:
+    got = flash_io(1, 1, n, 1, 1, bq, bk, causal).read_kv_bytes
+    assert got == 2 * _kv_rows_loop(n, bq, bk, causal)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 200), m=st.integers(1, 200), a=st.integers(0, 500), b=st.integers(0, 500))
+def test_floor_sum_matches_brute_force(n: int, m: int, a: int, b: int) -> None:
+    assert floor_sum(n, m, a, b) == sum((a * i + b) // m for i in range(n))
+
+
+def test_huge_shapes_are_fast() -> None:
+    import time
+
+    t0 = time.perf_counter()
+    io = flash_io(65_536, 100_000, 100_000_000, 65_536, 4, block_q=16, block_k=16, causal=True)
+    assert kv_blocks_read(100_000_000, 16, 16, causal=True) == 6_250_000 * 6_250_001 // 2
+    assert io.total_bytes > 0 and time.perf_counter() - t0 < 0.1
