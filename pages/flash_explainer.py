@@ -158,7 +158,7 @@ m = st.columns(3)
 m[0].metric(f"Standard attention moves ({unit})", c.fmt(std.total_bytes, unit), help="Computed: (4·N·d + 4·N²)·e per batch and head.")
 m[1].metric(f"FlashAttention moves ({unit})", c.fmt(fl.total_bytes, unit),
             help="Computed: Q read once, O and log-sum-exp written once, K and V read once per query block.")
-m[2].metric("Less traffic", f"×{std.total_bytes / fl.total_bytes:,.1f}",
+m[2].metric("Less traffic", f"×{std.total_bytes / fl.total_bytes:,.3g}",
             help=f"K and V are read T_r = ceil(s / B_r) = {fl.kv_passes:,} times by FlashAttention.")
 
 rows = [

@@ -121,15 +121,15 @@ table = pd.DataFrame(rows)
 left, right = st.columns([1, 1.6])
 with left:
     st.markdown("**Double the length, quadruple the memory**")
-    st.dataframe(
-        table.assign(**{"× memory": table["× memory"].map(lambda x: f"×{x:g}")}),
+    st.dataframe(  # as text: byte counts can exceed 64-bit integers (B = 10^6, s = 10^8)
+        pd.DataFrame({
+            "s": [f"{s:,}" for s in table["seq_len"]],
+            "bytes": [f"{b:,}" for b in table["bytes"]],
+            "GB": [f"{x:,.3f}" for x in table["GB"]],
+            "GiB": [f"{x:,.3f}" for x in table["GiB"]],
+            "× memory": [f"×{x:g}" for x in table["× memory"]],
+        }),
         hide_index=True,
-        column_config={
-            "seq_len": st.column_config.NumberColumn("s", format="localized"),
-            "bytes": st.column_config.NumberColumn("bytes", format="localized"),
-            "GB": st.column_config.NumberColumn("GB", format="%.3f"),
-            "GiB": st.column_config.NumberColumn("GiB", format="%.3f"),
-        },
     )
 
 with right:

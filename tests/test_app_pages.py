@@ -257,6 +257,7 @@ def test_flash_explainer_numbers_and_step_slider() -> None:
     at = run("flash")
     values = list(metrics(at).values())
     assert values[0] == format_bytes(standard_io(1, 32, 4096, 128, 2).total_bytes)
+    assert values[2] == "×3.77"
     assert values[1] == format_bytes(flash_io(1, 32, 4096, 128, 2, 128, 64, True).total_bytes)
     at.slider(key="step").set_value(5).run()
     assert not at.exception
@@ -272,3 +273,20 @@ def test_flash_explainer_url_and_out_of_range_step() -> None:
     assert at.slider(key="step").value == 3
     at = run("flash", step="-1", br="7")
     assert len(warnings(at)) == 2
+
+
+EXTREMES = {
+    "score": {"b": "1000000", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
+    "model": {"b": "65536", "s": "100000000", "model": "Llama 3.1 405B", "mode": "training"},
+    "scaling": {"b": "65536", "h": "100000", "d": "65536", "smax": "16777216", "s2": "100000000",
+                "causal": "true", "bwd": "true", "dtype": "fp32"},
+    "flash": {"b": "65536", "h": "100000", "s": "100000000", "d": "65536", "br": "16", "bc": "16",
+              "n": "32", "blk": "2", "step": "500"},
+}
+
+
+@pytest.mark.parametrize("page", sorted(EXTREMES))
+def test_largest_accepted_values_do_not_break_a_page(page: str) -> None:
+    at = run(page, **EXTREMES[page])  # run() asserts no exception
+    assert not warnings(at)
+    assert at.metric
