@@ -192,6 +192,33 @@ def test_memory_formula_docstring(fa):
     assert "2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q" in fa.flash_attention.__doc__
 
 
+def test_pretuned_table_lookup(fa, monkeypatch):
+    """The stored H200 choices apply to 16-bit inputs on a Hopper GPU only, and can be
+    switched off; a malformed call falls back to tuning instead of failing."""
+    from types import SimpleNamespace
+
+    fwd = sys.modules["kernels.flash_attn_fwd"]
+    q16 = SimpleNamespace(device=SimpleNamespace(type="cuda"), element_size=lambda: 2)
+    args = {"Q": q16, "seq_bucket": 4096}
+    meta = {"BLOCK_D": 128, "CAUSAL": False}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    hit = fwd.pretuned("fwd", args, meta)
+    want = fwd.TUNED_H200[("fwd", 2, 128, False, 4096)]
+    assert hit is not None and (hit.kwargs["BLOCK_M"], hit.kwargs["BLOCK_N"], hit.num_warps,
+                                hit.num_stages) == want
+    assert [c.kwargs for c in fwd._prune_fwd([], args, **meta)] == [hit.kwargs]
+    assert fwd.pretuned("fwd", {**args, "seq_bucket": 256}, meta) is None  # not stored
+    assert fwd.pretuned("fwd", {"seq_bucket": 4096}, meta) is None  # malformed: tune
+    monkeypatch.setenv("FLASH_ATTN_TUNE", "1")
+    assert fwd.pretuned("fwd", args, meta) is None
+    monkeypatch.delenv("FLASH_ATTN_TUNE")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert fwd.pretuned("fwd", args, meta) is None  # not a Hopper part
+    for (kernel, _, _, _, _), (bm, bn, warps, stages) in fwd.TUNED_H200.items():
+        assert kernel in ("fwd", "dkdv", "dq") and bm in (32, 64, 128) and bn in (32, 64, 128)
+        assert warps in (4, 8) and stages in (2, 3, 4)
+
+
 # ---------------------------------------------------------------------------------------------
 # interpreter (CPU) subset: small shapes, fp32 and fp16
 # ---------------------------------------------------------------------------------------------
