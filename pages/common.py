@@ -375,7 +375,7 @@ def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.Data
         fig, key=key, theme="streamlit",
         config={"displaylogo": False, "toImageButtonOptions": {"filename": file_stem, "scale": 2}},
     )
-    row = st.container(horizontal=True)
+    row = st.container(horizontal=True, horizontal_alignment="left")
     download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=row)
     if df is not None:
         download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=row)

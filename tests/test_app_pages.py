@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
 from calc import (
@@ -290,3 +292,32 @@ def test_largest_accepted_values_do_not_break_a_page(page: str) -> None:
     at = run(page, **EXTREMES[page])  # run() asserts no exception
     assert not warnings(at)
     assert at.metric
+
+
+# --- fuzzing the pages through their URLs ----------------------------------------------------
+
+_KEYS = {
+    "score": ("b", "h", "s", "dtype", "e", "unit"),
+    "model": ("model", "mode", "wdtype", "kvdtype", "adtype", "b", "s", "gpu", "ckpt", "unit"),
+    "scaling": ("impls", "b", "h", "d", "dtype", "causal", "bwd", "gpus", "smax", "by", "s2", "unit"),
+    "flash": ("n", "blk", "causal", "step", "b", "h", "s", "d", "dtype", "br", "bc", "unit"),
+}
+_raw = st_.one_of(
+    st_.text(max_size=30),
+    st_.sampled_from(["0", "-1", "1", "2", "64", "4096", "1e9", "NaN", "inf", "", "true", "fp8_e4m3",
+                      "custom", "naive", "none", "16777216", "training", "heads", "%00", "'; DROP"]),
+    st_.integers(-10**12, 10**12).map(str),
+)
+
+
+@pytest.mark.parametrize("page", sorted(_KEYS))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st_.data())
+def test_fuzzed_urls_never_raise(page: str, data: st_.DataObject) -> None:
+    query = data.draw(st_.dictionaries(st_.sampled_from(_KEYS[page]), _raw, max_size=6))
+    at = AppTest.from_file(str(PAGES[page]), default_timeout=TIMEOUT)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, (query, [e.value for e in at.exception])
+    assert at.metric or at.info  # a page always answers (or says what it needs)

@@ -180,6 +180,10 @@ def test_score_matrix_page(browser_page: Page, server: str) -> None:
     _expect_metric(page, "4.29 GB")
     _wait_idle(page)
     assert "s=8192" in page.url  # the view is in the URL
+    with page.expect_download(timeout=TIMEOUT_MS) as dl:
+        page.get_by_text("Numbers (CSV)").first.click()
+    csv_text = Path(dl.value.path()).read_text()
+    assert csv_text.startswith("seq_len,bytes") and "4294967296" in csv_text  # 8192² · 32 · 2
 
 
 def test_url_prefills_and_bad_values_warn(browser_page: Page, server: str) -> None:
