@@ -191,7 +191,7 @@ def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
         "model error %": [100 * e if e is not None and e == e else None for e in t["model_error"]],
         "median ms": t["median_ms"],
         "TFLOP/s": t["tflops"],
-        "note": t["message"].fillna("").map(lambda m: md_escape(str(m))[:200]),
+        "note": t["message"].fillna("").map(lambda m: str(m)[:200]),
     })
 
 
