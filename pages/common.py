@@ -11,7 +11,6 @@ page's inputs back into the URL, so the address bar is always a link to the curr
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import streamlit as st
 
+from calc.csv_safety import safe_csv_bytes, safe_frame
 from calc.units import format_bytes, to_unit
 from calc.urlparams import (
     BoolParam,
@@ -279,21 +279,14 @@ def in_unit(n_bytes: int | float, unit: str | None = None) -> float:
 
 
 def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """Text cells starting with = + - @ (or tab/CR) get a leading apostrophe, so a spreadsheet
-    opening the CSV never evaluates them as formulas (OWASP "CSV injection")."""
-    out = df.copy()
-    for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].map(
-                lambda v: "'" + v if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r") else v
-            )
-    return out
+    """Text cells starting with = + - @ (or tab/CR) get a leading apostrophe, whatever the
+    column dtype, so a spreadsheet never runs them (calc.csv_safety, OWASP "CSV injection")."""
+    return safe_frame(df)
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
-    buf = io.StringIO()
-    csv_safe(df).to_csv(buf, index=False)
-    return buf.getvalue().encode()
+    """The CSV a download button serves: formula-safe, every text cell quoted."""
+    return safe_csv_bytes(df)
 
 
 def download_csv(df: pd.DataFrame, file_name: str, key: str, where: Any = st) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (AppTest)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import json  # noqa: E402
+from typing import IO  # noqa: E402
 
 import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
@@ -32,6 +32,7 @@ from calc import (  # noqa: E402
     training_attention,
     weight_bytes,
 )
+from calc.safe_json import load_config_json  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from calc.urlparams import BoolParam, ChoiceParam, IntParam  # noqa: E402
 from pages import common as c  # noqa: E402
@@ -63,17 +64,13 @@ def longest_context(
     return model_max_seq_len(model, gpu_bytes, batch, wd, kvd, ad, impl)
 
 
-def parse_config(text: str, name: str) -> ModelConfig:
-    """config.json text -> ModelConfig; raises ValueError with a readable message."""
-    try:
-        data = json.loads(text)
-    except RecursionError as err:
-        raise ValueError("config.json is nested too deeply to be a model config") from err
-    except ValueError as err:
-        raise ValueError(f"config.json is not valid JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"config.json must be a JSON object {{...}}, got a {type(data).__name__}")
-    return ModelConfig.from_hf_config(data, name=name)
+def parse_config(source: str | bytes | IO[bytes], name: str) -> ModelConfig:
+    """config.json (text, bytes or an upload) -> ModelConfig; ValueError says what is wrong.
+
+    calc.safe_json reads at most MAX_CONFIG_BYTES + 1 bytes, refuses deep nesting, NaN and
+    duplicate keys before json.loads; from_hf_config names any missing or wrong key.
+    """
+    return ModelConfig.from_hf_config(load_config_json(source, max_bytes=MAX_CONFIG_BYTES), name=name)
 
 
 def custom_model() -> ModelConfig | None:
@@ -90,17 +87,16 @@ def custom_model() -> ModelConfig | None:
         if uploaded is not None:
             if uploaded.size > MAX_CONFIG_BYTES:
                 raise ValueError(f"file is {uploaded.size:,} bytes; the limit is {MAX_CONFIG_BYTES:,}")
-            raw = uploaded.read(MAX_CONFIG_BYTES + 1)
-            if len(raw) > MAX_CONFIG_BYTES:
-                raise ValueError(f"file is larger than the limit of {MAX_CONFIG_BYTES:,} bytes")
-            text, name = raw.decode("utf-8"), Path(uploaded.name).stem[:60]
+            if hasattr(uploaded, "seek"):
+                uploaded.seek(0)  # read from the start on every re-run
+            text, name = uploaded, Path(uploaded.name).stem[:60]
         elif pasted.strip():
             text = pasted
         if text is not None:
             model = parse_config(text, name)
             st.session_state["_custom_model"] = model
             return model
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, TypeError) as err:
         st.error(c.md_escape(f"Could not use this config: {err}"), icon=":material/block:")
         if "_custom_model" in st.session_state:
             st.info("Still showing the last config that was valid.")

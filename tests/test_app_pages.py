@@ -215,6 +215,27 @@ def test_model_config_upload() -> None:
     assert not at.exception and any("Could not use" in e.value for e in at.error)
 
 
+def test_model_config_with_duplicate_keys_is_refused() -> None:
+    at = run("model", model="Custom config.json")
+    good = FIXTURES / "Llama-3.2-1B.json"
+    if not good.exists():
+        pytest.skip("fixture Llama-3.2-1B.json missing")
+    text = good.read_text().rstrip().rstrip("}") + ', "num_hidden_layers": 2}'
+    at.text_area(key="cfg_text").input(text).run()
+    assert not at.exception and any("twice" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_csv_downloads_escape_formulas_in_any_text_dtype() -> None:
+    import pandas as pd
+
+    from pages.common import csv_bytes
+
+    for dtype in (object, "string", "category"):
+        df = pd.DataFrame({"model": pd.Series(["=cmd|' /C calc'!A0", "+1", "ok"], dtype=dtype), "b": [1, 2, 3]})
+        text = csv_bytes(df).decode()
+        assert "\n=" not in text and '"=' not in text and "'=cmd" in text, text
+
+
 def test_model_bad_url_values() -> None:
     at = run("model", model="<img src=x>", b="NaN", gpu="H9000", wdtype="fp64")
     assert len(warnings(at)) == 4
