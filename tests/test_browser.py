@@ -175,6 +175,7 @@ def _shot(page: Page, name: str) -> None:
 def test_score_matrix_page(browser_page: Page, server: str) -> None:
     page = browser_page
     _open(page, f"{server}/")
+    _expect_metric(page, "1.07 GB")
     assert "1.07 GB" in _metrics(page)
     assert page.locator(".js-plotly-plot .main-svg").count() >= 1
     _shot(page, "score_matrix")
