@@ -8,9 +8,10 @@ floating-point root of a quadratic (which would be off by one near the boundary)
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Real
 
 from calc.peak import attention_peak_bytes
-from calc.units import MAX_SEQ_LEN
+from calc.units import MAX_SEQ_LEN, check_int
 
 
 def largest_fitting(cost: Callable[[int], int], budget_bytes: int, hi: int = MAX_SEQ_LEN) -> int:
@@ -19,10 +20,11 @@ def largest_fitting(cost: Callable[[int], int], budget_bytes: int, hi: int = MAX
     cost must be non-decreasing in s. Exact: cost(result) fits and cost(result + 1) does not
     (unless result == hi).
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int | float):
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, Real):
         raise ValueError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}")
     if budget_bytes != budget_bytes:  # NaN
         raise ValueError("budget_bytes must be a number of bytes, got NaN")
+    hi = check_int("hi", hi, 1, MAX_SEQ_LEN)
     if cost(1) > budget_bytes:
         return 0
     lo = 1  # fits

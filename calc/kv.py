@@ -11,12 +11,13 @@ Management for LLM Serving with PagedAttention" (arXiv 2309.06180), sec. 3.
 
 from __future__ import annotations
 
-from calc.models import ModelConfig
+from calc.models import ModelConfig, check_model
 from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bytes_per_element, check_int
 
 
 def kv_tokens_per_sequence(model: ModelConfig, seq_len: int) -> int:
     """Token slots held summed over layers: global layers hold s, windowed ones min(s, window)."""
+    check_model(model)
     s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
     windowed = model.sliding_window_layers if model.sliding_window else 0
     windowed = min(windowed, model.num_layers)
@@ -33,6 +34,7 @@ def kv_cache_bytes(
     1 for fp8/int8, 0.5 for int4) or a dtype name. Returns whole bytes. Sources in the module
     docstring (PagedAttention sec. 3; Mistral 7B sec. 2 for the rolling window).
     """
+    check_model(model)
     b = check_int("batch", batch, 1, MAX_BATCH)
     e = check_bytes_per_element(bytes_per_element)
     tokens = kv_tokens_per_sequence(model, seq_len)

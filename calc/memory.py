@@ -8,14 +8,18 @@ attention, calc.peak (causal prefill of the whole context, forward only).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
+from numbers import Real
 
 from calc.fit import largest_fitting
 from calc.kv import kv_cache_bytes
-from calc.models import ModelConfig
+from calc.models import ModelConfig, check_model
 from calc.params import weight_bytes
 from calc.peak import attention_peak_bytes
 from calc.scores import score_matrix_bytes
+from calc.units import dtype_name
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,19 @@ def model_memory(
     act_dtype: str = "bf16",
     impl: str = "naive",
 ) -> MemoryBreakdown:
-    """Weights, KV cache and one layer's attention peak for a causal prefill of seq_len."""
+    """Weights, KV cache and one layer's attention peak for a causal prefill of seq_len.
+
+    The three dtypes are names (calc.units.DTYPES or torch spellings), not byte counts.
+    """
+    check_model(model)
+    for arg, value in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype),
+                       ("act_dtype", act_dtype)):
+        if not isinstance(value, str):
+            raise ValueError(f"{arg} must be a dtype name such as 'bf16', got {value!r:.60}")
+        try:
+            dtype_name(value)
+        except ValueError as err:
+            raise ValueError(f"{arg}: {err}") from None
     return MemoryBreakdown(
         weights_bytes=weight_bytes(model, weight_dtype),
         kv_cache_bytes=kv_cache_bytes(model, batch, seq_len, kv_dtype),
@@ -64,18 +80,29 @@ def model_max_seq_len(
     """Longest context whose weights + KV cache + attention peak fit gpu_bytes (0 if none);
     exact integer search over s (calc.fit.largest_fitting)."""
     model_memory(model, batch, 1, weight_dtype, kv_dtype, act_dtype, impl)  # validates inputs
+    budget = _finite_bytes("gpu_bytes", gpu_bytes, allow_zero=True)
     return largest_fitting(
         lambda s: model_memory(model, batch, s, weight_dtype, kv_dtype, act_dtype, impl)
         .total_bytes,
-        gpu_bytes,
+        budget,
     )
 
 
 def gpus_needed(total_bytes: int, gpu_bytes: int) -> int:
     """Whole GPUs of gpu_bytes each whose memory adds up to total_bytes (an ideal split,
     ignoring per-GPU duplication such as replicated embeddings or activations)."""
-    if gpu_bytes <= 0:
-        raise ValueError(f"gpu_bytes must be positive, got {gpu_bytes!r}")
-    if total_bytes < 0:
-        raise ValueError(f"total_bytes must not be negative, got {total_bytes!r}")
-    return max(1, -(-int(total_bytes) // int(gpu_bytes)))  # exact ceiling on integers
+    total = _finite_bytes("total_bytes", total_bytes, allow_zero=True)
+    gpu = _finite_bytes("gpu_bytes", gpu_bytes, allow_zero=False)
+    return max(1, math.ceil(total / gpu))  # exact: Fractions, no float rounding
+
+
+def _finite_bytes(name: str, value: object, allow_zero: bool) -> Fraction:
+    """value as an exact Fraction if it is a finite real >= 0 (> 0 unless allow_zero)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number of bytes, got {value!r:.80}")
+    frac = Fraction(value)
+    if frac < 0 or (frac == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "above 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return frac

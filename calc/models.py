@@ -63,7 +63,18 @@ class ModelConfig:
         ...) are read from there, falling back to the top level for keys it lacks. Raises one
         ValueError naming the missing or wrong key and what is accepted. Nothing is evaluated.
         """
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a text label or None, got {name!r}")
         return _parse_hf_config(d, name)
+
+
+def check_model(model: object) -> ModelConfig:
+    """Return model if it is a ModelConfig; else raise TypeError naming what was given."""
+    if not isinstance(model, ModelConfig):
+        raise TypeError(
+            f"model must be a ModelConfig (a preset from calc.MODELS or "
+            f"ModelConfig.from_hf_config(...)), got {type(model).__name__} {model!r:.60}")
+    return model
 
 
 # --------------------------------------------------------------------------- parsing ----

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from calc.models import ModelConfig
-from calc.units import ceil_bytes, check_bytes_per_element
+from calc.models import ModelConfig, check_model
+from calc.units import ceil_bytes, check_bytes_per_element, check_int
+
+#: Upper bound of the experts argument for dense models (where it is ignored).
+MAX_EXPERTS_ARG = 1_000_000
 
 
 def _mlp_params(model: ModelConfig, width: int) -> int:
@@ -72,6 +75,9 @@ def param_breakdown(model: ModelConfig, experts: int | None = None) -> dict[str,
     `experts` counts that many experts per MoE layer (default: all of them, i.e. stored
     weights); pass `model.experts_per_token` for the parameters one token uses.
     """
+    check_model(model)
+    if experts is not None:  # ignored by dense models; at most the experts a MoE layer has
+        experts = check_int("experts", experts, 1, max(model.num_experts, MAX_EXPERTS_ARG))
     layers = model.num_layers
     if model.num_experts > 1:
         moe_layers = layers - model.dense_mlp_layers
@@ -104,7 +110,7 @@ def active_param_count(model: ModelConfig) -> int:
     layer (router, shared expert, attention and embeddings in full). Equals param_count for a
     dense model. This is the "active parameters" figure of MoE model cards (Mixtral 12.9B).
     """
-    if model.num_experts <= 1:
+    if check_model(model).num_experts <= 1:
         return param_count(model)
     return sum(param_breakdown(model, experts=model.experts_per_token).values())
 
@@ -115,5 +121,6 @@ def weight_bytes(model: ModelConfig, bytes_per_param: float | str) -> int:
     bytes_per_param is a number (4 fp32, 2 bf16/fp16, 1 fp8/int8, 0.5 int4) or a dtype name
     ("bf16", "int4", "float16", ...). Quantization scales and zero points are not counted.
     """
+    check_model(model)
     per_param: Fraction = check_bytes_per_element(bytes_per_param)
     return ceil_bytes(param_count(model) * per_param)

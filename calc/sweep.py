@@ -12,9 +12,29 @@ import pandas as pd
 
 from calc.peak import IMPL_KIND, attention_peak_bytes, check_impl
 from calc.scores import score_matrix_bytes
-from calc.units import MAX_SEQ_LEN, check_int
+from calc.units import MAX_BATCH, MAX_HEADS, MAX_SEQ_LEN, check_int
 
 SWEEP_PARAMS = ("batch", "heads")
+MAX_SWEEP_POINTS = 10_000
+
+
+def _impl_list(impls: object) -> list[str]:
+    """A list of implementation names, refusing a bare string (it would iterate letters)."""
+    if isinstance(impls, str) or not isinstance(impls, Iterable):
+        raise ValueError(f"impls must be a list of implementation names, got {impls!r:.80}")
+    return [check_impl(i) for i in impls]
+
+
+def _int_list(name: str, values: object, hi: int) -> list[int]:
+    """A list of whole numbers from 1 to hi, at most MAX_SWEEP_POINTS of them."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of whole numbers, got {values!r:.80}")
+    out = []
+    for v in values:
+        out.append(check_int(name, v, 1, hi))
+        if len(out) > MAX_SWEEP_POINTS:
+            raise ValueError(f"{name} may hold at most {MAX_SWEEP_POINTS:,} values")
+    return out
 
 
 def default_seq_lens(lo: int = 128, hi: int = 1_048_576) -> list[int]:
@@ -42,7 +62,10 @@ def sweep_seq_len(
 ) -> pd.DataFrame:
     """Predicted peak against sequence length: columns impl, kind, seq_len, peak_bytes,
     score_bytes (one row per implementation and length)."""
-    impls = [check_impl(i) for i in impls]
+    impls = _impl_list(impls)
+    seq_lens = _int_list("seq_lens", seq_lens, MAX_SEQ_LEN)
+    # Validate the scalar arguments once, even when a list is empty.
+    attention_peak_bytes("naive", batch, heads, 1, head_dim, dtype, causal, backward, kv_heads)
     rows = []
     for s in seq_lens:
         scores = score_matrix_bytes(batch, heads, s, dtype)
@@ -69,7 +92,9 @@ def sweep_param(
     peak_bytes."""
     if name not in SWEEP_PARAMS:
         raise ValueError(f"name must be one of {', '.join(SWEEP_PARAMS)}, got {name!r}")
-    impls = [check_impl(i) for i in impls]
+    impls = _impl_list(impls)
+    values = _int_list(name, values, MAX_BATCH if name == "batch" else MAX_HEADS)
+    attention_peak_bytes("naive", batch, heads, seq_len, head_dim, dtype, causal, backward)
     rows = []
     for v in values:
         b, h = (v, heads) if name == "batch" else (batch, v)

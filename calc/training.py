@@ -16,9 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calc.models import ModelConfig
+from calc.models import ModelConfig, check_model
 from calc.peak import IMPL_KIND, attention_peak_bytes, check_impl
-from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_int, dtype_bytes
+from calc.units import (
+    MAX_BATCH,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_SEQ_LEN,
+    ceil_bytes,
+    check_bool,
+    check_int,
+    dtype_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -46,10 +55,11 @@ def saved_for_backward_bytes(
     keep the output and the log-sum-exp: B·H·s·(d·e + 4).
     """
     check_impl(impl)
+    check_bool("causal", causal)
     b = check_int("batch", batch, 1, MAX_BATCH)
     s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
-    h = check_int("heads", heads, 1)
-    d = check_int("head_dim", head_dim, 1)
+    h = check_int("heads", heads, 1, MAX_HEADS)
+    d = check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
     e = dtype_bytes(dtype)
     if IMPL_KIND[impl] == "quadratic":
         per = 4 if impl == "sdpa_math" else e
@@ -61,12 +71,14 @@ def training_attention(
     model: ModelConfig, batch: int, seq_len: int, dtype: str, impl: str, checkpointing: bool,
 ) -> TrainingAttention:
     """Attention memory of a causal training step across the model's layers (module docstring)."""
+    check_model(model)
+    check_bool("checkpointing", checkpointing)
     peak = attention_peak_bytes(
         impl, batch, model.num_heads, seq_len, model.head_dim, dtype,
         causal=True, backward=True, kv_heads=model.num_kv_heads)
     saved = 0 if checkpointing else saved_for_backward_bytes(
         impl, batch, model.num_heads, seq_len, model.head_dim, dtype)
-    return TrainingAttention(saved, model.num_layers, peak, bool(checkpointing))
+    return TrainingAttention(saved, model.num_layers, peak, checkpointing)
 
 
 def training_attention_bytes(

@@ -9,6 +9,7 @@ it costs 4 bytes per element in memory (NVIDIA A100 whitepaper, "TensorFloat-32"
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from numbers import Integral, Real
 
@@ -92,6 +93,13 @@ def check_int(name: str, value: object, lo: int = 1, hi: int | None = None) -> i
     return as_int
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Return value if it is exactly True or False (not 'false', 0 or None); else ValueError."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_bytes_per_element(value: object) -> Fraction:
     """Bytes per element as an exact Fraction; accepts numbers in (0, 64] or a dtype name."""
     if isinstance(value, str):
@@ -100,7 +108,9 @@ def check_bytes_per_element(value: object) -> Fraction:
         raise ValueError(f"bytes_per_element must be a number such as 2 or 0.5, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"bytes_per_element must be a finite number, got {value!r}")
-    frac = Fraction(value).limit_denominator(8) if isinstance(value, float) else Fraction(value)
+    # A float is read as the decimal the user typed (0.3 -> 3/10), not rounded to a nearby
+    # fraction; the final byte count is rounded up once, in ceil_bytes.
+    frac = Fraction(repr(float(value))) if isinstance(value, float) else Fraction(value)
     if not 0 < frac <= 64:
         raise ValueError(f"bytes_per_element must be above 0 and at most 64, got {value!r}")
     return frac
@@ -111,14 +121,37 @@ def ceil_bytes(x: Fraction | int) -> int:
     return math.ceil(x)
 
 
+def _check_real(n_bytes: object) -> Real:
+    """Return n_bytes if it is a real number (negative allowed: a headroom can be < 0)."""
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, Real):
+        raise ValueError(f"n_bytes must be a number of bytes, got {n_bytes!r:.80}")
+    return n_bytes
+
+
+def _scaled(n_bytes: object, divisor: int) -> Decimal | float:
+    """n_bytes / divisor, exact for integers of any size (Decimal), as float for floats.
+
+    Non-finite floats stay non-finite ('nan', 'inf'), which prints as such: never a
+    plausible-looking number.
+    """
+    n = _check_real(n_bytes)
+    if isinstance(n, float):
+        return n / divisor
+    if isinstance(n, Integral):
+        with localcontext() as ctx:
+            ctx.prec = max(28, len(str(abs(int(n)))) + 10)
+            return Decimal(int(n)) / Decimal(divisor)
+    return float(n) / divisor  # Fraction and other reals
+
+
 def format_gb(n_bytes: int | float, digits: int = 2) -> str:
     """Decimal gigabytes (10^9 bytes): 1,073,741,824 -> '1.07 GB'."""
-    return f"{n_bytes / GB:,.{digits}f} GB"
+    return f"{_scaled(n_bytes, GB):,.{digits}f} GB"
 
 
 def format_gib(n_bytes: int | float, digits: int = 2) -> str:
     """Binary gibibytes (2^30 bytes): 1,073,741,824 -> '1.00 GiB'."""
-    return f"{n_bytes / GIB:,.{digits}f} GiB"
+    return f"{_scaled(n_bytes, GIB):,.{digits}f} GiB"
 
 
 def format_bytes(n_bytes: int | float, unit: str = "GB", digits: int = 2) -> str:
@@ -131,18 +164,25 @@ def format_bytes(n_bytes: int | float, unit: str = "GB", digits: int = 2) -> str
         raise ValueError(f"unit must be 'GB' or 'GiB', got {unit!r}")
     base = 1000 if unit == "GB" else 1024
     names = ["B", "KB", "MB", "GB"] if unit == "GB" else ["B", "KiB", "MiB", "GiB"]
-    value = float(n_bytes)
+    n = _check_real(n_bytes)
+    if isinstance(n, float) and not math.isfinite(n):
+        return f"{n} B"
     idx = 0
-    while abs(value) >= base and idx < 3:  # stop at GB/GiB: "1,234.56 GB", never TB
-        value /= base
+    while abs(n) >= base ** (idx + 1) and idx < 3:  # stop at GB/GiB: "1,234.56 GB", never TB
         idx += 1
     if idx == 0:
-        return f"{int(n_bytes):,} B"
-    return f"{value:,.{digits}f} {names[idx]}"
+        return f"{_scaled(n, 1):,.0f} B"
+    return f"{_scaled(n, base**idx):,.{digits}f} {names[idx]}"
 
 
 def to_unit(n_bytes: int | float, unit: str = "GB") -> float:
     """Bytes as a float in GB (10^9) or GiB (2^30), for chart axes."""
+    n = _check_real(n_bytes)
+    if isinstance(n, Integral) and abs(int(n)) >= 2**1000:
+        raise ValueError(f"n_bytes is too large to plot ({len(str(abs(int(n))))} digits)")
+    divisor = GB if unit == "GB" else GIB
+    if unit in ("GB", "GiB"):
+        return float(_scaled(n, divisor))
     if unit == "GB":
         return n_bytes / GB
     if unit == "GiB":
