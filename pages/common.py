@@ -55,7 +55,7 @@ PART_COLORS: dict[str, str] = {
 UNIT_KEY = "unit"
 UNIT_SPEC = ChoiceParam("GB", ("GB", "GiB"))
 UNIT_HELP = "GB = 10⁹ bytes (what vendors print on the box); GiB = 2³⁰ bytes (what nvidia-smi and PyTorch report)."
-_KEEP = "_url_keep"  # session_state: key -> last valid value used on any page
+_KEEP = "_url_keep"  # session_state: (URL name, spec) -> last value used on any page
 _OWNER = "_url_owner"  # session_state: key -> page whose widget holds it now
 _PAGE = "_url_page"  # session_state: the page being drawn
 
@@ -129,13 +129,19 @@ def _claim(key: str, page: str | None = None) -> bool:
     return mine
 
 
+def _keep_key(key: str, spec: Spec) -> str:
+    """Values are shared across pages by URL name AND spec: the same name with the same type,
+    default and bounds means the same input (H on Score matrix, Scaling and the explainer);
+    the same name with another spec (the score page's dtype, which has 'custom') is its own."""
+    return f"{key}\x1f{spec!r}"
+
+
 def init(key: str, spec: Spec, page: str | None = None) -> None:
     """Put the value of widget `key` into session_state before the widget is drawn."""
     keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
     if _claim(key, page) and key in st.session_state and _valid(spec, st.session_state[key]):
         return
-    if key in st.session_state and _valid(spec, st.session_state[key]):
-        keep[key] = tuple(st.session_state[key]) if isinstance(spec, MultiChoiceParam) else st.session_state[key]
+    kept = keep.get(_keep_key(key, spec))
     raw = _query_raw(key)
     parsed = spec.parse(key, raw) if raw is not None else None
     if parsed is not None and parsed.warning:
@@ -143,8 +149,8 @@ def init(key: str, spec: Spec, page: str | None = None) -> None:
         value = spec.default
     elif parsed is not None:
         value = parsed.value
-    elif key in keep and _valid(spec, keep[key]):
-        value = keep[key]
+    elif kept is not None and _valid(spec, kept):
+        value = kept
     else:
         value = spec.default
     st.session_state[key] = _widget_value(spec, value)
@@ -154,12 +160,13 @@ def sync_url(specs: Mapping[str, Spec]) -> None:
     """Write the page's inputs (and the unit) into the URL; remember them for other pages."""
     keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
     wanted: dict[str, str] = {UNIT_KEY: get_unit()}
-    keep[UNIT_KEY] = wanted[UNIT_KEY]
+    keep[_keep_key(UNIT_KEY, UNIT_SPEC)] = wanted[UNIT_KEY]
     for key, spec in specs.items():
         if key in st.session_state:
             value = st.session_state[key]
-            keep[key] = tuple(value) if isinstance(spec, MultiChoiceParam) else value
-            wanted[key] = spec.to_url(keep[key])
+            value = tuple(value) if isinstance(spec, MultiChoiceParam) else value
+            keep[_keep_key(key, spec)] = value
+            wanted[key] = spec.to_url(value)
     if st.query_params.to_dict() != wanted:
         st.query_params.from_dict(wanted)
 
@@ -172,7 +179,7 @@ def get_unit() -> str:
     parsed = UNIT_SPEC.parse(UNIT_KEY, _query_raw(UNIT_KEY))
     if parsed.warning is None and _query_raw(UNIT_KEY) is not None:
         return parsed.value
-    kept = st.session_state.get(_KEEP, {}).get(UNIT_KEY)
+    kept = st.session_state.get(_KEEP, {}).get(_keep_key(UNIT_KEY, UNIT_SPEC))
     return kept if kept in UNIT_SPEC.choices else UNIT_SPEC.default
 
 

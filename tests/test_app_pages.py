@@ -299,7 +299,7 @@ def test_flash_explainer_url_and_out_of_range_step() -> None:
 
 
 EXTREMES = {
-    "score": {"b": "1000000", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
+    "score": {"b": "65536", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
     "model": {"b": "65536", "s": "100000000", "model": "Llama 3.1 405B", "mode": "training"},
     "scaling": {"b": "65536", "h": "100000", "d": "65536", "smax": "16777216", "s2": "100000000",
                 "causal": "true", "bwd": "true", "dtype": "fp32"},
