@@ -347,6 +347,29 @@ def worker_main(impl_module: str | None, stdin: IO[str], proto: IO[str]) -> None
         proto.flush()
 
 
+def watch_parent(poll_s: float = 0.5) -> None:
+    """End this worker when the process that started it dies (the app killed mid-point), so
+    an orphan never keeps the GPU busy: PR_SET_PDEATHSIG where Linux offers it, and a thread
+    that notices the parent's pid change (re-parented to init) as a fallback."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent:  # the parent died before the call above took effect
+        os._exit(70)
+
+    def loop() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(70)
+
+    threading.Thread(target=loop, daemon=True, name="watch-parent").start()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
@@ -354,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--impl-module", default=None,
                     help="module with get_implementation(name) / make_device() (tests)")
     args = ap.parse_args(argv)
+    watch_parent()
     # The protocol owns the real stdout; everything else printed (Python or C) goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

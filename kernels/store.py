@@ -166,7 +166,8 @@ class ResultStore:
                                 f"(?, {', '.join('?' * len(COLUMNS))})", data)
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    con.execute("ROLLBACK")
                 raise
         return len(data)
 
@@ -190,7 +191,8 @@ class ResultStore:
                     [[run_id, *(_db_value(c, r.get(c)) for c in COLUMNS)] for r in rows])
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    con.execute("ROLLBACK")
                 raise
         return run_id
 

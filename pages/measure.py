@@ -9,6 +9,7 @@ CSV (validated by kernels.store.validate_csv; a bad file changes nothing).
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -258,17 +259,21 @@ with main:
                                    kv_heads=kv)
             progress = st.progress(0.0, text=f"0 of {len(points)} points")
             live = st.empty()
-            state = {"run": None, "rows": []}
+            state = {"run": None, "rows": [], "store_error": None}
 
             def on_result(res, i, n):
                 row = res.to_row()
-                if store is not None:
-                    if state["run"] is None:
-                        state["run"] = store.new_run(
-                            gpu_name=res.gpu_name, driver=res.driver,
-                            torch_version=res.torch_version, triton_version=res.triton_version,
-                            label=label_text or "page", source="measured")
-                    store.add_row(state["run"], row)
+                if store is not None and state["store_error"] is None:
+                    try:
+                        if state["run"] is None:
+                            state["run"] = store.new_run(
+                                gpu_name=res.gpu_name, driver=res.driver,
+                                torch_version=res.torch_version,
+                                triton_version=res.triton_version,
+                                label=label_text or "page", source="measured")
+                        store.add_row(state["run"], row)
+                    except sqlite3.Error as exc:  # locked, disk full, ...: measure on, say so
+                        state["store_error"] = f"{type(exc).__name__}: {exc}"
                 state["rows"].append(row)
                 progress.progress((i + 1) / n, text=f"{i + 1} of {n}: {res.impl} {res.mode} "
                                                     f"s={res.seq_len:,} {res.status}")
@@ -287,6 +292,15 @@ with main:
                     st.session_state["src"] = str(state["run"])
             except GpuBusy as exc:
                 st.error(str(exc))
+            if state["store_error"]:
+                kept = store.run(state["run"]).n_rows if store is not None and state["run"] else 0
+                st.error(
+                    f"The results store ({md_escape(str(store.path) if store else '')}) stopped "
+                    f"accepting rows: {md_escape(state['store_error'])}. {kept} row(s) were saved "
+                    f"before that; all {len(state['rows'])} measured rows are in the file below.")
+                st.download_button("⬇ This run's rows (CSV)", data=csv_text(state["rows"]).encode(),
+                                   file_name="attention-measure-unsaved.csv", mime="text/csv",
+                                   key="unsaved_csv")
 
     # -- which results to show ----------------------------------------------------------
     runs = store.runs() if store is not None else []
