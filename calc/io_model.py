@@ -194,6 +194,22 @@ def _kv_rows_read(n: int, bq: int, bk: int, causal: bool) -> int:
     return bk * _causal_blocks_before(i0, bq, bk) + (t_r - i0) * n
 
 
+def tile_onchip_bytes(block_q: int, block_k: int, head_dim: int,
+                      bytes_per_element: float | Fraction) -> int:
+    """Bytes one FlashAttention step holds on chip (shared memory and registers together).
+
+    Q_i (B_r × d), K_j and V_j (B_c × d each) in the input dtype; the score tile S_ij
+    (B_r × B_c), the output accumulator (B_r × d) and the running m, ℓ (B_r each) in fp32, as
+    the FlashAttention-2 / Triton kernels keep them. Independent of s: this is why the s × s
+    matrix never needs to exist. (Dao et al. 2022, Algorithm 1: blocks sized to fit SRAM.)
+    """
+    bq = _check("block_q", block_q)
+    bk = _check("block_k", block_k)
+    d = _check("head_dim", head_dim, 1, 65_536)
+    inputs = _bytes((bq + 2 * bk) * d, bytes_per_element)
+    return inputs + 4 * (bq * bk + bq * d + 2 * bq)
+
+
 def theorem2_flash_elements(seq_len: int, head_dim: int, sram_elements: int) -> float:
     """Dao et al. Theorem 2's estimate of flash K/V traffic, 8·N²·d²/M elements per (b, h),
     for B_r = M/(4d) (the paper's block size). Order of magnitude only: for comparison."""

@@ -22,6 +22,7 @@ from calc.io_model import (  # noqa: E402
     flash_io,
     online_softmax_trace,
     standard_io,
+    tile_onchip_bytes,
     tile_schedule,
 )
 from calc.units import DTYPE_ALIASES  # noqa: E402
@@ -154,10 +155,15 @@ e = dtype_bytes(dtype)
 std = standard_io(b, h, s, d, e)
 fl = flash_io(b, h, s, d, e, br, bc, causal)
 
-m = st.columns(3)
+m = st.columns(4)
 m[0].metric(f"Standard attention moves ({unit})", c.fmt(std.total_bytes, unit), help="Computed: (4·N·d + 4·N²)·e per batch and head.")
 m[1].metric(f"FlashAttention moves ({unit})", c.fmt(fl.total_bytes, unit),
             help="Computed: Q read once, O and log-sum-exp written once, K and V read once per query block.")
+onchip = tile_onchip_bytes(br, bc, d, e)
+m[3].metric("On chip per step", c.fmt(onchip, unit),
+            help=(f"Q_i ({br}×{d}), K_j and V_j ({bc}×{d} each) in {dtype}; the {br}×{bc} score tile, the "
+                  f"output accumulator ({br}×{d}) and m, ℓ in fp32. Independent of s. An H100 has "
+                  "228 KB of shared memory per SM, plus registers."))
 m[2].metric("Less traffic", f"×{std.total_bytes / fl.total_bytes:,.3g}",
             help=f"K and V are read T_r = ceil(s / B_r) = {fl.kv_passes:,} times by FlashAttention.")
 

@@ -18,6 +18,7 @@ from calc.io_model import (
     softmax_row_stats,
     standard_io,
     theorem2_flash_elements,
+    tile_onchip_bytes,
     tile_schedule,
 )
 
@@ -149,3 +150,9 @@ def test_huge_shapes_are_fast() -> None:
     io = flash_io(65_536, 100_000, 100_000_000, 65_536, 4, block_q=16, block_k=16, causal=True)
     assert kv_blocks_read(100_000_000, 16, 16, causal=True) == 6_250_000 * 6_250_001 // 2
     assert io.total_bytes > 0 and time.perf_counter() - t0 < 0.1
+
+
+def test_tile_onchip_bytes() -> None:
+    # B_r = 128, B_c = 64, d = 128, fp16: (128 + 2·64)·128·2 + 4·(128·64 + 128·128 + 2·128)
+    assert tile_onchip_bytes(128, 64, 128, 2) == 65_536 + 4 * (8_192 + 16_384 + 256) == 164_864
+    assert tile_onchip_bytes(64, 64, 64, 2) < tile_onchip_bytes(128, 64, 64, 2)
