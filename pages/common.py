@@ -2,11 +2,12 @@
 
 URL binding (STYLE.md: "widgets keyed and bound to the URL"): each input has a key, which is
 also its query-parameter name, and a spec from calc.urlparams that says its type, default and
-bounds. Before a widget is drawn, `init` puts its value into st.session_state: the value the
-widget already has this session, else the URL's (parsed; a bad value gives the default and a
-st.warning naming the key), else the last value this session used on any page (kept across
-page switches), else the default. After the page has drawn everything, `sync_url` writes the
-page's inputs back into the URL, so the address bar is always a link to the current view.
+bounds. Before a widget is drawn, `init` puts its value into st.session_state: the value this
+page's widget already has, else the URL's (parsed; a bad value gives the default and a
+st.warning naming the key, the value and what is accepted), else the last value this session
+gave an input of the same name and spec on any page, else the default. After the page has drawn
+everything, `sync_url` writes the page's inputs back into the URL, so the address bar is always
+a link to the current view. Every page calls `page_setup(name)` first and `sync_url(specs)` last.
 """
 
 from __future__ import annotations
