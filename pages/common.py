@@ -418,3 +418,7 @@ def cached(max_entries: int = 64) -> Callable[[Callable[..., Any]], Callable[...
 
 def labels(names: Iterable[str], table: Mapping[str, str]) -> dict[str, str]:
     return {n: table.get(n, n) for n in names}
+
+
+if __name__ == "__main__":  # Streamlit's old multipage mode ran this helper module as a page
+    page_setup("common")  # (a deep link to /common on a fresh server): hand over to app.py
