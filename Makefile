@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: app test test-gpu bench
+.PHONY: app test test-gpu bench test-robustness load-test
 app:
 	scripts/bootstrap.sh app
 	$(PY) -m streamlit run app.py
@@ -17,3 +17,12 @@ test:
 # Needs an NVIDIA GPU: only the tests marked gpu.
 test-gpu:
 	$(PY) -m pytest -m gpu
+
+# Hostile input, faults, exposure and a load smoke (docs/ROBUSTNESS.md); also part of `make test`.
+# RUN_LOAD=1 adds the 5-session x 15 s browser load run.
+test-robustness:
+	$(PY) -m pytest -m robustness
+
+# The full load run whose figures docs/ROBUSTNESS.md reports (about 2 minutes).
+load-test:
+	$(PY) scripts/load_test.py --sessions 20 --seconds 60

@@ -74,3 +74,24 @@ def assert_clear_error(err: BaseException, names: Iterable[str], call: str) -> N
     assert message_names(err, names), (
         f"{call} raised {type(err).__name__}({err!s}) whose message names none of {names}"
     )
+
+
+def streamlit_server_option(root, key: str, default: object = None) -> object:
+    """A [server] option of the repository's .streamlit/config.toml (tomllib on 3.11+, a
+    plain line reader on 3.10, which is enough for this flat file)."""
+    text = (root / ".streamlit" / "config.toml").read_text()
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        section = ""
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if line.startswith("["):
+                section = line.strip("[]").strip()
+            elif "=" in line and section == "server":
+                k, v = (p.strip() for p in line.split("=", 1))
+                if k == key:
+                    v = v.strip('"').strip("'")
+                    return int(v) if v.isdigit() else v
+        return default
+    return tomllib.loads(text).get("server", {}).get(key, default)

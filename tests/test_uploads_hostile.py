@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from _robust import time_limit
+from _robust import streamlit_server_option, time_limit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -532,10 +532,8 @@ def test_measure_page_bounds_the_csv_upload(fake_uploader, tmp_path, monkeypatch
 def test_server_caps_every_upload() -> None:
     """Streamlit enforces only the global server.maxUploadSize on the server (a widget's
     max_upload_size is checked by the browser): it must be small, not the 200 MB default."""
-    import tomllib
-
-    conf = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
-    limit_mb = conf.get("server", {}).get("maxUploadSize", 200)
+    limit_mb = streamlit_server_option(ROOT, "maxUploadSize", 200)
+    assert isinstance(limit_mb, int)
     if limit_mb > 32:
         pytest.xfail(f"server.maxUploadSize is {limit_mb} MB (default 200): a scripted client "
                      "can push 200 MB into the server's memory through any uploader")
