@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_id: int | None = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fh = open(args.out, "w", newline="")  # noqa: SIM115 - closed in finally
-    writer = csv.writer(fh, lineterminator="\n")
+    writer = csv.writer(fh, lineterminator="\r\n")
     writer.writerow(COLUMNS)
     fh.flush()
     bar = Progress(len(points), args.quiet)
@@ -260,7 +260,7 @@ def repredict_csv(src: Path, dst: Path) -> int:
         r["rel_error"] = rel_error(r["predicted_bytes"], r["peak_extra_bytes"])
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(dst, "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
+        w = csv.writer(fh, lineterminator="\r\n")
         w.writerow(COLUMNS)
         for r in rows:
             w.writerow(["" if r.get(c) is None else neutralise(r.get(c)) for c in COLUMNS])
@@ -276,7 +276,7 @@ def write_trace(args: argparse.Namespace, path: Path) -> None:
             for causal in (False, True) for name in args.impl]
     rows = run_trace(cfgs, lock_wait_s=args.lock_wait)
     with open(path, "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
+        w = csv.writer(fh, lineterminator="\r\n")
         w.writerow(TRACE_COLUMNS)
         for r in rows:
             w.writerow(["" if r.get(c) is None else neutralise(r.get(c)) for c in TRACE_COLUMNS])

@@ -301,9 +301,12 @@ def neutralise(cell: Any) -> Any:
 
 
 def csv_text(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
-    """CSV of result rows with formula-like text cells neutralised."""
+    """CSV of result rows with formula-like text cells neutralised and line breaks quoted."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    # CRLF row ends (RFC 4180) make the csv module quote every cell that holds a CR or LF:
+    # unquoted, a spreadsheet would start a new row there (and the text after it could be a
+    # formula in a cell of its own).
+    w = csv.writer(buf, lineterminator="\r\n")
     w.writerow(columns)
     for r in rows:
         w.writerow(["" if r.get(c) is None else neutralise(r.get(c)) for c in columns])

@@ -25,6 +25,7 @@ from calc import IMPL_LABELS, IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  
 from calc.urlparams import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
 from kernels.store import (  # noqa: E402
     COLUMNS,
+    MAX_UPLOAD_BYTES,
     ResultStore,
     attach_predictions,
     csv_text,
@@ -403,9 +404,12 @@ with main:
     # -- upload, history, compare, export, delete ----------------------------------------
     st.subheader("Results from elsewhere, and past runs")
     up = st.file_uploader("Upload a results CSV (from `python -m kernels.measure --out ...`)",
-                          type=["csv"], key="upload")
+                          type=["csv"], key="upload",
+                          max_upload_size=max(1, MAX_UPLOAD_BYTES // 2**20))
     if up is not None:
-        v = validate_csv(up.getvalue())
+        # Read at most one byte past the limit (never the whole of an oversized upload): the
+        # validator then refuses it by size with a clear message.
+        v = validate_csv(up.read(MAX_UPLOAD_BYTES + 1))
         if not v.ok:
             st.error("This file was not imported (nothing changed):\n\n"
                      + "\n".join(f"- {md_escape(e)}" for e in v.errors))
