@@ -236,10 +236,10 @@ with controls:
 with main:
     # -- run (GPU) or say plainly why not ------------------------------------------------
     if reason:
-        st.info(f"**No GPU here**: {reason}. Showing the bundled reference measured on an NVIDIA "
-                "H200 with this page's harness; upload a results CSV from "
-                "`python -m kernels.measure` (run on a GPU machine) to see your own.",
-                icon=":material/info:")
+        st.info(f"**No GPU here**: {reason}. Nothing can be measured on this machine. Shown "
+                "instead: the bundled reference measured on an NVIDIA H200 with this page's "
+                "harness, or any results CSV you upload below (from `python -m kernels.measure` "
+                "run on a GPU machine).", icon=":material/info:")
     else:
         run_cols = st.columns([1, 1, 2])
         go_run = run_cols[0].button("Run measurement", type="primary", disabled=not (impls and lens))
@@ -323,6 +323,18 @@ with main:
         st.info("Pick at least one implementation and one sequence length.")
     else:
         sel = select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
+        sel = sel[sel["backward"].isin(backwards)] if not sel.empty else sel
+        if not sel.empty:
+            measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
+            long = measured[(measured["seq_len"] >= 1024) & measured["model_error"].notna()]
+            m = st.columns(4)
+            m[0].metric("points shown", f"{len(sel):,}")
+            m[1].metric("measured peaks", f"{len(measured):,}")
+            m[2].metric("out of memory", f"{int((sel['status'] == 'oom').sum()):,}")
+            m[3].metric("max |model error|, s ≥ 1,024",
+                        f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-",
+                        help="(calc.attention_peak_bytes − measured) / measured, over the points "
+                             "shown; the issue's bar is 2%.")
         if not data.empty and sel.empty:
             have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
             st.info("No rows for this selection in these results. They hold: "
