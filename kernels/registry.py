@@ -263,6 +263,10 @@ class Implementation:
     label: str  # for tables and legends
     fn: Callable[..., Any]  # fn(q, k, v, causal, scale) -> out
 
+    def available(self, dtype: str, head_dim: int, **kw: Any) -> tuple[bool, str]:
+        """(runs here?, why not) for this dtype and head dim; see the module's available()."""
+        return available(self.name, dtype, head_dim, **kw)
+
 
 LABELS: dict[str, str] = {
     "naive": "eager (masked_fill)",
@@ -301,3 +305,8 @@ def gqa_note(name: str, dtype: str, head_dim: int, *, causal: bool, backward: bo
                                       backward, device)
         return why if ok and not native else ""
     return ""
+
+
+def implementations() -> dict[str, Implementation]:
+    """Every implementation by name (GQA settled per call by get(); this is for listing)."""
+    return {name: get(name, device="cpu") for name in NAMES}
