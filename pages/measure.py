@@ -209,6 +209,12 @@ st.markdown(
 )
 
 reason = gpu_reason()
+try:
+    from kernels.exposure import measurement_block_reason
+
+    blocked = None if reason else measurement_block_reason()
+except ImportError:  # older checkout without the exposure setting
+    blocked = None
 store = open_store()
 unit = c.get_unit()
 
@@ -240,6 +246,8 @@ with main:
                 "instead: the bundled reference measured on an NVIDIA H200 with this page's "
                 "harness, or any results CSV you upload below (from `python -m kernels.measure` "
                 "run on a GPU machine).", icon=":material/info:")
+    elif blocked:
+        st.info(blocked, icon=":material/lock:")
     else:
         run_cols = st.columns([1, 1, 2])
         go_run = run_cols[0].button("Run measurement", type="primary", disabled=not (impls and lens))
@@ -379,7 +387,7 @@ with main:
     # -- trace fingerprint ---------------------------------------------------------------
     st.subheader("Trace fingerprint: the kernels one call launches")
     trace = reference_trace()
-    if not reason:
+    if not reason and not blocked:
         if st.button("Trace the selected implementations (s = 2,048)"):
             from kernels.child import GpuBusy, run_trace
             from kernels.harness import PointConfig
