@@ -118,10 +118,6 @@ def test_started_server_listens_on_loopback_only() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "pages/measure.py does not consult kernels.exposure.measurement_block_reason yet: with "
-    "ATTNMEM_DISABLE_MEASURE=1 (or a non-loopback address) on a GPU machine it still offers "
-    "'Run measurement'"))
 def test_measure_page_has_no_run_button_when_switched_off(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import streamlit as st

@@ -149,10 +149,6 @@ def test_disk_full_fails_the_write_cleanly_and_keeps_finished_rows(tmp_path: Pat
     assert _integrity(store.path) == "ok"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/store.py add_rows/import_rows: SQLite rolls the transaction back itself on "
-    "SQLITE_FULL, then the except-clause's ROLLBACK raises 'cannot rollback - no transaction is "
-    "active', which replaces 'database or disk is full': the user is told the wrong thing"))
 @pytest.mark.parametrize("method", ["add_rows", "import_rows"])
 def test_bulk_write_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, disk_full,
                                                          method: str) -> None:
@@ -277,11 +273,6 @@ def test_app_killed_mid_run_keeps_rows_and_releases_the_gpu_lock(tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/child.py: the worker is started with start_new_session=True and never watches its "
-    "parent, so when the app dies mid-point the child keeps running (and holding the GPU) "
-    "until the point ends; a hung kernel keeps it forever. A watchdog (os.getppid() changes, or "
-    "prctl PR_SET_PDEATHSIG) would end it"))
 def test_child_does_not_outlive_a_killed_app(tmp_path: Path) -> None:
     token = f"t{os.getpid()}-{time.monotonic_ns()}"
     p = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path / "r.sqlite"), str(ROOT),
@@ -390,10 +381,6 @@ def _fail_after(monkeypatch: pytest.MonkeyPatch, ok_rows: int, fault) -> dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "pages/measure.py: on_result calls store.add_row unguarded; when another writer holds the "
-    "database past SQLite's busy timeout, sqlite3.OperationalError('database is locked') "
-    "escapes run_points, the sweep stops and the page shows a traceback instead of a message"))
 def test_page_reports_a_locked_database_and_keeps_finished_rows(
         page_with_fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = sqlite3.connect
@@ -421,9 +408,6 @@ def test_page_reports_a_locked_database_and_keeps_finished_rows(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "pages/measure.py: on_result calls store.add_row unguarded; a full disk "
-    "(sqlite3.OperationalError 'database or disk is full') stops the sweep with a traceback"))
 def test_page_reports_a_full_disk_and_keeps_finished_rows(
         page_with_fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def full(store: ResultStore) -> None:

@@ -334,7 +334,7 @@ def test_too_many_rows_is_refused_quickly() -> None:
 
 
 def test_injection_cells_survive_import_but_are_escaped_on_export(tmp_path: Path) -> None:
-    rows = [_row(message=s, gpu_name=s, driver=s) for s in INJECTIONS if "\r" not in s]
+    rows = [_row(message=s, gpu_name=s, driver=s) for s in INJECTIONS]
     v = validate_csv(quoted_csv(rows))
     assert v.ok, v.errors
     store = ResultStore(tmp_path / "r.sqlite")
@@ -348,15 +348,9 @@ def test_injection_cells_survive_import_but_are_escaped_on_export(tmp_path: Path
 
 
 def test_csv_text_escapes_every_formula_start() -> None:
-    cells = [s for s in INJECTIONS if "\r" not in s]  # CR: the known bug below
-    assert_no_formula(csv_text([{"message": s} for s in cells], columns=("message",)))
+    assert_no_formula(csv_text([{"message": s} for s in INJECTIONS], columns=("message",)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels.store.csv_text writes with csv.writer(lineterminator='\\n'), which does not quote "
-    "a field holding a bare CR: a message 'note\\r=cmd|...' (accepted by validate_csv from a "
-    "quoted field), or '\\r=1+1' escaped to an unquoted \"'\\r=1+1\", is exported as two "
-    "spreadsheet rows, the second starting with a formula"))
 def test_csv_text_quotes_line_breaks_inside_cells(tmp_path: Path) -> None:
     assert_no_formula(csv_text([{"message": "\r=1+1"}], columns=("message",)))
     v = validate_csv(quoted_csv([_row(message=s) for s in EMBEDDED]))
@@ -386,10 +380,6 @@ def test_escape_cell_leaves_harmless_values() -> None:
     assert escape_cell("=1") == "'=1"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pages/common.csv_safe only escapes columns whose dtype is object; pandas 3 gives text "
-    "columns the 'str' dtype, so every 'Numbers (CSV)' download passes =cmd|... cells through "
-    "unescaped (e.g. the model name, which comes from an uploaded file's name)"))
 def test_page_csv_downloads_escape_text_columns() -> None:
     from pages.common import csv_bytes
 
@@ -483,10 +473,6 @@ def test_model_page_uses_a_valid_uploaded_config(fake_uploader) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "pages/model_memory.parse_config uses json.loads, which keeps the last of two duplicate "
-    "keys: a config with num_hidden_layers 32 and then 2 is silently read as 2 layers "
-    "(calc.safe_json.load_config_json refuses it)"))
 def test_model_page_refuses_duplicate_keys(fake_uploader) -> None:
     uploads, _ = fake_uploader
     text = json.dumps(LLAMA)[:-1] + ', "num_hidden_layers": 2}'
@@ -511,10 +497,6 @@ def test_measure_page_refuses_hostile_csv_upload(fake_uploader, tmp_path, monkey
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "the measurement page's CSV uploader sets no max_upload_size (the server default of 200 MB "
-    "applies) and calls getvalue() on the whole upload before validate_csv refuses it above "
-    "20 MB"))
 def test_measure_page_bounds_the_csv_upload(fake_uploader, tmp_path, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
