@@ -24,7 +24,9 @@ before the load, in the middle, at the end and after the sessions closed. A leak
 growth from the middle to the end: every session repeats the same kind of work, so caches
 bounded by st.cache_data(max_entries=...) stop growing.
 
-Sessions open one after another and the clock starts once all show the app (opening is not
+Each session pauses about --think-s seconds (default 1: uniformly 0.5 to 1.5 s) between two
+moves, as a person does; --think-s 0 drives the server flat out (a throughput test). Sessions
+open one after another and the clock starts once all show the app (opening is not
 what is measured). Only loopback traffic; everything stops by itself (hard deadlines on opening
 and on the run). Exit status 0 when there were no errors, the median latency (protocol clients,
 else browsers) is within --budget-ms and the server grew by less than --max-growth-mb from the
@@ -66,6 +68,7 @@ METRIC = '[data-testid="stMetricValue"]'
 EXCEPTION = '[data-testid="stException"]'
 LOAD_TIMEOUT_S = 180  # opening a page while the others open (before the clock starts)
 RAMP_S = 1.0  # sessions open one per second
+THINK_S = 1.0  # mean pause of a session between two input changes (uniform 0.5x..1.5x)
 S_STEPS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]  # the slider moves within these
 
 
@@ -144,6 +147,7 @@ class Report:
     sessions: int
     browsers: int
     seconds: float
+    think_s: float
     actions: int
     errors: int
     error_samples: list[str]
@@ -220,8 +224,8 @@ async def _shown(page) -> str:
 
 
 async def run_session(browser, url: str, index: int, seconds: float, timeout_s: float,
-                      start_gate: asyncio.Event, ready: list[int], delay_s: float = 0.0
-                      ) -> SessionStats:
+                      start_gate: asyncio.Event, ready: list[int], delay_s: float = 0.0,
+                      think_s: float = THINK_S) -> SessionStats:
     stats = SessionStats(index)
     rng = random.Random(1000 + index)
     await asyncio.sleep(delay_s)  # ramp up: 20 renderers starting at once starve 2 cores
@@ -273,6 +277,7 @@ async def run_session(browser, url: str, index: int, seconds: float, timeout_s: 
                 break
             stats.latencies_ms.append((time.perf_counter() - t0) * 1e3)
             stats.actions += 1
+            await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
             if await page.locator(EXCEPTION).count():
                 stats.errors.append("exception: " + (await page.locator(EXCEPTION).first
                                                      .inner_text())[:300])
@@ -354,8 +359,8 @@ class ProtocolSession:
 
 
 async def run_protocol_session(url: str, index: int, seconds: float, timeout_s: float,
-                               start_gate: asyncio.Event, ready: list[int], delay_s: float = 0.0
-                               ) -> SessionStats:
+                               start_gate: asyncio.Event, ready: list[int], delay_s: float = 0.0,
+                               think_s: float = THINK_S) -> SessionStats:
     stats = SessionStats(index, kind="protocol")
     rng = random.Random(1000 + index)
     await asyncio.sleep(delay_s)
@@ -383,7 +388,7 @@ async def run_protocol_session(url: str, index: int, seconds: float, timeout_s: 
             if sess.metric != want:
                 stats.errors.append(f"shows {sess.metric!r}, expected {want!r} "
                                     f"(h={heads}, s={seq})")
-            await asyncio.sleep(rng.uniform(0.05, 0.3))  # a person does not type continuously
+            await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)  # a person pauses between moves
     except Exception as exc:  # noqa: BLE001 - report, do not crash the other sessions
         stats.errors.append(f"protocol session {index}: {type(exc).__name__}: {str(exc)[:300]}")
     finally:
@@ -394,7 +399,7 @@ async def run_protocol_session(url: str, index: int, seconds: float, timeout_s: 
 # ----------------------------------------------------------------------- the run ----
 
 async def _load(url: str, pid: int, sessions: int, seconds: float, timeout_s: float,
-                browsers: int) -> tuple[list[SessionStats], dict[str, float]]:
+                browsers: int, think_s: float) -> tuple[list[SessionStats], dict[str, float]]:
     from playwright.async_api import async_playwright
 
     exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
@@ -408,10 +413,11 @@ async def _load(url: str, pid: int, sessions: int, seconds: float, timeout_s: fl
             gate = asyncio.Event()
             ready: list[int] = []
             tasks = [asyncio.create_task(
-                run_session(browser, url, i, seconds, timeout_s, gate, ready, i * RAMP_S))
+                run_session(browser, url, i, seconds, timeout_s, gate, ready, i * RAMP_S,
+                            think_s))
                 for i in range(browsers)]
             tasks += [asyncio.create_task(run_protocol_session(
-                url, i, seconds, timeout_s, gate, ready, (i - browsers) * 0.2))
+                url, i, seconds, timeout_s, gate, ready, (i - browsers) * 0.2, think_s))
                 for i in range(browsers, sessions)]
             # every page loaded (or failed) before the clock starts; bounded wait
             t_load = time.monotonic()
@@ -457,7 +463,8 @@ def _stats(lat: list[float]) -> tuple[float, float, float]:
 
 def run(sessions: int, seconds: float, url: str | None = None, timeout_s: float = 30.0,
         budget_ms: float = 1000.0, max_growth_mb: float = 64.0,
-        log_path: Path | None = None, browsers: int | None = None) -> Report:
+        log_path: Path | None = None, browsers: int | None = None,
+        think_s: float = THINK_S) -> Report:
     """Run the load test (module docstring) and return its report. `browsers` of the sessions
     are Chromium pages (default: all), the rest protocol sessions."""
     browsers = sessions if browsers is None else max(0, min(browsers, sessions))
@@ -468,7 +475,8 @@ def run(sessions: int, seconds: float, url: str | None = None, timeout_s: float 
         else:
             pid = 0
         cpu0 = cpu_seconds(pid) if pid else 0.0
-        results, mem = asyncio.run(_load(url, pid, sessions, seconds, timeout_s, browsers))
+        results, mem = asyncio.run(_load(url, pid, sessions, seconds, timeout_s, browsers,
+                                         think_s))
         time.sleep(5)  # sessions closed: let the server drop them
         after = rss_bytes(pid) if pid else 0
         cpu = (cpu_seconds(pid) - cpu0) if pid else 0.0
@@ -479,7 +487,7 @@ def run(sessions: int, seconds: float, url: str | None = None, timeout_s: float 
     pm, pp, px = _stats(proto)
     bm, bp, bx = _stats(shown)
     rep = Report(
-        sessions=sessions, browsers=browsers, seconds=seconds,
+        sessions=sessions, browsers=browsers, seconds=seconds, think_s=think_s,
         actions=sum(r.actions for r in results),
         errors=len(errors), error_samples=errors[:10],
         script_median_ms=pm, script_p95_ms=pp, script_max_ms=px,
@@ -510,7 +518,8 @@ def run(sessions: int, seconds: float, url: str | None = None, timeout_s: float 
 def summary(rep: Report) -> str:
     lines = [f"{rep.sessions} sessions ({rep.browsers} Chromium pages, "
              f"{rep.sessions - rep.browsers} protocol clients) x {rep.seconds:g} s on "
-             f"{rep.cores} cores: {rep.actions} input changes, {rep.errors} errors"]
+             f"{rep.cores} cores, pauses of ~{rep.think_s:g} s between moves: {rep.actions} "
+             f"input changes ({rep.actions / rep.seconds:.1f}/s), {rep.errors} errors"]
     if rep.sessions > rep.browsers:
         lines.append(f"input change -> script run finished (protocol clients): median "
                      f"{rep.script_median_ms} ms, p95 {rep.script_p95_ms} ms, "
@@ -542,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", default=None, help="use a running app instead of starting one "
                     "(no server memory figures then)")
     ap.add_argument("--timeout-s", type=float, default=30, help="longest wait for one update")
+    ap.add_argument("--think-s", type=float, default=THINK_S,
+                    help="mean pause between two moves of one session (1.0; 0 = flat out)")
     ap.add_argument("--budget-ms", type=float, default=1000,
                     help="median latency budget under this load (1000)")
     ap.add_argument("--max-growth-mb", type=float, default=64,
@@ -554,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         ap.error("--url must be a loopback address (http://127.0.0.1:PORT)")
     rep = run(args.sessions, args.seconds, args.url, args.timeout_s, args.budget_ms,
-              args.max_growth_mb, args.log, args.browsers)
+              args.max_growth_mb, args.log, args.browsers, args.think_s)
     print(summary(rep))
     if args.json:
         args.json.write_text(json.dumps(asdict(rep), indent=2) + "\n")
