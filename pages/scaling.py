@@ -158,6 +158,8 @@ with main:
 
     quad = [i for i in impls if IMPL_KIND[i] == "quadratic"]
     lin = [i for i in impls if IMPL_KIND[i] == "linear"]
+    if not gpus:
+        st.info("Pick one or more GPUs to see where each implementation runs out of memory.")
     if gpus:
         gpu0 = gpus[-1]
         st.markdown(f"**On one {gpu0}** (the attention call alone)")

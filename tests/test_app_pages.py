@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
@@ -268,6 +268,11 @@ def test_scaling_with_no_implementation_asks_for_one() -> None:
     assert not at.exception and at.info
 
 
+def test_scaling_without_gpus_says_what_it_needs() -> None:
+    at = run("scaling", impls="", b="", h="", gpus="NONE")  # found by the URL fuzzer
+    assert len(warnings(at)) == 3 and at.info and len(at.get("plotly_chart")) == 2
+
+
 def test_scaling_bad_url_values() -> None:
     at = run("scaling", impls="naive,evil", smax="3", by="layers", d="1e9")
     assert len(warnings(at)) == 4
@@ -332,7 +337,8 @@ _raw = st_.one_of(
 
 
 @pytest.mark.parametrize("page", sorted(_KEYS))
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])  # no shrinking: each run is a page
 @given(data=st_.data())
 def test_fuzzed_urls_never_raise(page: str, data: st_.DataObject) -> None:
     query = data.draw(st_.dictionaries(st_.sampled_from(_KEYS[page]), _raw, max_size=6))
