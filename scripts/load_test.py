@@ -11,8 +11,9 @@ Streamlit session over its own WebSocket:
   sequence-length slider with the keyboard on the score-matrix page and wait until the headline
   number shows the value calc.score_matrix_bytes gives (latency: input -> right number drawn);
 - the others speak Streamlit's WebSocket protocol directly (the protobuf BackMsg/ForwardMsg of
-  the streamlit package, what the frontend sends when an input changes): they change the heads
-  or the exact sequence length and read the page's deltas until the script run finishes
+  the streamlit package, what the frontend sends when an input changes): they change the heads,
+  the exact sequence length or the log-scale slider (one step) and read the page's deltas
+  until the script run finishes
   (latency: input -> script run finished, checked against the same expected number). A browser
   costs a core's worth of drawing per page; 20 of them on a 2-core machine measure Chromium,
   not the app, so the default mixes 2 real pages with 18 protocol clients.
@@ -103,6 +104,31 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def short_len(n: int) -> str:
+    """The slider's label of a power of two (pages.common.short_len): 4096 -> '4K'."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10}K"
+    return f"{n:,}"
+
+
+def parse_short_len(text: str) -> int:
+    """'4K' -> 4096, '1M' -> 1048576, '128' -> 128."""
+    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    return int(text.rstrip("KM").replace(",", "")) * mult
+
+
+def nearest_pow2(n: int) -> int:
+    """Nearest power of two in log scale, within the slider's 128 .. 2^24 (as the page does)."""
+    if n <= 128:
+        return 128
+    if n >= 1 << 24:
+        return 1 << 24
+    below = 1 << (n.bit_length() - 1)
+    return below if n / below <= 2 * below / n else 2 * below
 
 
 def expected_text(batch: int, heads: int, seq_len: int) -> str:
@@ -305,6 +331,7 @@ class ProtocolSession:
         self.query = ""
         self.page_hash = ""
         self.widgets: dict[str, str] = {}  # label -> widget id
+        self.slider_options: list[str] = []  # the log-scale slider's options as shown ("8K")
         self.metric = ""
         self.ws = None
 
@@ -316,7 +343,7 @@ class ProtocolSession:
         self.query = query
         await self.rerun({})
 
-    async def rerun(self, values: dict[str, int]) -> None:
+    async def rerun(self, values: dict[str, int | str]) -> None:
         from streamlit.proto.BackMsg_pb2 import BackMsg
         from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
@@ -326,7 +353,10 @@ class ProtocolSession:
         for label, value in values.items():
             w = msg.rerun_script.widget_states.widgets.add()
             w.id = self.widgets[label]
-            w.int_value = value
+            if isinstance(value, str):  # a select_slider sends its option as shown
+                w.string_array_value.data.append(value)
+            else:
+                w.int_value = value
         await self.ws.send(msg.SerializeToString())
         first_metric = None
         while True:
@@ -345,6 +375,9 @@ class ProtocolSession:
                     self.stats.errors.append(f"exception: {el.exception.message[:300]}")
                 elif et == "number_input":
                     self.widgets[el.number_input.label] = el.number_input.id
+                elif et == "slider":
+                    self.widgets[el.slider.label] = el.slider.id
+                    self.slider_options = list(el.slider.options)
                 elif et == "metric" and first_metric is None:
                     first_metric = el.metric.body
             elif kind == "script_finished":
@@ -377,9 +410,17 @@ async def run_protocol_session(url: str, index: int, seconds: float, timeout_s: 
             if rng.random() < 0.5:
                 heads = rng.randint(1, 128)
                 change = {"Attention heads H": heads}
-            else:  # the exact sequence-length box (the slider follows it)
+            elif rng.random() < 0.5:  # the exact sequence-length box (the slider follows it)
                 seq = rng.choice(S_STEPS) + rng.randint(0, 999)
                 change = {"exact": seq}
+            else:  # the log-scale slider, one step from where it is
+                here = short_len(nearest_pow2(seq))
+                i = sess.slider_options.index(here)
+                j = i + (1 if i == 0 else -1 if i == len(sess.slider_options) - 1
+                         else rng.choice((-1, 1)))
+                seq = parse_short_len(sess.slider_options[j])
+                label = next(k for k in sess.widgets if k.startswith("Sequence length s"))
+                change = {label: sess.slider_options[j]}
             t0 = time.perf_counter()
             await sess.rerun(change)
             stats.latencies_ms.append((time.perf_counter() - t0) * 1e3)

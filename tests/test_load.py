@@ -69,6 +69,9 @@ def test_helpers() -> None:
     assert load_test.rss_bytes(os.getpid()) > 10 * 2**20
     assert load_test.rss_bytes(2**22 + 12345) == 0  # no such process
     assert load_test.cpu_seconds(os.getpid()) > 0
+    assert [load_test.short_len(n) for n in (128, 4096, 1 << 20)] == ["128", "4K", "1M"]
+    assert [load_test.parse_short_len(t) for t in ("128", "4K", "1M")] == [128, 4096, 1 << 20]
+    assert load_test.nearest_pow2(5000) == 4096 and load_test.nearest_pow2(6000) == 8192
     assert load_test.is_loopback("http://127.0.0.1:8501/x")
     assert not load_test.is_loopback("https://fonts.gstatic.com/x.svg")
 
