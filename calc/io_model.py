@@ -29,21 +29,25 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from calc.units import ceil_bytes, check_bool, check_bytes_per_element, check_int
+
 #: Bytes of one stored log-sum-exp value (FlashAttention keeps them in fp32).
 LSE_BYTES = 4
 
 
-def _check(name: str, value: int, lo: int = 1, hi: int = 10**9) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number from {lo:,} to {hi:,}, got {value!r}")
-    return value
+def _check(name: str, value: object, lo: int = 1, hi: int = 10**9) -> int:
+    """A whole number in [lo, hi] (integral floats such as 4096.0 accepted), else ValueError."""
+    return check_int(name, value, lo, hi)
 
 
-def _bytes(elements: int, bytes_per_element: float | Fraction) -> int:
-    e = Fraction(bytes_per_element).limit_denominator(8)
-    if not 0 < e <= 64:
-        raise ValueError(f"bytes_per_element must be above 0 and at most 64, got {e}")
-    return math.ceil(elements * e)
+def _per_element(bytes_per_element: object) -> Fraction:
+    """Exact bytes per element (a number in (0, 64] read as typed, or a dtype name)."""
+    return check_bytes_per_element(bytes_per_element)
+
+
+def _bytes(elements: int, e: Fraction) -> int:
+    """Whole bytes of `elements` values of e bytes each (rounded up once)."""
+    return ceil_bytes(elements * e)
 
 
 @dataclass(frozen=True)
@@ -89,15 +93,16 @@ def standard_io(
     bh = _check("batch", batch) * _check("heads", heads)
     n = _check("seq_len", seq_len)
     d = _check("head_dim", head_dim, 1, 65_536)
+    e = _per_element(bytes_per_element)
     nd = bh * n * d
     nn = bh * n * n
     return IOBreakdown(
         approach="standard",
-        read_q_bytes=_bytes(nd, bytes_per_element),
-        read_kv_bytes=_bytes(2 * nd, bytes_per_element),
-        read_scores_bytes=_bytes(2 * nn, bytes_per_element),
-        write_scores_bytes=_bytes(2 * nn, bytes_per_element),
-        write_out_bytes=_bytes(nd, bytes_per_element),
+        read_q_bytes=_bytes(nd, e),
+        read_kv_bytes=_bytes(2 * nd, e),
+        read_scores_bytes=_bytes(2 * nn, e),
+        write_scores_bytes=_bytes(2 * nn, e),
+        write_out_bytes=_bytes(nd, e),
         kv_passes=1,
     )
 
@@ -139,8 +144,9 @@ def kv_blocks_read(seq_len: int, block_q: int, block_k: int, causal: bool) -> in
     n = _check("seq_len", seq_len)
     bq = _check("block_q", block_q)
     bk = _check("block_k", block_k)
-    t_r = math.ceil(n / bq)
-    t_c = math.ceil(n / bk)
+    causal = check_bool("causal", causal)
+    t_r = -(-n // bq)
+    t_c = -(-n // bk)
     if not causal:
         return t_r * t_c
     return _causal_blocks_before(t_r - 1, bq, bk) + t_c  # the last query block reads all T_c
@@ -165,15 +171,19 @@ def flash_io(
     bh = _check("batch", batch) * _check("heads", heads)
     n = _check("seq_len", seq_len)
     d = _check("head_dim", head_dim, 1, 65_536)
-    t_r = math.ceil(n / _check("block_q", block_q))
-    kv_rows = _kv_rows_read(n, block_q, _check("block_k", block_k), causal)
+    e = _per_element(bytes_per_element)
+    bq = _check("block_q", block_q)
+    bk = _check("block_k", block_k)
+    causal = check_bool("causal", causal)
+    t_r = -(-n // bq)
+    kv_rows = _kv_rows_read(n, bq, bk, causal)
     return IOBreakdown(
         approach="flash",
-        read_q_bytes=_bytes(bh * n * d, bytes_per_element),
-        read_kv_bytes=_bytes(2 * bh * kv_rows * d, bytes_per_element),
+        read_q_bytes=_bytes(bh * n * d, e),
+        read_kv_bytes=_bytes(2 * bh * kv_rows * d, e),
         read_scores_bytes=0,
         write_scores_bytes=0,
-        write_out_bytes=_bytes(bh * n * d, bytes_per_element) + bh * n * LSE_BYTES,
+        write_out_bytes=_bytes(bh * n * d, e) + bh * n * LSE_BYTES,
         kv_passes=t_r,
     )
 
@@ -185,10 +195,10 @@ def _kv_rows_read(n: int, bq: int, bk: int, causal: bool) -> int:
     exactly when b_i is the last key block. b_i is non-decreasing in i, so the blocks before the
     first one that reaches the last key block are summed in closed form, the rest count N each.
     """
-    t_r = math.ceil(n / bq)
+    t_r = -(-n // bq)
     if not causal:
         return t_r * n
-    t_c = math.ceil(n / bk)
+    t_c = -(-n // bk)
     # first query block whose last row lies in the last key block: (i+1)·B_r - 1 ≥ (T_c - 1)·B_c
     i0 = min(t_r - 1, max(0, -(-((t_c - 1) * bk + 1) // bq) - 1))
     return bk * _causal_blocks_before(i0, bq, bk) + (t_r - i0) * n
@@ -206,7 +216,7 @@ def tile_onchip_bytes(block_q: int, block_k: int, head_dim: int,
     bq = _check("block_q", block_q)
     bk = _check("block_k", block_k)
     d = _check("head_dim", head_dim, 1, 65_536)
-    inputs = _bytes((bq + 2 * bk) * d, bytes_per_element)
+    inputs = _bytes((bq + 2 * bk) * d, _per_element(bytes_per_element))
     return inputs + 4 * (bq * bk + bq * d + 2 * bq)
 
 
@@ -246,11 +256,16 @@ def tile_schedule(seq_len: int, block_q: int, block_k: int, causal: bool) -> lis
     n = _check("seq_len", seq_len, 1, 1_000_000)
     bq = _check("block_q", block_q)
     bk = _check("block_k", block_k)
+    causal = check_bool("causal", causal)
+    if -(-n // bq) * -(-n // bk) > 1_000_000:
+        raise ValueError(
+            f"seq_len {n:,} with blocks {bq}×{bk} makes more than 1,000,000 tiles; "
+            "the schedule is for pictures: use larger blocks or kv_blocks_read")
     tiles: list[Tile] = []
     step = 0
-    for qi in range(math.ceil(n / bq)):
+    for qi in range(-(-n // bq)):
         q0, q1 = qi * bq, min(n, (qi + 1) * bq)
-        for kj in range(math.ceil(n / bk)):
+        for kj in range(-(-n // bk)):
             k0, k1 = kj * bk, min(n, (kj + 1) * bk)
             skipped = causal and k0 > q1 - 1
             diagonal = causal and not skipped and k1 - 1 > q0
@@ -299,9 +314,15 @@ def online_softmax_trace(
     ℓ' = ℓ·exp(m - m') + Σ exp(x - m'). Masked entries (causal, key > query) are left out.
     Milakov & Gimelshein 2018; Dao et al. 2022, Algorithm 1, lines 9-12.
     """
+    if not isinstance(scores, list) or any(not isinstance(r, list) for r in scores):
+        raise ValueError("scores must be a square matrix given as a list of lists of numbers")
     n = len(scores)
-    if any(len(r) != n for r in scores):
-        raise ValueError("scores must be a square matrix")
+    if n == 0 or any(len(r) != n for r in scores):
+        raise ValueError(f"scores must be a square matrix (n × n, n ≥ 1), got {n} rows")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+               for r in scores for x in r):
+        raise ValueError("scores must hold finite numbers")
+    causal = check_bool("causal", causal)
     state: dict[int, tuple[float, float]] = {r: (-math.inf, 0.0) for r in range(n)}
     trace: list[StepState] = []
     for tile in tile_schedule(n, block_q, block_k, causal):
@@ -323,6 +344,7 @@ def online_softmax_trace(
 
 def softmax_row_stats(scores: list[list[float]], causal: bool) -> list[tuple[float, float]]:
     """(max, Σ exp(x - max)) of each row computed directly: what the trace must end with."""
+    causal = check_bool("causal", causal)
     out = []
     for r, row in enumerate(scores):
         xs = row[: r + 1] if causal else row

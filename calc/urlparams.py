@@ -102,19 +102,41 @@ class _Param:
         return str(value)
 
     def is_valid(self, value: Any) -> bool:
-        """Whether an already-typed value (e.g. remembered in the session) is acceptable."""
-        parsed = self.parse("_", self.to_url(value)) if value is not None else None
-        return parsed is not None and parsed.warning is None and parsed.value == value
+        """Whether an already-typed value (e.g. remembered in the session) is acceptable.
+
+        Never raises: a value of the wrong type (a list of numbers for names, 10**400 for a
+        float) is simply not valid.
+        """
+        if value is None:
+            return False
+        try:
+            parsed = self.parse("_", self.to_url(value))
+            return parsed.warning is None and parsed.value == value
+        except (TypeError, ValueError, OverflowError):
+            return False
+
+
+#: Digits as a person writes them: plain (4096), thousands commas in groups of three (1,048,576)
+#: or Python-style single underscores (1_048_576); then an optional fraction and exponent.
+#: '12,8' (a European decimal comma), '1,2,3' or '1__0' are not numbers: refused, never guessed.
+_NUMBER = re.compile(
+    r"(?P<sign>[+-]?)(?P<int>[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+(?:_[0-9]+)*|)"
+    r"(?P<frac>\.[0-9]*)?(?P<exp>[eE][+-]?[0-9]{1,3})?"
+)
 
 
 def _parse_number(text: str) -> float | int | None:
-    """A finite number from text like '4096', '4,096', '1_048_576', '4096.0', '1e6'; else None."""
-    cleaned = text.replace(",", "").replace("_", "")
-    if re.fullmatch(r"[+-]?[0-9]+", cleaned):
-        return int(cleaned)
-    if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?", cleaned):
-        return None  # refuses nan, inf, hex, words
-    value = float(cleaned)
+    """A finite number from text like '4096', '4,096', '1_048_576', '4096.0', '1e6'; else None.
+
+    Refuses nan, inf, hex, words, misplaced separators ('12,8', '1__0') and a lone sign or dot.
+    """
+    m = _NUMBER.fullmatch(text)
+    if m is None or not (m["int"] or (m["frac"] and len(m["frac"]) > 1)):
+        return None
+    digits = m["int"].replace(",", "").replace("_", "")
+    if not m["frac"] and not m["exp"]:
+        return int(m["sign"] + digits)
+    value = float(m["sign"] + (digits or "0") + (m["frac"] or "") + (m["exp"] or ""))
     return value if math.isfinite(value) else None
 
 
