@@ -156,3 +156,15 @@ def test_tile_onchip_bytes() -> None:
     # B_r = 128, B_c = 64, d = 128, fp16: (128 + 2·64)·128·2 + 4·(128·64 + 128·128 + 2·128)
     assert tile_onchip_bytes(128, 64, 128, 2) == 65_536 + 4 * (8_192 + 16_384 + 256) == 164_864
     assert tile_onchip_bytes(64, 64, 64, 2) < tile_onchip_bytes(128, 64, 64, 2)
+
+
+def test_bytes_per_element_is_exact_and_arguments_are_checked() -> None:
+    assert standard_io(1, 1, 1000, 1, 0.3).read_q_bytes == 300  # 0.3 is 3/10, not 2/7
+    assert standard_io(1, 1, 4096, 128, "fp16").total_bytes == standard_io(1, 1, 4096, 128, 2).total_bytes
+    assert standard_io(1.0, 32.0, 4096.0, 128.0, 2) == standard_io(1, 32, 4096, 128, 2)
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        standard_io(1, 1, 10, 1, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="causal"):
+        flash_io(1, 1, 10, 1, 2, causal="false")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="causal"):
+        kv_blocks_read(10, 2, 2, None)  # type: ignore[arg-type]

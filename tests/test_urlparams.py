@@ -188,3 +188,14 @@ def test_fuzz_md_escape_leaves_no_active_markdown(text: str) -> None:
 
 def test_overlong_values_are_refused_before_parsing() -> None:
     assert S.parse("s", "1" * (MAX_RAW_LEN + 1)).warning
+
+
+@pytest.mark.parametrize("raw", ["12,8", "1,2,3", "1__0", "_1", "1_", "1,0000", ",4096", "+", "."])
+def test_misplaced_separators_are_refused_not_guessed(raw: str) -> None:
+    assert S.parse("s", raw).warning is not None
+
+
+def test_is_valid_never_raises() -> None:
+    assert IMPLS.is_valid([1]) is False and IMPLS.is_valid(5) is False
+    assert E.is_valid(10**400) is False and S.is_valid(None) is False and S.is_valid(True) is False
+    assert IMPLS.is_valid(("naive",)) and S.is_valid(4096) and E.is_valid(0.5)
