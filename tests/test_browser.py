@@ -235,6 +235,17 @@ def test_flash_explainer_page(browser_page: Page, server: str) -> None:
     _expect_metric(page, format_bytes(standard_io(1, 32, 8192, 128, 2).total_bytes, "GB"))
 
 
+def test_measurement_page_renders(browser_page: Page, server: str) -> None:
+    """The GPU measurement page (its own issue) loads through the router and draws its charts
+    (without a GPU: the bundled reference measurements); screenshot for the README."""
+    page = browser_page
+    page.goto(f"{server}/measure", wait_until="domcontentloaded")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=TIMEOUT_MS)
+    _wait_idle(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    _shot(page, "measure")
+
+
 def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str) -> None:
     page = browser_page
     _open(page, f"{server}/?dtype=custom&e=0.5")
