@@ -104,6 +104,30 @@ def custom_model() -> ModelConfig | None:
 
 
 c.page_setup("model")
+def breakdown(model: ModelConfig, mode: str, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
+              ckpt: bool) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """Bytes of each part for naive and FlashAttention, and the formula of each part."""
+    parts: dict[str, dict[str, int]] = {}
+    if mode == "inference":
+        for impl in (NAIVE, FLASH):
+            mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
+            parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
+                           "attention": mm.attention_bytes}
+        return parts, {
+            "weights": "parameter count × bytes per parameter",
+            "KV cache": "2·L·B·s·H_kv·d·e (all layers)",
+            "attention": "extra peak of one layer's attention call (calc.attention_peak_bytes)",
+        }
+    for impl in (NAIVE, FLASH):
+        ta = training_attention(model, batch, seq_len, ad, impl, ckpt)
+        parts[impl] = {"weights": weight_bytes(model, wd), "attention": ta.total_bytes}
+    return parts, {
+        "weights": "parameter count × bytes per parameter",
+        "attention": "(L−1) layers' saved-for-backward + one layer's forward+backward peak"
+        + (" (checkpointing: nothing saved between layers)" if ckpt else ""),
+    }
+
+
 st.title("Model memory")
 st.markdown(
     "**Does my model fit, and at what context length?** Weights, KV cache and the attention "
@@ -132,6 +156,7 @@ if mode == "training":
     ckpt = c.toggle("Activation checkpointing", "ckpt", SPECS["ckpt"], where=row[4])
 else:
     del used["ckpt"]
+    ckpt = False
     row[4].caption(" ")
 seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
@@ -148,25 +173,12 @@ if model.max_position_embeddings and seq_len > model.max_position_embeddings:
     st.info(f"s = {seq_len:,} is longer than the {model.max_position_embeddings:,} tokens this model was trained for.")
 
 impls = {NAIVE: "Standard (eager)", FLASH: "FlashAttention"}
-parts: dict[str, dict[str, int]] = {}
-if mode == "inference":
-    for impl in impls:
-        mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
-        parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes, "attention": mm.attention_bytes}
-    formulas = {
-        "weights": "parameter count × bytes per parameter",
-        "KV cache": "2·L·B·s·H_kv·d·e (all layers)",
-        "attention": "extra peak of one layer's attention call (calc.attention_peak_bytes)",
-    }
-else:
-    for impl in impls:
-        ta = training_attention(model, batch, seq_len, ad, impl, ckpt)
-        parts[impl] = {"weights": weight_bytes(model, wd), "attention": ta.total_bytes}
-    formulas = {
-        "weights": "parameter count × bytes per parameter",
-        "attention": "(L−1) layers' saved-for-backward + one layer's forward+backward peak"
-        + (" (checkpointing: nothing saved between layers)" if ckpt else ""),
-    }
+try:
+    parts, formulas = breakdown(model, mode, batch, seq_len, wd, kvd, ad, ckpt)
+except ValueError as err:  # a config that parses but that the model cannot size: say so
+    st.error(c.md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
+    c.sync_url(used)
+    st.stop()
 totals = {impl: sum(p.values()) for impl, p in parts.items()}
 
 summary, picture = st.columns([1, 1.25])
@@ -187,8 +199,12 @@ with summary:
                     icon=":material/cancel:",
                 )
             if mode == "inference":
-                longest = longest_context(model, gpu_bytes, batch, wd, kvd, ad, impl)
-                st.metric("Longest context (tokens)", f"{longest:,}" if longest else "none",
+                try:
+                    longest: int | None = longest_context(model, gpu_bytes, batch, wd, kvd, ad, impl)
+                except ValueError:
+                    longest = None
+                shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
+                st.metric("Longest context (tokens)", shown,
                           help="Exact integer search over s of weights + KV cache + attention ≤ GPU memory (computed).")
 
 fig = go.Figure()
