@@ -587,18 +587,9 @@ IO_ENTRIES = [
 ENTRIES += IO_ENTRIES
 
 # Known bugs: entry name -> the precise failure. Each is marked xfail(strict=True) until the
-# fix lands (then the mark must go: strict makes a passing test fail the suite). The calc core's
-# were fixed in 6506e46; these are in calc/io_model.py.
-_IO_ROUNDING = ("calc.io_model._bytes rounds bytes_per_element with limit_denominator(8) "
-                "(0.3 -> 2/7, -4.8%) and lets Fraction(None) raise TypeError('argument should "
-                "be a string or a Rational instance') naming no argument")
-KNOWN_BUGS: dict[str, str] = {
-    "io_model.standard_io": _IO_ROUNDING,
-    "io_model.flash_io": _IO_ROUNDING + "; causal is not checked (None, 'false' taken by "
-                         "truthiness)",
-    "io_model.kv_blocks_read": "causal is not checked: causal=None or 'false' is taken by "
-                               "truthiness",
-}
+# fix lands (then the mark must go: strict makes a passing test fail the suite). Empty now: the
+# calc core's were fixed in 6506e46, calc.io_model's by its author after this suite found them.
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def _entry_params() -> list[Any]:
