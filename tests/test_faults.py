@@ -420,3 +420,26 @@ def test_page_reports_a_full_disk_and_keeps_finished_rows(
     assert run.n_rows == 2
     assert not at.exception, [e.value for e in at.exception]
     assert "full" in _page_text(at)
+
+
+@pytest.mark.slow
+def test_second_session_is_told_the_gpu_is_busy(page_with_fake_gpu: Path) -> None:
+    """Another session (here: another process) measures on this GPU: the page refuses with a
+    message naming the holder, records nothing and stays up."""
+    code = ("import fcntl, sys, time\n"
+            f"fh = open({str(page_with_fake_gpu.parent / 'gpu0.lock')!r}, 'a+')\n"
+            "fcntl.flock(fh.fileno(), fcntl.LOCK_EX)\n"
+            "fh.write('pid 4242 since now (another session)'); fh.flush()\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        at = _run_measure_page()
+        assert not at.exception, [e.value for e in at.exception]
+        errors = " ".join(str(e.value) for e in at.error)
+        assert "busy" in errors and "another session" in errors, errors
+        assert all(r.n_rows == 0 for r in ResultStore(page_with_fake_gpu).runs())
+    finally:
+        holder.kill()
+        holder.wait()
