@@ -158,7 +158,10 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
     c.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log", exponentformat="power")
-    fig.update_layout(title=title)
+    # Many implementations: the legend goes under the plot so it never covers the title.
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+                      margin=dict(t=50, b=150))
     return fig
 
 
@@ -177,7 +180,10 @@ def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure
     fig.update_xaxes(type="log")
     if col == "median_ms":
         fig.update_yaxes(type="log")
-    fig.update_layout(title=title)
+    # Many implementations: the legend goes under the plot so it never covers the title.
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+                      margin=dict(t=50, b=150))
     return fig
 
 
@@ -318,7 +324,7 @@ with main:
     names.update({str(r.id): f"#{r.id} · {r.gpu_name or '?'} · {r.label or r.source} · "
                              f"{r.n_rows} rows · {r.started[:16]}" for r in runs})
     src_spec = ChoiceParam(REF, tuple(options))
-    src = c.select("Results to show", "src", src_spec, format_func=lambda k: md_escape(names.get(k, k)))
+    src = c.select("Results to show", "src", src_spec, format_func=lambda k: names.get(k, k))
     if src == REF:
         data = reference_rows()
         if data.empty:
@@ -447,15 +453,15 @@ with main:
             "source": r.source, "rows": r.n_rows} for r in runs]), hide_index=True)
         cmp_cols = st.columns(2)
         a = cmp_cols[0].selectbox("Compare run A", options[1:], key="cmp_a",
-                                  format_func=lambda k: md_escape(names.get(k, k)))
+                                  format_func=lambda k: names.get(k, k))
         bb = cmp_cols[1].selectbox("with run B", options[1:], key="cmp_b",
                                    index=min(1, len(options) - 2),
-                                   format_func=lambda k: md_escape(names.get(k, k)))
+                                   format_func=lambda k: names.get(k, k))
         if a and bb and a != bb and store is not None:
             st.dataframe(store.compare(int(a), int(bb)), hide_index=True)
         del_cols = st.columns([2, 1, 1])
         victim = del_cols[0].selectbox("Delete run", options[1:], key="del_run",
-                                       format_func=lambda k: md_escape(names.get(k, k)))
+                                       format_func=lambda k: names.get(k, k))
         sure = del_cols[1].checkbox("I am sure", key="del_sure")
         if del_cols[2].button("Delete", disabled=not sure) and store is not None and victim:
             store.delete_run(int(victim))
