@@ -19,6 +19,7 @@ import io
 import json
 import pickle
 import re
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -522,3 +523,77 @@ def test_server_caps_every_upload() -> None:
     assert isinstance(limit_mb, int)
     assert limit_mb <= 32, f"server.maxUploadSize is {limit_mb} MB"
     assert limit_mb * 2**20 >= MAX_UPLOAD_BYTES  # the CSV limit still fits
+
+
+def _put_upload(url: str, session_id: str, xsrf_cookie: str, size: int) -> int | str:
+    """PUT a multipart upload of `size` bytes to Streamlit's upload endpoint, as a script (not
+    a browser) would: the XSRF cookie and header it needs come from /_stcore/health."""
+    import http.client
+    import uuid
+    from urllib.parse import urlsplit
+
+    boundary = uuid.uuid4().hex
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            "filename=\"big.csv\"\r\nContent-Type: text/csv\r\n\r\n").encode()
+    body += b"x" * size + f"\r\n--{boundary}--\r\n".encode()
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.request("PUT", f"/_stcore/upload_file/{session_id}/{uuid.uuid4().hex}", body=body,
+                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}",
+                              "Cookie": xsrf_cookie,
+                              "X-Xsrftoken": xsrf_cookie.split("=", 1)[1]})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (BrokenPipeError, ConnectionResetError):
+        return "connection closed by the server"
+    finally:
+        conn.close()
+
+
+async def _scripted_upload(url: str, pid: int, size: int) -> tuple[int | str, int]:
+    import asyncio
+    import urllib.request
+
+    import websockets
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import load_test
+
+    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=10) as resp:
+        cookies = [v.split(";")[0] for k, v in resp.headers.items() if k.lower() == "set-cookie"]
+    cookie = next(c for c in cookies if c.startswith("_streamlit_xsrf="))
+    async with websockets.connect(url.replace("http://", "ws://") + "/_stcore/stream",
+                                  subprotocols=["streamlit"], max_size=2**26) as ws:
+        msg = BackMsg()
+        msg.rerun_script.query_string = ""
+        await ws.send(msg.SerializeToString())
+        session_id = ""
+        while not session_id:
+            fwd = ForwardMsg()
+            fwd.ParseFromString(await asyncio.wait_for(ws.recv(), 60))
+            if fwd.WhichOneof("type") == "new_session":
+                session_id = fwd.new_session.initialize.session_id
+        before = load_test.rss_bytes(pid)
+        status = await asyncio.to_thread(_put_upload, url, session_id, cookie, size)
+        return status, load_test.rss_bytes(pid) - before
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "with no server.maxUploadSize in .streamlit/config.toml a script (XSRF cookie from "
+    "/_stcore/health, a session from the WebSocket) PUTs 30 MB to /_stcore/upload_file and "
+    "gets 204; the server's RSS grew by about 110 MB for it (up to 200 MB per request)"))
+def test_server_refuses_a_scripted_30_mb_upload(tmp_path: Path) -> None:
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import load_test
+
+    with load_test.app_server(tmp_path / "server.log") as (url, pid):
+        status, grew = asyncio.run(_scripted_upload(url, pid, 30 * 2**20))
+    assert status in (413, "connection closed by the server"), status
+    assert grew < 40 * 2**20, f"server RSS grew by {grew / 2**20:.0f} MB"
