@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
@@ -24,11 +25,17 @@ class Hang(AssertionError):
 
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """Fail (raise Hang) if the body runs longer than `seconds` of wall time."""
+    """Fail (raise Hang) if the body runs longer than `seconds` of wall time.
+
+    Shares SIGALRM with pytest-timeout's signal method: the outer timer (if any) is put back
+    afterwards with the time that is left of it, so a test keeps its overall limit.
+    """
 
     def _on_alarm(signum, frame):  # noqa: ARG001
         raise Hang(f"still running after {seconds} s: a hang or an unbounded loop")
 
+    outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    started = time.monotonic()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -36,6 +43,9 @@ def time_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        if outer_left > 0:
+            left = max(outer_left - (time.monotonic() - started), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
 NUMBER_LIKE_TEXT = st.sampled_from(
