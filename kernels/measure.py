@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sqlite3
 import sys
 import time
 from collections.abc import Sequence
@@ -234,8 +235,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.close()
         print(f"interrupted: the rows measured so far are in {args.out}", file=sys.stderr)
         return 130
+    except (sqlite3.Error, OSError) as exc:  # database locked or full, disk full, ...
+        bar.close()
+        where = f"{args.db} (database)" if isinstance(exc, sqlite3.Error) else str(args.out)
+        print(f"error: could not save a result to {where}: {exc}. The sweep stopped; the rows "
+              f"saved before it are in {args.out}" + (f" and {args.db}" if store else ""),
+              file=sys.stderr)
+        return 3
     finally:
-        fh.close()
+        try:
+            fh.close()
+        except OSError:  # a full disk fails the final flush too; the error is reported above
+            pass
     bar.close()
     wall = time.monotonic() - t0
     print(summary_table(summary.results))

@@ -486,10 +486,6 @@ def _cli_with_fault_impls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> An
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/measure.py main: on_result's store.add_row is unguarded, so --db on a database "
-    "locked by another writer ends the sweep with a sqlite3.OperationalError traceback (the "
-    "rows already in the CSV stay); it should say so and exit non-zero, or keep measuring"))
 def test_cli_keeps_finished_rows_when_the_database_is_locked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -515,10 +511,6 @@ def test_cli_keeps_finished_rows_when_the_database_is_locked(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/measure.py main: a full disk while writing --out (OSError ENOSPC from the CSV "
-    "write in on_result) ends the sweep with a traceback instead of a message and a non-zero "
-    "exit; the rows flushed before it stay"))
 def test_cli_says_the_disk_is_full_and_keeps_finished_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
