@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from kernels.child import run_points as REAL_RUN_POINTS
 from kernels.store import COLUMNS, ResultStore
 
 pytestmark = pytest.mark.robustness
@@ -524,3 +525,32 @@ def test_cli_says_the_disk_is_full_and_keeps_finished_rows(
     assert code != 0 and "space" in err.lower(), (code, err)
     lines = out.read_text().splitlines()
     assert lines[0].startswith("impl,") and len(lines) >= 2, lines
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "kernels/child.py gpu_lock: the data directory that holds the GPU lock file is created "
+    "with mkdir unguarded, and pages/measure.py catches only GpuBusy around run_points: with "
+    "XDG_DATA_HOME on a file (or a read-only home) 'Run measurement' shows a NotADirectoryError "
+    "traceback instead of a message"))
+def test_page_with_an_unwritable_data_directory_says_so(
+        page_with_fake_gpu: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only home (the default data directory holds the GPU lock file): the run is
+    refused with a message, the page stays up."""
+    import kernels.child
+    from kernels.harness import BenchOptions
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the data directory should be")
+    monkeypatch.setenv("XDG_DATA_HOME", str(blocker))
+
+    def run_with_default_lock_dir(_points: Any, **kw: Any) -> Any:
+        return REAL_RUN_POINTS([p for p in _scenario_points() if p.seq_len == 256],
+                               options=BenchOptions(warmup_ms=1, rep_ms=2),
+                               on_result=kw.get("on_result"), impl_module=IMPLS, timeout_s=5.0)
+
+    monkeypatch.setattr(kernels.child, "run_points", run_with_default_lock_dir)
+    at = _run_measure_page()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = " ".join(str(e.value) for kind in ("error", "warning") for e in getattr(at, kind))
+    assert "not-a-directory" in shown, shown
