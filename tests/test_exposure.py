@@ -84,6 +84,7 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
 def test_started_server_listens_on_loopback_only() -> None:
     """`streamlit run app.py` with the repository's config (no address flag): only 127.0.0.1."""
     with socket.socket() as s:
