@@ -307,6 +307,10 @@ with main:
                     st.session_state["src"] = str(state["run"])
             except GpuBusy as exc:
                 st.error(str(exc))
+            except OSError as exc:  # e.g. the data directory (GPU lock file) is not writable
+                shown = str(exc).replace("`", "'")  # in a code span: shown as is, no markdown
+                st.error(f"The measurement could not start or go on: `{shown}`. "
+                         "Set XDG_DATA_HOME (or ATTNMEM_DB) to a writable folder.")
             if state["store_error"]:
                 kept = store.run(state["run"]).n_rows if store is not None and state["run"] else 0
                 st.error(

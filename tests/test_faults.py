@@ -528,11 +528,6 @@ def test_cli_says_the_disk_is_full_and_keeps_finished_rows(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/child.py gpu_lock: the data directory that holds the GPU lock file is created "
-    "with mkdir unguarded, and pages/measure.py catches only GpuBusy around run_points: with "
-    "XDG_DATA_HOME on a file (or a read-only home) 'Run measurement' shows a NotADirectoryError "
-    "traceback instead of a message"))
 def test_page_with_an_unwritable_data_directory_says_so(
         page_with_fake_gpu: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read-only home (the default data directory holds the GPU lock file): the run is
