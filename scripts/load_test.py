@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -207,14 +207,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def app_server(log_path: Path | None = None) -> Iterator[tuple[str, int]]:
-    """The app on a free 127.0.0.1 port: (url, pid); terminated at the end, whatever happens."""
+def app_server(log_path: Path | None = None,
+               extra_args: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """The app on a free 127.0.0.1 port: (url, pid); terminated at the end, whatever happens.
+
+    extra_args are more `streamlit run` options (the browser test hides the toolbar)."""
     port = free_port()
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+         *extra_args],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

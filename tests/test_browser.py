@@ -14,11 +14,7 @@ import csv
 import io
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,13 +33,12 @@ from calc.io_model import standard_io
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
+sys.path.insert(0, str(ROOT / "scripts"))
+import load_test  # noqa: E402  (server start-up and Chromium flags shared with the load test)
+
+CHROMIUM, LAUNCH_ARGS = load_test.CHROMIUM, load_test.LAUNCH_ARGS
 SHOTS = ROOT / "docs" / "screenshots"
 SAVE = os.environ.get("SAVE_SCREENSHOTS") == "1"
-LAUNCH_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
 TIMEOUT_MS = 60_000
 
 try:
@@ -64,50 +59,16 @@ if (_reason := _skip_reason()) is not None:
     pytest.skip(f"browser test skipped: {_reason}", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _app_server() -> Iterator[str]:
-    """The app on a free localhost port; killed at the end whatever happens."""
-    port = _free_port()
-    log_path = ROOT / ".pytest_cache" / f"streamlit-{port}.log"
-    log = open(log_path, "w") if log_path.parent.is_dir() else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.headless", "true", "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-         "--client.toolbarMode", "minimal"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    """The app on a free localhost port (scripts/load_test.app_server); killed at the end."""
+    port_log = ROOT / ".pytest_cache" / "streamlit-browser-test.log"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with code {proc.returncode} before serving")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("streamlit did not answer /_stcore/health within 90 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        if log is not subprocess.DEVNULL:
-            log.close()
+        with load_test.app_server(port_log if port_log.parent.is_dir() else None,
+                                  extra_args=("--client.toolbarMode", "minimal")) as (url, _pid):
+            yield url
+    except RuntimeError as err:  # the server did not start: a failure, not an error
+        pytest.fail(str(err))
 
 
 @pytest.fixture(scope="module")
