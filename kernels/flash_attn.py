@@ -121,6 +121,10 @@ def flash_attention(
         scale = 1.0 / math.sqrt(q.shape[-1])
     if config is None and interpreting():
         config = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # No gradient can be asked for: skip autograd's bookkeeping (about 10 us of host time
+        # per call, which short sequences feel) and save nothing for a backward.
+        return attention_forward(q, k, v, bool(causal), float(scale), config)[0]
     return FlashAttentionFunction.apply(q, k, v, bool(causal), float(scale), config)
 
 

@@ -53,6 +53,7 @@ from kernels.flash_attn_fwd import (
     _autotune_options,
     _configs,
     _mm,
+    _mma,
     block_d,
     launch,
     pretuned,
@@ -145,11 +146,11 @@ def _dkdv_query_loop(
         if MASKED and CAUSAL:
             p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
         # ---- dV += P^T dO ------------------------------------------------------------------------
-        dv += _mm(p_t.to(do.dtype), do, IEEE)
+        dv = _mma(p_t.to(do.dtype), do, dv, IEEE)
         # ---- dS^T = P^T * (V dO^T - delta), dK += dS^T Q ------------------------------------------
         dp_t = _mm(v, tl.trans(do), IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk += _mm(ds_t.to(q.dtype), q, IEEE)
+        dk = _mma(ds_t.to(q.dtype), q, dk, IEEE)
         q_ptrs += BLOCK_M * stride_qm
         do_ptrs += BLOCK_M * stride_dom
     return dk, dv
@@ -287,7 +288,7 @@ def _dq_key_loop(
         dp = _mm(do, tl.trans(v), IEEE)
         ds = p * (dp - delta[:, None])
         # ---- dQ += dS K -----------------------------------------------------------------------------
-        dq += _mm(ds.to(k.dtype), k, IEEE)
+        dq = _mma(ds.to(k.dtype), k, dq, IEEE)
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return dq

@@ -214,11 +214,27 @@ def _mm(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b, accumulated by the tensor cores into acc itself.
+
+    Writing ``acc + _mm(a, b)`` instead makes the compiler hold a second fp32 tile of acc's
+    size for the product and then add the two: one more (BLOCK, d) fp32 tile of live registers
+    and BLOCK * d extra adds per step, which is what the forward's inner loop cannot afford.
+    """
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _fwd_key_loop(
     acc, m_i, l_i,  # running state: (BLOCK_M, BLOCK_D) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32
     q,  # (BLOCK_M, BLOCK_D) query tile, input dtype, already in registers
-    k_ptrs, v_ptrs,  # pointers to the (BLOCK_N, BLOCK_D) key / value tile at key `lo`
+    k_ptrs, v_ptrs,  # pointers to the (BLOCK_N, BLOCK_D) key / value tile at key 0
     stride_kn, stride_vn,  # how far one key row moves the pointers
+    desc_k, desc_v,  # tensor descriptors of K and V seen as (rows, d), or None (USE_DESC off)
+    kv_row0,  # row of key 0 of this (batch, kv head) in the descriptors' (rows, d) view
     offs_m,  # (BLOCK_M,) absolute query row indices of this program
     offs_d,  # (BLOCK_D,) column indices, padded to a power of two
     lo, hi,  # key range [lo, hi) visited by this loop; lo and hi are multiples of BLOCK_N or s_k
@@ -228,11 +244,13 @@ def _fwd_key_loop(
     MASKED: tl.constexpr,  # this range straddles the diagonal or the end of the keys
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
+    USE_DESC: tl.constexpr,  # unmasked tiles come through the tensor-memory copy engine (TMA)
 ):
     offs_n = tl.arange(0, BLOCK_N)
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n  # (BLOCK_N,) absolute key indices
         # ---- load one key and one value tile: 2 * BLOCK_N * d elements --------------------
         if MASKED:
@@ -241,6 +259,13 @@ def _fwd_key_loop(
                 kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
             v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif USE_DESC:
+            # One bulk copy per tile, issued by one thread, landing in shared memory without
+            # passing through registers; the loop's pipelining keeps stages-1 of them in flight.
+            # Unmasked blocks lie wholly inside this head's keys, so the (rows, d) view never
+            # reads a neighbouring head here.
+            k = desc_k.load([kv_row0 + start_n, 0])
+            v = desc_v.load([kv_row0 + start_n, 0])
         elif EVEN_D:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
@@ -267,7 +292,7 @@ def _fwd_key_loop(
             p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, IEEE)
+        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
         m_i = m_new
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
@@ -279,6 +304,7 @@ def _fwd_kernel(
     Q, K, V,  # inputs: (B, H, s_q, d), (B, H_kv, s_k, d), (B, H_kv, s_k, d); any strides
     Out,  # output: (B, H, s_q, d), written in full
     LSE2,  # output: (B, H, s_q) fp32, contiguous: log2-sum-exp of the scaled scores per row
+    desc_k, desc_v,  # K and V as (B * H_kv * s_k, d) tensor descriptors, or None
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -292,6 +318,7 @@ def _fwd_kernel(
     EVEN_D: tl.constexpr,  # HEAD_DIM == BLOCK_D: no column masks anywhere
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,  # fp32 inputs: exact fp32 products instead of tf32
+    USE_DESC: tl.constexpr,  # load unmasked K/V tiles through desc_k / desc_v (TMA)
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
 ):
@@ -340,15 +367,16 @@ def _fwd_kernel(
     else:
         full_hi = s_k_full
         hi = s_k
+    kv_row0 = (b * (H // GROUP) + h_kv) * s_k
     acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_d,
-        0, full_hi, s_k, qk_scale, HEAD_DIM,
-        BLOCK_N, EVEN_D, False, CAUSAL, IEEE,
+        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+        offs_m, offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
+        BLOCK_N, EVEN_D, False, CAUSAL, IEEE, USE_DESC,
     )
     acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_d,
-        full_hi, hi, s_k, qk_scale, HEAD_DIM,
-        BLOCK_N, EVEN_D, True, CAUSAL, IEEE,
+        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+        offs_m, offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM,
+        BLOCK_N, EVEN_D, True, CAUSAL, IEEE, False,
     )
 
     # ---- epilogue: normalise, write O (BLOCK_M * d) and lse2 (BLOCK_M fp32) ------------------
@@ -363,35 +391,108 @@ def _fwd_kernel(
 
 _fwd_kernel_tuned = triton.autotune(
     configs=_configs(FWD_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],  # the tensors' dtypes are added by Triton
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "USE_DESC"],  # + the dtypes, by Triton
     prune_configs_by={"early_config_prune": _prune_fwd},
     **_autotune_options(),
 )(_fwd_kernel)
 
 
-# The config chosen per (kernel, element size, head dim, causal, bucket) in this process. After
-# the first call of a key the kernel is launched directly with it: the autotuner's own dispatch
-# costs tens of microseconds of Python per launch, which short sequences would feel. fp16 and
-# bf16 share one entry: same tile sizes, same tensor-core rate, same shared memory, so a
-# choice tuned on one serves the other (and the second dtype compiles one config, not all).
+# The config chosen per (kernel, element size, head dim, causal, bucket[, TMA]) in this process.
+# After the first call of a key the kernel is launched directly with it: the autotuner's own
+# dispatch costs tens of microseconds of Python per launch, which short sequences would feel.
+# fp16 and bf16 share one entry: same tile sizes, same tensor-core rate, same shared memory, so
+# a choice tuned on one serves the other (and the second dtype compiles one config, not all).
 _CHOSEN: dict[tuple, dict] = {}
 
 
 def launch(tuned, plain, name: str, meta: dict, bucket: int, config: dict | None, args: tuple,
-           grid) -> None:
-    """Launch `plain` with `config`, or with the autotuner's choice for this key."""
+           grid, prepare=None) -> None:
+    """Launch `plain` with `config`, or with the autotuner's choice for this key.
+
+    ``prepare(config)``, when given, runs before a direct launch (the autotuner runs the
+    configs' own pre_hook): the forward uses it to give its tensor descriptors their tiles.
+    """
     if config is not None:
+        if prepare is not None:
+            prepare(config)
         plain[grid(config)](*args, **meta, **config)
         return
-    key = (name, args[0].element_size(), meta["HEAD_DIM"], meta["CAUSAL"], bucket)
+    key = (name, args[0].element_size(), meta["HEAD_DIM"], meta["CAUSAL"], bucket,
+           meta.get("USE_DESC", False))
     chosen = _CHOSEN.get(key)
     if chosen is not None:
+        if prepare is not None:
+            prepare(chosen)
         plain[grid(chosen)](*args, **meta, **chosen)
         return
     tuned[grid](*args, **meta)
     best = getattr(tuned, "best_config", None)
     if best is not None:
         _CHOSEN[key] = best.all_kwargs()
+
+
+# ---- tensor descriptors (TMA) for K and V ---------------------------------------------------
+# A descriptor names a 2-d view of K (or V): rows = B * H_kv * s_k, columns = d, row stride =
+# the tensors' seq stride. That view exists when (batch, head, seq) flatten into one row index
+# (the usual contiguous layout); other layouts, and GPUs or Triton builds without descriptors,
+# use the pointer loads, which the kernel always keeps for the masked blocks.
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton < 3.4
+    TensorDescriptor = None
+
+
+def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
+    """(rows, row stride) when t (B, H, s, d) is a (B*H*s, d) matrix in memory, else None."""
+    B, H, s, d = t.shape
+    sb, sh, sn, sd = t.stride()
+    if sd != 1 and d > 1:
+        return None
+    if H > 1 and sh != s * sn:
+        return None
+    if B > 1 and sb != H * s * sn:
+        return None
+    elem = t.element_size()
+    if (sn * elem) % 16 or t.data_ptr() % 16:
+        return None
+    rows = B * H * s
+    return (rows, sn) if rows < 2**31 else None
+
+
+def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | None) -> bool:
+    """Whether the forward may load K/V through tensor descriptors.
+
+    ``force`` True/False overrides the choice (tests, tuning); otherwise descriptors are used
+    on GPUs with a tensor-memory copy engine (compute capability 9.0 and newer) unless
+    FLASH_ATTN_DESC=0. Either way the layout must allow the (rows, d) view.
+    """
+    if TensorDescriptor is None or force is False or d != block_d(d) or d * k.element_size() < 16:
+        return False
+    if force is None:
+        if os.environ.get("FLASH_ATTN_DESC") == "0" or k.device.type != "cuda":
+            return False
+        if torch.cuda.get_device_capability(k.device)[0] < 9:
+            return False
+    return _rows_view(k) is not None and _rows_view(v) is not None
+
+
+def _make_descriptors(k: torch.Tensor, v: torch.Tensor, d: int):
+    (rows_k, sk), (rows_v, sv) = _rows_view(k), _rows_view(v)
+    # block_shape is a placeholder: set from the chosen BLOCK_N before any launch.
+    return (TensorDescriptor(k, [rows_k, d], [sk, 1], [16, d]),
+            TensorDescriptor(v, [rows_v, d], [sv, 1], [16, d]))
+
+
+def _set_tiles(nargs: dict) -> None:
+    """Autotuner pre_hook (and direct-launch step): descriptor tiles are (BLOCK_N, BLOCK_D)."""
+    for name in ("desc_k", "desc_v"):
+        desc = nargs.get(name)
+        if desc is not None:
+            desc.block_shape = [nargs["BLOCK_N"], nargs["BLOCK_D"]]
+
+
+for _c in _fwd_kernel_tuned.configs:
+    _c.pre_hook = _set_tiles
 
 
 def attention_forward(
@@ -404,24 +505,38 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns O (B, H, s_q, d) in q's dtype and lse2 (B, H, s_q) fp32.
 
-    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner; the interpreter
-    and the tests use it. Inputs are read through their strides: nothing is copied.
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages, and optionally USE_DESC True/False)
+    skips the autotuner; the interpreter and the tests use it. Inputs are read through their
+    strides: nothing is copied.
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
+    force = None
+    if config is not None and "USE_DESC" in config:
+        config = dict(config)
+        force = bool(config.pop("USE_DESC"))
+    use_desc = descriptors_usable(k, v, d, force)
+    if force and not use_desc:
+        raise ValueError("USE_DESC=True was asked for, but tensor descriptors are not usable "
+                         "here (Triton without them, d not a power of two, or a K/V layout "
+                         "whose (batch, head, seq) do not flatten into rows)")
+    desc_k, desc_v = _make_descriptors(k, v, d) if use_desc else (None, None)
     o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)  # (B, H, s_q, d)
     lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
     args = (
-        q, k, v, o, lse2,
+        q, k, v, o, lse2, desc_k, desc_v,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, H // H_kv, s_q, s_k, scale * LOG2E, seq_bucket(max(s_q, s_k)),
     )
+    bd = block_d(d)
     meta = dict(
-        HEAD_DIM=d, BLOCK_D=block_d(d), EVEN_D=block_d(d) == d, CAUSAL=bool(causal),
-        IEEE=q.dtype == torch.float32,
+        HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
+        IEEE=q.dtype == torch.float32, USE_DESC=use_desc,
     )
+
+    def prepare(c: dict) -> None:
+        _set_tiles({"desc_k": desc_k, "desc_v": desc_v, "BLOCK_N": c["BLOCK_N"], "BLOCK_D": bd})
+
     launch(_fwd_kernel_tuned, _fwd_kernel, "fwd", meta, args[-1], config, args,
-           lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H))
+           lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H), prepare if use_desc else None)
     return o, lse2
-
-
