@@ -299,6 +299,63 @@ def _fwd_key_loop(
     return acc, m_i, l_i
 
 
+@triton.jit
+def _fwd_key_loop_ahead(
+    acc, m_i, l_i, q, desc_k, desc_v, kv_row0, lo, hi, qk_scale,
+    BLOCK_N: tl.constexpr,
+):
+    """The unmasked key loop, with the next block's scores issued before this block's softmax.
+
+    Same arithmetic as `_fwd_key_loop` (unmasked, descriptor loads), reordered: iteration j
+    starts the tensor-core product Q K_{j+1}^T and only then spends its exp2s on block j, so
+    that the compiler may wait for that product as late as the next iteration (the overlap
+    FlashAttention-3 gets by hand, arXiv 2407.08608, section 3.2). Costs one more
+    (BLOCK_M, BLOCK_N) fp32 score tile of registers. Needs hi - lo >= BLOCK_N.
+    """
+    qk = tl.dot(q, tl.trans(desc_k.load([kv_row0 + lo, 0])))
+    for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        qk_next = tl.dot(q, tl.trans(desc_k.load([kv_row0 + start_n, 0])))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = desc_v.load([kv_row0 + start_n - BLOCK_N, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+        qk = qk_next
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = desc_v.load([kv_row0 + hi - BLOCK_N, 0])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fwd_key_loop_ws(
+    acc, m_i, l_i, q, desc_k, desc_v, kv_row0, lo, hi, qk_scale,
+    BLOCK_N: tl.constexpr,
+):
+    """The unmasked key loop under Triton's warp specialisation (tl.range(warp_specialize)):
+    the compiler gives the descriptor loads to a producer warp and the products and softmax to
+    consumer warps. Experimental: whether this Triton does it on Hopper is for tune_fwd to say.
+    """
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = desc_k.load([kv_row0 + start_n, 0])
+        qk = tl.dot(q, tl.trans(k))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = desc_v.load([kv_row0 + start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
 @triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
 def _fwd_kernel(
     Q, K, V,  # inputs: (B, H, s_q, d), (B, H_kv, s_k, d), (B, H_kv, s_k, d); any strides
@@ -321,6 +378,8 @@ def _fwd_kernel(
     USE_DESC: tl.constexpr,  # load unmasked K/V tiles through desc_k / desc_v (TMA)
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
+    AHEAD: tl.constexpr = False,  # experimental: issue the next scores before the softmax
+    WS: tl.constexpr = False,  # experimental: Triton's warp specialisation of the key loop
 ):
     # Causal: the last query blocks do the most work (they see the most keys), so hand them
     # out first; the short ones then fill the gaps at the end of the grid.
@@ -368,11 +427,19 @@ def _fwd_kernel(
         full_hi = s_k_full
         hi = s_k
     kv_row0 = (b * (H // GROUP) + h_kv) * s_k
-    acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
-        offs_m, offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
-        BLOCK_N, EVEN_D, False, CAUSAL, IEEE, USE_DESC,
-    )
+    if AHEAD and USE_DESC and not IEEE:
+        if full_hi > 0:
+            acc, m_i, l_i = _fwd_key_loop_ahead(
+                acc, m_i, l_i, q, desc_k, desc_v, kv_row0, 0, full_hi, qk_scale, BLOCK_N)
+    elif WS and USE_DESC and not IEEE:
+        acc, m_i, l_i = _fwd_key_loop_ws(
+            acc, m_i, l_i, q, desc_k, desc_v, kv_row0, 0, full_hi, qk_scale, BLOCK_N)
+    else:
+        acc, m_i, l_i = _fwd_key_loop(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+            offs_m, offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
+            BLOCK_N, EVEN_D, False, CAUSAL, IEEE, USE_DESC,
+        )
     acc, m_i, l_i = _fwd_key_loop(
         acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
         offs_m, offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM,

@@ -38,9 +38,15 @@ def _fits(c: tuple[int, int, int, int], d: int, elem: int = 2) -> bool:
     return (st - 1) * 2 * bn * d * elem + bm * d * elem <= SMEM_BYTES
 
 
-def _variants(dims, causals) -> list[tuple]:
-    return [(d, causal, c, desc) for d in dims for causal in causals
-            for c in CANDIDATES if _fits(c, d) for desc in (False, True)]
+EXTRAS = {"plain": {}, "ahead": {"AHEAD": True}, "ws": {"WS": True}}
+
+
+def _variants(dims, causals, configs, descs, extras) -> list[tuple]:
+    """(d, causal, config, desc, extra) for every combination that fits in shared memory;
+    the experimental loops (extra != plain) exist only with descriptors."""
+    return [(d, causal, c, desc, x) for d in dims for causal in causals
+            for c in configs if _fits(c, d) for desc in descs for x in extras
+            if desc or x == "plain"]
 
 
 def _inputs(s: int, d: int, dtype, B: int = 1, H: int = 32):
@@ -50,9 +56,14 @@ def _inputs(s: int, d: int, dtype, B: int = 1, H: int = 32):
     return [torch.randn(B, H, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3)]
 
 
-def _cfg(c, desc) -> dict:
+def _cfg(c, desc, extra="plain") -> dict:
     bm, bn, w, st = c
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "USE_DESC": desc}
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "USE_DESC": desc,
+            **EXTRAS[extra]}
+
+
+def _name(d, causal, c, desc, extra) -> str:
+    return f"{d} {causal} {c} desc={desc} {extra}"
 
 
 def _compile(work: list[tuple]) -> list[str]:
@@ -62,13 +73,13 @@ def _compile(work: list[tuple]) -> list[str]:
     from kernels.flash_attn_fwd import attention_forward
 
     errors = []
-    for d, causal, c, desc in work:
+    for d, causal, c, desc, x in work:
         q, k, v = _inputs(256, d, torch.float16)
         try:
-            attention_forward(q, k, v, causal, d ** -0.5, _cfg(c, desc))
+            attention_forward(q, k, v, causal, d ** -0.5, _cfg(c, desc, x))
             torch.cuda.synchronize()
         except Exception as exc:  # reported, and the variant is dropped from the timing
-            errors.append(f"{d} {causal} {c} desc={desc}: {type(exc).__name__}: {exc}"[:300])
+            errors.append(f"{_name(d, causal, c, desc, x)}: {type(exc).__name__}: {exc}"[:400])
     return errors
 
 
@@ -92,12 +103,12 @@ def _time_shape(d: int, causal: bool, s: int, dtype, variants: list[tuple]) -> l
     out.append(("sdpa_cudnn", None, None, ms, flop / ms / 1e9, 0.0))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
-    for c, desc in variants:
-        cfg = _cfg(c, desc)
+    for c, desc, x in variants:
+        cfg = _cfg(c, desc, x)
         err = (attention_forward(q, k, v, causal, d ** -0.5, cfg)[0].float() - ref).abs().max()
         ms = do_bench(lambda cfg=cfg: attention_forward(q, k, v, causal, d ** -0.5, cfg),
                       warmup=25, rep=100, return_mode="median")
-        out.append(("triton", c, desc, ms, flop / ms / 1e9, float(err)))
+        out.append((f"triton_{x}", c, desc, ms, flop / ms / 1e9, float(err)))
     return out
 
 
@@ -108,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1], choices=[0, 1])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--jobs", type=int, default=8, help="compile worker processes")
+    ap.add_argument("--configs", nargs="+", default=None, metavar="BM,BN,WARPS,STAGES",
+                    help="candidates (default: the built-in list)")
+    ap.add_argument("--desc", type=int, nargs="+", default=[0, 1], choices=[0, 1])
+    ap.add_argument("--extras", nargs="+", default=["plain"], choices=sorted(EXTRAS))
     ap.add_argument("--out", default="tune_fwd.csv")
     args = ap.parse_args(argv)
 
@@ -118,15 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tune_fwd needs a CUDA GPU", file=sys.stderr)
         return 2
-    variants = _variants(args.dims, [bool(c) for c in args.causal])
+    configs = ([tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs
+               else CANDIDATES)
+    variants = _variants(args.dims, [bool(c) for c in args.causal], configs,
+                         [bool(x) for x in args.desc], args.extras)
     chunks = [variants[i::args.jobs] for i in range(args.jobs)]
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         errors = list(itertools.chain.from_iterable(pool.map(_compile, chunks)))
-    broken = set()
     for e in errors:
         print("compile error:", e, flush=True)
-    for e in errors:
-        broken.add(e.split(":")[0])
+    broken = {e.split(":")[0] for e in errors}
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     rows = []
     with open(args.out, "w", newline="") as sink:
@@ -136,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.dims:
             for causal in (bool(c) for c in args.causal):
                 for s in args.seqs:
-                    mine = [(c, desc) for dd, cc, c, desc in variants
-                            if dd == d and cc == causal and f"{d} {causal} {c} desc={desc}"
-                            not in broken]
+                    mine = [(c, desc, x) for dd, cc, c, desc, x in variants
+                            if dd == d and cc == causal
+                            and _name(dd, cc, c, desc, x) not in broken]
                     for name, c, desc, ms, tf, err in _time_shape(d, causal, s, dtype, mine):
                         rows.append((name, d, causal, s, c, desc, tf))
                         w.writerow([name, args.dtype, d, int(causal), s,
@@ -148,23 +164,23 @@ def main(argv: list[str] | None = None) -> int:
                         sink.flush()
                     torch.cuda.empty_cache()
 
-    print("\n| d | causal | s | cudnn | best ptr | best desc | config of best | best/cudnn |")
+    print("\n| d | causal | s | cudnn | best ptr | best desc | best variant | best/cudnn |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     entries = []
     for d in args.dims:
         for causal in (bool(c) for c in args.causal):
             for s in args.seqs:
-                mine = [r for r in rows if r[:4] == ("triton", d, causal, s)]
+                mine = [r for r in rows if r[0].startswith("triton") and r[1:4] == (d, causal, s)]
                 ref = [r[6] for r in rows if r[:4] == ("sdpa_cudnn", d, causal, s)]
-                if not mine:
+                if not mine or not ref:
                     continue
                 best = max(mine, key=lambda r: r[6])
                 bp = max((r[6] for r in mine if not r[5]), default=math.nan)
                 bd = max((r[6] for r in mine if r[5]), default=math.nan)
                 print(f"| {d} | {int(causal)} | {s} | {ref[0]:.0f} | {bp:.0f} | {bd:.0f} | "
-                      f"{best[4]} desc={int(best[5])} | {best[6] / ref[0]:.2f} |")
+                      f"{best[0]} {best[4]} desc={int(best[5])} | {best[6] / ref[0]:.2f} |")
                 entries.append(f'    ("fwd", 2, {d}, {causal}, {seq_bucket(s)}): {best[4]},'
-                               f'  # desc={int(best[5])}')
+                               f'  # desc={int(best[5])} {best[0]}')
     print("\n".join(entries))
     return 0
 
