@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels.flash_attn_fwd import (
+    FWD_ONLY_KEYS,
     LOG2E,
     SMEM_BYTES,
     _autotune_options,
@@ -406,6 +407,8 @@ def attention_backward(
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
+    if config is not None:  # the forward-only switches (descriptors, experimental loops)
+        config = {key: val for key, val in config.items() if key not in FWD_ONLY_KEYS}
     delta = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)

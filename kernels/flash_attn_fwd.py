@@ -86,33 +86,34 @@ def _configs(space: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     ]
 
 
-# Configs that the autotuner chose on an H200 on 2026-11-30 (kernels.bench, fp16 then shared with
-# bf16, B=1, H=32; kernels/NOTES.md), keyed by
+# Configs chosen on an H200 on 2026-11-30 (backward: the autotuner in kernels.bench; forward:
+# kernels.tune_fwd, every candidate timed, tensor descriptors from the 2048 bucket up; fp16,
+# shared with bf16, B=1, H=32; kernels/NOTES.md steps 1 and 3), keyed by
 # (kernel, element bytes, BLOCK_D, causal, length bucket) -> (BLOCK_M, BLOCK_N, warps, stages);
 # element bytes 2 covers fp16 and bf16.
 # On a Hopper GPU a hit here skips tuning, so a fresh process starts at full speed; set
 # FLASH_ATTN_TUNE=1 to tune anyway. Other GPUs always tune (and keep the result on disk).
 TUNED_H200: dict[tuple[str, int, int, bool, int], tuple[int, int, int, int]] = {
-    ("fwd", 2, 64, False, 1024): (128, 64, 8, 3),
+    ("fwd", 2, 64, False, 1024): (128, 64, 8, 5),
     ("fwd", 2, 64, False, 2048): (128, 64, 8, 3),
-    ("fwd", 2, 64, False, 4096): (128, 64, 8, 3),
-    ("fwd", 2, 64, False, 8192): (128, 64, 8, 4),
+    ("fwd", 2, 64, False, 4096): (128, 64, 4, 3),
+    ("fwd", 2, 64, False, 8192): (128, 64, 4, 3),
     ("fwd", 2, 64, False, 16384): (128, 64, 8, 3),
     ("fwd", 2, 64, True, 1024): (64, 64, 4, 3),
     ("fwd", 2, 64, True, 2048): (64, 64, 4, 3),
-    ("fwd", 2, 64, True, 4096): (64, 64, 4, 3),
-    ("fwd", 2, 64, True, 8192): (128, 64, 8, 3),
-    ("fwd", 2, 64, True, 16384): (128, 64, 8, 4),
+    ("fwd", 2, 64, True, 4096): (64, 128, 4, 3),
+    ("fwd", 2, 64, True, 8192): (128, 64, 8, 4),
+    ("fwd", 2, 64, True, 16384): (128, 64, 8, 3),
     ("fwd", 2, 128, False, 1024): (128, 64, 8, 3),
-    ("fwd", 2, 128, False, 2048): (128, 64, 8, 3),
-    ("fwd", 2, 128, False, 4096): (128, 64, 8, 4),
-    ("fwd", 2, 128, False, 8192): (128, 64, 8, 4),
-    ("fwd", 2, 128, False, 16384): (128, 64, 8, 4),
+    ("fwd", 2, 128, False, 2048): (64, 64, 4, 3),
+    ("fwd", 2, 128, False, 4096): (128, 128, 8, 3),
+    ("fwd", 2, 128, False, 8192): (128, 128, 8, 3),
+    ("fwd", 2, 128, False, 16384): (128, 128, 8, 3),
     ("fwd", 2, 128, True, 1024): (64, 64, 4, 3),
     ("fwd", 2, 128, True, 2048): (64, 64, 4, 3),
-    ("fwd", 2, 128, True, 4096): (128, 64, 8, 3),
-    ("fwd", 2, 128, True, 8192): (128, 64, 8, 3),
-    ("fwd", 2, 128, True, 16384): (128, 64, 8, 3),
+    ("fwd", 2, 128, True, 4096): (128, 128, 8, 3),
+    ("fwd", 2, 128, True, 8192): (128, 128, 8, 3),
+    ("fwd", 2, 128, True, 16384): (128, 128, 8, 3),
     ("dkdv", 2, 64, False, 1024): (64, 128, 8, 3),
     ("dkdv", 2, 64, False, 2048): (32, 64, 4, 3),
     ("dkdv", 2, 64, False, 4096): (32, 64, 4, 3),
@@ -526,17 +527,30 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
     return (rows, sn) if rows < 2**31 else None
 
 
+# Keys of a config dict that only the forward understands; the backward drops them.
+FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS")
+
+# Below this length bucket the forward loads K/V with pointers even where descriptors work:
+# at s = 1024 the host time of encoding two tensor maps per launch cost more than the copy
+# engine saved (tune_fwd on the H200: d=128 323 vs 355 TFLOP/s, d=64 168 vs 291), and from
+# 2048 up descriptors won in every measured key (kernels/NOTES.md, step 3).
+DESC_MIN_BUCKET = 2048
+
+
 def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | None) -> bool:
     """Whether the forward may load K/V through tensor descriptors.
 
     ``force`` True/False overrides the choice (tests, tuning); otherwise descriptors are used
     on GPUs with a tensor-memory copy engine (compute capability 9.0 and newer) unless
-    FLASH_ATTN_DESC=0. Either way the layout must allow the (rows, d) view.
+    FLASH_ATTN_DESC=0, for key lengths of DESC_MIN_BUCKET and more. Either way the layout
+    must allow the (rows, d) view.
     """
     if TensorDescriptor is None or force is False or d != block_d(d) or d * k.element_size() < 16:
         return False
     if force is None:
         if os.environ.get("FLASH_ATTN_DESC") == "0" or k.device.type != "cuda":
+            return False
+        if seq_bucket(k.shape[2]) < DESC_MIN_BUCKET:
             return False
         if torch.cuda.get_device_capability(k.device)[0] < 9:
             return False

@@ -216,7 +216,31 @@ def test_pretuned_table_lookup(fa, monkeypatch):
     assert fwd.pretuned("fwd", args, meta) is None  # not a Hopper part
     for (kernel, _, _, _, _), (bm, bn, warps, stages) in fwd.TUNED_H200.items():
         assert kernel in ("fwd", "dkdv", "dq") and bm in (32, 64, 128) and bn in (32, 64, 128)
-        assert warps in (4, 8) and stages in (2, 3, 4)
+        assert warps in (4, 8) and stages in (2, 3, 4, 5)
+
+
+def test_descriptor_layouts(fa):
+    """K/V go through tensor descriptors only when (batch, head, seq) flatten into rows with a
+    16-byte row stride; asking for them elsewhere is refused with a message, not misread."""
+    fwd = sys.modules["kernels.flash_attn_fwd"]
+    if fwd.TensorDescriptor is None:
+        pytest.skip("this Triton has no tensor descriptors")
+    x = torch.zeros(2, 4, 40, 64, dtype=torch.float16)
+    assert fwd._rows_view(x) == (2 * 4 * 40, 64)
+    assert fwd._rows_view(x.transpose(1, 2).contiguous().transpose(1, 2)) is None  # (B, s, H, d)
+    assert fwd._rows_view(x[:, :, :20]) is None  # heads 40 rows apart, 20 used
+    assert fwd._rows_view(x[:1, :1, :20]) == (20, 64)  # one head: any row count
+    assert fwd._rows_view(torch.zeros(1, 2, 8, 100, dtype=torch.float16)[..., :36]) is None  # 200 B rows
+    assert fwd.descriptors_usable(x, x, 64, True)
+    assert not fwd.descriptors_usable(x, x, 64, False)
+    assert not fwd.descriptors_usable(x, x, 80, True)  # padded head dim: pointers
+    assert not fwd.descriptors_usable(x, x, 64, None)  # CPU tensor, no forcing: pointers
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)
+    kt = torch.zeros(1, 16, 2, 64, dtype=torch.float16).transpose(1, 2)
+    with pytest.raises(ValueError, match="USE_DESC=True"):
+        fwd.attention_forward(q, kt, kt, False, 0.125, {"BLOCK_M": 16, "BLOCK_N": 16,
+                                                          "num_warps": 4, "num_stages": 1,
+                                                          "USE_DESC": True})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +280,18 @@ def _stride0_grad_case(fa):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-5, rtol=1e-4)
 
 
-INTERP_IDS = [f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
+# The same cases with K/V read through tensor descriptors (TMA on a GPU; emulated by the
+# interpreter): head dims that are powers of two, contiguous layouts, ragged tails and GQA.
+INTERP_DESC = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "USE_DESC": True}
+INTERP_DESC_CASES = [
+    (1, 4, 2, 97, 97, 64, True, torch.float16),
+    (2, 2, 2, 70, 70, 32, False, torch.float32),
+    (1, 4, 1, 17, 130, 16, True, torch.float32),
+    (1, 2, 2, 130, 33, 16, False, torch.float16),
+]
+
+INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
+              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))])
 
 
 def _interp_worker() -> None:
@@ -265,6 +300,8 @@ def _interp_worker() -> None:
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     runs = [lambda c=c: check_against_reference(fa, *c, "cpu") for c in INTERP_CASES]
     runs += [lambda: _strided_case(fa), lambda: _stride0_grad_case(fa)]
+    runs += [lambda c=c: check_against_reference(fa, *c, "cpu", config=INTERP_DESC)
+             for c in INTERP_DESC_CASES]
     results = {}
     for name, run in zip(INTERP_IDS, runs, strict=True):
         try:
@@ -330,6 +367,18 @@ def test_gpu_unequal_lengths(fa, poisoned, s_q, s_k, d, causal):
 def test_gpu_strides_and_fp32(fa, poisoned, layout, dtype):
     check_against_reference(fa, 2, 8, 2, 300, 300, 64, True, dtype, "cuda", layout=layout,
                             config=GPU_CONFIG, scale=0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [16, 64, 128, 256])
+@pytest.mark.parametrize("s_q,s_k", [(1, 1), (97, 97), (1025, 1025), (2065, 2065), (130, 1000),
+                                     (1000, 130)])
+def test_gpu_descriptor_path(fa, poisoned, s_q, s_k, d, causal, dtype):
+    """K/V through tensor descriptors (TMA), forced on, GQA 4: ragged tails and diagonals."""
+    config = dict(GPU_CONFIG_D256 if d > 128 else GPU_CONFIG, USE_DESC=True)
+    check_against_reference(fa, 2, 8, 2, s_q, s_k, d, causal, dtype, "cuda", config=config)
 
 
 @pytest.mark.gpu
