@@ -178,6 +178,7 @@ def _prune_fwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list
     is far longer than the sequence (they would only compute padding)."""
     hit = pretuned("fwd", named_args, kwargs)
     if hit is not None:
+        hit.pre_hook = _set_tiles  # a new Config: it needs the descriptors' tile hook too
         return [hit]
     d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
     elem = named_args["Q"].element_size()
@@ -192,7 +193,11 @@ def _prune_fwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list
         if d >= 256 and (bn > 64 or st > 2):
             continue
         kept.append(c)
-    return kept or [triton.Config(dict(BLOCK_M=64, BLOCK_N=32), num_warps=4, num_stages=1)]
+    if not kept:
+        kept = [triton.Config(dict(BLOCK_M=64, BLOCK_N=32), num_warps=4, num_stages=1)]
+    for c in kept:
+        c.pre_hook = _set_tiles
+    return kept
 
 
 def _autotune_options() -> dict:
@@ -267,6 +272,9 @@ def _fwd_key_loop(
             # reads a neighbouring head here.
             k = desc_k.load([kv_row0 + start_n, 0])
             v = desc_v.load([kv_row0 + start_n, 0])
+            # The tile is the descriptor's block shape, fixed when the kernel is compiled: a
+            # descriptor left with another shape would silently skip keys. Refuse to compile.
+            tl.static_assert(k.shape[0] == BLOCK_N and v.shape[0] == BLOCK_N)
         elif EVEN_D:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
@@ -313,7 +321,9 @@ def _fwd_key_loop_ahead(
     FlashAttention-3 gets by hand, arXiv 2407.08608, section 3.2). Costs one more
     (BLOCK_M, BLOCK_N) fp32 score tile of registers. Needs hi - lo >= BLOCK_N.
     """
-    qk = tl.dot(q, tl.trans(desc_k.load([kv_row0 + lo, 0])))
+    k = desc_k.load([kv_row0 + lo, 0])
+    tl.static_assert(k.shape[0] == BLOCK_N)  # the descriptor's tile must be (BLOCK_N, d)
+    qk = tl.dot(q, tl.trans(k))
     for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         qk_next = tl.dot(q, tl.trans(desc_k.load([kv_row0 + start_n, 0])))
@@ -346,6 +356,7 @@ def _fwd_key_loop_ws(
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = desc_k.load([kv_row0 + start_n, 0])
+        tl.static_assert(k.shape[0] == BLOCK_N)  # the descriptor's tile must be (BLOCK_N, d)
         qk = tl.dot(q, tl.trans(k))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])

@@ -206,7 +206,12 @@ def test_pretuned_table_lookup(fa, monkeypatch):
     want = fwd.TUNED_H200[("fwd", 2, 128, False, 4096)]
     assert hit is not None and (hit.kwargs["BLOCK_M"], hit.kwargs["BLOCK_N"], hit.num_warps,
                                 hit.num_stages) == want
-    assert [c.kwargs for c in fwd._prune_fwd([], args, **meta)] == [hit.kwargs]
+    pruned = fwd._prune_fwd([], args, **meta)
+    assert [c.kwargs for c in pruned] == [hit.kwargs]
+    # the stored choice sets the descriptors' tiles like every other config (else the kernel
+    # would be compiled for a placeholder tile and skip keys: found on the H200, fixed)
+    assert pruned[0].pre_hook is fwd._set_tiles
+    assert all(c.pre_hook is fwd._set_tiles for c in fwd._fwd_kernel_tuned.configs)
     assert fwd.pretuned("fwd", {**args, "seq_bucket": 256}, meta) is None  # not stored
     assert fwd.pretuned("fwd", {"seq_bucket": 4096}, meta) is None  # malformed: tune
     monkeypatch.setenv("FLASH_ATTN_TUNE", "1")
