@@ -56,6 +56,7 @@ from kernels.flash_attn_fwd import (
     _mm,
     _mma,
     block_d,
+    cdiv,
     launch,
     pretuned,
     seq_bucket,
@@ -428,7 +429,7 @@ def attention_backward(
     )
     # dQ first: it writes delta, which the dK/dV launch reads.
     launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, config, dq_args,
-           lambda c: (triton.cdiv(s_q, c["BLOCK_M"]), B * H))
+           lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H))
     launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, config, dkdv_args,
-           lambda c: (triton.cdiv(s_k, c["BLOCK_N"]), B * H_kv))
+           lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv))
     return dq, dk, dv
