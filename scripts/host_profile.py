@@ -1,6 +1,6 @@
 """Where the host time of one short forward call goes (cProfile, tiny shape, GPU mostly idle).
 
-    python scripts/host_profile.py [--calls 3000]
+    PYTHONPATH=. python scripts/host_profile.py [--calls 3000] [--backward]
 """
 import argparse
 import cProfile
@@ -15,23 +15,37 @@ from kernels.flash_attn import flash_attention
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000)
-    n = ap.parse_args().calls
-    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    ap.add_argument("--backward", action="store_true", help="forward + backward instead")
+    args = ap.parse_args()
+    n = args.calls
+    q, k, v, do = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
+                   for _ in range(4))
+    if args.backward:
+        for t in (q, k, v):
+            t.requires_grad_()
+
+    def call():
+        if args.backward:
+            flash_attention(q, k, v).backward(do)
+        else:
+            flash_attention(q, k, v)
+
     for _ in range(50):
-        flash_attention(q, k, v)
+        call()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
-        flash_attention(q, k, v)
+        call()
     torch.cuda.synchronize()
-    print(f"flash_attention fwd, no grad: {(time.perf_counter() - t) / n * 1e6:.1f} us/call")
+    what = "fwd+bwd" if args.backward else "fwd, no grad"
+    print(f"flash_attention {what}: {(time.perf_counter() - t) / n * 1e6:.1f} us/call")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):
-        flash_attention(q, k, v)
+        call()
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
