@@ -1,0 +1,72 @@
+"""The benchmark and tuning scripts' own logic, on the CPU: FLOP convention, the table, the
+refusal to time a wrong result, and which variants a tuning sweep builds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kernels import bench, tune_fwd  # noqa: E402
+
+
+def test_flops_convention():
+    """DESIGN.md: forward 4*B*H*s^2*d, half when causal; forward+backward 3.5 x forward."""
+    assert bench.flops(1, 32, 4096, 128, False, "fwd") == 4 * 32 * 4096**2 * 128
+    assert bench.flops(2, 8, 1000, 64, True, "fwd") == 4 * 2 * 8 * 1000**2 * 64 / 2
+    assert bench.flops(1, 1, 10, 16, False, "fwd_bwd") == 3.5 * 4 * 100 * 16
+
+
+def _row(impl, tflops, status="ok", **kw):
+    base = dict(impl=impl, dtype="bf16", batch=1, heads=32, seq_len=4096, head_dim=128,
+                causal=False, mode="fwd", median_ms=1.0, tflops=tflops, rel_err=math.nan,
+                status=status, gpu="g", torch_version="t", triton_version="tr", timestamp="now")
+    base.update(kw)
+    return bench.Row(**base)
+
+
+def test_table_ratios_and_refused_rows():
+    rows = [_row("triton", 500.0), _row("sdpa_cudnn", 625.0), _row("sdpa_flash", 250.0)]
+    text = bench.table(rows)
+    assert "| bf16 | 128 | no | fwd | 4096 | 500 | 625 | 250 | 0.80 | 2.00 |" in text
+    wrong = [_row("triton", math.nan, status="wrong: rel err 3"), _row("sdpa_cudnn", 625.0),
+             _row("sdpa_flash", 250.0)]
+    line = bench.table(wrong).splitlines()[-1]
+    assert "wrong: rel e" in line and line.endswith("| - | - |")  # no ratio from a wrong row
+
+
+@pytest.mark.parametrize("factor,expect_ok", [(1.0, True), (1.001, True), (3.0, False)])
+def test_measure_refuses_a_wrong_result(monkeypatch, factor, expect_ok):
+    """A kernel whose output is off gets no time, only its error; a right one is timed."""
+    import triton.testing
+
+    q, k, v, do = (torch.randn(1, 2, 8, 16) for _ in range(4))
+    ref = torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v
+    monkeypatch.setattr(bench, "_impl_fn", lambda name: lambda a, b, c, causal: ref * factor)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.25)[1])
+    ms, rel, status = bench.measure("triton", q, k, v, do, False, "fwd", ref)
+    if expect_ok:
+        assert status == "ok" and ms == 0.25 and rel == pytest.approx(factor - 1, abs=1e-6)
+    else:
+        assert status.startswith("wrong: rel err") and math.isnan(ms) and rel == pytest.approx(2)
+
+
+def test_tune_variants():
+    """Experimental loops only with descriptors; configs that overflow shared memory dropped."""
+    configs = [(128, 128, 8, 3), (128, 128, 8, 5)]  # the second needs 4 * 64 KiB of K/V
+    got = tune_fwd._variants([128], [False], configs, [False, True], ["plain", "ahead", "ws"])
+    assert {(c, desc, x) for _, _, c, desc, x in got} == {
+        ((128, 128, 8, 3), False, "plain"), ((128, 128, 8, 3), True, "plain"),
+        ((128, 128, 8, 3), True, "ahead"), ((128, 128, 8, 3), True, "ws")}
+    cfg = tune_fwd._cfg((64, 32, 4, 2), True, "ws")
+    assert cfg == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+                   "USE_DESC": True, "WS": True}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_tune_refuses_without_gpu(capsys):
+    assert tune_fwd.main(["--dims", "64", "--seqs", "1024"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
