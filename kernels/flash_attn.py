@@ -114,7 +114,14 @@ def flash_attention(
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
-    (tests and the interpreter use it; the interpreter always uses a fixed small config).
+    (tests and the interpreter use it; the interpreter always uses a fixed small config);
+    it may add "USE_DESC": True/False to force the forward's K/V loads through tensor
+    descriptors or not.
+
+    On a Hopper GPU (Triton >= 3.4) the forward reads K and V through tensor descriptors (the
+    TMA copy engine) for 16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into
+    rows (the contiguous layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the
+    descriptors off, FLASH_ATTN_TUNE=1 re-tunes instead of using the stored H200 choices.
     """
     _check_inputs(q, k, v, scale)
     if scale is None:

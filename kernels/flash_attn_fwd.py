@@ -564,8 +564,8 @@ def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | N
 
     ``force`` True/False overrides the choice (tests, tuning); otherwise descriptors are used
     on GPUs with a tensor-memory copy engine (compute capability 9.0 and newer) unless
-    FLASH_ATTN_DESC=0, for key lengths of DESC_MIN_BUCKET and more. Either way the layout
-    must allow the (rows, d) view.
+    FLASH_ATTN_DESC=0, for 16-bit inputs and key lengths of DESC_MIN_BUCKET and more. Either
+    way the layout must allow the (rows, d) view.
     """
     if TensorDescriptor is None or force is False or d != block_d(d) or d * k.element_size() < 16:
         return False
@@ -574,6 +574,8 @@ def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | N
             return False
         if seq_bucket(k.shape[2]) < DESC_MIN_BUCKET:
             return False
+        if k.element_size() != 2:  # fp32 (the exact, slow path) keeps the pointer loads that
+            return False  # its GPU tests cover; descriptors were tuned and tested on 16-bit
         if torch.cuda.get_device_capability(k.device)[0] < 9:
             return False
     return _rows_view(k) is not None and _rows_view(v) is not None
