@@ -320,6 +320,19 @@ def _fwd_key_loop(
 
 
 @triton.jit
+def _online_update(acc, m_i, l_i, qk, v, qk_scale):
+    """One unmasked online-softmax step of the experimental loops below: fold the raw scores
+    qk of one key block (and its value tile v) into (acc, m, l). Same arithmetic as the
+    unmasked branch of `_fwd_key_loop`."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _fwd_key_loop_ahead(
     acc, m_i, l_i, q, desc_k, desc_v, kv_row0, lo, hi, qk_scale,
     BLOCK_N: tl.constexpr,
@@ -338,21 +351,11 @@ def _fwd_key_loop_ahead(
     for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         qk_next = tl.dot(q, tl.trans(desc_k.load([kv_row0 + start_n, 0])))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = desc_v.load([kv_row0 + start_n - BLOCK_N, 0])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, m_i, l_i = _online_update(acc, m_i, l_i, qk, v, qk_scale)
         qk = qk_next
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
     v = desc_v.load([kv_row0 + hi - BLOCK_N, 0])
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, m_new, l_i
+    return _online_update(acc, m_i, l_i, qk, v, qk_scale)
 
 
 @triton.jit
@@ -368,14 +371,8 @@ def _fwd_key_loop_ws(
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = desc_k.load([kv_row0 + start_n, 0])
         tl.static_assert(k.shape[0] == BLOCK_N)  # the descriptor's tile must be (BLOCK_N, d)
-        qk = tl.dot(q, tl.trans(k))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = desc_v.load([kv_row0 + start_n, 0])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, m_i, l_i = _online_update(acc, m_i, l_i, tl.dot(q, tl.trans(k)), v, qk_scale)
     return acc, m_i, l_i
 
 

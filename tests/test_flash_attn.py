@@ -295,8 +295,11 @@ INTERP_DESC_CASES = [
     (1, 2, 2, 130, 33, 16, False, torch.float16),
 ]
 
+# The experimental forward loops (off by default; kernels/NOTES.md step 3) stay correct too.
+INTERP_EXPERIMENTS = {"ahead": dict(INTERP_DESC, AHEAD=True), "ws": dict(INTERP_DESC, WS=True)}
+
 INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
-              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))])
+              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))] + list(INTERP_EXPERIMENTS))
 
 
 def _interp_worker() -> None:
@@ -307,6 +310,9 @@ def _interp_worker() -> None:
     runs += [lambda: _strided_case(fa), lambda: _stride0_grad_case(fa)]
     runs += [lambda c=c: check_against_reference(fa, *c, "cpu", config=INTERP_DESC)
              for c in INTERP_DESC_CASES]
+    runs += [lambda cfg=cfg, causal=causal: check_against_reference(
+                 fa, 1, 4, 2, 130, 130, 32, causal, torch.float16, "cpu", config=cfg)
+             for causal, cfg in zip((False, True), INTERP_EXPERIMENTS.values(), strict=True)]
     results = {}
     for name, run in zip(INTERP_IDS, runs, strict=True):
         try:
