@@ -57,6 +57,7 @@ from kernels.flash_attn_fwd import (
     _mma,
     block_d,
     cdiv,
+    key_range,
     launch,
     pretuned,
     seq_bucket,
@@ -352,13 +353,7 @@ def _bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # ---- the same split of the key range as the forward ----------------------------------------
-    s_k_full = (s_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        full_hi = tl.minimum(s_k_full, (start_m // BLOCK_N) * BLOCK_N)
-        hi = tl.minimum(s_k, start_m + BLOCK_M)
-    else:
-        full_hi = s_k_full
-        hi = s_k
+    full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
                       offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
                       BLOCK_N, EVEN_D, False, CAUSAL, IEEE)

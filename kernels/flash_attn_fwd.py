@@ -320,6 +320,25 @@ def _fwd_key_loop(
 
 
 @triton.jit
+def key_range(start_m, s_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full_hi, hi) for the query tile starting at row start_m.
+
+    full_hi: end of the key blocks that every row of the tile sees entirely (no mask needed);
+    hi:      end of the keys that any row of the tile sees (top-left causal alignment).
+    Keys [full_hi, hi) are the diagonal and ragged-tail blocks that need a mask. The forward
+    and the dQ kernel split their key loops the same way with it.
+    """
+    s_k_full = (s_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        full_hi = tl.minimum(s_k_full, (start_m // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(s_k, start_m + BLOCK_M)
+    else:
+        full_hi = s_k_full
+        hi = s_k
+    return full_hi, hi
+
+
+@triton.jit
 def _online_update(acc, m_i, l_i, qk, v, qk_scale):
     """One unmasked online-softmax step of the experimental loops below: fold the raw scores
     qk of one key block (and its value tile v) into (acc, m, l). Same arithmetic as the
@@ -436,16 +455,8 @@ def _fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # ---- which key blocks need a mask ---------------------------------------------------------
-    # full_hi: end of the key blocks that every row of this tile sees entirely.
-    # hi:      end of the keys that any row of this tile sees.
-    s_k_full = (s_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        full_hi = tl.minimum(s_k_full, (start_m // BLOCK_N) * BLOCK_N)
-        hi = tl.minimum(s_k, start_m + BLOCK_M)
-    else:
-        full_hi = s_k_full
-        hi = s_k
+    # ---- which key blocks need a mask: [0, full_hi) none, [full_hi, hi) the diagonal/tail ----
+    full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
     kv_row0 = (b * (H // GROUP) + h_kv) * s_k
     if AHEAD and USE_DESC and not IEEE:
         if full_hi > 0:
