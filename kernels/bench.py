@@ -22,7 +22,9 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-IMPLS = ("triton", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math")
+# "triton" is what flash_attention runs (on Hopper: the Gluon forward, kernels/flash_attn_fwd_sm90.py,
+# with the Triton backward); "triton_generic" is the portable Triton forward on the same GPU.
+IMPLS = ("triton", "triton_generic", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math")
 SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
         "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
 # Relative L2 error of our output against cuDNN's above which a timing is not reported: 16-bit
@@ -66,6 +68,11 @@ def _impl_fn(name: str):
         from kernels.flash_attn import flash_attention
 
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
+    if name == "triton_generic":
+        from kernels.flash_attn import flash_attention
+
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal,
+                                                       config={"SM90": False})
     backend = getattr(SDPBackend, SDPA[name])
 
     def run(q, k, v, causal):
@@ -146,7 +153,7 @@ def run_grid(args) -> list[Row]:
                             if name == "sdpa_math" and s > MATH_MAX_SEQ:
                                 continue
                             ms, rel, status = measure(name, q, k, v, do, bool(causal), mode,
-                                                      ref if name == "triton" else None)
+                                                      ref if name.startswith("triton") else None)
                             tf = flops(B, H, s, d, bool(causal), mode) / (ms * 1e-3) / 1e12
                             rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms, tf,
                                             rel, status, **stamp))

@@ -404,7 +404,7 @@ def attention_backward(
     group = H // H_kv
     bd = block_d(d)
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
-        config = {key: val for key, val in config.items() if key not in FWD_ONLY_KEYS}
+        config = {key: val for key, val in config.items() if key not in FWD_ONLY_KEYS} or None
     delta = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)

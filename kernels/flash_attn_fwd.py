@@ -558,7 +558,7 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 # Keys of a config dict that only the forward understands; the backward drops them.
-FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS")
+FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N")
 
 # Below this length bucket the forward loads K/V with pointers even where descriptors work:
 # at s = 1024 the host time of encoding two tensor maps per launch cost more than the copy
@@ -608,6 +608,36 @@ for _c in _fwd_kernel_tuned.configs:
     _c.pre_hook = _set_tiles
 
 
+# ---- the hand-scheduled Hopper forward (Gluon) -----------------------------------------------
+try:
+    from kernels import flash_attn_fwd_sm90 as _sm90
+except Exception:  # Triton without Gluon's Hopper API (or an API this code does not know)
+    _sm90 = None
+
+
+def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | None) -> bool:
+    """Whether the forward runs `flash_attn_fwd_sm90` instead of the Triton kernel below.
+
+    By default: on compute capability 9.x, for fp16/bf16 with d 64 or 128 and layouts the copy
+    engine can read, unless FLASH_ATTN_SM90=0. ``config["SM90"]`` True/False forces the choice
+    (True raises where the kernel cannot run); any other config selects the Triton kernel.
+    """
+    forced = None if config is None else config.get("SM90")
+    if forced is False or (config is not None and forced is None):
+        return False
+    ok = _sm90 is not None and not _interpreting() and _sm90.usable(q, k, v)
+    if forced and not ok:
+        raise ValueError("SM90=True was asked for, but the Hopper forward cannot run here (it "
+                         "needs Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, "
+                         f"head dim in {_sm90.HEAD_DIMS if _sm90 else (64, 128)} and "
+                         "16-byte aligned strides with unit last stride)")
+    return ok and (forced or os.environ.get("FLASH_ATTN_SM90") != "0")
+
+
+def _interpreting() -> bool:
+    return type(_fwd_kernel).__name__ == "InterpretedFunction"
+
+
 def attention_forward(
     q: torch.Tensor,  # (B, H, s_q, d)
     k: torch.Tensor,  # (B, H_kv, s_k, d)
@@ -622,6 +652,12 @@ def attention_forward(
     skips the autotuner; the interpreter and the tests use it. Inputs are read through their
     strides: nothing is copied.
     """
+    if _use_sm90(q, k, v, config):
+        cfg = config or {}
+        return _sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
+                                            cfg.get("SM90_STAGES"), cfg.get("SM90_BLOCK_N"))
+    if config is not None and "SM90" in config:
+        config = {key: val for key, val in config.items() if not key.startswith("SM90")} or None
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     force = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -390,6 +391,62 @@ def test_gpu_descriptor_path(fa, poisoned, s_q, s_k, d, causal, dtype):
     """K/V through tensor descriptors (TMA), forced on, GQA 4: ragged tails and diagonals."""
     config = dict(GPU_CONFIG_D256 if d > 128 else GPU_CONFIG, USE_DESC=True)
     check_against_reference(fa, 2, 8, 2, s_q, s_k, d, causal, dtype, "cuda", config=config)
+
+
+HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 17), (97, 97), (128, 128), (1000, 1000),
+                                     (1025, 1025), (2065, 2065), (130, 1000), (1000, 130),
+                                     (1, 1025), (1025, 1), (300, 4100)])
+def test_gpu_sm90_path(fa, poisoned, s_q, s_k, group, d, causal, dtype):
+    """The hand-scheduled Hopper forward (flash_attn_fwd_sm90), forced on: ragged tails,
+    diagonals, s_q != s_k, GQA; gradients through the Triton backward on its O and lse2."""
+    check_against_reference(fa, 2, 8, 8 // group, s_q, s_k, d, causal, dtype, "cuda",
+                            config={"SM90": True})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_sm90_strided(fa, poisoned, dtype):
+    """(B, s, H, d) storage viewed as (B, H, s, d): the descriptors take the strides as they are."""
+    check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
+                            config={"SM90": True}, scale=0.2)
+
+
+def test_sm90_dispatch_rules():
+    """Which forward runs: a config without "SM90" picks the Triton kernel, SM90 False too;
+    SM90 True where the Gluon kernel cannot run says why instead of running something else."""
+    fwd = importlib.import_module("kernels.flash_attn_fwd")
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    assert fwd._use_sm90(q, q, q, {"SM90": False}) is False
+    assert fwd._use_sm90(q, q, q, dict(GPU_CONFIG)) is False
+    assert fwd._use_sm90(q, q, q, None) is False  # CPU tensors
+    with pytest.raises(ValueError, match="SM90=True"):
+        fwd._use_sm90(q, q, q, {"SM90": True})
+
+
+def test_sm90_kernel_compiles_for_hopper():
+    """The Gluon forward compiles for sm_90 on this machine (no GPU needed: Triton's compiler
+    and ptxas run on the CPU), without register spills and within the 227 KiB of shared
+    memory one block may use."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    spec = importlib.util.spec_from_file_location(
+        "compile_sm90", os.path.join(os.path.dirname(__file__), "..", "scripts", "compile_sm90.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ck = mod.compile_variant("bf16", 128, True, 128, 2)
+    regs, spills = mod._ptxas_usage(ck.asm["ptx"])
+    assert spills == "0", f"ptxas reports {spills} bytes of spill stores ({regs} registers)"
+    assert ck.metadata.shared <= 227 * 1024
+    assert ck.asm["ptx"].count("wgmma.wait_group.sync.aligned 1") >= 1  # the overlap is there
 
 
 @pytest.mark.gpu

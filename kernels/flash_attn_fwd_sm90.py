@@ -1,0 +1,332 @@
+"""FlashAttention forward for Hopper (sm_90), written in Gluon: the algorithm of
+``flash_attn_fwd.py``, with the schedule spelled out by hand.
+
+Why a second forward
+--------------------
+``flash_attn_fwd.py`` states the algorithm (online softmax in base 2, tiling, causal block
+skipping) and leaves the schedule to Triton's compiler. On an H200 that reaches about 0.85-0.96x
+cuDNN at d = 128 (kernels/NOTES.md): the tensor cores sit idle while the exp2s of the softmax
+run, because each step's softmax needs that step's scores and the next product needs the
+softmax. FlashAttention-3 (Shah et al., arXiv 2407.08608, section 3.2, "intra-warpgroup
+overlapping") breaks the chain by keeping two key blocks in flight: while the warps run the
+softmax of block j+1, the tensor cores are still busy with block j's P.V product.
+Plain Triton gives no control over when an asynchronous product is waited for; Gluon (Triton's
+lower-level dialect: explicit layouts, shared memory, barriers, warpgroup MMA) does.
+
+The schedule of one program (BLOCK_M = 128 query rows, 8 warps = 2 warpgroups of 64 rows):
+
+    load Q, and K/V blocks 0 .. STAGES-1 through the copy engine (TMA), each block on its own
+    mbarrier; S_0 = Q K_0^T; P_0 = softmax step of S_0
+    for j = 0 .. n-2:
+        issue  S_{j+1} = Q K_{j+1}^T            (tensor cores, asynchronous)
+        issue  O += P_j V_j                     (tensor cores, asynchronous, P from registers)
+        wait for S_{j+1} only                   (O's product may still run)
+        softmax step of S_{j+1} -> P_{j+1}, row max m, row sum l, rescale factor alpha
+                                                (exp2 units, overlapping O += P_j V_j)
+        wait for O; O *= alpha
+        both warpgroups done with K_{j+1} and V_j: refill their buffers with
+        K_{j+1+STAGES} and V_{j+STAGES}
+    O += P_{n-1} V_{n-1}; O /= l; store O (TMA) and lse2 = m + log2(l)
+
+O is rescaled after its product lands, not before the product is issued: the rescale of step
+j+1 needs the max of block j+1, which is only known after that softmax, so the product of
+step j accumulates under the old max and O *= alpha_{j+1} follows. The arithmetic is the one of
+``flash_attn_fwd._fwd_key_loop``; the outputs (O, lse2 in log2 units) are the same, so the
+Triton backward consumes them unchanged.
+
+Tiles come through rank-4 tensor descriptors over (B, H, s, d) with tiles [1, 1, BLOCK, d]:
+rows past the end of a head's sequence are out of bounds of that descriptor, so the copy
+engine fills them with zeros on loads and drops them on stores. A ragged tail never reads a
+neighbouring head, and any layout whose last stride is 1 (and whose strides are 16-byte
+multiples) works without a copy.
+
+Key blocks that every row of the query tile sees whole run without a mask; the diagonal
+block(s) of causal attention and the ragged tail run with one (two loops with the same body).
+
+Scope: compute capability 9.x, fp16/bf16, d in {64, 128}. Everything else (and every other GPU)
+uses ``flash_attn_fwd``.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# The copy-engine calls were renamed after Triton 3.6 (async_copy_global_to_shared ->
+# async_load, async_copy_shared_to_global -> async_store); the old names now raise.
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+# ... and the CTA-wide barrier: thread_barrier (3.6) -> barrier (3.9).
+_cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
+NUM_WARPS = 8
+# (BLOCK_N, STAGES) per head dim: STAGES buffers of K and of V each. d = 128, 3 stages:
+# Q 32 KiB + 3 * (32 + 32) KiB = 224 KiB of the 227 KiB a block may use.
+TILES = {64: (128, 3), 128: (128, 2)}
+
+
+@gluon.jit
+def _issue_kv(desc, smem, bars, b, h_kv, block, pred, STAGES: gl.constexpr):
+    """Start the copy of key (or value) block ``block`` into its ring buffer slot."""
+    slot = block % STAGES
+    bar = bars.index(slot)
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+    _tma_load(desc, [b, h_kv, block * desc.block_type.shape[2], 0], bar,
+                                    smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _tile(smem, block, STAGES: gl.constexpr):
+    """The 2-d (BLOCK_N, d) view of the ring slot that holds key/value block ``block``."""
+    t = smem.index(block % STAGES)
+    return t.reshape([t.shape[2], t.shape[3]])
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr,
+                  DTYPE: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """One online-softmax step on raw scores s (BLOCK_M, BLOCK_N) of key columns ``cols``.
+
+    Returns P (input dtype, in the register layout the P.V product reads), the new row max,
+    the new row sum and alpha = 2^(m_old - m_new), the factor for what O accumulated so far.
+    The same arithmetic as flash_attn_fwd._fwd_key_loop (base 2, log2(e) folded in qk_scale).
+    """
+    if MASKED:
+        visible = gl.expand_dims(cols, 0) < s_k
+        if CAUSAL:  # top-left alignment: query row i sees keys j <= i
+            visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    else:
+        # max(scale * x) == scale * max(x) for scale > 0; scale * x - m is one FMA per score
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
+
+
+@gluon.jit
+def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+              b, h_kv, n_blocks, qk_scale, rows, cols, s_k,
+              o_row: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr,
+              STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Step j of the key loop: S_{j+1} and O += P_j V_j in flight together (module docstring)."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    nxt = j + 1
+    mbarrier.wait(k_bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+    s = warpgroup_mma(q, _tile(k_smem, nxt, STAGES).permute((1, 0)), s, use_acc=False,
+                      is_async=True)
+    mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
+    acc = warpgroup_mma(p, _tile(v_smem, j, STAGES), acc, is_async=True)
+    # wgmma groups complete in order: one outstanding group left means S_{j+1} has landed
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, nxt * BLOCK_N + cols,
+                                            s_k, p_layout, DTYPE, MASKED, CAUSAL)
+    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
+    # Both warpgroups have finished reading K_{j+1} and V_j: their slots take the blocks
+    # STAGES ahead. The barrier keeps one warpgroup from overwriting what the other still reads.
+    _cta_barrier()
+    _issue_kv(k_desc, k_smem, k_bars, b, h_kv, nxt + STAGES, nxt + STAGES < n_blocks, STAGES)
+    _issue_kv(v_desc, v_smem, v_bars, b, h_kv, j + STAGES, j + STAGES < n_blocks, STAGES)
+    return s, p_next, acc, m_i, l_i
+
+
+@gluon.jit(do_not_specialize=["s_q", "s_k"])
+def attn_fwd_sm90_kernel(
+    q_desc, k_desc, v_desc, o_desc,  # rank-4 descriptors over (B, H, s, d), tiles [1, 1, BLOCK, d]
+    LSE2,  # (B, H, s_q) fp32, contiguous: m + log2(l) per row, log2 units
+    H, GROUP,  # query heads; query heads per key/value head (GQA)
+    s_q, s_k,
+    qk_scale,  # softmax scale * log2(e)
+    CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr,  # K and V buffers each
+    num_warps: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    HEAD_D: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    DTYPE: gl.constexpr = q_desc.dtype
+    # Warpgroup-MMA register layouts: warp w owns rows 16w .. 16w+15 of a tile, so the scores,
+    # O and the row statistics of one row all live in the same warp.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    pid = gl.program_id(0)
+    if CAUSAL:  # the last query tiles see the most keys: start them first
+        pid = gl.num_programs(0) - 1 - pid
+    start_m = pid * BLOCK_M
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    h_kv = h // GROUP
+
+    # Keys [0, full_hi) are visible to every row of the tile; [full_hi, hi) need a mask.
+    if CAUSAL:
+        hi = gl.minimum(s_k, start_m + BLOCK_M)
+        full_hi = gl.minimum((s_k // BLOCK_N) * BLOCK_N, (start_m // BLOCK_N) * BLOCK_N)
+    else:
+        hi = s_k
+        full_hi = (s_k // BLOCK_N) * BLOCK_N
+    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+    n_full = full_hi // BLOCK_N
+
+    q_smem = gl.allocate_shared_memory(DTYPE, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        _issue_kv(k_desc, k_smem, k_bars, b, h_kv, i, i < n_blocks, STAGES)
+        _issue_kv(v_desc, v_smem, v_bars, b, h_kv, i, i < n_blocks, STAGES)
+
+    rows = start_m + gl.arange(0, BLOCK_M, s_row)
+    cols = gl.arange(0, BLOCK_N, s_col)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_row)
+    l_i = gl.zeros([BLOCK_M], gl.float32, s_row)
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.reshape([BLOCK_M, HEAD_D])
+
+    # ---- key block 0: its scores and softmax step; O is still zero ----------------------------
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q, _tile(k_smem, 0, STAGES).permute((1, 0)), s, use_acc=False,
+                      is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    if n_full > 0:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
+                                           DTYPE, False, CAUSAL)
+    else:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
+                                           DTYPE, True, CAUSAL)
+    _cta_barrier()  # both warpgroups are done with K_0
+    _issue_kv(k_desc, k_smem, k_bars, b, h_kv, STAGES, STAGES < n_blocks, STAGES)
+
+    # ---- steps 0 .. n-2: unmasked next blocks first, then the diagonal / tail ones -------------
+    for j in range(0, n_full - 1):
+        s, p, acc, m_i, l_i = _key_step(
+            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+            b, h_kv, n_blocks, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES,
+            False, CAUSAL)
+    for j in range(gl.maximum(n_full - 1, 0), n_blocks - 1):
+        s, p, acc, m_i, l_i = _key_step(
+            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+            b, h_kv, n_blocks, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES,
+            True, CAUSAL)
+
+    # ---- the last block's P.V, then normalise and store ----------------------------------------
+    last = n_blocks - 1
+    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(p, _tile(v_smem, last, STAGES), acc, is_async=True)
+    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_row), 1)
+    lse_ptrs = LSE2 + bh.to(gl.int64) * s_q + rows
+    gl.store(lse_ptrs, m_i + gl.log2(l_i), mask=rows < s_q)
+    # O leaves through Q's buffer: every product that read Q has completed in both warpgroups
+    # (the barrier of the last step). Rows past s_q are outside o_desc and are not written.
+    q.store(acc.to(DTYPE))
+    fence_async_shared()
+    _cta_barrier()
+    _tma_store(o_desc, [b, h, start_m, 0], q_smem)
+    tma.store_wait(pendings=0)
+
+
+# ---- host side ------------------------------------------------------------------------------
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_LAYOUTS: dict = {}
+
+
+def _layout(dtype: torch.dtype, rows: int, d: int):
+    key = (dtype, rows, d)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for([1, 1, rows, d],
+                                                                   _GL_DTYPES[dtype])
+    return lay
+
+
+def _strides(t: torch.Tensor) -> list[int]:
+    """t's strides, with those of size-1 dims (which address nothing) replaced by the packed
+    value, so that a view's arbitrary stride there cannot upset the descriptor's encoding."""
+    st = list(t.stride())
+    for i in (2, 1, 0):
+        if t.shape[i] == 1:
+            st[i] = st[i + 1] * t.shape[i + 1]
+    return st
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """The copy engine needs a unit last stride, a 16-byte aligned base, and positive strides
+    that are multiples of 16 bytes (cuTensorMapEncodeTiled's rules)."""
+    st, e = _strides(t), t.element_size()
+    return (st[3] == 1 and t.data_ptr() % 16 == 0
+            and all(x > 0 and (x * e) % 16 == 0 for x in st[:3]))
+
+
+def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether this kernel can run these inputs (the caller has validated shapes and dtypes)."""
+    if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
+        return False
+    if max(q.shape[1] * q.shape[0], 1) >= 65536:  # grid's second dimension: B * H
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    return all(_descriptor_ok(t) for t in (q, k, v))
+
+
+def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
+                           block_n: int | None = None):
+    """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as flash_attn_fwd.attention_forward returns
+    them. ``qk_scale`` is the softmax scale times log2(e). Check `usable` first."""
+    B, H, s_q, d = q.shape
+    H_kv, s_k = k.shape[1], k.shape[2]
+    bn, st = TILES[d]
+    bn = block_n or bn
+    st = stages or st
+    o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)
+    lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)
+    lay_m, lay_n = _layout(q.dtype, BLOCK_M, d), _layout(q.dtype, bn, d)
+    q_desc = TensorDescriptor(q, list(q.shape), _strides(q), [1, 1, BLOCK_M, d], lay_m)
+    o_desc = TensorDescriptor(o, list(o.shape), _strides(o), [1, 1, BLOCK_M, d], lay_m)
+    k_desc = TensorDescriptor(k, list(k.shape), _strides(k), [1, 1, bn, d], lay_n)
+    v_desc = TensorDescriptor(v, list(v.shape), _strides(v), [1, 1, bn, d], lay_n)
+    grid = (-(-s_q // BLOCK_M), B * H)
+    attn_fwd_sm90_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse2, H, H // H_kv, s_q, s_k,
+                               qk_scale, CAUSAL=bool(causal), STAGES=st, num_warps=NUM_WARPS)
+    return o, lse2
