@@ -69,21 +69,14 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 HEAD_DIMS = (64, 128)
-BLOCK_M = 128  # query rows per program: two warpgroups of 64 rows
-NUM_WARPS = 8
+BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64 rows
+HALF_M = BLOCK_M // 2
+NUM_WARPS = 4  # the default partition (first consumer); + 4 (second consumer) + 1 (loader)
+CONSUMER_REGS = gl.constexpr(224)  # registers per thread asked for the second consumer
+LOADER_REGS = gl.constexpr(24)  # ... and for the loader warp
 # (BLOCK_N, STAGES) per head dim: STAGES buffers of K and of V each. d = 128, 3 stages:
 # Q 32 KiB + 3 * (32 + 32) KiB = 224 KiB of the 227 KiB a block may use.
 TILES = {64: (128, 3), 128: (128, 2)}
-
-
-@gluon.jit
-def _issue_kv(desc, smem, bars, b, h_kv, block, pred, STAGES: gl.constexpr):
-    """Start the copy of key (or value) block ``block`` into its ring buffer slot."""
-    slot = block % STAGES
-    bar = bars.index(slot)
-    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    _tma_load(desc, [b, h_kv, block * desc.block_type.shape[2], 0], bar,
-                                    smem.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -94,9 +87,34 @@ def _tile(smem, block, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _ring_load(desc, smem, ready, empty, b, h_kv, block, STAGES: gl.constexpr):
+    """Copy key (or value) block ``block`` into its ring slot, once both consumers have
+    released what the slot held before (block - STAGES)."""
+    slot = block % STAGES
+    # The slot's "empty" barrier completes one phase per release; the first pass needs none.
+    mbarrier.wait(empty.index(slot), ((block // STAGES) + 1) & 1, pred=block >= STAGES)
+    bar = ready.index(slot)
+    mbarrier.expect(bar, desc.block_type.nbytes)
+    _tma_load(desc, [b, h_kv, block * desc.block_type.shape[2], 0], bar, smem.index(slot))
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+            v_empty, b, h, h_kv, start_m, n_blocks, STAGES: gl.constexpr):
+    """The producer warp: both query halves, then K_0, V_0, K_1, V_1, ... through the rings."""
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    for i in gl.static_range(2):
+        mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, h, start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
+    for blk in range(n_blocks):
+        _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, blk, STAGES)
+        _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, blk, STAGES)
+
+
+@gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr,
                   DTYPE: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """One online-softmax step on raw scores s (BLOCK_M, BLOCK_N) of key columns ``cols``.
+    """One online-softmax step on raw scores s (rows, BLOCK_N) of key columns ``cols``.
 
     Returns P (input dtype, in the register layout the P.V product reads), the new row max,
     the new row sum and alpha = 2^(m_old - m_new), the factor for what O accumulated so far.
@@ -119,57 +137,123 @@ def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr
 
 
 @gluon.jit
-def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-              b, h_kv, n_blocks, qk_scale, rows, cols, s_k,
+def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+              qk_scale, rows, cols, s_k,
               o_row: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Step j of the key loop: S_{j+1} and O += P_j V_j in flight together (module docstring)."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    """Step j of a consumer's key loop: S_{j+1} and O += P_j V_j in flight together."""
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
     nxt = j + 1
-    mbarrier.wait(k_bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+    mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
     s = warpgroup_mma(q, _tile(k_smem, nxt, STAGES).permute((1, 0)), s, use_acc=False,
                       is_async=True)
-    mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
+    mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
     acc = warpgroup_mma(p, _tile(v_smem, j, STAGES), acc, is_async=True)
     # wgmma groups complete in order: one outstanding group left means S_{j+1} has landed
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    mbarrier.arrive(k_empty.index(nxt % STAGES), count=1)  # this warpgroup is done with K_{j+1}
     p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, nxt * BLOCK_N + cols,
                                             s_k, p_layout, DTYPE, MASKED, CAUSAL)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+    mbarrier.arrive(v_empty.index(j % STAGES), count=1)  # ... and with V_j
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
-    # Both warpgroups have finished reading K_{j+1} and V_j: their slots take the blocks
-    # STAGES ahead. The barrier keeps one warpgroup from overwriting what the other still reads.
-    _cta_barrier()
-    _issue_kv(k_desc, k_smem, k_bars, b, h_kv, nxt + STAGES, nxt + STAGES < n_blocks, STAGES)
-    _issue_kv(v_desc, v_smem, v_bars, b, h_kv, j + STAGES, j + STAGES < n_blocks, STAGES)
     return s, p_next, acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+              v_empty, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup: 64 query rows of the program's tile, over the key blocks the loader
+    brings (module docstring). Stores its rows of O and lse2."""
+    HALF: gl.constexpr = q_smem.shape[3]
+    HEAD_D: gl.constexpr = q_smem.shape[4]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    DTYPE: gl.constexpr = q_smem.dtype
+    # Warpgroup-MMA register layouts over 4 warps: warp w owns rows 16w .. 16w+15, so the
+    # scores, O and the row statistics of one row all live in one warp.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    row0 = start_m + HALF_ID * HALF
+    # Keys [0, n_full * BLOCK_N) are visible to every row of this half: no mask there. The
+    # blocks from n_full to n_blocks (the loader's count, for the whole tile) get one.
+    if CAUSAL:
+        n_full = gl.minimum(s_k // BLOCK_N, row0 // BLOCK_N)
+    else:
+        n_full = s_k // BLOCK_N
+
+    rows = row0 + gl.arange(0, HALF, s_row)
+    cols = gl.arange(0, BLOCK_N, s_col)
+    m_i = gl.full([HALF], float("-inf"), gl.float32, s_row)
+    l_i = gl.zeros([HALF], gl.float32, s_row)
+    acc = gl.zeros([HALF, HEAD_D], gl.float32, o_layout)
+    s = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+
+    q_tile = q_smem.index(HALF_ID)
+    q = q_tile.reshape([HALF, HEAD_D])
+    mbarrier.wait(q_bars.index(HALF_ID), 0)
+
+    # ---- key block 0: its scores and softmax step; O is still zero ----------------------------
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q, _tile(k_smem, 0, STAGES).permute((1, 0)), s, use_acc=False,
+                      is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if n_full > 0:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
+                                           DTYPE, False, CAUSAL)
+    else:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
+                                           DTYPE, True, CAUSAL)
+
+    # ---- steps 0 .. n-2: unmasked next blocks first, then the diagonal / tail ones -------------
+    for j in range(0, n_full - 1):
+        s, p, acc, m_i, l_i = _key_step(
+            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, False, CAUSAL)
+    for j in range(gl.maximum(n_full - 1, 0), n_blocks - 1):
+        s, p, acc, m_i, l_i = _key_step(
+            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, True, CAUSAL)
+
+    # ---- the last block's P.V, then normalise and store ----------------------------------------
+    last = n_blocks - 1
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(p, _tile(v_smem, last, STAGES), acc, is_async=True)
+    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_row), 1)
+    gl.store(LSE2 + bh.to(gl.int64) * s_q + rows, m_i + gl.log2(l_i), mask=rows < s_q)
+    # O leaves through this half's Q buffer (its last reader, S_{n-1}, has completed). Rows
+    # past s_q are outside o_desc: the copy engine does not write them.
+    q.store(acc.to(DTYPE))
+    fence_async_shared()
+    _tma_store(o_desc, [b, h, row0, 0], q_tile)
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit(do_not_specialize=["s_q", "s_k"])
 def attn_fwd_sm90_kernel(
-    q_desc, k_desc, v_desc, o_desc,  # rank-4 descriptors over (B, H, s, d), tiles [1, 1, BLOCK, d]
+    q_desc, k_desc, v_desc, o_desc,  # rank-4 descriptors over (B, H, s, d), tiles [1, 1, rows, d]
     LSE2,  # (B, H, s_q) fp32, contiguous: m + log2(l) per row, log2 units
     H, GROUP,  # query heads; query heads per key/value head (GQA)
     s_q, s_k,
     qk_scale,  # softmax scale * log2(e)
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # K and V buffers each
-    num_warps: gl.constexpr,
+    num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
-    HEAD_D: gl.constexpr = q_desc.block_type.shape[3]
+    HALF: gl.constexpr = q_desc.block_type.shape[2]  # 64 query rows per consumer warpgroup
+    BLOCK_M: gl.constexpr = 2 * HALF
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     DTYPE: gl.constexpr = q_desc.dtype
-    # Warpgroup-MMA register layouts: warp w owns rows 16w .. 16w+15 of a tile, so the scores,
-    # O and the row statistics of one row all live in the same warp.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_row: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_col: gl.constexpr = gl.SliceLayout(0, s_layout)
-    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     pid = gl.program_id(0)
     if CAUSAL:  # the last query tiles see the most keys: start them first
@@ -179,91 +263,38 @@ def attn_fwd_sm90_kernel(
     b = bh // H
     h = bh % H
     h_kv = h // GROUP
-
-    # Keys [0, full_hi) are visible to every row of the tile; [full_hi, hi) need a mask.
     if CAUSAL:
         hi = gl.minimum(s_k, start_m + BLOCK_M)
-        full_hi = gl.minimum((s_k // BLOCK_N) * BLOCK_N, (start_m // BLOCK_N) * BLOCK_N)
     else:
         hi = s_k
-        full_hi = (s_k // BLOCK_N) * BLOCK_N
-    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
-    n_full = full_hi // BLOCK_N
+    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N  # key blocks any row of the tile sees
 
-    q_smem = gl.allocate_shared_memory(DTYPE, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(DTYPE, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
 
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    _tma_load(q_desc, [b, h, start_m, 0], q_bar, q_smem)
-    for i in gl.static_range(STAGES):
-        _issue_kv(k_desc, k_smem, k_bars, b, h_kv, i, i < n_blocks, STAGES)
-        _issue_kv(v_desc, v_smem, v_bars, b, h_kv, i, i < n_blocks, STAGES)
-
-    rows = start_m + gl.arange(0, BLOCK_M, s_row)
-    cols = gl.arange(0, BLOCK_N, s_col)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_row)
-    l_i = gl.zeros([BLOCK_M], gl.float32, s_row)
-    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-
-    mbarrier.wait(q_bar, 0)
-    q = q_smem.reshape([BLOCK_M, HEAD_D])
-
-    # ---- key block 0: its scores and softmax step; O is still zero ----------------------------
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q, _tile(k_smem, 0, STAGES).permute((1, 0)), s, use_acc=False,
-                      is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    if n_full > 0:
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
-                                           DTYPE, False, CAUSAL)
-    else:
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
-                                           DTYPE, True, CAUSAL)
-    _cta_barrier()  # both warpgroups are done with K_0
-    _issue_kv(k_desc, k_smem, k_bars, b, h_kv, STAGES, STAGES < n_blocks, STAGES)
-
-    # ---- steps 0 .. n-2: unmasked next blocks first, then the diagonal / tail ones -------------
-    for j in range(0, n_full - 1):
-        s, p, acc, m_i, l_i = _key_step(
-            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-            b, h_kv, n_blocks, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES,
-            False, CAUSAL)
-    for j in range(gl.maximum(n_full - 1, 0), n_blocks - 1):
-        s, p, acc, m_i, l_i = _key_step(
-            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-            b, h_kv, n_blocks, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES,
-            True, CAUSAL)
-
-    # ---- the last block's P.V, then normalise and store ----------------------------------------
-    last = n_blocks - 1
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    acc = warpgroup_mma(p, _tile(v_smem, last, STAGES), acc, is_async=True)
-    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-
-    acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_row), 1)
-    lse_ptrs = LSE2 + bh.to(gl.int64) * s_q + rows
-    gl.store(lse_ptrs, m_i + gl.log2(l_i), mask=rows < s_q)
-    # O leaves through Q's buffer: every product that read Q has completed in both warpgroups
-    # (the barrier of the last step). Rows past s_q are outside o_desc and are not written.
-    q.store(acc.to(DTYPE))
-    fence_async_shared()
-    _cta_barrier()
-    _tma_store(o_desc, [b, h, start_m, 0], q_smem)
-    tma.store_wait(pendings=0)
+    gl.warp_specialize(
+        [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                      o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale, CAUSAL,
+                      STAGES)),
+         (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                      o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale, CAUSAL,
+                      STAGES)),
+         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                    k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES))],
+        [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 # ---- host side ------------------------------------------------------------------------------
@@ -321,9 +352,9 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     st = stages or st
     o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)
     lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)
-    lay_m, lay_n = _layout(q.dtype, BLOCK_M, d), _layout(q.dtype, bn, d)
-    q_desc = TensorDescriptor(q, list(q.shape), _strides(q), [1, 1, BLOCK_M, d], lay_m)
-    o_desc = TensorDescriptor(o, list(o.shape), _strides(o), [1, 1, BLOCK_M, d], lay_m)
+    lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
+    q_desc = TensorDescriptor(q, list(q.shape), _strides(q), [1, 1, HALF_M, d], lay_m)
+    o_desc = TensorDescriptor(o, list(o.shape), _strides(o), [1, 1, HALF_M, d], lay_m)
     k_desc = TensorDescriptor(k, list(k.shape), _strides(k), [1, 1, bn, d], lay_n)
     v_desc = TensorDescriptor(v, list(v.shape), _strides(v), [1, 1, bn, d], lay_n)
     grid = (-(-s_q // BLOCK_M), B * H)

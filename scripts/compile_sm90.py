@@ -45,9 +45,9 @@ def _ptxas_usage(ptx: str) -> tuple[str, str]:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int):
-    lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.BLOCK_M, d], _DT[dtype])
+    lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.HALF_M, d], _DT[dtype])
     lay_n = k90.gl.NVMMASharedLayout.get_default_for([1, 1, block_n, d], _DT[dtype])
-    desc_m = f"tensordesc<{dtype}[1, 1, {k90.BLOCK_M}, {d}],{lay_m!r}>"
+    desc_m = f"tensordesc<{dtype}[1, 1, {k90.HALF_M}, {d}],{lay_m!r}>"
     desc_n = f"tensordesc<{dtype}[1, 1, {block_n}, {d}],{lay_n!r}>"
     sig = {"q_desc": desc_m, "k_desc": desc_n, "v_desc": desc_n, "o_desc": desc_m,
            "LSE2": "*fp32", "H": "i32", "GROUP": "i32", "s_q": "i32", "s_k": "i32",
