@@ -558,7 +558,8 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 
 
 # Keys of a config dict that only the forward understands; the backward drops them.
-FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N")
+FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N",
+                 "SM90_PINGPONG")
 
 # Below this length bucket the forward loads K/V with pointers even where descriptors work:
 # at s = 1024 the host time of encoding two tensor maps per launch cost more than the copy
@@ -655,7 +656,8 @@ def attention_forward(
     if _use_sm90(q, k, v, config):
         cfg = config or {}
         return _sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
-                                            cfg.get("SM90_STAGES"), cfg.get("SM90_BLOCK_N"))
+                                            cfg.get("SM90_STAGES"), cfg.get("SM90_BLOCK_N"),
+                                            cfg.get("SM90_PINGPONG"))
     if config is not None and "SM90" in config:
         config = {key: val for key, val in config.items() if not key.startswith("SM90")} or None
     B, H, s_q, d = q.shape

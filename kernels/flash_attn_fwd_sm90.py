@@ -74,6 +74,7 @@ HALF_M = BLOCK_M // 2
 NUM_WARPS = 4  # the default partition (first consumer); + 4 (second consumer) + 1 (loader)
 CONSUMER_REGS = gl.constexpr(224)  # registers per thread asked for the second consumer
 LOADER_REGS = gl.constexpr(24)  # ... and for the loader warp
+PINGPONG = False  # consumer warpgroups take turns issuing products (kernels/NOTES.md)
 # (BLOCK_N, STAGES) per head dim: STAGES buffers of K and of V each. d = 128, 3 stages:
 # Q 32 KiB + 3 * (32 + 32) KiB = 224 KiB of the 227 KiB a block may use.
 TILES = {64: (128, 3), 128: (128, 2)}
@@ -137,18 +138,38 @@ def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr
 
 
 @gluon.jit
+def _wait_turn(turn, HALF_ID: gl.constexpr, event, PINGPONG: gl.constexpr):
+    """Ping-pong (FlashAttention-3, section 3.1): the two consumer warpgroups take turns to
+    issue their products, so that one runs its softmax while the other's products use the
+    tensor cores. Turn ``event`` of warpgroup 1 starts once warpgroup 0 has issued its turn
+    ``event``; turn ``event`` of warpgroup 0 once warpgroup 1 has issued turn ``event - 1``
+    (the kernel's prologue gives warpgroup 0 its turn 0). Both take n_blocks + 1 turns."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(HALF_ID), event & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, HALF_ID: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - HALF_ID), count=1)
+
+
+@gluon.jit
 def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-              qk_scale, rows, cols, s_k,
+              turn, HALF_ID: gl.constexpr, qk_scale, rows, cols, s_k,
               o_row: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr,
-              STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+              STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+              PINGPONG: gl.constexpr):
     """Step j of a consumer's key loop: S_{j+1} and O += P_j V_j in flight together."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     nxt = j + 1
     mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+    mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+    _wait_turn(turn, HALF_ID, nxt, PINGPONG)
     s = warpgroup_mma(q, _tile(k_smem, nxt, STAGES).permute((1, 0)), s, use_acc=False,
                       is_async=True)
-    mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
     acc = warpgroup_mma(p, _tile(v_smem, j, STAGES), acc, is_async=True)
+    _pass_turn(turn, HALF_ID, PINGPONG)
     # wgmma groups complete in order: one outstanding group left means S_{j+1} has landed
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
     mbarrier.arrive(k_empty.index(nxt % STAGES), count=1)  # this warpgroup is done with K_{j+1}
@@ -162,8 +183,8 @@ def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_emp
 
 @gluon.jit
 def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-              v_empty, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-              CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+              v_empty, turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
     """One warpgroup: 64 query rows of the program's tile, over the key blocks the loader
     brings (module docstring). Stores its rows of O and lse2."""
     HALF: gl.constexpr = q_smem.shape[3]
@@ -202,8 +223,10 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
 
     # ---- key block 0: its scores and softmax step; O is still zero ----------------------------
     mbarrier.wait(k_ready.index(0), 0)
+    _wait_turn(turn, HALF_ID, 0, PINGPONG)
     s = warpgroup_mma(q, _tile(k_smem, 0, STAGES).permute((1, 0)), s, use_acc=False,
                       is_async=True)
+    _pass_turn(turn, HALF_ID, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     if n_full > 0:
@@ -217,16 +240,20 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
     for j in range(0, n_full - 1):
         s, p, acc, m_i, l_i = _key_step(
             j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, False, CAUSAL)
+            turn, HALF_ID, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, False,
+            CAUSAL, PINGPONG)
     for j in range(gl.maximum(n_full - 1, 0), n_blocks - 1):
         s, p, acc, m_i, l_i = _key_step(
             j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, True, CAUSAL)
+            turn, HALF_ID, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, True,
+            CAUSAL, PINGPONG)
 
     # ---- the last block's P.V, then normalise and store ----------------------------------------
     last = n_blocks - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    _wait_turn(turn, HALF_ID, n_blocks, PINGPONG)
     acc = warpgroup_mma(p, _tile(v_smem, last, STAGES), acc, is_async=True)
+    _pass_turn(turn, HALF_ID, PINGPONG)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
 
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_row), 1)
@@ -248,6 +275,7 @@ def attn_fwd_sm90_kernel(
     qk_scale,  # softmax scale * log2(e)
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # K and V buffers each
+    PINGPONG: gl.constexpr,  # the consumer warpgroups take turns on the tensor cores
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     HALF: gl.constexpr = q_desc.block_type.shape[2]  # 64 query rows per consumer warpgroup
@@ -284,14 +312,19 @@ def attn_fwd_sm90_kernel(
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(i), count=2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(0), count=1)  # warpgroup 0 takes the first turn
 
     gl.warp_specialize(
         [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                      o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale, CAUSAL,
-                      STAGES)),
+                      turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                      CAUSAL, STAGES, PINGPONG)),
          (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                      o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale, CAUSAL,
-                      STAGES)),
+                      turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                      CAUSAL, STAGES, PINGPONG)),
          (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
                     k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES))],
         [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -342,7 +375,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
-                           block_n: int | None = None):
+                           block_n: int | None = None, pingpong: bool | None = None):
     """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as flash_attn_fwd.attention_forward returns
     them. ``qk_scale`` is the softmax scale times log2(e). Check `usable` first."""
     B, H, s_q, d = q.shape
@@ -359,5 +392,7 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     v_desc = TensorDescriptor(v, list(v.shape), _strides(v), [1, 1, bn, d], lay_n)
     grid = (-(-s_q // BLOCK_M), B * H)
     attn_fwd_sm90_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse2, H, H // H_kv, s_q, s_k,
-                               qk_scale, CAUSAL=bool(causal), STAGES=st, num_warps=NUM_WARPS)
+                               qk_scale, CAUSAL=bool(causal), STAGES=st,
+                               PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
+                               num_warps=NUM_WARPS)
     return o, lse2

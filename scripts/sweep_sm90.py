@@ -24,8 +24,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--dims", type=int, nargs="+", default=[128, 64])
-    ap.add_argument("--variants", nargs="+", default=["128,2", "128,3", "64,3", "64,4"],
-                    help="BLOCK_N,STAGES pairs")
+    ap.add_argument("--variants", nargs="+", default=["128,2,0", "128,2,1", "128,3,1"],
+                    help="BLOCK_N,STAGES,PINGPONG triples")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     args = ap.parse_args()
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -41,11 +41,11 @@ def main() -> None:
                 fl = 4 * 32 * s * s * d * (0.5 if causal else 1.0)
                 cud = fl / ms / 1e9
                 for var in args.variants:
-                    bn, st = (int(x) for x in var.split(","))
+                    bn, st, pp = (int(x) for x in var.split(","))
                     if st * 2 * bn * d * 2 + 128 * d * 2 > 227 * 1024:
                         continue
                     fn = lambda: k90.attention_forward_sm90(q, k, v, causal, LOG2E / math.sqrt(d),
-                                                            st, bn)
+                                                            st, bn, bool(pp))
                     try:
                         out = fn()[0]
                         rel = float((out.float() - ref.float()).norm() / ref.float().norm())

@@ -424,6 +424,19 @@ def test_gpu_sm90_path(fa, poisoned, s_q, s_k, group, d, causal, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+@pytest.mark.parametrize("pingpong", [False, True], ids=["plain", "pingpong"])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q,s_k", [(1, 1), (200, 1000), (1025, 1025), (4100, 300)])
+def test_gpu_sm90_schedules(fa, poisoned, s_q, s_k, causal, stages, pingpong):
+    """Both schedules (warpgroups taking turns or not) and ring depths give the same answer."""
+    config = {"SM90": True, "SM90_STAGES": stages, "SM90_PINGPONG": pingpong}
+    check_against_reference(fa, 1, 4, 2, s_q, s_k, 128, causal, torch.bfloat16, "cuda",
+                            config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_sm90_strided(fa, poisoned, dtype):
     """(B, s, H, d) storage viewed as (B, H, s, d): the descriptors take the strides as they are."""
