@@ -204,7 +204,7 @@ def cpu_overhead_us(n: int = 300) -> dict[str, float]:
     for t in (q, k, v):
         t.requires_grad_()
     out = {}
-    for name in ("triton", "sdpa_flash", "sdpa_cudnn"):
+    for name in ("triton", "triton_generic", "sdpa_flash", "sdpa_cudnn"):
         fn = _impl_fn(name)
         for mode in ("fwd", "fwd_bwd"):
             def call(fn=fn, mode=mode):

@@ -355,23 +355,72 @@ def _strides(t: torch.Tensor) -> list[int]:
     return st
 
 
-def _descriptor_ok(t: torch.Tensor) -> bool:
+def _descriptor_ok(t: torch.Tensor, st: list[int]) -> bool:
     """The copy engine needs a unit last stride, a 16-byte aligned base, and positive strides
-    that are multiples of 16 bytes (cuTensorMapEncodeTiled's rules)."""
-    st, e = _strides(t), t.element_size()
-    return (st[3] == 1 and t.data_ptr() % 16 == 0
-            and all(x > 0 and (x * e) % 16 == 0 for x in st[:3]))
+    that are multiples of 16 bytes (cuTensorMapEncodeTiled's rules). ``st``: `_strides(t)`."""
+    e = t.element_size()
+    return (st[3] == 1 and t.data_ptr() % 16 == 0 and st[0] > 0 and st[1] > 0 and st[2] > 0
+            and (st[0] * e) % 16 == 0 and (st[1] * e) % 16 == 0 and (st[2] * e) % 16 == 0)
+
+
+_MAJOR: dict[int, int] = {}  # CUDA device index -> compute capability major
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether this kernel can run these inputs (the caller has validated shapes and dtypes)."""
     if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
-    if max(q.shape[1] * q.shape[0], 1) >= 65536:  # grid's second dimension: B * H
+    if q.shape[1] * q.shape[0] >= 65536:  # grid's second dimension: B * H
         return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    major = _MAJOR.get(idx)
+    if major is None:
+        major = _MAJOR[idx] = torch.cuda.get_device_capability(idx)[0]
+    if major != 9:
         return False
-    return all(_descriptor_ok(t) for t in (q, k, v))
+    return (_descriptor_ok(q, _strides(q)) and _descriptor_ok(k, _strides(k))
+            and _descriptor_ok(v, _strides(v)))
+
+
+def _descriptor(t: torch.Tensor, rows: int, layout) -> TensorDescriptor:
+    """A rank-4 descriptor of t with tiles [1, 1, rows, d]. Built without the dataclass's
+    checks, which cost about 5 us each on the launch path: `usable` made the same checks
+    (alignment, strides) once for q, k and v, and O is allocated contiguous here."""
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides = t, list(t.shape), _strides(t)
+    desc.block_shape, desc.layout, desc.padding = [1, 1, rows, t.shape[3]], layout, "zero"
+    return desc
+
+
+# ---- launching without the JIT's dispatch ---------------------------------------------------
+# Triton's JITFunction.run specialises every argument (about 30 us per launch on the H200's
+# host, kernels/NOTES.md) before it finds the compiled kernel in its cache. Short sequences are
+# bound by host time, so after the first launch of a configuration the compiled kernel is
+# launched directly, the way JITFunction.run itself does at its end. The cache key holds every
+# property the JIT specialises on for these arguments: dtype, head dim and tiles (the
+# descriptors' types), the constexprs, and H and GROUP being 1 or multiples of 16 (integer
+# specialisation); s_q and s_k are not specialised, LSE2 is always 16-byte aligned (fresh
+# allocation), qk_scale is an fp32. Launch hooks (profilers) get the normal path.
+_COMPILED: dict[tuple, object] = {}
+
+
+def _int_spec(x: int) -> tuple[bool, bool]:
+    return x == 1, x % 16 == 0
+
+
+def _launch(grid, key, args, consts):
+    from triton import knobs
+
+    hooked = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    kernel = None if hooked else _COMPILED.get(key)
+    if kernel is not None:
+        stream = torch.cuda.current_stream().cuda_stream
+        kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None,
+                   None, None, *args, *consts.values())
+        return
+    kernel = attn_fwd_sm90_kernel[grid](*args, **consts)
+    if not hooked and list(consts) == attn_fwd_sm90_kernel.arg_names[len(args):]:
+        _COMPILED[key] = kernel
 
 
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
@@ -383,16 +432,14 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     bn, st = TILES[d]
     bn = block_n or bn
     st = stages or st
+    pp = PINGPONG if pingpong is None else bool(pingpong)
     o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)
     lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
-    q_desc = TensorDescriptor(q, list(q.shape), _strides(q), [1, 1, HALF_M, d], lay_m)
-    o_desc = TensorDescriptor(o, list(o.shape), _strides(o), [1, 1, HALF_M, d], lay_m)
-    k_desc = TensorDescriptor(k, list(k.shape), _strides(k), [1, 1, bn, d], lay_n)
-    v_desc = TensorDescriptor(v, list(v.shape), _strides(v), [1, 1, bn, d], lay_n)
-    grid = (-(-s_q // BLOCK_M), B * H)
-    attn_fwd_sm90_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse2, H, H // H_kv, s_q, s_k,
-                               qk_scale, CAUSAL=bool(causal), STAGES=st,
-                               PINGPONG=PINGPONG if pingpong is None else bool(pingpong),
-                               num_warps=NUM_WARPS)
+    group = H // H_kv
+    args = (_descriptor(q, HALF_M, lay_m), _descriptor(k, bn, lay_n), _descriptor(v, bn, lay_n),
+            _descriptor(o, HALF_M, lay_m), lse2, H, group, s_q, s_k, qk_scale)
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "PINGPONG": pp, "num_warps": NUM_WARPS}
+    key = (q.device.index, q.dtype, d, bn, st, bool(causal), pp, _int_spec(H), _int_spec(group))
+    _launch((-(-s_q // BLOCK_M), B * H), key, args, consts)
     return o, lse2

@@ -442,6 +442,8 @@ def test_gpu_sm90_strided(fa, poisoned, dtype):
     """(B, s, H, d) storage viewed as (B, H, s, d): the descriptors take the strides as they are."""
     check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
                             config={"SM90": True}, scale=0.2)
+    # the repeated calls above went through the direct launch of the compiled kernel
+    assert importlib.import_module("kernels.flash_attn_fwd_sm90")._COMPILED
 
 
 def test_sm90_dispatch_rules():
