@@ -1,0 +1,44 @@
+"""Host microseconds per forward call on a tiny shape, by path (the GPU work is ~5 us):
+
+    PYTHONPATH=. python scripts/host_sm90.py
+"""
+import time
+
+import torch
+
+from kernels import flash_attn_fwd_sm90 as k90
+from kernels.flash_attn import flash_attention
+
+
+def per_call(fn, n=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+print("sm90 via flash_attention  ", round(per_call(lambda: flash_attention(q, k, v)), 1))
+print("generic via flash_attention", round(per_call(
+    lambda: flash_attention(q, k, v, config={"SM90": False})), 1))
+print("sm90 forward only          ", round(per_call(
+    lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
+k90.DIRECT_LAUNCH = False
+print("sm90 forward, JIT dispatch ", round(per_call(
+    lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
+k90.DIRECT_LAUNCH = True
+print("descriptors x4             ", round(per_call(
+    lambda: [k90._descriptor(q, 64, k90._layout(q.dtype, 64, 64)) for _ in range(4)]), 1))
+print("torch.empty x2             ", round(per_call(
+    lambda: (torch.empty((1, 2, 128, 64), dtype=q.dtype, device=q.device),
+             torch.empty((1, 2, 128), dtype=torch.float32, device=q.device))), 1))
+print("usable                     ", round(per_call(lambda: k90.usable(q, k, v)), 1))
+print("sdpa cudnn                 ", end=" ")
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    print(round(per_call(lambda: F.scaled_dot_product_attention(q, k, v)), 1))
