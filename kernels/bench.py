@@ -30,7 +30,8 @@ SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
 # Relative L2 error of our output against cuDNN's above which a timing is not reported: 16-bit
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
-MATH_MAX_SEQ = 8192  # sdpa_math keeps fp32 s x s scores: skipped above this length
+MATH_MAX_SEQ = 8192
+GRAPHS = False  # --graphs: time forward calls as CUDA-graph replays (GPU time only)  # sdpa_math keeps fp32 s x s scores: skipped above this length
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,17 @@ def measure(name, q, k, v, do, causal, mode, ref):
         else:
             def call():
                 fn(q, k, v, causal).backward(do)
-        ms = do_bench(call, warmup=25, rep=100, grad_to_none=[q, k, v], return_mode="median")
+        if GRAPHS and mode == "fwd":
+            # Replay of a CUDA graph holding one call: the GPU time of the kernels without the
+            # host's share (Python, argument checks, launches), for every implementation alike.
+            call()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            ms = do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+        else:
+            ms = do_bench(call, warmup=25, rep=100, grad_to_none=[q, k, v], return_mode="median")
         if ref is not None:  # the timed path must be right too, not only the first call
             with torch.no_grad():
                 again = float((fn(q, k, v, causal).float() - ref).norm() / ref.norm())
@@ -256,6 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
+    p.add_argument("--graphs", action="store_true",
+                   help="time forward calls as CUDA-graph replays: GPU time without host cost")
     p.add_argument("--overhead", action="store_true",
                    help="first print host microseconds per call on a tiny shape")
     args = p.parse_args(argv)
@@ -272,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
+    global GRAPHS
+    GRAPHS = args.graphs
     if args.overhead:
         print("host us/call:", {k: round(v, 1) for k, v in cpu_overhead_us().items()})
     rows = run_grid(args)

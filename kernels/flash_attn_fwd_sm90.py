@@ -358,27 +358,38 @@ def _strides(t: torch.Tensor) -> list[int]:
 
 
 def _descriptor_ok(t: torch.Tensor, st: list[int]) -> bool:
-    """The copy engine needs a unit last stride, a 16-byte aligned base, and positive strides
-    that are multiples of 16 bytes (cuTensorMapEncodeTiled's rules). ``st``: `_strides(t)`."""
+    """The copy engine needs a unit last stride and positive strides that are multiples of 16
+    bytes (cuTensorMapEncodeTiled's rules; the base's alignment is checked per call). ``st``:
+    `_strides(t)`."""
     e = t.element_size()
-    return (st[3] == 1 and t.data_ptr() % 16 == 0 and st[0] > 0 and st[1] > 0 and st[2] > 0
+    return (st[3] == 1 and st[0] > 0 and st[1] > 0 and st[2] > 0
             and (st[0] * e) % 16 == 0 and (st[1] * e) % 16 == 0 and (st[2] * e) % 16 == 0)
 
 
-_MAJOR: dict[int, int] = {}  # CUDA device index -> compute capability major
+_USABLE: dict[tuple, bool] = {}  # layout verdicts, keyed by what they depend on
 
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether this kernel can run these inputs (the caller has validated shapes and dtypes)."""
-    if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
+    if q.device.type != "cuda":
+        return False
+    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.device.index)
+    ok = _USABLE.get(key)
+    if ok is None:
+        if len(_USABLE) > 4096:  # many distinct shapes: start over rather than grow
+            _USABLE.clear()
+        ok = _USABLE[key] = _layout_usable(q, k, v)
+    # the base addresses change from call to call: 16-byte alignment is checked every time
+    return ok and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16)
+
+
+def _layout_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    if q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
     if q.shape[1] * q.shape[0] >= 65536:  # grid's second dimension: B * H
         return False
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    major = _MAJOR.get(idx)
-    if major is None:
-        major = _MAJOR[idx] = torch.cuda.get_device_capability(idx)[0]
-    if major != 9:
+    if torch.cuda.get_device_capability(idx)[0] != 9:
         return False
     return (_descriptor_ok(q, _strides(q)) and _descriptor_ok(k, _strides(k))
             and _descriptor_ok(v, _strides(v)))
@@ -411,11 +422,17 @@ def _int_spec(x: int) -> tuple[bool, bool]:
     return x == 1, x % 16 == 0
 
 
+def _has_hooks(hook) -> bool:
+    """Triton 3.6 keeps launch hooks in a HookChain (never None; empty when unused); older
+    builds keep a callable or None."""
+    return bool(hook.calls) if hasattr(hook, "calls") else hook is not None
+
+
 def _launch(grid, key, args, consts):
     from triton import knobs
 
-    hooked = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-    hooked = hooked or not DIRECT_LAUNCH
+    hooked = (not DIRECT_LAUNCH or _has_hooks(knobs.runtime.launch_enter_hook)
+              or _has_hooks(knobs.runtime.launch_exit_hook))
     kernel = None if hooked else _COMPILED.get(key)
     if kernel is not None:
         stream = torch.cuda.current_stream().cuda_stream
