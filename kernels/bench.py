@@ -30,8 +30,8 @@ SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
 # Relative L2 error of our output against cuDNN's above which a timing is not reported: 16-bit
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
-MATH_MAX_SEQ = 8192
-GRAPHS = False  # --graphs: time forward calls as CUDA-graph replays (GPU time only)  # sdpa_math keeps fp32 s x s scores: skipped above this length
+MATH_MAX_SEQ = 8192  # sdpa_math keeps fp32 s x s scores: skipped above this length
+GRAPHS = False  # --graphs: time forward calls as CUDA-graph replays (GPU time only)
 
 
 @dataclass(frozen=True)
