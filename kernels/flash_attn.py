@@ -1,7 +1,8 @@
 """The bundled Triton FlashAttention: input checks, the autograd Function, the public call.
 
-The kernels live one job per file: ``flash_attn_fwd.py`` (the forward, and the tuning space)
-and ``flash_attn_bwd.py`` (the backward). This module only checks inputs and wires the two
+The kernels live one job per file: ``flash_attn_fwd.py`` (the forward, and the tuning space),
+``flash_attn_fwd_sm90.py`` (the forward hand-scheduled for Hopper, in Gluon) and
+``flash_attn_bwd.py`` (the backward). This module only checks inputs and wires the two
 into autograd. Importing it imports triton and torch but touches no GPU driver: nothing runs
 until the first call.
 """
@@ -118,7 +119,11 @@ def flash_attention(
     it may add "USE_DESC": True/False to force the forward's K/V loads through tensor
     descriptors or not.
 
-    On a Hopper GPU (Triton >= 3.4) the forward reads K and V through tensor descriptors (the
+    On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 with d = 128 run
+    the hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
+    docstring); FLASH_ATTN_SM90=0 turns it off, config {"SM90": True} also selects it for
+    d = 64. Elsewhere, on a Hopper GPU (Triton >= 3.4) the Triton forward reads K and V
+    through tensor descriptors (the
     TMA copy engine) for 16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into
     rows (the contiguous layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the
     descriptors off, FLASH_ATTN_TUNE=1 re-tunes instead of using the stored H200 choices.

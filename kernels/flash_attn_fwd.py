@@ -619,8 +619,9 @@ except Exception:  # Triton without Gluon's Hopper API (or an API this code does
 def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | None) -> bool:
     """Whether the forward runs `flash_attn_fwd_sm90` instead of the Triton kernel below.
 
-    By default: on compute capability 9.x, for fp16/bf16 with d 64 or 128 and layouts the copy
-    engine can read, unless FLASH_ATTN_SM90=0. ``config["SM90"]`` True/False forces the choice
+    By default: on compute capability 9.x, for fp16/bf16 with d = 128 (the kernel also runs
+    d = 64, where the Triton kernel measured as fast) and layouts the copy engine can read,
+    unless FLASH_ATTN_SM90=0. ``config["SM90"]`` True/False forces the choice
     (True raises where the kernel cannot run); any other config selects the Triton kernel.
     """
     forced = None if config is None else config.get("SM90")
@@ -632,7 +633,10 @@ def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | 
                          "needs Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, "
                          f"head dim in {_sm90.HEAD_DIMS if _sm90 else (64, 128)} and "
                          "16-byte aligned strides with unit last stride)")
-    return ok and (forced or os.environ.get("FLASH_ATTN_SM90") != "0")
+    if forced:
+        return True
+    return (ok and q.shape[3] in _sm90.DEFAULT_HEAD_DIMS
+            and os.environ.get("FLASH_ATTN_SM90") != "0")
 
 
 def _interpreting() -> bool:

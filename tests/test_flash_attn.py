@@ -483,12 +483,16 @@ def test_gpu_autotuned_path(fa, poisoned, d, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("forward", ["triton", "sm90"])
 @pytest.mark.parametrize("backward", [False, True])
-def test_gpu_memory_matches_formula(fa, backward):
-    """Peak extra bytes of one call equal the documented formula (allocator rounding aside)."""
+def test_gpu_memory_matches_formula(fa, backward, forward):
+    """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
+    with either forward kernel."""
+    if forward == "sm90" and not HOPPER:
+        pytest.skip("the Gluon forward runs on compute capability 9.x only")
     B, H, H_kv, s, d = 2, 8, 2, 2048, 128
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
-    cfg = GPU_CONFIG
+    cfg = GPU_CONFIG if forward == "triton" else {"SM90": True}
 
     def call():
         if backward:
