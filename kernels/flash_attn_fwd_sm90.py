@@ -5,7 +5,7 @@ Why a second forward
 --------------------
 ``flash_attn_fwd.py`` states the algorithm (online softmax in base 2, tiling, causal block
 skipping) and leaves the schedule to Triton's compiler. On an H200 that reaches about 0.85-0.96x
-cuDNN at d = 128 (kernels/NOTES.md): the tensor cores sit idle while the exp2s of the softmax
+cuDNN at d = 128 (kernels/NOTES.md; this kernel: 0.94-1.10x): the tensor cores sit idle while the exp2s of the softmax
 run, because each step's softmax needs that step's scores and the next product needs the
 softmax. FlashAttention-3 (Shah et al., arXiv 2407.08608, section 3.2, "intra-warpgroup
 overlapping") breaks the chain by keeping two key blocks in flight: while the warps run the
@@ -13,20 +13,28 @@ softmax of block j+1, the tensor cores are still busy with block j's P.V product
 Plain Triton gives no control over when an asynchronous product is waited for; Gluon (Triton's
 lower-level dialect: explicit layouts, shared memory, barriers, warpgroup MMA) does.
 
-The schedule of one program (BLOCK_M = 128 query rows, 8 warps = 2 warpgroups of 64 rows):
+The roles of one program (BLOCK_M = 128 query rows), split by ``gl.warp_specialize``:
 
-    load Q, and K/V blocks 0 .. STAGES-1 through the copy engine (TMA), each block on its own
-    mbarrier; S_0 = Q K_0^T; P_0 = softmax step of S_0
-    for j = 0 .. n-2:
-        issue  S_{j+1} = Q K_{j+1}^T            (tensor cores, asynchronous)
-        issue  O += P_j V_j                     (tensor cores, asynchronous, P from registers)
-        wait for S_{j+1} only                   (O's product may still run)
-        softmax step of S_{j+1} -> P_{j+1}, row max m, row sum l, rescale factor alpha
+* a loader warp issues every copy through the copy engine (TMA): each consumer's 64 query
+  rows, then K_0, V_0, K_1, V_1, ... into rings of STAGES slots each; a slot is refilled as
+  soon as both consumers have released it (an "empty" mbarrier with two arrivals), and each
+  copy lands on its own "ready" mbarrier;
+* two consumer warpgroups (4 warps each) own 64 query rows each, share the K/V slots, and run
+
+      S_0 = Q K_0^T; P_0 = softmax step of S_0; release K_0
+      for j = 0 .. n-2:
+          issue  S_{j+1} = Q K_{j+1}^T          (tensor cores, asynchronous)
+          issue  O += P_j V_j                   (tensor cores, asynchronous, P from registers)
+          wait for S_{j+1} only                 (O's product may still run); release K_{j+1}
+          softmax step of S_{j+1} -> P_{j+1}, row max m, row sum l, rescale factor alpha
                                                 (exp2 units, overlapping O += P_j V_j)
-        wait for O; O *= alpha
-        both warpgroups done with K_{j+1} and V_j: refill their buffers with
-        K_{j+1+STAGES} and V_{j+STAGES}
-    O += P_{n-1} V_{n-1}; O /= l; store O (TMA) and lse2 = m + log2(l)
+          wait for O; release V_j; O *= alpha
+      O += P_{n-1} V_{n-1}; O /= l; store O (TMA) and lse2 = m + log2(l)
+
+Keeping the copies in their own warp matters: issued from the compute warps, each copy costs
+CTA-wide barriers that hold the two warpgroups in lockstep (kernels/NOTES.md, step 5a). An
+optional ping-pong (PINGPONG, FlashAttention-3 section 3.1: the warpgroups take turns issuing
+their products) is implemented and tested but off: it measured 1-3% slower (step 5c).
 
 O is rescaled after its product lands, not before the product is issued: the rescale of step
 j+1 needs the max of block j+1, which is only known after that softmax, so the product of
@@ -43,8 +51,8 @@ multiples) works without a copy.
 Key blocks that every row of the query tile sees whole run without a mask; the diagonal
 block(s) of causal attention and the ragged tail run with one (two loops with the same body).
 
-Scope: compute capability 9.x, fp16/bf16, d in {64, 128}. Everything else (and every other GPU)
-uses ``flash_attn_fwd``.
+Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
+default at d = 128). Everything else (and every other GPU) uses ``flash_attn_fwd``.
 """
 
 from __future__ import annotations
@@ -81,8 +89,9 @@ NUM_WARPS = 4  # the default partition (first consumer); + 4 (second consumer) +
 CONSUMER_REGS = gl.constexpr(224)  # registers per thread asked for the second consumer
 LOADER_REGS = gl.constexpr(24)  # ... and for the loader warp
 PINGPONG = False  # consumer warpgroups take turns issuing products (kernels/NOTES.md)
-# (BLOCK_N, STAGES) per head dim: STAGES buffers of K and of V each. d = 128, 3 stages:
-# Q 32 KiB + 3 * (32 + 32) KiB = 224 KiB of the 227 KiB a block may use.
+# (BLOCK_N, STAGES) per head dim: STAGES slots of K and of V each. Shared memory at d = 128:
+# Q 32 KiB + STAGES * (32 + 32) KiB, 160 KiB with 2 stages (3 fit too: 224 of the 227 KiB a
+# block may use, and measured the same or 1-2% slower; BLOCK_N = 64 lost 10%: NOTES step 5b).
 TILES = {64: (128, 3), 128: (128, 2)}
 
 
