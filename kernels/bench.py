@@ -203,11 +203,26 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def host_us_per_call(call, n: int, warmup: int = 20) -> float:
+    """Wall microseconds per call of ``call`` over n back-to-back calls (after warm-up), the
+    GPU drained before and after: on shapes whose GPU work is short, this is host time."""
+    import time
+
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def cpu_overhead_us(n: int = 300) -> dict[str, float]:
     """Host microseconds per call on a tiny shape (the GPU idles; Python and launches cost).
     A call whose host time exceeds its GPU time is launch-bound at that size."""
-    import time
-
     import torch
 
     q, k, v, do = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
@@ -225,14 +240,7 @@ def cpu_overhead_us(n: int = 300) -> dict[str, float]:
                 else:
                     fn(q, k, v, False).backward(do)
             try:
-                for _ in range(20):
-                    call()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    call()
-                torch.cuda.synchronize()
-                out[f"{name}_{mode}"] = (time.perf_counter() - t0) / n * 1e6
+                out[f"{name}_{mode}"] = host_us_per_call(call, n)
             except RuntimeError:
                 out[f"{name}_{mode}"] = math.nan
     return out

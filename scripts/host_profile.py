@@ -5,10 +5,10 @@
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
 
+from kernels.bench import host_us_per_call
 from kernels.flash_attn import flash_attention
 
 
@@ -30,15 +30,8 @@ def main() -> None:
         else:
             flash_attention(q, k, v)
 
-    for _ in range(50):
-        call()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        call()
-    torch.cuda.synchronize()
     what = "fwd+bwd" if args.backward else "fwd, no grad"
-    print(f"flash_attention {what}: {(time.perf_counter() - t) / n * 1e6:.1f} us/call")
+    print(f"flash_attention {what}: {host_us_per_call(call, n, warmup=50):.1f} us/call")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):

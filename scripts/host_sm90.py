@@ -2,23 +2,17 @@
 
     PYTHONPATH=. python scripts/host_sm90.py
 """
-import time
-
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import flash_attn_fwd_sm90 as k90
+from kernels.bench import host_us_per_call
 from kernels.flash_attn import flash_attention
 
 
 def per_call(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return host_us_per_call(fn, n, warmup=50)
 
 
 q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -38,7 +32,5 @@ print("torch.empty x2             ", round(per_call(
              torch.empty((1, 2, 128), dtype=torch.float32, device=q.device))), 1))
 print("usable                     ", round(per_call(lambda: k90.usable(q, k, v)), 1))
 print("sdpa cudnn                 ", end=" ")
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
     print(round(per_call(lambda: F.scaled_dot_product_attention(q, k, v)), 1))
