@@ -154,7 +154,8 @@ def _triton_fn() -> Callable[..., Any]:
 
 
 def triton_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
-    """The bundled Triton kernel (``kernels.flash_attn.flash_attention``)."""
+    """The bundled Triton kernel (``kernels.flash_attn.flash_attention``; on a Hopper GPU at
+    d = 128 its forward is the Gluon kernel of ``kernels/flash_attn_fwd_sm90.py``)."""
     return _triton_fn()(q, k, v, causal=causal, scale=scale)
 
 
