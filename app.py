@@ -18,6 +18,7 @@ PAGES = [
     st.Page("pages/scaling.py", title="Scaling", icon=":material/show_chart:", url_path="scaling"),
     st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon=":material/bolt:", url_path="flash_explainer"),
     st.Page("pages/measure.py", title="GPU measurement", icon=":material/science:", url_path="measure"),
+    st.Page("pages/kernel_speed.py", title="Kernel speed", icon=":material/speed:", url_path="kernel_speed"),
 ]
 
 # url_path = file name: a deep link's first run on a fresh server is handed from Streamlit's old

@@ -54,6 +54,27 @@ class Row:
     timestamp: str  # UTC, ISO 8601
 
 
+def read_rows(path) -> list[Row]:
+    """The rows of a CSV that run_grid wrote, typed back (for the app's kernel-speed page).
+    Raises ValueError naming the file and the first column or value that does not fit."""
+    types = {"batch": int, "heads": int, "seq_len": int, "head_dim": int, "median_ms": float,
+             "tflops": float, "rel_err": float}
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = set(Row.__dataclass_fields__) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: not a kernels.bench CSV, missing columns {sorted(missing)}")
+        for n, raw in enumerate(reader, start=2):
+            try:
+                vals = {k: types.get(k, str)(raw[k]) for k in Row.__dataclass_fields__}
+                vals["causal"] = {"True": True, "False": False}[raw["causal"]]
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"{path}, line {n}: bad value ({exc})") from None
+            rows.append(Row(**vals))
+    return rows
+
+
 def flops(batch: int, heads: int, s: int, d: int, causal: bool, mode: str) -> float:
     """Forward 4*B*H*s^2*d (half if causal); forward+backward 3.5 x that (DESIGN.md)."""
     f = 4.0 * batch * heads * s * s * d * (0.5 if causal else 1.0)

@@ -28,6 +28,7 @@ PAGES = {
     "model": ROOT / "pages" / "model_memory.py",
     "scaling": ROOT / "pages" / "scaling.py",
     "flash": ROOT / "pages" / "flash_explainer.py",
+    "kernel": ROOT / "pages" / "kernel_speed.py",
 }
 TIMEOUT = 60  # plotly and pandas import slowly on a cold 2-core machine
 FIXTURES = ROOT / "tests" / "fixtures" / "hf_configs"
@@ -67,7 +68,7 @@ def test_router_runs_every_page() -> None:
     assert "1.07 GB" in metrics(at).values()
     assert at.sidebar.radio(key="unit").value == "GB"
     for path in ("pages/model_memory.py", "pages/scaling.py", "pages/flash_explainer.py",
-                 "pages/measure.py", "pages/score_matrix.py"):
+                 "pages/measure.py", "pages/kernel_speed.py", "pages/score_matrix.py"):
         at.switch_page(path).run()
         assert not at.exception, (path, [e.value for e in at.exception])
 
@@ -303,6 +304,44 @@ def test_flash_explainer_url_and_out_of_range_step() -> None:
     assert len(warnings(at)) == 2
 
 
+def _kernel_table(at: AppTest):
+    return at.dataframe[0].value
+
+
+def test_kernel_speed_shows_the_measured_h200_rows() -> None:
+    """The page's figures are the bench CSV's, row for row, and the ratio is of the default."""
+    from kernels.bench import read_rows
+
+    rows = {(r.impl, r.seq_len): r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30c.csv")
+            if r.dtype == "bf16" and r.head_dim == 128 and not r.causal and r.mode == "fwd"}
+    at = run("kernel")
+    t = _kernel_table(at).set_index("s")
+    assert t.loc[16384, "ours: Gluon forward (Hopper)"] == round(rows[("triton", 16384)])
+    assert t.loc[16384, "SDPA cuDNN"] == round(rows[("sdpa_cudnn", 16384)])
+    want = round(rows[("triton", 16384)] / rows[("sdpa_cudnn", 16384)], 2)
+    assert t.loc[16384, "default / cuDNN"] == want
+    assert any("NVIDIA H200" in c.value for c in at.caption)
+
+
+def test_kernel_speed_inputs_and_graph_timing() -> None:
+    at = run("kernel", kd="64", kcausal="true", kpass="fwd+bwd", kdtype="fp16")
+    t = _kernel_table(at)
+    assert list(t["s"]) == [1024, 2048, 4096, 8192, 16384]
+    # at d = 64 the default is the portable Triton forward: the ratio column follows it
+    from kernels.bench import read_rows
+
+    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30c.csv")
+           if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("fp16", 64, True, "fwd_bwd", 4096)}
+    r = t.set_index("s").loc[4096]
+    assert r["default / cuDNN"] == round(raw["triton_generic"] / raw["sdpa_cudnn"], 2)
+    at = run("kernel", ktiming="GPU time (CUDA graphs)")
+    assert list(_kernel_table(at)["s"]) == [1024, 2048, 4096]
+    at = run("kernel", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd")
+    assert not at.dataframe and any("forward only" in i.value for i in at.info)
+    at = run("kernel", kd="96", kpass="both")
+    assert len(warnings(at)) == 2 and _kernel_table(at) is not None
+
+
 EXTREMES = {
     "score": {"b": "65536", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
     "model": {"b": "65536", "s": "100000000", "model": "Llama 3.1 405B", "mode": "training"},
@@ -327,6 +366,7 @@ _KEYS = {
     "model": ("model", "mode", "wdtype", "kvdtype", "adtype", "b", "s", "gpu", "ckpt", "unit"),
     "scaling": ("impls", "b", "h", "d", "dtype", "causal", "bwd", "gpus", "smax", "by", "s2", "unit"),
     "flash": ("n", "blk", "causal", "step", "b", "h", "s", "d", "dtype", "br", "bc", "unit"),
+    "kernel": ("kdtype", "kd", "kcausal", "kpass", "ktiming", "unit"),
 }
 _raw = st_.one_of(
     st_.text(max_size=30),

@@ -4,6 +4,7 @@ refusal to time a wrong result, and which variants a tuning sweep builds."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from kernels import bench, tune_fwd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_flops_convention():
@@ -70,3 +73,17 @@ def test_tune_variants():
 def test_tune_refuses_without_gpu(capsys):
     assert tune_fwd.main(["--dims", "64", "--seqs", "1024"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_read_rows_round_trips_and_refuses_other_files(tmp_path):
+    rows = bench.read_rows(ROOT / "kernels" / "bench_h200_2026-11-30c.csv")
+    assert len(rows) == 320 and all(isinstance(r, bench.Row) for r in rows)
+    assert {r.impl for r in rows} == {"triton", "triton_generic", "sdpa_cudnn", "sdpa_flash"}
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        bench.read_rows(bad)
+    text = (ROOT / "kernels" / "bench_h200_2026-11-30c.csv").read_text().splitlines()
+    bad.write_text("\n".join([text[0], text[1].replace(",False,", ",maybe,", 1)]) + "\n")
+    with pytest.raises(ValueError, match="line 2"):
+        bench.read_rows(bad)

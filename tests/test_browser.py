@@ -196,6 +196,20 @@ def test_flash_explainer_page(browser_page: Page, server: str) -> None:
     _expect_metric(page, format_bytes(standard_io(1, 32, 8192, 128, 2).total_bytes, "GB"))
 
 
+def test_kernel_speed_page(browser_page: Page, server: str) -> None:
+    """The measured H200 kernel table: the default kernel's TFLOP/s at the longest length."""
+    from kernels.bench import read_rows
+
+    rows = read_rows(ROOT / "kernels" / "bench_h200_2026-11-30c.csv")
+    want = next(r.tflops for r in rows if (r.impl, r.dtype, r.head_dim, r.causal, r.mode,
+                                           r.seq_len) == ("triton", "bf16", 128, False, "fwd", 16384))
+    page = browser_page
+    _open(page, f"{server}/kernel_speed")
+    _expect_metric(page, f"{want:.0f} TFLOP/s")
+    assert page.locator(".js-plotly-plot").count() >= 1
+    _shot(page, "kernel_speed")
+
+
 def test_measurement_page_renders(browser_page: Page, server: str) -> None:
     """The GPU measurement page (its own issue) loads through the router and draws its charts
     (without a GPU: the bundled reference measurements); screenshot for the README."""

@@ -1,0 +1,136 @@
+"""Kernel speed: the bundled attention kernels against PyTorch's SDPA backends, measured side by
+side on an H200.
+
+Thin page: the CSVs that `python -m kernels.bench` wrote on the H200 (kernels/bench_h200_*.csv,
+read by kernels.bench.read_rows) -> one chart of TFLOP/s against s per implementation and a
+table with our kernel's ratio to cuDNN and FlashAttention-2. Everything here is measured; the
+page names the run (GPU, versions, time) it shows.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from calc.urlparams import BoolParam, ChoiceParam  # noqa: E402
+from kernels.bench import read_rows  # noqa: E402
+from pages import common as c  # noqa: E402
+
+EAGER_CSV = ROOT / "kernels" / "bench_h200_2026-11-30c.csv"
+GRAPHS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30c_graphs.csv"
+LABELS = {
+    "triton": "ours: Gluon forward (Hopper)",
+    "triton_generic": "ours: portable Triton forward",
+    "sdpa_cudnn": "SDPA cuDNN",
+    "sdpa_flash": "SDPA FlashAttention-2",
+    "sdpa_efficient": "SDPA memory-efficient",
+    "sdpa_math": "SDPA math",
+}
+COLORS = {"triton": "#0072B2", "triton_generic": "#56B4E9", "sdpa_cudnn": "#8C8C8C",
+          "sdpa_flash": "#009E73", "sdpa_efficient": "#E69F00", "sdpa_math": "#CC79A7"}
+# What flash_attention runs by default on a Hopper GPU (kernels/flash_attn_fwd_sm90.py):
+# the Gluon forward at d = 128, the portable Triton forward at d = 64.
+DEFAULT_IMPL = {128: "triton", 64: "triton_generic"}
+
+SPECS = {
+    "kdtype": ChoiceParam("bf16", ("fp16", "bf16")),
+    "kd": ChoiceParam("128", ("64", "128")),
+    "kcausal": BoolParam(False),
+    "kpass": ChoiceParam("fwd", ("fwd", "fwd+bwd")),
+    "ktiming": ChoiceParam("eager calls", ("eager calls", "GPU time (CUDA graphs)")),
+}
+
+
+@st.cache_data(show_spinner=False)
+def load(path: str) -> pd.DataFrame:
+    return pd.DataFrame([vars(r) for r in read_rows(path)])
+
+
+c.page_setup("kernel_speed")
+st.title("Kernel speed")
+st.markdown(
+    "**How fast is each attention kernel on a real GPU?** Our bundled kernels and PyTorch's "
+    "SDPA backends, run in one process on the same inputs (B = 1, H = 32), on an NVIDIA H200. "
+    "All figures are **measured** (`python -m kernels.bench`); TFLOP/s count the forward as "
+    "4·B·H·s²·d (half when causal) and forward + backward as 3.5× that."
+)
+
+cols = st.columns(5)
+dtype = c.radio("dtype", "kdtype", SPECS["kdtype"], where=cols[0])
+d = int(c.radio("head dim d", "kd", SPECS["kd"], where=cols[1]))
+mode = c.radio("pass", "kpass", SPECS["kpass"], where=cols[2])
+timing = c.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
+causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[4])
+c.sync_url(SPECS)
+
+graphs = timing.startswith("GPU")
+try:
+    df = load(str(GRAPHS_CSV if graphs else EAGER_CSV))
+except (OSError, ValueError) as exc:
+    st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
+    st.stop()
+
+want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
+sel = df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
+         & (df["mode"] == want) & (df["status"] == "ok")]
+if sel.empty:
+    st.info("Graph replays were timed for the forward only (up to s = 4,096): choose *fwd*, or "
+            "*eager calls* for forward + backward." if graphs else "No measurement for this choice.")
+    st.stop()
+
+r0 = sel.iloc[0]
+st.caption(
+    f"Measured {r0['timestamp']} on {r0['gpu']}, torch {r0['torch_version']}, triton "
+    f"{r0['triton_version']}; source `{(GRAPHS_CSV if graphs else EAGER_CSV).relative_to(ROOT)}`. "
+    + ("Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
+       "host's share." if graphs else
+       "Eager calls, as a user makes them: at s ≤ 2,048 one call is 15–90 µs of GPU work, and "
+       "host time (Python, launches) weighs in for every backend; switch *timing* to see the "
+       "GPU time alone.")
+)
+
+default = DEFAULT_IMPL[d]
+impls = [i for i in LABELS if i in set(sel["impl"])]
+traces = []
+for impl in impls:
+    got = sel[sel["impl"] == impl].sort_values("seq_len")
+    name = LABELS[impl] + (" · default" if impl == default else "")
+    traces.append(dict(
+        type="scatter", mode="lines+markers", x=got["seq_len"].tolist(), y=got["tflops"].tolist(),
+        name=name, line=dict(color=COLORS.get(impl, "#7F7F7F"), width=3 if impl == default else 2),
+        hovertemplate=f"<b>{name}</b><br>s = %{{x:,}}<br>%{{y:.0f}} TFLOP/s<extra></extra>",
+    ))
+lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
+fig = c.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
+               xaxis=c.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
+
+wide = sel.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
+table = pd.DataFrame({"s": wide.index})
+for impl in impls:
+    table[LABELS[impl]] = wide[impl].round(0).tolist()
+for ref in ("sdpa_cudnn", "sdpa_flash"):
+    if default in wide and ref in wide:
+        table[f"default / {LABELS[ref].removeprefix('SDPA ')}"] = (wide[default] / wide[ref]).round(2).tolist()
+if default in wide:
+    top = int(wide.index.max())
+    mcols = st.columns(3)
+    mcols[0].metric(f"default at s = {top:,} (measured)", f"{wide.loc[top, default]:.0f} TFLOP/s")
+    for col, ref in zip(mcols[1:], ("sdpa_cudnn", "sdpa_flash"), strict=True):
+        if ref in wide and wide.loc[top, ref] == wide.loc[top, ref]:
+            col.metric(f"÷ {LABELS[ref].removeprefix('SDPA ')} at s = {top:,}",
+                       f"{wide.loc[top, default] / wide.loc[top, ref]:.2f}×")
+c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
+st.dataframe(table, hide_index=True, width="stretch")
+st.markdown(
+    f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d} "
+    f"({LABELS[default]}). The forward+backward rows use the same Triton backward after either "
+    "forward. Full tables, the targets and the tuning log: `kernels/BENCH_H200.md`, "
+    "`kernels/NOTES.md`."
+)
