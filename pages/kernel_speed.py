@@ -48,7 +48,7 @@ SPECS = {
 }
 
 
-@st.cache_data(show_spinner=False)
+@st.cache_data(show_spinner=False, max_entries=4)  # two bundled CSVs
 def load(path: str) -> pd.DataFrame:
     return pd.DataFrame([vars(r) for r in read_rows(path)])
 
