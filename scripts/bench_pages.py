@@ -60,6 +60,7 @@ MOVES: dict[str, tuple[str, Callable[[AppTest, int], None]]] = {
     "scaling.py": ("heads H", lambda at, i: at.number_input(key="h").set_value(8 + i)),
     "flash_explainer.py": ("step slider", lambda at, i: at.slider(key="step").set_value(i % 10)),
     "flash_explainer.py ": ("sequence s", lambda at, i: at.number_input(key="s").set_value(4096 + 64 * i)),
+    "kernel_speed.py": ("head dim d", lambda at, i: at.radio(key="kd").set_value(("64", "128")[i % 2])),
 }
 
 
