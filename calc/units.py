@@ -188,3 +188,13 @@ def to_unit(n_bytes: int | float, unit: str = "GB") -> float:
     if unit == "GiB":
         return n_bytes / GIB
     raise ValueError(f"unit must be 'GB' or 'GiB', got {unit!r}")
+
+
+def short_len(n: int) -> str:
+    """A sequence length as the sliders label it: 128 -> '128', 4096 -> '4K', 1048576 -> '1M'
+    (binary K/M, as sequence lengths go; other values with thousands separators)."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10}K"
+    return f"{n:,}"

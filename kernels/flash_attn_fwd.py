@@ -627,7 +627,7 @@ def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | 
     forced = None if config is None else config.get("SM90")
     if forced is False or (config is not None and forced is None):
         return False
-    ok = _sm90 is not None and not _interpreting() and _sm90.usable(q, k, v)
+    ok = _sm90 is not None and _sm90.usable(q, k, v)  # CUDA tensors only: never interpreted
     if forced and not ok:
         raise ValueError("SM90=True was asked for, but the Hopper forward cannot run here (it "
                          "needs Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, "
@@ -637,10 +637,6 @@ def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | 
         return True
     return (ok and q.shape[3] in _sm90.DEFAULT_HEAD_DIMS
             and os.environ.get("FLASH_ATTN_SM90") != "0")
-
-
-def _interpreting() -> bool:
-    return type(_fwd_kernel).__name__ == "InterpretedFunction"
 
 
 def attention_forward(

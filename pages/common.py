@@ -21,7 +21,7 @@ import plotly.io as pio
 import streamlit as st
 
 from calc.csv_safety import safe_csv_bytes, safe_frame
-from calc.units import format_bytes, to_unit
+from calc.units import format_bytes, short_len, to_unit
 from calc.urlparams import (
     BoolParam,
     ChoiceParam,
@@ -224,15 +224,6 @@ def multiselect(label: str, key: str, spec: MultiChoiceParam, where: Any = st, *
 def toggle(label: str, key: str, spec: BoolParam, where: Any = st, **kw: Any) -> bool:
     init(key, spec)
     return bool(where.checkbox(label, key=key, **kw))
-
-
-def short_len(n: int) -> str:
-    """128 -> '128', 4096 -> '4K', 1048576 -> '1M' (binary K/M, as sequence lengths go)."""
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20}M"
-    if n >= 1 << 10 and n % (1 << 10) == 0:
-        return f"{n >> 10}K"
-    return f"{n:,}"
 
 
 def seq_len_input(

@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from calc import format_gb, score_matrix_bytes  # noqa: E402
+from calc.units import short_len  # noqa: E402  (the sliders' labels, as the pages draw them)
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
@@ -104,15 +105,6 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def short_len(n: int) -> str:
-    """The slider's label of a power of two (pages.common.short_len): 4096 -> '4K'."""
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20}M"
-    if n >= 1 << 10 and n % (1 << 10) == 0:
-        return f"{n >> 10}K"
-    return f"{n:,}"
 
 
 def parse_short_len(text: str) -> int:
