@@ -422,9 +422,15 @@ def attention_backward(
         *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
         H, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
+    # What the JIT specialises on beyond meta and the config (kernels/direct.py): dtypes,
+    # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
+    # dk's shape and strides; delta, dq, dk, dv are fresh allocations).
+    spec = (q.dtype, do.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
+            dq.stride(), dk.stride(), H, H_kv, q.data_ptr() % 16, k.data_ptr() % 16,
+            v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16, lse2.data_ptr() % 16)
     # dQ first: it writes delta, which the dK/dV launch reads.
     launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, config, dq_args,
-           lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H))
+           lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)
     launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, config, dkdv_args,
-           lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv))
+           lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv), spec=spec)
     return dq, dk, dv

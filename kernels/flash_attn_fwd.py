@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.direct import DirectLauncher
+
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 
 
@@ -495,38 +497,50 @@ _fwd_kernel_tuned = triton.autotune(
 )(_fwd_kernel)
 
 
-# The config chosen per (kernel, element size, head dim, causal, bucket[, TMA]) in this process.
-# After the first call of a key the kernel is launched directly with it: the autotuner's own
-# dispatch costs tens of microseconds of Python per launch, which short sequences would feel.
+# The config chosen per (kernel, element size, head dim, causal, bucket[, TMA]) in this process,
+# with the keyword arguments of a launch under it. After the first call of a key the kernel is
+# launched with it directly: the autotuner's own dispatch costs tens of microseconds of Python
+# per launch, which short sequences would feel.
 # fp16 and bf16 share one entry: same tile sizes, same tensor-core rate, same shared memory, so
 # a choice tuned on one serves the other (and the second dtype compiles one config, not all).
-_CHOSEN: dict[tuple, dict] = {}
+_CHOSEN: dict[tuple, tuple[dict, dict, tuple]] = {}
+_LAUNCHERS: dict[object, DirectLauncher] = {}
 
 
 def launch(tuned, plain, name: str, meta: dict, bucket: int, config: dict | None, args: tuple,
-           grid, prepare=None) -> None:
+           grid, prepare=None, spec: tuple | None = None) -> None:
     """Launch `plain` with `config`, or with the autotuner's choice for this key.
 
     ``prepare(config)``, when given, runs before a direct launch (the autotuner runs the
     configs' own pre_hook): the forward uses it to give its tensor descriptors their tiles.
+    ``spec``, when given, determines everything the JIT specialises on in ``args`` other
+    than what ``meta`` and the config fix (dtypes, strides, alignment, head counts): the
+    compiled kernel is then launched without the JIT's dispatch (kernels/direct.py).
     """
+    launcher = _LAUNCHERS.get(plain)
+    if launcher is None:
+        launcher = _LAUNCHERS[plain] = DirectLauncher(plain)
     if config is not None:
         if prepare is not None:
             prepare(config)
-        plain[grid(config)](*args, **meta, **config)
+        key = None if spec is None else (name, spec, tuple(meta.items()),
+                                         tuple(config.items()))
+        launcher(grid(config), key, args, {**meta, **config})
         return
-    key = (name, args[0].element_size(), meta["HEAD_DIM"], meta["CAUSAL"], bucket,
-           meta.get("USE_DESC", False))
-    chosen = _CHOSEN.get(key)
+    ckey = (name, args[0].element_size(), meta["HEAD_DIM"], meta["CAUSAL"], bucket,
+            meta.get("USE_DESC", False))
+    chosen = _CHOSEN.get(ckey)
     if chosen is not None:
+        cfg, kwargs, cfg_key = chosen
         if prepare is not None:
-            prepare(chosen)
-        plain[grid(chosen)](*args, **meta, **chosen)
+            prepare(cfg)
+        launcher(grid(cfg), None if spec is None else (ckey, spec, cfg_key), args, kwargs)
         return
     tuned[grid](*args, **meta)
     best = getattr(tuned, "best_config", None)
     if best is not None:
-        _CHOSEN[key] = best.all_kwargs()
+        cfg = best.all_kwargs()
+        _CHOSEN[ckey] = (cfg, {**meta, **cfg}, tuple(cfg.items()))
 
 
 # ---- tensor descriptors (TMA) for K and V ---------------------------------------------------
@@ -688,6 +702,11 @@ def attention_forward(
     def prepare(c: dict) -> None:
         _set_tiles({"desc_k": desc_k, "desc_v": desc_v, "BLOCK_N": c["BLOCK_N"], "BLOCK_D": bd})
 
+    # What the JIT specialises on beyond meta and the config: dtypes, strides (1, multiple of
+    # 16), the head counts, the inputs' 16-byte alignment (o and lse2 are fresh allocations);
+    # the descriptors' types are the dtype and the config's tile.
+    spec = (q.dtype, q.stride(), k.stride(), v.stride(), o.stride(), H, H_kv,
+            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
     launch(_fwd_kernel_tuned, _fwd_kernel, "fwd", meta, args[-1], config, args,
-           lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), prepare if use_desc else None)
+           lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), prepare if use_desc else None, spec)
     return o, lse2

@@ -57,8 +57,6 @@ default at d = 128). Everything else (and every other GPU) uses ``flash_attn_fwd
 
 from __future__ import annotations
 
-import os
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -70,6 +68,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.direct import DirectLauncher
 
 # The copy-engine calls were renamed after Triton 3.6 (async_copy_global_to_shared ->
 # async_load, async_copy_shared_to_global -> async_store); the old names now raise.
@@ -418,43 +418,16 @@ def _descriptor(t: torch.Tensor, rows: int, layout) -> TensorDescriptor:
     return desc
 
 
-# ---- launching without the JIT's dispatch ---------------------------------------------------
-# Triton's JITFunction.run specialises every argument (about 30 us per launch on the H200's
-# host, kernels/NOTES.md) before it finds the compiled kernel in its cache. Short sequences are
-# bound by host time, so after the first launch of a configuration the compiled kernel is
-# launched directly, the way JITFunction.run itself does at its end. The cache key holds every
-# property the JIT specialises on for these arguments: dtype, head dim and tiles (the
-# descriptors' types), the constexprs, and H and GROUP being 1 or multiples of 16 (integer
-# specialisation); s_q and s_k are not specialised, LSE2 is always 16-byte aligned (fresh
-# allocation), qk_scale is an fp32. Launch hooks (profilers) get the normal path.
-_COMPILED: dict[tuple, object] = {}
-DIRECT_LAUNCH = os.environ.get("FLASH_ATTN_DIRECT_LAUNCH") != "0"
+# ---- launching without the JIT's dispatch (kernels/direct.py) ------------------------------
+# The key holds every property the JIT specialises on for these arguments: dtype, head dim
+# and tiles (the descriptors' types), the constexprs, and H and GROUP being 1 or multiples of
+# 16 (integer specialisation); s_q and s_k are not specialised, LSE2 is always 16-byte aligned
+# (fresh allocation), qk_scale is an fp32.
+LAUNCHER = DirectLauncher(attn_fwd_sm90_kernel)
 
 
 def _int_spec(x: int) -> tuple[bool, bool]:
     return x == 1, x % 16 == 0
-
-
-def _has_hooks(hook) -> bool:
-    """Triton 3.6 keeps launch hooks in a HookChain (never None; empty when unused); older
-    builds keep a callable or None."""
-    return bool(hook.calls) if hasattr(hook, "calls") else hook is not None
-
-
-def _launch(grid, key, args, consts):
-    from triton import knobs
-
-    hooked = (not DIRECT_LAUNCH or _has_hooks(knobs.runtime.launch_enter_hook)
-              or _has_hooks(knobs.runtime.launch_exit_hook))
-    kernel = None if hooked else _COMPILED.get(key)
-    if kernel is not None:
-        stream = torch.cuda.current_stream().cuda_stream
-        kernel.run(grid[0], grid[1], 1, stream, kernel.function, kernel.packed_metadata, None,
-                   None, None, *args, *consts.values())
-        return
-    kernel = attn_fwd_sm90_kernel[grid](*args, **consts)
-    if not hooked and list(consts) == attn_fwd_sm90_kernel.arg_names[len(args):]:
-        _COMPILED[key] = kernel
 
 
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
@@ -474,6 +447,6 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     args = (_descriptor(q, HALF_M, lay_m), _descriptor(k, bn, lay_n), _descriptor(v, bn, lay_n),
             _descriptor(o, HALF_M, lay_m), lse2, H, group, s_q, s_k, qk_scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "PINGPONG": pp, "num_warps": NUM_WARPS}
-    key = (q.device.index, q.dtype, d, bn, st, bool(causal), pp, _int_spec(H), _int_spec(group))
-    _launch((-(-s_q // BLOCK_M), B * H), key, args, consts)
+    key = (q.dtype, d, bn, st, bool(causal), pp, _int_spec(H), _int_spec(group))
+    LAUNCHER((-(-s_q // BLOCK_M), B * H), key, args, consts)
     return o, lse2

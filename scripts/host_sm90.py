@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kernels import direct
 from kernels import flash_attn_fwd_sm90 as k90
 from kernels.bench import host_us_per_call
 from kernels.flash_attn import flash_attention
@@ -21,10 +22,10 @@ print("generic via flash_attention", round(per_call(
     lambda: flash_attention(q, k, v, config={"SM90": False})), 1))
 print("sm90 forward only          ", round(per_call(
     lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
-k90.DIRECT_LAUNCH = False
+direct.DIRECT_LAUNCH = False
 print("sm90 forward, JIT dispatch ", round(per_call(
     lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
-k90.DIRECT_LAUNCH = True
+direct.DIRECT_LAUNCH = True
 print("descriptors x4             ", round(per_call(
     lambda: [k90._descriptor(q, 64, k90._layout(q.dtype, 64, 64)) for _ in range(4)]), 1))
 print("torch.empty x2             ", round(per_call(

@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -443,7 +444,47 @@ def test_gpu_sm90_strided(fa, poisoned, dtype):
     check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
                             config={"SM90": True}, scale=0.2)
     # the repeated calls above went through the direct launch of the compiled kernel
-    assert importlib.import_module("kernels.flash_attn_fwd_sm90")._COMPILED
+    assert importlib.import_module("kernels.flash_attn_fwd_sm90").LAUNCHER.direct_calls > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_direct_launch(fa, poisoned, d):
+    """After the first call of a configuration the compiled kernels are launched without the
+    JIT's dispatch (kernels/direct.py). A call whose arguments specialise differently must not
+    reuse a kernel compiled for others: the same shapes in turn as contiguous tensors,
+    (B, s, H, d) views and another GQA group, each twice, each against the reference; then
+    inputs at a 2-byte offset (not 16-byte aligned), against the same inputs aligned."""
+    from kernels import flash_attn_fwd as fwd
+
+    def direct_calls():
+        sm90 = fwd._sm90.LAUNCHER.direct_calls if fwd._sm90 is not None else 0
+        return sum(lau.direct_calls for lau in fwd._LAUNCHERS.values()) + sm90
+
+    before = direct_calls()
+    for layout, h_kv in (("contiguous", 4), ("bshd", 4), ("contiguous", 1), ("bshd", 4)):
+        for _ in range(2):
+            check_against_reference(fa, 2, 4, h_kv, 300, 300, d, True, torch.float16, "cuda",
+                                    layout=layout)
+    assert direct_calls() > before
+
+    def offset(shape):  # a view starting 2 bytes into its buffer
+        n = math.prod(shape)
+        return torch.randn(n + 1, device="cuda", dtype=torch.float16)[1:].view(shape)
+
+    def run(q, k, v, do):  # no copies: the kernels see these very views
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = fa.flash_attention(*leaves, causal=True)
+        out.backward(do)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    q, k, v, do = (offset((2, 4, 300, d)) for _ in range(4))
+    assert q.data_ptr() % 16 and k.data_ptr() % 16
+    want = run(*(t.clone() for t in (q, k, v, do)))  # aligned first: its kernels get cached
+    for _ in range(2):
+        got = run(q, k, v, do)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
 
 
 def test_sm90_dispatch_rules():
