@@ -31,7 +31,7 @@ SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
 MATH_MAX_SEQ = 8192  # sdpa_math keeps fp32 s x s scores: skipped above this length
-GRAPHS = False  # --graphs: time forward calls as CUDA-graph replays (GPU time only)
+GRAPHS = False  # --graphs: time calls as CUDA-graph replays (GPU time only)
 
 
 @dataclass(frozen=True)
@@ -122,11 +122,20 @@ def measure(name, q, k, v, do, causal, mode, ref):
         else:
             def call():
                 fn(q, k, v, causal).backward(do)
-        if GRAPHS and mode == "fwd":
+        if GRAPHS:
             # Replay of a CUDA graph holding one call: the GPU time of the kernels without the
-            # host's share (Python, argument checks, launches), for every implementation alike.
-            call()
+            # host's share (Python, autograd, argument checks, launches), for every
+            # implementation alike. Warm-up on a side stream first (autograd's lazy state),
+            # and the gradients start unset so that the captured backward writes them afresh.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
+            for t in (q, k, v):
+                t.grad = None
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 call()
@@ -297,7 +306,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
     p.add_argument("--graphs", action="store_true",
-                   help="time forward calls as CUDA-graph replays: GPU time without host cost")
+                   help="time calls (forward, and forward+backward) as CUDA-graph replays: "
+                        "GPU time without host cost")
     p.add_argument("--overhead", action="store_true",
                    help="first print host microseconds per call on a tiny shape")
     args = p.parse_args(argv)

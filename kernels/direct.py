@@ -20,8 +20,6 @@ from __future__ import annotations
 import inspect
 import os
 
-import torch
-
 DIRECT_LAUNCH = os.environ.get("FLASH_ATTN_DIRECT_LAUNCH") != "0"
 
 
@@ -54,6 +52,7 @@ class DirectLauncher:
         self.direct_calls = 0  # launches that skipped the JIT dispatch (tests read it)
         # Under TRITON_INTERPRET=1 kernels are InterpretedFunctions: nothing is compiled
         self.interpreted = type(fn).__name__ == "InterpretedFunction"
+        self._device = self._stream = None
 
     def _tail(self, n_args: int, kwargs: dict) -> tuple | None:
         """Values of the parameters after the positional ones, in signature order, as the
@@ -71,11 +70,17 @@ class DirectLauncher:
     def __call__(self, grid: tuple, key: tuple | None, args: tuple, kwargs: dict) -> None:
         if (key is not None and DIRECT_LAUNCH and not self.interpreted
                 and not hooks_installed()):
-            key = (torch.cuda.current_device(), key)  # the JIT compiles for the current device
+            if self._device is None:  # the calls the JIT itself makes (raw stream handle)
+                from triton.runtime import driver
+
+                self._device = driver.active.get_current_device
+                self._stream = driver.active.get_current_stream
+            device = self._device()
+            key = (device, key)  # the JIT compiles for the current device
             hit = self.cache.get(key)
             if hit is not None:
                 kernel, tail = hit
-                stream = torch.cuda.current_stream().cuda_stream
+                stream = self._stream(device)
                 kernel.run(grid[0], grid[1] if len(grid) > 1 else 1,
                            grid[2] if len(grid) > 2 else 1, stream, kernel.function,
                            kernel.packed_metadata, None, None, None, *args, *tail)

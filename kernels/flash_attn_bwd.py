@@ -393,11 +393,15 @@ def attention_backward(
     causal: bool,
     scale: float,
     config: dict | None = None,
+    *,
+    dq_config: dict | None = None,
+    dkdv_config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous), nothing else.
-    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner for both kernels.
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner for both kernels;
+    ``dq_config`` / ``dkdv_config`` give one kernel its own (kernels.tune_bwd times them).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -429,8 +433,8 @@ def attention_backward(
             dq.stride(), dk.stride(), H, H_kv, q.data_ptr() % 16, k.data_ptr() % 16,
             v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16, lse2.data_ptr() % 16)
     # dQ first: it writes delta, which the dK/dV launch reads.
-    launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, config, dq_args,
+    launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, dq_config or config, dq_args,
            lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)
-    launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, config, dkdv_args,
+    launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, dkdv_config or config, dkdv_args,
            lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv), spec=spec)
     return dq, dk, dv

@@ -62,6 +62,10 @@ def main() -> None:
     for name, call in parts:
         print(f"{name:32s} {host_us_per_call(call, args.calls, warmup=30):7.1f} us/call",
               flush=True)
+    with torch.autograd.set_multithreading_enabled(False):  # backward on this thread
+        for name, call in (parts[0], parts[5], parts[7]):
+            print(f"{name + ', one thread':32s} "
+                  f"{host_us_per_call(call, args.calls, warmup=30):7.1f} us/call", flush=True)
     direct.DIRECT_LAUNCH = False
     print(f"{'ours fwd+bwd, JIT dispatch':32s} "
           f"{host_us_per_call(parts[0][1], args.calls, warmup=30):7.1f} us/call")

@@ -1,6 +1,6 @@
 """Where the host time of one short forward call goes (cProfile, tiny shape, GPU mostly idle).
 
-    PYTHONPATH=. python scripts/host_profile.py [--calls 3000] [--backward]
+    PYTHONPATH=. python scripts/host_profile.py [--calls 3000] [--backward] [--d 64]
 """
 import argparse
 import cProfile
@@ -16,9 +16,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--backward", action="store_true", help="forward + backward instead")
+    ap.add_argument("--d", type=int, default=64, help="head dim (128: the Gluon forward)")
     args = ap.parse_args()
     n = args.calls
-    q, k, v, do = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
+    q, k, v, do = (torch.randn(1, 2, 128, args.d, device="cuda", dtype=torch.float16)
                    for _ in range(4))
     if args.backward:
         for t in (q, k, v):
@@ -38,7 +39,7 @@ def main() -> None:
         call()
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,195 @@
+"""Sweep the backward kernels' configs by hand, next to sdpa_flash, and print the best per key.
+
+    python -m kernels.tune_bwd --out tune_bwd.csv          # d 64/128, causal or not, fp16
+    python -m kernels.tune_bwd --dims 64 --seqs 2048 --jobs 8
+
+The backward is two launches (dQ, which also writes delta; then dK/dV). Each candidate of one
+kernel is timed as the whole backward with the other kernel held at a fixed config, so the
+differences between candidates belong to the kernel being varied, and the best pair is the
+best of each (the two launches run one after the other and share nothing but delta). Every
+candidate's gradients are checked against the reference pair's. Compilation runs first in
+``--jobs`` worker processes (tiny inputs, filling Triton's on-disk cache); the timing then runs
+in this process alone. Time: median of ``triton.testing.do_bench``, L2 cleared before each
+call, as the autotuner does. The last lines printed are TUNED_H200 entries, ready to paste.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs own BLOCK_N keys and stream
+# BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys.
+DKDV = [
+    (64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3),
+    (64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 2),
+    (128, 128, 8, 2), (16, 64, 4, 4),
+]
+DQ = [
+    (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (128, 32, 4, 3), (64, 64, 4, 3),
+    (64, 64, 4, 4), (128, 128, 8, 2), (64, 128, 4, 2), (64, 32, 4, 3), (128, 64, 4, 3),
+]
+HELD = {"dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3)}  # the other kernel, while one varies
+
+
+def _fits(kernel: str, c: tuple, d: int, elem: int = 2) -> bool:
+    from kernels.flash_attn_fwd import SMEM_BYTES
+
+    bm, bn, _, st = c
+    streamed, resident = (bm, bn) if kernel == "dkdv" else (bn, bm)
+    return (st - 1) * 2 * streamed * d * elem + 2 * resident * d * elem <= SMEM_BYTES
+
+
+def _cfg(c) -> dict:
+    bm, bn, w, st = c
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+
+
+def _variants(dims, causals) -> list[tuple]:
+    """(d, causal, kernel, config) for every candidate that fits in shared memory."""
+    return [(d, causal, kern, c) for d in dims for causal in causals
+            for kern, space in (("dq", DQ), ("dkdv", DKDV)) for c in space
+            if _fits(kern, c, d) and _fits("dq" if kern == "dkdv" else "dkdv",
+                                           HELD["dq" if kern == "dkdv" else "dkdv"], d)]
+
+
+def _inputs(s: int, d: int, dtype, causal: bool, B: int = 1, H: int = 32):
+    import torch
+
+    from kernels.flash_attn_fwd import attention_forward
+
+    gen = torch.Generator(device="cuda").manual_seed(s + d)
+    q, k, v, do = (torch.randn(B, H, s, d, device="cuda", dtype=dtype, generator=gen)
+                   for _ in range(4))
+    o, lse2 = attention_forward(q, k, v, causal, d ** -0.5)
+    return q, k, v, do, o, lse2
+
+
+def _run(inp, causal, kern, c):
+    from kernels.flash_attn_bwd import attention_backward
+
+    q, k, v, do, o, lse2 = inp
+    d = q.shape[-1]
+    cfgs = {"dq_config": _cfg(c if kern == "dq" else HELD["dq"]),
+            "dkdv_config": _cfg(c if kern == "dkdv" else HELD["dkdv"])}
+    return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5, **cfgs)
+
+
+def _compile(work: list[tuple]) -> list[str]:
+    """Worker: run each variant once on a small input so that it is compiled and cached."""
+    import torch
+
+    errors = []
+    for d, causal, kern, c in work:
+        try:
+            _run(_inputs(256, d, torch.float16, causal), causal, kern, c)
+            torch.cuda.synchronize()
+        except Exception as exc:  # reported, and the variant is dropped from the timing
+            errors.append(f"{d} {causal} {kern} {c}: {type(exc).__name__}: {exc}"[:400])
+    return errors
+
+
+def _time_shape(d, causal, s, dtype, variants) -> list[tuple]:
+    """(name, config, ms, max |grad - reference pair's grad|) for sdpa_flash's fwd+bwd minus
+    its fwd (its backward alone) and each variant on one shape."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    inp = _inputs(s, d, dtype, causal)
+    q, k, v, do = (t.detach().requires_grad_(i < 3) for i, t in enumerate(inp[:4]))
+
+    def flash_fwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    both = do_bench(lambda: flash_fwd().backward(do), warmup=25, rep=100,
+                    grad_to_none=[q, k, v], return_mode="median")
+    with torch.no_grad():
+        fwd = do_bench(flash_fwd, warmup=25, rep=100, return_mode="median")
+    out = [("sdpa_flash_bwd", None, both - fwd, 0.0)]
+    ref = _run(inp, causal, "dq", HELD["dq"])
+    for kern, c in variants:
+        got = _run(inp, causal, kern, c)
+        err = max(float((g.float() - r.float()).abs().max()) for g, r in zip(got, ref, strict=True))
+        ms = do_bench(lambda kern=kern, c=c: _run(inp, causal, kern, c), warmup=25, rep=100,
+                      return_mode="median")
+        out.append((kern, c, ms, err))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1], choices=[0, 1])
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--jobs", type=int, default=8, help="compile worker processes")
+    ap.add_argument("--out", default="tune_bwd.csv")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from kernels.flash_attn_fwd import TUNED_H200, seq_bucket
+
+    if not torch.cuda.is_available():
+        print("tune_bwd needs a CUDA GPU", file=sys.stderr)
+        return 2
+    causals = [bool(c) for c in args.causal]
+    variants = _variants(args.dims, causals)
+    chunks = [variants[i::args.jobs] for i in range(args.jobs)]
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        errors = list(itertools.chain.from_iterable(pool.map(_compile, chunks)))
+    for e in errors:
+        print("compile error:", e, flush=True)
+    broken = {e.split(":")[0] for e in errors}
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    entries, summary = [], []
+    with open(args.out, "w", newline="") as sink:
+        w = csv.writer(sink)
+        w.writerow(["kernel", "dtype", "d", "causal", "s", "BLOCK_M", "BLOCK_N", "warps",
+                    "stages", "ms_whole_backward", "max_abs_diff"])
+        for d, causal, s in itertools.product(args.dims, causals, args.seqs):
+            mine = [(kern, c) for dd, cc, kern, c in variants
+                    if (dd, cc) == (d, causal) and f"{dd} {cc} {kern} {c}" not in broken]
+            rows = _time_shape(d, causal, s, dtype, mine)
+            for kern, c, ms, err in rows:
+                w.writerow([kern, args.dtype, d, int(causal), s, *(c or ("",) * 4),
+                            f"{ms:.5f}", f"{err:.3g}"])
+            sink.flush()
+            torch.cuda.empty_cache()
+            flash = rows[0][2]
+            bucket = seq_bucket(s)
+            best, now = {}, {}
+            for kern in ("dq", "dkdv"):
+                timed = [(ms, c) for k_, c, ms, err in rows[1:] if k_ == kern and err < 0.05]
+                if not timed:
+                    continue
+                best[kern] = min(timed)
+                stored = TUNED_H200.get((kern, 2, d, causal, bucket))
+                now[kern] = next((ms for ms, c in timed if c == stored), float("nan"))
+                entries.append(f'    ("{kern}", 2, {d}, {causal}, {bucket}): {best[kern][1]},')
+            baseline = [ms for kern, c, ms, _ in rows[1:] if c == HELD[kern]]
+            if len(best) == 2 and baseline:
+                # the whole backward with each kernel's best: both gains over the held pair
+                base = sum(baseline) / len(baseline)
+                pair = best["dq"][0] + best["dkdv"][0] - base
+                stored = now["dq"] + now["dkdv"] - base
+                summary.append(f"| {d} | {int(causal)} | {s} | {flash * 1e3:.0f} | "
+                               f"{stored * 1e3:.0f} | {pair * 1e3:.0f} | "
+                               f"{best['dq'][1]} | {best['dkdv'][1]} |")
+    print("\nbackward alone, us (best pair estimated from the per-kernel timings)")
+    print("| d | causal | s | sdpa_flash bwd | stored configs | best pair | dq | dkdv |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(summary))
+    print("\n".join(entries))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
