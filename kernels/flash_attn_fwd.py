@@ -99,9 +99,10 @@ def _configs(space: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     ]
 
 
-# Configs chosen on an H200 on 2026-11-30 (backward: the autotuner in kernels.bench; forward:
-# kernels.tune_fwd, every candidate timed, tensor descriptors from the 2048 bucket up; fp16,
-# shared with bf16, B=1, H=32; kernels/NOTES.md steps 1 and 3), keyed by
+# Configs chosen on an H200 on 2026-11-30 (backward: kernels.tune_bwd, every candidate timed,
+# for buckets up to 8192, the autotuner in kernels.bench at 16384; forward: kernels.tune_fwd,
+# every candidate timed, tensor descriptors from the 2048 bucket up; fp16,
+# shared with bf16, B=1, H=32; kernels/NOTES.md steps 1, 3 and 6), keyed by
 # (kernel, element bytes, BLOCK_D, causal, length bucket) -> (BLOCK_M, BLOCK_N, warps, stages);
 # element bytes 2 covers fp16 and bf16.
 # On a Hopper GPU a hit here skips tuning, so a fresh process starts at full speed; set
@@ -127,14 +128,14 @@ TUNED_H200: dict[tuple[str, int, int, bool, int], tuple[int, int, int, int]] = {
     ("fwd", 2, 128, True, 4096): (128, 128, 8, 3),
     ("fwd", 2, 128, True, 8192): (128, 128, 8, 3),
     ("fwd", 2, 128, True, 16384): (128, 128, 8, 3),
-    ("dkdv", 2, 64, False, 1024): (64, 128, 8, 3),
-    ("dkdv", 2, 64, False, 2048): (32, 64, 4, 3),
-    ("dkdv", 2, 64, False, 4096): (32, 64, 4, 3),
-    ("dkdv", 2, 64, False, 8192): (32, 64, 4, 3),
+    ("dkdv", 2, 64, False, 1024): (32, 128, 4, 3),
+    ("dkdv", 2, 64, False, 2048): (32, 128, 4, 3),
+    ("dkdv", 2, 64, False, 4096): (32, 128, 4, 3),
+    ("dkdv", 2, 64, False, 8192): (32, 128, 4, 3),
     ("dkdv", 2, 64, False, 16384): (32, 64, 4, 3),
-    ("dkdv", 2, 64, True, 1024): (64, 64, 4, 2),
-    ("dkdv", 2, 64, True, 2048): (64, 64, 4, 2),
-    ("dkdv", 2, 64, True, 4096): (64, 64, 4, 2),
+    ("dkdv", 2, 64, True, 1024): (64, 64, 4, 3),
+    ("dkdv", 2, 64, True, 2048): (64, 64, 4, 3),
+    ("dkdv", 2, 64, True, 4096): (64, 64, 4, 3),
     ("dkdv", 2, 64, True, 8192): (64, 128, 8, 3),
     ("dkdv", 2, 64, True, 16384): (64, 128, 8, 3),
     ("dkdv", 2, 128, False, 1024): (64, 128, 8, 3),
@@ -142,17 +143,17 @@ TUNED_H200: dict[tuple[str, int, int, bool, int], tuple[int, int, int, int]] = {
     ("dkdv", 2, 128, False, 4096): (64, 128, 8, 3),
     ("dkdv", 2, 128, False, 8192): (64, 128, 8, 3),
     ("dkdv", 2, 128, False, 16384): (64, 128, 8, 3),
-    ("dkdv", 2, 128, True, 1024): (32, 64, 4, 3),
-    ("dkdv", 2, 128, True, 2048): (64, 128, 8, 3),
+    ("dkdv", 2, 128, True, 1024): (32, 64, 4, 4),
+    ("dkdv", 2, 128, True, 2048): (32, 64, 4, 4),
     ("dkdv", 2, 128, True, 4096): (64, 128, 8, 3),
     ("dkdv", 2, 128, True, 8192): (64, 128, 8, 3),
     ("dkdv", 2, 128, True, 16384): (64, 128, 8, 3),
-    ("dq", 2, 64, False, 1024): (64, 64, 4, 3),
+    ("dq", 2, 64, False, 1024): (128, 32, 4, 3),
     ("dq", 2, 64, False, 2048): (64, 64, 4, 3),
     ("dq", 2, 64, False, 4096): (64, 64, 4, 3),
     ("dq", 2, 64, False, 8192): (64, 64, 4, 3),
     ("dq", 2, 64, False, 16384): (64, 64, 4, 3),
-    ("dq", 2, 64, True, 1024): (128, 64, 8, 3),
+    ("dq", 2, 64, True, 1024): (64, 64, 4, 3),
     ("dq", 2, 64, True, 2048): (64, 64, 4, 3),
     ("dq", 2, 64, True, 4096): (64, 64, 4, 3),
     ("dq", 2, 64, True, 8192): (64, 64, 4, 3),
@@ -160,7 +161,7 @@ TUNED_H200: dict[tuple[str, int, int, bool, int], tuple[int, int, int, int]] = {
     ("dq", 2, 128, False, 1024): (128, 64, 8, 3),
     ("dq", 2, 128, False, 2048): (128, 64, 8, 3),
     ("dq", 2, 128, False, 4096): (128, 64, 8, 3),
-    ("dq", 2, 128, False, 8192): (128, 64, 8, 3),
+    ("dq", 2, 128, False, 8192): (128, 64, 8, 2),
     ("dq", 2, 128, False, 16384): (128, 64, 8, 3),
     ("dq", 2, 128, True, 1024): (128, 64, 8, 3),
     ("dq", 2, 128, True, 2048): (128, 64, 8, 3),

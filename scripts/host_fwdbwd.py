@@ -29,6 +29,42 @@ class _Identity(torch.autograd.Function):
         return g, g, g
 
 
+def timeline(q, k, v, do, n: int) -> None:
+    """Mean host microseconds between the marks of one forward+backward call: entering
+    flash_attention, leaving it, calling .backward, entering our backward, leaving it, and
+    .backward returning."""
+    import time
+
+    import kernels.flash_attn as fa
+
+    marks: list[float] = []
+    inner = fa.FlashAttentionFunction.backward
+
+    def backward(ctx, g):
+        marks.append(time.perf_counter())
+        out = inner(ctx, g)
+        marks.append(time.perf_counter())
+        return out
+
+    fa.FlashAttentionFunction.backward = staticmethod(backward)
+    spans = []
+    for i in range(n + 30):
+        marks.clear()
+        t0 = time.perf_counter()
+        out = flash_attention(q, k, v)
+        t1 = time.perf_counter()
+        out.backward(do)
+        t2 = time.perf_counter()
+        if i >= 30 and len(marks) == 2:
+            spans.append((t1 - t0, marks[0] - t1, marks[1] - marks[0], t2 - marks[1]))
+    torch.cuda.synchronize()
+    fa.FlashAttentionFunction.backward = staticmethod(inner)
+    names = ("forward call", ".backward() -> our backward", "our backward",
+             "our backward -> .backward() returns")
+    for j, name in enumerate(names):
+        print(f"timeline: {name:36s} {sum(s[j] for s in spans) / len(spans) * 1e6:7.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, default=128)
@@ -66,6 +102,7 @@ def main() -> None:
         for name, call in (parts[0], parts[5], parts[7]):
             print(f"{name + ', one thread':32s} "
                   f"{host_us_per_call(call, args.calls, warmup=30):7.1f} us/call", flush=True)
+    timeline(q, k, v, do, args.calls)
     direct.DIRECT_LAUNCH = False
     print(f"{'ours fwd+bwd, JIT dispatch':32s} "
           f"{host_us_per_call(parts[0][1], args.calls, warmup=30):7.1f} us/call")
