@@ -23,8 +23,8 @@ from calc.urlparams import BoolParam, ChoiceParam  # noqa: E402
 from kernels.bench import read_rows  # noqa: E402
 from pages import common as c  # noqa: E402
 
-EAGER_CSV = ROOT / "kernels" / "bench_h200_2026-11-30c.csv"
-GRAPHS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30c_graphs.csv"
+EAGER_CSV = ROOT / "kernels" / "bench_h200_2026-11-30d.csv"
+GRAPHS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30d_graphs.csv"
 LABELS = {
     "triton": "ours: Gluon forward (Hopper)",
     "triton_generic": "ours: portable Triton forward",
@@ -81,8 +81,7 @@ want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
 sel = df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
          & (df["mode"] == want) & (df["status"] == "ok")]
 if sel.empty:
-    st.info("Graph replays were timed for the forward only (up to s = 4,096): choose *fwd*, or "
-            "*eager calls* for forward + backward." if graphs else "No measurement for this choice.")
+    st.info("No measurement for this choice.")
     st.stop()
 
 r0 = sel.iloc[0]

@@ -312,7 +312,7 @@ def test_kernel_speed_shows_the_measured_h200_rows() -> None:
     """The page's figures are the bench CSV's, row for row, and the ratio is of the default."""
     from kernels.bench import read_rows
 
-    rows = {(r.impl, r.seq_len): r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30c.csv")
+    rows = {(r.impl, r.seq_len): r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30d.csv")
             if r.dtype == "bf16" and r.head_dim == 128 and not r.causal and r.mode == "fwd"}
     at = run("kernel")
     t = _kernel_table(at).set_index("s")
@@ -330,14 +330,18 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     # at d = 64 the default is the portable Triton forward: the ratio column follows it
     from kernels.bench import read_rows
 
-    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30c.csv")
+    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30d.csv")
            if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("fp16", 64, True, "fwd_bwd", 4096)}
     r = t.set_index("s").loc[4096]
     assert r["default / cuDNN"] == round(raw["triton_generic"] / raw["sdpa_cudnn"], 2)
-    at = run("kernel", ktiming="GPU time (CUDA graphs)")
-    assert list(_kernel_table(at)["s"]) == [1024, 2048, 4096]
+    graphs = {(r.impl, r.seq_len): r.tflops for r in read_rows(
+        ROOT / "kernels" / "bench_h200_2026-11-30d_graphs.csv")
+        if (r.dtype, r.head_dim, r.causal, r.mode) == ("bf16", 128, False, "fwd_bwd")}
     at = run("kernel", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd")
-    assert not at.dataframe and any("forward only" in i.value for i in at.info)
+    t = _kernel_table(at).set_index("s")
+    assert list(t.index) == [1024, 2048, 4096, 8192, 16384]
+    assert t.loc[1024, "default / FlashAttention-2"] == round(
+        graphs[("triton", 1024)] / graphs[("sdpa_flash", 1024)], 2)
     at = run("kernel", kd="96", kpass="both")
     assert len(warnings(at)) == 2 and _kernel_table(at) is not None
 
