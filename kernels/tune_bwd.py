@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
+
+from kernels.tune_fwd import compile_all
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs own BLOCK_N keys and stream
 # BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys.
@@ -142,12 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     causals = [bool(c) for c in args.causal]
     variants = _variants(args.dims, causals)
-    chunks = [variants[i::args.jobs] for i in range(args.jobs)]
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        errors = list(itertools.chain.from_iterable(pool.map(_compile, chunks)))
-    for e in errors:
-        print("compile error:", e, flush=True)
-    broken = {e.split(":")[0] for e in errors}
+    broken = compile_all(_compile, variants, args.jobs)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     entries, summary = [], []
     with open(args.out, "w", newline="") as sink:

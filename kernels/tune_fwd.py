@@ -83,6 +83,18 @@ def _compile(work: list[tuple]) -> list[str]:
     return errors
 
 
+def compile_all(compile_fn, variants: list, jobs: int) -> set[str]:
+    """Run ``compile_fn`` (a module-level function taking a list of variants and returning
+    error lines "name: ...") over ``variants``, split among ``jobs`` spawned worker processes;
+    print every error and return the names of the variants that failed."""
+    chunks = [variants[i::jobs] for i in range(jobs)]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        errors = list(itertools.chain.from_iterable(pool.map(compile_fn, chunks)))
+    for e in errors:
+        print("compile error:", e, flush=True)
+    return {e.split(":")[0] for e in errors}
+
+
 def _time_shape(d: int, causal: bool, s: int, dtype, variants: list[tuple]) -> list[tuple]:
     """(impl, config, desc, median ms, TFLOP/s, max |out - cuDNN|) for sdpa_cudnn and each variant on one shape."""
     import torch.nn.functional as F
@@ -137,12 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                else CANDIDATES)
     variants = _variants(args.dims, [bool(c) for c in args.causal], configs,
                          [bool(x) for x in args.desc], args.extras)
-    chunks = [variants[i::args.jobs] for i in range(args.jobs)]
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        errors = list(itertools.chain.from_iterable(pool.map(_compile, chunks)))
-    for e in errors:
-        print("compile error:", e, flush=True)
-    broken = {e.split(":")[0] for e in errors}
+    broken = compile_all(_compile, variants, args.jobs)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     rows = []
     with open(args.out, "w", newline="") as sink:

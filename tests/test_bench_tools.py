@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kernels import bench, tune_fwd  # noqa: E402
+from kernels import bench, tune_bwd, tune_fwd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,9 +69,26 @@ def test_tune_variants():
                    "USE_DESC": True, "WS": True}
 
 
+def test_tune_bwd_variants_fit_and_cover_the_stored_choices():
+    """Every backward candidate kept fits in shared memory, the big ones are dropped at
+    d = 256, and every stored H200 backward choice up to 8192 is among the candidates (so a
+    re-run of tune_bwd times what is in use)."""
+    from kernels.flash_attn_fwd import SMEM_BYTES, TUNED_H200
+
+    for d in (64, 128, 256):
+        for _, _, kern, (bm, bn, _, st) in tune_bwd._variants([d], [False]):
+            streamed, resident = (bm, bn) if kern == "dkdv" else (bn, bm)
+            assert (st - 1) * 2 * streamed * d * 2 + 2 * resident * d * 2 <= SMEM_BYTES
+    assert len(tune_bwd._variants([256], [False])) < len(tune_bwd._variants([64], [False]))
+    for (kern, _, d, _, bucket), c in TUNED_H200.items():
+        if kern != "fwd" and bucket <= 8192:
+            assert c in (tune_bwd.DQ if kern == "dq" else tune_bwd.DKDV), (kern, d, bucket, c)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
-def test_tune_refuses_without_gpu(capsys):
-    assert tune_fwd.main(["--dims", "64", "--seqs", "1024"]) == 2
+@pytest.mark.parametrize("tool", [tune_fwd, tune_bwd], ids=["fwd", "bwd"])
+def test_tune_refuses_without_gpu(capsys, tool):
+    assert tool.main(["--dims", "64", "--seqs", "1024"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
