@@ -90,9 +90,9 @@ st.caption(
     f"{r0['triton_version']}; source `{(GRAPHS_CSV if graphs else EAGER_CSV).relative_to(ROOT)}`. "
     + ("Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
        "host's share." if graphs else
-       "Eager calls, as a user makes them: at s ≤ 2,048 one call is 15–90 µs of GPU work, and "
-       "host time (Python, launches) weighs in for every backend; switch *timing* to see the "
-       "GPU time alone.")
+       "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
+       "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
+       "host) weighs in for every backend; switch *timing* to see the GPU time alone.")
 )
 
 default = DEFAULT_IMPL[d]
