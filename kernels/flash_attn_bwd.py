@@ -59,8 +59,10 @@ from kernels.flash_attn_fwd import (
     cdiv,
     key_range,
     launch,
+    load_pair,
     pretuned,
     seq_bucket,
+    tile_mask,
 )
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs hold two fp32 (BLOCK_N, d)
@@ -127,21 +129,11 @@ def _dkdv_query_loop(
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m0  # (BLOCK_M,)
         # ---- load a query tile, its dO tile, lse2 and delta: 2 * BLOCK_M * d + 2 * BLOCK_M -----
+        q, do = load_pair(q_ptrs, do_ptrs, rows, s_q, offs_d, HEAD_DIM, MASKED, EVEN_D)
         if MASKED:
-            ld_mask = rows[:, None] < s_q
-            if not EVEN_D:
-                ld_mask = ld_mask & (offs_d[None, :] < HEAD_DIM)
-            q = tl.load(q_ptrs, mask=ld_mask, other=0.0)
-            do = tl.load(do_ptrs, mask=ld_mask, other=0.0)
             lse = tl.load(lse_ptr + rows, mask=rows < s_q, other=float("inf"))
             delta = tl.load(delta_ptr + rows, mask=rows < s_q, other=0.0)
         else:
-            if EVEN_D:
-                q = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
-            else:
-                q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-                do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
             lse = tl.load(lse_ptr + rows)
             delta = tl.load(delta_ptr + rows)
         # ---- P^T for this tile, recomputed from lse2: (BLOCK_N, BLOCK_M) -----------------------
@@ -189,9 +181,7 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
 
     # ---- this program's K and V tiles stay on chip: 2 * BLOCK_N * d reads ----------------------
-    kv_mask = offs_n[:, None] < s_k
-    if not EVEN_D:
-        kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
+    kv_mask = tile_mask(offs_n, s_k, offs_d, HEAD_DIM, EVEN_D)
     k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
@@ -270,18 +260,7 @@ def _dq_key_loop(
     v_ptrs += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n0
-        if MASKED:
-            ld_mask = cols[:, None] < s_k
-            if not EVEN_D:
-                ld_mask = ld_mask & (offs_d[None, :] < HEAD_DIM)
-            k = tl.load(k_ptrs, mask=ld_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=ld_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        k, v = load_pair(k_ptrs, v_ptrs, cols, s_k, offs_d, HEAD_DIM, MASKED, EVEN_D)
         # ---- P, dP and dS for this tile: (BLOCK_M, BLOCK_N) ---------------------------------------
         p = tl.math.exp2(_mm(q, tl.trans(k), IEEE) * qk_scale - lse[:, None])
         if MASKED:
@@ -331,9 +310,7 @@ def _bwd_dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
 
     # ---- this program's Q and dO tiles, lse2 and delta stay on chip ----------------------------
-    row_mask = offs_m[:, None] < s_q
-    if not EVEN_D:
-        row_mask = row_mask & (offs_d[None, :] < HEAD_DIM)
+    row_mask = tile_mask(offs_m, s_q, offs_d, HEAD_DIM, EVEN_D)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
                 + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=row_mask, other=0.0)

@@ -248,6 +248,35 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def tile_mask(rows, n_rows, offs_d, HEAD_DIM, EVEN_D: tl.constexpr):
+    """(len(rows), BLOCK_D) mask of a tile: rows below n_rows, and where d was padded to a
+    power of two, columns below HEAD_DIM."""
+    mask = rows[:, None] < n_rows
+    if not EVEN_D:
+        mask = mask & (offs_d[None, :] < HEAD_DIM)
+    return mask
+
+
+@triton.jit
+def load_pair(a_ptrs, b_ptrs, rows, n_rows, offs_d, HEAD_DIM,
+              MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """Two tiles over the same rows (K and V, or Q and dO), read as zero past the last row
+    (only checked when MASKED: unmasked blocks lie wholly inside) and in the padded columns."""
+    if MASKED:
+        mask = tile_mask(rows, n_rows, offs_d, HEAD_DIM, EVEN_D)
+        a = tl.load(a_ptrs, mask=mask, other=0.0)
+        b = tl.load(b_ptrs, mask=mask, other=0.0)
+    elif EVEN_D:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        d_mask = offs_d[None, :] < HEAD_DIM
+        a = tl.load(a_ptrs, mask=d_mask, other=0.0)
+        b = tl.load(b_ptrs, mask=d_mask, other=0.0)
+    return a, b
+
+
+@triton.jit
 def _fwd_key_loop(
     acc, m_i, l_i,  # running state: (BLOCK_M, BLOCK_D) fp32, (BLOCK_M,) fp32, (BLOCK_M,) fp32
     q,  # (BLOCK_M, BLOCK_D) query tile, input dtype, already in registers
@@ -274,11 +303,7 @@ def _fwd_key_loop(
         cols = start_n + offs_n  # (BLOCK_N,) absolute key indices
         # ---- load one key and one value tile: 2 * BLOCK_N * d elements --------------------
         if MASKED:
-            kv_mask = cols[:, None] < s_k
-            if not EVEN_D:
-                kv_mask = kv_mask & (offs_d[None, :] < HEAD_DIM)
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            k, v = load_pair(k_ptrs, v_ptrs, cols, s_k, offs_d, HEAD_DIM, True, EVEN_D)
         elif USE_DESC:
             # One bulk copy per tile, issued by one thread, landing in shared memory without
             # passing through registers; the loop's pipelining keeps stages-1 of them in flight.
@@ -289,13 +314,8 @@ def _fwd_key_loop(
             # The tile is the descriptor's block shape, fixed when the kernel is compiled: a
             # descriptor left with another shape would silently skip keys. Refuse to compile.
             tl.static_assert(k.shape[0] == BLOCK_N and v.shape[0] == BLOCK_N)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
         else:
-            d_mask = offs_d[None, :] < HEAD_DIM
-            k = tl.load(k_ptrs, mask=d_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=d_mask, other=0.0)
+            k, v = load_pair(k_ptrs, v_ptrs, cols, s_k, offs_d, HEAD_DIM, False, EVEN_D)
         # ---- scores in log2 units: (BLOCK_M, BLOCK_N) ---------------------------------------
         qk = _mm(q, tl.trans(k), IEEE)
         # ---- online softmax update ------------------------------------------------------------
