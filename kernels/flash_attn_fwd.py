@@ -594,7 +594,7 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 
 # Keys of a config dict that only the forward understands; the backward drops them.
 FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N",
-                 "SM90_PINGPONG")
+                 "SM90_PINGPONG", "SM90_CONSUMERS")
 
 # Below this length bucket the forward loads K/V with pointers even where descriptors work:
 # at s = 1024 the host time of encoding two tensor maps per launch cost more than the copy
@@ -692,7 +692,7 @@ def attention_forward(
         cfg = config or {}
         return _sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
                                             cfg.get("SM90_STAGES"), cfg.get("SM90_BLOCK_N"),
-                                            cfg.get("SM90_PINGPONG"))
+                                            cfg.get("SM90_PINGPONG"), cfg.get("SM90_CONSUMERS"))
     if config is not None and "SM90" in config:
         config = {key: val for key, val in config.items() if not key.startswith("SM90")} or None
     B, H, s_q, d = q.shape

@@ -88,11 +88,18 @@ HALF_M = BLOCK_M // 2
 NUM_WARPS = 4  # the default partition (first consumer); + 4 (second consumer) + 1 (loader)
 CONSUMER_REGS = gl.constexpr(224)  # registers per thread asked for the second consumer
 LOADER_REGS = gl.constexpr(24)  # ... and for the loader warp
+# With three consumers (BLOCK_M = 192, FlashAttention-3's tile at d = 64) 12 warps of
+# consumers and the loader share the 64 K registers of an SM: (65536 - 32 * 24) / 384 = 168,
+# so 160 (a multiple of 8, as setmaxnreg requires).
+CONSUMER3_REGS = gl.constexpr(160)
 PINGPONG = False  # consumer warpgroups take turns issuing products (kernels/NOTES.md)
 # (BLOCK_N, STAGES) per head dim: STAGES slots of K and of V each. Shared memory at d = 128:
 # Q 32 KiB + STAGES * (32 + 32) KiB, 160 KiB with 2 stages (3 fit too: 224 of the 227 KiB a
 # block may use, and measured the same or 1-2% slower; BLOCK_N = 64 lost 10%: NOTES step 5b).
 TILES = {64: (128, 3), 128: (128, 2)}
+# Consumer warpgroups per head dim. Three (BLOCK_M = 192, FlashAttention-3's choice at d = 64)
+# is implemented for d = 64 and selected with config {"SM90_CONSUMERS": 3} (NOTES step 6f).
+CONSUMERS = {64: 2, 128: 2}
 
 
 @gluon.jit
@@ -116,10 +123,12 @@ def _ring_load(desc, smem, ready, empty, b, h_kv, block, STAGES: gl.constexpr):
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-            v_empty, b, h, h_kv, start_m, n_blocks, STAGES: gl.constexpr):
-    """The producer warp: both query halves, then K_0, V_0, K_1, V_1, ... through the rings."""
+            v_empty, b, h, h_kv, start_m, n_blocks, STAGES: gl.constexpr,
+            CONSUMERS: gl.constexpr):
+    """The producer warp: each consumer's 64 query rows, then K_0, V_0, K_1, V_1, ... through
+    the rings."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
         _tma_load(q_desc, [b, h, start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
     for blk in range(n_blocks):
@@ -292,9 +301,11 @@ def attn_fwd_sm90_kernel(
     STAGES: gl.constexpr,  # K and V buffers each
     PINGPONG: gl.constexpr,  # the consumer warpgroups take turns on the tensor cores
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
+    CONSUMERS: gl.constexpr = 2,  # consumer warpgroups of 64 query rows (2, or 3 at d = 64)
 ):
     HALF: gl.constexpr = q_desc.block_type.shape[2]  # 64 query rows per consumer warpgroup
-    BLOCK_M: gl.constexpr = 2 * HALF
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG))
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     DTYPE: gl.constexpr = q_desc.dtype
 
@@ -312,37 +323,56 @@ def attn_fwd_sm90_kernel(
         hi = s_k
     n_blocks = (hi + BLOCK_N - 1) // BLOCK_N  # key blocks any row of the tile sees
 
-    q_smem = gl.allocate_shared_memory(DTYPE, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(DTYPE, [CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
     k_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # one arrival per consumer
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     if PINGPONG:
         mbarrier.arrive(turn.index(0), count=1)  # warpgroup 0 takes the first turn
 
-    gl.warp_specialize(
-        [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                      CAUSAL, STAGES, PINGPONG)),
-         (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                      CAUSAL, STAGES, PINGPONG)),
-         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
-                    k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES))],
-        [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # (constexprs go into each argument list literally: a tuple built beforehand loses them)
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                          turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                          CAUSAL, STAGES, PINGPONG)),
+             (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                          turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                          CAUSAL, STAGES, PINGPONG)),
+             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                        v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
+                        CONSUMERS))],
+            [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:  # three warpgroups share the register file: at most 160 each next to the loader
+        gl.warp_specialize(
+            [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                          turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                          CAUSAL, STAGES, False)),
+             (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                          turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                          CAUSAL, STAGES, False)),
+             (_consumer, (2, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                          turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
+                          CAUSAL, STAGES, False)),
+             (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
+                        v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
+                        CONSUMERS))],
+            [4, 4, 1], [CONSUMER3_REGS, CONSUMER3_REGS, LOADER_REGS])
 
 
 # ---- host side ------------------------------------------------------------------------------
@@ -431,22 +461,30 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 
 
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
-                           block_n: int | None = None, pingpong: bool | None = None):
+                           block_n: int | None = None, pingpong: bool | None = None,
+                           consumers: int | None = None):
     """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as flash_attn_fwd.attention_forward returns
-    them. ``qk_scale`` is the softmax scale times log2(e). Check `usable` first."""
+    them. ``qk_scale`` is the softmax scale times log2(e). Check `usable` first.
+    ``consumers``: 2 (default) or 3 consumer warpgroups (BLOCK_M = 64 per warpgroup; 3 only
+    at d = 64, without ping-pong)."""
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     bn, st = TILES[d]
     bn = block_n or bn
     st = stages or st
     pp = PINGPONG if pingpong is None else bool(pingpong)
+    nc = CONSUMERS[d] if consumers is None else consumers
+    if nc not in (2, 3) or (nc == 3 and (d != 64 or pp)):
+        raise ValueError(f"SM90_CONSUMERS must be 2, or 3 at d = 64 without ping-pong; got {nc} "
+                         f"at d = {d}" + (" with ping-pong" if pp else ""))
     o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)
     lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
     group = H // H_kv
     args = (_descriptor(q, HALF_M, lay_m), _descriptor(k, bn, lay_n), _descriptor(v, bn, lay_n),
             _descriptor(o, HALF_M, lay_m), lse2, H, group, s_q, s_k, qk_scale)
-    consts = {"CAUSAL": bool(causal), "STAGES": st, "PINGPONG": pp, "num_warps": NUM_WARPS}
-    key = (q.dtype, d, bn, st, bool(causal), pp, _int_spec(H), _int_spec(group))
-    LAUNCHER((-(-s_q // BLOCK_M), B * H), key, args, consts)
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "PINGPONG": pp, "num_warps": NUM_WARPS,
+              "CONSUMERS": nc}
+    key = (q.dtype, d, bn, st, bool(causal), pp, nc, _int_spec(H), _int_spec(group))
+    LAUNCHER((-(-s_q // (nc * HALF_M)), B * H), key, args, consts)
     return o, lse2

@@ -439,6 +439,35 @@ def test_gpu_sm90_schedules(fa, poisoned, s_q, s_k, causal, stages, pingpong):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 300), (192, 192), (200, 1000), (1025, 1025),
+                                     (4100, 300), (385, 4100)])
+def test_gpu_sm90_three_consumers(fa, poisoned, s_q, s_k, group, causal, dtype):
+    """Three consumer warpgroups (BLOCK_M = 192) at d = 64: tile edges at 192-row steps,
+    ragged tails, s_q != s_k, GQA; forward and every gradient against the reference."""
+    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, 64, causal, dtype, "cuda",
+                            config={"SM90": True, "SM90_CONSUMERS": 3})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+def test_gpu_sm90_consumers_refused(fa):
+    """Three warpgroups exist at d = 64 only and without ping-pong: asked elsewhere, the call
+    says so instead of running."""
+    q = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
+    for config, words in (({"SM90": True, "SM90_CONSUMERS": 3}, "at d = 128"),
+                          ({"SM90": True, "SM90_CONSUMERS": 4}, "got 4"),
+                          ({"SM90": True, "SM90_CONSUMERS": 3, "SM90_PINGPONG": True},
+                           "ping-pong")):
+        qq = q if "d = 128" in words else q[..., :64].contiguous()
+        with pytest.raises(ValueError, match=words):
+            fa.flash_attention(qq, qq, qq, config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_sm90_strided(fa, poisoned, dtype):
     """(B, s, H, d) storage viewed as (B, H, s, d): the descriptors take the strides as they are."""
     check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
@@ -508,11 +537,12 @@ def test_sm90_kernel_compiles_for_hopper():
         "compile_sm90", os.path.join(os.path.dirname(__file__), "..", "scripts", "compile_sm90.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    ck = mod.compile_variant("bf16", 128, True, 128, 2)
-    regs, spills = mod._ptxas_usage(ck.asm["ptx"])
-    assert spills == "0", f"ptxas reports {spills} bytes of spill stores ({regs} registers)"
-    assert ck.metadata.shared <= 227 * 1024
-    assert ck.asm["ptx"].count("wgmma.wait_group.sync.aligned 1") >= 1  # the overlap is there
+    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, False, 3)):
+        ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
+        regs, spills = mod._ptxas_usage(ck.asm["ptx"])
+        assert spills == "0", f"{args}: ptxas reports {spills} bytes of spill stores ({regs} regs)"
+        assert ck.metadata.shared <= 227 * 1024
+        assert ck.asm["ptx"].count("wgmma.wait_group.sync.aligned 1") >= 1  # the overlap
 
 
 @pytest.mark.gpu
