@@ -51,6 +51,12 @@ multiples) works without a copy.
 Key blocks that every row of the query tile sees whole run without a mask; the diagonal
 block(s) of causal attention and the ragged tail run with one (two loops with the same body).
 
+At d = 64 a third consumer warpgroup fits (CONSUMERS = 3, BLOCK_M = 192, FlashAttention-3's
+tile there): three warpgroups of 160 registers and the loader share the register file, and
+each K/V block loaded serves 192 query rows instead of 128. It is selected with config
+{"SM90_CONSUMERS": 3} (NOTES step 6f: +10-17% over the two-warpgroup kernel from s = 8,192 up,
+1.05-1.12x cuDNN there; not yet the default, for want of a full benchmark run).
+
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
 default at d = 128). Everything else (and every other GPU) uses ``flash_attn_fwd``.
 """
