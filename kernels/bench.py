@@ -23,8 +23,11 @@ import sys
 from dataclasses import asdict, dataclass
 
 # "triton" is what flash_attention runs (on Hopper: the Gluon forward, kernels/flash_attn_fwd_sm90.py,
-# with the Triton backward); "triton_generic" is the portable Triton forward on the same GPU.
-IMPLS = ("triton", "triton_generic", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math")
+# with the Triton backward); "triton_generic" is the portable Triton forward on the same GPU;
+# "triton_sm90_3wg" the Gluon forward with three consumer warpgroups (opt-in, d = 64 only).
+IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn", "sdpa_flash",
+         "sdpa_efficient", "sdpa_math")
+SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
         "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
 # Relative L2 error of our output against cuDNN's above which a timing is not reported: 16-bit
@@ -95,6 +98,16 @@ def _impl_fn(name: str):
 
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal,
                                                        config={"SM90": False})
+    if name == "triton_sm90_3wg":
+        from kernels.flash_attn import flash_attention
+
+        def three(q, k, v, causal):
+            if q.shape[-1] != 64:
+                raise RuntimeError("three consumer warpgroups: not supported at head dim "
+                                   f"{q.shape[-1]} (d = 64 only)")
+            return flash_attention(q, k, v, causal=causal, config=SM90_3WG)
+
+        return three
     backend = getattr(SDPBackend, SDPA[name])
 
     def run(q, k, v, causal):

@@ -28,12 +28,14 @@ GRAPHS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30d_graphs.csv"
 LABELS = {
     "triton": "ours: Gluon forward (Hopper)",
     "triton_generic": "ours: portable Triton forward",
+    "triton_sm90_3wg": "ours: Gluon forward, 3 warpgroups (opt-in)",
     "sdpa_cudnn": "SDPA cuDNN",
     "sdpa_flash": "SDPA FlashAttention-2",
     "sdpa_efficient": "SDPA memory-efficient",
     "sdpa_math": "SDPA math",
 }
-COLORS = {"triton": "#0072B2", "triton_generic": "#56B4E9", "sdpa_cudnn": "#8C8C8C",
+COLORS = {"triton": "#0072B2", "triton_generic": "#56B4E9", "triton_sm90_3wg": "#D55E00",
+          "sdpa_cudnn": "#8C8C8C",
           "sdpa_flash": "#009E73", "sdpa_efficient": "#E69F00", "sdpa_math": "#CC79A7"}
 # What flash_attention runs by default on a Hopper GPU (kernels/flash_attn_fwd_sm90.py):
 # the Gluon forward at d = 128, the portable Triton forward at d = 64.

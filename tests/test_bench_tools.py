@@ -41,6 +41,15 @@ def test_table_ratios_and_refused_rows():
     assert "wrong: rel e" in line and line.endswith("| - | - |")  # no ratio from a wrong row
 
 
+def test_three_warpgroup_impl_is_unsupported_off_d64():
+    """The opt-in three-warpgroup forward exists at d = 64 only: elsewhere its row says
+    "unsupported" instead of stopping the run."""
+    q, k, v, do = (torch.randn(1, 2, 8, 128) for _ in range(4))
+    ms, rel, status = bench.measure("triton_sm90_3wg", q, k, v, do, False, "fwd", None)
+    assert status == "unsupported" and math.isnan(ms) and math.isnan(rel)
+    assert "triton_sm90_3wg" in bench.IMPLS
+
+
 @pytest.mark.parametrize("factor,expect_ok", [(1.0, True), (1.001, True), (3.0, False)])
 def test_measure_refuses_a_wrong_result(monkeypatch, factor, expect_ok):
     """A kernel whose output is off gets no time, only its error; a right one is timed."""
