@@ -29,11 +29,9 @@ def _has_hooks(hook) -> bool:
     return bool(hook.calls) if hasattr(hook, "calls") else hook is not None
 
 
-def hooks_installed() -> bool:
-    from triton import knobs
-
-    rt = knobs.runtime
-    return _has_hooks(rt.launch_enter_hook) or _has_hooks(rt.launch_exit_hook)
+def hooks_installed(runtime) -> bool:
+    """Whether launch hooks are set in ``runtime`` (``triton.knobs.runtime``)."""
+    return _has_hooks(runtime.launch_enter_hook) or _has_hooks(runtime.launch_exit_hook)
 
 
 class DirectLauncher:
@@ -52,7 +50,7 @@ class DirectLauncher:
         self.direct_calls = 0  # launches that skipped the JIT dispatch (tests read it)
         # Under TRITON_INTERPRET=1 kernels are InterpretedFunctions: nothing is compiled
         self.interpreted = type(fn).__name__ == "InterpretedFunction"
-        self._device = self._stream = None
+        self._runtime = self._device = self._stream = None  # bound at the first direct call
 
     def _tail(self, n_args: int, kwargs: dict) -> tuple | None:
         """Values of the parameters after the positional ones, in signature order, as the
@@ -67,14 +65,28 @@ class DirectLauncher:
                 return None
         return tuple(tail)
 
-    def __call__(self, grid: tuple, key: tuple | None, args: tuple, kwargs: dict) -> None:
-        if (key is not None and DIRECT_LAUNCH and not self.interpreted
-                and not hooks_installed()):
-            if self._device is None:  # the calls the JIT itself makes (raw stream handle)
-                from triton.runtime import driver
+    def _bind(self) -> None:
+        """Look up once what every direct call reads: the launch-hook settings, and the
+        device and raw-stream getters the JIT itself calls."""
+        from triton import knobs
+        from triton.runtime import driver
 
-                self._device = driver.active.get_current_device
-                self._stream = driver.active.get_current_stream
+        self._runtime = knobs.runtime
+        self._device = driver.active.get_current_device
+        self._stream = driver.active.get_current_stream
+
+    def _jit_only(self) -> bool:
+        """Every launch takes the JIT's path: switched off, interpreted, or hooks installed."""
+        if not DIRECT_LAUNCH or self.interpreted:
+            return True
+        if self._runtime is None:
+            self._bind()
+        return hooks_installed(self._runtime)
+
+    def __call__(self, grid: tuple, key: tuple | None, args: tuple, kwargs: dict) -> None:
+        if key is not None and self._jit_only():
+            key = None
+        if key is not None:
             device = self._device()
             key = (device, key)  # the JIT compiles for the current device
             hit = self.cache.get(key)
@@ -86,8 +98,6 @@ class DirectLauncher:
                            kernel.packed_metadata, None, None, None, *args, *tail)
                 self.direct_calls += 1
                 return
-        else:
-            key = None
         kernel = self.fn[grid](*args, **kwargs)
         if key is None or kernel is None or hasattr(kernel, "result"):
             return  # hooks, no key, or an asynchronous compile: keep nothing
