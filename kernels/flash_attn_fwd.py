@@ -651,13 +651,17 @@ except Exception:  # Triton without Gluon's Hopper API (or an API this code does
     _sm90 = None
 
 
-def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | None) -> bool:
+def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | None,
+              causal: bool = False) -> bool:
     """Whether the forward runs `flash_attn_fwd_sm90` instead of the Triton kernel below.
 
-    By default: on compute capability 9.x, for fp16/bf16 with d = 128 (the kernel also runs
-    d = 64, where the Triton kernel measured as fast) and layouts the copy engine can read,
-    unless FLASH_ATTN_SM90=0. ``config["SM90"]`` True/False forces the choice
-    (True raises where the kernel cannot run); any other config selects the Triton kernel.
+    By default: on compute capability 9.x, for fp16/bf16 with d = 128 at any length and
+    d = 64 when both lengths exceed 2,048 (4,096 when causal;
+    `flash_attn_fwd_sm90.default_schedule`: three consumer warpgroups there; shorter d = 64
+    calls measured as fast or faster on the Triton kernel),
+    and layouts the copy engine can read, unless FLASH_ATTN_SM90=0. ``config["SM90"]``
+    True/False forces the choice (True raises where the kernel cannot run); any other config
+    selects the Triton kernel.
     """
     forced = None if config is None else config.get("SM90")
     if forced is False or (config is not None and forced is None):
@@ -670,7 +674,7 @@ def _use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: dict | 
                          "16-byte aligned strides with unit last stride)")
     if forced:
         return True
-    return (ok and q.shape[3] in _sm90.DEFAULT_HEAD_DIMS
+    return (ok and _sm90.default_schedule(q.shape[3], q.shape[2], k.shape[2], causal) is not None
             and os.environ.get("FLASH_ATTN_SM90") != "0")
 
 
@@ -688,11 +692,15 @@ def attention_forward(
     skips the autotuner; the interpreter and the tests use it. Inputs are read through their
     strides: nothing is copied.
     """
-    if _use_sm90(q, k, v, config):
-        cfg = config or {}
+    if _use_sm90(q, k, v, config, causal):
+        if config is None:  # the default schedule for this head dim and these lengths
+            nc, st = _sm90.default_schedule(q.shape[3], q.shape[2], k.shape[2], causal)
+            return _sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E, st, None, None,
+                                                nc)
         return _sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
-                                            cfg.get("SM90_STAGES"), cfg.get("SM90_BLOCK_N"),
-                                            cfg.get("SM90_PINGPONG"), cfg.get("SM90_CONSUMERS"))
+                                            config.get("SM90_STAGES"), config.get("SM90_BLOCK_N"),
+                                            config.get("SM90_PINGPONG"),
+                                            config.get("SM90_CONSUMERS"))
     if config is not None and "SM90" in config:
         config = {key: val for key, val in config.items() if not key.startswith("SM90")} or None
     B, H, s_q, d = q.shape

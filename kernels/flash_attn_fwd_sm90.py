@@ -85,9 +85,10 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
 HEAD_DIMS = (64, 128)  # what the kernel runs (tested on the H200 for both)
-# ... and where flash_attention picks it without being asked: at d = 64 the Triton kernel was
-# as fast or 1-5% faster in the same runs (non-causal, and causal up to s = 4096), so d = 64
-# stays there by default (kernels/NOTES.md, step 5); config {"SM90": True} still selects it.
+# ... and where flash_attention picks it at every length without being asked. At d = 64 the
+# two-warpgroup kernel was as fast as the Triton kernel or 1-5% slower (kernels/NOTES.md,
+# step 5); the three-warpgroup one is the default there for long sequences only
+# (`default_schedule`); config {"SM90": True} selects the kernel at any length.
 DEFAULT_HEAD_DIMS = (128,)
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64 rows
 HALF_M = BLOCK_M // 2
@@ -103,9 +104,28 @@ PINGPONG = False  # consumer warpgroups take turns issuing products (kernels/NOT
 # Q 32 KiB + STAGES * (32 + 32) KiB, 160 KiB with 2 stages (3 fit too: 224 of the 227 KiB a
 # block may use, and measured the same or 1-2% slower; BLOCK_N = 64 lost 10%: NOTES step 5b).
 TILES = {64: (128, 3), 128: (128, 2)}
-# Consumer warpgroups per head dim. Three (BLOCK_M = 192, FlashAttention-3's choice at d = 64)
-# is implemented for d = 64 and selected with config {"SM90_CONSUMERS": 3} (NOTES step 6f).
+# Consumer warpgroups per head dim when a config forces this kernel. Three (BLOCK_M = 192,
+# FlashAttention-3's choice at d = 64) is implemented for d = 64: config {"SM90_CONSUMERS": 3}.
 CONSUMERS = {64: 2, 128: 2}
+# Where flash_attention runs this kernel at d = 64 without being asked: with three consumer
+# warpgroups and two stages once both lengths reach these (the 4,096 bucket without a causal
+# mask, the 8,192 bucket with one). In GPU time there (session-5 bench) it measured
+# 1.01-1.13x cuDNN from s = 8,192 up, where the Triton kernel is 0.86-0.98x, and +3% over it
+# at 4,096 without a mask; causal at 4,096 and everything shorter ran 0-25% slower than the
+# Triton kernel, which keeps them (kernels/NOTES.md, steps 6f and 7a).
+THREE_WG_MIN_LEN = {False: 2049, True: 4097}  # by causal
+THREE_WG_SCHEDULE = (3, 2)  # (consumer warpgroups, stages)
+
+
+def default_schedule(d: int, s_q: int, s_k: int, causal: bool) -> tuple[int, int] | None:
+    """(consumer warpgroups, stages) of this kernel where the forward picks it by default for
+    head dim d, lengths s_q, s_k and the causal flag; None where the Triton kernel is the
+    default."""
+    if d in DEFAULT_HEAD_DIMS:
+        return CONSUMERS[d], TILES[d][1]
+    if d == 64 and min(s_q, s_k) >= THREE_WG_MIN_LEN[bool(causal)]:
+        return THREE_WG_SCHEDULE
+    return None
 
 
 @gluon.jit
@@ -459,7 +479,10 @@ def _descriptor(t: torch.Tensor, rows: int, layout) -> TensorDescriptor:
 # and tiles (the descriptors' types), the constexprs, and H and GROUP being 1 or multiples of
 # 16 (integer specialisation); s_q and s_k are not specialised, LSE2 is always 16-byte aligned
 # (fresh allocation), qk_scale is an fp32.
-LAUNCHER = DirectLauncher(attn_fwd_sm90_kernel)
+# The four descriptors are passed as (tensor, rows, layout) and built by `_descriptor` only
+# where an object is needed; on Triton 3.6 a repeated call on the same tensors reuses their
+# encoded tensor maps (kernels/direct.py).
+LAUNCHER = DirectLauncher(attn_fwd_sm90_kernel, descriptor=_descriptor)
 
 
 def _int_spec(x: int) -> tuple[bool, bool]:
@@ -487,8 +510,8 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
     group = H // H_kv
-    args = (_descriptor(q, HALF_M, lay_m), _descriptor(k, bn, lay_n), _descriptor(v, bn, lay_n),
-            _descriptor(o, HALF_M, lay_m), lse2, H, group, s_q, s_k, qk_scale)
+    args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), lse2,
+            H, group, s_q, s_k, qk_scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "PINGPONG": pp, "num_warps": NUM_WARPS,
               "CONSUMERS": nc}
     key = (q.dtype, d, bn, st, bool(causal), pp, nc, _int_spec(H), _int_spec(group))

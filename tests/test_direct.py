@@ -81,3 +81,89 @@ def test_a_missing_constexpr_is_not_cached_and_the_table_is_bounded():
     for key in "abc":
         lau((1,), (key,), ("x", 1), {"BLOCK": 16})
     assert len(lau.cache) == 1  # emptied when full, then the newest kept
+
+
+# ---- Triton 3.6's launcher: the C launch function called directly, tensor maps kept -------
+class FakeCLaunch:
+    """Stands for the compiled C launch function (a builtin: no __code__)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *a):
+        self.calls.append(a)
+
+
+def _wrap(launcher, tensordesc_indices, tensordesc_meta):
+    """Mirrors the shape of Triton 3.6's descriptor-expanding closure around the C launch."""
+    def inner(*args):
+        return launcher, tensordesc_indices, tensordesc_meta
+    return inner
+
+
+class CudaLauncher:
+    launch_cooperative_grid, launch_pdl = False, True
+    global_scratch_size = profile_scratch_size = 0
+
+    def __init__(self, launch):
+        self.launch = launch
+
+    def __call__(self, *a):
+        raise AssertionError("the raw path must not go through run()")
+
+
+def test_raw_launch_knows_only_its_layout():
+    c = FakeCLaunch()
+    assert direct.raw_launch(CudaLauncher(c), "3.6.0") == (c, False, True, None, None)
+    wrapped = CudaLauncher(_wrap(c, {2, 0}, [{"m": 0}, {"m": 2}]))
+    assert direct.raw_launch(wrapped, "3.6.0") == (c, False, True, (0, 2),
+                                                   ({"m": 0}, {"m": 2}))
+    assert direct.raw_launch(CudaLauncher(c), "3.9.0") is None  # another version
+    other = CudaLauncher(lambda *a: None)  # a closure of another shape
+    assert direct.raw_launch(other, "3.6.0") is None
+    scratch = CudaLauncher(c)
+    scratch.global_scratch_size = 64  # needs scratch memory: run() allocates it
+    assert direct.raw_launch(scratch, "3.6.0") is None
+    assert direct.raw_launch(SimpleNamespace(launch=c), "3.6.0") is None  # not a CudaLauncher
+
+
+def test_descriptors_encoded_once_per_tensor_and_launched_raw():
+    import torch
+
+    c = FakeCLaunch()
+    log, encodes, built = [], [], []
+
+    class Kernel(FakeKernel):
+        run = CudaLauncher(_wrap(c, {0}, [{"tile": 16}]))
+
+    class JIT(FakeJIT):
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                log.append(("jit", args))
+                return Kernel(log)
+            return launch
+
+    def descriptor(t, rows):
+        built.append(rows)
+        return SimpleNamespace(base=t, rows=rows)
+
+    def encode(desc, meta):
+        encodes.append(desc.base.data_ptr())
+        return ["MAP", *desc.base.shape, meta["tile"]]
+
+    lau = direct.DirectLauncher(JIT(), descriptor=descriptor)
+    lau._runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    lau._device, lau._stream = (lambda: 0), (lambda dev: 7)
+    lau._version, lau._encode = "3.6.0", encode
+    a, b = torch.zeros(2, 3), torch.zeros(2, 3)
+    lau((5,), ("k",), ((a, 64), 11), {"BLOCK": 32})  # JIT: the descriptor object is built
+    assert log[0][1][0].base is a and log[0][1][1] == 11 and built == [64]
+    lau((5,), ("k",), ((a, 64), 12), {"BLOCK": 32})
+    lau((5,), ("k",), ((a, 64), 13), {"BLOCK": 32})
+    assert encodes == [a.data_ptr()]  # encoded once for a, reused for the same tensor
+    assert c.calls[1] == (5, 1, 1, 7, "fn", False, True, None, None, "meta", None, None, None,
+                          "MAP", 2, 3, 16, 13, 32, 5)
+    lau((5,), ("k",), ((b, 64), 14), {"BLOCK": 32})  # another address: encoded afresh
+    assert encodes == [a.data_ptr(), b.data_ptr()] and c.calls[-1][13:] == (
+        "MAP", 2, 3, 16, 14, 32, 5)
+    assert lau.raw_calls == 3 and lau.direct_calls == 3 and len(log) == 1

@@ -528,6 +528,37 @@ def test_sm90_dispatch_rules():
         fwd._use_sm90(q, q, q, {"SM90": True})
 
 
+def test_sm90_default_schedule():
+    """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
+    stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
+    warpgroups, two stages)."""
+    k90 = importlib.import_module("kernels.flash_attn_fwd")._sm90
+    if k90 is None:
+        pytest.skip("this Triton has no Gluon Hopper API")
+    for causal in (False, True):
+        assert k90.default_schedule(128, 1, 1, causal) == (2, 2)
+        assert k90.default_schedule(128, 16384, 300, causal) == (2, 2)
+        assert k90.default_schedule(64, 2048, 16384, causal) is None
+        assert k90.default_schedule(64, 16384, 2048, causal) is None
+        assert k90.default_schedule(64, 4097, 8192, causal) == (3, 2)
+        assert k90.default_schedule(80, 8192, 8192, causal) is None
+    assert k90.default_schedule(64, 2049, 4096, False) == (3, 2)
+    assert k90.default_schedule(64, 2049, 4096, True) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_sm90_default_d64_long(fa, poisoned, causal):
+    """d = 64 past 4,096 runs the three-warpgroup forward without any config (the default
+    schedule, causal or not), and its output and gradients match the reference."""
+    k90 = importlib.import_module("kernels.flash_attn_fwd_sm90")
+    before = len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls
+    check_against_reference(fa, 1, 2, 2, 4100, 4300, 64, causal, torch.bfloat16, "cuda")
+    assert len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls > before
+    assert any(key[1][6] == 3 for key in k90.LAUNCHER.cache)  # (.., consumers = 3, ..)
+
+
 def test_sm90_kernel_compiles_for_hopper():
     """The Gluon forward compiles for sm_90 on this machine (no GPU needed: Triton's compiler
     and ptxas run on the CPU), without register spills and within the 227 KiB of shared
