@@ -102,14 +102,15 @@ def test_tune_refuses_without_gpu(capsys, tool):
 
 
 def test_read_rows_round_trips_and_refuses_other_files(tmp_path):
-    rows = bench.read_rows(ROOT / "kernels" / "bench_h200_2026-11-30d.csv")
-    assert len(rows) == 320 and all(isinstance(r, bench.Row) for r in rows)
-    assert {r.impl for r in rows} == {"triton", "triton_generic", "sdpa_cudnn", "sdpa_flash"}
+    rows = bench.read_rows(ROOT / "kernels" / "bench_h200_2026-11-30e.csv")
+    assert len(rows) == 400 and all(isinstance(r, bench.Row) for r in rows)
+    assert {r.impl for r in rows} == {"triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn",
+                                      "sdpa_flash"}
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="missing columns"):
         bench.read_rows(bad)
-    text = (ROOT / "kernels" / "bench_h200_2026-11-30d.csv").read_text().splitlines()
+    text = (ROOT / "kernels" / "bench_h200_2026-11-30e.csv").read_text().splitlines()
     bad.write_text("\n".join([text[0], text[1].replace(",False,", ",maybe,", 1)]) + "\n")
     with pytest.raises(ValueError, match="line 2"):
         bench.read_rows(bad)
