@@ -6,7 +6,9 @@
 
 For each (dtype, head dim, causal, forward | forward+backward, s) every implementation runs on
 the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time is the
-median of ``triton.testing.do_bench`` (CUDA events, after warm-up and autotuning). TFLOP/s use
+median of ``triton.testing.do_bench`` (CUDA events, after warm-up and autotuning); with
+``--rounds R`` every implementation is timed R times per shape, in turn, and the median of the
+R medians is kept (on a shared host, load that drifts over seconds then hits every backend). TFLOP/s use
 the project's convention (DESIGN.md): forward = 4*B*H*s^2*d, half when causal; the backward
 counts 2.5 x forward, so forward+backward = 3.5 x forward. The table prints TFLOP/s and our
 kernel's ratio to sdpa_cudnn and sdpa_flash; a CSV gets one row per measurement, stamped
@@ -172,6 +174,20 @@ def measure(name, q, k, v, do, causal, mode, ref):
         torch.cuda.empty_cache()
 
 
+def _combine(results: list[tuple[float, float, str]]) -> tuple[float, float, str]:
+    """One (ms, rel_err, status) from the rounds of one implementation on one shape: the
+    median of the rounds' times and the worst error; the first failing round's status (and
+    no time) if any round failed."""
+    for _ms, rel, status in results:
+        if status != "ok":
+            return math.nan, rel, status
+    times = sorted(r[0] for r in results)
+    mid = len(times) // 2
+    ms = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+    rels = [r[1] for r in results if not math.isnan(r[1])]
+    return ms, (max(rels) if rels else math.nan), "ok"
+
+
 def run_grid(args) -> list[Row]:
     import torch
     import triton
@@ -203,18 +219,23 @@ def run_grid(args) -> list[Row]:
                             except RuntimeError:
                                 continue
                     for mode in args.modes:
-                        for name in args.impls:
-                            if name == "sdpa_math" and s > MATH_MAX_SEQ:
-                                continue
-                            ms, rel, status = measure(name, q, k, v, do, bool(causal), mode,
-                                                      ref if name.startswith("triton") else None)
+                        names = [n for n in args.impls
+                                 if not (n == "sdpa_math" and s > MATH_MAX_SEQ)]
+                        got: dict[str, list] = {n: [] for n in names}
+                        for _ in range(args.rounds):  # interleaved: drift hits all alike
+                            for name in names:
+                                got[name].append(measure(
+                                    name, q, k, v, do, bool(causal), mode,
+                                    ref if name.startswith("triton") else None))
+                        for name in names:
+                            ms, rel, status = _combine(got[name])
                             tf = flops(B, H, s, d, bool(causal), mode) / (ms * 1e-3) / 1e12
-                            rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms, tf,
-                                            rel, status, **stamp))
+                            rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms,
+                                            tf, rel, status, **stamp))
                             writer.writerow(asdict(rows[-1]))
                             sink.flush()
-                            print(f"{name:15s} {dname} d={d:3d} causal={int(causal)} {mode:7s} "
-                                  f"s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}",
+                            print(f"{name:15s} {dname} d={d:3d} causal={int(causal)} "
+                                  f"{mode:7s} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}",
                                   flush=True)
                     del q, k, v, do, ref
                     torch.cuda.empty_cache()
@@ -303,6 +324,16 @@ def tuned_configs() -> dict[str, dict[str, str]]:
     return out
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -321,6 +352,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graphs", action="store_true",
                    help="time calls (forward, and forward+backward) as CUDA-graph replays: "
                         "GPU time without host cost")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="time every implementation this many times per shape, interleaved, "
+                        "and report the median (host-load drift then falls on all alike)")
     p.add_argument("--overhead", action="store_true",
                    help="first print host microseconds per call on a tiny shape")
     args = p.parse_args(argv)

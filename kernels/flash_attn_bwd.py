@@ -387,29 +387,33 @@ def attention_backward(
     bd = block_d(d)
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
         config = {key: val for key, val in config.items() if key not in FWD_ONLY_KEYS} or None
-    delta = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)  # (B, H, s_q)
+    # new_empty: same device, no device/dtype argument parsing (~2 us less than torch.empty)
+    delta = q.new_empty((B, H, s_q), dtype=torch.float32)  # (B, H, s_q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
     meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
                 IEEE=q.dtype == torch.float32)
     bucket = seq_bucket(max(s_q, s_k))
+    # Each stride tuple read once (about 0.3 us per call of .stride() on the launch path).
+    sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
+                                     dq.stride(), dk.stride())
     dkdv_args = (
         q, k, v, do, lse2, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
         H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
     dq_args = (
         q, k, v, o, do, lse2, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *do.stride(), *dq.stride(),
+        *sq, *sk, *sv, *so, *sdo, *sdq,
         H, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
     # What the JIT specialises on beyond meta and the config (kernels/direct.py): dtypes,
     # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
     # dk's shape and strides; delta, dq, dk, dv are fresh allocations).
-    spec = (q.dtype, do.dtype, q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
-            dq.stride(), dk.stride(), H, H_kv, q.data_ptr() % 16, k.data_ptr() % 16,
-            v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16, lse2.data_ptr() % 16)
+    spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, q.data_ptr() % 16,
+            k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16,
+            lse2.data_ptr() % 16)
     # dQ first: it writes delta, which the dK/dV launch reads.
     launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, dq_config or config, dq_args,
            lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)

@@ -506,8 +506,8 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     if nc not in (2, 3) or (nc == 3 and (d != 64 or pp)):
         raise ValueError(f"SM90_CONSUMERS must be 2, or 3 at d = 64 without ping-pong; got {nc} "
                          f"at d = {d}" + (" with ping-pong" if pp else ""))
-    o = torch.empty((B, H, s_q, d), dtype=q.dtype, device=q.device)
-    lse2 = torch.empty((B, H, s_q), dtype=torch.float32, device=q.device)
+    o = q.new_empty((B, H, s_q, d))  # q's dtype and device, contiguous
+    lse2 = q.new_empty((B, H, s_q), dtype=torch.float32)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
     group = H // H_kv
     args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), lse2,

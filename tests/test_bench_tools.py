@@ -114,3 +114,17 @@ def test_read_rows_round_trips_and_refuses_other_files(tmp_path):
     bad.write_text("\n".join([text[0], text[1].replace(",False,", ",maybe,", 1)]) + "\n")
     with pytest.raises(ValueError, match="line 2"):
         bench.read_rows(bad)
+
+
+def test_rounds_median_worst_error_and_failures():
+    """--rounds: the median of the rounds' times, the worst error, and a failed round wins."""
+    nan = math.nan
+    assert bench._combine([(3.0, 1e-3, "ok"), (1.0, 2e-3, "ok"), (2.0, nan, "ok")]) == (
+        2.0, 2e-3, "ok")
+    assert bench._combine([(1.0, nan, "ok"), (3.0, nan, "ok")])[0] == 2.0
+    ms, _, status = bench._combine([(1.0, 1e-3, "ok"), (nan, nan, "oom")])
+    assert math.isnan(ms) and status == "oom"
+    assert bench.parse_args(["--rounds", "3"]).rounds == 3
+    for bad in ("0", "x", "-2"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--rounds", bad])
