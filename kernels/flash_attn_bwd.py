@@ -60,6 +60,7 @@ from kernels.flash_attn_fwd import (
     key_range,
     launch,
     load_pair,
+    query_tile,
     pretuned,
     seq_bucket,
     tile_mask,
@@ -297,14 +298,7 @@ def _bwd_dq_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    if CAUSAL:  # longest rows first, as in the forward
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    else:
-        start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    h_kv = h // GROUP
+    start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)

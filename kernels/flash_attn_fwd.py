@@ -343,6 +343,23 @@ def _fwd_key_loop(
 
 
 @triton.jit
+def query_tile(H, GROUP, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """This program's query block and head: (first row, batch * H + query head, batch, query
+    head, key/value head).
+
+    Causal: the last query blocks do the most work (they see the most keys), so they are
+    handed out first; the short ones then fill the gaps at the end of the grid. Grid axis 1
+    runs over batch x query heads; query head h reads key/value head h // GROUP (GQA)."""
+    if CAUSAL:
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    h = bh % H
+    return start_m, bh, bh // H, h, h // GROUP
+
+
+@triton.jit
 def key_range(start_m, s_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(full_hi, hi) for the query tile starting at row start_m.
 
@@ -443,16 +460,7 @@ def _fwd_kernel(
     AHEAD: tl.constexpr = False,  # experimental: issue the next scores before the softmax
     WS: tl.constexpr = False,  # experimental: Triton's warp specialisation of the key loop
 ):
-    # Causal: the last query blocks do the most work (they see the most keys), so hand them
-    # out first; the short ones then fill the gaps at the end of the grid.
-    if CAUSAL:
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    else:
-        start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    h_kv = h // GROUP
+    start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
     # 64-bit offsets for batch and head: B * H * s * d can exceed 2^31 elements.
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
