@@ -60,8 +60,8 @@ from kernels.flash_attn_fwd import (
     key_range,
     launch,
     load_pair,
-    query_tile,
     pretuned,
+    query_tile,
     seq_bucket,
     tile_mask,
 )
