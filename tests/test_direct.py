@@ -167,3 +167,30 @@ def test_descriptors_encoded_once_per_tensor_and_launched_raw():
     assert encodes == [a.data_ptr(), b.data_ptr()] and c.calls[-1][13:] == (
         "MAP", 2, 3, 16, 14, 32, 5)
     assert lau.raw_calls == 3 and lau.direct_calls == 3 and len(log) == 1
+
+
+def test_unknown_launcher_gets_built_descriptors_through_run():
+    """On a Triton whose launcher `raw_launch` does not know, a hit calls kernel.run as the JIT
+    does, with the (tensor, *extra) tuples built into descriptor objects."""
+    import torch
+
+    log = []
+
+    class JIT(FakeJIT):
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                log.append(("jit", args))
+                return FakeKernel(log)
+            return launch
+
+    lau = direct.DirectLauncher(JIT(), descriptor=lambda t, rows: ("DESC", t.shape[0], rows))
+    lau._runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    lau._device, lau._stream = (lambda: 0), (lambda dev: 7)
+    lau._version = "3.9.0"  # not a launcher this module knows: no raw path
+    a = torch.zeros(2, 3)
+    lau((5,), ("k",), ((a, 64), 11), {"BLOCK": 32})
+    lau((5,), ("k",), ((a, 64), 12), {"BLOCK": 32})
+    assert log[0] == ("jit", (("DESC", 2, 64), 11))
+    assert log[1] == ("direct", (5, 1, 1, 7, "fn", "meta", None, None, None, ("DESC", 2, 64),
+                                 12, 32, 5))
+    assert lau.raw_calls == 0 and not lau.encoded
