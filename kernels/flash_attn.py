@@ -117,7 +117,9 @@ def flash_attention(
     ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
     (tests and the interpreter use it; the interpreter always uses a fixed small config);
     it may add "USE_DESC": True/False to force the forward's K/V loads through tensor
-    descriptors or not.
+    descriptors or not, and "BWD_ATOMIC_DQ": True for the backward that adds dQ into an fp32
+    buffer with atomic adds (5 tile products instead of 7, nondeterministic dQ, B*H*s_q*d*4
+    bytes more; experimental, kernels/flash_attn_bwd.py).
 
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
@@ -133,8 +135,9 @@ def flash_attention(
     _check_inputs(q, k, v, scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    if config is None and interpreting():
-        config = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    if interpreting() and (config is None or "BLOCK_M" not in config):
+        # the interpreter always runs one small tile (switches a config gives are kept)
+        config = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, **(config or {})}
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # No gradient can be asked for: skip autograd's bookkeeping (about 10 us of host time
         # per call, which short sequences feel) and save nothing for a backward.

@@ -31,6 +31,16 @@ Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q 
 dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
 dQ buffer, and the result is deterministic.
 
+The other way, as an option (``config={"BWD_ATOMIC_DQ": True}``): a small kernel computes
+delta first, and the dK/dV programs also add their share scale * dS K of every query block's
+dQ into a zeroed fp32 buffer with atomic adds, which is cast to the inputs' dtype at the end.
+That is 5 tile products instead of 7, for a nondeterministic dQ (the adds land in any order),
+an fp32 buffer of B * H * s_q * d * 4 bytes beside dQ, and two more small launches (delta, the
+cast) plus the buffer's zeroing. FlashAttention-2 does this with atomicAdd; FlashAttention-3
+with the copy engine's bulk reduce-add. Whether Triton's element-wise atomics keep up with the
+tensor cores here is what it is for: it is measured against the default by
+``python -m kernels.tune_bwd --atomic`` (kernels/NOTES.md), not the default.
+
 Masks, as in the forward: causal attention is aligned top-left like PyTorch's SDPA (query i
 sees keys j <= i). Tiles that lie fully below the diagonal run with no mask; only tiles that
 cross the diagonal or the end of a sequence do. Rows past the end of the queries need no
@@ -47,7 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.direct import DirectLauncher
 from kernels.flash_attn_fwd import (
+    BWD_ONLY_KEYS,
     FWD_ONLY_KEYS,
     LOG2E,
     SMEM_BYTES,
@@ -118,15 +130,20 @@ def _dkdv_query_loop(
     offs_d,  # (BLOCK_D,)
     lo, hi,  # query rows [lo, hi) visited by this loop, lo a multiple of BLOCK_M
     s_q, qk_scale, HEAD_DIM,
+    dq_ptrs,  # ATOMIC_DQ: the fp32 dQ buffer's (BLOCK_M, BLOCK_D) tile of query row 0; else None
+    sm_scale,
     BLOCK_M: tl.constexpr,
     EVEN_D: tl.constexpr,
     MASKED: tl.constexpr,  # rows cross the diagonal or the end of the queries
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     offs_m0 = tl.arange(0, BLOCK_M)
     q_ptrs += lo * stride_qm
     do_ptrs += lo * stride_dom
+    if ATOMIC_DQ:
+        dq_ptrs += lo * HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m0  # (BLOCK_M,)
         # ---- load a query tile, its dO tile, lse2 and delta: 2 * BLOCK_M * d + 2 * BLOCK_M -----
@@ -148,6 +165,12 @@ def _dkdv_query_loop(
         dp_t = _mm(v, tl.trans(do), IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _mma(ds_t.to(q.dtype), q, dk, IEEE)
+        if ATOMIC_DQ:
+            # ---- this key block's share of dQ: scale * dS K, added into the fp32 buffer -------
+            dq_part = _mm(tl.trans(ds_t.to(k.dtype)), k, IEEE) * sm_scale  # (BLOCK_M, BLOCK_D)
+            tl.atomic_add(dq_ptrs, dq_part, mask=tile_mask(rows, s_q, offs_d, HEAD_DIM, EVEN_D),
+                          sem="relaxed")
+            dq_ptrs += BLOCK_M * HEAD_DIM
         q_ptrs += BLOCK_M * stride_qm
         do_ptrs += BLOCK_M * stride_dom
     return dk, dv
@@ -158,6 +181,7 @@ def _bwd_dkdv_kernel(
     Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
     LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
     DK, DV,  # outputs (B, H_kv, s_k, d), written in full
+    DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, s_q, d) contiguous, dQ is added into it; else None
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -172,6 +196,7 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr = False,  # also add scale * dS K into DQ_ACC (see the docstring)
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)  # (batch, key/value head)
@@ -215,20 +240,25 @@ def _bwd_dkdv_kernel(
                    + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
         lse_ptr = LSE2 + bh.to(tl.int64) * s_q
         delta_ptr = DELTA + bh.to(tl.int64) * s_q
+        if ATOMIC_DQ:
+            dq_ptrs = (DQ_ACC + bh.to(tl.int64) * s_q * HEAD_DIM
+                       + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
+        else:
+            dq_ptrs = DQ_ACC  # None
         if CAUSAL:  # the diagonal band
             dk, dv = _dkdv_query_loop(
                 dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-                offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM,
-                BLOCK_M, EVEN_D, True, CAUSAL, IEEE)
+                offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM, dq_ptrs, sm_scale,
+                BLOCK_M, EVEN_D, True, CAUSAL, IEEE, ATOMIC_DQ)
         # rows that see every key of the tile, then the ragged end of the queries
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM,
-            BLOCK_M, EVEN_D, False, CAUSAL, IEEE)
+            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM, dq_ptrs, sm_scale,
+            BLOCK_M, EVEN_D, False, CAUSAL, IEEE, ATOMIC_DQ)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM,
-            BLOCK_M, EVEN_D, True, False, IEEE)
+            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM, dq_ptrs, sm_scale,
+            BLOCK_M, EVEN_D, True, False, IEEE, ATOMIC_DQ)
 
     # ---- write dK and dV once: 2 * BLOCK_N * d elements -------------------------------------------
     dk = dk * sm_scale
@@ -340,6 +370,33 @@ def _bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=row_mask)
 
 
+@triton.jit(do_not_specialize=["s_q"])
+def _bwd_delta_kernel(
+    Out, DO,  # (B, H, s_q, d), any strides
+    DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O)
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H, s_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """delta for BLOCK_M rows of one (batch, head), before the dK/dV launch of the atomic-dQ
+    backward (the default backward computes it inside its dQ kernel instead)."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = tile_mask(offs_m, s_q, offs_d, HEAD_DIM, EVEN_D)
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
+
+
 _dkdv_tuned = triton.autotune(
     configs=_configs(DKDV_SPACE),
     key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
@@ -353,6 +410,17 @@ _dq_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": _prune_bwd},
     **_autotune_options(),
 )(_bwd_dq_kernel)
+
+
+# The atomic-dQ backward (config {"BWD_ATOMIC_DQ": True}): dK/dV tiles when none are given,
+# by head dim above 128 or not, and the rows per program of its delta kernel. Not timed yet
+# (NOTES step 7e): (32, 128, 8, 2) is the candidate ptxas spills least for at d = 64 and 128
+# once each step also holds a (BLOCK_M, d) fp32 tile of dQ (88 and 1,532 bytes of spill
+# stores, against 1,548 and 5,412 for the default backward's (64, 128, 8, 2)).
+ATOMIC_TILES = {False: {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                True: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}}
+DELTA_ROWS = 64
+_DELTA_LAUNCHER = DirectLauncher(_bwd_delta_kernel)
 
 
 def attention_backward(
@@ -374,18 +442,28 @@ def attention_backward(
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous), nothing else.
     ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner for both kernels;
     ``dq_config`` / ``dkdv_config`` give one kernel its own (kernels.tune_bwd times them).
+    ``config={"BWD_ATOMIC_DQ": True}`` (with or without tiles) takes the atomic-dQ backward
+    of the module docstring instead: delta kernel, dK/dV kernel adding dQ into a zeroed fp32
+    buffer (B * H * s_q * d * 4 bytes more), then a cast; its dK/dV tiles come from
+    ``dkdv_config``, else the config's, else `ATOMIC_TILES`.
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
+    atomic = False
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
-        config = {key: val for key, val in config.items() if key not in FWD_ONLY_KEYS} or None
+        atomic = bool(config.get("BWD_ATOMIC_DQ", False))
+        config = {key: val for key, val in config.items()
+                  if key not in FWD_ONLY_KEYS and key not in BWD_ONLY_KEYS} or None
     # new_empty: same device, no device/dtype argument parsing (~2 us less than torch.empty)
     delta = q.new_empty((B, H, s_q), dtype=torch.float32)  # (B, H, s_q)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    if atomic:
+        dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
+    else:
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
     meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
                 IEEE=q.dtype == torch.float32)
     bucket = seq_bucket(max(s_q, s_k))
@@ -393,14 +471,9 @@ def attention_backward(
     sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
                                      dq.stride(), dk.stride())
     dkdv_args = (
-        q, k, v, do, lse2, delta, dk, dv,
+        q, k, v, do, lse2, delta, dk, dv, dq if atomic else None,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
         H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
-    )
-    dq_args = (
-        q, k, v, o, do, lse2, delta, dq,
-        *sq, *sk, *sv, *so, *sdo, *sdq,
-        H, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
     # What the JIT specialises on beyond meta and the config (kernels/direct.py): dtypes,
     # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
@@ -408,6 +481,23 @@ def attention_backward(
     spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, q.data_ptr() % 16,
             k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16,
             lse2.data_ptr() % 16)
+    if atomic:
+        _DELTA_LAUNCHER((cdiv(s_q, DELTA_ROWS), B * H), ("delta", spec, d, bd),
+                        (o, do, delta, *so, *sdo, H, s_q),
+                        dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
+                             num_warps=4))
+        tiles = dkdv_config or config or ATOMIC_TILES[bd > 128]
+        # launched with explicit tiles only: the autotuner would run the kernel once per
+        # candidate, and every run adds into the same dQ buffer
+        launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic", dict(meta, ATOMIC_DQ=True),
+               bucket, tiles, dkdv_args, lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv),
+               spec=spec)
+        return dq.to(q.dtype), dk, dv
+    dq_args = (
+        q, k, v, o, do, lse2, delta, dq,
+        *sq, *sk, *sv, *so, *sdo, *sdq,
+        H, group, s_q, s_k, scale * LOG2E, scale, bucket,
+    )
     # dQ first: it writes delta, which the dK/dV launch reads.
     launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, dq_config or config, dq_args,
            lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)

@@ -603,6 +603,8 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 # Keys of a config dict that only the forward understands; the backward drops them.
 FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N",
                  "SM90_PINGPONG", "SM90_CONSUMERS")
+# ... and the backward's own (kernels/flash_attn_bwd.py); the forward drops them.
+BWD_ONLY_KEYS = ("BWD_ATOMIC_DQ",)
 
 # Below this length bucket the forward loads K/V with pointers even where descriptors work:
 # at s = 1024 the host time of encoding two tensor maps per launch cost more than the copy
@@ -700,6 +702,8 @@ def attention_forward(
     skips the autotuner; the interpreter and the tests use it. Inputs are read through their
     strides: nothing is copied.
     """
+    if config is not None and any(key in config for key in BWD_ONLY_KEYS):
+        config = {key: val for key, val in config.items() if key not in BWD_ONLY_KEYS} or None
     if _use_sm90(q, k, v, config, causal):
         if config is None:  # the default schedule for this head dim and these lengths
             nc, st = _sm90.default_schedule(q.shape[3], q.shape[2], k.shape[2], causal)

@@ -2,6 +2,7 @@
 
     python -m kernels.tune_bwd --out tune_bwd.csv          # d 64/128, causal or not, fp16
     python -m kernels.tune_bwd --dims 64 --seqs 2048 --jobs 8
+    python -m kernels.tune_bwd --atomic ...    # also the atomic-dQ backward's dK/dV tiles
 
 The backward is two launches (dQ, which also writes delta; then dK/dV). Each candidate of one
 kernel is timed as the whole backward with the other kernel held at a fixed config, so the
@@ -11,6 +12,10 @@ candidate's gradients are checked against the reference pair's. Compilation runs
 ``--jobs`` worker processes (tiny inputs, filling Triton's on-disk cache); the timing then runs
 in this process alone. Time: median of ``triton.testing.do_bench``, L2 cleared before each
 call, as the autotuner does. The last lines printed are TUNED_H200 entries, ready to paste.
+
+``--atomic`` adds the atomic-dQ backward (config BWD_ATOMIC_DQ: delta kernel, dK/dV kernel
+that also adds dQ, cast) with each dK/dV candidate, timed whole, and prints its best next to
+the best pair of the default backward.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from kernels.tune_fwd import compile_all
 DKDV = [
     (64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3),
     (64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 2),
-    (128, 128, 8, 2), (16, 64, 4, 4),
+    (128, 128, 8, 2), (16, 64, 4, 4), (32, 64, 4, 2),
 ]
 DQ = [
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (128, 32, 4, 3), (64, 64, 4, 3),
@@ -49,12 +54,17 @@ def _cfg(c) -> dict:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
 
 
-def _variants(dims, causals) -> list[tuple]:
-    """(d, causal, kernel, config) for every candidate that fits in shared memory."""
-    return [(d, causal, kern, c) for d in dims for causal in causals
-            for kern, space in (("dq", DQ), ("dkdv", DKDV)) for c in space
-            if _fits(kern, c, d) and _fits("dq" if kern == "dkdv" else "dkdv",
-                                           HELD["dq" if kern == "dkdv" else "dkdv"], d)]
+def _variants(dims, causals, atomic: bool = False) -> list[tuple]:
+    """(d, causal, kernel, config) for every candidate that fits in shared memory; kernel
+    "dkdv_atomic" is the whole atomic-dQ backward with that dK/dV config."""
+    out = [(d, causal, kern, c) for d in dims for causal in causals
+           for kern, space in (("dq", DQ), ("dkdv", DKDV)) for c in space
+           if _fits(kern, c, d) and _fits("dq" if kern == "dkdv" else "dkdv",
+                                          HELD["dq" if kern == "dkdv" else "dkdv"], d)]
+    if atomic:
+        out += [(d, causal, "dkdv_atomic", c) for d in dims for causal in causals
+                for c in DKDV if _fits("dkdv", c, d)]
+    return out
 
 
 def _inputs(s: int, d: int, dtype, causal: bool, B: int = 1, H: int = 32):
@@ -74,6 +84,9 @@ def _run(inp, causal, kern, c):
 
     q, k, v, do, o, lse2 = inp
     d = q.shape[-1]
+    if kern == "dkdv_atomic":
+        return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5,
+                                  {"BWD_ATOMIC_DQ": True}, dkdv_config=_cfg(c))
     cfgs = {"dq_config": _cfg(c if kern == "dq" else HELD["dq"]),
             "dkdv_config": _cfg(c if kern == "dkdv" else HELD["dkdv"])}
     return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5, **cfgs)
@@ -131,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--jobs", type=int, default=8, help="compile worker processes")
     ap.add_argument("--out", default="tune_bwd.csv")
+    ap.add_argument("--atomic", action="store_true",
+                    help="also time the atomic-dQ backward with each dK/dV candidate")
     args = ap.parse_args(argv)
 
     import torch
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tune_bwd needs a CUDA GPU", file=sys.stderr)
         return 2
     causals = [bool(c) for c in args.causal]
-    variants = _variants(args.dims, causals)
+    variants = _variants(args.dims, causals, args.atomic)
     broken = compile_all(_compile, variants, args.jobs)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     entries, summary = [], []
@@ -169,18 +184,24 @@ def main(argv: list[str] | None = None) -> int:
                 stored = TUNED_H200.get((kern, 2, d, causal, bucket))
                 now[kern] = next((ms for ms, c in timed if c == stored), float("nan"))
                 entries.append(f'    ("{kern}", 2, {d}, {causal}, {bucket}): {best[kern][1]},')
-            baseline = [ms for kern, c, ms, _ in rows[1:] if c == HELD[kern]]
+            atomic = [(ms, c) for k_, c, ms, err in rows[1:]
+                      if k_ == "dkdv_atomic" and err < 0.05]
+            baseline = [ms for kern, c, ms, _ in rows[1:] if kern in HELD and c == HELD[kern]]
             if len(best) == 2 and baseline:
                 # the whole backward with each kernel's best: both gains over the held pair
                 base = sum(baseline) / len(baseline)
                 pair = best["dq"][0] + best["dkdv"][0] - base
                 stored = now["dq"] + now["dkdv"] - base
+                best_atomic = min(atomic) if atomic else (float("nan"), None)
                 summary.append(f"| {d} | {int(causal)} | {s} | {flash * 1e3:.0f} | "
                                f"{stored * 1e3:.0f} | {pair * 1e3:.0f} | "
-                               f"{best['dq'][1]} | {best['dkdv'][1]} |")
-    print("\nbackward alone, us (best pair estimated from the per-kernel timings)")
-    print("| d | causal | s | sdpa_flash bwd | stored configs | best pair | dq | dkdv |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+                               f"{best['dq'][1]} | {best['dkdv'][1]} | "
+                               f"{best_atomic[0] * 1e3:.0f} | {best_atomic[1]} |")
+    print("\nbackward alone, us (best pair estimated from the per-kernel timings; atomic: the "
+          "whole atomic-dQ backward with its best dK/dV tiles, nan without --atomic)")
+    print("| d | causal | s | sdpa_flash bwd | stored configs | best pair | dq | dkdv | "
+          "atomic | atomic dkdv |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(summary))
     print("\n".join(entries))
     return 0

@@ -3,6 +3,7 @@ hash of each variant's PTX, with source line records removed.
 
     python scripts/ptx_fingerprint.py > before.txt   # edit the kernels' source
     python scripts/ptx_fingerprint.py > after.txt; diff before.txt after.txt
+    python scripts/ptx_fingerprint.py --atomic   # also compile the atomic-dQ dK/dV variant
 
 A refactor of the kernel source (a shared helper, moved code) that leaves every hash equal
 changed nothing the GPU runs: no device time is needed to show that.
@@ -78,9 +79,14 @@ def main() -> int:
         tensors |= {"LSE2": "*fp32", "DELTA": "*fp32"}
         print(f"dq   d={d:3d} causal={int(causal)}        "
               f"{_ptx_hash(bwd._bwd_dq_kernel, tensors, dict(meta), 8, 3)}", flush=True)
+        dkdv = dict(meta, BLOCK_M=64, BLOCK_N=128, DQ_ACC=None, ATOMIC_DQ=False)
         print(f"dkdv d={d:3d} causal={int(causal)}        "
-              f"{_ptx_hash(bwd._bwd_dkdv_kernel, tensors, dict(meta, BLOCK_M=64, BLOCK_N=128), 8, 3)}",
-              flush=True)
+              f"{_ptx_hash(bwd._bwd_dkdv_kernel, tensors, dkdv, 8, 3)}", flush=True)
+        if "--atomic" in sys.argv:  # the atomic-dQ variant: compiles, and its hash
+            consts = {key: val for key, val in dkdv.items() if key != "DQ_ACC"}
+            consts["ATOMIC_DQ"] = True
+            atomic = _ptx_hash(bwd._bwd_dkdv_kernel, tensors | {"DQ_ACC": "*fp32"}, consts, 8, 2)
+            print(f"dkdv atomic d={d:3d} causal={int(causal)} {atomic}", flush=True)
     return 0
 
 

@@ -92,6 +92,16 @@ def test_tune_bwd_variants_fit_and_cover_the_stored_choices():
     for (kern, _, d, _, bucket), c in TUNED_H200.items():
         if kern != "fwd" and bucket <= 8192:
             assert c in (tune_bwd.DQ if kern == "dq" else tune_bwd.DKDV), (kern, d, bucket, c)
+    # --atomic adds the atomic-dQ backward with every dK/dV candidate, its defaults among them
+    from kernels.flash_attn_bwd import ATOMIC_TILES
+
+    plain = tune_bwd._variants([128], [True])
+    both = tune_bwd._variants([128], [True], atomic=True)
+    extra = [v for v in both if v[2] == "dkdv_atomic"]
+    assert both[:len(plain)] == plain
+    assert [v[3] for v in extra] == [v[3] for v in plain if v[2] == "dkdv"]
+    for tiles in ATOMIC_TILES.values():
+        assert tuple(tiles.values()) in tune_bwd.DKDV
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")

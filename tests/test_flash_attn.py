@@ -310,8 +310,19 @@ INTERP_DESC_CASES = [
 # The experimental forward loops (off by default; kernels/NOTES.md step 3) stay correct too.
 INTERP_EXPERIMENTS = {"ahead": dict(INTERP_DESC, AHEAD=True), "ws": dict(INTERP_DESC, WS=True)}
 
+# The atomic-dQ backward (config BWD_ATOMIC_DQ; kernels/flash_attn_bwd.py): causal and not,
+# ragged tails, s_q != s_k, GQA, a padded head dim.
+INTERP_ATOMIC = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
+                 "BWD_ATOMIC_DQ": True}
+INTERP_ATOMIC_CASES = [
+    (1, 4, 2, 97, 97, 32, True, torch.float16),
+    (2, 2, 2, 70, 40, 16, False, torch.float32),
+    (1, 4, 1, 17, 130, 80, True, torch.float32),
+]
+
 INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
-              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))] + list(INTERP_EXPERIMENTS))
+              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))] + list(INTERP_EXPERIMENTS)
+              + [f"atomic{i}" for i in range(len(INTERP_ATOMIC_CASES))])
 
 
 def _interp_worker() -> None:
@@ -325,6 +336,8 @@ def _interp_worker() -> None:
     runs += [lambda cfg=cfg, causal=causal: check_against_reference(
                  fa, 1, 4, 2, 130, 130, 32, causal, torch.float16, "cpu", config=cfg)
              for causal, cfg in zip((False, True), INTERP_EXPERIMENTS.values(), strict=True)]
+    runs += [lambda c=c: check_against_reference(fa, *c, "cpu", config=INTERP_ATOMIC)
+             for c in INTERP_ATOMIC_CASES]
     results = {}
     for name, run in zip(INTERP_IDS, runs, strict=True):
         try:
@@ -448,6 +461,18 @@ def test_gpu_sm90_three_consumers(fa, poisoned, s_q, s_k, group, causal, dtype):
     ragged tails, s_q != s_k, GQA; forward and every gradient against the reference."""
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, 64, causal, dtype, "cuda",
                             config={"SM90": True, "SM90_CONSUMERS": 3})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q,s_k,d,group", [(1, 1, 64, 1), (97, 1000, 128, 4), (1025, 1025, 64, 1),
+                                             (1000, 300, 80, 2), (2048, 2048, 128, 1)])
+def test_gpu_atomic_dq_backward(fa, poisoned, s_q, s_k, d, group, causal, dtype):
+    """The atomic-dQ backward (config BWD_ATOMIC_DQ, default tiles): every gradient against
+    the reference, as the default backward is checked."""
+    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, dtype, "cuda",
+                            config={"BWD_ATOMIC_DQ": True})
 
 
 @pytest.mark.gpu
