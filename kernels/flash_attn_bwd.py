@@ -416,7 +416,7 @@ _dq_tuned = triton.autotune(
 # by head dim above 128 or not, and the rows per program of its delta kernel. Not timed yet
 # (NOTES step 7e): (32, 128, 8, 2) is the candidate ptxas spills least for at d = 64 and 128
 # once each step also holds a (BLOCK_M, d) fp32 tile of dQ (88 and 1,532 bytes of spill
-# stores, against 1,548 and 5,412 for the default backward's (64, 128, 8, 2)).
+# stores non-causal, against 1,548 and 5,412 with (64, 128, 8, 2); scripts/bwd_regs.py).
 ATOMIC_TILES = {False: {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
                 True: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}}
 DELTA_ROWS = 64
