@@ -24,7 +24,23 @@ from kernels.bench import read_rows  # noqa: E402
 from pages import common as c  # noqa: E402
 
 EAGER_CSV = ROOT / "kernels" / "bench_h200_2026-11-30e.csv"
+ROUNDS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30e_short.csv"
 GRAPHS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30e_graphs.csv"
+# timing choice -> (bundled CSV, what the caption says about how it was timed)
+SOURCES = {
+    "eager calls": (EAGER_CSV, (
+        "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
+        "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
+        "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
+        "median of three interleaved rounds.")),
+    "eager, median of 3 rounds": (ROUNDS_CSV, (
+        "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
+        "turn, and the median kept (`kernels.bench --rounds 3`): slow drift in the shared host's "
+        "load then falls on every backend alike, which one round does not ensure.")),
+    "GPU time (CUDA graphs)": (GRAPHS_CSV, (
+        "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
+        "host's share.")),
+}
 LABELS = {
     "triton": "ours: default path",
     "triton_generic": "ours: portable Triton forward",
@@ -52,11 +68,11 @@ SPECS = {
     "kd": ChoiceParam("128", ("64", "128")),
     "kcausal": BoolParam(False),
     "kpass": ChoiceParam("fwd", ("fwd", "fwd+bwd")),
-    "ktiming": ChoiceParam("eager calls", ("eager calls", "GPU time (CUDA graphs)")),
+    "ktiming": ChoiceParam("eager calls", tuple(SOURCES)),
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=4)  # two bundled CSVs
+@st.cache_data(show_spinner=False, max_entries=4)  # three bundled CSVs
 def load(path: str) -> pd.DataFrame:
     return pd.DataFrame([vars(r) for r in read_rows(path)])
 
@@ -78,9 +94,9 @@ timing = c.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
 causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[4])
 c.sync_url(SPECS)
 
-graphs = timing.startswith("GPU")
+source, how = SOURCES[timing]
 try:
-    df = load(str(GRAPHS_CSV if graphs else EAGER_CSV))
+    df = load(str(source))
 except (OSError, ValueError) as exc:
     st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
     st.stop()
@@ -95,12 +111,7 @@ if sel.empty:
 r0 = sel.iloc[0]
 st.caption(
     f"Measured {r0['timestamp']} on {r0['gpu']}, torch {r0['torch_version']}, triton "
-    f"{r0['triton_version']}; source `{(GRAPHS_CSV if graphs else EAGER_CSV).relative_to(ROOT)}`. "
-    + ("Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
-       "host's share." if graphs else
-       "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
-       "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
-       "host) weighs in for every backend; switch *timing* to see the GPU time alone.")
+    f"{r0['triton_version']}; source `{source.relative_to(ROOT)}`. " + how
 )
 
 default = DEFAULT_IMPL[d]
