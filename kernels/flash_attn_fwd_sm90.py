@@ -5,8 +5,8 @@ Why a second forward
 --------------------
 ``flash_attn_fwd.py`` states the algorithm (online softmax in base 2, tiling, causal block
 skipping) and leaves the schedule to Triton's compiler. On an H200 that reaches about 0.85-0.96x
-cuDNN at d = 128 (kernels/NOTES.md; this kernel: 0.94-1.10x): the tensor cores sit idle while the exp2s of the softmax
-run, because each step's softmax needs that step's scores and the next product needs the
+cuDNN at d = 128 (kernels/NOTES.md; this kernel: 1.00-1.09x from s = 4,096 up, session 5):
+the tensor cores sit idle while the exp2s of the softmax run, because each step's softmax needs that step's scores and the next product needs the
 softmax. FlashAttention-3 (Shah et al., arXiv 2407.08608, section 3.2, "intra-warpgroup
 overlapping") breaks the chain by keeping two key blocks in flight: while the warps run the
 softmax of block j+1, the tensor cores are still busy with block j's P.V product.
@@ -53,12 +53,14 @@ block(s) of causal attention and the ragged tail run with one (two loops with th
 
 At d = 64 a third consumer warpgroup fits (CONSUMERS = 3, BLOCK_M = 192, FlashAttention-3's
 tile there): three warpgroups of 160 registers and the loader share the register file, and
-each K/V block loaded serves 192 query rows instead of 128. It is selected with config
-{"SM90_CONSUMERS": 3} (NOTES step 6f: +10-17% over the two-warpgroup kernel from s = 8,192 up,
-1.05-1.12x cuDNN there; not yet the default, for want of a full benchmark run).
+each K/V block loaded serves 192 query rows instead of 128. ``flash_attention`` runs it by
+default at d = 64 once both lengths exceed 2,048 (4,096 causal; `default_schedule`), where it
+measured 1.01-1.14x cuDNN from s = 8,192 up against the Triton kernel's 0.86-0.98x (NOTES
+steps 6f and 7a); config {"SM90": True, "SM90_CONSUMERS": 3} selects it at any length.
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
-default at d = 128). Everything else (and every other GPU) uses ``flash_attn_fwd``.
+default at d = 128, and at d = 64 for long sequences). Everything else (and every other GPU)
+uses ``flash_attn_fwd``.
 """
 
 from __future__ import annotations
