@@ -24,9 +24,10 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-# "triton" is what flash_attention runs (on Hopper: the Gluon forward, kernels/flash_attn_fwd_sm90.py,
-# with the Triton backward); "triton_generic" is the portable Triton forward on the same GPU;
-# "triton_sm90_3wg" the Gluon forward with three consumer warpgroups (opt-in, d = 64 only).
+# "triton" is what flash_attention runs by default (on Hopper: the Gluon forward,
+# kernels/flash_attn_fwd_sm90.py, at d = 128, and at d = 64 past 2,048/4,096 with three
+# warpgroups; with the Triton backward); "triton_generic" is the portable Triton forward on the
+# same GPU; "triton_sm90_3wg" the three-warpgroup Gluon forward forced at every length (d = 64).
 IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn", "sdpa_flash",
          "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
