@@ -138,35 +138,42 @@ class DirectLauncher:
             self._bind()
         return hooks_installed(self._runtime)
 
+    def _built(self, a):
+        """``a`` as a descriptor object: built from its ``(tensor, *extra)`` tuple, or as given."""
+        return self.descriptor(*a) if type(a) is tuple else a
+
     def _descriptors(self, args: tuple) -> tuple:
         """args with every ``(tensor, *extra)`` tuple built into a descriptor object."""
         if self.descriptor is None:
             return args
-        return tuple(self.descriptor(*a) if type(a) is tuple else a for a in args)
+        return tuple(self._built(a) for a in args)
+
+    def _tensor_map(self, key: tuple, slot: int, a, meta: dict) -> list:
+        """Descriptor argument ``a`` encoded as Triton's launcher passes it (tensor map, shape,
+        strides), from the table when the same tensor (address, shape, strides) was encoded
+        for this kernel and parameter before."""
+        if type(a) is tuple:  # the encoding reads the address, shape and strides only
+            t = a[0]
+            ekey = (key, slot, t.data_ptr(), t.shape, t.stride())
+        else:
+            ekey = (key, slot, a.base.data_ptr(), tuple(a.shape), tuple(a.strides),
+                    tuple(a.block_shape), getattr(a, "padding", None))
+        enc = self.encoded.get(ekey)
+        if enc is None:
+            if len(self.encoded) >= self.max_entries:
+                self.encoded.clear()
+            enc = self.encoded[ekey] = self._encode(self._built(a), meta)
+        return enc
 
     def _expand(self, key: tuple, args: tuple, slots: tuple, meta: tuple) -> list:
-        """args with each descriptor slot replaced by its encoded tensor map and the shape and
-        strides that follow it (what Triton's launcher passes), from the table when the same
-        tensor (address, shape, strides) was encoded for this kernel before."""
+        """args with each descriptor slot replaced by what Triton's launcher passes for it."""
         out = list(args[:slots[0]])
         for j, (slot, m) in enumerate(zip(slots, meta, strict=True)):
             a = args[slot]
             if m is None:  # a host descriptor the kernel takes as pointer, shape and strides:
-                out.extend(self._encode(self._descriptors((a,))[0], None))  # nothing to encode
-            elif type(a) is tuple:  # the encoding reads the address, shape and strides only
-                t = a[0]
-                ekey = (key, slot, t.data_ptr(), t.shape, t.stride())
+                out.extend(self._encode(self._built(a), None))  # nothing to encode or keep
             else:
-                ekey = (key, slot, a.base.data_ptr(), tuple(a.shape), tuple(a.strides),
-                        tuple(a.block_shape), getattr(a, "padding", None))
-            if m is not None:
-                enc = self.encoded.get(ekey)
-                if enc is None:
-                    if len(self.encoded) >= self.max_entries:
-                        self.encoded.clear()
-                    desc = self.descriptor(*a) if type(a) is tuple else a
-                    enc = self.encoded[ekey] = self._encode(desc, m)
-                out.extend(enc)
+                out.extend(self._tensor_map(key, slot, a, m))
             end = slots[j + 1] if j + 1 < len(slots) else len(args)
             out.extend(args[slot + 1:end])
         return out

@@ -124,8 +124,8 @@ def flash_attention(
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
     docstring) at d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when
-    causal; with three consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0 turns it off;
-    config {"SM90": True} selects it for d = 64 at any length, {"SM90": True,
+    causal; with three consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0
+    turns it off; config {"SM90": True} selects it for d = 64 at any length, {"SM90": True,
     "SM90_CONSUMERS": 3, "SM90_STAGES": 2} with three warpgroups. Elsewhere, on a Hopper GPU
     (Triton >= 3.4) the Triton forward reads K and V through tensor descriptors (the TMA copy
     engine) for 16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into rows (the

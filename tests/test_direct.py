@@ -38,12 +38,23 @@ class FakeJIT:
         return launch
 
 
-def _launcher(hooks=None, max_entries=4096):
-    fn = FakeJIT()
-    lau = direct.DirectLauncher(fn, max_entries=max_entries)
+def _launcher(hooks=None, max_entries=4096, fn=None, descriptor=None, stream=99):
+    fn = FakeJIT() if fn is None else fn
+    lau = direct.DirectLauncher(fn, max_entries=max_entries, descriptor=descriptor)
     lau._runtime = SimpleNamespace(launch_enter_hook=hooks, launch_exit_hook=None)
-    lau._device, lau._stream = (lambda: 0), (lambda dev: 99)
+    lau._device, lau._stream = (lambda: 0), (lambda dev: stream)
     return fn, lau
+
+
+def _logging_jit(log, kernel_cls):
+    """A stand-in JIT function whose launches log ("jit", args) and return kernel_cls(log)."""
+    class JIT(FakeJIT):
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                log.append(("jit", args))
+                return kernel_cls(log)
+            return launch
+    return JIT()
 
 
 def test_first_call_jit_then_direct_with_the_bound_tail():
@@ -136,13 +147,6 @@ def test_descriptors_encoded_once_per_tensor_and_launched_raw():
     class Kernel(FakeKernel):
         run = CudaLauncher(_wrap(c, {0}, [{"tile": 16}]))
 
-    class JIT(FakeJIT):
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                log.append(("jit", args))
-                return Kernel(log)
-            return launch
-
     def descriptor(t, rows):
         built.append(rows)
         return SimpleNamespace(base=t, rows=rows)
@@ -151,9 +155,7 @@ def test_descriptors_encoded_once_per_tensor_and_launched_raw():
         encodes.append(desc.base.data_ptr())
         return ["MAP", *desc.base.shape, meta["tile"]]
 
-    lau = direct.DirectLauncher(JIT(), descriptor=descriptor)
-    lau._runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    lau._device, lau._stream = (lambda: 0), (lambda dev: 7)
+    _, lau = _launcher(fn=_logging_jit(log, Kernel), descriptor=descriptor, stream=7)
     lau._version, lau._encode = "3.6.0", encode
     a, b = torch.zeros(2, 3), torch.zeros(2, 3)
     lau((5,), ("k",), ((a, 64), 11), {"BLOCK": 32})  # JIT: the descriptor object is built
@@ -175,17 +177,8 @@ def test_unknown_launcher_gets_built_descriptors_through_run():
     import torch
 
     log = []
-
-    class JIT(FakeJIT):
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                log.append(("jit", args))
-                return FakeKernel(log)
-            return launch
-
-    lau = direct.DirectLauncher(JIT(), descriptor=lambda t, rows: ("DESC", t.shape[0], rows))
-    lau._runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    lau._device, lau._stream = (lambda: 0), (lambda dev: 7)
+    _, lau = _launcher(fn=_logging_jit(log, FakeKernel),
+                       descriptor=lambda t, rows: ("DESC", t.shape[0], rows), stream=7)
     lau._version = "3.9.0"  # not a launcher this module knows: no raw path
     a = torch.zeros(2, 3)
     lau((5,), ("k",), ((a, 64), 11), {"BLOCK": 32})
