@@ -63,6 +63,7 @@ from kernels.flash_attn_fwd import (
     FWD_ONLY_KEYS,
     LOG2E,
     SMEM_BYTES,
+    TensorDescriptor,
     _autotune_options,
     _configs,
     _mm,
@@ -131,6 +132,7 @@ def _dkdv_query_loop(
     lo, hi,  # query rows [lo, hi) visited by this loop, lo a multiple of BLOCK_M
     s_q, qk_scale, HEAD_DIM,
     dq_ptrs,  # ATOMIC_DQ: the fp32 dQ buffer's (BLOCK_M, BLOCK_D) tile of query row 0; else None
+    dq_desc, bh,  # DQ_TMA: the buffer as a (B * H, s_q, d) descriptor, and this (batch, head)
     sm_scale,
     BLOCK_M: tl.constexpr,
     EVEN_D: tl.constexpr,
@@ -138,6 +140,7 @@ def _dkdv_query_loop(
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
+    DQ_TMA: tl.constexpr,  # add each dQ tile with one bulk reduce of the copy engine
 ):
     offs_m0 = tl.arange(0, BLOCK_M)
     q_ptrs += lo * stride_qm
@@ -168,9 +171,14 @@ def _dkdv_query_loop(
         if ATOMIC_DQ:
             # ---- this key block's share of dQ: scale * dS K, added into the fp32 buffer -------
             dq_part = _mm(tl.trans(ds_t.to(k.dtype)), k, IEEE) * sm_scale  # (BLOCK_M, BLOCK_D)
-            tl.atomic_add(dq_ptrs, dq_part, mask=tile_mask(rows, s_q, offs_d, HEAD_DIM, EVEN_D),
-                          sem="relaxed")
-            dq_ptrs += BLOCK_M * HEAD_DIM
+            if DQ_TMA:
+                # one reduce-add of the whole tile, done by the copy engine in L2 (rows past
+                # s_q lie outside the descriptor's head and are dropped)
+                dq_desc.atomic_add([bh, start_m, 0], tl.reshape(dq_part, [1, BLOCK_M, dq_part.shape[1]]))
+            else:
+                tl.atomic_add(dq_ptrs, dq_part,
+                              mask=tile_mask(rows, s_q, offs_d, HEAD_DIM, EVEN_D), sem="relaxed")
+                dq_ptrs += BLOCK_M * HEAD_DIM
         q_ptrs += BLOCK_M * stride_qm
         do_ptrs += BLOCK_M * stride_dom
     return dk, dv
@@ -182,6 +190,7 @@ def _bwd_dkdv_kernel(
     LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
     DK, DV,  # outputs (B, H_kv, s_k, d), written in full
     DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, s_q, d) contiguous, dQ is added into it; else None
+    DQ_DESC,  # DQ_TMA: DQ_ACC as a (B * H, s_q, d) tensor descriptor, tiles [1, BLOCK_M, d]
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -197,6 +206,7 @@ def _bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ATOMIC_DQ: tl.constexpr = False,  # also add scale * dS K into DQ_ACC (see the docstring)
+    DQ_TMA: tl.constexpr = False,  # ... through DQ_DESC, one bulk reduce-add per tile
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)  # (batch, key/value head)
@@ -248,17 +258,17 @@ def _bwd_dkdv_kernel(
         if CAUSAL:  # the diagonal band
             dk, dv = _dkdv_query_loop(
                 dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-                offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM, dq_ptrs, sm_scale,
-                BLOCK_M, EVEN_D, True, CAUSAL, IEEE, ATOMIC_DQ)
+                offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+                sm_scale, BLOCK_M, EVEN_D, True, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
         # rows that see every key of the tile, then the ragged end of the queries
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM, dq_ptrs, sm_scale,
-            BLOCK_M, EVEN_D, False, CAUSAL, IEEE, ATOMIC_DQ)
+            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+            sm_scale, BLOCK_M, EVEN_D, False, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM, dq_ptrs, sm_scale,
-            BLOCK_M, EVEN_D, True, False, IEEE, ATOMIC_DQ)
+            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+            sm_scale, BLOCK_M, EVEN_D, True, False, IEEE, ATOMIC_DQ, DQ_TMA)
 
     # ---- write dK and dV once: 2 * BLOCK_N * d elements -------------------------------------------
     dk = dk * sm_scale
@@ -423,6 +433,17 @@ DELTA_ROWS = 64
 _DELTA_LAUNCHER = DirectLauncher(_bwd_delta_kernel)
 
 
+def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
+    """Whether the atomic-dQ backward adds its dQ tiles with the copy engine's bulk reduce-add
+    (a tensor descriptor over the fp32 buffer) rather than element-wise atomics: on compute
+    capability 9.0 and newer with a Triton that has tensor descriptors, for head dims that
+    are powers of two (the tile is then the row, no padded columns). ``force`` False (config
+    {"BWD_DQ_TMA": False}) keeps the element-wise adds."""
+    if force is False or TensorDescriptor is None or q.device.type != "cuda" or block_d(d) != d:
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] >= 9
+
+
 def attention_backward(
     do: torch.Tensor,  # (B, H, s_q, d) upstream gradient, any strides
     q: torch.Tensor,  # (B, H, s_q, d)
@@ -451,9 +472,10 @@ def attention_backward(
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
-    atomic = False
+    atomic, tma_force = False, None
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
         atomic = bool(config.get("BWD_ATOMIC_DQ", False))
+        tma_force = config.get("BWD_DQ_TMA")
         config = {key: val for key, val in config.items()
                   if key not in FWD_ONLY_KEYS and key not in BWD_ONLY_KEYS} or None
     # new_empty: same device, no device/dtype argument parsing (~2 us less than torch.empty)
@@ -471,7 +493,7 @@ def attention_backward(
     sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
                                      dq.stride(), dk.stride())
     dkdv_args = (
-        q, k, v, do, lse2, delta, dk, dv, dq if atomic else None,
+        q, k, v, do, lse2, delta, dk, dv, dq if atomic else None, None,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
         H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
@@ -487,11 +509,16 @@ def attention_backward(
                         dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
                              num_warps=4))
         tiles = dkdv_config or config or ATOMIC_TILES[bd > 128]
+        tma = dq_tma_usable(q, d, None if tma_force is None else bool(tma_force))
+        if tma:  # the buffer seen per (batch, head): a tile never reaches the next head's rows
+            desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
+                                    [1, tiles["BLOCK_M"], d])
+            dkdv_args = (*dkdv_args[:9], desc, *dkdv_args[10:])
         # launched with explicit tiles only: the autotuner would run the kernel once per
         # candidate, and every run adds into the same dQ buffer
-        launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic", dict(meta, ATOMIC_DQ=True),
-               bucket, tiles, dkdv_args, lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv),
-               spec=spec)
+        launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic",
+               dict(meta, ATOMIC_DQ=True, DQ_TMA=tma), bucket, tiles, dkdv_args,
+               lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv), spec=spec)
         return dq.to(q.dtype), dk, dv
     dq_args = (
         q, k, v, o, do, lse2, delta, dq,

@@ -15,7 +15,9 @@ call, as the autotuner does. The last lines printed are TUNED_H200 entries, read
 
 ``--atomic`` adds the atomic-dQ backward (config BWD_ATOMIC_DQ: delta kernel, dK/dV kernel
 that also adds dQ, cast) with each dK/dV candidate, timed whole, and prints its best next to
-the best pair of the default backward.
+the best pair of the default backward. On Hopper its dQ tiles go through the copy engine's
+bulk reduce-add (``flash_attn_bwd.dq_tma_usable``); ``--atomic-elementwise`` times the
+element-wise atomic adds instead.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ DKDV = [
     (64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3),
     (64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 2),
     (128, 128, 8, 2), (16, 64, 4, 4), (32, 64, 4, 2),
+    (64, 128, 16, 2), (128, 128, 16, 2),  # four warpgroups: half the registers per thread
 ]
 DQ = [
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (128, 32, 4, 3), (64, 64, 4, 3),
     (64, 64, 4, 4), (128, 128, 8, 2), (64, 128, 4, 2), (64, 32, 4, 3), (128, 64, 4, 3),
+    (128, 64, 16, 2), (128, 128, 16, 2),
 ]
 HELD = {"dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3)}  # the other kernel, while one varies
 
@@ -54,15 +58,17 @@ def _cfg(c) -> dict:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
 
 
-def _variants(dims, causals, atomic: bool = False) -> list[tuple]:
+def _variants(dims, causals, atomic: bool = False, elementwise: bool = False) -> list[tuple]:
     """(d, causal, kernel, config) for every candidate that fits in shared memory; kernel
-    "dkdv_atomic" is the whole atomic-dQ backward with that dK/dV config."""
+    "dkdv_atomic" is the whole atomic-dQ backward with that dK/dV config ("dkdv_atomic_ew"
+    with element-wise atomic adds of dQ)."""
     out = [(d, causal, kern, c) for d in dims for causal in causals
            for kern, space in (("dq", DQ), ("dkdv", DKDV)) for c in space
            if _fits(kern, c, d) and _fits("dq" if kern == "dkdv" else "dkdv",
                                           HELD["dq" if kern == "dkdv" else "dkdv"], d)]
     if atomic:
-        out += [(d, causal, "dkdv_atomic", c) for d in dims for causal in causals
+        kind = "dkdv_atomic_ew" if elementwise else "dkdv_atomic"
+        out += [(d, causal, kind, c) for d in dims for causal in causals
                 for c in DKDV if _fits("dkdv", c, d)]
     return out
 
@@ -84,9 +90,10 @@ def _run(inp, causal, kern, c):
 
     q, k, v, do, o, lse2 = inp
     d = q.shape[-1]
-    if kern == "dkdv_atomic":
+    if kern.startswith("dkdv_atomic"):
         return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5,
-                                  {"BWD_ATOMIC_DQ": True}, dkdv_config=_cfg(c))
+                                  {"BWD_ATOMIC_DQ": True, "BWD_DQ_TMA": kern == "dkdv_atomic"},
+                                  dkdv_config=_cfg(c))
     cfgs = {"dq_config": _cfg(c if kern == "dq" else HELD["dq"]),
             "dkdv_config": _cfg(c if kern == "dkdv" else HELD["dkdv"])}
     return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5, **cfgs)
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="tune_bwd.csv")
     ap.add_argument("--atomic", action="store_true",
                     help="also time the atomic-dQ backward with each dK/dV candidate")
+    ap.add_argument("--atomic-elementwise", action="store_true",
+                    help="with --atomic: element-wise atomic adds, not bulk reduce-adds")
     args = ap.parse_args(argv)
 
     import torch
@@ -156,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tune_bwd needs a CUDA GPU", file=sys.stderr)
         return 2
     causals = [bool(c) for c in args.causal]
-    variants = _variants(args.dims, causals, args.atomic)
+    variants = _variants(args.dims, causals, args.atomic, args.atomic_elementwise)
     broken = compile_all(_compile, variants, args.jobs)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     entries, summary = [], []
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 now[kern] = next((ms for ms, c in timed if c == stored), float("nan"))
                 entries.append(f'    ("{kern}", 2, {d}, {causal}, {bucket}): {best[kern][1]},')
             atomic = [(ms, c) for k_, c, ms, err in rows[1:]
-                      if k_ == "dkdv_atomic" and err < 0.05]
+                      if k_.startswith("dkdv_atomic") and err < 0.05]
             baseline = [ms for kern, c, ms, _ in rows[1:] if kern in HELD and c == HELD[kern]]
             if len(best) == 2 and baseline:
                 # the whole backward with each kernel's best: both gains over the held pair

@@ -31,16 +31,26 @@ TILES = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (64, 64, 4, 2), (32,
 UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dkd", "stride_dvd")
 
 
-def usage(d: int, causal: bool, tile: tuple, atomic: bool) -> tuple[str, str]:
+VARIANTS = ("default", "atomic", "atomic_tma")
+
+
+def usage(d: int, causal: bool, tile: tuple, variant: str) -> tuple[str, str]:
+    """(registers, spill-store bytes) of the dK/dV kernel; ``variant`` one of VARIANTS (the
+    default backward, atomic dQ with element-wise adds, atomic dQ with bulk reduce-adds)."""
     bm, bn, warps, stages = tile
+    atomic, tma = variant != "default", variant == "atomic_tma"
     consts = dict(HEAD_DIM=d, BLOCK_D=d, EVEN_D=True, CAUSAL=causal, IEEE=False, BLOCK_M=bm,
-                  BLOCK_N=bn, ATOMIC_DQ=atomic, **{n: 1 for n in UNIT_STRIDES})
+                  BLOCK_N=bn, ATOMIC_DQ=atomic, DQ_TMA=tma, **{n: 1 for n in UNIT_STRIDES})
     tensors = {n: "*fp16" for n in ("Q", "K", "V", "DO", "DK", "DV")}
     tensors |= {"LSE2": "*fp32", "DELTA": "*fp32"}
     if atomic:
         tensors["DQ_ACC"] = "*fp32"
     else:
         consts["DQ_ACC"] = None
+    if tma:
+        tensors["DQ_DESC"] = f"tensordesc<fp32[1,{bm},{d}]>"
+    else:
+        consts["DQ_DESC"] = None
     fn = bwd._bwd_dkdv_kernel
     src = ASTSource(fn, _signature(fn, tensors, consts), constexprs=consts)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -51,12 +61,13 @@ def usage(d: int, causal: bool, tile: tuple, atomic: bool) -> tuple[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = ap.parse_args()
     print(f"triton {triton.__version__}; d causal tile variant regs spill_store_bytes")
-    for d, causal, tile, atomic in itertools.product(args.dims, (False, True), TILES,
-                                                     (False, True)):
-        regs, spill = usage(d, causal, tile, atomic)
-        print(d, int(causal), tile, "atomic" if atomic else "default", regs, spill, flush=True)
+    for d, causal, tile, variant in itertools.product(args.dims, (False, True), TILES,
+                                                      args.variants):
+        regs, spill = usage(d, causal, tile, variant)
+        print(d, int(causal), tile, variant, regs, spill, flush=True)
     return 0
 
 

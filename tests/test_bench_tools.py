@@ -102,6 +102,9 @@ def test_tune_bwd_variants_fit_and_cover_the_stored_choices():
     assert [v[3] for v in extra] == [v[3] for v in plain if v[2] == "dkdv"]
     for tiles in ATOMIC_TILES.values():
         assert tuple(tiles.values()) in tune_bwd.DKDV
+    # --atomic-elementwise: the same candidates under their own name
+    ew = tune_bwd._variants([128], [True], atomic=True, elementwise=True)
+    assert [v[3] for v in ew if v[2] == "dkdv_atomic_ew"] == [v[3] for v in extra]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")

@@ -470,9 +470,23 @@ def test_gpu_sm90_three_consumers(fa, poisoned, s_q, s_k, group, causal, dtype):
                                              (1000, 300, 80, 2), (2048, 2048, 128, 1)])
 def test_gpu_atomic_dq_backward(fa, poisoned, s_q, s_k, d, group, causal, dtype):
     """The atomic-dQ backward (config BWD_ATOMIC_DQ, default tiles): every gradient against
-    the reference, as the default backward is checked."""
+    the reference, as the default backward is checked. On Hopper, d = 64 and 128 add dQ with
+    the copy engine's bulk reduce-add (d = 80 with element-wise atomics)."""
+    from kernels.flash_attn_bwd import dq_tma_usable
+
+    q = torch.empty(1, 1, 1, d, device="cuda", dtype=dtype)
+    assert dq_tma_usable(q, d) == (HOPPER and d in (64, 128))
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, dtype, "cuda",
                             config={"BWD_ATOMIC_DQ": True})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q,s_k,d,group", [(97, 1000, 128, 4), (1025, 1025, 64, 1)])
+def test_gpu_atomic_dq_elementwise(fa, poisoned, s_q, s_k, d, group, causal):
+    """{"BWD_DQ_TMA": False}: the element-wise atomic adds where bulk reduce-adds would run."""
+    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, torch.float16, "cuda",
+                            config={"BWD_ATOMIC_DQ": True, "BWD_DQ_TMA": False})
 
 
 @pytest.mark.gpu
@@ -555,6 +569,20 @@ def test_sm90_dispatch_rules():
     assert fwd._use_sm90(q, q, q, None) is False  # CPU tensors
     with pytest.raises(ValueError, match="SM90=True"):
         fwd._use_sm90(q, q, q, {"SM90": True})
+
+
+def test_dq_tma_usable_rule():
+    """Bulk reduce-adds of dQ need a CUDA tensor (never under the interpreter), a head dim that
+    is a power of two, and are refused when a config turns them off."""
+    from kernels.flash_attn_bwd import dq_tma_usable
+
+    cpu = torch.empty(1, 1, 1, 64)
+    assert not dq_tma_usable(cpu, 64)
+    assert not dq_tma_usable(cpu, 80, force=None)
+    if HOPPER:
+        gpu = torch.empty(1, 1, 1, 64, device="cuda")
+        assert dq_tma_usable(gpu, 64) and dq_tma_usable(gpu, 128)
+        assert not dq_tma_usable(gpu, 80) and not dq_tma_usable(gpu, 64, force=False)
 
 
 def test_sm90_default_schedule():
