@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from kernels.flash_attn_bwd import attention_backward
+from kernels.flash_attn_bwd import atomic_by_default, attention_backward
 from kernels.flash_attn_fwd import _fwd_kernel, attention_forward
 
 HEAD_DIM_MIN = 16
@@ -112,14 +112,18 @@ def flash_attention(
       forward:            B*H*s_q*(d*e + 4)            O and one fp32 log-sum-exp per row
       forward + backward: 2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q
                           (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
+                          + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
+                          buffer: by default for fp16/bf16 at d = 64 and 128 once
+                          max(s_q, s_k) > 2,048 (kernels/flash_attn_bwd.py)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
     (tests and the interpreter use it; the interpreter always uses a fixed small config);
     it may add "USE_DESC": True/False to force the forward's K/V loads through tensor
-    descriptors or not, and "BWD_ATOMIC_DQ": True for the backward that adds dQ into an fp32
-    buffer with atomic adds (5 tile products instead of 7, nondeterministic dQ, B*H*s_q*d*4
-    bytes more; experimental, kernels/flash_attn_bwd.py).
+    descriptors or not, and "BWD_ATOMIC_DQ": True/False to force the backward that adds dQ
+    into an fp32 buffer with atomic adds (5 tile products instead of 7, nondeterministic dQ,
+    B*H*s_q*d*4 bytes more; the default for long sequences, see Memory) or the two-kernel one
+    (a config with tiles and without this key selects the two-kernel backward).
 
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
@@ -150,7 +154,14 @@ def forward_bytes(B: int, H: int, s_q: int, d: int, e: int) -> int:
     return B * H * s_q * (d * e + 4)
 
 
-def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, e: int) -> int:
+def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, e: int,
+                           atomic: bool | None = None) -> int:
     """Peak extra bytes of forward + backward with q, k, v and dO allocated before the call:
-    O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward."""
-    return 2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q
+    O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward, plus the
+    atomic-dQ backward's fp32 buffer (B*H*s_q*d*4, alive while dQ is cast from it) when that
+    backward runs: ``atomic`` None means where it runs by default
+    (`flash_attn_bwd.atomic_by_default`)."""
+    if atomic is None:
+        atomic = atomic_by_default(s_q, s_k, d, e)
+    buffer = 4 * B * H * s_q * d if atomic else 0
+    return 2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer

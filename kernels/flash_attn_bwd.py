@@ -15,8 +15,10 @@ gradient dO are (for one batch and head):
 cheaper to get.) P is never stored: the forward kept lse2 = log2-sum-exp of the scores in
 log2 units, and every tile of P is recomputed exactly as ``exp2(q k^T * scale * log2(e) - lse2)``.
 
-Two launches, no atomics
-------------------------
+Two ways to get dQ
+------------------
+Short sequences: two launches, no atomics.
+
 1. ``_bwd_dq_kernel``: one program per block of BLOCK_M query rows. It first computes
    delta = rowsum(dO * O) for its rows in fp32 (O and dO are read once, here) and stores it
    for the second launch, then walks over the key blocks and accumulates dQ on chip, written
@@ -31,15 +33,17 @@ Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q 
 dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
 dQ buffer, and the result is deterministic.
 
-The other way, as an option (``config={"BWD_ATOMIC_DQ": True}``): a small kernel computes
-delta first, and the dK/dV programs also add their share scale * dS K of every query block's
-dQ into a zeroed fp32 buffer with atomic adds, which is cast to the inputs' dtype at the end.
-That is 5 tile products instead of 7, for a nondeterministic dQ (the adds land in any order),
-an fp32 buffer of B * H * s_q * d * 4 bytes beside dQ, and two more small launches (delta, the
-cast) plus the buffer's zeroing. FlashAttention-2 does this with atomicAdd; FlashAttention-3
-with the copy engine's bulk reduce-add. Whether Triton's element-wise atomics keep up with the
-tensor cores here is what it is for: it is measured against the default by
-``python -m kernels.tune_bwd --atomic`` (kernels/NOTES.md), not the default.
+Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048;
+config {"BWD_ATOMIC_DQ": True/False} forces either): a small kernel computes delta first, and
+the dK/dV programs also add their share scale * dS K of every query block's dQ into a zeroed
+fp32 buffer, which is cast to the inputs' dtype at the end. That is 5 tile products instead
+of 7, for a nondeterministic dQ (the adds land in any order, as in FlashAttention-2 and
+cuDNN), an fp32 buffer of B * H * s_q * d * 4 bytes beside dQ, and two more small launches
+(delta, the cast) plus the buffer's zeroing. On Hopper each dQ tile is added with one bulk
+reduce-add of the copy engine (a tensor descriptor's ``atomic_add``; FlashAttention-3, Shah
+et al. 2024, arXiv 2407.08608, accumulates its dQ the same way); element-wise ``atomic_add``
+elsewhere. Measured on the H200 (kernels/NOTES.md step 8): with element-wise adds it was 0-12%
+slower than the two-kernel backward; with bulk reduce-adds 0.2-12% faster from s = 4,096 on.
 
 Masks, as in the forward: causal attention is aligned top-left like PyTorch's SDPA (query i
 sees keys j <= i). Tiles that lie fully below the diagonal run with no mask; only tiles that
@@ -48,7 +52,8 @@ arithmetic mask at all: their lse2 is loaded as +inf, so their probabilities are
 = 0 and they contribute nothing.
 
 Extra memory of the backward: delta (B * H * s_q * 4 bytes) and the three gradients, in the
-inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each).
+inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each); with atomic
+dQ also the fp32 buffer (B * H * s_q * d * 4), alive until the cast to dQ.
 """
 
 from __future__ import annotations
@@ -422,13 +427,37 @@ _dq_tuned = triton.autotune(
 )(_bwd_dq_kernel)
 
 
-# The atomic-dQ backward (config {"BWD_ATOMIC_DQ": True}): dK/dV tiles when none are given,
-# by head dim above 128 or not, and the rows per program of its delta kernel. Not timed yet
-# (NOTES step 7e): (32, 128, 8, 2) is the candidate ptxas spills least for at d = 64 and 128
-# once each step also holds a (BLOCK_M, d) fp32 tile of dQ (88 and 1,532 bytes of spill
-# stores non-causal, against 1,548 and 5,412 with (64, 128, 8, 2); scripts/bwd_regs.py).
-ATOMIC_TILES = {False: {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-                True: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}}
+# The atomic-dQ backward: its dK/dV tiles when none are given, by padded head dim. Timed with
+# every dK/dV candidate on the H200 (kernels.tune_bwd --atomic, fp16, s = 2,048 to 16,384,
+# bulk reduce-adds; kernels/NOTES.md step 8): (64, 64, 4, 3) was best at d = 64 and
+# (64, 128, 8, 3) at d = 128 in all 16 keys. d = 256 keeps a small tile (untimed).
+ATOMIC_TILES = {
+    64: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    128: {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
+    256: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+}
+# Where the atomic-dQ backward is the default: 16-bit inputs, these head dims, and the longer
+# of s_q and s_k in the 4,096 bucket or above (more than 2,048). There, on the H200, the whole
+# backward measured 0.2-12% faster than the two-kernel one (tune_bwd, s = 4,096 to 16,384,
+# d = 64 and 128, causal or not: 12 of 12 keys); at 2,048 it was 2% faster to 3% slower, and
+# shorter calls are bound by host time, where its two extra launches (zeroing, cast) cost.
+# The rule reads shapes and dtype only, never the GPU, so that the extra fp32 buffer is
+# predictable (calc.peak mirrors it); GPUs without bulk reduce-adds use element-wise adds.
+ATOMIC_HEAD_DIMS = (64, 128)
+ATOMIC_MIN_LEN = 2049
+
+
+def atomic_by_default(s_q: int, s_k: int, d: int, elem: int) -> bool:
+    """Whether the backward adds dQ with atomics when no config says otherwise (see above);
+    ``elem`` is the inputs' bytes per element."""
+    return elem == 2 and d in ATOMIC_HEAD_DIMS and max(s_q, s_k) >= ATOMIC_MIN_LEN
+
+
+def atomic_tiles(d: int) -> dict:
+    """The atomic-dQ backward's dK/dV tiles for head dim d when none are given."""
+    return ATOMIC_TILES[max(64, block_d(d))]
+
+
 DELTA_ROWS = 64
 _DELTA_LAUNCHER = DirectLauncher(_bwd_delta_kernel)
 
@@ -460,21 +489,29 @@ def attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
 
-    Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous), nothing else.
-    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) skips the autotuner for both kernels;
-    ``dq_config`` / ``dkdv_config`` give one kernel its own (kernels.tune_bwd times them).
-    ``config={"BWD_ATOMIC_DQ": True}`` (with or without tiles) takes the atomic-dQ backward
-    of the module docstring instead: delta kernel, dK/dV kernel adding dQ into a zeroed fp32
-    buffer (B * H * s_q * d * 4 bytes more), then a cast; its dK/dV tiles come from
-    ``dkdv_config``, else the config's, else `ATOMIC_TILES`.
+    Which backward runs: the atomic-dQ one (module docstring: delta kernel, dK/dV kernel
+    adding dQ into a zeroed fp32 buffer, cast) where `atomic_by_default` says so, else the
+    two-kernel one. ``config={"BWD_ATOMIC_DQ": True/False}`` forces the choice; a config with
+    tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) or ``dq_config`` / ``dkdv_config`` without
+    that key name the two-kernel backward's tiles and select it (kernels.tune_bwd times them).
+    The atomic one takes its dK/dV tiles from ``dkdv_config``, else the config's, else
+    `atomic_tiles`. ``{"BWD_DQ_TMA": False}`` keeps its element-wise adds on Hopper.
+
+    Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
+    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast.
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
-    atomic, tma_force = False, None
+    tma_force = None
+    if config is not None and "BWD_ATOMIC_DQ" in config:
+        atomic = bool(config["BWD_ATOMIC_DQ"])
+    elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
+        atomic = False  # tiles given without the switch are the two-kernel backward's
+    else:
+        atomic = atomic_by_default(s_q, s_k, d, q.element_size())
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
-        atomic = bool(config.get("BWD_ATOMIC_DQ", False))
         tma_force = config.get("BWD_DQ_TMA")
         config = {key: val for key, val in config.items()
                   if key not in FWD_ONLY_KEYS and key not in BWD_ONLY_KEYS} or None
@@ -508,7 +545,7 @@ def attention_backward(
                         (o, do, delta, *so, *sdo, H, s_q),
                         dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
                              num_warps=4))
-        tiles = dkdv_config or config or ATOMIC_TILES[bd > 128]
+        tiles = dkdv_config or config or atomic_tiles(d)
         tma = dq_tma_usable(q, d, None if tma_force is None else bool(tma_force))
         if tma:  # the buffer seen per (batch, head): a tile never reaches the next head's rows
             desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],

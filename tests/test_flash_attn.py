@@ -199,9 +199,18 @@ def test_errors_name_the_argument(fa, monkeypatch):
 def test_memory_formula_docstring(fa):
     # 1 x 32 heads x 4096 x 128, fp16: O 32 MiB + lse 0.5 MiB.
     assert fa.forward_bytes(1, 32, 4096, 128, 2) == 32 * 4096 * (128 * 2 + 4)
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == (
-        2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096)
+    two_kernel = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2, atomic=False) == two_kernel
+    # the atomic-dQ backward (the default from s = 2,049 at d = 64 and 128, 16-bit) adds its
+    # fp32 buffer, B*H*s_q*d*4
+    buffer = 32 * 4096 * 128 * 4
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel + buffer
+    assert fa.forward_backward_bytes(1, 32, 8, 2048, 2048, 128, 2) == (  # s = 2,048: no buffer
+        2 * 32 * 2048 * 128 * 2 + 2 * 8 * 2048 * 128 * 2 + 8 * 32 * 2048)
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 96, 2) == (  # d = 96: no buffer
+        2 * 32 * 4096 * 96 * 2 + 2 * 8 * 4096 * 96 * 2 + 8 * 32 * 4096)
     assert "2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q" in fa.flash_attention.__doc__
+    assert "4*B*H*s_q*d" in fa.flash_attention.__doc__
 
 
 def test_pretuned_table_lookup(fa, monkeypatch):
@@ -642,16 +651,19 @@ def test_gpu_autotuned_path(fa, poisoned, d, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("s", [2048, 4096])
 @pytest.mark.parametrize("forward", ["triton", "sm90"])
 @pytest.mark.parametrize("backward", [False, True])
-def test_gpu_memory_matches_formula(fa, backward, forward):
+def test_gpu_memory_matches_formula(fa, backward, forward, s):
     """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
-    with either forward kernel."""
+    with either forward kernel; at s = 4,096 the sm90 case's backward is the atomic-dQ one
+    (its fp32 buffer counted), the triton case's (tiles given) the two-kernel one."""
     if forward == "sm90" and not HOPPER:
         pytest.skip("the Gluon forward runs on compute capability 9.x only")
-    B, H, H_kv, s, d = 2, 8, 2, 2048, 128
+    B, H, H_kv, d = 2, 8, 2, 128
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
     cfg = GPU_CONFIG if forward == "triton" else {"SM90": True}
+    atomic = forward == "sm90" and s > 2048
 
     def call():
         if backward:
@@ -670,7 +682,7 @@ def test_gpu_memory_matches_formula(fa, backward, forward):
     call()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
-    want = (fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2) if backward
+    want = (fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=atomic) if backward
             else fa.forward_bytes(B, H, s, d, 2))
     assert want <= peak <= want + 8 * 512, (peak, want)
 

@@ -137,3 +137,31 @@ def test_flops_convention() -> None:
     assert f == 4 * 32 * 4096**2 * 128
     assert attention_flops(1, 32, 4096, 128, causal=True) == f // 2
     assert attention_flops(1, 32, 4096, 128, backward=True) == f * 7 // 2
+
+
+def test_triton_atomic_dq_buffer() -> None:
+    """Our backward's fp32 dQ buffer is counted exactly where the kernel keeps one."""
+    two = attention_peak_bytes("triton", 1, 32, 2048, 128, "fp16", backward=True)
+    assert two == (2 * 32 * 2048 * 128 * 2 + 2 * 32 * 2048 * 128 * 2 + 8 * 32 * 2048)
+    four = attention_peak_bytes("triton", 1, 32, 4096, 128, "bf16", backward=True)
+    assert four == (4 * 32 * 4096 * 128 * 2 + 8 * 32 * 4096) + 32 * 4096 * 128 * 4
+    # d = 96 and fp32 inputs keep the two-kernel backward: no buffer
+    assert attention_peak_bytes("triton", 1, 32, 4096, 96, "fp16", backward=True) == (
+        4 * 32 * 4096 * 96 * 2 + 8 * 32 * 4096)
+    assert attention_peak_bytes("triton", 1, 32, 4096, 64, "fp32", backward=True) == (
+        4 * 32 * 4096 * 64 * 4 + 8 * 32 * 4096)
+
+
+def test_triton_atomic_rule_mirrors_the_kernel() -> None:
+    """calc's copy of the rule equals kernels/flash_attn_bwd.py's (skipped without torch)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calc.peak import TRITON_ATOMIC_HEAD_DIMS, TRITON_ATOMIC_MIN_LEN, triton_atomic_dq
+    from kernels import flash_attn_bwd as bwd
+
+    assert (TRITON_ATOMIC_HEAD_DIMS, TRITON_ATOMIC_MIN_LEN) == (bwd.ATOMIC_HEAD_DIMS,
+                                                                 bwd.ATOMIC_MIN_LEN)
+    for s in (1, 2048, 2049, 4096, 70000):
+        for d in (16, 64, 80, 128, 256):
+            for dtype, e in (("fp16", 2), ("bf16", 2), ("fp32", 4)):
+                assert triton_atomic_dq(s, d, dtype) == bwd.atomic_by_default(s, s, d, e)
