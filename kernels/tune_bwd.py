@@ -35,12 +35,12 @@ DKDV = [
     (64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3),
     (64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 2),
     (128, 128, 8, 2), (16, 64, 4, 4), (32, 64, 4, 2),
-    (64, 128, 16, 2), (128, 128, 16, 2),  # four warpgroups: half the registers per thread
 ]
+# 16 warps (four warpgroups, half the registers per thread) were tried in session 6 and lost
+# 1.3-4.6x at every key (kernels/NOTES.md step 8): not candidates.
 DQ = [
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (128, 32, 4, 3), (64, 64, 4, 3),
     (64, 64, 4, 4), (128, 128, 8, 2), (64, 128, 4, 2), (64, 32, 4, 3), (128, 64, 4, 3),
-    (128, 64, 16, 2), (128, 128, 16, 2),
 ]
 HELD = {"dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3)}  # the other kernel, while one varies
 
