@@ -23,21 +23,24 @@ from calc.urlparams import BoolParam, ChoiceParam  # noqa: E402
 from kernels.bench import read_rows  # noqa: E402
 from pages import common as c  # noqa: E402
 
-EAGER_CSV = ROOT / "kernels" / "bench_h200_2026-11-30e.csv"
-ROUNDS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30e_short.csv"
-GRAPHS_CSV = ROOT / "kernels" / "bench_h200_2026-11-30e_graphs.csv"
-# timing choice -> (bundled CSV, what the caption says about how it was timed)
+BENCH = ROOT / "kernels"
+# timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed). The
+# forward+backward rows of eager calls and GPU time come from the session-6 run (the atomic-dQ
+# backward for long sequences), the forward rows from session 5's.
 SOURCES = {
-    "eager calls": (EAGER_CSV, (
+    "eager calls": ({"fwd": BENCH / "bench_h200_2026-11-30e.csv",
+                     "fwd_bwd": BENCH / "bench_h200_2026-11-30f.csv"}, (
         "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
         "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
         "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
         "median of three interleaved rounds.")),
-    "eager, median of 3 rounds": (ROUNDS_CSV, (
+    "eager, median of 3 rounds": ({"fwd": BENCH / "bench_h200_2026-11-30e_short.csv",
+                                   "fwd_bwd": BENCH / "bench_h200_2026-11-30e_short.csv"}, (
         "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
         "turn, and the median kept (`kernels.bench --rounds 3`): slow drift in the shared host's "
         "load then falls on every backend alike, which one round does not ensure.")),
-    "GPU time (CUDA graphs)": (GRAPHS_CSV, (
+    "GPU time (CUDA graphs)": ({"fwd": BENCH / "bench_h200_2026-11-30e_graphs.csv",
+                                "fwd_bwd": BENCH / "bench_h200_2026-11-30f_graphs.csv"}, (
         "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
         "host's share.")),
 }
@@ -72,7 +75,7 @@ SPECS = {
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=4)  # three bundled CSVs
+@st.cache_data(show_spinner=False, max_entries=6)  # five bundled CSVs
 def load(path: str) -> pd.DataFrame:
     return pd.DataFrame([vars(r) for r in read_rows(path)])
 
@@ -94,14 +97,15 @@ timing = c.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
 causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[4])
 c.sync_url(SPECS)
 
-source, how = SOURCES[timing]
+want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
+paths, how = SOURCES[timing]
+source = paths[want]
 try:
     df = load(str(source))
 except (OSError, ValueError) as exc:
     st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
     st.stop()
 
-want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
 sel = df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
          & (df["mode"] == want) & (df["status"] == "ok")]
 if sel.empty:
@@ -148,6 +152,8 @@ c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
 st.dataframe(table, hide_index=True, width="stretch")
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
-    "The forward+backward rows use the same Triton backward after every forward. Full tables, the targets and the tuning log: `kernels/BENCH_H200.md`, "
-    "`kernels/NOTES.md`."
+    "The forward+backward rows add our Triton backward: two kernels (dQ, then dK/dV) up to "
+    "s = 2,048, above that one dK/dV kernel that also adds dQ into an fp32 buffer (bulk "
+    "reduce-adds of the copy engine). Full tables, the targets and the tuning log: "
+    "`kernels/BENCH_H200.md`, `kernels/NOTES.md`."
 )

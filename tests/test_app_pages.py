@@ -331,12 +331,12 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     # column follows it, not one kernel
     from kernels.bench import read_rows
 
-    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30e.csv")
+    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30f.csv")
            if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("fp16", 64, True, "fwd_bwd", 4096)}
     r = t.set_index("s").loc[4096]
     assert r["default / cuDNN"] == round(raw["triton"] / raw["sdpa_cudnn"], 2)
     graphs = {(r.impl, r.seq_len): r.tflops for r in read_rows(
-        ROOT / "kernels" / "bench_h200_2026-11-30e_graphs.csv")
+        ROOT / "kernels" / "bench_h200_2026-11-30f_graphs.csv")
         if (r.dtype, r.head_dim, r.causal, r.mode) == ("bf16", 128, False, "fwd_bwd")}
     at = run("kernel", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd")
     t = _kernel_table(at).set_index("s")
