@@ -114,7 +114,8 @@ def flash_attention(
                           (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
                           buffer: by default for fp16/bf16 at d = 64 and 128 once
-                          max(s_q, s_k) > 2,048 (kernels/flash_attn_bwd.py)
+                          max(s_q, s_k) > 2,048 and B*H_kv*ceil(s_k/BLOCK_N) >= 1,024
+                          (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
@@ -162,6 +163,6 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
     backward runs: ``atomic`` None means where it runs by default
     (`flash_attn_bwd.atomic_by_default`)."""
     if atomic is None:
-        atomic = atomic_by_default(s_q, s_k, d, e)
+        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, e)
     buffer = 4 * B * H * s_q * d if atomic else 0
     return 2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer

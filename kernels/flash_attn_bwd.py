@@ -33,8 +33,8 @@ Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q 
 dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
 dQ buffer, and the result is deterministic.
 
-Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048;
-config {"BWD_ATOMIC_DQ": True/False} forces either): a small kernel computes delta first, and
+Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
+at least 1,024 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small kernel computes delta first, and
 the dK/dV programs also add their share scale * dS K of every query block's dQ into a zeroed
 fp32 buffer, which is cast to the inputs' dtype at the end. That is 5 tile products instead
 of 7, for a nondeterministic dQ (the adds land in any order, as in FlashAttention-2 and
@@ -436,21 +436,30 @@ ATOMIC_TILES = {
     128: {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
     256: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
-# Where the atomic-dQ backward is the default: 16-bit inputs, these head dims, and the longer
-# of s_q and s_k in the 4,096 bucket or above (more than 2,048). There, on the H200, the whole
-# backward measured 0.2-12% faster than the two-kernel one (tune_bwd, s = 4,096 to 16,384,
-# d = 64 and 128, causal or not: 12 of 12 keys); at 2,048 it was 2% faster to 3% slower, and
-# shorter calls are bound by host time, where its two extra launches (zeroing, cast) cost.
-# The rule reads shapes and dtype only, never the GPU, so that the extra fp32 buffer is
-# predictable (calc.peak mirrors it); GPUs without bulk reduce-adds use element-wise adds.
+# Where the atomic-dQ backward is the default: 16-bit inputs, these head dims, the longer of
+# s_q and s_k in the 4,096 bucket or above (more than 2,048), and at least ATOMIC_MIN_PROGRAMS
+# dK/dV programs (B * H_kv * ceil(s_k / BLOCK_N) with `atomic_tiles`). There, on the H200, the
+# whole backward measured 0.2-12% faster than the two-kernel one (tune_bwd, B = 1, H = 32,
+# s = 4,096 to 16,384, d = 64 and 128, causal or not: 12 of 12 keys, all with 1,024 programs or
+# more); at 2,048 it was 2% faster to 3% slower, and shorter calls are bound by host time,
+# where its two extra launches (zeroing, cast) cost. The program count is there for GQA and
+# small batches: the atomic backward moves the dQ work of H query heads into the dK/dV grid of
+# H_kv heads, which then runs few, long programs on 132 SMs (GQA 4:1 at s = 4,096, d = 64,
+# 512 programs: the two reference rows measured 7% and 6% slower with it than without, one
+# sample each; kernels/NOTES.md step 8). The rule reads shapes and dtype only, never the GPU,
+# so that the extra fp32 buffer is predictable (calc.peak mirrors it); GPUs without bulk
+# reduce-adds use element-wise adds.
 ATOMIC_HEAD_DIMS = (64, 128)
 ATOMIC_MIN_LEN = 2049
+ATOMIC_MIN_PROGRAMS = 1024
 
 
-def atomic_by_default(s_q: int, s_k: int, d: int, elem: int) -> bool:
+def atomic_by_default(B: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
     """Whether the backward adds dQ with atomics when no config says otherwise (see above);
     ``elem`` is the inputs' bytes per element."""
-    return elem == 2 and d in ATOMIC_HEAD_DIMS and max(s_q, s_k) >= ATOMIC_MIN_LEN
+    if elem != 2 or d not in ATOMIC_HEAD_DIMS or max(s_q, s_k) < ATOMIC_MIN_LEN:
+        return False
+    return B * H_kv * cdiv(s_k, atomic_tiles(d)["BLOCK_N"]) >= ATOMIC_MIN_PROGRAMS
 
 
 def atomic_tiles(d: int) -> dict:
@@ -510,7 +519,7 @@ def attention_backward(
     elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
         atomic = False  # tiles given without the switch are the two-kernel backward's
     else:
-        atomic = atomic_by_default(s_q, s_k, d, q.element_size())
+        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, q.element_size())
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
         tma_force = config.get("BWD_DQ_TMA")
         config = {key: val for key, val in config.items()

@@ -200,11 +200,13 @@ def test_memory_formula_docstring(fa):
     # 1 x 32 heads x 4096 x 128, fp16: O 32 MiB + lse 0.5 MiB.
     assert fa.forward_bytes(1, 32, 4096, 128, 2) == 32 * 4096 * (128 * 2 + 4)
     two_kernel = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2, atomic=False) == two_kernel
-    # the atomic-dQ backward (the default from s = 2,049 at d = 64 and 128, 16-bit) adds its
-    # fp32 buffer, B*H*s_q*d*4
-    buffer = 32 * 4096 * 128 * 4
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel + buffer
+    # GQA with 8 key/value heads: 8 x 32 = 256 dK/dV programs, the two-kernel backward
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel
+    # the atomic-dQ backward (by default from s = 2,049 at d = 64 and 128, 16-bit, with at
+    # least 1,024 dK/dV programs: here 4 x 8 x 32) adds its fp32 buffer, B*H*s_q*d*4
+    buffer = 4 * 32 * 4096 * 128 * 4
+    assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2) == 4 * two_kernel + buffer
+    assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2, atomic=False) == 4 * two_kernel
     assert fa.forward_backward_bytes(1, 32, 8, 2048, 2048, 128, 2) == (  # s = 2,048: no buffer
         2 * 32 * 2048 * 128 * 2 + 2 * 8 * 2048 * 128 * 2 + 8 * 32 * 2048)
     assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 96, 2) == (  # d = 96: no buffer
@@ -657,13 +659,17 @@ def test_gpu_autotuned_path(fa, poisoned, d, causal):
 def test_gpu_memory_matches_formula(fa, backward, forward, s):
     """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
     with either forward kernel; at s = 4,096 the sm90 case's backward is the atomic-dQ one
-    (its fp32 buffer counted), the triton case's (tiles given) the two-kernel one."""
+    (8 x 4 x 32 = 1,024 dK/dV programs; its fp32 buffer counted), the triton case's (tiles
+    given) the two-kernel one."""
     if forward == "sm90" and not HOPPER:
         pytest.skip("the Gluon forward runs on compute capability 9.x only")
-    B, H, H_kv, d = 2, 8, 2, 128
+    B, H, H_kv, d = 8, 8, 4, 128
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
     cfg = GPU_CONFIG if forward == "triton" else {"SM90": True}
     atomic = forward == "sm90" and s > 2048
+    from kernels.flash_attn_bwd import atomic_by_default
+
+    assert atomic_by_default(B, H_kv, s, s, d, 2) == (s > 2048)
 
     def call():
         if backward:

@@ -150,18 +150,32 @@ def test_triton_atomic_dq_buffer() -> None:
         4 * 32 * 4096 * 96 * 2 + 8 * 32 * 4096)
     assert attention_peak_bytes("triton", 1, 32, 4096, 64, "fp32", backward=True) == (
         4 * 32 * 4096 * 64 * 4 + 8 * 32 * 4096)
+    # GQA 4:1 at s = 4,096, d = 64: 8 key/value heads x 64 key blocks = 512 dK/dV programs,
+    # under 1,024: the two-kernel backward, no buffer; at s = 8,192 there are 1,024
+    gqa = attention_peak_bytes("triton", 1, 32, 4096, 64, "bf16", backward=True, kv_heads=8)
+    assert gqa == 2 * 32 * 4096 * 64 * 2 + 2 * 8 * 4096 * 64 * 2 + 8 * 32 * 4096
+    gqa8k = attention_peak_bytes("triton", 1, 32, 8192, 64, "bf16", backward=True, kv_heads=8)
+    assert gqa8k == (2 * 32 * 8192 * 64 * 2 + 2 * 8 * 8192 * 64 * 2 + 8 * 32 * 8192
+                     + 32 * 8192 * 64 * 4)
 
 
 def test_triton_atomic_rule_mirrors_the_kernel() -> None:
     """calc's copy of the rule equals kernels/flash_attn_bwd.py's (skipped without torch)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from calc.peak import TRITON_ATOMIC_HEAD_DIMS, TRITON_ATOMIC_MIN_LEN, triton_atomic_dq
+    from calc.peak import (
+        TRITON_ATOMIC_HEAD_DIMS,
+        TRITON_ATOMIC_MIN_LEN,
+        TRITON_ATOMIC_MIN_PROGRAMS,
+        triton_atomic_dq,
+    )
     from kernels import flash_attn_bwd as bwd
 
-    assert (TRITON_ATOMIC_HEAD_DIMS, TRITON_ATOMIC_MIN_LEN) == (bwd.ATOMIC_HEAD_DIMS,
-                                                                 bwd.ATOMIC_MIN_LEN)
-    for s in (1, 2048, 2049, 4096, 70000):
+    assert (TRITON_ATOMIC_HEAD_DIMS, TRITON_ATOMIC_MIN_LEN, TRITON_ATOMIC_MIN_PROGRAMS) == (
+        bwd.ATOMIC_HEAD_DIMS, bwd.ATOMIC_MIN_LEN, bwd.ATOMIC_MIN_PROGRAMS)
+    for s in (1, 2048, 2049, 3000, 4096, 8192, 70000):
         for d in (16, 64, 80, 128, 256):
-            for dtype, e in (("fp16", 2), ("bf16", 2), ("fp32", 4)):
-                assert triton_atomic_dq(s, d, dtype) == bwd.atomic_by_default(s, s, d, e)
+            for b, h_kv in ((1, 32), (1, 8), (2, 8), (1, 1), (64, 16)):
+                for dtype, e in (("fp16", 2), ("bf16", 2), ("fp32", 4)):
+                    assert triton_atomic_dq(b, h_kv, s, d, dtype) == bwd.atomic_by_default(
+                        b, h_kv, s, s, d, e), (b, h_kv, s, d, dtype)
