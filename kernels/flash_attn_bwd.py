@@ -538,8 +538,15 @@ def attention_backward(
     # Each stride tuple read once (about 0.3 us per call of .stride() on the launch path).
     sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
                                      dq.stride(), dk.stride())
+    dq_desc = None  # the fp32 buffer as a tensor descriptor, for bulk reduce-adds
+    if atomic:
+        tiles = dkdv_config or config or atomic_tiles(d)
+        if dq_tma_usable(q, d, None if tma_force is None else bool(tma_force)):
+            # seen per (batch, head): a tile never reaches the next head's rows
+            dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
+                                       [1, tiles["BLOCK_M"], d])
     dkdv_args = (
-        q, k, v, do, lse2, delta, dk, dv, dq if atomic else None, None,
+        q, k, v, do, lse2, delta, dk, dv, dq if atomic else None, dq_desc,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
         H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
@@ -554,16 +561,10 @@ def attention_backward(
                         (o, do, delta, *so, *sdo, H, s_q),
                         dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
                              num_warps=4))
-        tiles = dkdv_config or config or atomic_tiles(d)
-        tma = dq_tma_usable(q, d, None if tma_force is None else bool(tma_force))
-        if tma:  # the buffer seen per (batch, head): a tile never reaches the next head's rows
-            desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
-                                    [1, tiles["BLOCK_M"], d])
-            dkdv_args = (*dkdv_args[:9], desc, *dkdv_args[10:])
         # launched with explicit tiles only: the autotuner would run the kernel once per
         # candidate, and every run adds into the same dQ buffer
         launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic",
-               dict(meta, ATOMIC_DQ=True, DQ_TMA=tma), bucket, tiles, dkdv_args,
+               dict(meta, ATOMIC_DQ=True, DQ_TMA=dq_desc is not None), bucket, tiles, dkdv_args,
                lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv), spec=spec)
         return dq.to(q.dtype), dk, dv
     dq_args = (
