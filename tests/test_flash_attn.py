@@ -596,6 +596,39 @@ def test_dq_tma_usable_rule():
         assert not dq_tma_usable(gpu, 80) and not dq_tma_usable(gpu, 64, force=False)
 
 
+def test_backward_choice(monkeypatch):
+    """Which backward attention_backward launches, with the launches recorded instead of run
+    (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's switch
+    first, and tiles given without the switch selecting the two-kernel one."""
+    from kernels import flash_attn_bwd as bwd
+
+    launched = []
+    monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, *a, **k: launched.append(name))
+    monkeypatch.setattr(bwd, "_DELTA_LAUNCHER", lambda grid, key, args, kw: launched.append("delta"))
+
+    def names(B, H, H_kv, s, d, dtype=torch.float16, config=None, **kw):
+        q, do, o = (torch.zeros(B, H, s, d, dtype=dtype) for _ in range(3))
+        k, v = (torch.zeros(B, H_kv, s, d, dtype=dtype) for _ in range(2))
+        lse2 = torch.zeros(B, H, s)
+        launched.clear()
+        dq, dk, dv = bwd.attention_backward(do, q, k, v, o, lse2, False, 0.1, config, **kw)
+        assert dq.dtype == dtype and dq.shape == q.shape and dk.shape == k.shape
+        return launched[:]
+
+    atomic, two = ["delta", "dkdv_atomic"], ["dq", "dkdv"]
+    assert names(1, 32, 32, 4096, 64) == atomic  # 32 x 64 = 2,048 dK/dV programs
+    assert names(1, 32, 32, 2048, 64) == two  # not longer than 2,048
+    assert names(1, 32, 8, 4096, 64) == two  # GQA: 8 x 64 = 512 programs
+    assert names(2, 32, 8, 4096, 64) == atomic  # 1,024
+    assert names(1, 32, 32, 4096, 80) == two  # head dim
+    assert names(1, 32, 32, 4096, 64, torch.float32) == two  # dtype
+    assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": False}) == two
+    assert names(1, 2, 2, 100, 64, config={"BWD_ATOMIC_DQ": True}) == atomic
+    assert names(1, 32, 32, 4096, 64, config=dict(GPU_CONFIG)) == two  # tiles, no switch
+    assert names(1, 32, 32, 4096, 64, dkdv_config=dict(GPU_CONFIG)) == two
+    assert names(1, 32, 32, 4096, 64, config={"SM90": True}) == atomic  # forward-only keys
+
+
 def test_sm90_default_schedule():
     """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
     stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
