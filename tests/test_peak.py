@@ -17,6 +17,7 @@ from calc import (
     attention_peak_bytes,
     attention_peak_terms,
 )
+from calc.peak import triton_atomic_dq
 
 ANCHORS = Path(__file__).parent / "fixtures" / "anchors_h200_2026-11-30.csv"
 ANCHOR_NAMES = {"naive_masked_fill": "naive", "naive_masked_fill_": "naive_inplace"}
@@ -107,7 +108,14 @@ def test_peak_is_a_positive_int_and_grows_with_s(impl, b, h, s, d, dtype, causal
 @given(impls, st.integers(1, 16), st.integers(1, 16), st.integers(1, 50_000), st.booleans())
 def test_linear_in_batch(impl, b, h, s, bwd) -> None:
     one = attention_peak_bytes(impl, 1, h, s, 64, "fp16", False, bwd)
-    assert attention_peak_bytes(impl, b, h, s, 64, "fp16", False, bwd) == b * one
+    many = attention_peak_bytes(impl, b, h, s, 64, "fp16", False, bwd)
+    if impl == "triton" and bwd and triton_atomic_dq(b, h, s, 64, "fp16") != triton_atomic_dq(
+            1, h, s, 64, "fp16"):
+        # our backward picks its scheme by grid size: a larger batch can switch on the fp32
+        # dQ buffer (B·H·s·d·4), which is itself linear in batch
+        assert many == b * one + b * h * s * 64 * 4
+    else:
+        assert many == b * one
 
 
 @given(impls, st.integers(1, 8), st.sampled_from([2, 4, 8]), st.integers(1, 20_000),
