@@ -27,10 +27,14 @@ from dataclasses import asdict, dataclass
 # "triton" is what flash_attention runs by default (on Hopper: the Gluon forward,
 # kernels/flash_attn_fwd_sm90.py, at d = 128, and at d = 64 past 2,048/4,096 with three
 # warpgroups; with the Triton backward); "triton_generic" is the portable Triton forward on the
-# same GPU; "triton_sm90_3wg" the three-warpgroup Gluon forward forced at every length (d = 64).
-IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn", "sdpa_flash",
-         "sdpa_efficient", "sdpa_math")
+# same GPU; "triton_sm90_3wg" the three-warpgroup Gluon forward forced at every length (d = 64);
+# "triton_sm90_persistent" the Gluon forward's persistent form (two warpgroups; experimental).
+IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "sdpa_cudnn",
+         "sdpa_flash", "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
+SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
+# what runs without --impls: not the persistent form until it has run on a GPU (NOTES step 8)
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
 SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
         "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
 # Relative L2 error of our output against cuDNN's above which a timing is not reported: 16-bit
@@ -111,6 +115,11 @@ def _impl_fn(name: str):
             return flash_attention(q, k, v, causal=causal, config=SM90_3WG)
 
         return three
+    if name == "triton_sm90_persistent":
+        from kernels.flash_attn import flash_attention
+
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal,
+                                                       config=SM90_PERSISTENT)
     backend = getattr(SDPBackend, SDPA[name])
 
     def run(q, k, v, causal):
@@ -344,7 +353,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seqs", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS), choices=list(IMPLS))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")

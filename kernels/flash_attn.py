@@ -131,7 +131,9 @@ def flash_attention(
     docstring) at d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when
     causal; with three consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0
     turns it off; config {"SM90": True} selects it for d = 64 at any length, {"SM90": True,
-    "SM90_CONSUMERS": 3, "SM90_STAGES": 2} with three warpgroups. Elsewhere, on a Hopper GPU
+    "SM90_CONSUMERS": 3, "SM90_STAGES": 2} with three warpgroups, {"SM90": True,
+    "SM90_PERSISTENT": True} its persistent form (one program per SM looping over the tiles;
+    experimental, not yet run on a GPU: kernels/NOTES.md step 8). Elsewhere, on a Hopper GPU
     (Triton >= 3.4) the Triton forward reads K and V through tensor descriptors (the TMA copy
     engine) for 16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into rows (the
     contiguous layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the

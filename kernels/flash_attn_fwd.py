@@ -602,7 +602,7 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 
 # Keys of a config dict that only the forward understands; the backward drops them.
 FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N",
-                 "SM90_PINGPONG", "SM90_CONSUMERS")
+                 "SM90_PINGPONG", "SM90_CONSUMERS", "SM90_PERSISTENT")
 # ... and the backward's own (kernels/flash_attn_bwd.py); the forward drops them.
 BWD_ONLY_KEYS = ("BWD_ATOMIC_DQ", "BWD_DQ_TMA")
 
@@ -712,7 +712,8 @@ def attention_forward(
         return _sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
                                             config.get("SM90_STAGES"), config.get("SM90_BLOCK_N"),
                                             config.get("SM90_PINGPONG"),
-                                            config.get("SM90_CONSUMERS"))
+                                            config.get("SM90_CONSUMERS"),
+                                            config.get("SM90_PERSISTENT"))
     if config is not None and "SM90" in config:
         config = {key: val for key, val in config.items() if not key.startswith("SM90")} or None
     B, H, s_q, d = q.shape

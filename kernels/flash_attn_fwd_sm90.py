@@ -51,6 +51,10 @@ multiples) works without a copy.
 Key blocks that every row of the query tile sees whole run without a mask; the diagonal
 block(s) of causal attention and the ragged tail run with one (two loops with the same body).
 
+A persistent form (config {"SM90_PERSISTENT": True}, `_persistent`; experimental, not yet
+run on a GPU) launches at most one program per SM and walks the tiles in a loop, ring slots and
+barrier phases carrying on from one tile to the next.
+
 At d = 64 a third consumer warpgroup fits (CONSUMERS = 3, BLOCK_M = 192, FlashAttention-3's
 tile there): three warpgroups of 160 registers and the loader share the register file, and
 each K/V block loaded serves 192 query rows instead of 128. ``flash_attention`` runs it by
@@ -138,12 +142,13 @@ def _tile(smem, block, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ring_load(desc, smem, ready, empty, b, h_kv, block, STAGES: gl.constexpr):
-    """Copy key (or value) block ``block`` into its ring slot, once both consumers have
-    released what the slot held before (block - STAGES)."""
-    slot = block % STAGES
+def _ring_load(desc, smem, ready, empty, b, h_kv, block, seq, STAGES: gl.constexpr):
+    """Copy key (or value) block ``block`` into the ring slot of copy number ``seq`` (the
+    program's running count of ring copies: ``block`` itself, unless the program is
+    persistent), once both consumers have released what the slot held before (seq - STAGES)."""
+    slot = seq % STAGES
     # The slot's "empty" barrier completes one phase per release; the first pass needs none.
-    mbarrier.wait(empty.index(slot), ((block // STAGES) + 1) & 1, pred=block >= STAGES)
+    mbarrier.wait(empty.index(slot), ((seq // STAGES) + 1) & 1, pred=seq >= STAGES)
     bar = ready.index(slot)
     mbarrier.expect(bar, desc.block_type.nbytes)
     _tma_load(desc, [b, h_kv, block * desc.block_type.shape[2], 0], bar, smem.index(slot))
@@ -160,8 +165,58 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_r
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
         _tma_load(q_desc, [b, h, start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
     for blk in range(n_blocks):
-        _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, blk, STAGES)
-        _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, blk, STAGES)
+        _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, blk, blk, STAGES)
+        _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, blk, blk, STAGES)
+
+
+@gluon.jit
+def _tile_coords(tile, n_m, BH, H, GROUP, s_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """(start_m, bh, b, h, h_kv, n_blocks) of work item ``tile`` of a persistent program.
+    Without a mask, tile t is query block t % n_m of (batch, head) t // n_m: programs running
+    side by side share K and V in L2. With the causal mask the longest query blocks (the last
+    ones) of every head come first, so that the short ones fill the end."""
+    if CAUSAL:
+        m = n_m - 1 - tile // BH
+        bh = tile % BH
+    else:
+        m = tile % n_m
+        bh = tile // n_m
+    start_m = m * BLOCK_M
+    h = bh % H
+    if CAUSAL:
+        hi = gl.minimum(s_k, start_m + BLOCK_M)
+    else:
+        hi = s_k
+    return start_m, bh, bh // H, h, h // GROUP, (hi + BLOCK_N - 1) // BLOCK_N
+
+
+@gluon.jit
+def _loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
+                       k_ready, v_ready, k_empty, v_empty, n_m, BH, H, GROUP, s_k,
+                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The producer warp of a persistent program: for each of its tiles, each consumer's query
+    rows (once that consumer has stored the previous tile's O from the same buffer), then the
+    tile's K/V blocks through the rings, counted across tiles so that slots and barrier phases
+    carry on from one tile to the next."""
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    seq = 0  # ring copies issued so far, over all tiles
+    ti = 0  # tiles done so far
+    for tile in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
+        start_m, bh, b, h, h_kv, n_blocks = _tile_coords(tile, n_m, BH, H, GROUP, s_k, BLOCK_M,
+                                                         BLOCK_N, CAUSAL)
+        for i in gl.static_range(CONSUMERS):
+            # completion number ti of q_empty[i]: consumer i's O of tile ti - 1 has left
+            mbarrier.wait(q_empty.index(i), (ti + 1) & 1, pred=ti > 0)
+            mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [b, h, start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
+        for blk in range(n_blocks):
+            _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, blk, seq + blk, STAGES)
+            _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, blk, seq + blk, STAGES)
+        seq += n_blocks
+        ti += 1
 
 
 @gluon.jit
@@ -207,28 +262,32 @@ def _pass_turn(turn, HALF_ID: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-              turn, HALF_ID: gl.constexpr, qk_scale, rows, cols, s_k,
+def _key_step(j, base, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty,
+              v_empty, turn, HALF_ID: gl.constexpr, qk_scale, rows, cols, s_k,
               o_row: gl.constexpr, p_layout: gl.constexpr, DTYPE: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
               PINGPONG: gl.constexpr):
-    """Step j of a consumer's key loop: S_{j+1} and O += P_j V_j in flight together."""
+    """Step j of a consumer's key loop: S_{j+1} and O += P_j V_j in flight together. Block j
+    sits in ring copy base + j (base: the copies of the program's earlier tiles, 0 unless
+    persistent)."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     nxt = j + 1
-    mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-    mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+    rn = base + nxt  # ring copy of K_{j+1}
+    rj = base + j  # ... and of V_j
+    mbarrier.wait(k_ready.index(rn % STAGES), (rn // STAGES) & 1)
+    mbarrier.wait(v_ready.index(rj % STAGES), (rj // STAGES) & 1)
     _wait_turn(turn, HALF_ID, nxt, PINGPONG)
-    s = warpgroup_mma(q, _tile(k_smem, nxt, STAGES).permute((1, 0)), s, use_acc=False,
+    s = warpgroup_mma(q, _tile(k_smem, rn, STAGES).permute((1, 0)), s, use_acc=False,
                       is_async=True)
-    acc = warpgroup_mma(p, _tile(v_smem, j, STAGES), acc, is_async=True)
+    acc = warpgroup_mma(p, _tile(v_smem, rj, STAGES), acc, is_async=True)
     _pass_turn(turn, HALF_ID, PINGPONG)
     # wgmma groups complete in order: one outstanding group left means S_{j+1} has landed
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-    mbarrier.arrive(k_empty.index(nxt % STAGES), count=1)  # this warpgroup is done with K_{j+1}
+    mbarrier.arrive(k_empty.index(rn % STAGES), count=1)  # this warpgroup is done with K_{j+1}
     p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, nxt * BLOCK_N + cols,
                                             s_k, p_layout, DTYPE, MASKED, CAUSAL)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-    mbarrier.arrive(v_empty.index(j % STAGES), count=1)  # ... and with V_j
+    mbarrier.arrive(v_empty.index(rj % STAGES), count=1)  # ... and with V_j
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
     return s, p_next, acc, m_i, l_i
 
@@ -239,6 +298,41 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
               CAUSAL: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
     """One warpgroup: 64 query rows of the program's tile, over the key blocks the loader
     brings (module docstring). Stores its rows of O and lse2."""
+    _consumer_tile(HALF_ID, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
+                   turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale, 0, 0,
+                   CAUSAL, STAGES, PINGPONG, False)
+
+
+@gluon.jit
+def _consumer_persistent(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, q_empty,
+                         k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE2, n_m, BH, H,
+                         GROUP, s_q, s_k, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                         CONSUMERS: gl.constexpr):
+    """One warpgroup of a persistent program: the tiles `_loader_persistent` walks, in the
+    same order; after each tile's O has left its Q buffer, the buffer is handed back."""
+    HALF: gl.constexpr = q_smem.shape[3]
+    BLOCK_N: gl.constexpr = k_smem.shape[3]
+    seq = 0  # ring copies consumed so far, over all tiles (as the loader counts them)
+    ti = 0
+    for tile in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
+        start_m, bh, b, h, h_kv, n_blocks = _tile_coords(tile, n_m, BH, H, GROUP, s_k,
+                                                         CONSUMERS * HALF, BLOCK_N, CAUSAL)
+        _consumer_tile(HALF_ID, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
+                       v_empty, turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k,
+                       qk_scale, seq, ti & 1, CAUSAL, STAGES, False, True)
+        mbarrier.arrive(q_empty.index(HALF_ID), count=1)  # the loader may refill this Q buffer
+        seq += n_blocks
+        ti += 1
+
+
+@gluon.jit
+def _consumer_tile(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready,
+                   k_empty, v_empty, turn, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k,
+                   qk_scale, base, q_phase, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                   PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+    """One warpgroup's 64 rows of one tile. Its key blocks sit in ring copies base, base + 1,
+    ...; its Q buffer's fill is phase ``q_phase`` of its barrier. RELEASE_LAST: also hand the
+    last V slot back (a persistent program's loader reuses it; a one-tile program never does)."""
     HALF: gl.constexpr = q_smem.shape[3]
     HEAD_D: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -271,16 +365,16 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
 
     q_tile = q_smem.index(HALF_ID)
     q = q_tile.reshape([HALF, HEAD_D])
-    mbarrier.wait(q_bars.index(HALF_ID), 0)
+    mbarrier.wait(q_bars.index(HALF_ID), q_phase)
 
     # ---- key block 0: its scores and softmax step; O is still zero ----------------------------
-    mbarrier.wait(k_ready.index(0), 0)
+    mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
     _wait_turn(turn, HALF_ID, 0, PINGPONG)
-    s = warpgroup_mma(q, _tile(k_smem, 0, STAGES).permute((1, 0)), s, use_acc=False,
+    s = warpgroup_mma(q, _tile(k_smem, base, STAGES).permute((1, 0)), s, use_acc=False,
                       is_async=True)
     _pass_turn(turn, HALF_ID, PINGPONG)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(0), count=1)
+    mbarrier.arrive(k_empty.index(base % STAGES), count=1)
     if n_full > 0:
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
                                            DTYPE, False, CAUSAL)
@@ -291,22 +385,24 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
     # ---- steps 0 .. n-2: unmasked next blocks first, then the diagonal / tail ones -------------
     for j in range(0, n_full - 1):
         s, p, acc, m_i, l_i = _key_step(
-            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            j, base, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             turn, HALF_ID, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, False,
             CAUSAL, PINGPONG)
     for j in range(gl.maximum(n_full - 1, 0), n_blocks - 1):
         s, p, acc, m_i, l_i = _key_step(
-            j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+            j, base, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
             turn, HALF_ID, qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, True,
             CAUSAL, PINGPONG)
 
     # ---- the last block's P.V, then normalise and store ----------------------------------------
-    last = n_blocks - 1
+    last = base + n_blocks - 1  # its ring copy
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     _wait_turn(turn, HALF_ID, n_blocks, PINGPONG)
     acc = warpgroup_mma(p, _tile(v_smem, last, STAGES), acc, is_async=True)
     _pass_turn(turn, HALF_ID, PINGPONG)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+    if RELEASE_LAST:
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_row), 1)
     gl.store(LSE2 + bh.to(gl.int64) * s_q + rows, m_i + gl.log2(l_i), mask=rows < s_q)
@@ -325,15 +421,31 @@ def attn_fwd_sm90_kernel(
     H, GROUP,  # query heads; query heads per key/value head (GQA)
     s_q, s_k,
     qk_scale,  # softmax scale * log2(e)
+    BH,  # PERSISTENT: batch * query heads (the grid no longer says it); else 1, unused
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # K and V buffers each
     PINGPONG: gl.constexpr,  # the consumer warpgroups take turns on the tensor cores
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
     CONSUMERS: gl.constexpr = 2,  # consumer warpgroups of 64 query rows (2, or 3 at d = 64)
+    PERSISTENT: gl.constexpr = False,  # one program per SM, looping over tiles (see below)
 ):
-    HALF: gl.constexpr = q_desc.block_type.shape[2]  # 64 query rows per consumer warpgroup
-    BLOCK_M: gl.constexpr = CONSUMERS * HALF
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not PINGPONG))
+    gl.static_assert(not PERSISTENT or (CONSUMERS == 2 and not PINGPONG))
+    if PERSISTENT:
+        _persistent(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, BH, s_q, s_k, qk_scale,
+                    CAUSAL, STAGES)
+    else:
+        _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale, CAUSAL,
+                  STAGES, PINGPONG, CONSUMERS)
+
+
+@gluon.jit
+def _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale,
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+              CONSUMERS: gl.constexpr):
+    """The default form: one program per (query tile, batch, head), the grid's two dims."""
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     DTYPE: gl.constexpr = q_desc.dtype
 
@@ -401,6 +513,52 @@ def attn_fwd_sm90_kernel(
                         v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
                         CONSUMERS))],
             [4, 4, 1], [CONSUMER3_REGS, CONSUMER3_REGS, LOADER_REGS])
+
+
+@gluon.jit
+def _persistent(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, BH, s_q, s_k, qk_scale,
+                CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """The persistent form (config {"SM90_PERSISTENT": True}; not the default, and not yet
+    timed: kernels/NOTES.md step 8): a grid of at most one program per SM, each walking the
+    tiles pid, pid + nprog, ... (`_tile_coords`), with two consumer warpgroups. A tile grid is
+    rarely a whole number of waves (d = 128, s = 4,096, H = 32: 1,024 tiles on 132 SMs, 7.76
+    waves); a persistent program also lets its loader fetch the next tile's Q, K and V while
+    its consumers finish the current one. Ring slots and barrier phases run on across tiles;
+    each consumer hands its Q buffer back (q_empty) once its O has left through it."""
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_M: gl.constexpr = 2 * HALF
+    DTYPE: gl.constexpr = q_desc.dtype
+    n_m = (s_q + BLOCK_M - 1) // BLOCK_M
+    q_smem = gl.allocate_shared_memory(DTYPE, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # unused
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer
+        mbarrier.init(v_empty.index(i), count=2)
+    gl.warp_specialize(
+        [(_consumer_persistent, (0, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                                 k_empty, v_empty, turn, o_desc, LSE2, n_m, BH, H, GROUP, s_q,
+                                 s_k, qk_scale, CAUSAL, STAGES, 2)),
+         (_consumer_persistent, (1, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
+                                 k_empty, v_empty, turn, o_desc, LSE2, n_m, BH, H, GROUP, s_q,
+                                 s_k, qk_scale, CAUSAL, STAGES, 2)),
+         (_loader_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, n_m, BH, H, GROUP, s_k,
+                               CAUSAL, STAGES, 2))],
+        [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 # ---- host side ------------------------------------------------------------------------------
@@ -478,9 +636,9 @@ def _descriptor(t: torch.Tensor, rows: int, layout) -> TensorDescriptor:
 
 # ---- launching without the JIT's dispatch (kernels/direct.py) ------------------------------
 # The key holds every property the JIT specialises on for these arguments: dtype, head dim
-# and tiles (the descriptors' types), the constexprs, and H and GROUP being 1 or multiples of
-# 16 (integer specialisation); s_q and s_k are not specialised, LSE2 is always 16-byte aligned
-# (fresh allocation), qk_scale is an fp32.
+# and tiles (the descriptors' types), the constexprs, and H and GROUP (and BH when persistent;
+# 1 otherwise) being 1 or multiples of 16 (integer specialisation); s_q and s_k are not
+# specialised, LSE2 is always 16-byte aligned (fresh allocation), qk_scale is an fp32.
 # The four descriptors are passed as (tensor, rows, layout) and built by `_descriptor` only
 # where an object is needed; on Triton 3.6 a repeated call on the same tensors reuses their
 # encoded tensor maps (kernels/direct.py).
@@ -491,13 +649,25 @@ def _int_spec(x: int) -> tuple[bool, bool]:
     return x == 1, x % 16 == 0
 
 
+_SMS: dict = {}  # multiprocessor count by device index
+
+
+def _sm_count(t: torch.Tensor) -> int:
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
                            block_n: int | None = None, pingpong: bool | None = None,
-                           consumers: int | None = None):
+                           consumers: int | None = None, persistent: bool | None = None):
     """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as flash_attn_fwd.attention_forward returns
     them. ``qk_scale`` is the softmax scale times log2(e). Check `usable` first.
     ``consumers``: 2 (default) or 3 consumer warpgroups (BLOCK_M = 64 per warpgroup; 3 only
-    at d = 64, without ping-pong)."""
+    at d = 64, without ping-pong). ``persistent``: one program per SM looping over the tiles
+    (`_persistent`; two consumers, no ping-pong; experimental, off by default)."""
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     bn, st = TILES[d]
@@ -508,14 +678,24 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     if nc not in (2, 3) or (nc == 3 and (d != 64 or pp)):
         raise ValueError(f"SM90_CONSUMERS must be 2, or 3 at d = 64 without ping-pong; got {nc} "
                          f"at d = {d}" + (" with ping-pong" if pp else ""))
+    pers = bool(persistent)
+    if pers and (nc != 2 or pp):
+        raise ValueError("SM90_PERSISTENT needs two consumer warpgroups and no ping-pong; got "
+                         f"SM90_CONSUMERS={nc}, SM90_PINGPONG={pp}")
     o = q.new_empty((B, H, s_q, d))  # q's dtype and device, contiguous
     lse2 = q.new_empty((B, H, s_q), dtype=torch.float32)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
     group = H // H_kv
     args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), lse2,
-            H, group, s_q, s_k, qk_scale)
+            H, group, s_q, s_k, qk_scale, B * H if pers else 1)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "PINGPONG": pp, "num_warps": NUM_WARPS,
               "CONSUMERS": nc}
     key = (q.dtype, d, bn, st, bool(causal), pp, nc, _int_spec(H), _int_spec(group))
-    LAUNCHER((-(-s_q // (nc * HALF_M)), B * H), key, args, consts)
+    n_m = -(-s_q // (nc * HALF_M))
+    if pers:  # B * H is an argument then (1 otherwise): its specialisation joins the key
+        consts["PERSISTENT"] = True
+        key += (True, _int_spec(B * H))
+        LAUNCHER((min(n_m * B * H, _sm_count(q)), 1), key, args, consts)
+    else:
+        LAUNCHER((n_m, B * H), key, args, consts)
     return o, lse2

@@ -48,12 +48,14 @@ LABELS = {
     "triton": "ours: default path",
     "triton_generic": "ours: portable Triton forward",
     "triton_sm90_3wg": "ours: Gluon forward, 3 warpgroups",
+    "triton_sm90_persistent": "ours: Gluon forward, persistent",
     "sdpa_cudnn": "SDPA cuDNN",
     "sdpa_flash": "SDPA FlashAttention-2",
     "sdpa_efficient": "SDPA memory-efficient",
     "sdpa_math": "SDPA math",
 }
 COLORS = {"triton": "#0072B2", "triton_generic": "#56B4E9", "triton_sm90_3wg": "#D55E00",
+          "triton_sm90_persistent": "#F0E442",
           "sdpa_cudnn": "#8C8C8C",
           "sdpa_flash": "#009E73", "sdpa_efficient": "#E69F00", "sdpa_math": "#CC79A7"}
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path

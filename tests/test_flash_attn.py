@@ -502,6 +502,32 @@ def test_gpu_atomic_dq_elementwise(fa, poisoned, s_q, s_k, d, group, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q,s_k,d,group", [(1, 1, 128, 1), (17, 300, 128, 4), (200, 1000, 128, 1),
+                                             (1025, 1025, 64, 1), (4100, 300, 128, 4),
+                                             (385, 4100, 128, 2), (8200, 1000, 128, 1)])
+def test_gpu_sm90_persistent(fa, poisoned, s_q, s_k, d, group, causal, dtype):
+    """The persistent Gluon forward (config SM90_PERSISTENT): one program per SM walking the
+    tiles. B * H = 8, so from s_q = 4,100 on (264 tiles and more on 132 SMs) programs run two
+    tiles or more, carrying ring slots and barrier phases over; forward and every gradient."""
+    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, dtype, "cuda",
+                            config={"SM90": True, "SM90_PERSISTENT": True})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
+def test_gpu_sm90_persistent_refused(fa):
+    """The persistent form has two consumer warpgroups and no ping-pong: other asks are refused
+    by name."""
+    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="SM90_PERSISTENT needs two consumer warpgroups"):
+        fa.flash_attention(q, q, q, config={"SM90": True, "SM90_PERSISTENT": True,
+                                            "SM90_CONSUMERS": 3})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 def test_gpu_sm90_consumers_refused(fa):
     """Three warpgroups exist at d = 64 only and without ping-pong: asked elsewhere, the call
     says so instead of running."""
