@@ -3,6 +3,7 @@
     python -m kernels.tune_bwd --out tune_bwd.csv          # d 64/128, causal or not, fp16
     python -m kernels.tune_bwd --dims 64 --seqs 2048 --jobs 8
     python -m kernels.tune_bwd --atomic ...    # also the atomic-dQ backward's dK/dV tiles
+    python -m kernels.tune_bwd --atomic --kv-heads 8 --batch 2 ...   # GQA, other grids
 
 The backward is two launches (dQ, which also writes delta; then dK/dV). Each candidate of one
 kernel is timed as the whole backward with the other kernel held at a fixed config, so the
@@ -73,14 +74,16 @@ def _variants(dims, causals, atomic: bool = False, elementwise: bool = False) ->
     return out
 
 
-def _inputs(s: int, d: int, dtype, causal: bool, B: int = 1, H: int = 32):
+def _inputs(s: int, d: int, dtype, causal: bool, B: int = 1, H: int = 32,
+            H_kv: int | None = None):
     import torch
 
     from kernels.flash_attn_fwd import attention_forward
 
     gen = torch.Generator(device="cuda").manual_seed(s + d)
-    q, k, v, do = (torch.randn(B, H, s, d, device="cuda", dtype=dtype, generator=gen)
-                   for _ in range(4))
+    heads = (H, H_kv or H, H_kv or H, H)
+    q, k, v, do = (torch.randn(B, n, s, d, device="cuda", dtype=dtype, generator=gen)
+                   for n in heads)
     o, lse2 = attention_forward(q, k, v, causal, d ** -0.5)
     return q, k, v, do, o, lse2
 
@@ -113,7 +116,8 @@ def _compile(work: list[tuple]) -> list[str]:
     return errors
 
 
-def _time_shape(d, causal, s, dtype, variants) -> list[tuple]:
+def _time_shape(d, causal, s, dtype, variants, B: int = 1, H: int = 32,
+                H_kv: int | None = None) -> list[tuple]:
     """(name, config, ms, max |grad - reference pair's grad|) for sdpa_flash's fwd+bwd minus
     its fwd (its backward alone) and each variant on one shape."""
     import torch
@@ -121,12 +125,13 @@ def _time_shape(d, causal, s, dtype, variants) -> list[tuple]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
-    inp = _inputs(s, d, dtype, causal)
+    inp = _inputs(s, d, dtype, causal, B, H, H_kv)
     q, k, v, do = (t.detach().requires_grad_(i < 3) for i, t in enumerate(inp[:4]))
+    gqa = (H_kv or H) != H
 
     def flash_fwd():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     both = do_bench(lambda: flash_fwd().backward(do), warmup=25, rep=100,
                     grad_to_none=[q, k, v], return_mode="median")
@@ -149,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1], choices=[0, 1])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="key/value heads (GQA; must divide --heads); default: --heads")
     ap.add_argument("--jobs", type=int, default=8, help="compile worker processes")
     ap.add_argument("--out", default="tune_bwd.csv")
     ap.add_argument("--atomic", action="store_true",
@@ -156,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--atomic-elementwise", action="store_true",
                     help="with --atomic: element-wise atomic adds, not bulk reduce-adds")
     args = ap.parse_args(argv)
+    kv = args.kv_heads if args.kv_heads is not None else args.heads
+    if args.batch < 1 or args.heads < 1 or kv < 1 or args.heads % kv:
+        ap.error(f"--batch and --heads must be >= 1 and --kv-heads must divide --heads; got "
+                 f"--batch {args.batch}, --heads {args.heads}, --kv-heads {kv}")
 
     import torch
 
@@ -172,14 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w", newline="") as sink:
         w = csv.writer(sink)
         w.writerow(["kernel", "dtype", "d", "causal", "s", "BLOCK_M", "BLOCK_N", "warps",
-                    "stages", "ms_whole_backward", "max_abs_diff"])
+                    "stages", "ms_whole_backward", "max_abs_diff", "batch", "heads",
+                    "kv_heads"])
         for d, causal, s in itertools.product(args.dims, causals, args.seqs):
             mine = [(kern, c) for dd, cc, kern, c in variants
                     if (dd, cc) == (d, causal) and f"{dd} {cc} {kern} {c}" not in broken]
-            rows = _time_shape(d, causal, s, dtype, mine)
+            rows = _time_shape(d, causal, s, dtype, mine, args.batch, args.heads,
+                               args.kv_heads)
             for kern, c, ms, err in rows:
                 w.writerow([kern, args.dtype, d, int(causal), s, *(c or ("",) * 4),
-                            f"{ms:.5f}", f"{err:.3g}"])
+                            f"{ms:.5f}", f"{err:.3g}", args.batch, args.heads, kv])
             sink.flush()
             torch.cuda.empty_cache()
             flash = rows[0][2]
@@ -206,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                                f"{stored * 1e3:.0f} | {pair * 1e3:.0f} | "
                                f"{best['dq'][1]} | {best['dkdv'][1]} | "
                                f"{best_atomic[0] * 1e3:.0f} | {best_atomic[1]} |")
-    print("\nbackward alone, us (best pair estimated from the per-kernel timings; atomic: the "
-          "whole atomic-dQ backward with its best dK/dV tiles, nan without --atomic)")
+    print(f"\nbackward alone, us, B = {args.batch}, H = {args.heads}, H_kv = {kv} (best pair "
+          "estimated from the per-kernel timings; atomic: the whole atomic-dQ backward with its "
+          "best dK/dV tiles, nan without --atomic)")
     print("| d | causal | s | sdpa_flash bwd | stored configs | best pair | dq | dkdv | "
           "atomic | atomic dkdv |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

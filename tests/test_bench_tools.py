@@ -145,3 +145,13 @@ def test_rounds_median_worst_error_and_failures():
     for bad in ("0", "x", "-2"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--rounds", bad])
+
+
+@pytest.mark.parametrize("argv", [["--kv-heads", "5"], ["--batch", "0"], ["--heads", "0"]])
+def test_tune_bwd_refuses_bad_head_counts(capsys, argv):
+    """--kv-heads must divide --heads, and both and --batch be positive: refused by name before
+    anything runs (GPU or not)."""
+    with pytest.raises(SystemExit) as info:
+        tune_bwd.main(argv)
+    assert info.value.code == 2
+    assert "--kv-heads must divide --heads" in capsys.readouterr().err
