@@ -34,16 +34,17 @@ dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds
 dQ buffer, and the result is deterministic.
 
 Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
-at least 1,024 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small kernel computes delta first, and
-the dK/dV programs also add their share scale * dS K of every query block's dQ into a zeroed
-fp32 buffer, which is cast to the inputs' dtype at the end. That is 5 tile products instead
-of 7, for a nondeterministic dQ (the adds land in any order, as in FlashAttention-2 and
-cuDNN), an fp32 buffer of B * H * s_q * d * 4 bytes beside dQ, and two more small launches
-(delta, the cast) plus the buffer's zeroing. On Hopper each dQ tile is added with one bulk
-reduce-add of the copy engine (a tensor descriptor's ``atomic_add``; FlashAttention-3, Shah
-et al. 2024, arXiv 2407.08608, accumulates its dQ the same way); element-wise ``atomic_add``
-elsewhere. Measured on the H200 (kernels/NOTES.md step 8): with element-wise adds it was 0-12%
-slower than the two-kernel backward; with bulk reduce-adds 0.2-12% faster from s = 4,096 on.
+at least 1,024 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small
+kernel computes delta first, and the dK/dV programs also add their share scale * dS K of every
+query block's dQ into a zeroed fp32 buffer, which is cast to the inputs' dtype at the end.
+That is 5 tile products instead of 7, for a nondeterministic dQ (the adds land in any order,
+as in FlashAttention-2 and cuDNN), an fp32 buffer of B * H * s_q * d * 4 bytes beside dQ, and
+two more small launches (delta, the cast) plus the buffer's zeroing. On Hopper each dQ tile is
+added with one bulk reduce-add of the copy engine (a tensor descriptor's ``atomic_add``;
+FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, accumulates its dQ the same way);
+element-wise ``atomic_add`` elsewhere. Measured on the H200 (kernels/NOTES.md step 8): with
+element-wise adds it was 1-16% slower than the two-kernel backward; with bulk reduce-adds
+0.2-12% faster from s = 4,096 on.
 
 Masks, as in the forward: causal attention is aligned top-left like PyTorch's SDPA (query i
 sees keys j <= i). Tiles that lie fully below the diagonal run with no mask; only tiles that
@@ -179,7 +180,8 @@ def _dkdv_query_loop(
             if DQ_TMA:
                 # one reduce-add of the whole tile, done by the copy engine in L2 (rows past
                 # s_q lie outside the descriptor's head and are dropped)
-                dq_desc.atomic_add([bh, start_m, 0], tl.reshape(dq_part, [1, BLOCK_M, dq_part.shape[1]]))
+                dq_desc.atomic_add([bh, start_m, 0],
+                                   tl.reshape(dq_part, [1, BLOCK_M, dq_part.shape[1]]))
             else:
                 tl.atomic_add(dq_ptrs, dq_part,
                               mask=tile_mask(rows, s_q, offs_d, HEAD_DIM, EVEN_D), sem="relaxed")
