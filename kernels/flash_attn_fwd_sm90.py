@@ -195,10 +195,10 @@ def _tile_coords(tile, n_m, BH, H, GROUP, s_k, BLOCK_M: gl.constexpr, BLOCK_N: g
 def _loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
                        k_ready, v_ready, k_empty, v_empty, n_m, BH, H, GROUP, s_k,
                        CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-    """The producer warp of a persistent program: for each of its tiles, each consumer's query
-    rows (once that consumer has stored the previous tile's O from the same buffer), then the
-    tile's K/V blocks through the rings, counted across tiles so that slots and barrier phases
-    carry on from one tile to the next."""
+    """The producer warp of a persistent program: for each of its tiles, the first K/V blocks,
+    each consumer's query rows (once that consumer has stored the previous tile's O from the
+    same buffer), then the tile's other K/V blocks, all through the rings and counted across
+    tiles so that slots and barrier phases carry on from one tile to the next."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -207,12 +207,16 @@ def _loader_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q
     for tile in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
         start_m, bh, b, h, h_kv, n_blocks = _tile_coords(tile, n_m, BH, H, GROUP, s_k, BLOCK_M,
                                                          BLOCK_N, CAUSAL)
+        # The tile's first K and V blocks go first: their slots free up while the consumers
+        # still finish the previous tile, whose O must leave before its Q buffers refill.
+        _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, 0, seq, STAGES)
+        _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, 0, seq, STAGES)
         for i in gl.static_range(CONSUMERS):
             # completion number ti of q_empty[i]: consumer i's O of tile ti - 1 has left
             mbarrier.wait(q_empty.index(i), (ti + 1) & 1, pred=ti > 0)
             mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
             _tma_load(q_desc, [b, h, start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
-        for blk in range(n_blocks):
+        for blk in range(1, n_blocks):
             _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, blk, seq + blk, STAGES)
             _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, blk, seq + blk, STAGES)
         seq += n_blocks
