@@ -155,7 +155,8 @@ st.dataframe(table, hide_index=True, width="stretch")
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
     "The forward+backward rows add our Triton backward: two kernels (dQ, then dK/dV) up to "
-    "s = 2,048, above that one dK/dV kernel that also adds dQ into an fp32 buffer (bulk "
-    "reduce-adds of the copy engine). Full tables, the targets and the tuning log: "
+    "s = 2,048, above that (here; in general once the dK/dV grid has 1,024 programs or more) "
+    "one dK/dV kernel that also adds dQ into an fp32 buffer (bulk reduce-adds of the copy "
+    "engine). Full tables, the targets and the tuning log: "
     "`kernels/BENCH_H200.md`, `kernels/NOTES.md`."
 )
