@@ -113,7 +113,9 @@ PEAK_MODEL_NOTES: dict[str, str] = {
         "backward adds the row sums of dO·O (fp32) and the three gradients, and for fp16/bf16 "
         "at d = 64 or 128 with s above 2,048 (and B·H_kv·⌈s/d⌉ ≥ 1,024) an fp32 dq buffer "
         "that its dK/dV kernel adds into with atomics (5 matrix products instead of 7; "
-        "kernels/flash_attn_bwd.py)."
+        "kernels/flash_attn_bwd.py). Not modelled: under "
+        "torch.use_deterministic_algorithms(True) the kernel keeps its deterministic "
+        "two-kernel backward and that buffer is not allocated."
     ),
 }
 

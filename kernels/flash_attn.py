@@ -115,7 +115,9 @@ def flash_attention(
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
                           buffer: by default for fp16/bf16 at d = 64 and 128 once
                           max(s_q, s_k) > 2,048 and B*H_kv*ceil(s_k/BLOCK_N) >= 1,024
-                          (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`)
+                          (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`),
+                          unless torch.use_deterministic_algorithms(True) is in force (the
+                          atomic adds make dQ nondeterministic in its last bits)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
@@ -163,8 +165,9 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
     O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward, plus the
     atomic-dQ backward's fp32 buffer (B*H*s_q*d*4, alive while dQ is cast from it) when that
     backward runs: ``atomic`` None means where it runs by default
-    (`flash_attn_bwd.atomic_by_default`)."""
+    (`flash_attn_bwd.atomic_by_default`, and not in deterministic mode)."""
     if atomic is None:
-        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, e)
+        atomic = (atomic_by_default(B, H_kv, s_q, s_k, d, e)
+                  and not torch.are_deterministic_algorithms_enabled())
     buffer = 4 * B * H * s_q * d if atomic else 0
     return 2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer

@@ -501,8 +501,9 @@ def attention_backward(
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
 
     Which backward runs: the atomic-dQ one (module docstring: delta kernel, dK/dV kernel
-    adding dQ into a zeroed fp32 buffer, cast) where `atomic_by_default` says so, else the
-    two-kernel one. ``config={"BWD_ATOMIC_DQ": True/False}`` forces the choice; a config with
+    adding dQ into a zeroed fp32 buffer, cast) where `atomic_by_default` says so and
+    ``torch.use_deterministic_algorithms(True)`` is not in force, else the two-kernel one
+    (deterministic). ``config={"BWD_ATOMIC_DQ": True/False}`` forces the choice; a config with
     tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) or ``dq_config`` / ``dkdv_config`` without
     that key name the two-kernel backward's tiles and select it (kernels.tune_bwd times them).
     The atomic one takes its dK/dV tiles from ``dkdv_config``, else the config's, else
@@ -520,8 +521,9 @@ def attention_backward(
         atomic = bool(config["BWD_ATOMIC_DQ"])
     elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
         atomic = False  # tiles given without the switch are the two-kernel backward's
-    else:
-        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, q.element_size())
+    else:  # torch.use_deterministic_algorithms(True) keeps the deterministic backward
+        atomic = (atomic_by_default(B, H_kv, s_q, s_k, d, q.element_size())
+                  and not torch.are_deterministic_algorithms_enabled())
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
         tma_force = config.get("BWD_DQ_TMA")
         config = {key: val for key, val in config.items()

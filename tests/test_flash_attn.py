@@ -653,6 +653,13 @@ def test_backward_choice(monkeypatch):
     assert names(1, 32, 32, 4096, 64, config=dict(GPU_CONFIG)) == two  # tiles, no switch
     assert names(1, 32, 32, 4096, 64, dkdv_config=dict(GPU_CONFIG)) == two
     assert names(1, 32, 32, 4096, 64, config={"SM90": True}) == atomic  # forward-only keys
+    # deterministic mode keeps the deterministic backward (a config's switch still wins)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert names(1, 32, 32, 4096, 64) == two
+        assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": True}) == atomic
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_sm90_default_schedule():
