@@ -448,9 +448,10 @@ ATOMIC_TILES = {
 # small batches: the atomic backward moves the dQ work of H query heads into the dK/dV grid of
 # H_kv heads, which then runs few, long programs on 132 SMs (GQA 4:1 at s = 4,096, d = 64,
 # 512 programs: the two reference rows measured 7% and 6% slower with it than without, one
-# sample each; kernels/NOTES.md step 8). The rule reads shapes and dtype only, never the GPU,
-# so that the extra fp32 buffer is predictable (calc.peak mirrors it); GPUs without bulk
-# reduce-adds use element-wise adds.
+# sample each; kernels/NOTES.md step 8). The rule reads shapes and dtype (and PyTorch's
+# deterministic-mode flag), never the GPU, so that the extra fp32 buffer is predictable
+# (calc.peak mirrors it, outside deterministic mode); GPUs without bulk reduce-adds use
+# element-wise adds.
 ATOMIC_HEAD_DIMS = (64, 128)
 ATOMIC_MIN_LEN = 2049
 ATOMIC_MIN_PROGRAMS = 1024
@@ -458,10 +459,12 @@ ATOMIC_MIN_PROGRAMS = 1024
 
 def atomic_by_default(B: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
     """Whether the backward adds dQ with atomics when no config says otherwise (see above);
-    ``elem`` is the inputs' bytes per element."""
+    ``elem`` is the inputs' bytes per element. Never under
+    ``torch.use_deterministic_algorithms(True)``: the two-kernel backward is deterministic."""
     if elem != 2 or d not in ATOMIC_HEAD_DIMS or max(s_q, s_k) < ATOMIC_MIN_LEN:
         return False
-    return B * H_kv * cdiv(s_k, atomic_tiles(d)["BLOCK_N"]) >= ATOMIC_MIN_PROGRAMS
+    return (B * H_kv * cdiv(s_k, atomic_tiles(d)["BLOCK_N"]) >= ATOMIC_MIN_PROGRAMS
+            and not torch.are_deterministic_algorithms_enabled())
 
 
 def atomic_tiles(d: int) -> dict:
@@ -521,9 +524,8 @@ def attention_backward(
         atomic = bool(config["BWD_ATOMIC_DQ"])
     elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
         atomic = False  # tiles given without the switch are the two-kernel backward's
-    else:  # torch.use_deterministic_algorithms(True) keeps the deterministic backward
-        atomic = (atomic_by_default(B, H_kv, s_q, s_k, d, q.element_size())
-                  and not torch.are_deterministic_algorithms_enabled())
+    else:
+        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, q.element_size())
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
         tma_force = config.get("BWD_DQ_TMA")
         config = {key: val for key, val in config.items()

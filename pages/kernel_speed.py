@@ -61,7 +61,7 @@ COLORS = {"triton": "#0072B2", "triton_generic": "#56B4E9", "triton_sm90_3wg": "
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path
 # (kernels/flash_attn_fwd_sm90.default_schedule): the Gluon forward at d = 128; at d = 64 the
 # portable Triton forward up to s = 2,048 (4,096 causal), the three-warpgroup Gluon forward above.
-DEFAULT_IMPL = {128: "triton", 64: "triton"}
+DEFAULT_IMPL = "triton"
 DEFAULT_WORDS = {
     128: "the Gluon forward (two consumer warpgroups) at every length",
     64: "the portable Triton forward up to s = 2,048 (4,096 with a causal mask), the Gluon "
@@ -120,7 +120,7 @@ st.caption(
     f"{r0['triton_version']}; source `{source.relative_to(ROOT)}`. " + how
 )
 
-default = DEFAULT_IMPL[d]
+default = DEFAULT_IMPL
 impls = [i for i in LABELS if i in set(sel["impl"])]
 traces = []
 for impl in impls:
