@@ -278,6 +278,25 @@ def triton_atomic_dq(b: int, h_kv: int, s: int, d: int, dtype: str) -> bool:
     return b * h_kv * -(-s // d) >= TRITON_ATOMIC_MIN_PROGRAMS
 
 
+# How our kernel's backward splits a GQA group over dK/dV programs (mirrors
+# kernels/flash_attn_bwd.py: KV_SPLIT_MIN_PROGRAMS, KV_SPLIT_BLOCK and kv_split, which
+# tests/test_peak.py checks against these): the smallest divisor S of H / H_kv with
+# B·H_kv·S·⌈s/128⌉ ≥ 1,024, else the whole group; each split writes partial dK, dV sums.
+TRITON_KV_SPLIT_MIN_PROGRAMS = 1024
+TRITON_KV_SPLIT_BLOCK = 128
+
+
+def triton_kv_split(b: int, h: int, h_kv: int, s: int) -> int:
+    """S, the number of dK/dV programs that share one key block of one key/value head in our
+    kernel's backward (1 without GQA); S > 1 costs 2·B·H_kv·S·s·d·e bytes of partial sums."""
+    group = h // h_kv
+    blocks = b * h_kv * -(-s // TRITON_KV_SPLIT_BLOCK)
+    for split in range(1, group):
+        if group % split == 0 and blocks * split >= TRITON_KV_SPLIT_MIN_PROGRAMS:
+            return split
+    return group
+
+
 def _triton(sh: _Shape) -> list[Term]:
     if not sh.backward:
         return [("output", sh.out_bytes()), ("log-sum-exp (fp32, one per row)", sh.rows * 4)]
@@ -285,6 +304,10 @@ def _triton(sh: _Shape) -> list[Term]:
     if triton_atomic_dq(sh.b, sh.h_kv, sh.s, sh.d, sh.dtype):
         terms.append(("fp32 dq buffer of the atomic-dQ backward (s > 2,048, d = 64 or 128, "
                       "B·H_kv·⌈s/d⌉ ≥ 1,024)", sh.out_bytes(4)))
+    split = triton_kv_split(sh.b, sh.h, sh.h_kv, sh.s)
+    if split > 1:
+        terms.append((f"partial dk, dv of the GQA group split over {split} programs "
+                      "(B·H_kv·⌈s/128⌉ < 1,024)", 2 * split * sh.kv_bytes()))
     return terms
 
 

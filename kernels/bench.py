@@ -62,6 +62,7 @@ class Row:
     torch_version: str
     triton_version: str
     timestamp: str  # UTC, ISO 8601
+    kv_heads: int = 0  # key/value heads (GQA when < heads); 0 in CSVs from before the column
 
 
 def read_rows(path) -> list[Row]:
@@ -72,12 +73,14 @@ def read_rows(path) -> list[Row]:
     rows = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = set(Row.__dataclass_fields__) - set(reader.fieldnames or ())
+        missing = set(Row.__dataclass_fields__) - set(reader.fieldnames or ()) - {"kv_heads"}
         if missing:
             raise ValueError(f"{path}: not a kernels.bench CSV, missing columns {sorted(missing)}")
         for n, raw in enumerate(reader, start=2):
             try:
-                vals = {k: types.get(k, str)(raw[k]) for k in Row.__dataclass_fields__}
+                vals = {k: types.get(k, str)(raw[k]) for k in Row.__dataclass_fields__
+                        if k != "kv_heads"}
+                vals["kv_heads"] = int(raw.get("kv_heads") or vals["heads"])
                 vals["causal"] = {"True": True, "False": False}[raw["causal"]]
             except (KeyError, ValueError) as exc:
                 raise ValueError(f"{path}, line {n}: bad value ({exc})") from None
@@ -124,7 +127,8 @@ def _impl_fn(name: str):
 
     def run(q, k, v, causal):
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
 
     del torch
     return run
@@ -207,7 +211,7 @@ def run_grid(args) -> list[Row]:
                  timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows: list[Row] = []
-    B, H = args.batch, args.heads
+    B, H, H_kv = args.batch, args.heads, args.kv_heads or args.heads
     sink = open(args.csv, "w", newline="")  # rows are written as they come: a cut run keeps them
     writer = csv.DictWriter(sink, fieldnames=list(Row.__dataclass_fields__))
     writer.writeheader()
@@ -216,8 +220,9 @@ def run_grid(args) -> list[Row]:
             for causal in args.causal:
                 for s in args.seqs:
                     gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
-                    q, k, v, do = (torch.randn(B, H, s, d, device="cuda", generator=gen,
-                                               dtype=dtypes[dname]) for _ in range(4))
+                    q, k, v, do = (torch.randn(B, heads, s, d, device="cuda", generator=gen,
+                                               dtype=dtypes[dname])
+                                   for heads in (H, H_kv, H_kv, H))
                     for t in (q, k, v):
                         t.requires_grad_()
                     with torch.no_grad():  # the accuracy reference: cuDNN, else flash
@@ -241,7 +246,7 @@ def run_grid(args) -> list[Row]:
                             ms, rel, status = _combine(got[name])
                             tf = flops(B, H, s, d, bool(causal), mode) / (ms * 1e-3) / 1e12
                             rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms,
-                                            tf, rel, status, **stamp))
+                                            tf, rel, status, **stamp, kv_heads=H_kv))
                             writer.writerow(asdict(rows[-1]))
                             sink.flush()
                             print(f"{name:15s} {dname} d={d:3d} causal={int(causal)} "
@@ -356,6 +361,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS), choices=list(IMPLS))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="key/value heads, a divisor of --heads (grouped-query attention; SDPA "
+                        "backends run with enable_gqa); default: --heads")
     p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
@@ -368,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overhead", action="store_true",
                    help="first print host microseconds per call on a tiny shape")
     args = p.parse_args(argv)
+    if args.kv_heads is not None and (args.kv_heads < 1 or args.heads % args.kv_heads):
+        p.error(f"--kv-heads {args.kv_heads}: must be a positive divisor of --heads {args.heads}")
     if args.quick:
         args.dtypes, args.dims, args.seqs = ["fp16"], [128], [1024, 4096, 16384]
     return args
@@ -394,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     md = table(rows)
     r0 = rows[0]
     header = (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}, {r0.timestamp}, "
-              f"B={r0.batch}, H={r0.heads}; TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
+              f"B={r0.batch}, H={r0.heads}, H_kv={r0.kv_heads}; TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(header + "\n\n" + md + "\n")

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from kernels.flash_attn_bwd import atomic_by_default, attention_backward
+from kernels.flash_attn_bwd import atomic_by_default, attention_backward, kv_split
 from kernels.flash_attn_fwd import _fwd_kernel, attention_forward
 
 HEAD_DIM_MIN = 16
@@ -118,6 +118,9 @@ def flash_attention(
                           (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the
                           atomic adds make dQ nondeterministic in its last bits)
+                          + 2*B*H_kv*S*s_k*d*e with GQA where the backward splits each group
+                          over S programs (partial dK, dV sums; S > 1 when
+                          B*H_kv*ceil(s_k/128) < 1,024: `flash_attn_bwd.kv_split`)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
@@ -160,13 +163,20 @@ def forward_bytes(B: int, H: int, s_q: int, d: int, e: int) -> int:
 
 
 def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, e: int,
-                           atomic: bool | None = None) -> int:
+                           atomic: bool | None = None, split: int | None = None) -> int:
     """Peak extra bytes of forward + backward with q, k, v and dO allocated before the call:
     O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward, plus the
     atomic-dQ backward's fp32 buffer (B*H*s_q*d*4, alive while dQ is cast from it) when that
     backward runs: ``atomic`` None means where it runs by default
-    (`flash_attn_bwd.atomic_by_default`, and not in deterministic mode)."""
+    (`flash_attn_bwd.atomic_by_default`, and not in deterministic mode); plus, with GQA where
+    the backward splits each group over S programs (`flash_attn_bwd.kv_split`, S > 1), the
+    partial dK, dV sums 2*B*H_kv*S*s_k*d*e, alive until they are summed into dK, dV (``split``
+    None means the default split; a config's BWD_KV_SPLIT gives another)."""
     if atomic is None:
         atomic = atomic_by_default(B, H_kv, s_q, s_k, d, e)
     buffer = 4 * B * H * s_q * d if atomic else 0
-    return 2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer
+    if split is None:
+        split = kv_split(B, H, H_kv, s_k)
+    partial = 2 * B * H_kv * split * s_k * d * e if split > 1 else 0
+    return (2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer
+            + partial)

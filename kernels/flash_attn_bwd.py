@@ -195,7 +195,7 @@ def _dkdv_query_loop(
 def _bwd_dkdv_kernel(
     Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
     LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
-    DK, DV,  # outputs (B, H_kv, s_k, d), written in full
+    DK, DV,  # outputs (B, H_kv * SPLIT, s_k, d), written in full (partial sums when SPLIT > 1)
     DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, s_q, d) contiguous, dQ is added into it; else None
     DQ_DESC,  # DQ_TMA: DQ_ACC as a (B * H, s_q, d) tensor descriptor, tiles [1, BLOCK_M, d]
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -205,6 +205,7 @@ def _bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H, H_kv, GROUP,
+    SPLIT,  # programs per key block and key/value head, each over GROUP // SPLIT query heads
     s_q, s_k,
     qk_scale,  # scale * log2(e)
     sm_scale,  # scale (dK = scale * dS^T Q)
@@ -219,6 +220,8 @@ def _bwd_dkdv_kernel(
     bhk = tl.program_id(1)  # (batch, key/value head)
     b = bhk // H_kv
     h_kv = bhk % H_kv
+    sp = tl.program_id(2)  # which share of the GQA group's query heads (0 when SPLIT = 1)
+    heads = GROUP // SPLIT
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -248,7 +251,7 @@ def _bwd_dkdv_kernel(
         mid = 0
         full_hi = s_q_full
 
-    for g in range(0, GROUP):  # every query head that reads this key/value head
+    for g in range(sp * heads, sp * heads + heads):  # the query heads that read this K/V head
         h = h_kv * GROUP + g
         bh = b * H + h
         q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -278,10 +281,12 @@ def _bwd_dkdv_kernel(
             sm_scale, BLOCK_M, EVEN_D, True, False, IEEE, ATOMIC_DQ, DQ_TMA)
 
     # ---- write dK and dV once: 2 * BLOCK_N * d elements -------------------------------------------
+    # (with SPLIT > 1, this share's partial sums, at head h_kv * SPLIT + sp; summed on the host)
     dk = dk * sm_scale
-    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + h_kv.to(tl.int64) * stride_dkh
+    h_out = (h_kv * SPLIT + sp).to(tl.int64)
+    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + h_out * stride_dkh
                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + h_kv.to(tl.int64) * stride_dvh
+    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + h_out * stride_dvh
                + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -472,6 +477,43 @@ def atomic_tiles(d: int) -> dict:
     return ATOMIC_TILES[max(64, block_d(d))]
 
 
+# Splitting a GQA group over several dK/dV programs. A dK/dV program owns one key block of one
+# key/value head and walks every query head of its group, so with grouped-query attention the
+# grid is B * H_kv * ceil(s_k / BLOCK_N) programs, H / H_kv times fewer than the work's
+# parallelism: on the H200 the backward at B = 1, H = 32, d = 128, causal s = 4,096 took 1.23 ms
+# with 32 key/value heads and 1.44, 1.63, 2.81 ms with 8, 4, 2 (same arithmetic; sweep of
+# 2026-11-30, kernels/NOTES.md step 9). With a split of S, S programs share a (key block,
+# key/value head), each over H / H_kv / S query heads, and write partial dK, dV sums into
+# (B, H_kv * S, s_k, d) buffers in the inputs' dtype that are then summed over S into dK and dV
+# (FlashAttention-2 does the same with S = H / H_kv: per-query-head dK, dV, then a sum).
+# The split is the smallest divisor S of the group with B * H_kv * S * ceil(s_k / 128) >=
+# KV_SPLIT_MIN_PROGRAMS, or the whole group; 1 without GQA. It reads shapes only, so that the
+# buffers' 2 * B * H_kv * S * s_k * d * e bytes are predictable (calc.peak mirrors it).
+KV_SPLIT_MIN_PROGRAMS = 1024
+KV_SPLIT_BLOCK = 128  # the nominal key block of the rule (tiles vary with the config)
+
+
+def kv_split(B: int, H: int, H_kv: int, s_k: int) -> int:
+    """How many dK/dV programs share one key block of one key/value head (see above)."""
+    group = H // H_kv
+    blocks = B * H_kv * cdiv(s_k, KV_SPLIT_BLOCK)
+    for split in range(1, group):
+        if group % split == 0 and blocks * split >= KV_SPLIT_MIN_PROGRAMS:
+            return split
+    return group
+
+
+def _split_from(config: dict | None, B: int, H: int, H_kv: int, s_k: int) -> int:
+    """The config's "BWD_KV_SPLIT" (a divisor of the group H / H_kv) or `kv_split`."""
+    if config is None or config.get("BWD_KV_SPLIT") is None:
+        return kv_split(B, H, H_kv, s_k)
+    split, group = config["BWD_KV_SPLIT"], H // H_kv
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or group % split:
+        raise ValueError(f"config BWD_KV_SPLIT must be a positive divisor of the GQA group "
+                         f"H / H_kv = {H} / {H_kv} = {group}, got {split!r}")
+    return split
+
+
 DELTA_ROWS = 64
 _DELTA_LAUNCHER = DirectLauncher(_bwd_delta_kernel)
 
@@ -519,6 +561,7 @@ def attention_backward(
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
+    split = _split_from(config, B, H, H_kv, s_k)
     tma_force = None
     if config is not None and "BWD_ATOMIC_DQ" in config:
         atomic = bool(config["BWD_ATOMIC_DQ"])
@@ -534,6 +577,11 @@ def attention_backward(
     delta = q.new_empty((B, H, s_q), dtype=torch.float32)  # (B, H, s_q)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    if split > 1:  # what the dK/dV programs write: partial sums, (B, H_kv * split, s_k, d)
+        dk_out = k.new_empty((B, H_kv * split, s_k, d))
+        dv_out = v.new_empty((B, H_kv * split, s_k, d))
+    else:
+        dk_out, dv_out = dk, dv
     if atomic:
         dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
     else:
@@ -543,7 +591,7 @@ def attention_backward(
     bucket = seq_bucket(max(s_q, s_k))
     # Each stride tuple read once (about 0.3 us per call of .stride() on the launch path).
     sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
-                                     dq.stride(), dk.stride())
+                                     dq.stride(), dk_out.stride())
     dq_desc = None  # the fp32 buffer as a tensor descriptor, for bulk reduce-adds
     if atomic:
         tiles = dkdv_config or config or atomic_tiles(d)
@@ -552,14 +600,14 @@ def attention_backward(
             dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
                                        [1, tiles["BLOCK_M"], d])
     dkdv_args = (
-        q, k, v, do, lse2, delta, dk, dv, dq if atomic else None, dq_desc,
+        q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
-        H, H_kv, group, s_q, s_k, scale * LOG2E, scale, bucket,
+        H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, bucket,
     )
     # What the JIT specialises on beyond meta and the config (kernels/direct.py): dtypes,
     # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
     # dk's shape and strides; delta, dq, dk, dv are fresh allocations).
-    spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, q.data_ptr() % 16,
+    spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, split, q.data_ptr() % 16,
             k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16,
             lse2.data_ptr() % 16)
     if atomic:
@@ -571,8 +619,10 @@ def attention_backward(
         # candidate, and every run adds into the same dQ buffer
         launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic",
                dict(meta, ATOMIC_DQ=True, DQ_TMA=dq_desc is not None), bucket, tiles, dkdv_args,
-               lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv), spec=spec)
-        return dq.to(q.dtype), dk, dv
+               lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
+        dq = dq.to(q.dtype)  # before the sums: the memory formula counts the buffer, dQ and
+        _sum_split(dk_out, dv_out, dk, dv, split)  # the partial sums alive together
+        return dq, dk, dv
     dq_args = (
         q, k, v, o, do, lse2, delta, dq,
         *sq, *sk, *sv, *so, *sdo, *sdq,
@@ -582,5 +632,17 @@ def attention_backward(
     launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, dq_config or config, dq_args,
            lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)
     launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, dkdv_config or config, dkdv_args,
-           lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv), spec=spec)
+           lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
+    _sum_split(dk_out, dv_out, dk, dv, split)
     return dq, dk, dv
+
+
+def _sum_split(dk_out: torch.Tensor, dv_out: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+               split: int) -> None:
+    """dK, dV = the sums of the split's partial dK, dV over the split (a no-op without one).
+    PyTorch's sum of 16-bit tensors accumulates in fp32."""
+    if split == 1:
+        return
+    B, H_kv, s_k, d = dk.shape
+    torch.sum(dk_out.view(B, H_kv, split, s_k, d), dim=2, out=dk)
+    torch.sum(dv_out.view(B, H_kv, split, s_k, d), dim=2, out=dv)

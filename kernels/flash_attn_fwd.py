@@ -604,7 +604,7 @@ def _rows_view(t: torch.Tensor) -> tuple[int, int] | None:
 FWD_ONLY_KEYS = ("USE_DESC", "AHEAD", "WS", "SM90", "SM90_STAGES", "SM90_BLOCK_N",
                  "SM90_PINGPONG", "SM90_CONSUMERS", "SM90_PERSISTENT")
 # ... and the backward's own (kernels/flash_attn_bwd.py); the forward drops them.
-BWD_ONLY_KEYS = ("BWD_ATOMIC_DQ", "BWD_DQ_TMA")
+BWD_ONLY_KEYS = ("BWD_ATOMIC_DQ", "BWD_DQ_TMA", "BWD_KV_SPLIT")
 
 # Below this length bucket the forward loads K/V with pointers even where descriptors work:
 # at s = 1024 the host time of encoding two tensor maps per launch cost more than the copy

@@ -9,7 +9,9 @@ tiles (config {"BWD_ATOMIC_DQ": True} and False); each is timed as the median of
 `triton.testing.do_bench` (L2 cleared before each call), both in this one process, one after
 the other per shape. The dK/dV grid of the atomic backward is B * H_kv * ceil(s / BLOCK_N)
 programs (`atomic_tiles`), the figure the default rule compares with its threshold. Prints one
-line per shape and the ratio two-kernel / atomic (> 1: atomic faster).
+line per shape and the ratio two-kernel / atomic (> 1: atomic faster); with GQA also both
+backwards with the group split over `kv_split` programs per key block (config BWD_KV_SPLIT;
+the columns without it use a split of 1).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from kernels.flash_attn_bwd import atomic_tiles, attention_backward
+    from kernels.flash_attn_bwd import atomic_tiles, attention_backward, kv_split
     from kernels.flash_attn_fwd import attention_forward
 
     if not torch.cuda.is_available():
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
     rows = []
     print(f"{'d':>4} {'s':>6} {'c':>2} {'B':>3} {'H':>3} {'Hkv':>4} {'progs':>6} "
-          f"{'atomic us':>10} {'2-kernel us':>12} {'2k/atomic':>10}", flush=True)
+          f"{'atomic us':>10} {'2-kernel us':>12} {'2k/atomic':>10} {'split':>6} "
+          f"{'at split':>10} {'2k split':>10}", flush=True)
     for d in a.dims:
         for s in a.seqs:
             for causal in a.causal:
@@ -61,22 +64,28 @@ def main(argv: list[str] | None = None) -> int:
                         do = torch.randn_like(q)
                         scale = 1 / math.sqrt(d)
                         o, lse = attention_forward(q, k, v, bool(causal), scale, None)
+                        split = kv_split(B, a.heads, hk, s)
                         t = {}
                         for atomic in (True, False):
-                            call = functools.partial(attention_backward, do, q, k, v, o, lse,
-                                                     bool(causal), scale,
-                                                     {"BWD_ATOMIC_DQ": atomic})
-                            call()
-                            t[atomic] = do_bench(call, warmup=25, rep=100) * 1e3
+                            for sp in sorted({1, split}):
+                                call = functools.partial(
+                                    attention_backward, do, q, k, v, o, lse, bool(causal), scale,
+                                    {"BWD_ATOMIC_DQ": atomic, "BWD_KV_SPLIT": sp})
+                                call()
+                                t[atomic, sp] = do_bench(call, warmup=25, rep=100) * 1e3
                         progs = B * hk * math.ceil(s / atomic_tiles(d)["BLOCK_N"])
-                        ratio = t[False] / t[True]
+                        ratio = t[False, 1] / t[True, 1]
                         print(f"{d:>4} {s:>6} {causal:>2} {B:>3} {a.heads:>3} {hk:>4} {progs:>6} "
-                              f"{t[True]:>10.1f} {t[False]:>12.1f} {ratio:>10.3f}", flush=True)
+                              f"{t[True, 1]:>10.1f} {t[False, 1]:>12.1f} {ratio:>10.3f} {split:>6} "
+                              f"{t[True, split]:>10.1f} {t[False, split]:>10.1f}", flush=True)
                         rows.append(dict(dtype=a.dtype, head_dim=d, seq_len=s, causal=causal,
                                          batch=B, heads=a.heads, kv_heads=hk, programs=progs,
-                                         atomic_us=round(t[True], 2),
-                                         two_kernel_us=round(t[False], 2),
-                                         two_kernel_over_atomic=round(ratio, 4)))
+                                         atomic_us=round(t[True, 1], 2),
+                                         two_kernel_us=round(t[False, 1], 2),
+                                         two_kernel_over_atomic=round(ratio, 4),
+                                         split=split,
+                                         atomic_split_us=round(t[True, split], 2),
+                                         two_kernel_split_us=round(t[False, split], 2)))
                         del q, k, v, do, o, lse
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")

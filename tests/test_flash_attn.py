@@ -200,19 +200,23 @@ def test_memory_formula_docstring(fa):
     # 1 x 32 heads x 4096 x 128, fp16: O 32 MiB + lse 0.5 MiB.
     assert fa.forward_bytes(1, 32, 4096, 128, 2) == 32 * 4096 * (128 * 2 + 4)
     two_kernel = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
-    # GQA with 8 key/value heads: 8 x 32 = 256 dK/dV programs, the two-kernel backward
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel
+    # GQA with 8 key/value heads: 8 x 32 = 256 dK/dV programs, the two-kernel backward, with
+    # the group split over 4 programs (8 x 32 x 4 = 1,024): partial dK, dV sums 2*B*H_kv*4*s*d*e
+    partial = 2 * 8 * 4 * 4096 * 128 * 2
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel + partial
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2, split=1) == two_kernel
     # the atomic-dQ backward (by default from s = 2,049 at d = 64 and 128, 16-bit, with at
-    # least 1,024 dK/dV programs: here 4 x 8 x 32) adds its fp32 buffer, B*H*s_q*d*4
+    # least 1,024 dK/dV programs: here 4 x 8 x 32, so no split) adds its fp32 buffer
     buffer = 4 * 32 * 4096 * 128 * 4
     assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2) == 4 * two_kernel + buffer
     assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2, atomic=False) == 4 * two_kernel
-    assert fa.forward_backward_bytes(1, 32, 8, 2048, 2048, 128, 2) == (  # s = 2,048: no buffer
-        2 * 32 * 2048 * 128 * 2 + 2 * 8 * 2048 * 128 * 2 + 8 * 32 * 2048)
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 96, 2) == (  # d = 96: no buffer
-        2 * 32 * 4096 * 96 * 2 + 2 * 8 * 4096 * 96 * 2 + 8 * 32 * 4096)
+    assert fa.forward_backward_bytes(1, 32, 32, 2048, 2048, 128, 2) == (  # s = 2,048: no buffer
+        4 * 32 * 2048 * 128 * 2 + 8 * 32 * 2048)
+    assert fa.forward_backward_bytes(1, 32, 32, 4096, 4096, 96, 2) == (  # d = 96: no buffer
+        4 * 32 * 4096 * 96 * 2 + 8 * 32 * 4096)
     assert "2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q" in fa.flash_attention.__doc__
     assert "4*B*H*s_q*d" in fa.flash_attention.__doc__
+    assert "2*B*H_kv*S*s_k*d*e" in fa.flash_attention.__doc__
 
 
 def test_pretuned_table_lookup(fa, monkeypatch):
@@ -330,10 +334,17 @@ INTERP_ATOMIC_CASES = [
     (2, 2, 2, 70, 40, 16, False, torch.float32),
     (1, 4, 1, 17, 130, 80, True, torch.float32),
 ]
+# GQA groups split over dK/dV programs by a config (the default splits small grids by the whole
+# group, which the GQA cases above run): a share of 2 of 4 query heads, two-kernel and atomic
+INTERP_SPLIT_CASES = [
+    ({"BWD_KV_SPLIT": 2}, (1, 8, 2, 97, 60, 32, True, torch.float16)),
+    ({"BWD_KV_SPLIT": 2, "BWD_ATOMIC_DQ": True}, (2, 4, 1, 33, 70, 16, False, torch.float32)),
+]
 
 INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
               + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))] + list(INTERP_EXPERIMENTS)
-              + [f"atomic{i}" for i in range(len(INTERP_ATOMIC_CASES))])
+              + [f"atomic{i}" for i in range(len(INTERP_ATOMIC_CASES))]
+              + [f"split{i}" for i in range(len(INTERP_SPLIT_CASES))])
 
 
 def _interp_worker() -> None:
@@ -349,6 +360,8 @@ def _interp_worker() -> None:
              for causal, cfg in zip((False, True), INTERP_EXPERIMENTS.values(), strict=True)]
     runs += [lambda c=c: check_against_reference(fa, *c, "cpu", config=INTERP_ATOMIC)
              for c in INTERP_ATOMIC_CASES]
+    runs += [lambda cfg=cfg, c=c: check_against_reference(fa, *c, "cpu", config=cfg)
+             for cfg, c in INTERP_SPLIT_CASES]
     results = {}
     for name, run in zip(INTERP_IDS, runs, strict=True):
         try:
@@ -660,6 +673,38 @@ def test_backward_choice(monkeypatch):
         assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": True}) == atomic
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_backward_kv_split(monkeypatch):
+    """The GQA split of the dK/dV grid (`kv_split`, a config's BWD_KV_SPLIT), with the launches
+    recorded instead of run: the third grid axis, the partial sums' shape, the refusals."""
+    from kernels import flash_attn_bwd as bwd
+
+    grids = []
+    monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, meta, bucket, cfg, args, grid,
+                        **k: grids.append((name, grid({"BLOCK_N": 128, "BLOCK_M": 64}),
+                                           args[6].shape)))
+    monkeypatch.setattr(bwd, "_DELTA_LAUNCHER", lambda grid, key, args, kw: None)
+
+    def dkdv(B, H, H_kv, s, config=None):
+        q, do, o = (torch.zeros(B, H, s, 64, dtype=torch.float16) for _ in range(3))
+        k, v = (torch.zeros(B, H_kv, s, 64, dtype=torch.float16) for _ in range(2))
+        grids.clear()
+        dq, dk, dv = bwd.attention_backward(do, q, k, v, o, torch.zeros(B, H, s), True, 0.1,
+                                            config)
+        assert dk.shape == k.shape and dv.shape == v.shape
+        return [g[1:] for g in grids if g[0].startswith("dkdv")][0]
+
+    # (key blocks, B * H_kv, split), and the tensor the programs write
+    assert dkdv(1, 32, 32, 4096) == ((32, 32, 1), (1, 32, 4096, 64))  # MHA: no split
+    assert dkdv(1, 32, 8, 4096) == ((32, 8, 4), (1, 32, 4096, 64))  # 8 x 32 blocks: x4
+    assert dkdv(1, 32, 8, 16384) == ((128, 8, 1), (1, 8, 16384, 64))  # 1,024 blocks already
+    assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 2}) == ((32, 8, 2), (1, 16, 4096, 64))
+    assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 1}) == ((32, 8, 1), (1, 8, 4096, 64))
+    for bad in (0, 3, 8, 2.0, True, "2"):
+        with pytest.raises(ValueError, match=f"BWD_KV_SPLIT must be a positive divisor of the "
+                                             f"GQA group H / H_kv = 32 / 8 = 4, got {bad!r}"):
+            dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": bad})
 
 
 def test_sm90_default_schedule():

@@ -159,12 +159,32 @@ def test_triton_atomic_dq_buffer() -> None:
     assert attention_peak_bytes("triton", 1, 32, 4096, 64, "fp32", backward=True) == (
         4 * 32 * 4096 * 64 * 4 + 8 * 32 * 4096)
     # GQA 4:1 at s = 4,096, d = 64: 8 key/value heads x 64 key blocks = 512 dK/dV programs,
-    # under 1,024: the two-kernel backward, no buffer; at s = 8,192 there are 1,024
+    # under 1,024: the two-kernel backward, no buffer; at s = 8,192 there are 1,024. Both
+    # split the group (8 x 32 and 8 x 64 blocks of 128 keys: S = 4 and 2), which adds the
+    # partial dK, dV sums 2 * S * B * H_kv * s * d * e
     gqa = attention_peak_bytes("triton", 1, 32, 4096, 64, "bf16", backward=True, kv_heads=8)
-    assert gqa == 2 * 32 * 4096 * 64 * 2 + 2 * 8 * 4096 * 64 * 2 + 8 * 32 * 4096
+    assert gqa == (2 * 32 * 4096 * 64 * 2 + 2 * 8 * 4096 * 64 * 2 + 8 * 32 * 4096
+                   + 2 * 4 * 8 * 4096 * 64 * 2)
     gqa8k = attention_peak_bytes("triton", 1, 32, 8192, 64, "bf16", backward=True, kv_heads=8)
     assert gqa8k == (2 * 32 * 8192 * 64 * 2 + 2 * 8 * 8192 * 64 * 2 + 8 * 32 * 8192
-                     + 32 * 8192 * 64 * 4)
+                     + 32 * 8192 * 64 * 4 + 2 * 2 * 8 * 8192 * 64 * 2)
+
+
+def test_triton_kv_split() -> None:
+    """The GQA split of our backward: smallest divisor of the group that reaches 1,024
+    programs of 128 keys, else the whole group; none without GQA."""
+    from calc.peak import triton_kv_split
+
+    assert triton_kv_split(1, 32, 32, 128) == 1  # MHA: never, however few programs
+    assert triton_kv_split(1, 32, 8, 4096) == 4  # 8 x 32 = 256 blocks: x4 reaches 1,024
+    assert triton_kv_split(1, 32, 8, 8192) == 2
+    assert triton_kv_split(1, 32, 8, 16384) == 1  # 8 x 128 = 1,024 already
+    assert triton_kv_split(1, 32, 2, 1024) == 16  # 16 blocks: the whole group, still 256
+    assert triton_kv_split(1, 28, 4, 4096) == 7  # Qwen2-7B's group of 7: its only divisor
+    assert triton_kv_split(1, 12, 4, 8192) == 3  # 4 x 64 = 256: x3 = 768 < 1,024, all of 3
+    # the forward alone never has partial sums
+    assert attention_peak_bytes("triton", 1, 32, 4096, 64, "bf16", kv_heads=8) == (
+        32 * 4096 * (64 * 2 + 4))
 
 
 def test_triton_atomic_rule_mirrors_the_kernel() -> None:
@@ -187,3 +207,20 @@ def test_triton_atomic_rule_mirrors_the_kernel() -> None:
                 for dtype, e in (("fp16", 2), ("bf16", 2), ("fp32", 4)):
                     assert triton_atomic_dq(b, h_kv, s, d, dtype) == bwd.atomic_by_default(
                         b, h_kv, s, s, d, e), (b, h_kv, s, d, dtype)
+
+
+def test_triton_kv_split_mirrors_the_kernel() -> None:
+    """calc's copy of the GQA split rule equals kernels/flash_attn_bwd.py's (skipped without
+    torch)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from calc.peak import TRITON_KV_SPLIT_BLOCK, TRITON_KV_SPLIT_MIN_PROGRAMS, triton_kv_split
+    from kernels import flash_attn_bwd as bwd
+
+    assert (TRITON_KV_SPLIT_BLOCK, TRITON_KV_SPLIT_MIN_PROGRAMS) == (
+        bwd.KV_SPLIT_BLOCK, bwd.KV_SPLIT_MIN_PROGRAMS)
+    for s in (1, 127, 128, 129, 1000, 4096, 8192, 70000):
+        for b in (1, 2, 3, 64):
+            for h, h_kv in ((32, 32), (32, 8), (32, 1), (28, 4), (12, 4), (64, 8), (48, 6)):
+                assert triton_kv_split(b, h, h_kv, s) == bwd.kv_split(b, h, h_kv, s), (
+                    b, h, h_kv, s)
