@@ -111,9 +111,11 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     "triton": (
         "Our kernel: the forward writes the output and one fp32 log-sum-exp per row; the "
         "backward adds the row sums of dO·O (fp32) and the three gradients, and for fp16/bf16 "
-        "at d = 64 or 128 with s above 2,048 (and B·H_kv·⌈s/d⌉ ≥ 1,024) an fp32 dq buffer "
+        "at d = 64 or 128 with s above 2,048 (and B·H_kv·S·⌈s/d⌉ ≥ 2,048) an fp32 dq buffer "
         "that its dK/dV kernel adds into with atomics (5 matrix products instead of 7; "
-        "kernels/flash_attn_bwd.py). Not modelled: under "
+        "kernels/flash_attn_bwd.py). With GQA on a small grid (B·H_kv·⌈s/128⌉ < 1,024) the "
+        "backward splits each group of query heads over S programs, whose partial dk, dv "
+        "(2·S·B·H_kv·s·d·e) are summed at the end. Not modelled: under "
         "torch.use_deterministic_algorithms(True) the kernel keeps its deterministic "
         "two-kernel backward and that buffer is not allocated."
     ),
@@ -262,20 +264,22 @@ def _flash(sh: _Shape) -> list[Term]:
 # Where our kernel's backward adds dQ with atomics into an fp32 buffer by default (mirrors
 # kernels/flash_attn_bwd.py: ATOMIC_HEAD_DIMS, ATOMIC_MIN_LEN, ATOMIC_MIN_PROGRAMS and
 # atomic_by_default, which tests/test_peak.py checks against these): 16-bit inputs, these
-# head dims, s above 2,048, and at least 1,024 dK/dV programs of BLOCK_N = d keys each.
+# head dims, s above 2,048, and at least 2,048 dK/dV programs of BLOCK_N = d keys each, the
+# GQA split S (below) counted.
 TRITON_ATOMIC_HEAD_DIMS = (64, 128)
 TRITON_ATOMIC_MIN_LEN = 2049
-TRITON_ATOMIC_MIN_PROGRAMS = 1024
+TRITON_ATOMIC_MIN_PROGRAMS = 2048
 
 
-def triton_atomic_dq(b: int, h_kv: int, s: int, d: int, dtype: str) -> bool:
+def triton_atomic_dq(b: int, h: int, h_kv: int, s: int, d: int, dtype: str) -> bool:
     """Whether our kernel's backward keeps an fp32 dQ buffer (B·H·s·d·4 bytes) for this shape:
-    16-bit dtype, d = 64 or 128, s > 2,048 and B·H_kv·⌈s/d⌉ ≥ 1,024 (the dK/dV kernel's
-    programs: one per d keys of one key/value head; kernels/flash_attn_bwd.py,
-    `atomic_by_default`)."""
+    16-bit dtype, d = 64 or 128, s > 2,048 and B·H_kv·S·⌈s/d⌉ ≥ 2,048 (the dK/dV kernel's
+    programs: S per d keys of one key/value head, S from `triton_kv_split`;
+    kernels/flash_attn_bwd.py, `atomic_by_default`)."""
     if dtype_bytes(dtype) != 2 or d not in TRITON_ATOMIC_HEAD_DIMS or s < TRITON_ATOMIC_MIN_LEN:
         return False
-    return b * h_kv * -(-s // d) >= TRITON_ATOMIC_MIN_PROGRAMS
+    programs = b * h_kv * triton_kv_split(b, h, h_kv, s) * -(-s // d)
+    return programs >= TRITON_ATOMIC_MIN_PROGRAMS
 
 
 # How our kernel's backward splits a GQA group over dK/dV programs (mirrors
@@ -301,9 +305,9 @@ def _triton(sh: _Shape) -> list[Term]:
     if not sh.backward:
         return [("output", sh.out_bytes()), ("log-sum-exp (fp32, one per row)", sh.rows * 4)]
     terms = _fused_backward_terms(sh)
-    if triton_atomic_dq(sh.b, sh.h_kv, sh.s, sh.d, sh.dtype):
+    if triton_atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.d, sh.dtype):
         terms.append(("fp32 dq buffer of the atomic-dQ backward (s > 2,048, d = 64 or 128, "
-                      "B·H_kv·⌈s/d⌉ ≥ 1,024)", sh.out_bytes(4)))
+                      "B·H_kv·S·⌈s/d⌉ ≥ 2,048)", sh.out_bytes(4)))
     split = triton_kv_split(sh.b, sh.h, sh.h_kv, sh.s)
     if split > 1:
         terms.append((f"partial dk, dv of the GQA group split over {split} programs "
@@ -386,8 +390,10 @@ def attention_peak_bytes(
     - sdpa_flash: forward O + LSE; forward+backward as cudnn plus one more fp32
       output-sized workspace.
     - triton (ours): forward O + LSE; forward+backward O + dq + dk + dv + 2·LSE, + fp32 dq
-      (B·H·s·d·4) for 16-bit inputs at d = 64 or 128 with s > 2,048 and B·H_kv·⌈s/d⌉ ≥ 1,024,
-      where its backward adds dQ with atomics (kernels/flash_attn_bwd.py).
+      (B·H·s·d·4) for 16-bit inputs at d = 64 or 128 with s > 2,048 and B·H_kv·S·⌈s/d⌉ ≥
+      2,048, where its backward adds dQ with atomics (kernels/flash_attn_bwd.py), + partial
+      dk, dv 2·S·B·H_kv·s·d·e where GQA splits each group over S > 1 programs
+      (`triton_kv_split`).
     Returns whole bytes.
     """
     return sum(b for _, b in attention_peak_terms(

@@ -114,7 +114,7 @@ def flash_attention(
                           (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
                           buffer: by default for fp16/bf16 at d = 64 and 128 once
-                          max(s_q, s_k) > 2,048 and B*H_kv*ceil(s_k/BLOCK_N) >= 1,024
+                          max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
                           (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the
                           atomic adds make dQ nondeterministic in its last bits)
@@ -173,7 +173,7 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
     partial dK, dV sums 2*B*H_kv*S*s_k*d*e, alive until they are summed into dK, dV (``split``
     None means the default split; a config's BWD_KV_SPLIT gives another)."""
     if atomic is None:
-        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, e)
+        atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, e)
     buffer = 4 * B * H * s_q * d if atomic else 0
     if split is None:
         split = kv_split(B, H, H_kv, s_k)

@@ -34,7 +34,7 @@ dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds
 dQ buffer, and the result is deterministic.
 
 Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
-at least 1,024 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small
+at least 2,048 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small
 kernel computes delta first, and the dK/dV programs also add their share scale * dS K of every
 query block's dQ into a zeroed fp32 buffer, which is cast to the inputs' dtype at the end.
 That is 5 tile products instead of 7, for a nondeterministic dQ (the adds land in any order,
@@ -445,31 +445,31 @@ ATOMIC_TILES = {
 }
 # Where the atomic-dQ backward is the default: 16-bit inputs, these head dims, the longer of
 # s_q and s_k in the 4,096 bucket or above (more than 2,048), and at least ATOMIC_MIN_PROGRAMS
-# dK/dV programs (B * H_kv * ceil(s_k / BLOCK_N) with `atomic_tiles`). There, on the H200, the
-# whole backward measured 0.2-12% faster than the two-kernel one (tune_bwd, B = 1, H = 32,
-# s = 4,096 to 16,384, d = 64 and 128, causal or not: 12 of 12 keys, all with 1,024 programs or
-# more); at 2,048 it was 2% faster to 3% slower, and shorter calls are bound by host time,
-# where its two extra launches (zeroing, cast) cost. The program count is there for GQA and
-# small batches: the atomic backward moves the dQ work of H query heads into the dK/dV grid of
-# H_kv heads, which then runs few, long programs on 132 SMs (GQA 4:1 at s = 4,096, d = 64,
-# 512 programs: the two reference rows measured 7% and 6% slower with it than without, one
-# sample each; kernels/NOTES.md step 8). The rule reads shapes and dtype (and PyTorch's
-# deterministic-mode flag), never the GPU, so that the extra fp32 buffer is predictable
-# (calc.peak mirrors it, outside deterministic mode); GPUs without bulk reduce-adds use
-# element-wise adds.
+# dK/dV programs (B * H_kv * S * ceil(s_k / BLOCK_N), with `atomic_tiles` and the GQA split S of
+# `kv_split`). Shorter calls are bound by host time, where its two extra launches (zeroing,
+# cast) cost. The program count: the atomic backward moves the dQ work of H query heads into
+# the dK/dV grid, which must be large enough to spread it. Measured on the H200 (two sweeps of
+# both backwards, 2026-11-30, 32 and 40 shapes: B = 1, H = 32, H_kv = 1 to 32, d = 64 and 128,
+# s = 4,096 and 8,192, causal or not; scripts/atomic_threshold.py, kernels/NOTES.md step 9):
+# from 2,048 programs up it was faster in 18 of 26 timings (median +3%; at s = 8,192 13 of 16,
+# median +5%, up to +14%; at 4,096 a wash, 5 of 10); from 1,024 to 2,047 programs in 7 of 22
+# (median -2%), and below 1,024 in 7 of 24 (down to -29%). Below 2,048 programs the
+# deterministic backward without the fp32 buffer (B * H * s_q * d * 4 bytes, twice dQ) stays. The rule reads shapes and dtype (and PyTorch's
+# deterministic-mode flag), never the GPU, so that the buffer is predictable (calc.peak
+# mirrors it, outside deterministic mode); GPUs without bulk reduce-adds use element-wise adds.
 ATOMIC_HEAD_DIMS = (64, 128)
 ATOMIC_MIN_LEN = 2049
-ATOMIC_MIN_PROGRAMS = 1024
+ATOMIC_MIN_PROGRAMS = 2048
 
 
-def atomic_by_default(B: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
+def atomic_by_default(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
     """Whether the backward adds dQ with atomics when no config says otherwise (see above);
     ``elem`` is the inputs' bytes per element. Never under
     ``torch.use_deterministic_algorithms(True)``: the two-kernel backward is deterministic."""
     if elem != 2 or d not in ATOMIC_HEAD_DIMS or max(s_q, s_k) < ATOMIC_MIN_LEN:
         return False
-    return (B * H_kv * cdiv(s_k, atomic_tiles(d)["BLOCK_N"]) >= ATOMIC_MIN_PROGRAMS
-            and not torch.are_deterministic_algorithms_enabled())
+    programs = B * H_kv * kv_split(B, H, H_kv, s_k) * cdiv(s_k, atomic_tiles(d)["BLOCK_N"])
+    return programs >= ATOMIC_MIN_PROGRAMS and not torch.are_deterministic_algorithms_enabled()
 
 
 def atomic_tiles(d: int) -> dict:
@@ -568,7 +568,7 @@ def attention_backward(
     elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
         atomic = False  # tiles given without the switch are the two-kernel backward's
     else:
-        atomic = atomic_by_default(B, H_kv, s_q, s_k, d, q.element_size())
+        atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, q.element_size())
     if config is not None:  # the forward-only switches (descriptors, experimental loops)
         tma_force = config.get("BWD_DQ_TMA")
         config = {key: val for key, val in config.items()

@@ -25,11 +25,11 @@ from pages import common as c  # noqa: E402
 
 BENCH = ROOT / "kernels"
 # timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed). The
-# forward+backward rows of eager calls and GPU time come from the session-6 run (the atomic-dQ
-# backward for long sequences), the forward rows from session 5's.
+# forward+backward rows of eager calls and GPU time come from the session-7 run (the atomic-dQ
+# backward on large grids), the forward rows from session 5's.
 SOURCES = {
     "eager calls": ({"fwd": BENCH / "bench_h200_2026-11-30e.csv",
-                     "fwd_bwd": BENCH / "bench_h200_2026-11-30f.csv"}, (
+                     "fwd_bwd": BENCH / "bench_h200_2026-11-30i.csv"}, (
         "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
         "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
         "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
@@ -40,10 +40,14 @@ SOURCES = {
         "turn, and the median kept (`kernels.bench --rounds 3`): slow drift in the shared host's "
         "load then falls on every backend alike, which one round does not ensure.")),
     "GPU time (CUDA graphs)": ({"fwd": BENCH / "bench_h200_2026-11-30e_graphs.csv",
-                                "fwd_bwd": BENCH / "bench_h200_2026-11-30f_graphs.csv"}, (
+                                "fwd_bwd": BENCH / "bench_h200_2026-11-30i_graphs.csv"}, (
         "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
         "host's share.")),
 }
+# Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads): measured for
+# forward+backward in GPU time only (bf16), the backward being where GQA changes the work.
+GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "bench_h200_2026-11-30i_gqa_graphs.csv"}}
+KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
 LABELS = {
     "triton": "ours: default path",
     "triton_generic": "ours: portable Triton forward",
@@ -74,10 +78,11 @@ SPECS = {
     "kcausal": BoolParam(False),
     "kpass": ChoiceParam("fwd", ("fwd", "fwd+bwd")),
     "ktiming": ChoiceParam("eager calls", tuple(SOURCES)),
+    "kkv": ChoiceParam("32", tuple(KV_WORDS)),
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=6)  # five bundled CSVs
+@st.cache_data(show_spinner=False, max_entries=8)  # six bundled CSVs
 def load(path: str) -> pd.DataFrame:
     return pd.DataFrame([vars(r) for r in read_rows(path)])
 
@@ -86,21 +91,31 @@ c.page_setup("kernel_speed")
 st.title("Kernel speed")
 st.markdown(
     "**How fast is each attention kernel on a real GPU?** Our bundled kernels and PyTorch's "
-    "SDPA backends, run in one process on the same inputs (B = 1, H = 32), on an NVIDIA H200. "
+    "SDPA backends, run in one process on the same inputs (B = 1, H = 32 query heads), on an "
+    "NVIDIA H200. "
     "All figures are **measured** (`python -m kernels.bench`); TFLOP/s count the forward as "
     "4·B·H·s²·d (half when causal) and forward + backward as 3.5× that."
 )
 
-cols = st.columns(5)
+cols = st.columns(6)
 dtype = c.radio("dtype", "kdtype", SPECS["kdtype"], where=cols[0])
 d = int(c.radio("head dim d", "kd", SPECS["kd"], where=cols[1]))
 mode = c.radio("pass", "kpass", SPECS["kpass"], where=cols[2])
 timing = c.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
-causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[4])
+kv = c.radio("key/value heads", "kkv", SPECS["kkv"], where=cols[4], format_func=KV_WORDS.get)
+causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[5])
 c.sync_url(SPECS)
 
 want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
 paths, how = SOURCES[timing]
+if kv != "32":
+    paths = GQA_SOURCES.get(timing, {})
+    if want not in paths or dtype != "bf16":
+        st.info("Grouped-query attention (8 key/value heads) was measured for **forward + "
+                "backward** in **GPU time (CUDA graphs)**, **bf16**: choose those to see it.")
+        st.stop()
+    how += (" Grouped-query attention: 8 key/value heads shared by the 32 query heads "
+            "(SDPA backends called with enable_gqa=True).")
 source = paths[want]
 try:
     df = load(str(source))
@@ -155,8 +170,10 @@ st.dataframe(table, hide_index=True, width="stretch")
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
     "The forward+backward rows add our Triton backward: two kernels (dQ, then dK/dV) up to "
-    "s = 2,048, above that (here; in general once the dK/dV grid has 1,024 programs or more) "
-    "one dK/dV kernel that also adds dQ into an fp32 buffer (bulk reduce-adds of the copy "
-    "engine). Full tables, the targets and the tuning log: "
+    "s = 2,048 and where the dK/dV grid has fewer than 2,048 programs (here: d = 128 up to "
+    "s = 4,096), else one dK/dV kernel that also adds dQ into an fp32 buffer (bulk "
+    "reduce-adds of the copy engine). With grouped-query attention on a small grid each "
+    "group of query heads is split over several dK/dV programs whose partial dK, dV are "
+    "summed afterwards. Full tables, the targets and the tuning log: "
     "`kernels/BENCH_H200.md`, `kernels/NOTES.md`."
 )

@@ -331,12 +331,12 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     # column follows it, not one kernel
     from kernels.bench import read_rows
 
-    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30f.csv")
+    raw = {r.impl: r.tflops for r in read_rows(ROOT / "kernels" / "bench_h200_2026-11-30i.csv")
            if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("fp16", 64, True, "fwd_bwd", 4096)}
     r = t.set_index("s").loc[4096]
     assert r["default / cuDNN"] == round(raw["triton"] / raw["sdpa_cudnn"], 2)
     graphs = {(r.impl, r.seq_len): r.tflops for r in read_rows(
-        ROOT / "kernels" / "bench_h200_2026-11-30f_graphs.csv")
+        ROOT / "kernels" / "bench_h200_2026-11-30i_graphs.csv")
         if (r.dtype, r.head_dim, r.causal, r.mode) == ("bf16", 128, False, "fwd_bwd")}
     at = run("kernel", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd")
     t = _kernel_table(at).set_index("s")
@@ -353,6 +353,29 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     assert any("--rounds 3" in c.value for c in at.caption)
     at = run("kernel", kd="96", kpass="both")
     assert len(warnings(at)) == 2 and _kernel_table(at) is not None
+
+
+def test_kernel_speed_gqa_rows() -> None:
+    """Grouped-query attention: forward+backward in GPU time from its own bench CSV; other
+    choices say where it was measured instead of showing MHA figures under a GQA label."""
+    from kernels.bench import read_rows
+
+    gqa = {(r.impl, r.seq_len): r.tflops for r in read_rows(
+        ROOT / "kernels" / "bench_h200_2026-11-30i_gqa_graphs.csv")
+        if (r.dtype, r.head_dim, r.causal, r.mode) == ("bf16", 128, True, "fwd_bwd")}
+    assert {r.kv_heads for r in read_rows(
+        ROOT / "kernels" / "bench_h200_2026-11-30i_gqa_graphs.csv")} == {8}
+    at = run("kernel", kkv="8", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd",
+             kcausal="true")
+    t = _kernel_table(at).set_index("s")
+    assert t.loc[4096, "ours: default path"] == round(gqa[("triton", 4096)])
+    assert t.loc[4096, "default / FlashAttention-2"] == round(
+        gqa[("triton", 4096)] / gqa[("sdpa_flash", 4096)], 2)
+    assert any("enable_gqa" in c.value for c in at.caption)
+    for other in (dict(kpass="fwd"), dict(ktiming="eager calls", kpass="fwd+bwd"),
+                  dict(kdtype="fp16", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd")):
+        at = run("kernel", kkv="8", **other)
+        assert not at.dataframe and any("measured for" in i.value for i in at.info)
 
 
 EXTREMES = {

@@ -206,10 +206,11 @@ def test_memory_formula_docstring(fa):
     assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel + partial
     assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2, split=1) == two_kernel
     # the atomic-dQ backward (by default from s = 2,049 at d = 64 and 128, 16-bit, with at
-    # least 1,024 dK/dV programs: here 4 x 8 x 32, so no split) adds its fp32 buffer
-    buffer = 4 * 32 * 4096 * 128 * 4
-    assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2) == 4 * two_kernel + buffer
-    assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2, atomic=False) == 4 * two_kernel
+    # least 2,048 dK/dV programs: here 8 x 8 x 32, so no split) adds its fp32 buffer
+    buffer = 8 * 32 * 4096 * 128 * 4
+    assert fa.forward_backward_bytes(8, 32, 8, 4096, 4096, 128, 2) == 8 * two_kernel + buffer
+    assert fa.forward_backward_bytes(8, 32, 8, 4096, 4096, 128, 2, atomic=False) == 8 * two_kernel
+    assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2) == 4 * two_kernel  # 1,024
     assert fa.forward_backward_bytes(1, 32, 32, 2048, 2048, 128, 2) == (  # s = 2,048: no buffer
         4 * 32 * 2048 * 128 * 2 + 8 * 32 * 2048)
     assert fa.forward_backward_bytes(1, 32, 32, 4096, 4096, 96, 2) == (  # d = 96: no buffer
@@ -657,8 +658,12 @@ def test_backward_choice(monkeypatch):
     atomic, two = ["delta", "dkdv_atomic"], ["dq", "dkdv"]
     assert names(1, 32, 32, 4096, 64) == atomic  # 32 x 64 = 2,048 dK/dV programs
     assert names(1, 32, 32, 2048, 64) == two  # not longer than 2,048
-    assert names(1, 32, 8, 4096, 64) == two  # GQA: 8 x 64 = 512 programs
-    assert names(2, 32, 8, 4096, 64) == atomic  # 1,024
+    assert names(1, 32, 32, 4096, 128) == two  # 32 x 32 = 1,024 programs
+    assert names(1, 32, 32, 8192, 128) == atomic  # 2,048
+    assert names(1, 32, 8, 4096, 64) == atomic  # GQA split over 4: 8 x 4 x 64 = 2,048
+    assert names(1, 32, 8, 4096, 128) == two  # GQA split over 4: 8 x 4 x 32 = 1,024
+    assert names(4, 32, 8, 4096, 128) == two  # no split (4 x 8 x 32 blocks): 1,024
+    assert names(8, 32, 8, 4096, 128) == atomic  # 2,048
     assert names(1, 32, 32, 4096, 80) == two  # head dim
     assert names(1, 32, 32, 4096, 64, torch.float32) == two  # dtype
     assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": False}) == two
@@ -770,17 +775,17 @@ def test_gpu_autotuned_path(fa, poisoned, d, causal):
 def test_gpu_memory_matches_formula(fa, backward, forward, s):
     """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
     with either forward kernel; at s = 4,096 the sm90 case's backward is the atomic-dQ one
-    (8 x 4 x 32 = 1,024 dK/dV programs; its fp32 buffer counted), the triton case's (tiles
+    (16 x 4 x 32 = 2,048 dK/dV programs; its fp32 buffer counted), the triton case's (tiles
     given) the two-kernel one."""
     if forward == "sm90" and not HOPPER:
         pytest.skip("the Gluon forward runs on compute capability 9.x only")
-    B, H, H_kv, d = 8, 8, 4, 128
+    B, H, H_kv, d = 16, 8, 4, 128
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
     cfg = GPU_CONFIG if forward == "triton" else {"SM90": True}
     atomic = forward == "sm90" and s > 2048
     from kernels.flash_attn_bwd import atomic_by_default
 
-    assert atomic_by_default(B, H_kv, s, s, d, 2) == (s > 2048)
+    assert atomic_by_default(B, H, H_kv, s, s, d, 2) == (s > 2048)
 
     def call():
         if backward:
@@ -802,6 +807,38 @@ def test_gpu_memory_matches_formula(fa, backward, forward, s):
     want = (fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=atomic) if backward
             else fa.forward_bytes(B, H, s, d, 2))
     assert want <= peak <= want + 8 * 512, (peak, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s", [2048, 4096])
+def test_gpu_memory_gqa_split(fa, s):
+    """Peak extra bytes of forward + backward with a GQA group of 8 split over programs equal
+    the formula: at s = 2,048 the partial dK, dV sums (S = 8), at 4,096 also the atomic
+    backward's fp32 buffer (S = 8: 4 x 8 x 64 = 2,048 dK/dV programs)."""
+    from kernels.flash_attn_bwd import atomic_by_default, kv_split
+
+    B, H, H_kv, d = 1, 32, 4, 64
+    assert kv_split(B, H, H_kv, s) == 8
+    assert atomic_by_default(B, H, H_kv, s, s, d, 2) == (s > 2048)
+    q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.float16, "cuda")
+
+    def call():
+        fa.flash_attention(q, k, v, causal=False).backward(do)
+
+    call()  # compile
+    for t in (q, k, v):
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    want = fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2)
+    assert want == fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=False, split=1) + (
+        2 * 8 * B * H_kv * s * d * 2) + (B * H * s * d * 4 if s > 2048 else 0)
+    assert want <= peak <= want + 10 * 512, (peak, want)
 
 
 if __name__ == "__main__" and "--interp-worker" in sys.argv:

@@ -109,8 +109,8 @@ def test_peak_is_a_positive_int_and_grows_with_s(impl, b, h, s, d, dtype, causal
 def test_linear_in_batch(impl, b, h, s, bwd) -> None:
     one = attention_peak_bytes(impl, 1, h, s, 64, "fp16", False, bwd)
     many = attention_peak_bytes(impl, b, h, s, 64, "fp16", False, bwd)
-    if impl == "triton" and bwd and triton_atomic_dq(b, h, s, 64, "fp16") != triton_atomic_dq(
-            1, h, s, 64, "fp16"):
+    if impl == "triton" and bwd and triton_atomic_dq(b, h, h, s, 64, "fp16") != triton_atomic_dq(
+            1, h, h, s, 64, "fp16"):
         # our backward picks its scheme by grid size: a larger batch can switch on the fp32
         # dQ buffer (B·H·s·d·4), which is itself linear in batch
         assert many == b * one + b * h * s * 64 * 4
@@ -151,23 +151,31 @@ def test_triton_atomic_dq_buffer() -> None:
     """Our backward's fp32 dQ buffer is counted exactly where the kernel keeps one."""
     two = attention_peak_bytes("triton", 1, 32, 2048, 128, "fp16", backward=True)
     assert two == (2 * 32 * 2048 * 128 * 2 + 2 * 32 * 2048 * 128 * 2 + 8 * 32 * 2048)
+    # d = 128: 32 heads x 32 key blocks = 1,024 dK/dV programs at s = 4,096 (under 2,048: no
+    # buffer), 2,048 at s = 8,192 (the fp32 buffer B*H*s*d*4)
     four = attention_peak_bytes("triton", 1, 32, 4096, 128, "bf16", backward=True)
-    assert four == (4 * 32 * 4096 * 128 * 2 + 8 * 32 * 4096) + 32 * 4096 * 128 * 4
+    assert four == 4 * 32 * 4096 * 128 * 2 + 8 * 32 * 4096
+    eight = attention_peak_bytes("triton", 1, 32, 8192, 128, "bf16", backward=True)
+    assert eight == (4 * 32 * 8192 * 128 * 2 + 8 * 32 * 8192) + 32 * 8192 * 128 * 4
     # d = 96 and fp32 inputs keep the two-kernel backward: no buffer
-    assert attention_peak_bytes("triton", 1, 32, 4096, 96, "fp16", backward=True) == (
-        4 * 32 * 4096 * 96 * 2 + 8 * 32 * 4096)
-    assert attention_peak_bytes("triton", 1, 32, 4096, 64, "fp32", backward=True) == (
-        4 * 32 * 4096 * 64 * 4 + 8 * 32 * 4096)
-    # GQA 4:1 at s = 4,096, d = 64: 8 key/value heads x 64 key blocks = 512 dK/dV programs,
-    # under 1,024: the two-kernel backward, no buffer; at s = 8,192 there are 1,024. Both
-    # split the group (8 x 32 and 8 x 64 blocks of 128 keys: S = 4 and 2), which adds the
-    # partial dK, dV sums 2 * S * B * H_kv * s * d * e
+    assert attention_peak_bytes("triton", 1, 32, 8192, 96, "fp16", backward=True) == (
+        4 * 32 * 8192 * 96 * 2 + 8 * 32 * 8192)
+    assert attention_peak_bytes("triton", 1, 32, 8192, 64, "fp32", backward=True) == (
+        4 * 32 * 8192 * 64 * 4 + 8 * 32 * 8192)
+    # GQA 4:1 at d = 64: 8 key/value heads x 32 blocks of 128 keys at s = 4,096 split the group
+    # over S = 4 programs (partial dK, dV sums 2*S*B*H_kv*s*d*e), which makes 8 x 4 x 64 =
+    # 2,048 atomic dK/dV programs of 64 keys: the buffer too. At d = 128, 8 x 4 x 32 = 1,024:
+    # the split, no buffer.
     gqa = attention_peak_bytes("triton", 1, 32, 4096, 64, "bf16", backward=True, kv_heads=8)
     assert gqa == (2 * 32 * 4096 * 64 * 2 + 2 * 8 * 4096 * 64 * 2 + 8 * 32 * 4096
-                   + 2 * 4 * 8 * 4096 * 64 * 2)
-    gqa8k = attention_peak_bytes("triton", 1, 32, 8192, 64, "bf16", backward=True, kv_heads=8)
-    assert gqa8k == (2 * 32 * 8192 * 64 * 2 + 2 * 8 * 8192 * 64 * 2 + 8 * 32 * 8192
-                     + 32 * 8192 * 64 * 4 + 2 * 2 * 8 * 8192 * 64 * 2)
+                   + 2 * 4 * 8 * 4096 * 64 * 2 + 32 * 4096 * 64 * 4)
+    gqa128 = attention_peak_bytes("triton", 1, 32, 4096, 128, "bf16", backward=True, kv_heads=8)
+    assert gqa128 == (2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
+                      + 2 * 4 * 8 * 4096 * 128 * 2)
+    # s = 2,048: the split (S = 4, 8 x 16 blocks), never the buffer
+    gqa2k = attention_peak_bytes("triton", 1, 32, 2048, 64, "bf16", backward=True, kv_heads=8)
+    assert gqa2k == (2 * 32 * 2048 * 64 * 2 + 2 * 8 * 2048 * 64 * 2 + 8 * 32 * 2048
+                     + 2 * 4 * 8 * 2048 * 64 * 2)
 
 
 def test_triton_kv_split() -> None:
@@ -205,8 +213,8 @@ def test_triton_atomic_rule_mirrors_the_kernel() -> None:
         for d in (16, 64, 80, 128, 256):
             for b, h_kv in ((1, 32), (1, 8), (2, 8), (1, 1), (64, 16)):
                 for dtype, e in (("fp16", 2), ("bf16", 2), ("fp32", 4)):
-                    assert triton_atomic_dq(b, h_kv, s, d, dtype) == bwd.atomic_by_default(
-                        b, h_kv, s, s, d, e), (b, h_kv, s, d, dtype)
+                    assert triton_atomic_dq(b, 32, h_kv, s, d, dtype) == bwd.atomic_by_default(
+                        b, 32, h_kv, s, s, d, e), (b, h_kv, s, d, dtype)
 
 
 def test_triton_kv_split_mirrors_the_kernel() -> None:
