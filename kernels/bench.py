@@ -28,12 +28,13 @@ from dataclasses import asdict, dataclass
 # kernels/flash_attn_fwd_sm90.py, at d = 128, and at d = 64 past 2,048/4,096 with three
 # warpgroups; with the Triton backward); "triton_generic" is the portable Triton forward on the
 # same GPU; "triton_sm90_3wg" the three-warpgroup Gluon forward forced at every length (d = 64);
-# "triton_sm90_persistent" the Gluon forward's persistent form (two warpgroups; experimental).
+# "triton_sm90_persistent" the Gluon forward's persistent form (two warpgroups; opt-in).
 IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "sdpa_cudnn",
          "sdpa_flash", "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
-# what runs without --impls: not the persistent form until it has run on a GPU (NOTES step 8)
+# what runs without --impls: not the persistent form (it measured 1-17% slower than the default
+# forward on the H200 and is not a default path anywhere: NOTES step 9a)
 DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
 SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
         "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
