@@ -25,8 +25,8 @@ from pages import common as c  # noqa: E402
 
 BENCH = ROOT / "kernels"
 # timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed). The
-# forward+backward rows of eager calls and GPU time come from the session-7 run (the atomic-dQ
-# backward on large grids), the forward rows from session 5's.
+# forward+backward rows come from session-7 runs (the atomic-dQ backward on large grids), the
+# forward rows from session 5's.
 SOURCES = {
     "eager calls": ({"fwd": BENCH / "bench_h200_2026-11-30e.csv",
                      "fwd_bwd": BENCH / "bench_h200_2026-11-30i.csv"}, (
@@ -35,7 +35,7 @@ SOURCES = {
         "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
         "median of three interleaved rounds.")),
     "eager, median of 3 rounds": ({"fwd": BENCH / "bench_h200_2026-11-30e_short.csv",
-                                   "fwd_bwd": BENCH / "bench_h200_2026-11-30e_short.csv"}, (
+                                   "fwd_bwd": BENCH / "bench_h200_2026-11-30j_short.csv"}, (
         "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
         "turn, and the median kept (`kernels.bench --rounds 3`): slow drift in the shared host's "
         "load then falls on every backend alike, which one round does not ensure.")),

@@ -351,6 +351,15 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     assert list(t.index) == [1024, 2048]  # that run covers the short lengths only
     assert t.loc[1024, "ours: default path"] == round(rounds["triton"])
     assert any("--rounds 3" in c.value for c in at.caption)
+    rounds_fb = {r.impl: r.tflops for r in read_rows(
+        ROOT / "kernels" / "bench_h200_2026-11-30j_short.csv")
+        if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("bf16", 128, False, "fwd_bwd",
+                                                                   2048)}
+    at = run("kernel", ktiming="eager, median of 3 rounds", kpass="fwd+bwd")
+    t = _kernel_table(at).set_index("s")
+    assert list(t.index) == [1024, 2048]
+    assert t.loc[2048, "default / FlashAttention-2"] == round(
+        rounds_fb["triton"] / rounds_fb["sdpa_flash"], 2)
     at = run("kernel", kd="96", kpass="both")
     assert len(warnings(at)) == 2 and _kernel_table(at) is not None
 
