@@ -768,6 +768,21 @@ def test_gpu_autotuned_path(fa, poisoned, d, causal):
     check_against_reference(fa, 1, 8, 8, 1025, 1025, d, causal, torch.bfloat16, "cuda")
 
 
+def _peak_extra_bytes(call, leaves) -> int:
+    """Peak bytes allocated by call() beyond what was allocated before it, after a first call
+    (compilation) and with the leaves' gradients unset, so that the call allocates them."""
+    call()  # compile
+    for t in leaves:
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("s", [2048, 4096])
 @pytest.mark.parametrize("forward", ["triton", "sm90"])
@@ -794,16 +809,7 @@ def test_gpu_memory_matches_formula(fa, backward, forward, s):
             with torch.no_grad():
                 fa.flash_attention(q, k, v, causal=True, config=cfg)
 
-    call()  # compile
-    for t in (q, k, v):
-        t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    call()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    peak = _peak_extra_bytes(call, (q, k, v))
     want = (fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=atomic) if backward
             else fa.forward_bytes(B, H, s, d, 2))
     assert want <= peak <= want + 8 * 512, (peak, want)
@@ -825,16 +831,7 @@ def test_gpu_memory_gqa_split(fa, s):
     def call():
         fa.flash_attention(q, k, v, causal=False).backward(do)
 
-    call()  # compile
-    for t in (q, k, v):
-        t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    call()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    peak = _peak_extra_bytes(call, (q, k, v))
     want = fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2)
     assert want == fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=False, split=1) + (
         2 * 8 * B * H_kv * s * d * 2) + (B * H * s * d * 4 if s > 2048 else 0)
