@@ -54,7 +54,9 @@ arithmetic mask at all: their lse2 is loaded as +inf, so their probabilities are
 
 Extra memory of the backward: delta (B * H * s_q * 4 bytes) and the three gradients, in the
 inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each); with atomic
-dQ also the fp32 buffer (B * H * s_q * d * 4), alive until the cast to dQ.
+dQ also the fp32 buffer (B * H * s_q * d * 4), alive until the cast to dQ; with a GQA group
+split over S dK/dV programs (`kv_split`, small grids) also the partial dK, dV sums
+(2 * S * B * H_kv * s_k * d * e), alive until they are summed into dK, dV.
 """
 
 from __future__ import annotations
@@ -454,9 +456,10 @@ ATOMIC_TILES = {
 # from 2,048 programs up it was faster in 18 of 26 timings (median +3%; at s = 8,192 13 of 16,
 # median +5%, up to +14%; at 4,096 a wash, 5 of 10); from 1,024 to 2,047 programs in 7 of 22
 # (median -2%), and below 1,024 in 7 of 24 (down to -29%). Below 2,048 programs the
-# deterministic backward without the fp32 buffer (B * H * s_q * d * 4 bytes, twice dQ) stays. The rule reads shapes and dtype (and PyTorch's
-# deterministic-mode flag), never the GPU, so that the buffer is predictable (calc.peak
-# mirrors it, outside deterministic mode); GPUs without bulk reduce-adds use element-wise adds.
+# deterministic backward without the fp32 buffer (B * H * s_q * d * 4 bytes, twice dQ) stays.
+# The rule reads shapes and dtype (and PyTorch's deterministic-mode flag), never the GPU, so
+# that the buffer is predictable (calc.peak mirrors it, outside deterministic mode); GPUs
+# without bulk reduce-adds use element-wise adds.
 ATOMIC_HEAD_DIMS = (64, 128)
 ATOMIC_MIN_LEN = 2049
 ATOMIC_MIN_PROGRAMS = 2048
@@ -555,7 +558,9 @@ def attention_backward(
     `atomic_tiles`. ``{"BWD_DQ_TMA": False}`` keeps its element-wise adds on Hopper.
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
-    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast.
+    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with GQA
+    on a small grid (`kv_split` S > 1; config {"BWD_KV_SPLIT": S} forces another divisor of
+    the group) also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK, dV.
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
