@@ -129,7 +129,9 @@ def flash_attention(
     descriptors or not, and "BWD_ATOMIC_DQ": True/False to force the backward that adds dQ
     into an fp32 buffer with atomic adds (5 tile products instead of 7, nondeterministic dQ,
     B*H*s_q*d*4 bytes more; the default for long sequences, see Memory) or the two-kernel one
-    (a config with tiles and without this key selects the two-kernel backward).
+    (a config with tiles and without this key selects the two-kernel backward), and
+    "BWD_KV_SPLIT": S (a divisor of H / H_kv) to split each GQA group over S dK/dV programs
+    instead of the default `flash_attn_bwd.kv_split` (see Memory).
 
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
