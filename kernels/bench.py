@@ -33,7 +33,7 @@ IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent"
          "sdpa_flash", "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
-# what runs without --impls: not the persistent form (it measured 1-17% slower than the default
+# what runs without --impls: not the persistent form (it measured 1-18% slower than the default
 # forward on the H200 and is not a default path anywhere: NOTES step 9a)
 DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
 SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",

@@ -53,7 +53,7 @@ block(s) of causal attention and the ragged tail run with one (two loops with th
 
 A persistent form (config {"SM90_PERSISTENT": True}, `_persistent`; off by default) launches at
 most one program per SM and walks the tiles in a loop, ring slots and barrier phases carrying on
-from one tile to the next. On the H200 it passed its GPU tests and measured 1-17% slower than
+from one tile to the next. On the H200 it passed its GPU tests and measured 1-18% slower than
 the one-tile default at d = 128, s = 4,096 to 16,384 (kernels/NOTES.md step 9a: O leaves
 through the Q buffer, so the next tile's Q waits for the epilogue, and the static causal order
 balances worse than the hardware's block scheduler).
