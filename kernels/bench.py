@@ -3,6 +3,7 @@
     python -m kernels.bench                 # the full grid (a few minutes on an H200)
     python -m kernels.bench --quick         # fp16, d=128, s in {1024, 4096, 16384}
     python -m kernels.bench --dtypes bf16 --dims 64 --seqs 2048 8192 --modes fwd
+    python -m kernels.bench --graphs --modes fwd_bwd --kv-heads 8   # GQA 4:1, GPU time only
 
 For each (dtype, head dim, causal, forward | forward+backward, s) every implementation runs on
 the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time is the
