@@ -64,7 +64,8 @@ class Row:
     torch_version: str
     triton_version: str
     timestamp: str  # UTC, ISO 8601
-    kv_heads: int = 0  # key/value heads (GQA when < heads); 0 in CSVs from before the column
+    kv_heads: int = 0  # key/value heads (GQA when < heads); read_rows gives CSVs from before
+    # the column their `heads` here
 
 
 def read_rows(path) -> list[Row]:

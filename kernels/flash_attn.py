@@ -143,8 +143,9 @@ def flash_attention(
     off by default: 1-18% slower than the default on the H200, kernels/NOTES.md step 9a).
     Elsewhere, on a Hopper GPU (Triton >= 3.4) the Triton forward reads K and V through tensor
     descriptors (the TMA copy engine) for 16-bit inputs with s_k > 1024 whose (batch, head,
-    seq) flatten into rows (the contiguous layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the
-    descriptors off, FLASH_ATTN_TUNE=1 re-tunes instead of using the stored H200 choices.
+    seq) flatten into rows (the contiguous layout), and through pointers otherwise;
+    FLASH_ATTN_DESC=0 turns the descriptors off, FLASH_ATTN_TUNE=1 re-tunes instead of using
+    the stored H200 choices.
     """
     _check_inputs(q, k, v, scale)
     if scale is None:
