@@ -6,8 +6,12 @@ formulas that use it live in params.py (weights) and kv.py (KV cache); presets i
 `ModelConfig.from_hf_config` reads the keys that the Hugging Face `transformers` configuration
 classes define (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig,
 Qwen3Config, Qwen3MoeConfig, GemmaConfig, Gemma2Config, Gemma3TextConfig, Phi3Config,
-GPT2Config, and the non-gated GPTNeoXConfig and PhiConfig). Unknown model types are read with
-the Llama conventions (gated MLP, RMSNorm, no biases unless attention_bias/mlp_bias say so). Per-architecture conventions that a config.json leaves implicit (tied embeddings,
+GPT2Config, the non-gated GPTNeoXConfig and PhiConfig, and since issue 19 DeepseekV2Config /
+DeepseekV3Config (multi-head latent attention, shared experts, dense first layers),
+JambaConfig, NemotronHConfig and Qwen3NextConfig (hybrids whose non-attention layers keep a
+constant state, calc/mixers.py)). Any other model_type is refused with a ValueError that names
+it and lists KNOWN_MODEL_TYPES: reading it as Llama would give a plausible wrong number.
+Per-architecture conventions that a config.json leaves implicit (tied embeddings,
 which layers use the sliding window, biases, extra norms) follow the matching modeling_*.py
 files of `transformers`; each rule below names its architecture.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from calc.mixers import Mixer, gated_deltanet, mamba1, mamba2
 from calc.units import MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, check_int
 
 
@@ -54,6 +59,31 @@ class ModelConfig:
     dense_mlp_layers: int = 0  # MoE: layers with a plain dense MLP instead of experts
     #   (Qwen-MoE mlp_only_layers / decoder_sparse_step); the rest of the L layers are MoE
     dense_intermediate_size: int = 0  # MoE: MLP width of those dense layers (0 = none)
+    # --- added for issue 19: MLA, hybrids, gated attention; defaults keep the Llama layout ---
+    model_type: str = ""  # config.json model_type, lower case ("" when built by hand)
+    attention_layers: int | None = None  # layers with attention and a KV cache (None: all L)
+    mlp_layers: int | None = None  # layers with an MLP or MoE block (None: all L; Nemotron-H
+    #   blocks hold one mixer each, so its '-' blocks are the MLP layers)
+    shared_expert_gate: bool = True  # Qwen MoE gates its shared expert with hidden x 1;
+    #   DeepSeek's shared experts are ungated (modeling_deepseek_v3.py DeepseekV3MoE)
+    attention_output_gate: bool = False  # Qwen3-Next: q_proj also emits a sigmoid gate per
+    #   query channel (2 x H·d wide, modeling_qwen3_next.py Qwen3NextAttention)
+    kv_lora_rank: int = 0  # MLA (DeepSeek-V2/V3): width of the cached KV latent; 0 = not MLA
+    q_lora_rank: int = 0  # MLA: width of the low-rank query (0: q projected directly, V2-Lite)
+    qk_rope_head_dim: int = 0  # MLA: decoupled RoPE key width, one per token (cached)
+    v_head_dim: int = 0  # MLA: value width per head (head_dim is the q·k width nope + rope)
+    state_mixer: Mixer | None = None  # the non-attention block of a hybrid (calc/mixers.py)
+    state_layers: int = 0  # how many layers hold that block (a constant state per sequence)
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, sec. 2.1)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep a KV cache: the attention layers (all L unless a hybrid)."""
+        return self.num_layers if self.attention_layers is None else self.attention_layers
 
     @classmethod
     def from_hf_config(cls, d: dict, name: str | None = None) -> ModelConfig:
@@ -97,12 +127,23 @@ _CLASSIC = {"gpt_neox", "phi"}
 #: Gemma 2/3 blocks norm before and after both attention and MLP (4 RMSNorms per block).
 _FOUR_NORMS = {"gemma2", "gemma3", "gemma3_text"}
 #: Per-head RMSNorm on q and k (modeling_qwen3.py, modeling_gemma3.py: q_norm, k_norm).
-_QK_NORM = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
+_QK_NORM = {"qwen3", "qwen3_moe", "qwen3_next", "gemma3", "gemma3_text"}
 #: Qwen2's q/k/v projections always carry a bias and its o projection never does
 #: (modeling_qwen2.py); its config has no attention_bias key.
 _QWEN2_QKV_BIAS = {"qwen2", "qwen2_moe"}
 #: Qwen families: use_sliding_window switches the window on for layers >= max_window_layers.
-_QWEN = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+_QWEN = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next"}
+#: Multi-head latent attention (modeling_deepseek_v2.py / modeling_deepseek_v3.py).
+_MLA = {"deepseek_v2", "deepseek_v3"}
+#: Hybrids: attention in some layers, a constant-state mixer in the others (calc/mixers.py).
+_HYBRID = {"jamba", "nemotron_h", "qwen3_next"}
+#: Every model_type the parser has rules for; anything else is refused, not read as Llama.
+KNOWN_MODEL_TYPES: tuple[str, ...] = tuple(sorted({
+    "llama", "mistral", "mixtral", "gemma", "phi3", *_TIED_BY_DEFAULT, *_CLASSIC, *_FOUR_NORMS,
+    *_QK_NORM, *_QWEN2_QKV_BIAS, *_QWEN, *_MLA, *_HYBRID,
+}))
+#: Sequence models without attention: there is no attention memory to compute.
+_ATTENTION_FREE = {"mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "xlstm"}
 
 
 class _Reader:
@@ -202,6 +243,8 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     r = _Reader(d)
     model_type = r.get_str("model_type").lower()
     gpt2 = model_type == "gpt2" or (r.find("n_embd") is not None and not model_type)
+    if not gpt2:
+        _check_known(model_type)
 
     layers = r.get_int("num_hidden_layers", "n_layer", hi=_MAX_LAYERS)
     hidden = r.get_int("hidden_size", "n_embd", hi=_MAX_WIDTH)
@@ -213,7 +256,10 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
             f"'num_key_value_heads' ({kv_heads}): each key/value head serves a whole group "
             "of query heads"
         )
-    head_dim = r.get_int("head_dim", hi=MAX_HEAD_DIM, default=None)
+    head_dim = r.get_int("head_dim", "attention_head_dim", hi=MAX_HEAD_DIM, default=None)
+    mla = _mla_dims(r) if model_type in _MLA else None
+    if mla is not None:  # MLA: q·k width per head is nope + rope (modeling_deepseek_v3.py)
+        head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     if head_dim is None:
         if hidden % heads:
             raise ValueError(
@@ -237,15 +283,27 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         positions = 131_072  # Gemma3TextConfig default (128K context), omitted by its configs
 
     # Mixture of experts (Mixtral: num_local_experts; Qwen-MoE: num_experts).
-    experts = r.get_int("num_local_experts", "num_experts", lo=0, hi=_MAX_EXPERTS, default=1)
+    # Mixture of experts (Mixtral: num_local_experts; Qwen-MoE, Jamba: num_experts; DeepSeek:
+    # n_routed_experts).
+    experts = r.get_int("num_local_experts", "num_experts", "n_routed_experts", lo=0,
+                        hi=_MAX_EXPERTS, default=1)
     experts = max(experts, 1)
+    hybrid = _hybrid_layers(r, model_type, layers, hidden) if model_type in _HYBRID else {}
+    mlp_count = hybrid.get("mlp_layers", layers)
     per_token, shared, dense_layers, dense_width = 1, 0, 0, 0
     if experts > 1:
         per_token = r.get_int("num_experts_per_tok", hi=experts)
         dense_width = intermediate
         intermediate = r.get_int("moe_intermediate_size", hi=_MAX_WIDTH, default=intermediate)
-        shared = r.get_int("shared_expert_intermediate_size", lo=0, hi=_MAX_WIDTH, default=0)
-        dense_layers = _dense_mlp_layers(r, layers)
+        if model_type in _MLA:  # DeepSeek: n_shared_experts ungated experts of the MoE width
+            shared = intermediate * r.get_int("n_shared_experts", lo=0, hi=_MAX_EXPERTS, default=0)
+            dense_layers = _deepseek_dense_layers(r, layers)
+        elif model_type == "jamba":  # modeling_jamba.py: experts where i % period == offset
+            dense_layers = layers - _every(r, "expert_layer_period", "expert_layer_offset", layers,
+                                           period=2, offset=1)
+        else:
+            shared = r.get_int("shared_expert_intermediate_size", lo=0, hi=_MAX_WIDTH, default=0)
+            dense_layers = _dense_mlp_layers(r, layers)
         if dense_layers == 0:
             dense_width = 0
 
@@ -268,7 +326,11 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     learned = 0
     if gpt2:  # learned absolute positions (GPT-2 paper; modeling_gpt2.py: wpe)
         learned = positions if positions is not None else r.get_int("n_positions")
-    norms = 4 if model_type in _FOUR_NORMS else 1 if model_type == "phi" else 2
+    norms = 4 if model_type in _FOUR_NORMS else 1 if model_type in ("phi", "nemotron_h") else 2
+    if model_type == "nemotron_h":  # relu2 MLP: up and down only (modeling_nemotron_h.py)
+        classic_mlp = True
+    else:
+        classic_mlp = classic
 
     if name is None:
         name = r.get_str("_name_or_path") or model_type or "custom model"
@@ -282,7 +344,7 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         intermediate_size=intermediate,
         vocab_size=vocab,
         tie_embeddings=r.get_bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT or gpt2),
-        gated_mlp=not classic,
+        gated_mlp=not classic_mlp,
         num_experts=experts,
         experts_per_token=per_token,
         sliding_window=window if windowed else None,
@@ -299,6 +361,17 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         shared_expert_intermediate_size=shared,
         dense_mlp_layers=dense_layers,
         dense_intermediate_size=dense_width,
+        model_type=model_type or ("gpt2" if gpt2 else ""),
+        attention_layers=hybrid.get("attention_layers"),
+        mlp_layers=None if mlp_count == layers else mlp_count,
+        shared_expert_gate=model_type not in _MLA,
+        attention_output_gate=model_type == "qwen3_next",
+        kv_lora_rank=mla["kv_lora_rank"] if mla else 0,
+        q_lora_rank=mla["q_lora_rank"] if mla else 0,
+        qk_rope_head_dim=mla["qk_rope_head_dim"] if mla else 0,
+        v_head_dim=mla["v_head_dim"] if mla else 0,
+        state_mixer=hybrid.get("mixer"),
+        state_layers=hybrid.get("state_layers", 0),
     )
 
 
@@ -319,3 +392,123 @@ def _dense_mlp_layers(r: _Reader, layers: int) -> int:
     dense_set = set(only)
     sparse = sum(1 for i in range(layers) if i not in dense_set and (i + 1) % step == 0)
     return layers - sparse
+
+
+def _check_known(model_type: str) -> None:
+    """Refuse a config whose model_type has no rules here, naming it and the known ones."""
+    if model_type in KNOWN_MODEL_TYPES:
+        return
+    known = ", ".join(KNOWN_MODEL_TYPES)
+    if not model_type:
+        raise ValueError(
+            f"config.json: missing 'model_type', so the architecture is unknown; give one of: "
+            f"{known}")
+    shown = model_type if len(model_type) <= 60 else model_type[:60] + "…"
+    if model_type in _ATTENTION_FREE:
+        raise ValueError(
+            f"config.json: 'model_type' is {shown!r}, a sequence model without attention layers "
+            f"(no KV cache, no score matrix): this calculator models attention. Known types: "
+            f"{known}")
+    raise ValueError(
+        f"config.json: 'model_type' {shown!r} is not one this calculator has rules for (reading "
+        f"it as Llama could give a plausible wrong number). Known types: {known}")
+
+
+def _mla_dims(r: _Reader) -> dict[str, int]:
+    """The latent-attention widths of DeepseekV2Config / DeepseekV3Config (all required but
+    q_lora_rank, which is null in DeepSeek-V2-Lite: its queries are projected directly)."""
+    dims = {key: r.get_int(key, hi=MAX_HEAD_DIM * 64)
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    dims["q_lora_rank"] = r.get_int("q_lora_rank", lo=0, hi=_MAX_WIDTH, default=0)
+    if dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"] > MAX_HEAD_DIM:
+        raise ValueError(
+            f"config.json: 'qk_nope_head_dim' + 'qk_rope_head_dim' must be at most "
+            f"{MAX_HEAD_DIM:,}, got {dims['qk_nope_head_dim'] + dims['qk_rope_head_dim']:,}")
+    return dims
+
+
+def _deepseek_dense_layers(r: _Reader, layers: int) -> int:
+    """DeepSeek-V2/V3 (modeling_deepseek.py of the model repos, DeepseekV2DecoderLayer):
+    layer i has experts iff i >= first_k_dense_replace and i % moe_layer_freq == 0."""
+    first = r.get_int("first_k_dense_replace", lo=0, hi=layers, default=0)
+    freq = r.get_int("moe_layer_freq", hi=layers, default=1)
+    return layers - sum(1 for i in range(first, layers) if i % freq == 0)
+
+
+def _every(r: _Reader, period_key: str, offset_key: str, layers: int, *, period: int,
+           offset: int) -> int:
+    """How many layers i satisfy i % period == offset (JambaConfig's layer rule)."""
+    p = r.get_int(period_key, hi=_MAX_LAYERS, default=period)
+    o = r.get_int(offset_key, lo=0, hi=_MAX_LAYERS, default=offset)
+    if o >= p:
+        raise ValueError(f"config.json: '{offset_key}' ({o}) must be below '{period_key}' ({p})")
+    return sum(1 for i in range(layers) if i % p == o)
+
+
+def _hybrid_layers(r: _Reader, model_type: str, layers: int, hidden: int) -> dict[str, Any]:
+    """Which layers of a hybrid attend (and keep a KV cache) and which hold a state mixer."""
+    if model_type == "jamba":  # modeling_jamba.py: attention where i % 8 == 4 (defaults)
+        attention = _every(r, "attn_layer_period", "attn_layer_offset", layers, period=8,
+                           offset=4)
+        d_inner = r.get_int("mamba_expand", hi=64, default=2) * hidden
+        found = r.find("mamba_dt_rank")
+        if found is None or found[1] in (None, "auto"):  # JambaConfig: ceil(hidden / 16)
+            dt_rank = -(-hidden // 16)
+        else:
+            dt_rank = r.get_int("mamba_dt_rank", hi=_MAX_WIDTH)
+        mixer = mamba1(hidden, d_inner, r.get_int("mamba_d_state", hi=4096, default=16),
+                       r.get_int("mamba_d_conv", hi=64, default=4), dt_rank,
+                       conv_bias=r.get_bool("mamba_conv_bias", True),
+                       proj_bias=r.get_bool("mamba_proj_bias", False), inner_norms=True)
+        return _hybrid(layers, attention, layers - attention, layers, mixer)
+    if model_type == "qwen3_next":
+        found = r.find("layer_types")
+        if found is not None and found[1] is not None:
+            path, types = found
+            allowed = ("full_attention", "linear_attention")
+            if (not isinstance(types, list) or len(types) != layers
+                    or not all(t in allowed for t in types)):
+                raise ValueError(
+                    f"config.json: '{path}' must list {layers} entries, each "
+                    f'"full_attention" or "linear_attention"')
+            attention = types.count("full_attention")
+        else:  # Qwen3NextConfig: layer i is full attention iff (i + 1) % interval == 0
+            interval = r.get_int("full_attention_interval", hi=_MAX_LAYERS, default=4)
+            attention = layers // interval
+        mixer = gated_deltanet(
+            hidden, r.get_int("linear_num_key_heads", hi=MAX_HEADS),
+            r.get_int("linear_num_value_heads", hi=MAX_HEADS),
+            r.get_int("linear_key_head_dim", hi=MAX_HEAD_DIM),
+            r.get_int("linear_value_head_dim", hi=MAX_HEAD_DIM),
+            r.get_int("linear_conv_kernel_dim", hi=64, default=4))
+        return _hybrid(layers, attention, layers - attention, layers, mixer)
+    # nemotron_h: one mixer per block, hybrid_override_pattern M (Mamba-2), * (attention),
+    # - (MLP); E (MoE blocks of Nemotron 3) has no rules here and is refused.
+    found = r.find("hybrid_override_pattern")
+    if found is None or not isinstance(found[1], str):
+        raise ValueError(
+            "config.json: 'hybrid_override_pattern' must be a string of M (Mamba-2), "
+            "* (attention) and - (MLP), one character per layer")
+    path, pattern = found
+    if len(pattern) != layers or set(pattern) - set("M*-"):
+        bad = sorted(set(pattern) - set("M*-"))
+        raise ValueError(
+            f"config.json: '{path}' must have {layers} characters ('num_hidden_layers'), each "
+            f"M, * or -; got {len(pattern)}" + (f" with {''.join(bad)!r}" if bad else ""))
+    heads = r.get_int("mamba_num_heads", hi=MAX_HEADS)
+    mixer = mamba2(hidden, heads, r.get_int("mamba_head_dim", hi=MAX_HEAD_DIM),
+                   r.get_int("n_groups", hi=heads, default=1),
+                   r.get_int("ssm_state_size", hi=4096),
+                   r.get_int("conv_kernel", hi=64, default=4),
+                   conv_bias=r.get_bool("use_conv_bias", True),
+                   proj_bias=r.get_bool("use_bias", False))
+    return _hybrid(layers, pattern.count("*"), pattern.count("M"), pattern.count("-"), mixer)
+
+
+def _hybrid(layers: int, attention: int, state: int, mlp: int, mixer: Mixer) -> dict[str, Any]:
+    if attention < 1:
+        raise ValueError(
+            "config.json: the layer pattern has no attention layer (no KV cache, no score "
+            "matrix): this calculator models attention")
+    return {"attention_layers": None if attention == layers else attention,
+            "state_layers": state, "mlp_layers": mlp, "mixer": mixer}

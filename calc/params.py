@@ -16,6 +16,15 @@ creates for each architecture (modeling_llama.py and the files derived from it, 
   router hidden x E; Qwen2-MoE adds a shared expert and its hidden x 1 gate.
 - norms: one weight vector of width hidden per norm (RMSNorm, Zhang & Sennrich arXiv
   1910.07467), a second one (bias) for LayerNorm; 2 per block (Gemma 2/3: 4) plus a final norm.
+- multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, sec. 2.1; modeling_deepseek_v3.py
+  DeepseekV3Attention): q_a hidden x q_lora, its RMSNorm, q_b q_lora x H·(nope + rope) (or a
+  direct q hidden x H·(nope + rope) when q_lora_rank is null), kv_a hidden x (kv_lora + rope),
+  its RMSNorm, kv_b kv_lora x H·(nope + v), o H·v x hidden. DeepSeek's shared experts are
+  plain MLPs of n_shared x moe_intermediate_size, without the Qwen sigmoid gate.
+- gated attention (Qwen3-Next, modeling_qwen3_next.py): q_proj is 2·H·d wide (query + gate).
+- hybrids: only `attention_layers` layers have attention, `mlp_layers` an MLP; the
+  `state_layers` others hold the mixer that calc/mixers.py counts (Mamba, Mamba-2, Gated
+  DeltaNet).
 
 Counts are exact integers; weights in bytes are the count times the bytes per parameter.
 """
@@ -40,11 +49,32 @@ def _mlp_params(model: ModelConfig, width: int) -> int:
     return params
 
 
+def _mla_params(model: ModelConfig) -> int:
+    """One multi-head latent attention block (layout in the module docstring)."""
+    h, heads, d_qk = model.hidden_size, model.num_heads, model.head_dim
+    nope = d_qk - model.qk_rope_head_dim
+    bias = model.attention_bias  # DeepseekV3Config.attention_bias: q_a, kv_a and o
+    if model.q_lora_rank:
+        q = h * model.q_lora_rank + model.q_lora_rank + model.q_lora_rank * heads * d_qk
+        q += model.q_lora_rank if bias else 0
+    else:
+        q = h * heads * d_qk
+    kv = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+    kv += (model.kv_lora_rank + model.qk_rope_head_dim) if bias else 0
+    kv += model.kv_lora_rank * heads * (nope + model.v_head_dim)
+    out = heads * model.v_head_dim * h + (h if bias else 0)
+    return q + kv + out
+
+
 def _attention_params(model: ModelConfig) -> int:
     """One attention block: q, k, v, o projections, their biases and q/k norms."""
+    if model.is_mla:
+        return _mla_params(model)
     h, d = model.hidden_size, model.head_dim
     q_width, kv_width = model.num_heads * d, model.num_kv_heads * d
     params = h * q_width + 2 * h * kv_width + q_width * h  # q, k, v, o
+    if model.attention_output_gate:  # q_proj emits query and gate: another H·d outputs
+        params += h * q_width
     if model.attention_bias:
         params += q_width + 2 * kv_width
     if model.attention_out_bias:
@@ -65,7 +95,8 @@ def _moe_mlp_params(model: ModelConfig, experts: int) -> int:
     params += model.hidden_size * model.num_experts  # router (no bias)
     if model.shared_expert_intermediate_size:
         params += _mlp_params(model, model.shared_expert_intermediate_size)
-        params += model.hidden_size  # shared-expert gate: hidden x 1
+        if model.shared_expert_gate:
+            params += model.hidden_size  # shared-expert gate: hidden x 1
     return params
 
 
@@ -79,21 +110,25 @@ def param_breakdown(model: ModelConfig, experts: int | None = None) -> dict[str,
     if experts is not None:  # ignored by dense models; at most the experts a MoE layer has
         experts = check_int("experts", experts, 1, max(model.num_experts, MAX_EXPERTS_ARG))
     layers = model.num_layers
+    mlp_layers = layers if model.mlp_layers is None else model.mlp_layers
     if model.num_experts > 1:
-        moe_layers = layers - model.dense_mlp_layers
+        moe_layers = mlp_layers - model.dense_mlp_layers
         mlp = moe_layers * _moe_mlp_params(model, experts or model.num_experts)
         mlp += model.dense_mlp_layers * _mlp_params(model, model.dense_intermediate_size)
     else:
-        mlp = layers * _mlp_params(model, model.intermediate_size)
+        mlp = mlp_layers * _mlp_params(model, model.intermediate_size)
     embed = model.vocab_size * model.hidden_size
-    return {
+    parts = {
         "embeddings": embed,
         "lm_head": 0 if model.tie_embeddings else embed,
         "positions": model.learned_positions * model.hidden_size,
-        "attention": layers * _attention_params(model),
+        "attention": model.kv_layers * _attention_params(model),
         "mlp": mlp,
         "norms": (layers * model.norms_per_layer + 1) * _norm_params(model),
     }
+    if model.state_mixer is not None:  # hybrids: the non-attention mixers (calc/mixers.py)
+        parts["state mixers"] = model.state_layers * model.state_mixer.params
+    return parts
 
 
 def param_count(model: ModelConfig) -> int:
