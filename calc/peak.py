@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from calc import dispatch
 from calc.units import (
     MAX_BATCH,
     MAX_HEAD_DIM,
@@ -169,7 +170,7 @@ def _naive(sh: _Shape) -> list[Term]:
     else:
         # Backward peak (softmax backward): saved probabilities P, dP = dO·Vᵀ, dS and the
         # scaled copy that feeds dQ = dS·K: four s×s tensors. Alive beside them (measured on
-        # an H200 with dO allocated before the call, data/reference_h200.csv): the output
+        # an H200 with dO allocated before the call, data/attention_calls_h200.csv): the output
         # (held by the caller), dV = Pᵀ·dO (already computed, H heads) and, for GQA, the
         # expanded K that the matmul keeps for dQ (expanded V is freed once dV exists).
         terms.append(("probabilities P kept for backward (s×s)", ceil_bytes(sh.n * e)))
@@ -261,54 +262,14 @@ def _flash(sh: _Shape) -> list[Term]:
     ] + _gqa_expanded_grads(sh)
 
 
-# Where our kernel's backward adds dQ with atomics into an fp32 buffer by default (mirrors
-# kernels/flash_attn_bwd.py: ATOMIC_HEAD_DIMS, ATOMIC_MIN_LEN, ATOMIC_MIN_PROGRAMS and
-# atomic_by_default, which tests/test_peak.py checks against these): 16-bit inputs, these
-# head dims, s above 2,048, and at least 2,048 dK/dV programs of BLOCK_N = d keys each, the
-# GQA split S (below) counted.
-TRITON_ATOMIC_HEAD_DIMS = (64, 128)
-TRITON_ATOMIC_MIN_LEN = 2049
-TRITON_ATOMIC_MIN_PROGRAMS = 2048
-
-
-def triton_atomic_dq(b: int, h: int, h_kv: int, s: int, d: int, dtype: str) -> bool:
-    """Whether our kernel's backward keeps an fp32 dQ buffer (B·H·s·d·4 bytes) for this shape:
-    16-bit dtype, d = 64 or 128, s > 2,048 and B·H_kv·S·⌈s/d⌉ ≥ 2,048 (the dK/dV kernel's
-    programs: S per d keys of one key/value head, S from `triton_kv_split`;
-    kernels/flash_attn_bwd.py, `atomic_by_default`)."""
-    if dtype_bytes(dtype) != 2 or d not in TRITON_ATOMIC_HEAD_DIMS or s < TRITON_ATOMIC_MIN_LEN:
-        return False
-    programs = b * h_kv * triton_kv_split(b, h, h_kv, s) * -(-s // d)
-    return programs >= TRITON_ATOMIC_MIN_PROGRAMS
-
-
-# How our kernel's backward splits a GQA group over dK/dV programs (mirrors
-# kernels/flash_attn_bwd.py: KV_SPLIT_MIN_PROGRAMS, KV_SPLIT_BLOCK and kv_split, which
-# tests/test_peak.py checks against these): the smallest divisor S of H / H_kv with
-# B·H_kv·S·⌈s/128⌉ ≥ 1,024, else the whole group; each split writes partial dK, dV sums.
-TRITON_KV_SPLIT_MIN_PROGRAMS = 1024
-TRITON_KV_SPLIT_BLOCK = 128
-
-
-def triton_kv_split(b: int, h: int, h_kv: int, s: int) -> int:
-    """S, the number of dK/dV programs that share one key block of one key/value head in our
-    kernel's backward (1 without GQA); S > 1 costs 2·B·H_kv·S·s·d·e bytes of partial sums."""
-    group = h // h_kv
-    blocks = b * h_kv * -(-s // TRITON_KV_SPLIT_BLOCK)
-    for split in range(1, group):
-        if group % split == 0 and blocks * split >= TRITON_KV_SPLIT_MIN_PROGRAMS:
-            return split
-    return group
-
-
 def _triton(sh: _Shape) -> list[Term]:
     if not sh.backward:
         return [("output", sh.out_bytes()), ("log-sum-exp (fp32, one per row)", sh.rows * 4)]
     terms = _fused_backward_terms(sh)
-    if triton_atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.d, sh.dtype):
+    if dispatch.atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, dtype_bytes(sh.dtype)):
         terms.append(("fp32 dq buffer of the atomic-dQ backward (s > 2,048, d = 64 or 128, "
                       "B·H_kv·S·⌈s/d⌉ ≥ 2,048)", sh.out_bytes(4)))
-    split = triton_kv_split(sh.b, sh.h, sh.h_kv, sh.s)
+    split = dispatch.kv_split(sh.b, sh.h, sh.h_kv, sh.s)
     if split > 1:
         terms.append((f"partial dk, dv of the GQA group split over {split} programs "
                       "(B·H_kv·⌈s/128⌉ < 1,024)", 2 * split * sh.kv_bytes()))
@@ -393,7 +354,7 @@ def attention_peak_bytes(
       (B·H·s·d·4) for 16-bit inputs at d = 64 or 128 with s > 2,048 and B·H_kv·S·⌈s/d⌉ ≥
       2,048, where its backward adds dQ with atomics (kernels/flash_attn_bwd.py), + partial
       dk, dv 2·S·B·H_kv·s·d·e where GQA splits each group over S > 1 programs
-      (`triton_kv_split`).
+      (`calc.dispatch.kv_split`).
     Returns whole bytes.
     """
     return sum(b for _, b in attention_peak_terms(

@@ -11,11 +11,11 @@ __all__ = ["attention_reference", "flash_attention"]
 
 def __getattr__(name: str) -> Any:
     if name == "flash_attention":
-        from kernels.flash_attn import flash_attention
+        from kernels.flash.api import flash_attention
 
         return flash_attention
     if name == "attention_reference":
-        from kernels.reference import attention_reference
+        from kernels.flash.reference import attention_reference
 
         return attention_reference
     raise AttributeError(f"module 'kernels' has no attribute {name!r}")

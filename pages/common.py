@@ -1,7 +1,7 @@
 """What every page shares: URL-bound widgets, the GB/GiB switch, colours, chart and download helpers.
 
 URL binding (STYLE.md: "widgets keyed and bound to the URL"): each input has a key, which is
-also its query-parameter name, and a spec from calc.urlparams that says its type, default and
+also its query-parameter name, and a spec from pages.ui.url_state that says its type, default and
 bounds. Before a widget is drawn, `init` puts its value into st.session_state: the value this
 page's widget already has, else the URL's (parsed; a bad value gives the default and a
 st.warning naming the key, the value and what is accepted), else the last value this session
@@ -20,9 +20,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import streamlit as st
 
-from calc.csv_safety import safe_csv_bytes, safe_frame
 from calc.units import format_bytes, short_len, to_unit
-from calc.urlparams import (
+from pages.ui.export import safe_csv_bytes, safe_frame
+from pages.ui.url_state import (
     BoolParam,
     ChoiceParam,
     FloatParam,
@@ -279,7 +279,7 @@ def in_unit(n_bytes: int | float, unit: str | None = None) -> float:
 
 def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
     """Text cells starting with = + - @ (or tab/CR) get a leading apostrophe, whatever the
-    column dtype, so a spreadsheet never runs them (calc.csv_safety, OWASP "CSV injection")."""
+    column dtype, so a spreadsheet never runs them (pages.ui.export, OWASP "CSV injection")."""
     return safe_frame(df)
 
 

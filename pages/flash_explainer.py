@@ -26,8 +26,8 @@ from calc.io_model import (  # noqa: E402
     tile_schedule,
 )
 from calc.units import DTYPE_ALIASES  # noqa: E402
-from calc.urlparams import BoolParam, ChoiceParam, IntParam  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
 
 SPECS = {
     "n": ChoiceParam("16", ("8", "12", "16", "24", "32")),

@@ -1,8 +1,8 @@
 """Kernel speed: the bundled attention kernels against PyTorch's SDPA backends, measured side by
 side on an H200.
 
-Thin page: the CSVs that `python -m kernels.bench` wrote on the H200 (kernels/bench_h200_*.csv,
-read by kernels.bench.read_rows) -> one chart of TFLOP/s against s per implementation and a
+Thin page: the CSVs that `python -m kernels.bench` wrote on the H200 (data/kernel_speed_*_h200.csv,
+read by kernels.bench.speed.read_rows) -> one chart of TFLOP/s against s per implementation and a
 table with our kernel's ratio to cuDNN and FlashAttention-2. Everything here is measured; the
 page names the run (GPU, versions, time) it shows.
 """
@@ -19,34 +19,34 @@ if str(ROOT) not in sys.path:  # run on its own (AppTest)
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from calc.urlparams import BoolParam, ChoiceParam  # noqa: E402
-from kernels.bench import read_rows  # noqa: E402
+from kernels.bench.speed import read_rows  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam  # noqa: E402
 
-BENCH = ROOT / "kernels"
+BENCH = ROOT / "data"
 # timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed). The
 # forward+backward rows come from session-7 runs (the atomic-dQ backward on large grids), the
 # forward rows from session 5's.
 SOURCES = {
-    "eager calls": ({"fwd": BENCH / "bench_h200_2026-11-30e.csv",
-                     "fwd_bwd": BENCH / "bench_h200_2026-11-30i.csv"}, (
+    "eager calls": ({"fwd": BENCH / "kernel_speed_fwd_eager_h200.csv",
+                     "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_h200.csv"}, (
         "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
         "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
         "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
         "median of three interleaved rounds.")),
-    "eager, median of 3 rounds": ({"fwd": BENCH / "bench_h200_2026-11-30e_short.csv",
-                                   "fwd_bwd": BENCH / "bench_h200_2026-11-30j_short.csv"}, (
+    "eager, median of 3 rounds": ({"fwd": BENCH / "kernel_speed_fwd_eager_rounds_h200.csv",
+                                   "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_rounds_h200.csv"}, (
         "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
-        "turn, and the median kept (`kernels.bench --rounds 3`): slow drift in the shared host's "
+        "turn, and the median kept (`kernels.bench.speed --rounds 3`): slow drift in the shared host's "
         "load then falls on every backend alike, which one round does not ensure.")),
-    "GPU time (CUDA graphs)": ({"fwd": BENCH / "bench_h200_2026-11-30e_graphs.csv",
-                                "fwd_bwd": BENCH / "bench_h200_2026-11-30i_graphs.csv"}, (
+    "GPU time (CUDA graphs)": ({"fwd": BENCH / "kernel_speed_fwd_graphs_h200.csv",
+                                "fwd_bwd": BENCH / "kernel_speed_fwdbwd_graphs_h200.csv"}, (
         "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
         "host's share.")),
 }
 # Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads): measured for
 # forward+backward in GPU time only (bf16), the backward being where GQA changes the work.
-GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "bench_h200_2026-11-30i_gqa_graphs.csv"}}
+GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "kernel_speed_fwdbwd_gqa_graphs_h200.csv"}}
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
 LABELS = {
     "triton": "ours: default path",

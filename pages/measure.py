@@ -1,10 +1,10 @@
 """GPU measurement: run real attention implementations, lay measured peaks and times over the
 analytic model, keep every run.
 
-Thin page: widgets -> kernels.child.run_points (a child process, one measurement per GPU at a
-time) -> kernels.store (SQLite) -> plotly figures over calc.sweep_seq_len. Without a GPU it
-says so and shows the bundled H200 reference (data/reference_h200.csv) or an uploaded results
-CSV (validated by kernels.store.validate_csv; a bad file changes nothing).
+Thin page: widgets -> kernels.measure.child.run_points (a child process, one measurement per GPU at a
+time) -> kernels.measure.store (SQLite) -> plotly figures over calc.sweep_seq_len. Without a GPU it
+says so and shows the bundled H200 reference (data/attention_calls_h200.csv) or an uploaded results
+CSV (validated by kernels.measure.store.validate_csv; a bad file changes nothing).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from calc import IMPL_LABELS, IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
-from calc.urlparams import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
-from kernels.store import (  # noqa: E402
+from kernels.measure.store import (  # noqa: E402
     COLUMNS,
     MAX_UPLOAD_BYTES,
     ResultStore,
@@ -33,9 +32,10 @@ from kernels.store import (  # noqa: E402
     validate_csv,
 )
 from pages import common as c  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
 
-REFERENCE_CSV = ROOT / "data" / "reference_h200.csv"
-REFERENCE_TRACE_CSV = ROOT / "data" / "reference_h200_trace.csv"
+REFERENCE_CSV = ROOT / "data" / "attention_calls_h200.csv"
+REFERENCE_TRACE_CSV = ROOT / "data" / "attention_calls_trace_h200.csv"
 REF = "ref"
 SEQ_CHOICES = tuple(str(1 << p) for p in range(7, 17))  # 128 .. 65,536
 MODES = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}
@@ -73,7 +73,7 @@ def label(impl: str) -> str:
 @st.cache_resource(show_spinner=False)
 def gpu_reason() -> str | None:
     """None when a CUDA GPU is usable here, else why not."""
-    from kernels.registry import gpu_reason as reason
+    from kernels.measure.registry import gpu_reason as reason
 
     return reason()
 
@@ -216,7 +216,7 @@ st.markdown(
 
 reason = gpu_reason()
 try:
-    from kernels.exposure import measurement_block_reason
+    from kernels.measure.exposure import measurement_block_reason
 
     blocked = None if reason else measurement_block_reason()
 except ImportError:  # older checkout without the exposure setting
@@ -266,8 +266,8 @@ with main:
         if st.session_state.pop("cancelled", False):
             st.warning("Cancelled: the rows finished before the cancel are kept in the run.")
         if go_run:
-            from kernels.child import GpuBusy, run_points
-            from kernels.harness import expand_points
+            from kernels.measure.child import GpuBusy, run_points
+            from kernels.measure.harness import expand_points
 
             points = expand_points(impls, sorted(lens), batch=b, heads=h, head_dims=[d],
                                    dtypes=[dtype], causals=[causal], backwards=backwards,
@@ -324,7 +324,7 @@ with main:
     # -- which results to show ----------------------------------------------------------
     runs = store.runs() if store is not None else []
     options = [REF] + [str(r.id) for r in runs]
-    names = {REF: "Bundled reference: NVIDIA H200 (data/reference_h200.csv)"}
+    names = {REF: "Bundled reference: NVIDIA H200 (data/attention_calls_h200.csv)"}
     names.update({str(r.id): f"#{r.id} · {r.gpu_name or '?'} · {r.label or r.source} · "
                              f"{r.n_rows} rows · {r.started[:16]}" for r in runs})
     src_spec = ChoiceParam(REF, tuple(options))
@@ -332,7 +332,7 @@ with main:
     if src == REF:
         data = reference_rows()
         if data.empty:
-            st.info("The bundled reference dataset is not in this checkout (data/reference_h200.csv).")
+            st.info("The bundled reference dataset is not in this checkout (data/attention_calls_h200.csv).")
     else:
         data = store.dataframe(int(src)) if store is not None else pd.DataFrame(columns=list(COLUMNS))
     data = attach_predictions(data) if not data.empty else data.assign(model_bytes=[], model_error=[])
@@ -399,8 +399,8 @@ with main:
     trace = reference_trace()
     if not reason and not blocked:
         if st.button("Trace the selected implementations (s = 2,048)"):
-            from kernels.child import GpuBusy, run_trace
-            from kernels.harness import PointConfig
+            from kernels.measure.child import GpuBusy, run_trace
+            from kernels.measure.harness import PointConfig
 
             cfgs = [PointConfig(i, b, h, 2048, d, dtype, causal, bwd, kv) for i in impls for bwd in backwards]
             try:
@@ -411,7 +411,7 @@ with main:
         if "trace" in st.session_state:
             trace = pd.DataFrame(st.session_state["trace"])
     if trace.empty:
-        st.info("No trace fingerprint available (bundled: data/reference_h200_trace.csv).")
+        st.info("No trace fingerprint available (bundled: data/attention_calls_trace_h200.csv).")
     else:
         tsel = trace[trace["impl"].isin(impls)] if impls else trace
         if "causal" in tsel:

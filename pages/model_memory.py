@@ -32,10 +32,10 @@ from calc import (  # noqa: E402
     training_attention,
     weight_bytes,
 )
-from calc.safe_json import load_config_json  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
-from calc.urlparams import BoolParam, ChoiceParam, IntParam  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui.uploads import load_config_json  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
 
 CUSTOM = "Custom config.json"
 MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
@@ -67,7 +67,7 @@ def longest_context(
 def parse_config(source: str | bytes | IO[bytes], name: str) -> ModelConfig:
     """config.json (text, bytes or an upload) -> ModelConfig; ValueError says what is wrong.
 
-    calc.safe_json reads at most MAX_CONFIG_BYTES + 1 bytes, refuses deep nesting, NaN and
+    pages.ui.uploads reads at most MAX_CONFIG_BYTES + 1 bytes, refuses deep nesting, NaN and
     duplicate keys before json.loads; from_hf_config names any missing or wrong key.
     """
     return ModelConfig.from_hf_config(load_config_json(source, max_bytes=MAX_CONFIG_BYTES), name=name)

@@ -32,8 +32,8 @@ from calc import (  # noqa: E402
     sweep_seq_len,
 )
 from calc.units import DTYPE_ALIASES  # noqa: E402
-from calc.urlparams import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 
 S_MAX_CHOICES = tuple(str(1 << p) for p in range(10, 25))  # 1K .. 16M
 DEFAULT_GPUS = tuple(g for g in ("NVIDIA RTX 4090 24GB", "NVIDIA H100 80GB", "NVIDIA H200 141GB") if g in GPUS)

@@ -26,8 +26,8 @@ from calc import (  # noqa: E402
     score_matrix_bytes,
 )
 from calc.units import DTYPE_ALIASES  # noqa: E402
-from calc.urlparams import ChoiceParam, FloatParam, IntParam  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui.url_state import ChoiceParam, FloatParam, IntParam  # noqa: E402
 
 CUSTOM = "custom"
 SPECS = {

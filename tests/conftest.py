@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 
@@ -25,3 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Shared helpers for the tests in the layer folders (``from _robust import ...``).
+sys.path.insert(0, str(Path(__file__).resolve().parent))

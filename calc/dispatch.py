@@ -1,0 +1,65 @@
+"""The bundled kernel's dispatch rules that decide which buffers it allocates (one copy).
+
+The backward of our FlashAttention kernel (kernels/flash/bwd.py) chooses between code paths
+whose extra memory differs. These rules read shapes and the element size only, never the GPU,
+so that `calc.peak` can predict the buffers exactly; the kernel calls these same functions.
+
+- GQA split: a dK/dV program owns one key block of one key/value head and walks the query
+  heads of its group, so with grouped-query attention the grid is B·H_kv·⌈s_k/128⌉ programs.
+  On a small grid the group is split over S programs, each over H/H_kv/S query heads, which
+  write partial dK, dV sums of 2·B·H_kv·S·s_k·d·e bytes that are then summed into dK, dV.
+  FlashAttention-2 does the same with S = H/H_kv (Dao 2023, arXiv 2307.08691, section 3.2:
+  per-query-head dK, dV, then a sum over the group).
+- Atomic dQ: on large grids one dK/dV kernel also adds dQ into a zeroed fp32 buffer of
+  B·H·s_q·d·4 bytes (as FlashAttention-2's backward does, ibid., Algorithm 2), which saves the
+  separate dQ kernel's recomputation. Short calls and small grids keep the two-kernel,
+  deterministic backward. The thresholds come from a sweep of both backwards on an H200
+  (kernels/flash/NOTES.md, "atomic-dQ threshold").
+"""
+
+from __future__ import annotations
+
+#: A dK/dV grid of at least this many programs needs no GQA split.
+KV_SPLIT_MIN_PROGRAMS = 1024
+#: The key block the split rule counts in (the tiles vary with the config; the rule does not).
+KV_SPLIT_BLOCK = 128
+
+#: Head dims that have an atomic-dQ dK/dV tile.
+ATOMIC_HEAD_DIMS = (64, 128)
+#: The atomic-dQ dK/dV kernel's key block per head dim (its BLOCK_N, in kernels/flash/bwd.py).
+ATOMIC_KEY_BLOCK = {64: 64, 128: 128}
+#: The longer of s_q and s_k must be at least this long.
+ATOMIC_MIN_LEN = 2049
+#: ... and the dK/dV grid (GQA split counted) at least this large.
+ATOMIC_MIN_PROGRAMS = 2048
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kv_split(batch: int, heads: int, kv_heads: int, s_k: int) -> int:
+    """S: how many dK/dV programs share one key block of one key/value head (1 without GQA).
+
+    The smallest divisor S of the group H/H_kv with B·H_kv·S·⌈s_k/128⌉ ≥ 1,024, else the whole
+    group."""
+    group = heads // kv_heads
+    blocks = batch * kv_heads * _cdiv(s_k, KV_SPLIT_BLOCK)
+    for split in range(1, group):
+        if group % split == 0 and blocks * split >= KV_SPLIT_MIN_PROGRAMS:
+            return split
+    return group
+
+
+def atomic_dq(batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
+              elem_bytes: int) -> bool:
+    """Whether the backward adds dQ with atomics into an fp32 buffer by default.
+
+    16-bit inputs, d = 64 or 128, max(s_q, s_k) > 2,048 and B·H_kv·S·⌈s_k/BLOCK_N⌉ ≥ 2,048
+    dK/dV programs (S from `kv_split`). The kernel also keeps the deterministic backward under
+    ``torch.use_deterministic_algorithms(True)``, a flag this pure rule does not see."""
+    if elem_bytes != 2 or head_dim not in ATOMIC_HEAD_DIMS or max(s_q, s_k) < ATOMIC_MIN_LEN:
+        return False
+    split = kv_split(batch, heads, kv_heads, s_k)
+    programs = batch * kv_heads * split * _cdiv(s_k, ATOMIC_KEY_BLOCK[head_dim])
+    return programs >= ATOMIC_MIN_PROGRAMS

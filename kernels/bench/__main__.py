@@ -1,0 +1,7 @@
+"""``python -m kernels.bench``: the speed benchmark (kernels.bench.speed)."""
+
+import sys
+
+from kernels.bench.speed import main
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""The bundled Triton FlashAttention: input checks, the autograd Function, the public call.
+
+The kernels live one job per file: ``flash_attn_fwd.py`` (the forward, and the tuning space),
+``flash_attn_fwd_sm90.py`` (the forward hand-scheduled for Hopper, in Gluon) and
+``flash_attn_bwd.py`` (the backward). This module only checks inputs and wires the two
+into autograd. Importing it imports triton and torch but touches no GPU driver: nothing runs
+until the first call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.flash.bwd import atomic_by_default, attention_backward, kv_split
+from kernels.flash.fwd import _fwd_kernel, attention_forward
+
+HEAD_DIM_MIN = 16
+HEAD_DIM_MAX = 256
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 set
+    before triton was imported): then CPU tensors are accepted."""
+    return type(_fwd_kernel).__name__ == "InterpretedFunction"
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-d (batch, heads, seq_len, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(
+                f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    B, H, s_q, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    Bk, H_kv, s_k, d_k = k.shape
+    if Bk != B:
+        raise ValueError(f"q and k must have one batch size, got q {B}, k {Bk}")
+    if d_k != d:
+        raise ValueError(f"q and k/v must have one head dim, got q {d}, k/v {d_k}")
+    if not HEAD_DIM_MIN <= d <= HEAD_DIM_MAX:
+        raise ValueError(
+            f"head_dim must be from {HEAD_DIM_MIN} to {HEAD_DIM_MAX}, got {d}")
+    if H_kv == 0 or H % H_kv != 0:
+        raise ValueError(
+            f"query heads must be a multiple of key/value heads (GQA), got H={H}, H_kv={H_kv}")
+    if s_q == 0 or s_k == 0 or B == 0 or H == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number or None, got {scale}")
+    if q.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"q, k, v must be CUDA tensors (got device {q.device}); CPU tensors are accepted "
+            "only under Triton's interpreter (TRITON_INTERPRET=1 set before importing triton)")
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Forward saves q, k, v (the caller's own tensors), O and lse2; backward recomputes P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float, config: dict | None):
+        o, lse2 = attention_forward(q, k, v, causal, scale, config)
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.scale, ctx.config = causal, scale, config
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.config)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Exact attention softmax(scale * q k^T) v without materialising the s x s matrix.
+
+    Shapes: q (B, H, s_q, d); k and v (B, H_kv, s_k, d) with H % H_kv == 0 (grouped-query
+    attention: query head h reads key/value head h // (H // H_kv)); returns (B, H, s_q, d)
+    in q's dtype. dtype float16 or bfloat16 (float32 accumulation inside), or float32
+    (exact fp32 products, slower). d from 16 to 256, any value (padded to a power of two
+    inside the kernel); any s_q, s_k >= 1. Differentiable with respect to q, k and v.
+
+    ``causal=True`` uses PyTorch SDPA's ``is_causal`` alignment: TOP LEFT, query i sees keys
+    0..i also when s_q != s_k (mask = ones(s_q, s_k).tril(0)). ``scale`` defaults to
+    1/sqrt(d) and must be positive.
+
+    Strides: inputs and the upstream gradient are read through their strides as they are
+    (no copy is made); O and the gradients are allocated contiguous.
+
+    Memory (e = bytes per element of the dtype), beyond q, k, v (and dO):
+      forward:            B*H*s_q*(d*e + 4)            O and one fp32 log-sum-exp per row
+      forward + backward: 2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q
+                          (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
+                          + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
+                          buffer: by default for fp16/bf16 at d = 64 and 128 once
+                          max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
+                          (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`),
+                          unless torch.use_deterministic_algorithms(True) is in force (the
+                          atomic adds make dQ nondeterministic in its last bits)
+                          + 2*B*H_kv*S*s_k*d*e with GQA where the backward splits each group
+                          over S programs (partial dK, dV sums; S > 1 when
+                          B*H_kv*ceil(s_k/128) < 1,024: `flash_attn_bwd.kv_split`)
+    Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
+
+    ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
+    (tests and the interpreter use it; the interpreter always uses a fixed small config);
+    it may add "USE_DESC": True/False to force the forward's K/V loads through tensor
+    descriptors or not, and "BWD_ATOMIC_DQ": True/False to force the backward that adds dQ
+    into an fp32 buffer with atomic adds (5 tile products instead of 7, nondeterministic dQ,
+    B*H*s_q*d*4 bytes more; the default for long sequences, see Memory) or the two-kernel one
+    (a config with tiles and without this key selects the two-kernel backward), and
+    "BWD_KV_SPLIT": S (a divisor of H / H_kv) to split each GQA group over S dK/dV programs
+    instead of the default `flash_attn_bwd.kv_split` (see Memory).
+
+    On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
+    hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
+    docstring) at d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when
+    causal; with three consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0
+    turns it off; config {"SM90": True} selects it for d = 64 at any length, {"SM90": True,
+    "SM90_CONSUMERS": 3, "SM90_STAGES": 2} with three warpgroups, {"SM90": True,
+    "SM90_PERSISTENT": True} its persistent form (one program per SM looping over the tiles;
+    off by default: 1-18% slower than the default on the H200, kernels/NOTES.md step 9a).
+    Elsewhere, on a Hopper GPU (Triton >= 3.4) the Triton forward reads K and V through tensor
+    descriptors (the TMA copy engine) for 16-bit inputs with s_k > 1024 whose (batch, head,
+    seq) flatten into rows (the contiguous layout), and through pointers otherwise;
+    FLASH_ATTN_DESC=0 turns the descriptors off, FLASH_ATTN_TUNE=1 re-tunes instead of using
+    the stored H200 choices.
+    """
+    _check_inputs(q, k, v, scale)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if interpreting() and (config is None or "BLOCK_M" not in config):
+        # the interpreter always runs one small tile (switches a config gives are kept)
+        config = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, **(config or {})}
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # No gradient can be asked for: skip autograd's bookkeeping (about 10 us of host time
+        # per call, which short sequences feel) and save nothing for a backward.
+        return attention_forward(q, k, v, bool(causal), float(scale), config)[0]
+    return FlashAttentionFunction.apply(q, k, v, bool(causal), float(scale), config)
+
+
+def forward_bytes(B: int, H: int, s_q: int, d: int, e: int) -> int:
+    """Extra bytes of one forward call: O plus one fp32 log-sum-exp per row."""
+    return B * H * s_q * (d * e + 4)
+
+
+def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, e: int,
+                           atomic: bool | None = None, split: int | None = None) -> int:
+    """Peak extra bytes of forward + backward with q, k, v and dO allocated before the call:
+    O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward, plus the
+    atomic-dQ backward's fp32 buffer (B*H*s_q*d*4, alive while dQ is cast from it) when that
+    backward runs: ``atomic`` None means where it runs by default
+    (`flash_attn_bwd.atomic_by_default`, and not in deterministic mode); plus, with GQA where
+    the backward splits each group over S programs (`flash_attn_bwd.kv_split`, S > 1), the
+    partial dK, dV sums 2*B*H_kv*S*s_k*d*e, alive until they are summed into dK, dV (``split``
+    None means the default split; a config's BWD_KV_SPLIT gives another)."""
+    if atomic is None:
+        atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, e)
+    buffer = 4 * B * H * s_q * d if atomic else 0
+    if split is None:
+        split = kv_split(B, H, H_kv, s_k)
+    partial = 2 * B * H_kv * split * s_k * d * e if split > 1 else 0
+    return (2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer
+            + partial)

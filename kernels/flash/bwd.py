@@ -1,0 +1,613 @@
+"""FlashAttention backward in Triton: gradients from O and one log-sum-exp per row.
+
+What has to be computed
+-----------------------
+With S = scale * Q K^T, P = softmax(S) row-wise and O = P V, the gradients for an upstream
+gradient dO are (for one batch and head):
+
+    dV = P^T dO                        (s_k, d)
+    dP = dO V^T                        (s_q, s_k)
+    dS = P * (dP - delta[:, None])     (s_q, s_k),  delta = rowsum(dO * O)   (s_q,)
+    dQ = scale * dS K                  (s_q, d)
+    dK = scale * dS^T Q                (s_k, d)
+
+(delta is rowsum(P * dP), the softmax's correction term; rowsum(dO * O) is the same number,
+cheaper to get.) P is never stored: the forward kept lse2 = log2-sum-exp of the scores in
+log2 units, and every tile of P is recomputed exactly as ``exp2(q k^T * scale * log2(e) - lse2)``.
+
+Two ways to get dQ
+------------------
+Short sequences: two launches, no atomics.
+
+1. ``_bwd_dq_kernel``: one program per block of BLOCK_M query rows. It first computes
+   delta = rowsum(dO * O) for its rows in fp32 (O and dO are read once, here) and stores it
+   for the second launch, then walks over the key blocks and accumulates dQ on chip, written
+   once.
+2. ``_bwd_dkdv_kernel``: one program per block of BLOCK_N keys of one key/value head. It keeps
+   its K and V tiles and fp32 dK, dV accumulators on chip and walks over every query block of
+   every query head that shares this key/value head (GQA), so dK and dV are complete when the
+   program ends and each is written exactly once, in the input dtype, with no reduction over
+   heads afterwards and no extra buffer.
+
+Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q K^T and
+dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
+dQ buffer, and the result is deterministic.
+
+Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
+at least 2,048 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small
+kernel computes delta first, and the dK/dV programs also add their share scale * dS K of every
+query block's dQ into a zeroed fp32 buffer, which is cast to the inputs' dtype at the end.
+That is 5 tile products instead of 7, for a nondeterministic dQ (the adds land in any order,
+as in FlashAttention-2 and cuDNN), an fp32 buffer of B * H * s_q * d * 4 bytes beside dQ, and
+two more small launches (delta, the cast) plus the buffer's zeroing. On Hopper each dQ tile is
+added with one bulk reduce-add of the copy engine (a tensor descriptor's ``atomic_add``;
+FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, accumulates its dQ the same way);
+element-wise ``atomic_add`` elsewhere. Measured on the H200 (kernels/NOTES.md step 8): with
+element-wise adds it was 1-16% slower than the two-kernel backward; with bulk reduce-adds
+0.2-12% faster from s = 4,096 on.
+
+Masks, as in the forward: causal attention is aligned top-left like PyTorch's SDPA (query i
+sees keys j <= i). Tiles that lie fully below the diagonal run with no mask; only tiles that
+cross the diagonal or the end of a sequence do. Rows past the end of the queries need no
+arithmetic mask at all: their lse2 is loaded as +inf, so their probabilities are exp2(-inf)
+= 0 and they contribute nothing.
+
+Extra memory of the backward: delta (B * H * s_q * 4 bytes) and the three gradients, in the
+inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each); with atomic
+dQ also the fp32 buffer (B * H * s_q * d * 4), alive until the cast to dQ; with a GQA group
+split over S dK/dV programs (`kv_split`, small grids) also the partial dK, dV sums
+(2 * S * B * H_kv * s_k * d * e), alive until they are summed into dK, dV.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from calc import dispatch
+from kernels.flash.fwd import (
+    BWD_ONLY_KEYS,
+    FWD_ONLY_KEYS,
+    LOG2E,
+    SMEM_BYTES,
+    TensorDescriptor,
+    _autotune_options,
+    _configs,
+    _mm,
+    _mma,
+    block_d,
+    cdiv,
+    key_range,
+    launch,
+    load_pair,
+    pretuned,
+    query_tile,
+    seq_bucket,
+    tile_mask,
+)
+from kernels.flash.launcher import DirectLauncher
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs hold two fp32 (BLOCK_N, d)
+# accumulators, so they favour a long key tile and short query steps; dQ programs hold one
+# (BLOCK_M, d) accumulator and favour the opposite.
+DKDV_SPACE = [
+    (64, 128, 8, 2),
+    (64, 128, 8, 3),
+    (32, 128, 8, 2),
+    (32, 128, 4, 3),
+    (64, 64, 4, 2),
+    (32, 64, 4, 3),
+]
+DQ_SPACE = [
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 32, 4, 2),
+    (64, 64, 4, 3),
+]
+
+
+def _prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Drop configs whose pipelined tiles cannot fit in shared memory; keep small tiles for the
+    largest head dims, where the fp32 accumulators would otherwise spill."""
+    is_dkdv = "DK" in named_args
+    hit = pretuned("dkdv" if is_dkdv else "dq", named_args, kwargs)
+    if hit is not None:
+        return [hit]
+    d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+    elem = named_args["Q"].element_size()
+    kept = []
+    for c in configs:
+        bm, bn, st = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages
+        streamed, resident = (bm, bn) if is_dkdv else (bn, bm)
+        smem = (st - 1) * 2 * streamed * d * elem + 2 * resident * d * elem
+        if smem > SMEM_BYTES:
+            continue
+        if d >= 256 and (max(bm, bn) > 64 or st > 2):
+            continue
+        kept.append(c)
+    return kept or [triton.Config(dict(BLOCK_M=32, BLOCK_N=32), num_warps=4, num_stages=1)]
+
+
+@triton.jit
+def _dkdv_query_loop(
+    dk, dv,  # (BLOCK_N, BLOCK_D) fp32 accumulators
+    k, v,  # (BLOCK_N, BLOCK_D) this program's key and value tiles
+    q_ptrs, do_ptrs,  # pointers to the (BLOCK_M, BLOCK_D) tiles of query row 0 of this head
+    lse_ptr, delta_ptr,  # this head's (s_q,) lse2 and delta
+    stride_qm, stride_dom,
+    offs_n,  # (BLOCK_N,) absolute key indices of this program
+    offs_d,  # (BLOCK_D,)
+    lo, hi,  # query rows [lo, hi) visited by this loop, lo a multiple of BLOCK_M
+    s_q, qk_scale, HEAD_DIM,
+    dq_ptrs,  # ATOMIC_DQ: the fp32 dQ buffer's (BLOCK_M, BLOCK_D) tile of query row 0; else None
+    dq_desc, bh,  # DQ_TMA: the buffer as a (B * H, s_q, d) descriptor, and this (batch, head)
+    sm_scale,
+    BLOCK_M: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr,  # rows cross the diagonal or the end of the queries
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    DQ_TMA: tl.constexpr,  # add each dQ tile with one bulk reduce of the copy engine
+):
+    offs_m0 = tl.arange(0, BLOCK_M)
+    q_ptrs += lo * stride_qm
+    do_ptrs += lo * stride_dom
+    if ATOMIC_DQ:
+        dq_ptrs += lo * HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m0  # (BLOCK_M,)
+        # ---- load a query tile, its dO tile, lse2 and delta: 2 * BLOCK_M * d + 2 * BLOCK_M -----
+        q, do = load_pair(q_ptrs, do_ptrs, rows, s_q, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        if MASKED:
+            lse = tl.load(lse_ptr + rows, mask=rows < s_q, other=float("inf"))
+            delta = tl.load(delta_ptr + rows, mask=rows < s_q, other=0.0)
+        else:
+            lse = tl.load(lse_ptr + rows)
+            delta = tl.load(delta_ptr + rows)
+        # ---- P^T for this tile, recomputed from lse2: (BLOCK_N, BLOCK_M) -----------------------
+        qk_t = _mm(k, tl.trans(q), IEEE)
+        p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
+        if MASKED and CAUSAL:
+            p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
+        # ---- dV += P^T dO ------------------------------------------------------------------------
+        dv = _mma(p_t.to(do.dtype), do, dv, IEEE)
+        # ---- dS^T = P^T * (V dO^T - delta), dK += dS^T Q ------------------------------------------
+        dp_t = _mm(v, tl.trans(do), IEEE)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _mma(ds_t.to(q.dtype), q, dk, IEEE)
+        if ATOMIC_DQ:
+            # ---- this key block's share of dQ: scale * dS K, added into the fp32 buffer -------
+            dq_part = _mm(tl.trans(ds_t.to(k.dtype)), k, IEEE) * sm_scale  # (BLOCK_M, BLOCK_D)
+            if DQ_TMA:
+                # one reduce-add of the whole tile, done by the copy engine in L2 (rows past
+                # s_q lie outside the descriptor's head and are dropped)
+                dq_desc.atomic_add([bh, start_m, 0],
+                                   tl.reshape(dq_part, [1, BLOCK_M, dq_part.shape[1]]))
+            else:
+                tl.atomic_add(dq_ptrs, dq_part,
+                              mask=tile_mask(rows, s_q, offs_d, HEAD_DIM, EVEN_D), sem="relaxed")
+                dq_ptrs += BLOCK_M * HEAD_DIM
+        q_ptrs += BLOCK_M * stride_qm
+        do_ptrs += BLOCK_M * stride_dom
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+def _bwd_dkdv_kernel(
+    Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
+    LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
+    DK, DV,  # outputs (B, H_kv * SPLIT, s_k, d), written in full (partial sums when SPLIT > 1)
+    DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, s_q, d) contiguous, dQ is added into it; else None
+    DQ_DESC,  # DQ_TMA: DQ_ACC as a (B * H, s_q, d) tensor descriptor, tiles [1, BLOCK_M, d]
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, H_kv, GROUP,
+    SPLIT,  # programs per key block and key/value head, each over GROUP // SPLIT query heads
+    s_q, s_k,
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale (dK = scale * dS^T Q)
+    seq_bucket,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr = False,  # also add scale * dS K into DQ_ACC (see the docstring)
+    DQ_TMA: tl.constexpr = False,  # ... through DQ_DESC, one bulk reduce-add per tile
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)  # (batch, key/value head)
+    b = bhk // H_kv
+    h_kv = bhk % H_kv
+    sp = tl.program_id(2)  # which share of the GQA group's query heads (0 when SPLIT = 1)
+    heads = GROUP // SPLIT
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    # ---- this program's K and V tiles stay on chip: 2 * BLOCK_N * d reads ----------------------
+    kv_mask = tile_mask(offs_n, s_k, offs_d, HEAD_DIM, EVEN_D)
+    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # ---- which query blocks need a mask ---------------------------------------------------------
+    # Causal: rows below start_n see none of these keys; rows in [lo, mid) see some of them
+    # (the diagonal); rows from mid on see all of them.
+    s_q_full = (s_q // BLOCK_M) * BLOCK_M
+    s_q_end = tl.cdiv(s_q, BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(lo + tl.cdiv(start_n + BLOCK_N - lo, BLOCK_M) * BLOCK_M, s_q_end)
+        full_hi = tl.maximum(mid, s_q_full)
+    else:
+        lo = 0
+        mid = 0
+        full_hi = s_q_full
+
+    for g in range(sp * heads, sp * heads + heads):  # the query heads that read this K/V head
+        h = h_kv * GROUP + g
+        bh = b * H + h
+        q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+        do_ptrs = (DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
+        lse_ptr = LSE2 + bh.to(tl.int64) * s_q
+        delta_ptr = DELTA + bh.to(tl.int64) * s_q
+        if ATOMIC_DQ:
+            dq_ptrs = (DQ_ACC + bh.to(tl.int64) * s_q * HEAD_DIM
+                       + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
+        else:
+            dq_ptrs = DQ_ACC  # None
+        if CAUSAL:  # the diagonal band
+            dk, dv = _dkdv_query_loop(
+                dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
+                offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+                sm_scale, BLOCK_M, EVEN_D, True, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
+        # rows that see every key of the tile, then the ragged end of the queries
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
+            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+            sm_scale, BLOCK_M, EVEN_D, False, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
+        dk, dv = _dkdv_query_loop(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
+            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+            sm_scale, BLOCK_M, EVEN_D, True, False, IEEE, ATOMIC_DQ, DQ_TMA)
+
+    # ---- write dK and dV once: 2 * BLOCK_N * d elements -------------------------------------------
+    # (with SPLIT > 1, this share's partial sums, at head h_kv * SPLIT + sp; summed on the host)
+    dk = dk * sm_scale
+    h_out = (h_kv * SPLIT + sp).to(tl.int64)
+    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + h_out * stride_dkh
+               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + h_out * stride_dvh
+               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_key_loop(
+    dq,  # (BLOCK_M, BLOCK_D) fp32 accumulator
+    q, do,  # (BLOCK_M, BLOCK_D) tiles in registers
+    lse, delta,  # (BLOCK_M,) fp32
+    k_ptrs, v_ptrs,  # pointers to the (BLOCK_N, BLOCK_D) tiles of key 0 of this head
+    stride_kn, stride_vn,
+    offs_m, offs_d,
+    lo, hi,  # keys [lo, hi)
+    s_k, qk_scale, HEAD_DIM,
+    BLOCK_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n0
+        k, v = load_pair(k_ptrs, v_ptrs, cols, s_k, offs_d, HEAD_DIM, MASKED, EVEN_D)
+        # ---- P, dP and dS for this tile: (BLOCK_M, BLOCK_N) ---------------------------------------
+        p = tl.math.exp2(_mm(q, tl.trans(k), IEEE) * qk_scale - lse[:, None])
+        if MASKED:
+            visible = cols[None, :] < s_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = _mm(do, tl.trans(v), IEEE)
+        ds = p * (dp - delta[:, None])
+        # ---- dQ += dS K -----------------------------------------------------------------------------
+        dq = _mma(ds.to(k.dtype), k, dq, IEEE)
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return dq
+
+
+@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+def _bwd_dq_kernel(
+    Q, K, V, Out, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d) x 2; any strides
+    LSE2,  # (B, H, s_q) fp32 from the forward
+    DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O), written here for the dK/dV launch
+    DQ,  # output (B, H, s_q, d), written in full
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, GROUP,
+    s_q, s_k,
+    qk_scale, sm_scale,
+    seq_bucket,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    # ---- this program's Q and dO tiles, lse2 and delta stay on chip ----------------------------
+    row_mask = tile_mask(offs_m, s_q, offs_d, HEAD_DIM, EVEN_D)
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row_mask, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=row_mask, other=0.0)
+    lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=float("inf"))
+    # delta = rowsum(dO * O) in fp32: BLOCK_M * d more reads (O), BLOCK_M fp32 writes.
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=row_mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
+    k_ptrs = (K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # ---- the same split of the key range as the forward ----------------------------------------
+    full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                      offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
+                      BLOCK_N, EVEN_D, False, CAUSAL, IEEE)
+    dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                      offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM,
+                      BLOCK_N, EVEN_D, True, CAUSAL, IEEE)
+
+    # ---- write dQ once: BLOCK_M * d elements ---------------------------------------------------
+    dq = dq * sm_scale
+    tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["s_q"])
+def _bwd_delta_kernel(
+    Out, DO,  # (B, H, s_q, d), any strides
+    DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O)
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H, s_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """delta for BLOCK_M rows of one (batch, head), before the dK/dV launch of the atomic-dQ
+    backward (the default backward computes it inside its dQ kernel instead)."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = tile_mask(offs_m, s_q, offs_d, HEAD_DIM, EVEN_D)
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
+
+
+_dkdv_tuned = triton.autotune(
+    configs=_configs(DKDV_SPACE),
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
+    prune_configs_by={"early_config_prune": _prune_bwd},
+    **_autotune_options(),
+)(_bwd_dkdv_kernel)
+
+_dq_tuned = triton.autotune(
+    configs=_configs(DQ_SPACE),
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
+    prune_configs_by={"early_config_prune": _prune_bwd},
+    **_autotune_options(),
+)(_bwd_dq_kernel)
+
+
+# The atomic-dQ backward: its dK/dV tiles when none are given, by padded head dim. Timed with
+# every dK/dV candidate on the H200 (kernels.bench.tune_bwd --atomic, fp16, s = 2,048 to 16,384,
+# bulk reduce-adds; kernels/NOTES.md step 8): (64, 64, 4, 3) was best at d = 64 and
+# (64, 128, 8, 3) at d = 128 in all 16 keys. d = 256 keeps a small tile (untimed).
+ATOMIC_TILES = {
+    64: {"BLOCK_M": 64, "BLOCK_N": dispatch.ATOMIC_KEY_BLOCK[64], "num_warps": 4, "num_stages": 3},
+    128: {"BLOCK_M": 64, "BLOCK_N": dispatch.ATOMIC_KEY_BLOCK[128], "num_warps": 8, "num_stages": 3},
+    256: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+}
+# Which backward runs, and whether the GQA group is split, are decided by calc.dispatch (one copy,
+# read by calc.peak too, so that the buffers are predictable). The kernel adds the one input the
+# pure rule cannot see: PyTorch's deterministic-mode flag keeps the two-kernel backward.
+
+
+def atomic_by_default(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
+    """Whether the backward adds dQ with atomics when no config says otherwise
+    (`calc.dispatch.atomic_dq`); never under ``torch.use_deterministic_algorithms(True)``."""
+    return (dispatch.atomic_dq(B, H, H_kv, s_q, s_k, d, elem)
+            and not torch.are_deterministic_algorithms_enabled())
+
+
+def atomic_tiles(d: int) -> dict:
+    """The atomic-dQ backward's dK/dV tiles for head dim d when none are given."""
+    return ATOMIC_TILES[max(64, block_d(d))]
+
+
+kv_split = dispatch.kv_split
+
+
+def _split_from(config: dict | None, B: int, H: int, H_kv: int, s_k: int) -> int:
+    """The config's "BWD_KV_SPLIT" (a divisor of the group H / H_kv) or `kv_split`."""
+    if config is None or config.get("BWD_KV_SPLIT") is None:
+        return kv_split(B, H, H_kv, s_k)
+    split, group = config["BWD_KV_SPLIT"], H // H_kv
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or group % split:
+        raise ValueError(f"config BWD_KV_SPLIT must be a positive divisor of the GQA group "
+                         f"H / H_kv = {H} / {H_kv} = {group}, got {split!r}")
+    return split
+
+
+DELTA_ROWS = 64
+_DELTA_LAUNCHER = DirectLauncher(_bwd_delta_kernel)
+
+
+def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
+    """Whether the atomic-dQ backward adds its dQ tiles with the copy engine's bulk reduce-add
+    (a tensor descriptor over the fp32 buffer) rather than element-wise atomics: on compute
+    capability 9.0 and newer with a Triton that has tensor descriptors, for head dims that
+    are powers of two (the tile is then the row, no padded columns). ``force`` False (config
+    {"BWD_DQ_TMA": False}) keeps the element-wise adds."""
+    if force is False or TensorDescriptor is None or q.device.type != "cuda" or block_d(d) != d:
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] >= 9
+
+
+def attention_backward(
+    do: torch.Tensor,  # (B, H, s_q, d) upstream gradient, any strides
+    q: torch.Tensor,  # (B, H, s_q, d)
+    k: torch.Tensor,  # (B, H_kv, s_k, d)
+    v: torch.Tensor,  # (B, H_kv, s_k, d)
+    o: torch.Tensor,  # (B, H, s_q, d) the forward's output
+    lse2: torch.Tensor,  # (B, H, s_q) fp32
+    causal: bool,
+    scale: float,
+    config: dict | None = None,
+    *,
+    dq_config: dict | None = None,
+    dkdv_config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
+
+    Which backward runs: the atomic-dQ one (module docstring: delta kernel, dK/dV kernel
+    adding dQ into a zeroed fp32 buffer, cast) where `atomic_by_default` says so and
+    ``torch.use_deterministic_algorithms(True)`` is not in force, else the two-kernel one
+    (deterministic). ``config={"BWD_ATOMIC_DQ": True/False}`` forces the choice; a config with
+    tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) or ``dq_config`` / ``dkdv_config`` without
+    that key name the two-kernel backward's tiles and select it (kernels.bench.tune_bwd times them).
+    The atomic one takes its dK/dV tiles from ``dkdv_config``, else the config's, else
+    `atomic_tiles`. ``{"BWD_DQ_TMA": False}`` keeps its element-wise adds on Hopper.
+
+    Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
+    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with GQA
+    on a small grid (`kv_split` S > 1; config {"BWD_KV_SPLIT": S} forces another divisor of
+    the group) also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK, dV.
+    """
+    B, H, s_q, d = q.shape
+    H_kv, s_k = k.shape[1], k.shape[2]
+    group = H // H_kv
+    bd = block_d(d)
+    split = _split_from(config, B, H, H_kv, s_k)
+    tma_force = None
+    if config is not None and "BWD_ATOMIC_DQ" in config:
+        atomic = bool(config["BWD_ATOMIC_DQ"])
+    elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
+        atomic = False  # tiles given without the switch are the two-kernel backward's
+    else:
+        atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, q.element_size())
+    if config is not None:  # the forward-only switches (descriptors, experimental loops)
+        tma_force = config.get("BWD_DQ_TMA")
+        config = {key: val for key, val in config.items()
+                  if key not in FWD_ONLY_KEYS and key not in BWD_ONLY_KEYS} or None
+    # new_empty: same device, no device/dtype argument parsing (~2 us less than torch.empty)
+    delta = q.new_empty((B, H, s_q), dtype=torch.float32)  # (B, H, s_q)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    if split > 1:  # what the dK/dV programs write: partial sums, (B, H_kv * split, s_k, d)
+        dk_out = k.new_empty((B, H_kv * split, s_k, d))
+        dv_out = v.new_empty((B, H_kv * split, s_k, d))
+    else:
+        dk_out, dv_out = dk, dv
+    if atomic:
+        dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
+    else:
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
+    meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
+                IEEE=q.dtype == torch.float32)
+    bucket = seq_bucket(max(s_q, s_k))
+    # Each stride tuple read once (about 0.3 us per call of .stride() on the launch path).
+    sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
+                                     dq.stride(), dk_out.stride())
+    dq_desc = None  # the fp32 buffer as a tensor descriptor, for bulk reduce-adds
+    if atomic:
+        tiles = dkdv_config or config or atomic_tiles(d)
+        if dq_tma_usable(q, d, None if tma_force is None else bool(tma_force)):
+            # seen per (batch, head): a tile never reaches the next head's rows
+            dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
+                                       [1, tiles["BLOCK_M"], d])
+    dkdv_args = (
+        q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc,
+        *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
+        H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, bucket,
+    )
+    # What the JIT specialises on beyond meta and the config (kernels/direct.py): dtypes,
+    # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
+    # dk's shape and strides; delta, dq, dk, dv are fresh allocations).
+    spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, split, q.data_ptr() % 16,
+            k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16,
+            lse2.data_ptr() % 16)
+    if atomic:
+        _DELTA_LAUNCHER((cdiv(s_q, DELTA_ROWS), B * H), ("delta", spec, d, bd),
+                        (o, do, delta, *so, *sdo, H, s_q),
+                        dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
+                             num_warps=4))
+        # launched with explicit tiles only: the autotuner would run the kernel once per
+        # candidate, and every run adds into the same dQ buffer
+        launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic",
+               dict(meta, ATOMIC_DQ=True, DQ_TMA=dq_desc is not None), bucket, tiles, dkdv_args,
+               lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
+        dq = dq.to(q.dtype)  # before the sums: the memory formula counts the buffer, dQ and
+        _sum_split(dk_out, dv_out, dk, dv, split)  # the partial sums alive together
+        return dq, dk, dv
+    dq_args = (
+        q, k, v, o, do, lse2, delta, dq,
+        *sq, *sk, *sv, *so, *sdo, *sdq,
+        H, group, s_q, s_k, scale * LOG2E, scale, bucket,
+    )
+    # dQ first: it writes delta, which the dK/dV launch reads.
+    launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, dq_config or config, dq_args,
+           lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)
+    launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, dkdv_config or config, dkdv_args,
+           lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
+    _sum_split(dk_out, dv_out, dk, dv, split)
+    return dq, dk, dv
+
+
+def _sum_split(dk_out: torch.Tensor, dv_out: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+               split: int) -> None:
+    """dK, dV = the sums of the split's partial dK, dV over the split (a no-op without one).
+    PyTorch's sum of 16-bit tensors accumulates in fp32."""
+    if split == 1:
+        return
+    B, H_kv, s_k, d = dk.shape
+    torch.sum(dk_out.view(B, H_kv, split, s_k, d), dim=2, out=dk)
+    torch.sum(dv_out.view(B, H_kv, split, s_k, d), dim=2, out=dv)

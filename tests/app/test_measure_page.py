@@ -1,0 +1,92 @@
+"""The measurement page runs headless on a CPU machine (streamlit.testing.v1.AppTest): says
+plainly that there is no GPU, shows bundled or stored results with the model's error, survives
+hostile URLs, and never writes to the store unless asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from kernels.measure.store import COLUMNS, ResultStore  # noqa: E402
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "measure.py")
+
+
+def row(**kw):
+    r = {c: None for c in COLUMNS}
+    r.update(impl="naive", batch=1, heads=32, kv_heads=32, seq_len=1024, head_dim=128,
+             dtype="fp16", causal=False, backward=False, status="ok", median_ms=0.15,
+             tflops=114.0, peak_extra_bytes=142_606_336, message="", gpu_name="NVIDIA H200",
+             driver="580.159.04", torch_version="2.11.0+cu130", triton_version="3.6.0",
+             timestamp="2026-11-30T06:20:45+00:00")
+    r.update(kw)
+    return r
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "results.sqlite"
+    monkeypatch.setenv("ATTNMEM_DB", str(path))
+    return path
+
+
+def run_page(params: dict[str, str] | None = None) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    at.run()
+    return at
+
+
+def test_page_runs_without_gpu_and_says_so(db):
+    at = run_page()
+    assert not at.exception, [e.value for e in at.exception]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert any("No GPU here" in i.value for i in at.info)
+        assert not any(b.label == "Run measurement" for b in at.button)
+    assert at.query_params["mode"] == ["both"] or at.query_params["mode"] == "both"
+
+
+def test_page_shows_a_stored_run_with_model_error(db):
+    st = ResultStore(db)
+    run = st.new_run(gpu_name="NVIDIA H200", label="t")
+    st.add_row(run, row())
+    st.add_row(run, row(seq_len=2048, peak_extra_bytes=553_648_128))
+    st.add_row(run, row(seq_len=4096, status="oom", peak_extra_bytes=None, median_ms=None,
+                        tflops=None, message="CUDA out of memory"))
+    st.add_row(run, row(message="=HYPERLINK(\"x\")", seq_len=512, peak_extra_bytes=37_748_736))
+    at = run_page({"src": str(run), "mode": "fwd", "lens": "512,1024,2048,4096"})
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert set(table["s"]) == {512, 1024, 2048, 4096}
+    ok = table[table["s"] == 1024].iloc[0]
+    assert ok["model error %"] == pytest.approx(0.0, abs=0.01)
+    assert table[table["s"] == 4096].iloc[0]["status"] == "oom"
+    assert len(st.runs()) == 1  # showing changes nothing
+
+
+def test_page_survives_hostile_url(db):
+    at = run_page({"src": "99", "hkv": "abc", "d": "1e999", "dtype": "<b>x", "lens": "5,6",
+                   "impls": "evil", "b": "-1", "causal": "maybe", "mode": "[x](javascript:1)"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.warning) >= 5
+    for w in at.warning:
+        assert "<b>" not in w.value and "](javascript" not in w.value
+
+
+def test_page_with_gqa_mismatch_warns(db):
+    at = run_page({"h": "32", "hkv": "5"})
+    assert not at.exception
+    assert any("multiple of KV heads" in w.value for w in at.warning)
+
+
+def test_page_without_selection(db):
+    at = run_page({"impls": "none"})
+    assert not at.exception
+    assert any("Pick at least one" in i.value for i in at.info)
