@@ -37,6 +37,11 @@ install_set() {  # install_set STAMP FILE...
 }
 
 install_set app requirements.txt
+# The project itself, editable and without dependencies: puts the `attnmem` command in the venv.
+if [ ! -x "$VENV/bin/attnmem" ]; then
+  iso=(); "$VENV/bin/python" -c "import setuptools" 2>/dev/null && iso=(--no-build-isolation)
+  "${pip[@]}" install --no-deps "${iso[@]}" -e .
+fi
 if [ "$mode" = test ]; then
   install_set dev requirements.txt requirements-dev.txt
   # Browser tests drive Debian's chromium (no browser download). Install it when we can.

@@ -1,0 +1,5 @@
+import sys
+
+from attnmem.cli import main
+
+sys.exit(main())

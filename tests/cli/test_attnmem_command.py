@@ -1,0 +1,87 @@
+"""The attnmem command line: the numbers the calc functions give, --json, and bad input
+answered with one line and exit status 2 (no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import calc
+from attnmem.cli import main
+from calc.serving import serving_capacity
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_memory_prints_what_calc_computes(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "memory", "--model", "DeepSeek-V3 (MLA, MoE)", "--seq-len", "32768",
+                   "--gpu", "H200", "--kv-dtype", "bf16")
+    model = calc.MODELS["DeepSeek-V3 (MLA, MoE)"]
+    assert out["kv_cache_bytes"] == calc.kv_cache_bytes(model, 1, 32768, "bf16")
+    assert out["kv_cache_bytes"] == 61 * 32768 * (512 + 64) * 2  # the latent, 2.3 GB
+    assert out["kv_cache_expanded_bytes"] == 61 * 32768 * 128 * (192 + 128) * 2
+    assert out["params"] == calc.param_count(model)
+
+
+def test_memory_reads_a_config_file_path(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "memory", "--model", str(FIXTURES / "Jamba-v0.1.json"),
+                   "--seq-len", "4096")
+    assert out["params"] == calc.param_count(calc.MODELS["Jamba v0.1 (hybrid)"])
+    assert out["state_bytes"] > 0
+
+
+def test_serve_matches_serving_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "serve", "--model", "Llama 3.1 8B", "--seq-len", "32768", "--gpu",
+                   "H200", "--gpu-memory-utilization", "0.8", "--block-size", "32")
+    cap = serving_capacity(calc.MODELS["Llama 3.1 8B"], calc.GPUS[
+        next(g for g in calc.GPUS if "H200" in g)], 32768, gpu_memory_utilization=0.8,
+        block_size=32)
+    assert out["num_blocks"] == cap.num_blocks and out["max_context"] == cap.max_context
+    assert out["decode_attention_bytes"] < out["prefill_attention_bytes"]
+
+
+def test_train_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "train", "--model", "GPT-2 (124M)", "--seq-len", "1024",
+                   "--checkpointing")
+    assert out["model"] == "GPT-2 (124M)"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["memory", "--model", "no such model", "--seq-len", "10"], "'no such model' is not a preset"),
+    (["memory", "--model", "Llama 3.1 8B", "--seq-len", "-5"], "seq_len must be"),
+    (["memory", "--model", "Llama 3.1 8B", "--seq-len", "10", "--gpu", "Z99"], "--gpu 'Z99'"),
+    (["serve", "--model", "Llama 3.1 8B", "--seq-len", "10", "--gpu-memory-utilization", "1.5"],
+     "gpu_memory_utilization must be"),
+    (["memory", "--model", "Llama 3.1 8B", "--seq-len", "10", "--kv-dtype", "fp7"], "fp7"),
+])
+def test_bad_input_names_the_value(capsys: pytest.CaptureFixture[str], args: list[str],
+                                   says: str) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_unknown_architecture_file_is_refused(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768,
+                               "num_hidden_layers": 2, "vocab_size": 10}))
+    assert main(["memory", "--model", str(cfg), "--seq-len", "10"]) == 2
+    assert "'mamba'" in capsys.readouterr().err
+
+
+def test_console_entry_runs_as_a_module() -> None:
+    done = subprocess.run([sys.executable, "-m", "attnmem", "memory", "--model", "GPT-2 (124M)",
+                           "--seq-len", "1024", "--json"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["seq_len"] == 1024
