@@ -1,0 +1,114 @@
+"""Serving: how many requests of length s fit on my GPU, and the longest context one can have.
+
+Thin page: widgets -> calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
+and vllm/v1/core/kv_cache_utils.py, see calc/serving.py) -> metrics and a table; prefill vs
+decode attention of one layer per implementation (calc.serving.prefill_decode_attention).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from calc import DEFAULT_GPU, DTYPES, GPUS, IMPL_LABELS, IMPLEMENTATIONS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from calc.serving import (  # noqa: E402
+    BLOCK_SIZES,
+    DEFAULT_CUDA_GRAPH_BYTES,
+    DEFAULT_NON_TORCH_BYTES,
+    prefill_decode_attention,
+    serving_capacity,
+)
+from calc.units import DTYPE_ALIASES  # noqa: E402
+from pages import common as c  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam, FloatParam, IntParam  # noqa: E402
+
+MIB = 2**20
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", tuple(MODELS)),
+    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "s": IntParam(32768, 1, MAX_SEQ_LEN),
+    "util": FloatParam(0.9, 0.0, 1.0, lo_open=True),
+    "block": ChoiceParam("16", tuple(str(b) for b in BLOCK_SIZES)),
+    "mnbt": IntParam(8192, 1, 1_048_576),
+    "seqs": IntParam(256, 1, 65_536),
+    "graphs_mib": IntParam(DEFAULT_CUDA_GRAPH_BYTES // MIB, 0, 1_000_000),
+    "nontorch_mib": IntParam(DEFAULT_NON_TORCH_BYTES // MIB, 0, 1_000_000),
+    "graphs_in": BoolParam(True),
+    "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+}
+
+c.page_setup("serving")
+st.title("Serving")
+st.markdown("**How many requests of length s fit on my GPU, and what is the longest context one "
+            "request can have?** KV blocks as vLLM allocates them.")
+
+top = st.columns([2, 1, 1])
+choice = c.select("Model", "model", SPECS["model"], where=top[0])
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+util = c.float_input("gpu_memory_utilization", "util", SPECS["util"], where=top[2])
+row = st.columns(5)
+block = c.select("Block size (tokens)", "block", SPECS["block"], where=row[0])
+mnbt = c.int_input("max_num_batched_tokens", "mnbt", SPECS["mnbt"], where=row[1])
+seqs = c.int_input("max_num_seqs", "seqs", SPECS["seqs"], where=row[2])
+wd = c.select("Weights dtype", "wdtype", SPECS["wdtype"], where=row[3])
+kvd = c.select("KV cache dtype (fp8 halves it)", "kvdtype", SPECS["kvdtype"], where=row[4])
+row2 = st.columns(3)
+graphs = c.int_input("CUDA graphs (MiB)", "graphs_mib", SPECS["graphs_mib"], where=row2[0])
+nontorch = c.int_input("Non-torch memory (MiB)", "nontorch_mib", SPECS["nontorch_mib"], where=row2[1])
+graphs_in = c.toggle("CUDA graphs taken from the budget (vLLM ≥ 0.21)", "graphs_in", SPECS["graphs_in"], where=row2[2])
+seq_len = c.seq_len_input("Context length per request s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+
+model = MODELS[choice]
+unit = c.get_unit()
+try:
+    cap = serving_capacity(model, GPUS[gpu], seq_len, weight_dtype=wd, kv_dtype=kvd,
+                           gpu_memory_utilization=util, block_size=int(block),
+                           max_num_batched_tokens=mnbt, max_num_seqs=seqs,
+                           cuda_graph_bytes=graphs * MIB, non_torch_bytes=nontorch * MIB,
+                           cuda_graphs_in_budget=graphs_in)
+except ValueError as err:
+    st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+    c.sync_url(SPECS)
+    st.stop()
+
+m1, m2, m3 = st.columns(3)
+m1.metric("KV blocks available", f"{cap.num_blocks:,}", help=f"{c.COMPUTED}: pool // (page per layer × attention layers), vllm/v1/core/kv_cache_utils.py get_num_blocks.")
+m2.metric(f"Concurrent requests of {seq_len:,} tokens", f"{cap.concurrent_sequences:,}",
+          help=f"{c.COMPUTED}: pool // bytes per request ({cap.max_concurrency:,} by KV memory; capped by max_num_seqs = {seqs:,}).")
+m3.metric("Longest context of one request (tokens)", f"{cap.max_context:,}",
+          help=f"{c.COMPUTED}: exact search, as vLLM's estimate_max_model_len.")
+if cap.kv_pool_bytes == 0:
+    st.error("Nothing is left for the KV cache: weights, activations and overheads exceed the budget.", icon=":material/cancel:")
+if cap.headroom_bytes < 0:
+    st.warning("CUDA graphs do not fit in the memory left outside the budget: lower gpu_memory_utilization.")
+
+table = pd.DataFrame([
+    {"part": "budget (GPU × utilization)", "bytes": cap.budget_bytes},
+    {"part": "weights", "bytes": cap.weights_bytes},
+    {"part": "activation peak of the profiling run" + (" (estimate)" if cap.activation_estimated else ""), "bytes": cap.activation_bytes},
+    {"part": "non-torch memory", "bytes": cap.non_torch_bytes},
+    {"part": "CUDA graphs" + ("" if cap.cuda_graphs_in_budget else " (outside the budget)"), "bytes": cap.cuda_graph_bytes},
+    {"part": "KV cache pool", "bytes": cap.kv_pool_bytes},
+    {"part": "one request of s tokens (KV blocks + state)", "bytes": cap.bytes_per_sequence},
+])
+shown = table.assign(size=table["bytes"].map(lambda b: c.fmt(b, unit)))
+st.dataframe(shown[["part", "size", "bytes"]], hide_index=True)
+
+st.markdown("**Attention of one layer, prefill (s_q = s) against decode (s_q = 1)**")
+rows = []
+for impl in IMPLEMENTATIONS:
+    prefill, decode = prefill_decode_attention(model, impl, seq_len)
+    rows.append({"implementation": IMPL_LABELS[impl], "prefill": c.fmt(prefill, unit),
+                 "decode": c.fmt(decode, unit)})
+st.dataframe(pd.DataFrame(rows), hide_index=True)
+st.caption(f"{c.COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
+           "kv_cache_utils.py; overhead defaults from vLLM start-up logs (calc/serving.py). "
+           "Prefill: calc.attention_peak_bytes; decode: the same terms with s_q = 1.")
+c.sync_url(SPECS)

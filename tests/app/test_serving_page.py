@@ -1,0 +1,38 @@
+"""pages/serving.py renders its answer from calc.serving_capacity, and takes its inputs from
+the URL (a bad value is refused with a warning, never a crash)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+import calc
+from calc.serving import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, serving_capacity
+
+PAGE = str(Path(__file__).parents[2] / "pages" / "serving.py")
+
+
+def run(params: dict[str, str]) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    for k, v in params.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def test_metrics_are_calc_numbers_from_url_inputs() -> None:
+    at = run({"model": "DeepSeek-V2-Lite (MLA, MoE)", "s": "16384", "util": "0.8",
+              "kvdtype": "fp8_e4m3"})
+    assert not at.exception
+    cap = serving_capacity(calc.MODELS["DeepSeek-V2-Lite (MLA, MoE)"], calc.GPUS[calc.DEFAULT_GPU],
+                           16384, kv_dtype="fp8_e4m3", gpu_memory_utilization=0.8,
+                           cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES // 2**20 * 2**20,
+                           non_torch_bytes=DEFAULT_NON_TORCH_BYTES // 2**20 * 2**20)
+    values = {m.label: m.value for m in at.metric}
+    assert values["KV blocks available"] == f"{cap.num_blocks:,}"
+    assert values["Longest context of one request (tokens)"] == f"{cap.max_context:,}"
+
+
+def test_bad_url_value_is_refused_not_crashed() -> None:
+    at = run({"util": "1.7", "block": "17"})
+    assert not at.exception
