@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["attention_reference", "flash_attention"]
+__all__ = ["attention_reference", "flash_attention", "ring_attention"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from kernels.flash.reference import attention_reference
 
         return attention_reference
+    if name == "ring_attention":
+        from kernels.ring import ring_attention
+
+        return ring_attention
     raise AttributeError(f"module 'kernels' has no attribute {name!r}")

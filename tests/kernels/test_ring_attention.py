@@ -1,0 +1,197 @@
+"""Ring attention (kernels.ring) against single-device attention, on CPU processes.
+
+The ring runs in 2 and 3 processes (torch.multiprocessing spawn, gloo, a FileStore in a
+temporary folder) with our Triton kernel under Triton's CPU interpreter: TRITON_INTERPRET=1
+must be set before triton is first imported, so the distributed runs happen in a child
+process started from this file as a script (with that variable set); its spawned ranks
+inherit it. Nothing in the pytest process switches to interpreter mode. Each rank compares
+its output rows and ALL its gradients (dq of its queries, dk and dv of its key block, the
+contributions of every rank summed) with the eager fp32 reference on the full sequence,
+sharded the same way; the parent checks every rank's report. The one-device simulator
+(kernels.ring.simulate) is checked in the same child: each simulated rank's output and dq
+must equal the reference's rows.
+
+Tiny shapes (B = 1, H = 2, s = 48, d = 16) keep the interpreter quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+B, H, S, D = 1, 2, 48, 16
+# (causal, kv_heads) cases per world size
+CASES = {2: [(True, 2), (False, 1)], 3: [(True, 1), (False, 2)]}
+TOL = 2e-4
+
+
+def _inputs(causal: bool, kv_heads: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, S, D, generator=g)
+    k = torch.randn(B, kv_heads, S, D, generator=g)
+    v = torch.randn(B, kv_heads, S, D, generator=g)
+    do = torch.randn(B, H, S, D, generator=g)
+    return q, k, v, do
+
+
+def _reference(q, k, v, do, causal):
+    from kernels.flash.reference import attention_reference
+
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    o = attention_reference(q, k, v, causal)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from kernels import ring_attention
+    from kernels.ring import shard
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                            world_size=world)
+    report = []
+    try:
+        for i, (causal, kv_heads) in enumerate(CASES[world]):
+            q, k, v, do = _inputs(causal, kv_heads, 100 + i)
+            ref = _reference(q, k, v, do, causal)
+            ql, kl, vl = (shard(t, rank, world, causal).requires_grad_() for t in (q, k, v))
+            o = ring_attention(ql, kl, vl, causal=causal)
+            o.backward(shard(do, rank, world, causal))
+            got = (o.detach(), ql.grad, kl.grad, vl.grad)
+            errs = {name: (g - shard(r, rank, world, causal)).abs().max().item()
+                    for name, g, r in zip(("o", "dq", "dk", "dv"), got, ref, strict=True)}
+            report.append({"causal": causal, "kv_heads": kv_heads, "errors": errs})
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+def _simulated(world: int) -> list[dict]:
+    """Every rank of the ring simulated in this one process: output and dq rows."""
+    from kernels.ring import ring_attention_with, shard
+    from kernels.ring.simulate import SimulatedRing
+
+    report = []
+    for i, (causal, kv_heads) in enumerate(CASES[world]):
+        q, k, v, do = _inputs(causal, kv_heads, 200 + i)
+        ref_o, ref_dq, _, _ = _reference(q, k, v, do, causal)
+        blocks = [(shard(k, r, world, causal), shard(v, r, world, causal))
+                  for r in range(world)]
+        for r in range(world):
+            ql = shard(q, r, world, causal).requires_grad_()
+            o = ring_attention_with(SimulatedRing(r, world, blocks), ql, *blocks[r], causal)
+            o.backward(shard(do, r, world, causal))
+            report.append({"rank": r, "causal": causal, "errors": {
+                "o": (o.detach() - shard(ref_o, r, world, causal)).abs().max().item(),
+                "dq": (ql.grad - shard(ref_dq, r, world, causal)).abs().max().item()}})
+    return report
+
+
+def _main(world: int, out_dir: str) -> None:
+    import torch.multiprocessing as mp
+
+    torch.set_num_threads(1)
+    sim = _simulated(world)
+    with open(os.path.join(out_dir, "simulated.json"), "w") as f:
+        json.dump(sim, f)
+    store = os.path.join(out_dir, "store")
+    mp.spawn(_worker, args=(world, store, out_dir), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_matches_single_device(world: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(world), tmp],
+                              env=env, cwd=root, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        sim = json.load(open(os.path.join(tmp, "simulated.json")))
+        reports = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    assert len(sim) == world * len(CASES[world])
+    for row in sim:
+        assert max(row["errors"].values()) < TOL, row
+    for rank, report in enumerate(reports):
+        assert len(report) == len(CASES[world])
+        for case in report:
+            assert set(case["errors"]) == {"o", "dq", "dk", "dv"}
+            assert max(case["errors"].values()) < TOL, (rank, case)
+
+
+# ---- in-process: sharding and the step schedule (no kernel runs) ------------------------------
+
+def test_zigzag_shard_roundtrip_and_layout() -> None:
+    from kernels.ring import shard, unshard, zigzag_shard
+
+    x = torch.arange(24.0).view(1, 1, 24, 1)
+    shards = [zigzag_shard(x, r, 3) for r in range(3)]
+    # 6 chunks of 4: rank 0 holds chunks 0 and 5, rank 1 chunks 1 and 4, rank 2 chunks 2 and 3
+    assert shards[0].flatten().tolist() == [0, 1, 2, 3, 20, 21, 22, 23]
+    assert shards[2].flatten().tolist() == [8, 9, 10, 11, 12, 13, 14, 15]
+    assert torch.equal(unshard(shards, causal=True), x)
+    plain = [shard(x, r, 4, causal=False) for r in range(4)]
+    assert torch.equal(unshard(plain, causal=False), x)
+
+
+@pytest.mark.parametrize("bad", [(25, 3, True), (26, 4, False), (24, 0, True)])
+def test_shard_rejects_bad_splits(bad) -> None:
+    from kernels.ring import shard
+
+    s, c, causal = bad
+    with pytest.raises(ValueError, match="seq_len|world_size"):
+        shard(torch.zeros(1, 1, s, 1), 0, c, causal)
+
+
+@pytest.mark.parametrize("c", [2, 3, 4, 8])
+def test_zigzag_schedule_covers_the_causal_mask_once(c: int) -> None:
+    """Every (query chunk, key chunk) pair below the diagonal is computed exactly once over
+    all ranks and steps, the diagonal ones with the causal mask; every step past the first
+    does the same work."""
+    from kernels.ring import step_kind
+
+    seen: dict[tuple[int, int], str] = {}
+    for r in range(c):
+        qchunks = (r, 2 * c - 1 - r)
+        for t in range(c):
+            j = (r - t) % c
+            kchunks = (j, 2 * c - 1 - j)
+            kind = step_kind(r, c, t, True)
+            pairs = {"causal": [(qchunks[0], kchunks[0]), (qchunks[1], kchunks[0]),
+                                (qchunks[1], kchunks[1])],
+                     "kv_half": [(qi, kchunks[0]) for qi in qchunks],
+                     "q_half": [(qchunks[1], kj) for kj in kchunks]}[kind]
+            assert len(pairs) == (3 if kind == "causal" else 2)
+            for p in pairs:
+                assert p not in seen
+                seen[p] = "diag" if p[0] == p[1] else "full"
+    want = {(i, j): ("diag" if i == j else "full") for i in range(2 * c) for j in range(i + 1)}
+    assert seen == want
+
+
+def test_local_shapes_are_checked() -> None:
+    from kernels.ring import ring_attention_with
+
+    class Two:
+        rank, size = 0, 2
+
+    q = torch.zeros(1, 2, 9, 16)
+    with pytest.raises(ValueError, match="odd"):
+        ring_attention_with(Two(), q, q[:, :1], q[:, :1], causal=True)
+    with pytest.raises(ValueError, match="GQA"):
+        ring_attention_with(Two(), torch.zeros(1, 3, 8, 16), *(torch.zeros(1, 2, 8, 16),) * 2)
+
+
+if __name__ == "__main__":
+    _main(int(sys.argv[1]), sys.argv[2])
