@@ -1,19 +1,23 @@
-"""Speed of the bundled Triton kernel next to every SDPA backend, in one run.
+"""Speed of the bundled Triton kernel next to every SDPA backend and FlashAttention-4, in one run.
 
     python -m kernels.bench                 # the full grid (a few minutes on an H200)
     python -m kernels.bench --quick         # fp16, d=128, s in {1024, 4096, 16384}
     python -m kernels.bench --dtypes bf16 --dims 64 --seqs 2048 8192 --modes fwd
     python -m kernels.bench --graphs --modes fwd_bwd --kv-heads 8   # GQA 4:1, GPU time only
+    python -m kernels.bench --impls triton sdpa_cudnn sdpa_flash fa4 --preset anchors --rounds 3
 
-For each (dtype, head dim, causal, forward | forward+backward, s) every implementation runs on
-the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time is the
-median of ``triton.testing.do_bench`` (CUDA events, after warm-up and autotuning); with
+For each (dtype, head dim, H_kv, causal, forward | forward+backward, s) every implementation
+runs on the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time
+is the median of ``triton.testing.do_bench`` (CUDA events, after warm-up and autotuning); with
 ``--rounds R`` every implementation is timed R times per shape, in turn, and the median of the
-R medians is kept (on a shared host, load that drifts over seconds then hits every backend). TFLOP/s use
-the project's convention (DESIGN.md): forward = 4*B*H*s^2*d, half when causal; the backward
-counts 2.5 x forward, so forward+backward = 3.5 x forward. The table prints TFLOP/s and our
-kernel's ratio to sdpa_cudnn and sdpa_flash; a CSV gets one row per measurement, stamped
-with the GPU name, torch and triton versions and the time.
+R medians is kept (on a shared host, load that drifts over seconds then hits every backend).
+The shapes are the cross product of --dtypes, --dims, --causal and --seqs (one --kv-heads), or
+a list given with --shapes, or a named list (--preset). TFLOP/s are ``calc.attention_flops``
+over the time: forward = 4*B*H*s^2*d, half when causal; forward+backward = 3.5 x forward
+(DESIGN.md). The table prints TFLOP/s and our kernel's ratio to sdpa_cudnn, sdpa_flash and
+FlashAttention-4 (``fa4``, from the optional flash-attn-4 package, when it ran); a CSV gets one
+row per measurement (``kernels.measure.speed_results.Row``), stamped with the GPU name, torch
+and triton versions and the time.
 """
 
 from __future__ import annotations
@@ -25,21 +29,29 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-# "triton" is what flash_attention runs by default (on Hopper: the Gluon forward,
-# kernels/flash_attn_fwd_sm90.py, at d = 128, and at d = 64 past 2,048/4,096 with three
-# warpgroups; with the Triton backward); "triton_generic" is the portable Triton forward on the
-# same GPU; "triton_sm90_3wg" the three-warpgroup Gluon forward forced at every length (d = 64);
-# "triton_sm90_persistent" the Gluon forward's persistent form (two warpgroups; opt-in).
+from kernels.measure import registry
+from kernels.measure.speed_results import OURS, PEERS, Row, ratios, read_rows
+from kernels.measure.store import neutralise
+
+__all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "parse_args",
+           "read_rows", "run_grid", "table"]
+
+# "triton" is what flash_attention runs by default (on Hopper: the Gluon forward at d = 128,
+# and at d = 64 past 2,048/4,096 with three warpgroups; with the Triton backward);
+# "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
+# three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_persistent" the
+# Gluon forward's persistent form (two warpgroups; opt-in). The SDPA backends and "fa4"
+# (FlashAttention-4) are the registry's implementations (kernels.measure.registry).
 IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "sdpa_cudnn",
-         "sdpa_flash", "sdpa_efficient", "sdpa_math")
+         "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
-# what runs without --impls: not the persistent form (it measured 1-18% slower than the default
-# forward on the H200 and is not a default path anywhere: NOTES step 9a)
+# What runs without --impls: not the persistent form (slower than the default forward on the
+# H200 and not a default path anywhere; kernels/NOTES.md).
 DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
-SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
-        "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
-# Relative L2 error of our output against cuDNN's above which a timing is not reported: 16-bit
+#: Implementations whose output is checked against the reference (a wrong one gets no time).
+CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "fa4")
+# Relative L2 error of an output against cuDNN's above which a timing is not reported: 16-bit
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
 MATH_MAX_SEQ = 8192  # sdpa_math keeps fp32 s x s scores: skipped above this length
@@ -47,61 +59,72 @@ GRAPHS = False  # --graphs: time calls as CUDA-graph replays (GPU time only)
 
 
 @dataclass(frozen=True)
-class Row:
-    impl: str  # implementation name (kernels registry names; "triton" is ours)
+class Shape:
+    """One shape of the grid: every implementation and pass runs on its inputs."""
+
     dtype: str  # fp16 | bf16
-    batch: int
-    heads: int
-    seq_len: int
-    head_dim: int
+    head_dim: int  # d
+    seq_len: int  # s (queries = keys)
     causal: bool
-    mode: str  # fwd | fwd_bwd
-    median_ms: float  # do_bench median, milliseconds (nan when not run)
-    tflops: float  # TFLOP/s by the convention in the module docstring
-    rel_err: float  # ||out - sdpa_ref|| / ||sdpa_ref|| of the forward output (nan if not checked)
-    status: str  # ok | unsupported | oom | error: ...
-    gpu: str
-    torch_version: str
-    triton_version: str
-    timestamp: str  # UTC, ISO 8601
-    kv_heads: int = 0  # key/value heads (GQA when < heads); read_rows gives CSVs from before
-    # the column their `heads` here
+    kv_heads: int | None = None  # H_kv (GQA when < heads); None: the run's --kv-heads or heads
+
+    def spec(self) -> str:
+        """The --shapes spelling of this shape."""
+        extra = ("/causal" if self.causal else "") + (f"/kv={self.kv_heads}" if self.kv_heads else "")
+        return f"{self.dtype}/{self.head_dim}/{self.seq_len}{extra}"
 
 
-def read_rows(path) -> list[Row]:
-    """The rows of a CSV that run_grid wrote, typed back (for the app's kernel-speed page).
-    Raises ValueError naming the file and the first column or value that does not fit."""
-    types = {"batch": int, "heads": int, "seq_len": int, "head_dim": int, "median_ms": float,
-             "tflops": float, "rel_err": float}
-    rows = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = set(Row.__dataclass_fields__) - set(reader.fieldnames or ()) - {"kv_heads"}
-        if missing:
-            raise ValueError(f"{path}: not a kernels.bench.speed CSV, missing columns {sorted(missing)}")
-        for n, raw in enumerate(reader, start=2):
-            try:
-                vals = {k: types.get(k, str)(raw[k]) for k in Row.__dataclass_fields__
-                        if k != "kv_heads"}
-                vals["kv_heads"] = int(raw.get("kv_heads") or vals["heads"])
-                vals["causal"] = {"True": True, "False": False}[raw["causal"]]
-            except (KeyError, ValueError) as exc:
-                raise ValueError(f"{path}, line {n}: bad value ({exc})") from None
-            rows.append(Row(**vals))
-    return rows
+def parse_shape(text: str) -> Shape:
+    """``DTYPE/D/S[/causal][/kv=H_KV]``, e.g. ``bf16/128/8192/causal/kv=8``; argparse error
+    naming the value and the form otherwise."""
+    form = "DTYPE/D/S[/causal][/kv=H_KV], e.g. bf16/128/8192/causal/kv=8"
+    parts = [p.strip() for p in str(text).split("/")]
+    try:
+        if len(parts) < 3 or parts[0] not in ("fp16", "bf16"):
+            raise ValueError
+        d, s = int(parts[1]), int(parts[2])
+        causal, kv = False, None
+        for extra in parts[3:]:
+            if extra == "causal" and not causal:
+                causal = True
+            elif extra.startswith("kv=") and kv is None:
+                kv = int(extra[3:])
+            else:
+                raise ValueError
+        if d < 1 or s < 1 or (kv is not None and kv < 1):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be {form} (dtype fp16 or bf16, whole "
+                                         f"numbers >= 1), got {text!r}") from None
+    return Shape(parts[0], d, s, causal, kv)
 
 
-def flops(batch: int, heads: int, s: int, d: int, causal: bool, mode: str) -> float:
-    """Forward 4*B*H*s^2*d (half if causal); forward+backward 3.5 x that (DESIGN.md)."""
-    f = 4.0 * batch * heads * s * s * d * (0.5 if causal else 1.0)
-    return f * (3.5 if mode == "fwd_bwd" else 1.0)
+#: Named shape lists. "anchors": the attention-kernel table of ../shared/ANCHORS.md (bf16,
+#: d = 128 at s = 4,096 and 16,384 causal and not, d = 64 at 8,192 causal, GQA H_kv = 8 at
+#: d = 128, s = 8,192 causal), plus fp16 at d = 128, s = 4,096 causal and not.
+PRESETS: dict[str, tuple[Shape, ...]] = {
+    "anchors": tuple(parse_shape(x) for x in (
+        "bf16/128/4096", "bf16/128/4096/causal", "bf16/128/16384", "bf16/128/16384/causal",
+        "bf16/64/8192/causal", "bf16/128/8192/causal/kv=8", "fp16/128/4096",
+        "fp16/128/4096/causal")),
+}
+
+
+def flops(batch: int, heads: int, s: int, d: int, causal: bool, mode: str) -> int:
+    """FLOPs of one call: calc.attention_flops (forward 4*B*H*s^2*d, half if causal;
+    forward+backward, ``mode == "fwd_bwd"``, 3.5 x that)."""
+    from calc import attention_flops
+
+    return attention_flops(batch, heads, s, d, causal=bool(causal), backward=mode == "fwd_bwd")
 
 
 def _impl_fn(name: str):
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    """fn(q, k, v, causal) -> out on (B, H, s, d) tensors for a bench implementation name."""
+    if name in registry.SDPA_BACKENDS or name == "fa4":
+        # the registry's calls: SDPA backends forced through sdpa_kernel (enable_gqa for GQA),
+        # FlashAttention-4 through registry.fa4_attention
+        fn = registry.fa4_attention if name == "fa4" else registry.make_sdpa(name, gqa_native=True)
+        return lambda q, k, v, causal: fn(q, k, v, causal, None)
     if name == "triton":
         from kernels.flash.api import flash_attention
 
@@ -126,15 +149,7 @@ def _impl_fn(name: str):
 
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal,
                                                        config=SM90_PERSISTENT)
-    backend = getattr(SDPBackend, SDPA[name])
-
-    def run(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                  enable_gqa=k.shape[1] != q.shape[1])
-
-    del torch
-    return run
+    raise KeyError(f"unknown bench implementation {name!r}; known: {', '.join(IMPLS)}")
 
 
 def measure(name, q, k, v, do, causal, mode, ref):
@@ -183,8 +198,12 @@ def measure(name, q, k, v, do, causal, mode, ref):
         return ms, rel, "ok"
     except torch.OutOfMemoryError:
         return math.nan, math.nan, "oom"
-    except RuntimeError as exc:
-        msg = str(exc).splitlines()[0][:120]
+    except ImportError:  # an optional implementation (fa4) that is not installed
+        return math.nan, math.nan, "unavailable"
+    except ValueError:  # a shape the implementation refuses by its rules (fa4_attention)
+        return math.nan, math.nan, "unsupported"
+    except (RuntimeError, AssertionError) as exc:  # FA4 checks its arguments with assert
+        msg = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
         status = "unsupported" if "No available kernel" in msg or "not support" in msg else msg
         return math.nan, math.nan, status
     finally:
@@ -205,6 +224,27 @@ def _combine(results: list[tuple[float, float, str]]) -> tuple[float, float, str
     return ms, (max(rels) if rels else math.nan), "ok"
 
 
+def shapes_of(args) -> list[Shape]:
+    """The run's shapes: --shapes or --preset as given, else the cross product of --dtypes,
+    --dims, --causal and --seqs (in that nesting), each with --kv-heads."""
+    if args.shapes:
+        return list(args.shapes)
+    return [Shape(dname, d, s, bool(causal), args.kv_heads)
+            for dname in args.dtypes for d in args.dims for causal in args.causal
+            for s in args.seqs]
+
+
+def _fa4_note(impls) -> str:
+    """'' or why fa4, asked for, will not run here (said once, before the grid)."""
+    if "fa4" not in impls:
+        return ""
+    try:
+        registry._fa4_func()  # the ~10 s import, done before anything is timed
+    except ImportError as exc:
+        return f"fa4 is unavailable: {exc}; its rows say 'unavailable'"
+    return ""
+
+
 def run_grid(args) -> list[Row]:
     import torch
     import triton
@@ -214,73 +254,78 @@ def run_grid(args) -> list[Row]:
                  timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows: list[Row] = []
-    B, H, H_kv = args.batch, args.heads, args.kv_heads or args.heads
+    B, H = args.batch, args.heads
+    note = _fa4_note(args.impls)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     sink = open(args.csv, "w", newline="")  # rows are written as they come: a cut run keeps them
     writer = csv.DictWriter(sink, fieldnames=list(Row.__dataclass_fields__))
     writer.writeheader()
-    for dname in args.dtypes:
-        for d in args.dims:
-            for causal in args.causal:
-                for s in args.seqs:
-                    gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
-                    q, k, v, do = (torch.randn(B, heads, s, d, device="cuda", generator=gen,
-                                               dtype=dtypes[dname])
-                                   for heads in (H, H_kv, H_kv, H))
-                    for t in (q, k, v):
-                        t.requires_grad_()
-                    with torch.no_grad():  # the accuracy reference: cuDNN, else flash
-                        ref = None
-                        for r in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
-                            try:
-                                ref = _impl_fn(r)(q, k, v, bool(causal)).float()
-                                break
-                            except RuntimeError:
-                                continue
-                    for mode in args.modes:
-                        names = [n for n in args.impls
-                                 if not (n == "sdpa_math" and s > MATH_MAX_SEQ)]
-                        got: dict[str, list] = {n: [] for n in names}
-                        for _ in range(args.rounds):  # interleaved: drift hits all alike
-                            for name in names:
-                                got[name].append(measure(
-                                    name, q, k, v, do, bool(causal), mode,
-                                    ref if name.startswith("triton") else None))
-                        for name in names:
-                            ms, rel, status = _combine(got[name])
-                            tf = flops(B, H, s, d, bool(causal), mode) / (ms * 1e-3) / 1e12
-                            rows.append(Row(name, dname, B, H, s, d, bool(causal), mode, ms,
-                                            tf, rel, status, **stamp, kv_heads=H_kv))
-                            writer.writerow(asdict(rows[-1]))
-                            sink.flush()
-                            print(f"{name:15s} {dname} d={d:3d} causal={int(causal)} "
-                                  f"{mode:7s} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}",
-                                  flush=True)
-                    del q, k, v, do, ref
-                    torch.cuda.empty_cache()
+    for shape in shapes_of(args):
+        dname, d, s, causal = shape.dtype, shape.head_dim, shape.seq_len, shape.causal
+        H_kv = shape.kv_heads or H
+        gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+        q, k, v, do = (torch.randn(B, heads, s, d, device="cuda", generator=gen,
+                                   dtype=dtypes[dname])
+                       for heads in (H, H_kv, H_kv, H))  # (B, H or H_kv, s, d)
+        for t in (q, k, v):
+            t.requires_grad_()
+        with torch.no_grad():  # the accuracy reference: cuDNN, else flash
+            ref = None
+            for r in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
+                try:
+                    ref = _impl_fn(r)(q, k, v, causal).float()
+                    break
+                except RuntimeError:
+                    continue
+        for mode in args.modes:
+            names = [n for n in args.impls if not (n == "sdpa_math" and s > MATH_MAX_SEQ)]
+            got: dict[str, list] = {n: [] for n in names}
+            for _ in range(args.rounds):  # interleaved: drift hits all alike
+                for name in names:
+                    got[name].append(measure(name, q, k, v, do, causal, mode,
+                                             ref if name in CHECKED else None))
+            for name in names:
+                ms, rel, status = _combine(got[name])
+                tf = flops(B, H, s, d, causal, mode) / (ms * 1e-3) / 1e12
+                rows.append(Row(name, dname, B, H, s, d, causal, mode, ms, tf, rel, status,
+                                **stamp, kv_heads=H_kv))
+                writer.writerow({k: neutralise(v) for k, v in asdict(rows[-1]).items()})
+                sink.flush()
+                print(f"{name:15s} {dname} d={d:3d} H_kv={H_kv:3d} causal={int(causal)} "
+                      f"{mode:7s} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}", flush=True)
+        del q, k, v, do, ref
+        torch.cuda.empty_cache()
     sink.close()
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    """Markdown table: TFLOP/s per implementation, our ratio to sdpa_cudnn and sdpa_flash."""
+    """Markdown table: TFLOP/s per implementation, then our kernel's ratio to sdpa_cudnn,
+    sdpa_flash and (when it ran) fa4 (``speed_results.ratios``). An H_kv column appears when
+    any row has fewer key/value heads than query heads."""
     impls = [i for i in IMPLS if any(r.impl == i for r in rows)]
-    keys = sorted({(r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) for r in rows},
-                  key=lambda k: (k[0], k[1], k[3], k[2], k[4]))
-    by = {(r.impl, r.dtype, r.head_dim, r.causal, r.mode, r.seq_len): r for r in rows}
-    head = ["dtype", "d", "causal", "pass", "s"] + impls + ["triton/cudnn", "triton/flash"]
+    peers = [p for p in PEERS if p != "fa4" or "fa4" in impls]
+    gqa = any(r.key[2] != r.heads for r in rows)
+    # (dtype, head_dim, kv_heads, causal, mode, seq_len), ordered dtype, d, H_kv, pass, causal, s
+    keys = sorted({r.key for r in rows}, key=lambda k: (k[0], k[1], -k[2], k[4], k[3], k[5]))
+    by = {(r.impl, *r.key): r for r in rows}
+    ratio = ratios(rows, OURS, peers)
+    short = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "fa4": "fa4"}
+    head = (["dtype", "d"] + (["H_kv"] if gqa else []) + ["causal", "pass", "s"] + impls
+            + [f"{OURS}/{short[p]}" for p in peers])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for key in keys:
-        cells = [key[0], str(key[1]), "yes" if key[2] else "no",
-                 "fwd+bwd" if key[3] == "fwd_bwd" else "fwd", str(key[4])]
-        vals = {}
+        dname, d, kv, causal, mode, s = key
+        cells = ([dname, str(d)] + ([str(kv)] if gqa else [])
+                 + ["yes" if causal else "no", "fwd+bwd" if mode == "fwd_bwd" else "fwd", str(s)])
         for i in impls:
             r = by.get((i, *key))
-            vals[i] = r.tflops if r is not None and r.status == "ok" else math.nan
             cells.append("-" if r is None else (f"{r.tflops:.0f}" if r.status == "ok"
                                                 else r.status[:12]))
-        for other in ("sdpa_cudnn", "sdpa_flash"):
-            ratio = vals.get("triton", math.nan) / vals.get(other, math.nan)
-            cells.append("-" if math.isnan(ratio) else f"{ratio:.2f}")
+        for p in peers:
+            x = ratio[key][p]
+            cells.append("-" if math.isnan(x) else f"{x:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -367,6 +412,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=None,
                    help="key/value heads, a divisor of --heads (grouped-query attention; SDPA "
                         "backends run with enable_gqa); default: --heads")
+    p.add_argument("--shapes", nargs="+", type=parse_shape, default=None, metavar="SHAPE",
+                   help="run exactly these shapes instead of the cross product of --dtypes, "
+                        "--dims, --causal, --seqs and --kv-heads; each DTYPE/D/S[/causal]"
+                        "[/kv=H_KV], e.g. bf16/128/8192/causal/kv=8")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="a named list of shapes (anchors: the kernel table of "
+                        "shared/ANCHORS.md plus fp16 at d=128, s=4096)")
     p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
@@ -381,6 +433,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.kv_heads is not None and (args.kv_heads < 1 or args.heads % args.kv_heads):
         p.error(f"--kv-heads {args.kv_heads}: must be a positive divisor of --heads {args.heads}")
+    if args.batch < 1 or args.heads < 1:
+        p.error(f"--batch and --heads must be whole numbers >= 1, got {args.batch} and {args.heads}")
+    if args.shapes and args.preset:
+        p.error("--shapes and --preset both name the shapes: give one of them")
+    if args.preset:
+        args.shapes = list(PRESETS[args.preset])
+    if args.shapes:
+        crossed = [f"--{n.replace('_', '-')}" for n in ("dtypes", "dims", "seqs", "causal",
+                                                        "kv_heads", "quick")
+                   if getattr(args, n) != p.get_default(n)]
+        if crossed:
+            p.error(f"--shapes/--preset replace the cross product: drop {', '.join(crossed)}")
+        for sh in args.shapes:
+            if sh.kv_heads is not None and args.heads % sh.kv_heads:
+                p.error(f"shape {sh.spec()}: kv={sh.kv_heads} must divide --heads {args.heads}")
     if args.quick:
         args.dtypes, args.dims, args.seqs = ["fp16"], [128], [1024, 4096, 16384]
     return args
@@ -406,8 +473,12 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(tuned_configs(), f, indent=1)
     md = table(rows)
     r0 = rows[0]
-    header = (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}, {r0.timestamp}, "
-              f"B={r0.batch}, H={r0.heads}, H_kv={r0.kv_heads}; TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
+    kvs = ", ".join(str(x) for x in sorted({r.kv_heads for r in rows}, reverse=True))
+    fa4 = f", flash-attn-4 {registry.fa4_version() or '?'}" if "fa4" in args.impls else ""
+    header = (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}{fa4}, "
+              f"{r0.timestamp}, B={r0.batch}, H={r0.heads}, H_kv={kvs}; "
+              f"{'CUDA-graph replays' if args.graphs else 'eager calls'}, "
+              f"{args.rounds} round(s); TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(header + "\n\n" + md + "\n")

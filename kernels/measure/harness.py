@@ -18,8 +18,8 @@ The procedure is shared/DESIGN.md's "Measurement", step by step (``measure_point
    (predicted - measured) / measured.
 
 Out of memory (``torch.cuda.OutOfMemoryError``) is a result (status ``oom``), not a crash.
-Statuses: ok, oom, unavailable, skipped (predicted above the caller's byte limit), error; the
-child-process runner adds timeout and crashed.
+The statuses and the result row (``PointResult``, ``COLUMNS``) are defined once, in
+``kernels.measure.schema``, and re-exported here.
 
 The device is an object (``CudaDevice``, or ``CpuDevice``/a fake for tests): memory counters,
 synchronisation and timing live there, so the procedure itself runs on a CPU in the tests.
@@ -38,8 +38,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kernels.measure import registry
+from kernels.measure.schema import COLUMNS, STATUSES, PointResult
 
-STATUSES = ("ok", "oom", "unavailable", "skipped", "error", "timeout", "crashed")
+__all__ = ["COLUMNS", "STATUSES", "BenchOptions", "CpuDevice", "CudaDevice", "Environment",
+           "PointConfig", "PointResult", "expand_points", "flops", "measure_point",
+           "predict_bytes", "rel_error", "result_for"]
 
 
 @dataclass(frozen=True)
@@ -88,48 +91,6 @@ class Environment:
     triton_version: str = ""
 
 
-@dataclass(frozen=True)
-class PointResult:
-    """One result row (the columns of the CSV, the store and the page)."""
-
-    impl: str
-    batch: int
-    heads: int
-    kv_heads: int
-    seq_len: int
-    head_dim: int
-    dtype: str
-    causal: bool
-    backward: bool
-    status: str  # one of STATUSES
-    median_ms: float | None = None  # do_bench median of the whole call
-    tflops: float | None = None  # calc.attention_flops / median time
-    peak_extra_bytes: int | None = None  # max_memory_allocated during the call - before
-    reserved_bytes: int | None = None  # max_memory_reserved during the call (whole allocator)
-    reserved_extra_bytes: int | None = None  # that minus memory_reserved() before the call
-    before_bytes: int | None = None  # memory_allocated() before the call (inputs and dO)
-    predicted_bytes: int | None = None  # calc.attention_peak_bytes
-    rel_error: float | None = None  # (predicted - measured) / measured
-    message: str = ""  # why (oom text, unavailable reason, notes)
-    wall_s: float | None = None  # wall-clock seconds the whole point took (warm-up, timing)
-    gpu_name: str = ""
-    driver: str = ""
-    torch_version: str = ""
-    triton_version: str = ""
-    timestamp: str = ""  # ISO 8601, UTC
-
-    @property
-    def mode(self) -> str:
-        return "fwd+bwd" if self.backward else "fwd"
-
-    def to_row(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: Column order of result rows (CSV, store, page).
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(PointResult))
-
-
 def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -167,16 +128,12 @@ def predict_bytes(cfg: PointConfig) -> tuple[int | None, str]:
 
 
 def flops(cfg: PointConfig) -> int:
-    """calc.attention_flops (forward 4·B·H·s²·d, half when causal; fwd+bwd 3.5×)."""
-    try:
-        from calc import attention_flops
+    """FLOPs of the point's call: calc.attention_flops (forward 4·B·H·s²·d, half when causal;
+    forward+backward 3.5×), the one copy of the convention."""
+    from calc import attention_flops
 
-        return attention_flops(cfg.batch, cfg.heads, cfg.seq_len, cfg.head_dim,
-                               causal=bool(cfg.causal), backward=bool(cfg.backward))
-    except ImportError:  # calc not there yet: the same convention (DESIGN.md)
-        fwd = 4 * cfg.batch * cfg.heads * cfg.seq_len**2 * cfg.head_dim
-        fwd = fwd // 2 if cfg.causal else fwd
-        return fwd * 7 // 2 if cfg.backward else fwd
+    return attention_flops(cfg.batch, cfg.heads, cfg.seq_len, cfg.head_dim,
+                           causal=bool(cfg.causal), backward=bool(cfg.backward))
 
 
 def rel_error(predicted: int | None, measured: int | None) -> float | None:

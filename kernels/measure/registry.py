@@ -3,8 +3,10 @@
 Names follow DESIGN.md ("Names that other parts rely on"): ``naive`` (eager, ``masked_fill``),
 ``naive_inplace`` (eager, ``masked_fill_``), ``sdpa_math``, ``sdpa_efficient``, ``sdpa_flash``,
 ``sdpa_cudnn`` (each forced through ``torch.nn.attention.sdpa_kernel(SDPBackend.X)``, as
-attention-gym's benchmark maps backend names to contexts) and ``triton`` (the bundled kernel,
-``kernels.flash.api.flash_attention``, imported lazily).
+attention-gym's benchmark maps backend names to contexts), ``triton`` (the bundled kernel,
+``kernels.flash.api.flash_attention``, imported lazily) and ``fa4`` (FlashAttention-4,
+``flash_attn.cute.flash_attn_func`` from the optional ``flash-attn-4`` package; see
+``fa4_attention``).
 
 Every implementation is a function ``fn(q, k, v, causal, scale) -> out`` on tensors of shape
 q (B, H, s_q, d), k and v (B, H_kv, s_k, d) with H % H_kv == 0 (GQA when H_kv < H), returning
@@ -25,7 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: Implementation names, in the order the app shows them (same as calc.IMPLEMENTATIONS).
+from kernels.measure.schema import DTYPES, canonical_dtype
+
+__all__ = ["NAMES", "SDPA_BACKENDS", "TORCH_DTYPES", "Implementation", "available",
+           "canonical_dtype", "fa4_attention", "fa4_installed_reason", "fa4_version", "get",
+           "gpu_reason", "gqa_note", "implementations", "label", "make_sdpa", "naive",
+           "naive_inplace", "torch_dtype", "triton_attention"]
+
+#: Implementation names, in the order the app shows them (calc.IMPLEMENTATIONS names the same
+#: ones for the peak model; ``fa4`` is an optional dependency, available where it imports).
 NAMES: tuple[str, ...] = (
     "naive",
     "naive_inplace",
@@ -34,6 +44,7 @@ NAMES: tuple[str, ...] = (
     "sdpa_flash",
     "sdpa_cudnn",
     "triton",
+    "fa4",
 )
 
 #: SDPBackend member name for each SDPA implementation.
@@ -44,20 +55,9 @@ SDPA_BACKENDS: dict[str, str] = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
 }
 
-#: Dtype names the harness can run (attention needs a floating point type) -> torch attribute.
+#: Dtype names the harness can run (schema.DTYPES) -> torch attribute.
 TORCH_DTYPES: dict[str, str] = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
-
-
-def canonical_dtype(dtype: str) -> str:
-    """'fp16' | 'bf16' | 'fp32' for a name or torch spelling; ValueError otherwise."""
-    key = str(dtype).strip().lower().removeprefix("torch.")
-    key = _ALIASES.get(key, key)
-    if key not in TORCH_DTYPES:
-        raise ValueError(
-            f"dtype must be one of fp16, bf16, fp32 (or float16, bfloat16, float32), got {dtype!r}"
-        )
-    return key
+assert tuple(TORCH_DTYPES) == DTYPES
 
 
 def torch_dtype(dtype: str) -> Any:
@@ -160,6 +160,116 @@ def triton_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float 
 
 
 # --------------------------------------------------------------------------------------------
+# FlashAttention-4 (optional: the flash-attn-4 package, CuTe DSL kernels for sm90 and sm100).
+# --------------------------------------------------------------------------------------------
+
+FA4_INSTALL = "pip install flash-attn-4; see ../shared/tools/fa4/README.md"
+#: Compute capability majors FA4 has forward and backward kernels for here (Hopper, Blackwell).
+FA4_MAJORS = (9, 10)
+_FA4_IMPORT: dict[str, Any] = {}  # "fn": flash_attn_func, or "reason": why it did not import
+
+
+def fa4_installed_reason() -> str | None:
+    """None when the ``flash_attn.cute`` package is on the path, else why not; looks for the
+    files only (importing it takes about 10 s), so a page can ask on every rerun."""
+    import importlib.util
+    import os
+
+    try:
+        spec = importlib.util.find_spec("flash_attn")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    if not any(os.path.isdir(os.path.join(loc, "cute")) for loc in locations):
+        return f"flash_attn.cute is not installed ({FA4_INSTALL})"
+    return None
+
+
+def _fa4_func() -> Callable[..., Any]:
+    """``flash_attn.cute.flash_attn_func``, imported once; ImportError saying why not."""
+    if "fn" not in _FA4_IMPORT and "reason" not in _FA4_IMPORT:
+        try:
+            from flash_attn.cute import flash_attn_func
+
+            _FA4_IMPORT["fn"] = flash_attn_func
+        except ModuleNotFoundError as exc:
+            if exc.name in ("flash_attn", "flash_attn.cute"):
+                _FA4_IMPORT["reason"] = f"flash_attn.cute is not installed ({FA4_INSTALL})"
+            else:  # a dependency of it (cutlass, tvm_ffi, ...) is missing
+                _FA4_IMPORT["reason"] = f"flash_attn.cute did not import: {_first_line(exc)}"
+        except Exception as exc:  # noqa: BLE001 - a broken install is "unavailable", with why
+            _FA4_IMPORT["reason"] = f"flash_attn.cute did not import: {_first_line(exc)}"
+    if "fn" in _FA4_IMPORT:
+        return _FA4_IMPORT["fn"]
+    raise ImportError(_FA4_IMPORT["reason"])
+
+
+def fa4_version() -> str:
+    """The installed flash-attn-4 version ('' when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def fa4_shape_reason(dtype: str, head_dim: int, capability: tuple[int, int]) -> str | None:
+    """None when FA4 has kernels for this dtype and head dim on a GPU of this compute
+    capability, else why not. Its rules (flash_attn/cute/interface.py, _flash_attn_fwd and
+    _validate_head_dims, 4.0.0b36): fp16 or bf16 (fp8 forward only on sm100, not measured
+    here); head dims multiples of 8 (16 bytes), 8 to 256 on sm90, 8 to 128 or 256 on sm100."""
+    major, minor = capability
+    if major not in FA4_MAJORS:
+        return (f"FA4 needs compute capability 9.0 or 10.x, this GPU is {major}.{minor}")
+    if dtype not in ("fp16", "bf16"):
+        return f"FA4 runs fp16 and bf16 only, got {dtype}"
+    if major == 9:
+        ok, rule = 8 <= head_dim <= 256 and head_dim % 8 == 0, "8 to 256 in steps of 8"
+    else:
+        ok = (8 <= head_dim <= 128 and head_dim % 8 == 0) or head_dim == 256
+        rule = "8 to 128 in steps of 8, or 256"
+    if not ok:
+        return f"FA4 on sm{major}{minor} takes head dims {rule}, got {head_dim}"
+    return None
+
+
+def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
+    """FlashAttention-4 on the registry's layout: q (B, H, s_q, d), k and v (B, H_kv, s_k, d)
+    in, (B, H, s_q, d) out.
+
+    FA4 takes (B, s, H, d) and passes GQA by giving k and v their own head count H_kv
+    (H % H_kv == 0). The transposes here are views, not copies: ``x.transpose(1, 2)`` of a
+    contiguous (B, H, s, d) tensor has unit last stride and other strides that are multiples of
+    16 bytes, which FA4's ``maybe_contiguous`` accepts as they are, and the (B, s, H, d) output
+    goes back as a transposed view. So a measurement counts what a user calling FA4 on
+    (B, H, s, d) tensors this way allocates, and nothing for layout: in the forward the output
+    and the fp32 log-sum-exp; in the backward whatever FA4 and autograd allocate for gradients
+    whose strides differ from the inputs'. FA4 returns (out, lse) in some versions and out in
+    others: both are read. Unsupported shapes raise ValueError with the rule.
+    """
+    b, h, s_q, d = q.shape
+    h_kv, s_k = k.shape[1], k.shape[2]
+    if h % h_kv:
+        raise ValueError(f"FA4: heads ({h}) must be a multiple of kv_heads ({h_kv})")
+    if causal and s_q != s_k:
+        raise ValueError(f"FA4 aligns its causal mask to the bottom right; the registry's is top "
+                         f"left: only s_q == s_k agree, got s_q={s_q}, s_k={s_k}")
+    import torch
+
+    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(q.dtype, str(q.dtype))
+    if q.device.type != "cuda":
+        raise ValueError(f"FA4 needs CUDA tensors, got device {q.device}")
+    why = fa4_shape_reason(dtype, d, torch.cuda.get_device_capability(q.device))
+    if why:
+        raise ValueError(why)
+    res = _fa4_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, s, H, d)
+                      softmax_scale=scale, causal=causal)
+    out = res[0] if isinstance(res, tuple) else res  # (B, s_q, H, d)
+    return out.transpose(1, 2)  # (B, H, s_q, d), a view
+
+
+# --------------------------------------------------------------------------------------------
 # Availability.
 # --------------------------------------------------------------------------------------------
 
@@ -222,7 +332,9 @@ def available(name: str, dtype: str, head_dim: int, *, causal: bool = False,
     """Whether implementation ``name`` runs here for this dtype/head dim, and if not, why.
 
     ``device='cpu'`` allows the eager implementations and ``sdpa_math`` on the CPU (the
-    correctness reference and the CPU tests); everything else needs a CUDA GPU.
+    correctness reference and the CPU tests); everything else needs a CUDA GPU. ``fa4`` says
+    first whether flash_attn.cute is installed, then checks the GPU's compute capability, the
+    dtype and the head dim against FA4's rules, then imports it (about 10 s, once).
     """
     if name not in NAMES:
         return False, f"unknown implementation {name!r}; known: {', '.join(NAMES)}"
@@ -236,6 +348,10 @@ def available(name: str, dtype: str, head_dim: int, *, causal: bool = False,
     if kv_heads < 1 or heads % kv_heads:
         return False, f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})"
     gqa = kv_heads != heads
+    if name == "fa4":  # an optional package: say first whether it is there at all
+        missing = fa4_installed_reason()
+        if missing:
+            return False, missing
     if device == "cpu":
         if name in ("naive", "naive_inplace", "sdpa_math"):
             return True, ""
@@ -248,7 +364,18 @@ def available(name: str, dtype: str, head_dim: int, *, causal: bool = False,
     if name in SDPA_BACKENDS:
         ok, why, _ = _probe_sdpa(name, dtype, head_dim, gqa, causal, backward, device)
         return ok, why
-    # triton
+    if name == "fa4":
+        import torch
+
+        why = fa4_shape_reason(dtype, head_dim, torch.cuda.get_device_capability())
+        if why:
+            return False, why
+        try:
+            _fa4_func()
+        except ImportError as exc:
+            return False, str(exc)
+        return True, ""
+    # triton (the remaining name)
     try:
         _triton_fn()
     except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, a missing name: all say why
@@ -269,30 +396,29 @@ class Implementation:
         return available(self.name, dtype, head_dim, **kw)
 
 
-LABELS: dict[str, str] = {
-    "naive": "eager (masked_fill)",
-    "naive_inplace": "eager (masked_fill_)",
-    "sdpa_math": "SDPA math",
-    "sdpa_efficient": "SDPA memory-efficient",
-    "sdpa_flash": "SDPA FlashAttention-2",
-    "sdpa_cudnn": "SDPA cuDNN",
-    "triton": "bundled Triton kernel",
-}
+def label(name: str) -> str:
+    """The display label of an implementation: calc.IMPL_LABELS, the one table of labels
+    (the name itself for one calc does not list)."""
+    from calc import IMPL_LABELS
+
+    return IMPL_LABELS.get(name, name)
 
 
 def get(name: str, *, dtype: str = "fp16", head_dim: int = 64, causal: bool = False,
         backward: bool = False, gqa: bool = False, device: str = "cuda") -> Implementation:
     """The implementation called ``name``, with its GQA mode settled for this configuration."""
     if name in ("naive", "naive_inplace"):
-        return Implementation(name, LABELS[name], naive if name == "naive" else naive_inplace)
+        return Implementation(name, label(name), naive if name == "naive" else naive_inplace)
     if name in SDPA_BACKENDS:
         gqa_native = True
         if gqa and device != "cpu":
             _, _, gqa_native = _probe_sdpa(name, canonical_dtype(dtype), head_dim, True, causal,
                                            backward, device)
-        return Implementation(name, LABELS[name], make_sdpa(name, gqa_native))
+        return Implementation(name, label(name), make_sdpa(name, gqa_native))
     if name == "triton":
-        return Implementation(name, LABELS[name], triton_attention)
+        return Implementation(name, label(name), triton_attention)
+    if name == "fa4":
+        return Implementation(name, label(name), fa4_attention)
     raise KeyError(f"unknown implementation {name!r}; known: {', '.join(NAMES)}")
 
 

@@ -10,13 +10,14 @@ Where: ``ATTNMEM_DB`` if set, else ``$XDG_DATA_HOME/attention-memory/results.sql
 Tables:
 - ``runs``: id, started (ISO UTC), gpu_name, driver, torch_version, triton_version, label, source
   ('measured' | 'upload' | 'reference').
-- ``rows``: run_id plus every column of ``kernels.measure.harness.COLUMNS``.
+- ``rows``: run_id plus every column of ``kernels.measure.schema.COLUMNS``.
 
 CSV upload (``validate_csv``): required columns, types, value ranges, a row limit and a byte
-limit, implementation names from ``calc.IMPLEMENTATIONS``; on any problem it returns clear
+limit, implementation names from ``kernels.measure.registry.NAMES``; on any problem it returns clear
 messages and nothing is written. Cells that a spreadsheet would run as a formula (starting with
 ``= + - @``, or a tab/CR) are neutralised on export (``csv_text``) with a leading apostrophe
-(OWASP "CSV injection").
+(OWASP "CSV injection"); ``neutralise`` is the project's one copy of that rule (the command
+line, the pages' downloads and the benchmark's CSV use it too).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-#: Result columns, in order (same as kernels.measure.harness.COLUMNS; kept here so no torch import).
-COLUMNS: tuple[str, ...] = (
-    "impl", "batch", "heads", "kv_heads", "seq_len", "head_dim", "dtype", "causal", "backward",
-    "status", "median_ms", "tflops", "peak_extra_bytes", "reserved_bytes",
-    "reserved_extra_bytes", "before_bytes", "predicted_bytes", "rel_error", "message",
-    "wall_s", "gpu_name", "driver", "torch_version", "triton_version", "timestamp",
-)
+from kernels.measure import registry
+from kernels.measure.schema import COLUMNS, DTYPES, STATUSES, canonical_dtype
+
+__all__ = ["COLUMNS", "DTYPES", "FORMULA_START", "MAX_UPLOAD_BYTES", "MAX_UPLOAD_ROWS",
+           "REQUIRED_COLS", "STATUSES", "ResultStore", "Run", "Validation",
+           "attach_predictions", "csv_text", "data_dir", "default_db_path", "neutralise",
+           "read_csv_rows", "validate_csv"]
+
 INT_COLS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "peak_extra_bytes",
             "reserved_bytes", "reserved_extra_bytes", "before_bytes", "predicted_bytes")
 FLOAT_COLS = ("median_ms", "tflops", "rel_error", "wall_s")
@@ -49,8 +51,6 @@ TEXT_COLS = ("impl", "dtype", "status", "message", "gpu_name", "driver", "torch_
 #: Columns an uploaded CSV must have; the rest may be absent (filled with empty values).
 REQUIRED_COLS = ("impl", "batch", "heads", "seq_len", "head_dim", "dtype", "causal",
                  "backward", "status", "peak_extra_bytes")
-STATUSES = ("ok", "oom", "unavailable", "skipped", "error", "timeout", "crashed")
-DTYPES = ("fp16", "bf16", "fp32")
 MAX_UPLOAD_ROWS = 100_000
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_TEXT_CHARS = 2_000
@@ -323,18 +323,11 @@ class Validation:
 
 
 def _impl_names() -> tuple[str, ...]:
-    try:
-        from calc import IMPLEMENTATIONS
+    """Names a result row may carry: the registry's (what can be measured), then any other name
+    calc models."""
+    from calc import IMPLEMENTATIONS
 
-        return tuple(IMPLEMENTATIONS)
-    except ImportError:
-        return ("naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
-                "sdpa_cudnn", "triton")
-
-
-def _dtype_canon(v: str) -> str:
-    key = v.strip().lower().removeprefix("torch.")
-    return {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(key, key)
+    return tuple(dict.fromkeys((*registry.NAMES, *IMPLEMENTATIONS)))
 
 
 def validate_csv(data: bytes | str, *, max_rows: int = MAX_UPLOAD_ROWS,
@@ -342,7 +335,7 @@ def validate_csv(data: bytes | str, *, max_rows: int = MAX_UPLOAD_ROWS,
     """Check an uploaded results CSV; return its rows (typed) only if every check passes.
 
     Checks: size ≤ max_bytes, UTF-8 text, a header with every REQUIRED_COLS column, at most
-    max_rows rows, each value of the right type and range, impl in calc.IMPLEMENTATIONS,
+    max_rows rows, each value of the right type and range, impl a registry (or calc) name,
     dtype fp16/bf16/fp32, status one of STATUSES, and ok rows from a GPU carry a peak.
     """
     size = len(data)
@@ -449,8 +442,9 @@ def _check_row(raw: Mapping[str, Any], impls: Sequence[str]) -> tuple[dict[str, 
     if row.get("impl") is not None and row["impl"] not in impls:
         errs.append(f"impl must be one of {', '.join(impls)}, got {str(row['impl'])[:30]!r}")
     if "dtype" in row:
-        row["dtype"] = _dtype_canon(row["dtype"])
-        if row["dtype"] not in DTYPES:
+        try:
+            row["dtype"] = canonical_dtype(row["dtype"])
+        except ValueError:
             errs.append(f"dtype must be one of {', '.join(DTYPES)}, got {row['dtype'][:30]!r}")
     if row.get("status") not in STATUSES:
         errs.append(f"status must be one of {', '.join(STATUSES)}, got {str(row.get('status'))[:30]!r}")

@@ -13,15 +13,21 @@ pytest.importorskip("triton")
 
 from kernels.bench import speed as bench  # noqa: E402
 from kernels.bench import tune_bwd, tune_fwd  # noqa: E402
+from kernels.measure import speed_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flops_convention():
-    """DESIGN.md: forward 4*B*H*s^2*d, half when causal; forward+backward 3.5 x forward."""
+    """DESIGN.md: forward 4*B*H*s^2*d, half when causal; forward+backward 3.5 x forward, and
+    the bench's figure is calc.attention_flops's (one copy of the rule)."""
+    import calc
+
     assert bench.flops(1, 32, 4096, 128, False, "fwd") == 4 * 32 * 4096**2 * 128
     assert bench.flops(2, 8, 1000, 64, True, "fwd") == 4 * 2 * 8 * 1000**2 * 64 / 2
     assert bench.flops(1, 1, 10, 16, False, "fwd_bwd") == 3.5 * 4 * 100 * 16
+    assert bench.flops(1, 32, 8192, 64, True, "fwd_bwd") == calc.attention_flops(
+        1, 32, 8192, 64, causal=True, backward=True)
 
 
 def _row(impl, tflops, status="ok", **kw):
@@ -29,7 +35,7 @@ def _row(impl, tflops, status="ok", **kw):
                 causal=False, mode="fwd", median_ms=1.0, tflops=tflops, rel_err=math.nan,
                 status=status, gpu="g", torch_version="t", triton_version="tr", timestamp="now")
     base.update(kw)
-    return bench.Row(**base)
+    return speed_results.Row(**base)
 
 
 def test_table_ratios_and_refused_rows():
@@ -40,6 +46,86 @@ def test_table_ratios_and_refused_rows():
              _row("sdpa_flash", 250.0)]
     line = bench.table(wrong).splitlines()[-1]
     assert "wrong: rel e" in line and line.endswith("| - | - |")  # no ratio from a wrong row
+
+
+def test_table_has_fa4_as_a_peer_and_gqa_rows_apart():
+    """With FlashAttention-4 rows the table gains its column and our ratio to it; a GQA shape
+    gets its own line (H_kv column) instead of overwriting the MHA one."""
+    rows = [_row("triton", 600.0), _row("sdpa_cudnn", 500.0), _row("sdpa_flash", 300.0),
+            _row("fa4", 640.0),
+            _row("triton", 380.0, kv_heads=8, causal=True, mode="fwd_bwd"),
+            _row("sdpa_cudnn", 500.0, kv_heads=8, causal=True, mode="fwd_bwd"),
+            _row("sdpa_flash", 290.0, kv_heads=8, causal=True, mode="fwd_bwd"),
+            _row("fa4", 560.0, kv_heads=8, causal=True, mode="fwd_bwd")]
+    lines = bench.table(rows).splitlines()
+    assert lines[0] == ("| dtype | d | H_kv | causal | pass | s | triton | sdpa_cudnn | "
+                        "sdpa_flash | fa4 | triton/cudnn | triton/flash | triton/fa4 |")
+    assert "| bf16 | 128 | 32 | no | fwd | 4096 | 600 | 500 | 300 | 640 | 1.20 | 2.00 | 0.94 |" in lines
+    assert ("| bf16 | 128 | 8 | yes | fwd+bwd | 4096 | 380 | 500 | 290 | 560 | 0.76 | 1.31 | 0.68 |"
+            in lines)
+    # fa4 unavailable (not installed): its cells say so, and no ratio is made from them
+    gone = [_row("triton", 600.0), _row("sdpa_cudnn", 500.0), _row("sdpa_flash", 300.0),
+            _row("fa4", math.nan, status="unavailable")]
+    last = bench.table(gone).splitlines()[-1]
+    assert "| unavailable |" in last and last.endswith("| 1.20 | 2.00 | - |")
+
+
+def test_ratios_from_rows():
+    """speed_results.ratios: ours over each peer per shape and pass, from ok rows only."""
+    rows = [_row("triton", 500.0), _row("sdpa_cudnn", 400.0), _row("fa4", 625.0),
+            _row("sdpa_flash", 250.0, status="oom"),
+            _row("triton", 300.0, seq_len=8192), _row("fa4", 0.0, seq_len=8192)]
+    got = speed_results.ratios(rows)
+    key = ("bf16", 128, 32, False, "fwd", 4096)
+    assert got[key]["sdpa_cudnn"] == pytest.approx(1.25)
+    assert got[key]["fa4"] == pytest.approx(0.8)
+    assert math.isnan(got[key]["sdpa_flash"])  # a failed peer gives no ratio
+    other = got[("bf16", 128, 32, False, "fwd", 8192)]
+    assert all(math.isnan(x) for x in other.values())  # no peer (or a zero) measured there
+    assert list(got) == [key, ("bf16", 128, 32, False, "fwd", 8192)]
+
+
+def test_shapes_presets_and_refusals(capsys):
+    """--preset anchors is issue 18's table (bf16 B=1 H=32: d=128 at 4k/16k causal and not,
+    d=64 at 8k causal, GQA 8 at d=128 8k causal; fp16 d=128 at 4k), both passes; --shapes
+    parses DTYPE/D/S[/causal][/kv=N]; bad values are refused by name."""
+    args = bench.parse_args(["--impls", "triton", "sdpa_cudnn", "sdpa_flash", "fa4",
+                             "--preset", "anchors", "--rounds", "3"])
+    got = [s.spec() for s in bench.shapes_of(args)]
+    assert got == ["bf16/128/4096", "bf16/128/4096/causal", "bf16/128/16384",
+                   "bf16/128/16384/causal", "bf16/64/8192/causal", "bf16/128/8192/causal/kv=8",
+                   "fp16/128/4096", "fp16/128/4096/causal"]
+    assert args.modes == ["fwd", "fwd_bwd"] and args.impls[-1] == "fa4"
+    sh = bench.parse_shape("bf16/128/8192/causal/kv=8")
+    assert (sh.dtype, sh.head_dim, sh.seq_len, sh.causal, sh.kv_heads) == ("bf16", 128, 8192, True, 8)
+    crossed = bench.shapes_of(bench.parse_args(["--dims", "64", "--seqs", "1024", "2048",
+                                                "--causal", "1", "--dtypes", "bf16"]))
+    assert [s.spec() for s in crossed] == ["bf16/64/1024/causal", "bf16/64/2048/causal"]
+    for bad in (["--shapes", "fp32/128/4096"], ["--shapes", "bf16/128"],
+                ["--shapes", "bf16/128/4096/kv=0"], ["--shapes", "bf16/128/4096/window"],
+                ["--shapes", "bf16/128/4096/kv=5"], ["--preset", "anchors", "--dims", "64"],
+                ["--preset", "anchors", "--shapes", "bf16/64/1024"], ["--preset", "nope"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    err = capsys.readouterr().err
+    assert "fp32/128/4096" in err and "DTYPE/D/S" in err and "kv=5 must divide --heads 32" in err
+    assert "drop --dims" in err
+
+
+def test_fa4_absent_is_an_unavailable_row():
+    """Without flash_attn.cute the bench's fa4 cell is 'unavailable' (the run goes on) and the
+    reason is said once before the grid."""
+    from kernels.measure import registry
+
+    if registry.fa4_installed_reason() is None:
+        pytest.skip("flash_attn.cute is installed here")
+    q, k, v, do = (torch.randn(1, 2, 8, 64) for _ in range(4))
+    assert bench._fa4_note(["triton"]) == ""
+    assert "flash_attn.cute is not installed" in bench._fa4_note(["triton", "fa4"])
+    if torch.cuda.is_available():  # on a GPU the call itself reaches the import
+        ms, rel, status = bench.measure("fa4", q.cuda(), k.cuda(), v.cuda(), do.cuda(), False,
+                                        "fwd", None)
+        assert status == "unavailable" and math.isnan(ms)
 
 
 def test_three_warpgroup_impl_is_unsupported_off_d64():
@@ -120,18 +206,22 @@ def test_tune_refuses_without_gpu(capsys, tool):
 
 
 def test_read_rows_round_trips_and_refuses_other_files(tmp_path):
-    rows = bench.read_rows(ROOT / "data" / "kernel_speed_fwd_eager_h200.csv")
-    assert len(rows) == 400 and all(isinstance(r, bench.Row) for r in rows)
+    """The measurement system reads the bench's CSVs (the page's path); the bench writes the
+    same Row type."""
+    read_rows = speed_results.read_rows
+    assert bench.Row is speed_results.Row
+    rows = read_rows(ROOT / "data" / "kernel_speed_fwd_eager_h200.csv")
+    assert len(rows) == 400 and all(isinstance(r, speed_results.Row) for r in rows)
     assert {r.impl for r in rows} == {"triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn",
                                       "sdpa_flash"}
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="missing columns"):
-        bench.read_rows(bad)
+        read_rows(bad)
     text = (ROOT / "data" / "kernel_speed_fwd_eager_h200.csv").read_text().splitlines()
     bad.write_text("\n".join([text[0], text[1].replace(",False,", ",maybe,", 1)]) + "\n")
     with pytest.raises(ValueError, match="line 2"):
-        bench.read_rows(bad)
+        read_rows(bad)
 
 
 def test_rounds_median_worst_error_and_failures():

@@ -160,9 +160,12 @@ def test_cpu_implementations_match_reference(name, causal, kv_heads):
 
 
 def test_registry_names_match_calc():
+    """calc models every measurable implementation in the registry's order; fa4 (optional) may
+    be the one name calc does not list yet."""
     import calc
 
-    assert registry.NAMES == tuple(calc.IMPLEMENTATIONS)
+    assert tuple(n for n in registry.NAMES if n in calc.IMPLEMENTATIONS) == tuple(calc.IMPLEMENTATIONS)
+    assert set(registry.NAMES) - set(calc.IMPLEMENTATIONS) <= {"fa4"}
 
 
 def test_available_says_why():
@@ -177,7 +180,8 @@ def test_available_says_why():
     if not torch.cuda.is_available():
         for name in registry.NAMES:
             ok, why = registry.available(name, "fp16", 64)
-            assert not ok and "no CUDA GPU" in why
+            assert not ok and ("no CUDA GPU" in why or (
+                name == "fa4" and "flash_attn.cute is not installed" in why)), (name, why)
 
 
 def test_import_touches_no_gpu():
