@@ -234,6 +234,16 @@ def fa4_shape_reason(dtype: str, head_dim: int, capability: tuple[int, int]) -> 
     return None
 
 
+def _fa4_tensor_reason(q: Any) -> str | None:
+    """None when FA4 has a kernel for q's device, dtype and head dim, else why not."""
+    import torch
+
+    if q.device.type != "cuda":
+        return f"FA4 needs CUDA tensors, got device {q.device}"
+    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(q.dtype, str(q.dtype))
+    return fa4_shape_reason(dtype, q.shape[-1], torch.cuda.get_device_capability(q.device))
+
+
 def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
     """FlashAttention-4 on the registry's layout: q (B, H, s_q, d), k and v (B, H_kv, s_k, d)
     in, (B, H, s_q, d) out.
@@ -242,25 +252,24 @@ def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | N
     (H % H_kv == 0). The transposes here are views, not copies: ``x.transpose(1, 2)`` of a
     contiguous (B, H, s, d) tensor has unit last stride and other strides that are multiples of
     16 bytes, which FA4's ``maybe_contiguous`` accepts as they are, and the (B, s, H, d) output
-    goes back as a transposed view. So a measurement counts what a user calling FA4 on
-    (B, H, s, d) tensors this way allocates, and nothing for layout: in the forward the output
-    and the fp32 log-sum-exp; in the backward whatever FA4 and autograd allocate for gradients
-    whose strides differ from the inputs'. FA4 returns (out, lse) in some versions and out in
-    others: both are read. Unsupported shapes raise ValueError with the rule.
+    goes back as a transposed view; dO reaches FA4's backward as the same kind of view. So a
+    measurement counts what a user calling FA4 on (B, H, s, d) tensors this way allocates, and
+    no layout copy of q, k, v, O or dO: in the forward the output and the fp32 log-sum-exp; in
+    the backward FA4's own buffers and gradients, which it writes in (B, s, H, d), plus the
+    copies autograd makes of them into each (B, H, s, d) input's layout (AccumulateGrad's
+    layout contract), as it would for that user. (Copying to (B, s, H, d) first, with
+    ``.contiguous()``, would add 3 to 4 tensors of B·H·s·d elements that FA4 itself never
+    needs.) FA4 returns (out, lse) in some versions and out in others: both are read.
+    Unsupported shapes raise ValueError with the rule.
     """
-    b, h, s_q, d = q.shape
+    h, s_q = q.shape[1], q.shape[2]
     h_kv, s_k = k.shape[1], k.shape[2]
     if h % h_kv:
         raise ValueError(f"FA4: heads ({h}) must be a multiple of kv_heads ({h_kv})")
     if causal and s_q != s_k:
         raise ValueError(f"FA4 aligns its causal mask to the bottom right; the registry's is top "
                          f"left: only s_q == s_k agree, got s_q={s_q}, s_k={s_k}")
-    import torch
-
-    dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(q.dtype, str(q.dtype))
-    if q.device.type != "cuda":
-        raise ValueError(f"FA4 needs CUDA tensors, got device {q.device}")
-    why = fa4_shape_reason(dtype, d, torch.cuda.get_device_capability(q.device))
+    why = _fa4_tensor_reason(q)
     if why:
         raise ValueError(why)
     res = _fa4_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, s, H, d)

@@ -445,10 +445,12 @@ def test_trace_summarise():
 def test_gpu_registry_reports_each_implementation():
     for name in registry.NAMES:
         ok, why = registry.available(name, "fp16", 128, heads=32)
-        if name != "triton":
-            assert ok, f"{name}: {why}"
-        else:
+        if name == "triton":
             assert ok or "import" in why
+        elif name == "fa4":  # optional: installed and on a 9.x/10.x GPU, or it says why not
+            assert ok or "flash_attn.cute" in why or "compute capability" in why, why
+        else:
+            assert ok, f"{name}: {why}"
 
 
 @pytest.mark.gpu
@@ -474,11 +476,13 @@ def test_gpu_small_sweep_predictions_within_2_percent(tmp_path):
     summary = run_points(points, options=BenchOptions(warmup_ms=5, rep_ms=20), lock_dir=tmp_path)
     bad = []
     for r in summary.results:
-        if r.status == "unavailable" and r.impl == "triton":
+        if r.status == "unavailable" and r.impl in ("triton", "fa4"):
             continue
         assert r.status == "ok", (r.impl, r.seq_len, r.status, r.message)
         assert r.peak_extra_bytes and r.peak_extra_bytes > 0
         assert r.median_ms and r.median_ms > 0 and r.gpu_name
+        if r.impl == "fa4" and r.predicted_bytes is None:  # calc has no FA4 model (yet)
+            continue
         if r.rel_error is None or abs(r.rel_error) > 0.02:
             bad.append((r.impl, r.mode, r.seq_len, r.causal, r.peak_extra_bytes,
                         r.predicted_bytes, r.rel_error))
