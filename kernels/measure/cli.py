@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace CSV (default: <out>_trace.csv)")
     ap.add_argument("--trace-seq-len", type=int, default=2048)
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--train", action="store_true",
+                    help="measure training steps of whole models instead (--train --help)")
     ap.add_argument("--repredict", type=Path, default=None, metavar="CSV",
                     help="measure nothing: recompute predicted_bytes and rel_error of CSV's rows "
                          "from the current calc model and write them to --out")
@@ -178,6 +180,11 @@ def point_key(p: PointConfig | dict[str, Any]) -> tuple:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--train" in argv:  # training steps of whole models: kernels.measure.train_harness
+        from kernels.measure.train_harness import main as train_main
+
+        return train_main([a for a in argv if a != "--train"])
     args = build_parser().parse_args(argv)
     if args.repredict is not None:
         n = repredict_csv(args.repredict, args.out)

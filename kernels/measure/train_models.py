@@ -1,0 +1,127 @@
+"""Model configurations for measured training steps: real widths, few layers, no download.
+
+Every entry is a Hugging Face ``config.json`` dict (the keys transformers reads) of a real
+model, with ``num_hidden_layers`` cut to a few layers so that one step fits in seconds while
+each layer, the embedding and the head keep the real model's widths. Sources: the fixture
+configs in ``tests/fixtures/hf_configs/`` (copied from the Hub model cards' config.json) where
+the model is there; otherwise the config.json of the model named in ``SOURCES`` (values
+written here, and checked against calc's reading of them in the tests).
+
+``hf_config(name)`` gives the dict, ``build_config(name)`` the transformers config object
+(imports transformers); ``sliding_layers(config_dict)`` lists (layer, window) of the layers
+that attend through a sliding window, as transformers' modeling code decides it: a config with
+``layer_types`` windows its ``"sliding_attention"`` layers, a config without it (Mistral,
+Phi-3) windows every layer when ``sliding_window`` is set.
+
+No torch or transformers at import time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf_configs"
+
+#: Where each base config comes from: a fixture file name, or a dict written here.
+_QWEN3_4B = {  # Qwen/Qwen3-4B config.json
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2560, "initializer_range": 0.02, "intermediate_size": 9728,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+_LLAMA2_7B = {  # meta-llama/Llama-2-7b-hf config.json (multi-head attention: 32 KV heads)
+    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "use_cache": True,
+    "vocab_size": 32000,
+}
+_TINY_LLAMA = {  # not a real model: the CPU tests' tiny Llama (2 layers, hidden 64)
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "hidden_act": "silu",
+}
+
+#: name -> (base config: fixture file stem or a dict, layers, what it stands for)
+MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
+    "llama3-8b-2l": ("Llama-3.1-8B", 2, "Llama 3.1 8B widths, GQA 32/8, 128k vocab, untied"),
+    "llama3-8b-4l": ("Llama-3.1-8B", 4, "the same with 4 layers (per-layer cost: 4l - 2l)"),
+    "llama3.2-1b-2l": ("Llama-3.2-1B", 2, "Llama 3.2 1B widths, GQA 32/8, d = 64, tied"),
+    "llama2-7b-2l": (_LLAMA2_7B, 2, "Llama 2 7B widths, multi-head (32/32), 32k vocab"),
+    "qwen2.5-7b-2l": ("Qwen2.5-7B", 2, "Qwen2.5 7B widths, GQA 28/4, q/k/v bias, 152k vocab"),
+    "qwen3-4b-2l": (_QWEN3_4B, 2, "Qwen3 4B widths, GQA 32/8, q/k norm, tied, 152k vocab"),
+    "mistral-7b-2l": ("Mistral-7B-v0.1", 2, "Mistral 7B v0.1, GQA 32/8, sliding window 4,096"),
+    "phi3-mini-2l": ("Phi-3-mini-4k-instruct", 2,
+                     "Phi-3 mini, multi-head (32/32), d = 96, sliding window 2,047"),
+    "gemma2-9b-2l": ("gemma-2-9b", 2, "Gemma 2 9B, d = 256, soft-capped logits, layer 0 "
+                     "sliding (4,096), layer 1 global, 256k vocab, tied"),
+    "gemma3-27b-2l": ("gemma-3-27b-it", 2, "Gemma 3 27B text widths, GQA 32/16, both layers "
+                      "sliding (1,024; the 6th layer is the first global one), 262k vocab, tied"),
+    "tiny-llama": (_TINY_LLAMA, 2, "CPU tests only: hidden 64, 4 heads, 2 KV heads, vocab 128"),
+}
+
+NAMES: tuple[str, ...] = tuple(MODELS)
+
+
+def _base(src: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(src, dict):
+        return copy.deepcopy(src)
+    d = json.loads((FIXTURES / f"{src}.json").read_text())
+    if "text_config" in d:  # multimodal (Gemma 3): the language model's own config
+        d = dict(d["text_config"])
+    return d
+
+
+def hf_config(name: str, layers: int | None = None) -> dict[str, Any]:
+    """The config.json dict of ``name`` (MODELS), with its layer count (or ``layers``)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown training model {name!r}; known: {', '.join(NAMES)}")
+    src, n_layers, _ = MODELS[name]
+    d = _base(src)
+    n = n_layers if layers is None else int(layers)
+    if n < 1:
+        raise ValueError(f"layers must be >= 1, got {layers}")
+    d["num_hidden_layers"] = n
+    d["use_cache"] = False  # training: no KV cache
+    d.pop("layer_types", None)  # re-derived by the config class for the new depth
+    return d
+
+
+def build_config(name_or_dict: str | dict[str, Any]) -> Any:
+    """The transformers config object (AutoConfig.for_model) of a MODELS name or a dict."""
+    from transformers import AutoConfig
+
+    d = hf_config(name_or_dict) if isinstance(name_or_dict, str) else copy.deepcopy(name_or_dict)
+    model_type = d.pop("model_type")
+    d.pop("architectures", None)
+    d.pop("torch_dtype", None)
+    d.pop("transformers_version", None)
+    return AutoConfig.for_model(model_type, **d)
+
+
+def sliding_layers(cfg: Any) -> list[tuple[int, int]]:
+    """(layer index, window) of every layer that attends through a sliding window.
+
+    ``cfg`` is a transformers config object (``build_config``: its class has derived
+    ``layer_types`` where the architecture has them; a raw dict may not have, so none is taken).
+    """
+    if isinstance(cfg, dict):
+        raise TypeError("sliding_layers needs a transformers config object (build_config)")
+    window = getattr(cfg, "sliding_window", None)
+    if window is None or getattr(cfg, "use_sliding_window", True) is False:
+        return []
+    n = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        return [(i, int(window)) for i in range(n)]
+    return [(i, int(window)) for i, t in enumerate(types) if t == "sliding_attention"]
