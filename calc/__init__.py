@@ -7,6 +7,23 @@ are listed in calc/API.md.
 
 from __future__ import annotations
 
+from calc.context_parallel import (
+    CP_IMPL_LABELS,
+    CP_IMPLEMENTATIONS,
+    CommVolume,
+    ContextParallelMemory,
+    ContextParallelTraining,
+    context_parallel_memory,
+    context_parallel_peak_bytes,
+    context_parallel_terms,
+    context_parallel_training,
+    max_context_parallel_attention_seq_len,
+    max_context_parallel_seq_len,
+    ring_comm_bytes,
+    ring_schedule,
+    ring_step_kind,
+    zigzag_chunks,
+)
 from calc.fit import largest_fitting, max_seq_len
 from calc.gpus import DEFAULT_GPU, GPUS
 from calc.kv import kv_cache_bytes
@@ -60,4 +77,11 @@ __all__ = [
     "model_memory", "param_breakdown", "param_count", "PRESET_HF_CONFIGS", "fixture_name", "saved_for_backward_bytes", "score_matrix_bytes",
     "sweep_param", "sweep_seq_len", "to_unit", "training_attention", "training_attention_bytes",
     "weight_bytes",
+]
+__all__ += [  # context parallelism (calc/context_parallel.py)
+    "CP_IMPLEMENTATIONS", "CP_IMPL_LABELS", "CommVolume", "ContextParallelMemory",
+    "ContextParallelTraining", "context_parallel_memory", "context_parallel_peak_bytes",
+    "context_parallel_terms", "context_parallel_training", "max_context_parallel_attention_seq_len",
+    "max_context_parallel_seq_len", "ring_comm_bytes", "ring_schedule", "ring_step_kind",
+    "zigzag_chunks",
 ]

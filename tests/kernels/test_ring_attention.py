@@ -193,5 +193,116 @@ def test_local_shapes_are_checked() -> None:
         ring_attention_with(Two(), torch.zeros(1, 3, 8, 16), *(torch.zeros(1, 2, 8, 16),) * 2)
 
 
+# ---- in-process: what one rank allocates, against calc's replay -------------------------------
+# The kernel is replaced by stand-ins that allocate what kernels/flash/fwd.py and bwd.py
+# allocate (O and lse2; delta, dk, dv, the GQA split's partial sums and dq or the atomic-dQ
+# buffer, as calc.dispatch decides: the rules the kernel calls), so that the ring's own
+# tensors are checked here on CPU; the kernel's are checked against H200 measurements by
+# tests/calc/test_attention_peak.py, and the whole rank by kernels.ring.measure_one_rank.
+
+def _tracker(block):
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Live(TorchDispatchMode):
+        """Bytes of the storages created inside, freed when their last tensor goes."""
+
+        def __init__(self):
+            super().__init__()
+            self.now = self.peak = 0
+            self.seen: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                key = st.data_ptr()
+                if st.nbytes() == 0 or key in self.seen:
+                    continue
+                self.seen.add(key)
+                size = block(st.nbytes())
+                self.now += size
+                self.peak = max(self.peak, self.now)
+
+                def gone(key=key, size=size):
+                    self.now -= size
+                    self.seen.discard(key)
+
+                weakref.finalize(st, gone)
+            return out
+
+    return Live()
+
+
+def _stand_in_kernels():
+    from calc import dispatch
+
+    def fwd(q, k, v, causal, scale, cfg):
+        B, H, s, d = q.shape
+        return q.new_empty((B, H, s, d)), q.new_empty((B, H, s), dtype=torch.float32)
+
+    def bwd(do, q, k, v, o, lse, causal, scale, cfg):
+        B, H, sq, d = q.shape
+        H_kv, sk = k.shape[1], k.shape[2]
+        _delta = q.new_empty((B, H, sq), dtype=torch.float32)
+        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        split = dispatch.kv_split(B, H, H_kv, sk)
+        if split > 1:
+            _parts = (k.new_empty((B, H_kv * split, sk, d)), v.new_empty((B, H_kv * split, sk, d)))
+        if dispatch.atomic_dq(B, H, H_kv, sq, sk, d, q.element_size()):
+            dq = q.new_zeros((B, H, sq, d), dtype=torch.float32)
+            dq = dq.to(q.dtype)
+        else:
+            dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        return dq.zero_(), dk.zero_(), dv.zero_()
+
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("shape", [
+    # B, H, H_kv, s, d, dtype, causal, backward, c
+    (1, 4, 4, 96, 16, torch.float32, True, False, 3),
+    (1, 4, 4, 96, 16, torch.float32, True, True, 3),
+    (1, 4, 1, 96, 16, torch.float32, True, True, 4),
+    (1, 4, 2, 64, 16, torch.float32, False, True, 2),
+    (1, 8, 2, 8192, 64, torch.bfloat16, True, True, 4),  # GQA split
+    (1, 32, 32, 8192, 64, torch.bfloat16, True, True, 2),  # atomic-dQ backward
+    (1, 4, 4, 96, 16, torch.bfloat16, False, True, 3),
+])
+def test_rank_allocations_match_calc_replay(shape, monkeypatch) -> None:
+    import kernels.ring.ring as ring
+    from calc.context_parallel import _block, context_parallel_peak_bytes
+    from kernels.ring.simulate import SimulatedRing
+
+    B, H, H_kv, s, d, dtype, causal, backward, c = shape
+    monkeypatch.setattr(ring, "_kernels", _stand_in_kernels)
+    m = s // c
+    g = torch.Generator().manual_seed(0)
+    full_k = torch.randn(B, H_kv, s, d, generator=g).to(dtype)
+    full_v = torch.randn(B, H_kv, s, d, generator=g).to(dtype)
+    blocks = [(ring.shard(full_k, j, c, causal), ring.shard(full_v, j, c, causal))
+              for j in range(c)]
+    for r in range(c):
+        q = torch.randn(B, H, m, d, generator=g).to(dtype).requires_grad_(backward)
+        k, v = (t.clone().requires_grad_(backward) for t in blocks[r])
+        do = torch.randn(B, H, m, d, generator=g).to(dtype)
+        live = _tracker(_block)
+        for t in [q, k, v, do, full_k, full_v, *[x for bl in blocks for x in bl]]:
+            live.seen.add(t.untyped_storage().data_ptr())  # inputs: there before the call
+        with live:
+            o = ring.ring_attention_with(SimulatedRing(r, c, blocks), q, k, v, causal)
+            if backward:
+                o.backward(do)
+            del o
+        want = context_parallel_peak_bytes("triton", B, H, s, d, str(dtype).split(".")[1],
+                                           causal, backward, c, H_kv, rank=r)
+        assert live.peak == want, (r, live.peak, want)
+
+
 if __name__ == "__main__":
     _main(int(sys.argv[1]), sys.argv[2])

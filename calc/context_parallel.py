@@ -1,0 +1,746 @@
+"""Context parallelism (ring attention): what each of c GPUs holds, and what it sends.
+
+Ring attention splits the sequence of s tokens over c ranks: rank r keeps m = s/c queries
+(with their output and log-sum-exp) and passes its key/value block to rank r+1, receiving
+rank r-1's, c-1 times, so that every query meets every key while no rank ever holds more than
+two key/value blocks (Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise
+Transformers", arXiv 2310.01889, sec. 3 and Algorithm 1: blockwise attention with the
+key/value blocks rotating over the ring, overlapped with compute). Partial outputs are merged
+by their log-sum-exp (ibid.; the online softmax of FlashAttention, Dao et al. 2022,
+arXiv 2205.14135, sec. 3.1). The backward rotates the key/value blocks again and sends the
+partial dK, dV along with their block (zhuzilin/ring-flash-attention, ring_flash_attn.py;
+torch.distributed.tensor.experimental, _context_parallel/_attention.py,
+`_templated_ring_attention_backward`).
+
+Causal attention is load-balanced by zigzag sharding: 2c chunks, rank r holding chunks r and
+2c-1-r, so every step past the first costs every rank the same m x m/2 block of work (Llama 3,
+Dubey et al. 2024, arXiv 2407.21783, sec. 3.3.2, context parallelism; zhuzilin's
+zigzag_ring_flash_attn.py; torch's `_HeadTailLoadBalancer`). s must then be a multiple of 2c.
+
+Two implementations are modelled, tensor by tensor, as replays of what one rank allocates
+(each tensor counted as the caching allocator's block: its size rounded up to 512 bytes,
+c10/cuda/CUDACachingAllocator.cpp `round_size`):
+
+- "triton": the ring over our kernel, kernels/ring/ring.py (`ring_forward`, `ring_backward`,
+  which this module mirrors line by line; the kernel's own buffers per step follow
+  calc.dispatch, the rules the kernel itself calls). Checked against one rank simulated on an
+  H200 by ``python -m kernels.ring.measure_one_rank``.
+- "sdpa_flash", "sdpa_efficient", "sdpa_cudnn": PyTorch's own context_parallel (read in the
+  torch 2.13 source: _context_parallel/_attention.py; not measured here, no multi-GPU
+  machine): its default rotation all-gathers the whole K/V of the group once
+  (`_AllGatherRotater`, `_cp_options.rotate_method = ALL_GATHER`), so each rank holds c key/
+  value blocks, not two; it merges in fp32 (`convert_to_f32 = True`) with out-of-place
+  tensor expressions (`_SDPAMerger`), accumulates dQ, dK, dV in fp32 and sends dK, dV with an
+  all-to-all permute each step. Equal query and key/value heads only (the model does not
+  follow GQA through the SDPA backends' ring).
+
+What is returned is the EXTRA peak beyond the rank's local inputs (q, k, v of m tokens, and
+dO for forward+backward), the convention of calc.peak (shared/DESIGN.md, "Measurement");
+`context_parallel_memory` adds the inputs. With c = 1 the ring is the plain call:
+calc.peak.attention_peak_bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calc import dispatch
+from calc.models import ModelConfig, check_model
+from calc.params import param_count
+from calc.peak import attention_peak_terms
+from calc.units import (
+    MAX_BATCH,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_SEQ_LEN,
+    check_bool,
+    check_int,
+    dtype_bytes,
+    dtype_name,
+)
+
+CP_IMPLEMENTATIONS: tuple[str, ...] = ("triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+CP_IMPL_LABELS: dict[str, str] = {
+    "triton": "Ring over our Triton kernel (kernels.ring)",
+    "sdpa_flash": "torch context_parallel, SDPA FlashAttention-2",
+    "sdpa_efficient": "torch context_parallel, SDPA memory-efficient",
+    "sdpa_cudnn": "torch context_parallel, SDPA cuDNN",
+}
+#: Largest ring the functions accept (the page draws 1 to 64).
+MAX_WORLD_SIZE = 4096
+#: What the caching allocator rounds every request up to (CUDACachingAllocator.cpp).
+BLOCK_BYTES = 512
+
+Term = tuple[str, int]
+
+
+def _block(nbytes: int) -> int:
+    nbytes = int(nbytes)
+    if nbytes <= 0:
+        return 0
+    return max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
+
+
+class _Replay:
+    """Live tensors of one rank, in allocation order; remembers the set alive at the peak."""
+
+    def __init__(self) -> None:
+        self.alive: dict[str, tuple[str, int]] = {}
+        self.now = 0
+        self.peak = 0
+        self.at_peak: list[tuple[str, int]] = []
+
+    def alloc(self, key: str, label: str, nbytes: int) -> None:
+        if key in self.alive:
+            raise AssertionError(f"replay: {key} allocated twice")
+        size = _block(nbytes)
+        self.alive[key] = (label, size)
+        self.now += size
+        if self.now > self.peak:
+            self.peak = self.now
+            self.at_peak = list(self.alive.values())
+
+    def free(self, *keys: str) -> None:
+        for key in keys:
+            self.now -= self.alive.pop(key)[1]
+
+    def rename(self, old: str, new: str) -> None:
+        self.alive[new] = self.alive.pop(old)
+
+    def terms(self) -> list[Term]:
+        out: dict[str, int] = {}
+        for label, size in self.at_peak:
+            out[label] = out.get(label, 0) + size
+        return list(out.items())
+
+
+@dataclass(frozen=True)
+class _Shape:
+    b: int
+    h: int
+    h_kv: int
+    s: int
+    d: int
+    dtype: str
+    causal: bool
+    backward: bool
+    c: int
+
+    @property
+    def e(self) -> int:
+        return int(dtype_bytes(self.dtype))
+
+    @property
+    def m(self) -> int:  # local tokens per rank
+        return self.s // self.c
+
+    def rows(self, n: int) -> int:  # query rows of n tokens
+        return self.b * self.h * n
+
+    def kv(self, n: int) -> int:  # elements of one key (or value) block of n tokens
+        return self.b * self.h_kv * n * self.d
+
+
+def _check_impl(impl: str) -> str:
+    if not isinstance(impl, str) or impl not in CP_IMPLEMENTATIONS:
+        raise ValueError(f"unknown context-parallel implementation {impl!r}; accepted: "
+                         f"{', '.join(CP_IMPLEMENTATIONS)}")
+    return impl
+
+
+def _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
+           kv_heads) -> _Shape:
+    _check_impl(impl)
+    b = check_int("batch", batch, 1, MAX_BATCH)
+    h = check_int("heads", heads, 1, MAX_HEADS)
+    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    d = check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    h_kv = h if kv_heads is None else check_int("kv_heads", kv_heads, 1, h)
+    if h % h_kv:
+        raise ValueError(f"heads ({h}) must be a multiple of kv_heads, got kv_heads={kv_heads!r}")
+    check_bool("causal", causal)
+    check_bool("backward", backward)
+    name = dtype_name(dtype)
+    if dtype_bytes(name) not in (2, 4):
+        raise ValueError(f"dtype {dtype!r}: the ring runs 16- and 32-bit attention; accepted: "
+                         "fp16, bf16, fp32, tf32")
+    if impl != "triton" and h_kv != h and c > 1:
+        raise ValueError(f"kv_heads={kv_heads}: the model of torch's context_parallel covers "
+                         f"equal query and key/value heads only; accepted: kv_heads = heads "
+                         f"({h}) or None, or impl='triton'")
+    if c > 1:
+        parts = 2 * c if causal else c
+        if s % parts:
+            what = ("2·world_size chunks for zigzag load balancing (rank r holds chunks r and "
+                    "2c-1-r)") if causal else "world_size equal shards"
+            raise ValueError(f"seq_len {s} must split into {what}: accepted multiples of "
+                             f"{parts}, got {s} (world_size={c})")
+    return _Shape(b, h, h_kv, s, d, name, bool(causal), bool(backward), c)
+
+
+# ---- the ring schedule ------------------------------------------------------------------------
+
+def ring_step_kind(rank: int, world_size: int, step: int, causal: bool) -> str:
+    """What rank r computes at step t, holding the key/value block of rank (r - t) mod c
+    (kernels.ring.step_kind; torch's `_is_causal_behavior` and its three branches):
+    "causal" (step 0 of a causal ring: the local shard with the mask), "full" (no mask, all
+    x all), "kv_half" (block from a lower rank: all queries x the block's first chunk),
+    "q_half" (from a higher rank: the second query chunk x all keys)."""
+    if not causal:
+        return "full"
+    if step == 0:
+        return "causal"
+    return "kv_half" if (rank - step) % world_size < rank else "q_half"
+
+
+def ring_schedule(world_size: int) -> list[list[int]]:
+    """held[r][t]: the rank whose key/value block rank r holds at step t, (r - t) mod c
+    (Liu et al. 2023, Algorithm 1: each step passes the block to the next rank)."""
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    return [[(r - t) % c for t in range(c)] for r in range(c)]
+
+
+def zigzag_chunks(rank: int, world_size: int) -> tuple[int, int]:
+    """The two of 2c sequence chunks that rank r holds under zigzag sharding: (r, 2c-1-r)."""
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    r = check_int("rank", rank, 0, c - 1)
+    return r, 2 * c - 1 - r
+
+
+def _steps(rank: int, c: int, causal: bool) -> list[tuple[str, bool]]:
+    """(kind, has_next) per step, consecutive equal middle steps folded into one: they hold
+    the same tensors, so the peak is the same (keeps the replay O(1) in c)."""
+    out: list[tuple[str, bool]] = []
+    for t in range(c):
+        step = (ring_step_kind(rank, c, t, causal), t + 1 < c)
+        if t > 0 and out and len(out) > 1 and out[-1] == step:
+            continue
+        out.append(step)
+    return out
+
+
+def _ranks(c: int, causal: bool) -> list[int]:
+    """Ranks whose folded schedules cover every distinct one (see _steps): all ranks from 1
+    to c-3 fold to the same schedule."""
+    if not causal:
+        return [0]
+    return sorted({0, 1, c - 2, c - 1} & set(range(c)))
+
+
+# ---- our ring (kernels/ring/ring.py), replayed --------------------------------------------------
+
+def _triton_step_fwd(rp: _Replay, sh: _Shape, kind: str, first: bool) -> None:
+    m, n, e, d = sh.m, sh.m // 2, sh.e, sh.d
+    rows = sh.rows(n if kind == "q_half" else m)
+    rp.alloc("o_b", "this step's output from the kernel", rows * d * e)
+    rp.alloc("lse_b", "this step's log-sum-exp from the kernel (fp32)", rows * 4)
+    if first:
+        rp.alloc("acc_o", "running output, fp32", sh.rows(m) * d * 4)
+        rp.rename("lse_b", "acc_lse")
+        rp.alive["acc_lse"] = ("running log-sum-exp, fp32", rp.alive["acc_lse"][1])
+        rp.free("o_b")
+        return
+    rp.alloc("new", "merge: new log-sum-exp rows (fp32)", rows * 4)
+    rp.alloc("w", "merge: weights of the old and the new rows (fp32)", rows * 4)
+    rp.free("new", "w", "o_b", "lse_b")
+
+
+def _triton_forward(rp: _Replay, sh: _Shape, rank: int) -> None:
+    kv_bytes = sh.kv(sh.m) * sh.e
+    cur = None  # key of the received pair held, None: the rank's own (an input)
+    for i, (kind, has_next) in enumerate(_steps(rank, sh.c, sh.causal)):
+        nxt = f"kv{i}"
+        if has_next:
+            rp.alloc(nxt + "k", "key block received for the next step", kv_bytes)
+            rp.alloc(nxt + "v", "value block received for the next step", kv_bytes)
+        if cur is not None:  # the pair in use was received: relabel (same bytes)
+            for x in "kv":
+                rp.alive[cur + x] = ("key/value block of this step (received)",
+                                     rp.alive[cur + x][1])
+        _triton_step_fwd(rp, sh, kind, i == 0)
+        if has_next:
+            if cur is not None:
+                rp.free(cur + "k", cur + "v")
+            cur = nxt
+    if cur is not None:
+        rp.free(cur + "k", cur + "v")
+    rp.alloc("out", "output (input dtype)", sh.rows(sh.m) * sh.d * sh.e)
+    rp.free("acc_o")
+
+
+def _triton_kernel_bwd(rp: _Replay, sh: _Shape, len_q: int, len_k: int) -> None:
+    """attention_backward (kernels/flash/bwd.py): delta, dk, dv, the GQA split's partial sums,
+    dq (and the atomic-dQ fp32 buffer), as calc.dispatch decides them."""
+    b, h, h_kv, d, e = sh.b, sh.h, sh.h_kv, sh.d, sh.e
+    rows, keys = sh.rows(len_q), sh.kv(len_k)
+    rp.alloc("delta", "kernel backward: delta = rowsum(dO·O), fp32", rows * 4)
+    rp.alloc("dk_b", "kernel backward: this step's dk, dv", keys * e)
+    rp.alloc("dv_b", "kernel backward: this step's dk, dv", keys * e)
+    split = dispatch.kv_split(b, h, h_kv, len_k)
+    if split > 1:
+        lab = f"kernel backward: partial dk, dv of the GQA split over {split} programs"
+        rp.alloc("dk_out", lab, split * keys * e)
+        rp.alloc("dv_out", lab, split * keys * e)
+    if dispatch.atomic_dq(b, h, h_kv, len_q, len_k, d, e):
+        rp.alloc("dq32", "kernel backward: fp32 dq buffer of the atomic-dQ backward", rows * d * 4)
+        rp.alloc("dq_b", "kernel backward: this step's dq", rows * d * e)
+        rp.free("dq32")
+    else:
+        rp.alloc("dq_b", "kernel backward: this step's dq", rows * d * e)
+    rp.free("delta")
+    if split > 1:
+        rp.free("dk_out", "dv_out")
+
+
+def _triton_backward(rp: _Replay, sh: _Shape, rank: int) -> None:
+    m, n, e, d = sh.m, sh.m // 2, sh.e, sh.d
+    kv_bytes, dkv_bytes = sh.kv(m) * e, sh.kv(m) * 4
+    rp.alloc("dq_acc", "dQ accumulator, fp32", sh.rows(m) * d * 4)
+    if sh.causal:
+        rp.alloc("lse_hi", "second half of the log-sum-exp made contiguous", sh.rows(n) * 4)
+    cur = None
+    dsend = None  # key of the dK/dV pair being sent (with the one being received, "drecv")
+    for i, (kind, has_next) in enumerate(_steps(rank, sh.c, sh.causal)):
+        nxt = f"kv{i}"
+        if has_next:
+            rp.alloc(nxt + "k", "key block received for the next step", kv_bytes)
+            rp.alloc(nxt + "v", "value block received for the next step", kv_bytes)
+        if cur is not None:
+            for x in "kv":
+                rp.alive[cur + x] = ("key/value block of this step (received)",
+                                     rp.alive[cur + x][1])
+        len_q = n if kind == "q_half" else m
+        len_k = n if kind == "kv_half" else m
+        _triton_kernel_bwd(rp, sh, len_q, len_k)
+        rp.free("dq_b")
+        if i == 0:
+            rp.alloc("dkv_k", "dK, dV of the block in hand (fp32)", dkv_bytes)
+            rp.alloc("dkv_v", "dK, dV of the block in hand (fp32)", dkv_bytes)
+        else:
+            rp.free(dsend + "k", dsend + "v")  # the pair sent last step is done
+            rp.rename("drecvk", "dkv_k")
+            rp.rename("drecvv", "dkv_v")
+        rp.free("dk_b", "dv_b")
+        for x in "kv":  # dkv goes out; a pair comes in
+            rp.rename("dkv_" + x, f"dsend{i}{x}")
+            rp.alive[f"dsend{i}{x}"] = ("dK, dV being sent to the next rank (fp32)",
+                                         rp.alive[f"dsend{i}{x}"][1])
+            rp.alloc("drecv" + x, "dK, dV being received from the previous rank (fp32)",
+                     dkv_bytes)
+        dsend = f"dsend{i}"
+        if has_next:
+            if cur is not None:
+                rp.free(cur + "k", cur + "v")
+            cur = nxt
+    if cur is not None:
+        rp.free(cur + "k", cur + "v")
+    rp.free(dsend + "k", dsend + "v")
+    rp.alloc("dk", "dk, dv returned (input dtype)", kv_bytes)
+    rp.alloc("dv", "dk, dv returned (input dtype)", kv_bytes)
+    rp.free("drecvk", "drecvv")
+    rp.alloc("dq", "dq returned (input dtype)", sh.rows(m) * d * e)
+    rp.free("dq_acc")
+
+
+# ---- torch's context_parallel (_context_parallel/_attention.py, torch 2.13), replayed -----------
+
+def _sdpa_fwd_outputs(rp: _Replay, sh: _Shape, impl: str, rows: int, tag: str) -> None:
+    rp.alloc("o_b" + tag, "SDPA output of a step (input dtype)", rows * sh.d * sh.e)
+    # the efficient backend pads its log-sum-exp to 32 rows (B, H, ceil(s/32)*32)
+    lse_rows = rows if impl != "sdpa_efficient" else -(-rows // 32) * 32
+    rp.alloc("lse_b" + tag, "SDPA log-sum-exp of a step (fp32)", lse_rows * 4)
+
+
+def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
+    """_templated_ring_attention with the ALL_GATHER rotater and _SDPAMerger(convert_to_f32)."""
+    m, n, e, d, c = sh.m, sh.m // 2, sh.e, sh.d, sh.c
+    kv2 = 2 * sh.kv(m) * e
+    prev = None  # tag of the previous step's SDPA outputs (held by `out, logsumexp` until
+    for t in range(c):  # the next call returns)
+        kind = ring_step_kind(rank, c, t, sh.causal)
+        if t == 1:
+            rp.free("cat0")  # the all-gather's input, held until its wait
+        if t < c - 1:
+            rp.alloc(f"cat{t}", "k, v concatenated to send (torch.cat)", kv2)
+            if t == 0:
+                rp.alloc("gathered", "K/V of all c ranks, all-gathered once (ALL_GATHER rotater)",
+                         c * kv2)
+            else:
+                rp.free(f"cat{t}")  # exchange_buffers returns None: dropped at once
+        rows = sh.rows(n if kind == "q_half" else m)
+        tag = str(t)
+        _sdpa_fwd_outputs(rp, sh, impl, rows, tag)
+        if prev is not None:
+            rp.free("o_b" + prev)
+            if "lse_b" + prev in rp.alive:
+                rp.free("lse_b" + prev)
+        rp.alloc("o32", "step output cast to fp32 (convert_to_f32)", rows * d * 4)
+        if t == 0:  # the merger keeps the first step's fp32 output and log-sum-exp
+            rp.rename("o32", "acc_o")
+            rp.alive["acc_o"] = ("running output, fp32", rp.alive["acc_o"][1])
+            rp.rename("lse_b" + tag, "acc_lse")
+            rp.alive["acc_lse"] = ("running log-sum-exp, fp32", rp.alive["acc_lse"][1])
+            prev = tag
+            continue
+        # out = out - sigmoid(block_lse - lse) * (out - block_out), evaluated left to right
+        rp.alloc("t1", "merge temporaries (fp32 rows)", rows * 4)
+        rp.alloc("t2", "merge temporaries (fp32 rows)", rows * 4)
+        rp.free("t1")
+        rp.alloc("t3", "merge temporaries (fp32, output-sized)", rows * d * 4)
+        rp.alloc("t4", "merge temporaries (fp32, output-sized)", rows * d * 4)
+        rp.free("t2", "t3")
+        rp.alloc("t5", "merged output (fp32, a new tensor)", rows * d * 4)
+        rp.free("t4")
+        # lse = lse - logsigmoid(lse - block_lse)
+        rp.alloc("l1", "merge temporaries (fp32 rows)", rows * 4)
+        rp.alloc("l2", "merge temporaries (fp32 rows)", rows * 4)
+        rp.free("l1")
+        rp.alloc("l3", "merged log-sum-exp (fp32 rows)", rows * 4)
+        rp.free("l2")
+        if kind == "q_half":  # _partial_update: torch.cat into new full tensors
+            rp.alloc("cat_l", "running log-sum-exp, fp32", sh.rows(m) * 4)
+            rp.free("acc_lse", "l3")
+            rp.rename("cat_l", "acc_lse")
+            rp.alloc("cat_o", "merged output re-assembled by torch.cat (fp32)",
+                     sh.rows(m) * d * 4)
+            rp.free("acc_o", "t5")
+            rp.rename("cat_o", "acc_o")
+        else:
+            rp.free("acc_o", "acc_lse")
+            rp.rename("t5", "acc_o")
+            rp.rename("l3", "acc_lse")
+        rp.alive["acc_o"] = ("running output, fp32", rp.alive["acc_o"][1])
+        rp.alive["acc_lse"] = ("running log-sum-exp, fp32", rp.alive["acc_lse"][1])
+        rp.free("o32")
+        prev = tag
+    rp.alloc("out", "output (input dtype)", sh.rows(m) * d * e)
+    rp.free("acc_o", "o_b" + prev, "gathered")
+    if "lse_b" + prev in rp.alive:
+        rp.free("lse_b" + prev)
+
+
+def _sdpa_bwd_internals(rp: _Replay, sh: _Shape, impl: str, len_q: int, len_k: int,
+                        tag: str) -> None:
+    """One SDPA backward call of the ring (calc.peak's terms for that backend, per step)."""
+    rows, keys, d, e = sh.rows(len_q), sh.kv(len_k), sh.d, sh.e
+    rp.alloc("bdelta", "SDPA backward: row sums of dO·O (fp32)", rows * 4)
+    rp.alloc("bacc", "SDPA backward: fp32 dq accumulator", rows * d * 4)
+    if impl == "sdpa_flash":
+        rp.alloc("bws", "SDPA backward: fp32 output-sized workspace", rows * d * 4)
+    if impl == "sdpa_efficient":
+        rp.alloc("bws", "SDPA backward: dO copied to the kernel's layout", rows * d * e)
+    rp.alloc("gq" + tag, "SDPA backward: this step's dq, dk, dv", rows * d * e)
+    rp.alloc("gk" + tag, "SDPA backward: this step's dq, dk, dv", 2 * keys * e)
+    rp.free("bdelta", "bacc")
+    if impl in ("sdpa_flash", "sdpa_efficient"):
+        rp.free("bws")
+
+
+def _torch_backward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
+    """_templated_ring_attention_backward: fp32 accumulators, K/V all-gathered again, dK/dV
+    concatenated and sent by an all-to-all permute every step."""
+    m, n, e, d, c = sh.m, sh.m // 2, sh.e, sh.d, sh.c
+    kv, kv2 = sh.kv(m), 2 * sh.kv(m) * e
+    dkv = 2 * kv * 4
+    rp.alloc("gq_acc", "dQ accumulator, fp32 (zeros_like)", sh.rows(m) * d * 4)
+    rp.alloc("gkv0", "dK, dV accumulators, fp32", dkv)
+    owner = "gkv0"  # what grad_key, grad_value are (or are views of)
+    inbox = None  # the dK, dV received at the previous step
+    sent = None  # the dK, dV concatenated and sent at the previous step
+    prev = None
+    for t in range(c):
+        kind = ring_step_kind(rank, c, t, sh.causal)
+        if t < c - 1:
+            rp.alloc(f"bcat{t}", "k, v concatenated to send (torch.cat)", kv2)
+            if t == 0:
+                rp.alloc("gathered", "K/V of all c ranks, all-gathered once (ALL_GATHER rotater)",
+                         c * kv2)
+            else:
+                rp.free(f"bcat{t - 1}")  # next_kv reassigned
+        if kind == "q_half":
+            rp.alloc(f"lse{t}", "second half of the log-sum-exp made contiguous",
+                     sh.rows(n) * 4)
+        tag = str(t)
+        _sdpa_bwd_internals(rp, sh, impl, n if kind == "q_half" else m,
+                            n if kind == "kv_half" else m, tag)
+        if prev is not None:
+            rp.free("gq" + prev, "gk" + prev)
+            if f"lse{prev}" in rp.alive:
+                rp.free(f"lse{prev}")
+        if t > 0:
+            rp.free(sent)  # next_grad_kv = the received buffer
+            old, owner = owner, inbox  # grad_key, grad_value: views of it
+            rp.free(old)
+            if kind == "kv_half":  # _partial_update: two torch.cat
+                rp.alloc(f"pc{t}", "dK, dV re-assembled by torch.cat (fp32)", dkv)
+                owner = f"pc{t}"
+        sent = f"sent{t}"
+        rp.alloc(sent, "dK, dV concatenated to send (fp32)", dkv)
+        rp.alloc(f"inbox{t + 1}", "dK, dV received by the all-to-all permute (fp32)", dkv)
+        if inbox is not None and inbox != owner:
+            rp.free(inbox)  # neither next_grad_kv nor the rotater holds it any more
+        inbox = f"inbox{t + 1}"
+        if kind == "q_half":
+            rp.alloc("gq_cat", "dQ re-assembled by torch.cat (fp32)", sh.rows(m) * d * 4)
+            rp.free("gq_acc")
+            rp.rename("gq_cat", "gq_acc")
+        prev = tag
+    rp.alloc("gq", "dq returned (input dtype)", sh.rows(m) * d * e)
+    rp.free("gq_acc")
+    rp.alloc("gkv", "dk, dv returned (input dtype)", kv2)
+
+
+# ---- public -----------------------------------------------------------------------------------
+
+def _replay(sh: _Shape, impl: str, rank: int) -> _Replay:
+    rp = _Replay()
+    if impl == "triton":
+        _triton_forward(rp, sh, rank)
+        if sh.backward:
+            # returned: O and the log-sum-exp are saved for the backward
+            rp.alive["out"] = ("output, saved for the backward", rp.alive["out"][1])
+            rp.alive["acc_lse"] = ("log-sum-exp, saved for the backward (fp32)",
+                                   rp.alive["acc_lse"][1])
+            _triton_backward(rp, sh, rank)
+    else:
+        _torch_forward(rp, sh, impl, rank)
+        if sh.backward:
+            _torch_backward(rp, sh, impl, rank)
+    return rp
+
+
+def _best(sh: _Shape, impl: str, rank: int | None) -> tuple[int, _Replay]:
+    if rank is not None:
+        r = check_int("rank", rank, 0, sh.c - 1)
+        return r, _replay(sh, impl, r)
+    best = None
+    for r in _ranks(sh.c, sh.causal):
+        rp = _replay(sh, impl, r)
+        if best is None or rp.peak > best[1].peak:
+            best = (r, rp)
+    return best
+
+
+def context_parallel_terms(
+    impl: str, batch: int, heads: int, seq_len: int, head_dim: int, dtype: str,
+    causal: bool = False, backward: bool = False, world_size: int = 1,
+    kv_heads: int | None = None, rank: int | None = None,
+) -> list[Term]:
+    """The tensors alive on one rank at its peak, (label, bytes), summing to
+    `context_parallel_peak_bytes`. ``rank`` None: the rank with the largest peak."""
+    sh = _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
+                kv_heads)
+    if sh.c == 1:
+        return attention_peak_terms(impl, batch, heads, seq_len, head_dim, dtype, causal,
+                                    backward, kv_heads)
+    return _best(sh, impl, rank)[1].terms()
+
+
+def context_parallel_peak_bytes(
+    impl: str, batch: int, heads: int, seq_len: int, head_dim: int, dtype: str,
+    causal: bool = False, backward: bool = False, world_size: int = 1,
+    kv_heads: int | None = None, rank: int | None = None,
+) -> int:
+    """Predicted extra peak bytes on one rank of a c-rank ring attention call over a sequence
+    of seq_len tokens (each rank: seq_len/c queries and keys), beyond the rank's local q, k, v
+    (and dO): the module docstring says what is counted. ``rank`` None: the largest over the
+    ranks (what every GPU must have room for). ValueError for seq_len not divisible by c
+    (2c when causal: zigzag)."""
+    return sum(b for _, b in context_parallel_terms(
+        impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size, kv_heads,
+        rank))
+
+
+@dataclass(frozen=True)
+class ContextParallelMemory:
+    """One rank of a ring attention call, in bytes."""
+
+    world_size: int
+    rank: int  # the rank described (the one with the largest peak unless asked)
+    local_seq_len: int  # s / c
+    inputs_bytes: int  # local q, k, v (and dO with backward)
+    peak_extra_bytes: int
+    terms: tuple[Term, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return self.inputs_bytes + self.peak_extra_bytes
+
+
+def context_parallel_memory(
+    impl: str, batch: int, heads: int, seq_len: int, head_dim: int, dtype: str,
+    causal: bool = False, backward: bool = False, world_size: int = 1,
+    kv_heads: int | None = None, rank: int | None = None,
+) -> ContextParallelMemory:
+    """What one GPU holds: its inputs (m = s/c tokens of q, k, v and dO) and the extra peak."""
+    sh = _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
+                kv_heads)
+    m, e = sh.m, sh.e
+    inputs = _block(sh.rows(m) * sh.d * e) + 2 * _block(sh.kv(m) * e)
+    if backward:
+        inputs += _block(sh.rows(m) * sh.d * e)
+    if sh.c == 1:
+        terms = attention_peak_terms(impl, batch, heads, seq_len, head_dim, dtype, causal,
+                                     backward, kv_heads)
+        r = 0
+    else:
+        r, rp = _best(sh, impl, rank)
+        terms = rp.terms()
+    return ContextParallelMemory(sh.c, r, m, inputs, sum(b for _, b in terms), tuple(terms))
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """Bytes one rank sends per attention call (it receives as many)."""
+
+    forward_bytes: int  # (c-1) key/value blocks
+    backward_bytes: int  # (c-1) key/value blocks again, plus c hops of fp32 dK, dV
+    steps: int  # ring steps per pass: c
+
+    @property
+    def total_bytes(self) -> int:
+        return self.forward_bytes + self.backward_bytes
+
+
+def ring_comm_bytes(
+    batch: int, heads: int, seq_len: int, head_dim: int, dtype: str, world_size: int,
+    kv_heads: int | None = None, backward: bool = True, impl: str = "triton",
+) -> CommVolume:
+    """Bytes sent per rank per attention call. Forward: (c-1)·2·B·H_kv·(s/c)·d·e, the key
+    and value block passed on at every step but the last (Liu et al. 2023, sec. 3: each
+    block makes c-1 hops). Backward: the same again (the blocks rotate once more) plus
+    c·2·B·H_kv·(s/c)·d·4, the fp32 dK, dV travelling with their block, c hops so that they
+    end on their own rank (kernels/ring/ring.py; torch's backward sends them every step with
+    its all-to-all permute, also in fp32). torch's default all-gather moves the same key/value
+    bytes per rank as c-1 ring hops (a ring all-gather). Causal or not does not change it."""
+    sh = _shape(impl, batch, heads, seq_len, head_dim, dtype, False, backward, world_size,
+                kv_heads)
+    c, kv = sh.c, sh.kv(sh.m)
+    fwd = (c - 1) * 2 * kv * sh.e
+    bwd = ((c - 1) * 2 * kv * sh.e + c * 2 * kv * 4) if backward and c > 1 else 0
+    return CommVolume(fwd, bwd, c)
+
+
+def ring_step_flops(batch: int, heads: int, seq_len: int, head_dim: int, world_size: int,
+                    causal: bool = True) -> int:
+    """FLOPs of one ring step's local work past the first (forward, 4·B·H·len_q·len_k·d):
+    m x m/2 with zigzag (either half), m x m without a mask (m = s/c)."""
+    b = check_int("batch", batch, 1, MAX_BATCH)
+    h = check_int("heads", heads, 1, MAX_HEADS)
+    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    d = check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    m = s // c
+    return 4 * b * h * m * (m // 2 if causal else m) * d
+
+
+# ---- training on c GPUs -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ContextParallelTraining:
+    """Estimated peak bytes of one training step on each of c GPUs."""
+
+    world_size: int
+    local_seq_len: int
+    states_bytes: int  # weights, gradients, optimizer state (sharded over c or not)
+    activations_bytes: int  # what the layers keep for the backward, s/c tokens each
+    logits_bytes: int  # the output layer's logits for s/c tokens, fp32 for the loss
+    attention_bytes: int  # one layer's ring attention extra peak (forward+backward)
+    source: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.states_bytes + self.activations_bytes + self.logits_bytes + self.attention_bytes
+
+
+#: Mixed-precision Adam: 2 (16-bit weights) + 2 (16-bit grads) + 12 (fp32 master, m, v)
+#: bytes per parameter (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, sec. 3.1).
+ADAM_BYTES_PER_PARAM = 16
+#: Activations a transformer layer keeps per token, in units of the hidden size, with fused
+#: (linear-memory) attention: 34·s·b·h bytes per layer in 16-bit (Korthikanti et al. 2022,
+#: arXiv 2205.05198, eq. 1 without the 5·a·s²·b score terms that FlashAttention removes);
+#: with full activation checkpointing each layer keeps only its 16-bit input, 2·s·b·h (ibid.,
+#: sec. 4.1), and one layer's 34·s·b·h exists during its recomputation.
+ACT_BYTES_PER_TOKEN_HIDDEN = 34
+CKPT_BYTES_PER_TOKEN_HIDDEN = 2
+
+
+def context_parallel_training(
+    model: ModelConfig, world_size: int, seq_len: int, batch: int = 1, *,
+    impl: str = "triton", dtype: str = "bf16", checkpointing: bool = True,
+    shard_states: bool = True,
+) -> ContextParallelTraining:
+    """Peak per GPU of a causal training step with the sequence split over c GPUs.
+
+    An estimate, term by term: states 16 bytes per parameter (mixed-precision Adam, ZeRO
+    sec. 3.1), divided over the c GPUs when ``shard_states`` (FSDP/ZeRO-3 over the
+    context-parallel group, as Llama 3 trains, arXiv 2407.21783 sec. 3.3.2); activations of
+    s/c tokens per layer after Korthikanti et al. 2022 (see the constants); logits of s/c
+    tokens in fp32 (4·b·(s/c)·V); and one layer's ring attention peak
+    (`context_parallel_peak_bytes`, causal, forward+backward). calc.training_step (when it
+    exists) models a step measured on a GPU; this estimate is what calc can say for c GPUs
+    until it can be used here."""
+    check_model(model)
+    check_bool("checkpointing", checkpointing)
+    check_bool("shard_states", shard_states)
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    b = check_int("batch", batch, 1, MAX_BATCH)
+    attn = context_parallel_peak_bytes(impl, b, model.num_heads, seq_len, model.head_dim,
+                                       dtype, causal=True, backward=True, world_size=c,
+                                       kv_heads=model.num_kv_heads)
+    m = seq_len // c
+    params = param_count(model)
+    states = ADAM_BYTES_PER_PARAM * params
+    if shard_states:
+        states = -(-states // c)
+    hid = model.hidden_size
+    if checkpointing:
+        acts = (model.num_layers * CKPT_BYTES_PER_TOKEN_HIDDEN
+                + ACT_BYTES_PER_TOKEN_HIDDEN) * m * b * hid
+    else:
+        acts = model.num_layers * ACT_BYTES_PER_TOKEN_HIDDEN * m * b * hid
+    logits = 4 * b * m * model.vocab_size
+    return ContextParallelTraining(c, m, states, acts, logits, attn,
+                                   "estimate: ZeRO states, Korthikanti activations, ring peak")
+
+
+def max_context_parallel_seq_len(
+    model: ModelConfig, gpu_bytes: int, world_size: int, batch: int = 1, *,
+    impl: str = "triton", dtype: str = "bf16", checkpointing: bool = True,
+    shard_states: bool = True,
+) -> int:
+    """Longest causal context (a multiple of 2c, zigzag) whose `context_parallel_training`
+    total fits gpu_bytes on each of c GPUs; 0 if none. Exact search over multiples of 2c."""
+    from calc.fit import largest_fitting
+
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    unit = 2 * c if c > 1 else 1
+    if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) or gpu_bytes < 0:
+        raise ValueError(f"gpu_bytes must be a number of bytes >= 0, got {gpu_bytes!r}")
+
+    def cost(k: int) -> int:
+        return context_parallel_training(model, c, k * unit, batch, impl=impl, dtype=dtype,
+                                         checkpointing=checkpointing,
+                                         shard_states=shard_states).total_bytes
+
+    return unit * largest_fitting(cost, gpu_bytes, hi=MAX_SEQ_LEN // unit)
+
+
+def max_context_parallel_attention_seq_len(
+    impl: str, budget_bytes: int, batch: int, heads: int, head_dim: int, dtype: str,
+    causal: bool = True, backward: bool = True, world_size: int = 1,
+    kv_heads: int | None = None,
+) -> int:
+    """Longest s (a multiple of 2c when causal, c otherwise) whose per-rank inputs plus ring
+    extra peak (`context_parallel_memory(...).total_bytes`) fit budget_bytes; 0 if none."""
+    from calc.fit import largest_fitting
+
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    unit = (2 * c if causal else c) if c > 1 else 1
+
+    def cost(k: int) -> int:
+        return context_parallel_memory(impl, batch, heads, k * unit, head_dim, dtype, causal,
+                                       backward, c, kv_heads).total_bytes
+
+    return unit * largest_fitting(cost, budget_bytes, hi=MAX_SEQ_LEN // unit)
