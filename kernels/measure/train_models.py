@@ -72,6 +72,11 @@ MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
 
 NAMES: tuple[str, ...] = tuple(MODELS)
 
+#: Keys a source config leaves to its config class's defaults, written out so that calc reads
+#: the same values transformers uses (Gemma 3's multimodal config.json has no text vocab_size:
+#: Gemma3TextConfig's default, 262,208, is the real model's).
+_EXPLICIT: dict[str, dict[str, Any]] = {"gemma3-27b-2l": {"vocab_size": 262208}}
+
 
 def _base(src: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(src, dict):
@@ -91,6 +96,8 @@ def hf_config(name: str, layers: int | None = None) -> dict[str, Any]:
     n = n_layers if layers is None else int(layers)
     if n < 1:
         raise ValueError(f"layers must be >= 1, got {layers}")
+    for key, value in _EXPLICIT.get(name, {}).items():
+        d.setdefault(key, value)
     d["num_hidden_layers"] = n
     d["use_cache"] = False  # training: no KV cache
     d.pop("layer_types", None)  # re-derived by the config class for the new depth

@@ -1,0 +1,306 @@
+"""Our kernel inside transformers (kernels.hf): attn_implementation="triton" against eager.
+
+Without a GPU the kernel runs under Triton's CPU interpreter, which must be switched on before
+triton is first imported, so the model comparisons run in ONE child process started with
+TRITON_INTERPRET=1 (this file run as a script, as tests/kernels/test_flash_attention.py does);
+each test reads its case from that run. Tiny models, fp32 (the interpreter has no bf16), no
+download. The refusals run in this process: each happens before any kernel launch. GPU cases
+are marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HAS_CUDA = torch.cuda.is_available()
+
+#: Tiny configs of the architectures the interface must serve (hidden 64, 4 heads, 2 KV heads).
+_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 128,
+         "max_position_embeddings": 256, "use_cache": False}
+TINY = {
+    "llama": {"model_type": "llama", **_TINY},
+    "mistral_w32": {"model_type": "mistral", "sliding_window": 32, **_TINY},
+    "qwen3_tied": {"model_type": "qwen3", "head_dim": 16, "tie_word_embeddings": True, **_TINY},
+    "gemma3_w64": {"model_type": "gemma3_text", "head_dim": 16, "sliding_window": 64,
+                   "query_pre_attn_scalar": 24, **_TINY},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The child: every model comparison under the interpreter.
+# ---------------------------------------------------------------------------------------------
+def _pair(name: str, seed: int = 0):
+    """The same random weights as an eager and a triton model."""
+    from transformers import AutoModelForCausalLM
+
+    import kernels.hf
+    from kernels.measure.train_models import build_config
+
+    kernels.hf.register()
+    torch.manual_seed(seed)
+    eager = AutoModelForCausalLM.from_config(build_config(dict(TINY[name])), dtype=torch.float32,
+                                             attn_implementation="eager")
+    ours = AutoModelForCausalLM.from_config(build_config(dict(TINY[name])), dtype=torch.float32,
+                                            attn_implementation="triton")
+    ours.load_state_dict(eager.state_dict())
+    return eager, ours
+
+
+def _compare(name: str, seq: int, batch: int = 2) -> dict:
+    eager, ours = _pair(name)
+    assert eager.config._attn_implementation == "eager"
+    assert ours.config._attn_implementation == "triton"
+    ids = torch.randint(0, 128, (batch, seq), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for tag, m in (("eager", eager), ("ours", ours)):
+        m.train()
+        o = m(input_ids=ids, labels=ids)
+        o.loss.backward()
+        out[tag] = (o.logits.detach(), o.loss.item(),
+                    {n: p.grad.detach().clone() for n, p in m.named_parameters()})
+    (le, loss_e, ge), (lo, loss_o, go) = out["eager"], out["ours"]
+    grad_err = max(((ge[n] - go[n]).abs().max() / ge[n].abs().max().clamp_min(1e-12)).item()
+                   for n in ge)
+    return {"logits_err": (le - lo).abs().max().item(), "loss_eager": loss_e, "loss_ours": loss_o,
+            "grad_rel_err": grad_err, "grads": len(ge)}
+
+
+def _noncausal() -> dict:
+    """The function itself with a module whose is_causal is False (an encoder), against SDPA."""
+    from kernels.hf.attention import triton_attention_forward
+
+    class Enc(torch.nn.Module):
+        is_causal = False
+        layer_idx = 0
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 24, 16, generator=g)
+    k = torch.randn(2, 2, 24, 16, generator=g)
+    v = torch.randn(2, 2, 24, 16, generator=g)
+    out, w = triton_attention_forward(Enc(), q, k, v, None, scaling=0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
+    return {"err": (out - ref.transpose(1, 2)).abs().max().item(), "shape": list(out.shape),
+            "weights_none": w is None}
+
+
+def _window_refused() -> dict:
+    eager, ours = _pair("mistral_w32")
+    ids = torch.randint(0, 128, (1, 40))
+    try:
+        ours(input_ids=ids)
+    except ValueError as exc:
+        return {"refused": str(exc)}
+    return {"refused": ""}
+
+
+def _interp_worker() -> None:
+    import kernels.flash.api as fa
+
+    assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
+    cases = {
+        "llama_causal_gqa": lambda: _compare("llama", 40),
+        "mistral_window_covers_s": lambda: _compare("mistral_w32", 24),
+        "mistral_window_equals_s": lambda: _compare("mistral_w32", 32, batch=1),
+        "qwen3_qk_norm_tied": lambda: _compare("qwen3_tied", 20, batch=1),
+        "gemma3_scaling": lambda: _compare("gemma3_w64", 20, batch=1),
+        "noncausal": _noncausal,
+        "window_refused": _window_refused,
+    }
+    results = {}
+    for name, run in cases.items():
+        try:
+            results[name] = run()
+        except Exception as exc:  # noqa: BLE001 - reported by the test of that case
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    print("HF_RESULTS " + json.dumps(results), flush=True)
+
+
+@pytest.fixture(scope="module")
+def interp():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--interp-worker"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    for line in res.stdout.splitlines():
+        if line.startswith("HF_RESULTS "):
+            return json.loads(line[len("HF_RESULTS "):])
+    pytest.fail(f"interpreter worker failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+
+
+def _case(interp, name):
+    r = interp[name]
+    assert "error" not in r, r["error"]
+    return r
+
+
+@pytest.mark.parametrize("case", ["llama_causal_gqa", "mistral_window_covers_s",
+                                  "mistral_window_equals_s", "qwen3_qk_norm_tied",
+                                  "gemma3_scaling"])
+def test_model_matches_eager_under_interpreter(interp, case):
+    """Logits, loss and every parameter's gradient of a tiny model: ours against eager, fp32."""
+    r = _case(interp, case)
+    assert r["logits_err"] < 1e-4, r
+    assert math.isclose(r["loss_eager"], r["loss_ours"], rel_tol=1e-5), r
+    assert r["grad_rel_err"] < 1e-3, r
+    assert r["grads"] >= 10
+
+
+def test_noncausal_module_matches_sdpa(interp):
+    r = _case(interp, "noncausal")
+    assert r["shape"] == [2, 24, 4, 16]  # (B, s, H, d): transposed back for transformers
+    assert r["weights_none"]
+    assert r["err"] < 1e-5
+
+
+def test_sliding_window_shorter_than_sequence_is_refused(interp):
+    msg = _case(interp, "window_refused")["refused"]
+    assert "layer 0" in msg and "sliding window of 32" in msg and "40" in msg, msg
+
+
+# ---------------------------------------------------------------------------------------------
+# In this process: registration, refusals (all before any kernel launch), check_config.
+# ---------------------------------------------------------------------------------------------
+class _Mod(torch.nn.Module):
+    is_causal = True
+    layer_idx = 3
+
+
+def _qkv(s_q=8, s_k=8):
+    return (torch.randn(1, 4, s_q, 16), torch.randn(1, 2, s_k, 16), torch.randn(1, 2, s_k, 16))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"softcap": 50.0}, "soft-capping"),
+    ({"dropout": 0.1}, "dropout"),
+    ({"sliding_window": 4}, "sliding window of 4"),
+    ({"position_bias": torch.zeros(1)}, "position bias"),
+    ({"attention_mask": torch.ones(1, 1, 8, 8, dtype=torch.bool)}, "attention mask"),
+    ({"scaling": -1.0}, "scaling"),
+])
+def test_refusals_name_the_reason(kwargs, words):
+    from kernels.hf.attention import triton_attention_forward
+
+    q, k, v = _qkv()
+    mask = kwargs.pop("attention_mask", None)
+    with pytest.raises(ValueError, match=words) as info:
+        triton_attention_forward(_Mod(), q, k, v, mask, **kwargs)
+    assert "layer 3" in str(info.value)
+
+
+def test_causal_with_cache_offsets_refused():
+    from kernels.hf.attention import triton_attention_forward
+
+    q, k, v = _qkv(s_q=4, s_k=8)
+    with pytest.raises(ValueError, match="top-left"):
+        triton_attention_forward(_Mod(), q, k, v, None)
+
+
+def test_register_is_idempotent_and_models_accept_the_name():
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface
+
+    import kernels.hf
+    from kernels.measure.train_models import build_config
+
+    assert kernels.hf.register() == "triton" == kernels.hf.register()
+    assert "triton" in AttentionInterface._global_mapping
+    assert "triton" in AttentionMaskInterface._global_mapping
+    m = AutoModelForCausalLM.from_config(build_config(dict(TINY["llama"])),
+                                         attn_implementation="triton")
+    assert m.config._attn_implementation == "triton"
+
+
+def test_padding_mask_refused_in_a_model():
+    """A 2D mask with padding reaches us materialised (the mask function is registered too)
+    and is refused; an all-ones mask is skipped by transformers and is fine."""
+    from transformers import AutoModelForCausalLM
+
+    import kernels.hf
+    from kernels.measure.train_models import build_config
+
+    kernels.hf.register()
+    m = AutoModelForCausalLM.from_config(build_config(dict(TINY["llama"])),
+                                         attn_implementation="triton")
+    ids = torch.randint(0, 128, (2, 8))
+    pad = torch.ones(2, 8, dtype=torch.long)
+    pad[0, :3] = 0
+    with pytest.raises(ValueError, match="attention mask"):
+        m(input_ids=ids, attention_mask=pad)
+
+
+def test_check_config_lists_what_the_kernel_cannot_run():
+    from kernels.hf.attention import check_config
+    from kernels.measure.train_models import build_config
+
+    llama = build_config("llama3-8b-2l")
+    assert check_config(llama, 32768) == []
+    mistral = build_config("mistral-7b-2l")
+    assert check_config(mistral, 4096) == []  # the window covers the sequence: exact
+    (why,) = check_config(mistral, 4097)
+    assert "layer(s) 0, 1" in why and "4096" in why
+    gemma2 = build_config("gemma2-9b-2l")
+    reasons = check_config(gemma2, 8192)
+    assert any("soft-capped" in r for r in reasons)
+    assert any("layer(s) 0 " in r for r in reasons)  # layer 1 is global in Gemma 2
+    gemma3 = build_config("gemma3-27b-2l")
+    assert check_config(gemma3, 1024) == []
+    assert "layer(s) 0, 1" in check_config(gemma3, 1025)[0]
+
+
+def test_import_is_light():
+    code = ("import sys, kernels.hf\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: a real-width layer in bf16.
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_llama_width_matches_sdpa_bf16():
+    """Llama 3.1 8B widths (one layer, vocab cut to 1,024), bf16, s = 1,000: ours against
+    SDPA's flash backend, same weights; outputs and gradients within bf16 noise."""
+    from transformers import AutoModelForCausalLM
+
+    import kernels.hf
+    from kernels.measure.train_models import build_config, hf_config
+
+    kernels.hf.register()
+    d = hf_config("llama3-8b-2l", layers=1)
+    d["vocab_size"] = 1024
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = AutoModelForCausalLM.from_config(build_config(dict(d)), dtype=torch.bfloat16,
+                                               attn_implementation="sdpa")
+        ours = AutoModelForCausalLM.from_config(build_config(dict(d)), dtype=torch.bfloat16,
+                                                attn_implementation="triton")
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 1024, (2, 1000), device="cuda")
+    outs = []
+    for m in (ref, ours):
+        o = m(input_ids=ids, labels=ids)
+        o.loss.backward()
+        outs.append((o.logits.float(), o.loss.item(),
+                     {n: p.grad.float() for n, p in m.named_parameters()}))
+    (l1, loss1, g1), (l2, loss2, g2) = outs
+    assert (l1 - l2).abs().max().item() < 0.05 * l1.abs().max().item()
+    assert math.isclose(loss1, loss2, rel_tol=1e-2)
+    for n in g1:
+        assert (g1[n] - g2[n]).norm() <= 0.05 * g1[n].norm() + 1e-6, n
+
+
+if __name__ == "__main__" and "--interp-worker" in sys.argv:
+    _interp_worker()
