@@ -1,0 +1,172 @@
+"""calc.context_parallel: per-rank memory of ring attention, its schedule and its traffic.
+
+The replay of kernels/ring/ring.py is checked against the ring's real allocations in
+tests/kernels/test_ring_attention.py (stand-in kernels, CPU) and on a GPU by
+kernels.ring.measure_one_rank; here: hand-derived cases, the rank search, the folding of
+equal steps, c = 1, input checks, traffic formulas and the longest context searches.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import calc
+from calc import context_parallel as cp
+
+MIB = 2**20
+
+
+def test_exported_from_calc() -> None:
+    for name in ("context_parallel_peak_bytes", "context_parallel_memory", "ring_comm_bytes",
+                 "ring_schedule", "max_context_parallel_seq_len", "CP_IMPLEMENTATIONS"):
+        assert hasattr(calc, name), name
+
+
+def test_pure_imports() -> None:
+    tree = ast.parse(Path(cp.__file__).read_text())
+    mods = {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    mods |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}
+    assert mods <= {"__future__", "dataclasses", "calc"}, mods
+
+
+@pytest.mark.parametrize("impl", cp.CP_IMPLEMENTATIONS)
+@pytest.mark.parametrize("backward", [False, True])
+def test_one_gpu_is_the_plain_call(impl: str, backward: bool) -> None:
+    args = (impl, 1, 32, 8192, 128, "bf16", True, backward)
+    assert (cp.context_parallel_peak_bytes(*args, world_size=1)
+            == calc.attention_peak_bytes(*args))
+
+
+def test_forward_by_hand_non_causal_two_ranks() -> None:
+    """Step 1 is the peak: the received K/V pair, the fp32 running output and log-sum-exp,
+    the step's output and log-sum-exp and the merge's two row vectors:
+    2·KV·e + R·d·4 + R·4 + R·d·e + R·4 + 2·R·4 (R = B·H·m rows, KV = B·H_kv·m·d)."""
+    B, H, s, d, c, e = 1, 32, 16384, 128, 2, 2
+    m = s // c
+    R, KV = B * H * m, B * H * m * d
+    want = 2 * KV * e + R * d * 4 + R * 4 + R * d * e + R * 4 + 2 * R * 4
+    got = cp.context_parallel_peak_bytes("triton", B, H, s, d, "bf16", False, False, c)
+    assert got == want == 339_738_624
+
+
+def test_terms_sum_to_peak_and_name_the_parts() -> None:
+    terms = cp.context_parallel_terms("triton", 1, 32, 131072, 128, "bf16", True, True, 4)
+    assert sum(b for _, b in terms) == cp.context_parallel_peak_bytes(
+        "triton", 1, 32, 131072, 128, "bf16", True, True, 4)
+    labels = " | ".join(lab for lab, _ in terms)
+    for part in ("dQ accumulator, fp32", "dK, dV being sent", "dK, dV being received",
+                 "received for the next step", "output, saved for the backward"):
+        assert part in labels
+
+
+@pytest.mark.parametrize("impl", cp.CP_IMPLEMENTATIONS)
+@pytest.mark.parametrize("c", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("backward", [False, True])
+def test_worst_rank_is_the_max_over_all_ranks(impl: str, c: int, backward: bool) -> None:
+    s = 2 * c * 1024
+    per_rank = [cp.context_parallel_peak_bytes(impl, 1, 8, s, 64, "bf16", True, backward, c,
+                                               rank=r) for r in range(c)]
+    assert cp.context_parallel_peak_bytes(impl, 1, 8, s, 64, "bf16", True, backward, c) == max(
+        per_rank)
+
+
+@pytest.mark.parametrize("c", [3, 4, 7])
+@pytest.mark.parametrize("causal", [False, True])
+def test_folding_equal_steps_changes_nothing(c: int, causal: bool, monkeypatch) -> None:
+    s = 2 * c * 2048
+    folded = [cp.context_parallel_peak_bytes("triton", 1, 16, s, 128, "bf16", causal, True, c,
+                                             kv_heads=4, rank=r) for r in range(c)]
+
+    def unfolded(rank, c, causal):
+        return [(cp.ring_step_kind(rank, c, t, causal), t + 1 < c) for t in range(c)]
+
+    monkeypatch.setattr(cp, "_steps", unfolded)
+    full = [cp.context_parallel_peak_bytes("triton", 1, 16, s, 128, "bf16", causal, True, c,
+                                           kv_heads=4, rank=r) for r in range(c)]
+    assert folded == full
+
+
+def test_memory_per_gpu_falls_with_c_and_torch_holds_all_kv() -> None:
+    s = 131072
+    ours = [cp.context_parallel_peak_bytes("triton", 1, 32, s, 128, "bf16", True, True, c)
+            for c in (2, 4, 8, 16)]
+    assert ours == sorted(ours, reverse=True)
+    # two ranks hold about what one GPU holds (fp32 accumulators and the double buffers cost
+    # what halving the sequence saves): inputs plus extra peak within 10% of the plain call
+    one, two = (cp.context_parallel_memory("triton", 1, 32, s, 128, "bf16", True, True, c)
+                for c in (1, 2))
+    assert abs(two.total_bytes - one.total_bytes) < 0.1 * one.total_bytes
+    # torch's all-gather keeps every rank's K/V: at c = 16 more than ours by about 2·s·H·d·e
+    theirs = cp.context_parallel_peak_bytes("sdpa_flash", 1, 32, s, 128, "bf16", True, True, 16)
+    assert theirs - ours[-1] > 2 * s * 32 * 128 * 2 * 0.9
+    m = cp.context_parallel_memory("triton", 1, 32, s, 128, "bf16", True, True, 8)
+    assert m.local_seq_len == s // 8
+    assert m.inputs_bytes == 4 * (s // 8) * 32 * 128 * 2  # q, k, v, dO
+    assert m.total_bytes == m.inputs_bytes + m.peak_extra_bytes
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(seq_len=1000, world_size=3, causal=True), "multiples of 6"),
+    (dict(seq_len=1001, world_size=2, causal=False), "multiples of 2"),
+    (dict(world_size=0), "world_size"),
+    (dict(impl="ring"), "accepted: triton"),
+    (dict(impl="sdpa_flash", kv_heads=8), "kv_heads"),
+    (dict(dtype="int8"), "accepted: fp16"),
+    (dict(rank=4, world_size=4), "rank"),
+])
+def test_bad_input_names_value_and_what_is_accepted(bad: dict, match: str) -> None:
+    args = dict(impl="triton", batch=1, heads=32, seq_len=4096, head_dim=128, dtype="bf16",
+                causal=True, backward=True, world_size=4, kv_heads=None)
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        cp.context_parallel_peak_bytes(**args)
+
+
+def test_schedule_and_chunks() -> None:
+    assert cp.ring_schedule(4)[1] == [1, 0, 3, 2]
+    assert [row[0] for row in cp.ring_schedule(5)] == list(range(5))
+    assert cp.zigzag_chunks(1, 4) == (1, 6)
+    kinds = [cp.ring_step_kind(2, 4, t, True) for t in range(4)]
+    assert kinds == ["causal", "kv_half", "kv_half", "q_half"]
+    assert {cp.ring_step_kind(0, 4, t, False) for t in range(4)} == {"full"}
+
+
+def test_comm_volume_formula() -> None:
+    """Forward (c-1)·2·B·H_kv·(s/c)·d·e; backward that again plus c·2·B·H_kv·(s/c)·d·4."""
+    B, H, H_kv, s, d, c = 1, 32, 8, 131072, 128, 8
+    kv = B * H_kv * (s // c) * d
+    v = cp.ring_comm_bytes(B, H, s, d, "bf16", c, kv_heads=H_kv)
+    assert v.forward_bytes == (c - 1) * 2 * kv * 2
+    assert v.backward_bytes == (c - 1) * 2 * kv * 2 + c * 2 * kv * 4
+    assert v.total_bytes == v.forward_bytes + v.backward_bytes
+    assert cp.ring_comm_bytes(B, H, s, d, "bf16", 1).total_bytes == 0
+
+
+def test_longest_attention_context_is_exact_and_a_multiple_of_2c() -> None:
+    budget = 10 * 10**9
+    for c in (1, 2, 4, 8):
+        s = cp.max_context_parallel_attention_seq_len("triton", budget, 1, 32, 128, "bf16",
+                                                      world_size=c)
+        unit = 2 * c if c > 1 else 1
+        assert s % unit == 0 and s > 0
+        fits = cp.context_parallel_memory("triton", 1, 32, s, 128, "bf16", True, True, c)
+        over = cp.context_parallel_memory("triton", 1, 32, s + unit, 128, "bf16", True, True, c)
+        assert fits.total_bytes <= budget < over.total_bytes
+
+
+def test_longest_trainable_context_grows_with_gpus() -> None:
+    model = calc.MODELS["Llama 3.1 8B"]
+    gpu = calc.GPUS["NVIDIA H200 141GB"] if "NVIDIA H200 141GB" in calc.GPUS else max(
+        calc.GPUS.values())
+    lens = [cp.max_context_parallel_seq_len(model, gpu, c) for c in (1, 2, 8, 32)]
+    assert lens == sorted(lens) and lens[0] > 0 and lens[-1] > 8 * lens[0]
+    for c, s in zip((1, 2, 8, 32), lens, strict=True):
+        assert s % (2 * c if c > 1 else 1) == 0
+        t = cp.context_parallel_training(model, c, s)
+        assert t.total_bytes <= gpu
+    with pytest.raises(ValueError, match="gpu_bytes"):
+        cp.max_context_parallel_seq_len(model, -1, 2)
