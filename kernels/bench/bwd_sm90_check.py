@@ -1,0 +1,296 @@
+"""GPU check of the Hopper (Gluon) backward, kernels.flash.bwd_sm90: correctness, then speed.
+
+    python -m kernels.bench.bwd_sm90_check [--quick] [--skip-check] [--reps N]
+
+1. Correctness on a handful of shapes (ragged lengths, causal and not, GQA, fp16 and bf16,
+   d = 64 and 128): the max abs error of dQ, dK, dV against the fp32 eager reference
+   (kernels.flash.reference), next to the error of the current Triton backward
+   (kernels.flash.bwd) on the same inputs. PASS where the new error is at most twice the
+   current one plus a floor.
+2. Speed of forward + backward (bf16, B = 1, H = 32, eager, issue 18's shapes), all in this
+   process with CUDA events (warm-up first, median of --reps): our forward with the current
+   backward (kernels.flash.api.flash_attention), our forward with the new backward (a small
+   autograd wrapper, `SM90Attention`), cuDNN (SDPA, CUDNN_ATTENTION), FA2 (SDPA,
+   FLASH_ATTENTION) and FA4 (flash_attn.cute.flash_attn_func) where it imports. TFLOP/s count
+   3.5 x 4 B H s^2 d (halved when causal); ratios are the new backward's against each. The
+   backward alone (new and current) is timed too, and at every timing shape the new
+   gradients are compared with the current backward's (max abs difference), as a sanity
+   check where the reference is too large to run.
+
+Runs in well under 3 minutes on one H200 (torch 2.11, triton 3.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+# ---- the new backward behind autograd ---------------------------------------------------------
+
+
+class SM90Attention(torch.autograd.Function):
+    """Our forward (kernels.flash.fwd.attention_forward) and the Gluon backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float):
+        from kernels.flash.fwd import attention_forward
+
+        o, lse2 = attention_forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from kernels.flash.bwd_sm90 import attention_backward_sm90
+
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = attention_backward_sm90(do, q, k, v, o, lse2, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def ours_new(q, k, v, causal):
+    return SM90Attention.apply(q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]))
+
+
+def ours_current(q, k, v, causal):
+    from kernels.flash.api import flash_attention
+
+    return flash_attention(q, k, v, causal=causal)
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
+    return run
+
+
+def _fa4():
+    """FA4's function on (B, H, s, d) inputs (it takes (B, s, H, d)), or None."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # not installed, or no build for this GPU
+        print(f"FA4: not importable ({type(e).__name__}: {str(e)[:120]})")
+        return None
+
+    def run(q, k, v, causal):
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    return run
+
+
+# ---- correctness --------------------------------------------------------------------------------
+
+CHECK_SHAPES = [
+    # B, H, H_kv, s, d, causal, dtype
+    (1, 4, 4, 1000, 128, False, torch.bfloat16),
+    (1, 4, 4, 1000, 128, True, torch.float16),
+    (2, 8, 2, 777, 128, True, torch.bfloat16),  # GQA 4:1, ragged
+    (1, 4, 4, 1536, 64, False, torch.float16),
+    (1, 8, 2, 1025, 64, True, torch.bfloat16),  # GQA 4:1, ragged
+    (1, 4, 4, 4096, 128, True, torch.bfloat16),
+    (1, 4, 4, 4096, 64, True, torch.float16),
+]
+FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _ref_grads(q, k, v, do, causal, scale):
+    from kernels.flash.reference import attention_reference
+
+    q, k, v = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    o = attention_reference(q, k, v, causal, scale)
+    return torch.autograd.grad(o, (q, k, v), do.float())
+
+
+def check() -> bool:
+    from kernels.flash import bwd_sm90
+    from kernels.flash.bwd import attention_backward
+    from kernels.flash.fwd import attention_forward
+
+    ok = True
+    print("== correctness: max |grad - fp32 reference| (new backward / current backward)")
+    for B, H, H_kv, s, d, causal, dtype in CHECK_SHAPES:
+        torch.manual_seed(0)
+        q = torch.randn(B, H, s, d, device="cuda", dtype=dtype)
+        k = torch.randn(B, H_kv, s, d, device="cuda", dtype=dtype)
+        v = torch.randn(B, H_kv, s, d, device="cuda", dtype=dtype)
+        do = torch.randn(B, H, s, d, device="cuda", dtype=dtype)
+        scale = 1.0 / math.sqrt(d)
+        name = (f"B={B} H={H} H_kv={H_kv} s={s} d={d} {'causal' if causal else 'full'} "
+                f"{str(dtype)[6:]}")
+        try:
+            if not bwd_sm90.usable(q, k, v):
+                print(f"{name}: NOT USABLE")
+                ok = False
+                continue
+            o, lse2 = attention_forward(q, k, v, causal, scale)
+            new = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
+            cur = attention_backward(do, q, k, v, o, lse2, causal, scale)
+            ref = _ref_grads(q, k, v, do, causal, scale)
+            torch.cuda.synchronize()
+        except Exception as e:
+            print(f"{name}: ERROR {type(e).__name__}: {str(e)[:1500]}")
+            traceback.print_exc()
+            ok = False
+            continue
+        parts = []
+        for gname, a, c, r in zip(("dq", "dk", "dv"), new, cur, ref, strict=True):
+            ea = (a.float() - r).abs().max().item()
+            ec = (c.float() - r).abs().max().item()
+            good = math.isfinite(ea) and ea <= 2 * ec + FLOOR[dtype]
+            ok &= good
+            parts.append(f"{gname} {ea:.2e}/{ec:.2e}{'' if good else ' FAIL'}")
+        print(f"{name}: " + ", ".join(parts))
+    print("correctness:", "PASS" if ok else "FAIL")
+    return ok
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+TIME_SHAPES = [
+    # H, H_kv, s, d, causal  (B = 1, bf16)
+    (32, 32, 4096, 128, False),
+    (32, 32, 4096, 128, True),
+    (32, 32, 16384, 128, False),
+    (32, 32, 16384, 128, True),
+    (32, 32, 8192, 64, True),
+    (32, 32, 8192, 64, False),
+    (32, 8, 8192, 128, True),
+]
+# The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
+ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
+         499], "FA4": [588, 509, 632, 607, 493, None, 564]}
+
+
+def _median_ms(fn, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _fwd_bwd(impl, q, k, v, do, causal):
+    def run():
+        out = impl(q, k, v, causal)
+        torch.autograd.grad(out, (q, k, v), do)
+    return run
+
+
+def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, reps: int) -> str:
+    """One line of the timing table."""
+    from kernels.flash import bwd_sm90
+    from kernels.flash.bwd import attention_backward
+    from kernels.flash.fwd import attention_forward
+
+    B, dt = 1, torch.bfloat16
+    torch.manual_seed(0)
+    q = torch.randn(B, H, s, d, device="cuda", dtype=dt, requires_grad=True)
+    k = torch.randn(B, H_kv, s, d, device="cuda", dtype=dt, requires_grad=True)
+    v = torch.randn(B, H_kv, s, d, device="cuda", dtype=dt, requires_grad=True)
+    do = torch.randn(B, H, s, d, device="cuda", dtype=dt)
+    flops = 3.5 * 4 * B * H * s * s * d * (0.5 if causal else 1.0)
+    name = f"H={H}/{H_kv} s={s} d={d} {'causal' if causal else 'full'}"
+    tf = {}
+    for n, impl in impls.items():
+        try:
+            if n == "FA4":  # (B, s, H, d) inputs
+                qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_(True)
+                              for t in (q, k, v))
+                fn = _fwd_bwd(impl, qt, kt, vt, do.transpose(1, 2).contiguous(), causal)
+            else:
+                fn = _fwd_bwd(impl, q, k, v, do, causal)
+            tf[n] = flops / (_median_ms(fn, reps) * 1e-3) / 1e12
+        except Exception as e:
+            print(f"  {n} at {name}: {type(e).__name__}: {str(e)[:300]}")
+            tf[n] = float("nan")
+    # the backward alone, and the new gradients against the current backward's
+    scale = 1.0 / math.sqrt(d)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    o, lse2 = attention_forward(qd, kd, vd, causal, scale)
+    args = (do, qd, kd, vd, o, lse2, causal, scale)
+    try:
+        ms_new = _median_ms(lambda: bwd_sm90.attention_backward_sm90(*args), reps)
+        new = bwd_sm90.attention_backward_sm90(*args)
+    except Exception as e:
+        print(f"  new backward at {name}: {type(e).__name__}: {str(e)[:300]}")
+        ms_new, new = float("nan"), None
+    ms_cur = _median_ms(lambda: attention_backward(*args), reps)
+    cur = attention_backward(*args)
+    diff = float("nan") if new is None else max(
+        (a.float() - c.float()).abs().max().item() for a, c in zip(new, cur, strict=True))
+
+    def ratio(a, b):
+        ok = b in tf and tf[b] == tf[b] and tf[b] > 0
+        return f"{tf[a] / tf[b]:.2f}" if ok else "n/a"
+    line = name.ljust(34) + "".join(f"{tf[n]:9.0f}" for n in impls)
+    line += (f"  {ratio('new', 'current'):>7} {ratio('new', 'cuDNN'):>9} "
+             f"{ratio('new', 'FA4'):>7}  {ms_new:6.2f}/{ms_cur:6.2f}  {diff:.2e}")
+    return line
+
+
+def timing(reps: int, quick: bool) -> None:
+    from torch.nn.attention import SDPBackend
+
+    impls = {"new": ours_new, "current": ours_current,
+             "cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION), "FA2": _sdpa(SDPBackend.FLASH_ATTENTION)}
+    fa4 = _fa4()
+    if fa4 is not None:
+        impls["FA4"] = fa4
+    shapes = TIME_SHAPES[:2] if quick else TIME_SHAPES
+    print("\n== fwd+bwd TFLOP/s (bf16, B=1), 3.5 x 4 B H s^2 d, halved when causal; "
+          f"median of {reps}")
+    head = "shape".ljust(34) + "".join(n.rjust(9) for n in impls)
+    head += "  new/cur new/cuDNN new/FA4  bwd ms new/cur  max|new-cur|"
+    print(head)
+    for shape in shapes:
+        print(_time_shape(impls, *shape, reps), flush=True)
+        torch.cuda.empty_cache()
+    print("issue 18 (H200, for the eye): ours", ISSUE["ours"], "cuDNN", ISSUE["cuDNN"],
+          "FA4", ISSUE["FA4"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two timing shapes only")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    import triton
+
+    print(f"torch {torch.__version__}, triton {triton.__version__}, "
+          f"{torch.cuda.get_device_name()}")
+    t0 = time.time()
+    ok = True
+    if not args.skip_check:
+        ok = check()
+        print(f"(correctness took {time.time() - t0:.0f} s)")
+    timing(args.reps, args.quick)
+    print(f"total {time.time() - t0:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Compile the Hopper (Gluon) backward for sm_90 on a machine without a GPU and print, per
+variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
+
+    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--dump DIR]
+
+Triton's compiler and ptxas run on the CPU (as kernels.bench.compile_sm90 does for the
+forward); only launching needs the GPU. Exit status 1 if a variant fails to compile or spills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from kernels.flash import bwd_sm90 as b90
+
+_DT = {"fp16": b90.gl.float16, "bf16": b90.gl.bfloat16}
+
+
+def _ptxas_usage(ptx: str) -> tuple[str, str]:
+    """(registers, spill stores in bytes) as ptxas -v reports them for sm_90a (kept here rather
+    than shared with compile_sm90, so that this check stands alone)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90)
+    ptxas = getattr(ptxas, "path", ptxas)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return (regs.group(1) if regs else "?"), (spill.group(1) if spill else "?")
+
+
+def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
+    lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], gdt)
+    return f"tensordesc<{dtype}[1, 1, {rows}, {d}],{lay!r}>"
+
+
+def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int):
+    """The compiled kernel for one variant, with the signature the host side launches."""
+    gdt = _DT[dtype]
+    dm = _desc_type(dtype, gdt, block_m, d)
+    dn = _desc_type(dtype, gdt, b90.HALF_N, d)
+    dq = _desc_type("fp32", b90.gl.float32, block_m // 2, d)
+    ptr = f"*{dtype}"
+    sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
+           "STATS": "*fp32", "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
+           "GROUP": "i32", "s_q": "i32", "s_k": "i32", "s_pad": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
+           "CAUSAL": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+    consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": b90.NUM_WARPS}
+    src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": b90.NUM_WARPS})
+
+
+def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
+        causals=(False, True), block_m: int | None = None, stages: int | None = None,
+        verbose: bool = True) -> list[tuple]:
+    """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
+    bytes, shared KiB, error or None)."""
+    rows = []
+    for d in dims:
+        bm, st = b90.TILES[d]
+        bm, st = block_m or bm, stages or st
+        for dtype in dtypes:
+            for causal in causals:
+                try:
+                    ck = compile_variant(dtype, d, causal, bm, st)
+                except Exception as e:  # report and go on with the next variant
+                    rows.append((dtype, d, causal, bm, st, None, None, None,
+                                 f"{type(e).__name__}: {str(e)[:3000]}"))
+                    if verbose:
+                        print(f"{dtype} {d} {causal} {bm} {st} FAILED: {rows[-1][-1]}")
+                    continue
+                regs, spills = _ptxas_usage(ck.asm["ptx"])
+                shared = ck.metadata.shared / 1024
+                rows.append((dtype, d, causal, bm, st, regs, spills, shared, None))
+                if verbose:
+                    print(f"{dtype} {d} {causal} {bm} {st} {regs} {spills} {shared:.1f}")
+                if dump:
+                    os.makedirs(dump, exist_ok=True)
+                    stem = f"{dump}/bwd_{dtype}_d{d}_c{int(causal)}_m{bm}_s{st}"
+                    for ext in ("ttgir", "ptx"):
+                        with open(f"{stem}.{ext}", "w") as f:
+                            f.write(ck.asm[ext])
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dump", help="write the ttgir and ptx of each variant here")
+    ap.add_argument("--dims", type=int, nargs="+", default=list(b90.HEAD_DIMS))
+    ap.add_argument("--block-m", type=int, default=None)
+    ap.add_argument("--stages", type=int, default=None)
+    args = ap.parse_args()
+    print(f"triton {triton.__version__}")
+    print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")
+    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages)
+    bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

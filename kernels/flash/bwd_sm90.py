@@ -1,0 +1,456 @@
+"""FlashAttention backward for Hopper (sm_90), written in Gluon: the gradients of ``bwd.py``
+with FlashAttention-3's schedule (Shah et al. 2024, arXiv 2407.08608, section 3 and
+Appendix B.1), spelled out by hand.
+
+What one program does
+---------------------
+One program owns one block of BLOCK_N = 128 keys of one (batch, key/value head). It keeps its
+K and V tiles in shared memory and its dK, dV accumulators (fp32) in registers for the whole
+walk over the query blocks of every query head of the GQA group, so dK and dV are written once,
+complete, with no reduction afterwards. dQ gets this key block's share of every query block,
+added into a zeroed fp32 buffer with the copy engine's bulk reduce-add (FA3, Appendix B.1:
+"dQ is accumulated in global memory with atomic adds ... TMA reduce-add"), then cast.
+
+Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
+
+* a loader warp issues every copy through the copy engine (TMA): K and V (two halves of 64 rows
+  each, one per consumer), then Q_i and dO_i of query block i = lo, lo + 1, ... into a ring of
+  STAGES slots; a slot is refilled once both consumers have released it;
+* two consumer warpgroups, warpgroup w owning keys 64w .. 64w + 63 of the block (FA3 tiles
+  its MMA warpgroups along the key dimension for S and dP). Per query block of BLOCK_M rows,
+  in the transposed domain (rows = this warpgroup's keys, columns = queries):
+
+      S^T  = K_w Q^T,   dP^T = V_w dO^T          (both issued at once, asynchronous)
+      P^T  = exp2(S^T * scale * log2 e - lse2)   (masked on the diagonal / ragged keys)
+      dV_w += P^T dO                             (P^T from registers, asynchronous)
+      dS^T = P^T * (dP^T - delta)                (overlaps the dV product)
+      dS^T -> shared memory; dK_w += dS^T Q      (A operand from shared memory)
+      -- both warpgroups have written their half of dS (an mbarrier with two arrivals) --
+      dQ^T[:, half w of the rows] = K^T dS^T     (M = d, N = BLOCK_M / 2, K = 128 keys:
+                                                   each warpgroup half of the query rows)
+      dQ half -> shared memory (fp32) -> one bulk reduce-add into the fp32 buffer
+
+  The dQ product runs with M = d (``dQ^T``, FA3's "dQ_swapAB") so that the two warpgroups can
+  split its output by query rows without the 64-row minimum of a warpgroup MMA: each holds a
+  (d, BLOCK_M / 2) accumulator, 32 registers per thread at d = 128, next to dK_w and dV_w
+  (64 each). dS lives in a double buffer, so a warpgroup may write the next block's half
+  while the other still reads the previous one (it cannot get two blocks ahead: each
+  warpgroup waits for the other's arrival every block).
+
+Masks (top-left causal alignment, as ``bwd.py``): query blocks above the diagonal are never
+visited (the loop starts at the block holding query row start_n); blocks that cross the
+diagonal run with the mask ``query >= key``; a key block that crosses the end of the keys
+masks ``key < s_k`` on every step (the copy engine fills rows past s_k with zeros, whose
+scores 0 would otherwise get probability exp2(-lse2)). Query rows past s_q need no mask:
+their lse2 is read as +inf (P = 0) and dO as zeros, and the copy engine drops their dQ.
+
+Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
+descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+
+# The copy-engine calls were renamed after Triton 3.6 (as in fwd_sm90.py).
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+if hasattr(tma, "async_atomic_add"):  # Triton >= 3.7: the bulk reduce-add is public
+    _tma_reduce_add = tma.async_atomic_add
+else:  # Triton 3.6: the op exists (ttng.async_tma_reduce) but Gluon has no wrapper for it
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """Add the shared-memory tile ``src`` into global memory at ``coord`` of
+        ``tensor_desc`` with one bulk reduce-add of the copy engine (cp.reduce.async.bulk)."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD,
+                                                  tensor_desc.handle, coord, src.handle)
+
+HEAD_DIMS = (64, 128)
+BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
+HALF_N = BLOCK_N // 2
+NUM_WARPS = 4  # the default partition (first consumer); + 4 (second consumer) + 1 (loader)
+CONSUMER_REGS = gl.constexpr(240)  # registers per thread of the second consumer (FA3: 240)
+LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
+# (BLOCK_M, STAGES) per head dim: query rows per step and ring slots of Q and dO each.
+# Shared memory at d = 128: K, V 64 KiB; ring 2 * (16 + 16) KiB; dS 2 * 2 * 8 KiB;
+# dQ staging 2 * 16 KiB: 176 KiB of the 227 a block may use.
+TILES = {64: (64, 2), 128: (64, 2)}
+
+
+@gluon.jit
+def _tile(smem, i):
+    """The 2-d (rows, d) view of slot i of a ring of rank-4 [1, 1, rows, d] tiles."""
+    t = smem.index(i)
+    return t.reshape([t.shape[2], t.shape[3]])
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
+            empty, b, h_kv, GROUP, start_n, lo, n_m, STAGES: gl.constexpr):
+    """The producer warp: the two halves of K and V, then Q_i, dO_i for query blocks
+    i = lo .. n_m - 1 of each query head of the group, through the ring."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    HALF: gl.constexpr = k_desc.block_type.shape[2]
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for i in gl.static_range(2):
+        _tma_load(k_desc, [b, h_kv, start_n + i * HALF, 0], kv_bar, k_smem.index(i))
+        _tma_load(v_desc, [b, h_kv, start_n + i * HALF, 0], kv_bar, v_smem.index(i))
+    it = 0  # ring copies issued so far
+    for g in range(GROUP):
+        h = h_kv * GROUP + g
+        for m in range(lo, n_m):
+            slot = it % STAGES
+            # completion number it // STAGES - 1 of the slot's "empty" barrier: both consumers
+            # released copy it - STAGES (the first pass through the ring waits for nothing)
+            mbarrier.wait(empty.index(slot), ((it // STAGES) + 1) & 1, pred=it >= STAGES)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            _tma_load(q_desc, [b, h, m * BLOCK_M, 0], bar, q_smem.index(slot))
+            _tma_load(do_desc, [b, h, m * BLOCK_M, 0], bar, do_smem.index(slot))
+            it += 1
+
+
+@gluon.jit
+def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem, dq_smem, ready,
+            empty, ds_bar, dq_desc, lse_ptr, delta_ptr, b, h, keys, s_k, qk_scale, sm_scale,
+            HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
+            dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+            CAUSAL: gl.constexpr):
+    """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
+    updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    DTYPE: gl.constexpr = q_smem.dtype
+    HALF: gl.constexpr = k_w.shape[0]  # this warpgroup's keys
+    HEAD_D: gl.constexpr = k_w.shape[1]
+    slot = it % STAGES
+    mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+    q_t = _tile(q_smem, slot)  # (BLOCK_M, d)
+    do_t = _tile(do_smem, slot)
+
+    # ---- S^T = K_w Q^T and dP^T = V_w dO^T, both in flight ------------------------------------
+    zero = gl.zeros([HALF, BLOCK_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_w, q_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_w, do_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+    # the block's lse2 per query column, read while the products run; the padded copy needs
+    # no mask (rows past s_q hold lse2 = +inf, so P = 0 there, and delta = 0)
+    cols = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
+    lse = gl.load(lse_ptr + cols)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
+
+    # ---- P^T, then dV_w += P^T dO (asynchronous; P^T from registers) ----------------------------
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    if MASKED:
+        visible = gl.expand_dims(keys, 1) < s_k
+        if CAUSAL:  # top-left alignment: query i sees keys j <= i
+            visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
+        pt = gl.where(visible, pt, 0.0)
+    p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)
+    dv = warpgroup_mma(p16, do_t, dv, is_async=True)
+    delta = gl.load(delta_ptr + cols)  # loaded late: fewer registers live with S^T and dP^T
+    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
+
+    # ---- dS^T = P^T (dP^T - delta), to shared memory; dK_w += dS^T Q ------------------------------
+    dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(DTYPE)
+    buf = it % 2
+    ds_w = ds_smem.index(2 * buf + HALF_ID)  # (BLOCK_M, 64): queries x this warpgroup's keys
+    ds_w.permute((1, 0)).store(dst)
+    fence_async_shared()  # the stores must be visible to the tensor cores (async proxy)
+    mbarrier.arrive(ds_bar.index(buf), count=1)
+    dk = warpgroup_mma(ds_w.permute((1, 0)), q_t, dk, is_async=True)
+    # dV's product reads P^T from registers: they stay reserved (deps) until it has landed,
+    # which frees them before dQ's accumulator comes alive
+    dv, p16 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, p16))
+
+    # ---- dQ^T for half HALF_ID of the query rows: K^T dS^T over both warpgroups' keys ------------
+    mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)  # the other warpgroup's half is written
+    dqt = gl.zeros([HEAD_D, HALF_M], gl.float32, dq_layout)
+    for i in gl.static_range(2):
+        k_h = k_smem.index(i)
+        k_h = k_h.reshape([k_h.shape[2], k_h.shape[3]])  # (64 keys, d)
+        ds_h = ds_smem.index(2 * buf + i).slice(HALF_ID * HALF_M, HALF_M, dim=0)
+        dqt = warpgroup_mma(k_h.permute((1, 0)), ds_h.permute((1, 0)), dqt, use_acc=i > 0,
+                            is_async=True)
+    dk, dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dqt))
+    mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
+
+    # ---- dQ half -> shared memory -> one bulk reduce-add into the fp32 buffer ---------------------
+    dq_t = dq_smem.index(HALF_ID)
+    dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (HALF_M, d)
+    tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
+    dq_2d.permute((1, 0)).store(dqt * sm_scale)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [b, h, start_m + HALF_ID * HALF_M, 0], dq_t)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
+              ready, empty, ds_bar, dq_desc, STATS, DK, DV, b, h_kv, H, H_kv, GROUP,
+              start_n, lo, mid, n_m, s_pad, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+              STAGES: gl.constexpr):
+    """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
+    (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
+    HEAD_D: gl.constexpr = q_smem.shape[4]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    HALF: gl.constexpr = k_smem.shape[3]
+    DTYPE: gl.constexpr = q_smem.dtype
+    # Warpgroup-MMA register layouts over 4 warps (warp w owns rows 16w .. 16w + 15).
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+    pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M // 2, 16])
+
+    k_w = k_smem.index(HALF_ID)
+    k_w = k_w.reshape([HALF, HEAD_D])
+    v_w = v_smem.index(HALF_ID)
+    v_w = v_w.reshape([HALF, HEAD_D])
+    keys = start_n + HALF_ID * HALF + gl.arange(0, HALF, gl.SliceLayout(1, st_layout))
+    dk = gl.zeros([HALF, HEAD_D], gl.float32, acc_layout)
+    dv = gl.zeros([HALF, HEAD_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+
+    it = 0
+    for g in range(GROUP):
+        h = h_kv * GROUP + g
+        bh = (b * H + h).to(gl.int64)
+        lse_ptr = STATS + bh * (2 * s_pad)  # (2, s_pad): lse2, then delta
+        delta_ptr = lse_ptr + s_pad
+        for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
+            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem,
+                             dq_smem, ready, empty, ds_bar, dq_desc, lse_ptr, delta_ptr, b, h,
+                             keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
+                             dq_layout, STAGES, True, CAUSAL)
+            it += 1
+        for m in range(mid, n_m):  # every key of the block visible to every row
+            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem,
+                             dq_smem, ready, empty, ds_bar, dq_desc, lse_ptr, delta_ptr, b, h,
+                             keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
+                             dq_layout, STAGES, False, CAUSAL)
+            it += 1
+    tma.store_wait(pendings=0)  # the last reduce has read its staging tile
+
+    # ---- dK, dV: written once, in the inputs' dtype (rows past s_k dropped) ---------------------
+    rows = start_n + HALF_ID * HALF + gl.arange(0, HALF, gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_D, gl.SliceLayout(0, acc_layout))
+    base = (b * H_kv + h_kv).to(gl.int64) * s_k * HEAD_D
+    offs = base + gl.expand_dims(rows, 1).to(gl.int64) * HEAD_D + gl.expand_dims(offs_d, 0)
+    mask = gl.expand_dims(rows, 1) < s_k
+    gl.store(DK + offs, (dk * sm_scale).to(DTYPE), mask=mask)
+    gl.store(DV + offs, dv.to(DTYPE), mask=mask)
+
+
+@gluon.jit(do_not_specialize=["s_q", "s_k", "s_pad"])
+def attn_bwd_sm90_kernel(
+    q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
+    dq_desc,  # the zeroed fp32 dQ buffer (B, H, s_q, d), tiles [1, 1, BLOCK_M / 2, d]
+    STATS,  # (B * H, 2, s_pad) fp32: lse2 (+inf past s_q), delta (0 past s_q); `_stats_kernel`
+    DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
+    H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
+    s_q, s_k,
+    s_pad,  # s_q rounded up to a multiple of 128 (STATS' row length)
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale
+    CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr,  # ring slots of Q and of dO
+    num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
+):
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    HALF: gl.constexpr = k_desc.block_type.shape[2]
+    DTYPE: gl.constexpr = q_desc.dtype
+    gl.static_assert(2 * HALF == 128)
+
+    start_n = gl.program_id(0) * (2 * HALF)  # key block 0 has the most work when causal: first
+    bhk = gl.program_id(1)
+    b = bhk // H_kv
+    h_kv = bhk % H_kv
+    n_m = (s_q + BLOCK_M - 1) // BLOCK_M
+    if CAUSAL:
+        lo = start_n // BLOCK_M  # rows before start_n see none of these keys
+        # blocks with a row < start_n + 127 see part of the block: the mask
+        mid = gl.minimum((start_n + 2 * HALF + BLOCK_M - 1) // BLOCK_M, n_m)
+    else:
+        lo = 0
+        mid = 0
+    if start_n + 2 * HALF > s_k:  # ragged key block: every step masks key >= s_k
+        mid = n_m
+
+    k_smem = gl.allocate_shared_memory(DTYPE, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(DTYPE, [2] + v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], DTYPE)
+    ds_smem = gl.allocate_shared_memory(DTYPE, [4, BLOCK_M, HALF], ds_layout)  # [buf * 2 + wg]
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
+                                        dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
+    for i in gl.static_range(2):
+        mbarrier.init(ds_bar.index(i), count=2)  # both halves of dS written
+
+    # (constexprs go into each argument list literally, as in fwd_sm90)
+    gl.warp_specialize(
+        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                      ds_bar, dq_desc, STATS, DK, DV, b, h_kv, H, H_kv, GROUP, start_n, lo,
+                      mid, n_m, s_pad, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
+         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                      ds_bar, dq_desc, STATS, DK, DV, b, h_kv, H, H_kv, GROUP, start_n, lo,
+                      mid, n_m, s_pad, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
+         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
+                    ready, empty, b, h_kv, GROUP, start_n, lo, n_m, STAGES))],
+        [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+# ---- lse2 and delta = rowsum(dO * O), padded, and the dQ buffer's zeroing: one small launch ----
+
+@triton.jit(do_not_specialize=["s_q", "s_pad"])
+def _stats_kernel(Out, DO, LSE2, STATS, DQ_ACC,
+                  stride_ob, stride_oh, stride_om,
+                  stride_dob, stride_doh, stride_dom,
+                  H, s_q, s_pad, HEAD_D: tl.constexpr, BLOCK: tl.constexpr):
+    """For BLOCK rows of one (batch, head): STATS[bh, 0] = lse2 (+inf past s_q), STATS[bh, 1]
+    = delta in fp32 (0 past s_q), rows up to s_pad, so that the backward's loads need no mask
+    and rows past the queries get P = 0; and zeros into the same rows of the fp32 dQ buffer
+    (B, H, s_q, d) contiguous, which the backward adds into (one launch, not three)."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_D)
+    inside = rows < s_q
+    mask = inside[:, None]
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + rows[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + rows[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + rows, mask=inside, other=float("inf"))
+    out = STATS + bh.to(tl.int64) * (2 * s_pad) + rows
+    tl.store(out, lse, mask=rows < s_pad)
+    tl.store(out + s_pad, delta, mask=rows < s_pad)
+    tl.store(DQ_ACC + (bh.to(tl.int64) * s_q + rows[:, None]) * HEAD_D + offs_d[None, :],
+             tl.zeros([BLOCK, HEAD_D], tl.float32), mask=mask)
+
+
+# ---- host side ------------------------------------------------------------------------------
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+STATS_ROWS = 64
+PAD = 128  # STATS rows per head are a multiple of this (>= any BLOCK_M)
+
+
+def _strides(t: torch.Tensor) -> list[int]:
+    """t's strides, with those of size-1 dims replaced by the packed value (a view's arbitrary
+    stride there addresses nothing but could upset the descriptor's encoding)."""
+    st = list(t.stride())
+    for i in (2, 1, 0):
+        if t.shape[i] == 1:
+            st[i] = st[i + 1] * t.shape[i + 1]
+    return st
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """A unit last stride, positive strides that are multiples of 16 bytes, a 16-byte aligned
+    base (cuTensorMapEncodeTiled's rules)."""
+    st, e = _strides(t), t.element_size()
+    return (st[3] == 1 and all(s > 0 and (s * e) % 16 == 0 for s in st[:3])
+            and t.data_ptr() % 16 == 0)
+
+
+def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor | None = None,
+           o: torch.Tensor | None = None) -> bool:
+    """Whether this backward can run these inputs: a CUDA device of compute capability 9.x,
+    fp16/bf16, d in HEAD_DIMS, B * H_kv below the grid's 65,536 limit, and q, k, v (and dO,
+    O when given) in layouts a TMA descriptor can describe (O and dO also need unit last
+    strides for the delta kernel, which the descriptor rule implies)."""
+    if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
+        return False
+    if q.shape[0] * k.shape[1] >= 65536:
+        return False
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(idx)[0] != 9:
+        return False
+    return all(_descriptor_ok(t) for t in (q, k, v, do, o) if t is not None)
+
+
+_LAYOUTS: dict = {}
+
+
+def _layout(dtype, shape: tuple):
+    key = (dtype, shape)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
+    return lay
+
+
+def _desc(t: torch.Tensor, rows: int, dtype) -> TensorDescriptor:
+    d = t.shape[3]
+    return TensorDescriptor(t, list(t.shape), _strides(t), [1, 1, rows, d],
+                            _layout(dtype, (1, 1, rows, d)))
+
+
+def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
+                            stages: int | None = None, block_m: int | None = None):
+    """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
+    returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
+    forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
+
+    Allocates lse2 and delta padded (B * H, 2, s_q rounded up to 128) fp32, the fp32 dQ
+    buffer (B, H, s_q, d) that the key-block programs add into (alive until the cast to dQ), and the three gradients (contiguous). dQ is
+    nondeterministic in its last bits (the adds land in any order), as in FA2, FA3 and cuDNN.
+    """
+    B, H, s_q, d = q.shape
+    H_kv, s_k = k.shape[1], k.shape[2]
+    bm, st = TILES[d]
+    bm = block_m or bm
+    st = stages or st
+    gdt = _GL_DTYPES[q.dtype]
+    if not _descriptor_ok(do):  # e.g. the expanded (stride-0) gradient of a sum()
+        do = do.contiguous()
+    lse2 = lse2.contiguous()
+    s_pad = triton.cdiv(s_q, PAD) * PAD
+    stats = q.new_empty((B * H, 2, s_pad), dtype=torch.float32)
+    dq_acc = q.new_empty((B, H, s_q, d), dtype=torch.float32)
+    dk = k.new_empty((B, H_kv, s_k, d))
+    dv = v.new_empty((B, H_kv, s_k, d))
+    so, sdo = o.stride(), do.stride()
+    _stats_kernel[(s_pad // STATS_ROWS, B * H)](
+        o, do, lse2, stats, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad,
+        HEAD_D=d, BLOCK=STATS_ROWS, num_warps=4)
+    dq_desc = TensorDescriptor(dq_acc, [B, H, s_q, d], [H * s_q * d, s_q * d, d, 1],
+                               [1, 1, bm // 2, d], _layout(gl.float32, (1, 1, bm // 2, d)))
+    grid = (triton.cdiv(s_k, BLOCK_N), B * H_kv)
+    attn_bwd_sm90_kernel[grid](
+        _desc(q, bm, gdt), _desc(k, HALF_N, gdt), _desc(v, HALF_N, gdt), _desc(do, bm, gdt),
+        dq_desc, stats, dk, dv, H, H_kv, H // H_kv, s_q, s_k, s_pad, scale * LOG2E, scale,
+        CAUSAL=bool(causal), STAGES=st, num_warps=NUM_WARPS)
+    return dq_acc.to(q.dtype), dk, dv
