@@ -2,8 +2,9 @@
 
 Uses huggingface_hub (hf_hub_download), so it honours what that library honours: HF_TOKEN (or
 the token saved by `hf auth login`) for gated repos, the local cache (HF_HOME / HF_HUB_CACHE),
-and offline mode (HF_HUB_OFFLINE=1: cache only). HF_ENDPOINT and HF_HUB_OFFLINE are read here
-on every call, not once at import, so a test or a long-running app that changes them is obeyed.
+and offline mode (HF_HUB_OFFLINE=1: cache only). HF_ENDPOINT, HF_HUB_OFFLINE and the cache folder
+(HF_HUB_CACHE, HF_HOME) are read here on every call, not once at import, so a test or a
+long-running app that changes them is obeyed.
 
 The file is size-checked from its metadata before it is downloaded (a config.json is a few
 kB; a repo could name a huge file config.json) and parsed with the app's bounded JSON loader
@@ -14,6 +15,7 @@ HubError (a ValueError) whose message says what went wrong and what to do.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -24,6 +26,13 @@ from pages.ui.uploads import MAX_CONFIG_BYTES, load_config_json
 
 #: owner/name as the Hub spells repository ids (huggingface_hub validate_repo_id rules).
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+#: The whole rule, for fullmatch (validate_repo_id in huggingface_hub/utils/_validators.py): each
+#: part 1-96 characters, starting with a letter or digit and ending with a letter, digit or '_'
+#: (its word boundaries), no '--' or '..' anywhere, not ending in '.git'. The pages' URL
+#: parameter uses the same text (pages.ui.url_state.TextParam).
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
+REPO_ID_RULE = rf"(?!.*(?:--|\.\.))(?!.*\.git$){_PART}/{_PART}"
+MAX_REPO_ID_LEN = 96 + 1 + 96
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TIMEOUT_S = 10.0
 
@@ -34,8 +43,7 @@ class HubError(ValueError):
 
 def check_repo_id(repo_id: object) -> str:
     """repo_id if it looks like a Hub id (owner/name); HubError naming it otherwise."""
-    if not isinstance(repo_id, str) or not REPO_ID.match(repo_id) or ".." in repo_id or (
-            "--" in repo_id) or repo_id.endswith((".", "-")):
+    if not isinstance(repo_id, str) or re.fullmatch(REPO_ID_RULE, repo_id) is None:
         shown = repo_id if isinstance(repo_id, str) else type(repo_id).__name__
         raise HubError(
             f"{str(shown)[:120]!r} is not a Hugging Face model id: give owner/name, e.g. "
@@ -48,8 +56,33 @@ def looks_like_repo_id(text: str) -> bool:
     return isinstance(text, str) and bool(REPO_ID.match(text)) and not Path(text).exists()
 
 
+def cache_key() -> tuple[str, bool, str, str]:
+    """What a fetch's answer depends on besides the id: endpoint, offline flag, which token (a
+    short fingerprint, never the token) and the cache folder. For callers that cache answers
+    (the pages)."""
+    token = os.environ.get("HF_TOKEN") or ""
+    if not token:
+        try:
+            from huggingface_hub import get_token
+            token = get_token() or ""
+        except Exception:  # noqa: BLE001 - no saved token is the same as none
+            token = ""
+    fingerprint = hashlib.sha256(token.encode()).hexdigest()[:12] if token else ""
+    return _endpoint(), _offline(), fingerprint, _cache_dir() or ""
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cache_dir() -> str | None:
+    """HF_HUB_CACHE, else HF_HOME/hub, read now (huggingface_hub reads them once, at import);
+    None: the library's own default (~/.cache/huggingface/hub, XDG_CACHE_HOME honoured)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
+    return None
 
 
 def _endpoint() -> str:
@@ -79,9 +112,13 @@ def fetch_config_dict(repo_id: str, revision: str = "main",
                     f"{max_bytes:,} (a real config.json is a few kB)")
         path = hf.hf_hub_download(repo_id, "config.json", revision=revision,
                                   endpoint=endpoint, local_files_only=offline,
+                                  cache_dir=_cache_dir(),
                                   etag_timeout=TIMEOUT_S)
     except HubError:
         raise
+    except hf_errors.HFValidationError:  # check_repo_id is stricter; a guard, never a traceback
+        raise HubError(f"{repo_id!r} is not a Hugging Face model id huggingface_hub accepts") \
+            from None
     except hf_errors.GatedRepoError:
         raise HubError(
             f"{repo_id} is gated: accept its licence on {where} and set HF_TOKEN (or run "

@@ -1,7 +1,9 @@
 """Model memory: weights + KV cache + attention for a real model, and whether it fits a GPU.
 
-Thin page: read widgets (preset or an uploaded/pasted config.json) -> calc.model_memory,
-calc.model_max_seq_len, calc.training_attention -> verdict, stacked bars, table.
+Thin page: read widgets (preset, a Hugging Face Hub id, or an uploaded/pasted config.json) ->
+calc.model_memory, calc.model_max_seq_len, calc.training_attention -> verdict, stacked bars,
+table; for MLA models the expanded K/V beside the latent (calc.kv.mla_expanded_kv_bytes), for
+hybrids the constant state of their non-attention layers (calc.kv.state_bytes).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from calc import (  # noqa: E402
     training_attention,
     weight_bytes,
 )
+from calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages import hub_model as hub  # noqa: E402
 from pages.ui.uploads import load_config_json  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
 
@@ -42,9 +46,11 @@ MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
 NAIVE, FLASH = "naive", "sdpa_flash"
 IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
 ACT_DTYPES = ("bf16", "fp16", "fp32")
+STATE = "recurrent state"
+STATE_COLOR = "#009E73"  # Okabe & Ito bluish green, beside PART_COLORS' blues and vermillion
 
 SPECS = {
-    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, CUSTOM)),
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
     "mode": ChoiceParam("inference", ("inference", "training")),
     "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
     "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
@@ -104,19 +110,40 @@ def custom_model() -> ModelConfig | None:
 
 
 c.page_setup("model")
+def kv_formula(model: ModelConfig) -> str:
+    """The KV cache formula as it applies to this model (calc.kv.kv_cache_bytes)."""
+    if model.is_mla:
+        return ("L·B·s·(kv_lora_rank + qk_rope_head_dim)·e: the MLA latent, all heads together "
+                "(DeepSeek-V2, arXiv 2405.04434, sec. 2.1.2)")
+    if model.kv_layers != model.num_layers:
+        return f"2·L·B·s·H_kv·d·e over the {model.kv_layers} attention layers of {model.num_layers}"
+    return "2·L·B·s·H_kv·d·e (all layers)"
+
+
+def state_formula(model: ModelConfig) -> str:
+    kind = model.state_mixer.kind if model.state_mixer else "state"
+    return (f"{model.state_layers} {kind} layers × (conv + recurrent state elements) × B × e, "
+            "the same for any s (calc.kv.state_bytes; shapes from vLLM's "
+            "MambaStateShapeCalculator), at the attention dtype")
+
+
 def breakdown(model: ModelConfig, mode: str, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
               ckpt: bool) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
     """Bytes of each part for naive and FlashAttention, and the formula of each part."""
     parts: dict[str, dict[str, int]] = {}
     if mode == "inference":
+        state = state_bytes(model, batch, ad)
         for impl in (NAIVE, FLASH):
             mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
             parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
                            "attention": mm.attention_bytes}
+            if state:
+                parts[impl][STATE] = state
         return parts, {
             "weights": "parameter count × bytes per parameter",
-            "KV cache": "2·L·B·s·H_kv·d·e (all layers)",
+            "KV cache": kv_formula(model),
             "attention": "extra peak of one layer's attention call (calc.attention_peak_bytes)",
+            STATE: state_formula(model),
         }
     for impl in (NAIVE, FLASH):
         ta = training_attention(model, batch, seq_len, ad, impl, ckpt)
@@ -141,11 +168,19 @@ gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f
 used = dict(SPECS)
 
 model = MODELS.get(choice)
+origin = model.source if model else ""
 if choice == CUSTOM:
-    model = custom_model()
+    model, origin = custom_model(), "uploaded"
     if model is None:
         st.info("Upload or paste a config.json to see its memory; until then, the default model is shown.")
         model = MODELS[SPECS["model"].default]
+elif choice == hub.HUB:
+    model = hub.hub_model(where=top[0])
+    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
+        used[hub.KEY] = hub.SPEC
+    if model is None:
+        model = hub.fallback(MODELS[SPECS["model"].default])
+    origin = hub.source(model)
 
 row = st.columns(5)
 wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=row[0])
@@ -164,8 +199,12 @@ unit = c.get_unit()
 gpu_bytes = GPUS[gpu]
 params = param_count(model)
 st.caption(
-    f"**{c.md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers, "
-    f"{model.num_heads} query heads, {model.num_kv_heads} KV heads, head dim {model.head_dim}"
+    f"**{c.md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
+    + (f" ({model.kv_layers} with attention)" if model.kv_layers != model.num_layers else "")
+    + f", {model.num_heads} query heads, "
+    + (f"MLA latent {model.kv_lora_rank} + RoPE key {model.qk_rope_head_dim}, qk head dim "
+       f"{model.head_dim}, v head dim {model.v_head_dim}" if model.is_mla else
+       f"{model.num_kv_heads} KV heads, head dim {model.head_dim}")
     + (f", trained for {model.max_position_embeddings:,} tokens" if model.max_position_embeddings else "")
     + "."
 )
@@ -180,6 +219,7 @@ except ValueError as err:  # a config that parses but that the model cannot size
     c.sync_url(used)
     st.stop()
 totals = {impl: sum(p.values()) for impl, p in parts.items()}
+state = parts[NAIVE].get(STATE, 0)  # constant in s: the longest context fits in what it leaves
 
 summary, picture = st.columns([1, 1.25])
 with summary:
@@ -200,19 +240,20 @@ with summary:
                 )
             if mode == "inference":
                 try:
-                    longest: int | None = longest_context(model, gpu_bytes, batch, wd, kvd, ad, impl)
+                    longest: int | None = longest_context(model, max(gpu_bytes - state, 0), batch, wd, kvd, ad, impl)
                 except ValueError:
                     longest = None
                 shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
                 st.metric("Longest context (tokens)", shown,
-                          help="Exact integer search over s of weights + KV cache + attention ≤ GPU memory (computed).")
+                          help="Exact integer search over s of weights + KV cache + attention"
+                          + (" + recurrent state" if state else "") + " ≤ GPU memory (computed).")
 
 fig = go.Figure()
 names = list(parts[NAIVE])
 for part in names:
     fig.add_trace(go.Bar(
         name=part, x=[impls[i] for i in impls], y=[c.in_unit(parts[i][part], unit) for i in impls],
-        marker_color=c.PART_COLORS[part],
+        marker_color=c.PART_COLORS.get(part, STATE_COLOR),
         customdata=[c.fmt(parts[i][part], unit) for i in impls],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
     ))
@@ -227,6 +268,29 @@ table = pd.DataFrame(
 )
 with picture:
     c.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+if mode == "inference" and model.is_mla:
+    latent_col, expanded_col = st.columns(2)
+    latent = parts[NAIVE]["KV cache"]
+    expanded = mla_expanded_kv_bytes(model, batch, seq_len, kvd)
+    latent_col.metric("KV cache: MLA latent (in the totals)", c.fmt(latent, unit),
+                      help=f"{c.COMPUTED}: {kv_formula(model)}. What vLLM and SGLang keep.")
+    expanded_col.metric("K/V expanded per head (eager)", c.fmt(expanded, unit),
+                        help=f"{c.COMPUTED}: L·B·s·H·(qk_nope + qk_rope + v_head_dim)·e; transformers' "
+                             "modeling_deepseek_v3.py caches per-head keys and values.")
+    st.caption(
+        f"{c.COMPUTED}. Multi-head latent attention caches one latent of "
+        f"{model.kv_lora_rank} + {model.qk_rope_head_dim} elements per token per layer for all "
+        f"{model.num_heads} heads; an eager implementation that expands it into per-head K "
+        f"({model.head_dim}) and V ({model.v_head_dim}) holds {expanded / max(latent, 1):,.1f}× "
+        "more. The totals above count the latent."
+    )
+if mode == "inference" and state:
+    st.caption(
+        f"{c.COMPUTED}. Hybrid: {model.kv_layers} of {model.num_layers} layers are attention "
+        f"with a KV cache; the other {model.state_layers} hold a constant state of "
+        f"{c.fmt(state_bytes(model, 1, ad), unit)} per sequence ({c.fmt(state, unit)} for B = {batch:,}): "
+        f"{state_formula(model)}."
+    )
 with st.container():
     shown = table.copy()
     for i in impls:
@@ -251,6 +315,6 @@ with st.container():
             "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
             "one after another, so only one layer's scores exist at a time."
         )
-st.caption(f"{c.COMPUTED}. Sources: DESIGN.md formulas; KV cache 2·L·B·s·H_kv·d·e; model shapes from each model's config.json ({model.source if choice != CUSTOM else 'uploaded'}).")
+st.caption(f"{c.COMPUTED}. Sources: DESIGN.md formulas; KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
 
 c.sync_url(used)

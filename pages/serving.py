@@ -1,6 +1,6 @@
 """Serving: how many requests of length s fit on my GPU, and the longest context one can have.
 
-Thin page: widgets -> calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
+Thin page: widgets (a preset or a Hugging Face Hub id, pages/hub_model.py) -> calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
 and vllm/v1/core/kv_cache_utils.py, see calc/serving.py) -> metrics and a table; prefill vs
 decode attention of one layer per implementation (calc.serving.prefill_decode_attention).
 """
@@ -26,11 +26,12 @@ from calc.serving import (  # noqa: E402
 )
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages import hub_model as hub  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, FloatParam, IntParam  # noqa: E402
 
 MIB = 2**20
 SPECS = {
-    "model": ChoiceParam("Llama 3.1 8B", tuple(MODELS)),
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB)),
     "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
     "s": IntParam(32768, 1, MAX_SEQ_LEN),
     "util": FloatParam(0.9, 0.0, 1.0, lo_open=True),
@@ -51,6 +52,15 @@ st.markdown("**How many requests of length s fit on my GPU, and what is the long
 
 top = st.columns([2, 1, 1])
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
+used = dict(SPECS)
+if choice == hub.HUB:
+    model = hub.hub_model(where=top[0])
+    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
+        used[hub.KEY] = hub.SPEC
+    if model is None:
+        model = hub.fallback(MODELS[SPECS["model"].default])
+else:
+    model = MODELS[choice]
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
 util = c.float_input("gpu_memory_utilization", "util", SPECS["util"], where=top[2])
 row = st.columns(5)
@@ -65,7 +75,6 @@ nontorch = c.int_input("Non-torch memory (MiB)", "nontorch_mib", SPECS["nontorch
 graphs_in = c.toggle("CUDA graphs taken from the budget (vLLM ≥ 0.21)", "graphs_in", SPECS["graphs_in"], where=row2[2])
 seq_len = c.seq_len_input("Context length per request s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
-model = MODELS[choice]
 unit = c.get_unit()
 try:
     cap = serving_capacity(model, GPUS[gpu], seq_len, weight_dtype=wd, kv_dtype=kvd,
@@ -73,9 +82,10 @@ try:
                            max_num_batched_tokens=mnbt, max_num_seqs=seqs,
                            cuda_graph_bytes=graphs * MIB, non_torch_bytes=nontorch * MIB,
                            cuda_graphs_in_budget=graphs_in)
+    attention = {impl: prefill_decode_attention(model, impl, seq_len) for impl in IMPLEMENTATIONS}
 except ValueError as err:
-    st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
-    c.sync_url(SPECS)
+    st.error(c.md_escape(f"These settings cannot be computed for {model.name}: {err}"), icon=":material/block:")
+    c.sync_url(used)
     st.stop()
 
 m1, m2, m3 = st.columns(3)
@@ -103,12 +113,12 @@ st.dataframe(shown[["part", "size", "bytes"]], hide_index=True)
 
 st.markdown("**Attention of one layer, prefill (s_q = s) against decode (s_q = 1)**")
 rows = []
-for impl in IMPLEMENTATIONS:
-    prefill, decode = prefill_decode_attention(model, impl, seq_len)
+for impl, (prefill, decode) in attention.items():
     rows.append({"implementation": IMPL_LABELS[impl], "prefill": c.fmt(prefill, unit),
                  "decode": c.fmt(decode, unit)})
 st.dataframe(pd.DataFrame(rows), hide_index=True)
 st.caption(f"{c.COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
            "kv_cache_utils.py; overhead defaults from vLLM start-up logs (calc/serving.py). "
-           "Prefill: calc.attention_peak_bytes; decode: the same terms with s_q = 1.")
-c.sync_url(SPECS)
+           "Prefill: calc.attention_peak_bytes; decode: the same terms with s_q = 1. "
+           f"Model shapes: {c.md_escape(hub.source(model))}.")
+c.sync_url(used)

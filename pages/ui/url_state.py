@@ -87,7 +87,7 @@ class _Param:
         text, why = _single(raw)
         if text is None:
             return self.refuse(key, raw, why)
-        limit = MAX_RAW_LIST_LEN if isinstance(self, MultiChoiceParam) else MAX_RAW_LEN
+        limit = self.raw_limit()
         if len(text) > limit:
             return self.refuse(key, text, f"longer than {limit} characters")
         if text.strip() == "":
@@ -96,6 +96,10 @@ class _Param:
 
     def _parse_text(self, key: str, text: str) -> Parsed:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def raw_limit(self) -> int:
+        """Longest raw value looked at; a longer one is refused before any parsing."""
+        return MAX_RAW_LEN
 
     def to_url(self, value: Any) -> str:
         """The URL spelling of a valid value (parse(to_url(v)) == v)."""
@@ -289,11 +293,66 @@ class MultiChoiceParam(_Param):
             return self.refuse(key, text, f"fewer than {self.min_items}")
         return Parsed(tuple(items), None)
 
+    def raw_limit(self) -> int:
+        return MAX_RAW_LIST_LEN
+
     def to_url(self, value: Any) -> str:
         return ",".join(value) if value else "none"
 
 
-Param = IntParam | FloatParam | ChoiceParam | BoolParam | MultiChoiceParam
+#: Longest free-text value a TextParam may allow (its max_len is capped here).
+MAX_TEXT_LEN = 256
+
+
+@dataclass(frozen=True)
+class TextParam(_Param):
+    """Free text that must match `pattern` as a whole, at most `max_len` characters (e.g. a
+    Hugging Face model id). Surrounding whitespace is dropped, as for the other kinds.
+
+    `what` says in words what is accepted (shown in the warning, with `example`). When the
+    default is "" (nothing chosen), an empty value means that default, without a warning;
+    otherwise an empty value is refused like any other kind's. The value is never changed
+    beyond the strip: text that does not match is refused, never repaired.
+    """
+
+    default: str = ""
+    pattern: str = r"[A-Za-z0-9]+"
+    max_len: int = MAX_RAW_LEN
+    what: str = "letters and digits"
+    example: str = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_len <= MAX_TEXT_LEN:
+            raise ValueError(f"TextParam max_len must be from 1 to {MAX_TEXT_LEN}, got {self.max_len}")
+        re.compile(self.pattern)  # a bad pattern fails when the page is written, not when used
+
+    def accepted(self) -> str:
+        eg = f", e.g. {self.example}" if self.example else ""
+        return f"{self.what}, at most {self.max_len} characters{eg}"
+
+    def show_default(self) -> str:
+        return self.default if self.default else "none"
+
+    def raw_limit(self) -> int:
+        return self.max_len
+
+    def parse(self, key: str, raw: str | Sequence[str] | None) -> Parsed:
+        if raw is not None and self.default == "":
+            text, _ = _single(raw)
+            if text is not None and len(text) <= self.max_len and text.strip() == "":
+                return Parsed("", None)
+        return super().parse(key, raw)
+
+    def _parse_text(self, key: str, text: str) -> Parsed:
+        if re.fullmatch(self.pattern, text) is None:
+            return self.refuse(key, text, f"not {self.what}")
+        return Parsed(text, None)
+
+    def is_valid(self, value: Any) -> bool:
+        return isinstance(value, str) and super().is_valid(value)
+
+
+Param = IntParam | FloatParam | ChoiceParam | BoolParam | MultiChoiceParam | TextParam
 
 
 def parse_query(

@@ -23,6 +23,7 @@ from _robust import HOSTILE, time_limit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE
 from calc import DTYPES, IMPLEMENTATIONS, MAX_BATCH, MAX_SEQ_LEN
 from calc.units import DTYPE_ALIASES
 from pages.ui.url_state import (
@@ -31,6 +32,7 @@ from pages.ui.url_state import (
     FloatParam,
     IntParam,
     MultiChoiceParam,
+    TextParam,
     md_escape,
     nearest_power_of_two,
     parse_query,
@@ -55,7 +57,12 @@ SPECS: dict[str, Any] = {
     "causal": BoolParam(True),
     "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS, min_items=1),
     "gpus": MultiChoiceParam((), ("NVIDIA H100 80GB", "NVIDIA H200 141GB")),
+    "hub": TextParam("", REPO_ID_RULE, MAX_REPO_ID_LEN, what="a Hugging Face model id, owner/name"),
+    "label": TextParam("run", r"[a-z][a-z0-9_]{0,15}", 16, what="a short name"),
 }
+
+#: Strings shaped like Hub ids, near misses included (a '.', '-' or '_' anywhere, doubled).
+hub_like = st.from_regex(r"[A-Za-z0-9._-]{1,8}/[A-Za-z0-9._-]{1,8}", fullmatch=True)
 
 raw_text = st.one_of(
     st.text(max_size=80),
@@ -64,7 +71,9 @@ raw_text = st.one_of(
     st.sampled_from(["NaN", "nan", "inf", "-inf", "1e999", "-5", "0", "4096.5", "1,024",
                      "12,8", "1__0", "0x10", "[x](javascript:alert(1))", "<script>x</script>",
                      "\x00\x1b[31m", "\u202etxt", "fp16", "FP16", "none", "naive,naive",
-                     "naive,,sdpa_flash", " ", ""]),
+                     "naive,,sdpa_flash", " ", "", "org/name", "org/na--me", "a/b.git",
+                     "../x", "org/", "a/b/c"]),
+    hub_like,
 )
 raw_values = st.one_of(raw_text, st.lists(raw_text, max_size=3), HOSTILE)
 
@@ -79,6 +88,9 @@ def value_ok(spec: Any, v: Any) -> bool:
         return v in spec.choices
     if isinstance(spec, BoolParam):
         return isinstance(v, bool)
+    if isinstance(spec, TextParam):
+        return isinstance(v, str) and (v == spec.default or (
+            len(v) <= spec.max_len and re.fullmatch(spec.pattern, v) is not None))
     return (isinstance(v, tuple) and len(set(v)) == len(v) and len(v) >= spec.min_items
             and all(i in spec.choices for i in v))
 
@@ -115,6 +127,9 @@ def test_valid_values_round_trip_without_warning(key: str, data: st.DataObject) 
         v = data.draw(st.sampled_from(spec.choices))
     elif isinstance(spec, BoolParam):
         v = data.draw(st.booleans())
+    elif isinstance(spec, TextParam):
+        v = data.draw(hub_like.filter(lambda t: re.fullmatch(spec.pattern, t) is not None)
+                      if key == "hub" else st.from_regex(spec.pattern, fullmatch=True))
     else:
         v = tuple(data.draw(st.lists(st.sampled_from(spec.choices), unique=True,
                                      min_size=spec.min_items)))
@@ -205,3 +220,30 @@ def test_nearest_power_of_two_stays_in_bounds(n: int, lo_p: int, span: int) -> N
     lo, hi = 1 << lo_p, 1 << (lo_p + span)
     got = nearest_power_of_two(n, lo, hi)
     assert lo <= got <= hi and got & (got - 1) == 0
+
+
+@FUZZ
+@given(text=st.one_of(hub_like, raw_text))
+@example(text="org./name")
+@example(text="org/name.git")
+@example(text="org/name\n")
+def test_hub_ids_accepted_by_the_url_are_accepted_by_huggingface_hub(text: str) -> None:
+    """The URL rule is never looser than huggingface_hub's validate_repo_id (an id it accepts
+    reaches the Hub; one it would refuse must be refused in the URL, not deep in a fetch)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    got = SPECS["hub"].parse("hub", text)
+    if got.warning is None and got.value:
+        try:
+            validate_repo_id(got.value)
+        except HFValidationError as err:
+            raise AssertionError(f"{got.value!r} accepted in the URL, refused by the Hub: {err}") from err
+        assert "/" in got.value
+
+
+@pytest.mark.parametrize("key", ["hub", "label"])
+def test_text_warning_shows_the_value_escaped(key: str) -> None:
+    got = SPECS[key].parse(key, "[x](javascript:alert(1))\x1b[31m")
+    assert got.value == SPECS[key].default and got.warning is not None
+    shown = md_escape(got.warning)
+    assert re.search(r"(?<!\\)[\[\]()]", shown) is None and "\x1b" not in shown

@@ -9,13 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE
 from pages.ui.url_state import (
     MAX_RAW_LEN,
+    MAX_TEXT_LEN,
     BoolParam,
     ChoiceParam,
     FloatParam,
     IntParam,
     MultiChoiceParam,
+    TextParam,
     md_escape,
     nearest_power_of_two,
     parse_query,
@@ -27,7 +30,10 @@ E = FloatParam(2.0, 0.125, 64.0)
 DT = ChoiceParam("fp16", ("fp32", "bf16", "fp16"), aliases={"float16": "fp16"})
 FLAG = BoolParam(False)
 IMPLS = MultiChoiceParam(("naive", "triton"), ("naive", "sdpa_flash", "triton"), min_items=1)
-ALL = [S, E, DT, FLAG, IMPLS]
+HUB = TextParam("", REPO_ID_RULE, MAX_REPO_ID_LEN, what="a Hugging Face model id, owner/name",
+                example="deepseek-ai/DeepSeek-V3")
+NAME = TextParam("run", r"[a-z]{1,8}", 8, what="1 to 8 small letters")
+ALL = [S, E, DT, FLAG, IMPLS, HUB]
 
 HOSTILE = [
     "abc", "-5", "0", "1e999", "NaN", "nan", "inf", "-inf", "Infinity", "", "   ", "4.5",
@@ -142,7 +148,7 @@ raw_values = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(raw=raw_values)
 def test_fuzz_parser_never_raises_and_stays_in_bounds(raw: object) -> None:
-    for key, spec in zip(("s", "e", "dtype", "causal", "impls"), ALL, strict=True):
+    for key, spec in zip(("s", "e", "dtype", "causal", "impls", "hub"), ALL, strict=True):
         value, warning = spec.parse(key, raw)  # type: ignore[arg-type]
         assert warning is None or (key in warning and "default" in warning)
         if warning is not None:
@@ -155,6 +161,8 @@ def test_fuzz_parser_never_raises_and_stays_in_bounds(raw: object) -> None:
             assert value in spec.choices
         elif isinstance(spec, BoolParam):
             assert isinstance(value, bool)
+        elif isinstance(spec, TextParam):
+            assert value == "" or (re.fullmatch(REPO_ID_RULE, value) and len(value) <= 193)
         else:
             assert set(value) <= set(spec.choices) and len(value) >= spec.min_items
 
@@ -199,3 +207,56 @@ def test_is_valid_never_raises() -> None:
     assert IMPLS.is_valid([1]) is False and IMPLS.is_valid(5) is False
     assert E.is_valid(10**400) is False and S.is_valid(None) is False and S.is_valid(True) is False
     assert IMPLS.is_valid(("naive",)) and S.is_valid(4096) and E.is_valid(0.5)
+
+
+# --- free text (TextParam): Hub ids ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["deepseek-ai/DeepSeek-V3", "Qwen/Qwen3-Next-80B-A3B-Instruct",
+                                 "a/b", "a_/b_", "meta-llama/Llama-3.1-8B", "x" * 96 + "/" + "y" * 96,
+                                 ["org/name"]])
+def test_hub_ids_are_accepted_unchanged(raw: object) -> None:
+    text = raw[0] if isinstance(raw, list) else raw
+    assert HUB.parse("hub", raw) == (text, None)  # type: ignore[arg-type]
+    assert HUB.is_valid(text) and HUB.to_url(text) == text
+
+
+def test_hub_id_whitespace_is_dropped_and_empty_is_none() -> None:
+    assert HUB.parse("hub", "  org/name\n") == ("org/name", None)
+    for raw in ("", "   ", [""]):
+        assert HUB.parse("hub", raw) == ("", None)  # the default (no id): not an error
+    assert HUB.parse("hub", None) == ("", None)
+    assert NAME.parse("n", "").warning is not None  # a non-empty default: empty is refused
+
+
+@pytest.mark.parametrize("raw", ["noslash", "a/b/c", "../etc/passwd", "a/..", "x y/z", "org/na--me",
+                                 "org/name.git", "org./name", "-org/name", "org/name-", "org/name.",
+                                 "org/ná", "[x](javascript:alert(1))", "<script>", "org/\x00",
+                                 "o" * 97 + "/n", "o/" + "n" * 97, "a/" + "b" * 10_000,
+                                 ["a/b", "c/d"], [], "/", "org/"])
+def test_bad_hub_ids_fall_back_with_a_warning(raw: object) -> None:
+    value, warning = HUB.parse("hub", raw)  # type: ignore[arg-type]
+    assert value == ""
+    assert warning is not None and "'hub'" in warning
+    assert "a Hugging Face model id, owner/name" in warning and "e.g. deepseek-ai/DeepSeek-V3" in warning
+    assert "Using the default, none" in warning
+    assert len(warning) < 400 and "\x00" not in warning
+
+
+def test_overlong_text_is_refused_before_matching() -> None:
+    w = HUB.parse("hub", "a/" + "b" * 10_000).warning
+    assert w is not None and "longer than 193 characters" in w and "10,002 characters" in w
+    assert NAME.parse("n", "abcdefghi").warning and NAME.parse("n", "abc") == ("abc", None)
+
+
+def test_text_is_valid_never_raises() -> None:
+    for bad in (None, 5, ["a/b"], ("a/b",), b"a/b", " a/b", "a/b ", 10**400, float("nan")):
+        assert HUB.is_valid(bad) is False
+    assert HUB.is_valid("") and HUB.is_valid("a/b") and not NAME.is_valid("")
+
+
+def test_text_param_bounds_are_checked_when_written() -> None:
+    with pytest.raises(ValueError, match="max_len"):
+        TextParam("", r".*", MAX_TEXT_LEN + 1)
+    with pytest.raises(re.error):
+        TextParam("", r"(", 10)
