@@ -12,8 +12,9 @@ What is supported, exactly as the model would compute it:
 - causal (decoder) and full (encoder) attention, from ``is_causal`` or the module's
   ``is_causal``; one query against many keys (decoding) is full attention, as in SDPA;
 - grouped-query attention: the kernel reads key/value heads directly (no repeat_kv copies);
-- ``scaling`` (e.g. Gemma's query_pre_attn_scalar); fp16, bf16, fp32; autocast (the
-  projections' bf16 outputs are what the kernel sees); head dims 16 to 256;
+- ``scaling`` (e.g. Gemma's query_pre_attn_scalar); fp16, bf16, fp32; autocast: q, k, v are
+  cast to autocast's dtype as autocast casts SDPA's inputs (rotary leaves q and k in fp32
+  there, v in bf16); head dims 16 to 256;
 - sliding-window layers whose window covers the whole sequence (s_k <= window): the window
   then masks nothing, so plain causal attention is exact.
 
@@ -102,9 +103,27 @@ def triton_attention_forward(
             "our kernel aligns the causal mask top-left and a KV cache needs bottom-right")
     if scaling is not None and not (math.isfinite(float(scaling)) and float(scaling) > 0):
         raise ValueError(f"triton attention ({where}): scaling must be positive, got {scaling}")
+    query, key, value = _autocast_inputs(query, key, value, where)
     out = flash_attention(query, key, value, causal=causal,
                           scale=None if scaling is None else float(scaling))  # (B, H, s_q, d)
     return out.transpose(1, 2).contiguous(), None  # (B, s_q, H, d), as transformers expects
+
+
+def _autocast_inputs(query: Any, key: Any, value: Any, where: str) -> tuple[Any, Any, Any]:
+    """Under autocast, cast q, k, v to its dtype, as autocast does for SDPA; otherwise they must
+    share one dtype already. (Under autocast rotary makes q and k fp32 while v, a projection's
+    output, is bf16: transformers' rotary multiplies by fp32 cos/sin.)"""
+    import torch
+
+    kind = query.device.type
+    if torch.is_autocast_enabled(kind):
+        target = torch.get_autocast_dtype(kind)
+        return tuple(t if t.dtype == target else t.to(target) for t in (query, key, value))
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(
+            f"triton attention ({where}): query, key and value have dtypes {query.dtype}, "
+            f"{key.dtype}, {value.dtype} outside autocast; our kernel needs one dtype")
+    return query, key, value
 
 
 def _mask_function(*args: Any, **kwargs: Any) -> Any:

@@ -77,6 +77,23 @@ def _compare(name: str, seq: int, batch: int = 2) -> dict:
             "grad_rel_err": grad_err, "grads": len(ge)}
 
 
+def _autocast_fp16() -> dict:
+    """fp32 weights under CPU autocast to fp16 (the interpreter's stand-in for amp_bf16):
+    rotary leaves q, k fp32 and v fp16, so the function must cast as autocast casts SDPA's."""
+    eager, ours = _pair("llama")
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
+    res = []
+    for m in (eager, ours):
+        with torch.autocast("cpu", dtype=torch.float16):
+            o = m(input_ids=ids, labels=ids)
+        o.loss.backward()
+        res.append((o.logits.float(), o.loss.item(),
+                    {n: p.grad.clone() for n, p in m.named_parameters()}))
+    (l1, a, g1), (l2, b, g2) = res
+    return {"logits_err": ((l1 - l2).abs().max() / l1.abs().max()).item(), "loss": [a, b],
+            "grad_rel_err": max(((g1[n] - g2[n]).norm() / g1[n].norm()).item() for n in g1)}
+
+
 def _noncausal() -> dict:
     """The function itself with a module whose is_causal is False (an encoder), against SDPA."""
     from kernels.hf.attention import triton_attention_forward
@@ -115,6 +132,7 @@ def _interp_worker() -> None:
         "mistral_window_equals_s": lambda: _compare("mistral_w32", 32, batch=1),
         "qwen3_qk_norm_tied": lambda: _compare("qwen3_tied", 20, batch=1),
         "gemma3_scaling": lambda: _compare("gemma3_w64", 20, batch=1),
+        "autocast_fp16": _autocast_fp16,
         "noncausal": _noncausal,
         "window_refused": _window_refused,
     }
@@ -154,6 +172,13 @@ def test_model_matches_eager_under_interpreter(interp, case):
     assert math.isclose(r["loss_eager"], r["loss_ours"], rel_tol=1e-5), r
     assert r["grad_rel_err"] < 1e-3, r
     assert r["grads"] >= 10
+
+
+def test_autocast_casts_like_sdpa(interp):
+    r = _case(interp, "autocast_fp16")
+    assert r["logits_err"] < 5e-3, r
+    assert math.isclose(*r["loss"], rel_tol=1e-3), r
+    assert r["grad_rel_err"] < 2e-2, r
 
 
 def test_noncausal_module_matches_sdpa(interp):
@@ -196,6 +221,14 @@ def test_refusals_name_the_reason(kwargs, words):
     with pytest.raises(ValueError, match=words) as info:
         triton_attention_forward(_Mod(), q, k, v, mask, **kwargs)
     assert "layer 3" in str(info.value)
+
+
+def test_mixed_dtypes_outside_autocast_refused():
+    from kernels.hf.attention import triton_attention_forward
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="one dtype"):
+        triton_attention_forward(_Mod(), q, k.half(), v, None)
 
 
 def test_causal_with_cache_offsets_refused():

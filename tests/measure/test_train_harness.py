@@ -219,20 +219,27 @@ def test_runner_skips_longer_after_oom_and_after_the_budget(monkeypatch, tmp_pat
 
 
 def test_command_line_writes_the_schema(tmp_path, monkeypatch):
-    """python -m kernels.measure --train ...: one real child process, one tiny configuration."""
+    """python -m kernels.measure --train ...: one real child process (under the Triton
+    interpreter, so that our kernel runs on the CPU), eager and ours on a tiny Llama."""
     from kernels.measure import cli
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # the GPU lock file lives there
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the child inherits it
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     out = tmp_path / "rows.csv"
     rc = cli.main(["--train", "--model", "tiny-llama", "--seq-len", "16", "--attention",
-                   "eager", "--precision", "fp32", "--checkpointing", "on", "--out", str(out),
-                   "--quiet"])
+                   "eager", "triton", "--precision", "fp32", "--checkpointing", "on", "--out",
+                   str(out), "--quiet"])
     assert rc == 0
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == list(th.TRAIN_COLUMNS)
-    assert len(rows) == 1 and rows[0]["status"] == "ok", rows[0]["message"]
-    assert rows[0]["checkpointing"] == "True" and rows[0]["model"] == "tiny-llama"
+    assert [r["attention"] for r in rows] == ["eager", "triton"]
+    for r in rows:
+        assert r["status"] == "ok", r["message"]
+        assert r["checkpointing"] == "True" and r["model"] == "tiny-llama"
+    # each configuration builds its own random model: only the loss scale is comparable
+    assert all(abs(float(r["loss"]) - math.log(128)) < 0.5 for r in rows)
 
 
 @pytest.mark.parametrize("argv, words", [
