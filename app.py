@@ -18,6 +18,7 @@ PAGES = [
     st.Page("pages/serving.py", title="Serving", icon=":material/dns:", url_path="serving"),
     st.Page("pages/scaling.py", title="Scaling", icon=":material/show_chart:", url_path="scaling"),
     st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon=":material/bolt:", url_path="flash_explainer"),
+    st.Page("pages/many_gpus.py", title="Many GPUs", icon=":material/hub:", url_path="many_gpus"),
     st.Page("pages/measure.py", title="GPU measurement", icon=":material/science:", url_path="measure"),
     st.Page("pages/kernel_speed.py", title="Kernel speed", icon=":material/speed:", url_path="kernel_speed"),
 ]

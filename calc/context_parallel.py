@@ -220,6 +220,21 @@ def _steps(rank: int, c: int, causal: bool) -> list[tuple[str, bool]]:
     return out
 
 
+def _torch_steps(rank: int, c: int, causal: bool) -> list[tuple[int, str]]:
+    """(t, kind) per step of torch's ring, runs of equal (kind, has_next) cut to two (the
+    second of a run already holds what every later one does: the previous step's outputs
+    are those of the same kind)."""
+    out: list[tuple[int, str]] = []
+    keys: list[tuple[str, bool]] = []
+    for t in range(c):
+        key = (ring_step_kind(rank, c, t, causal), t + 1 < c)
+        if t > 1 and len(keys) >= 2 and keys[-1] == key and keys[-2] == key:
+            continue
+        out.append((t, key[0]))
+        keys.append(key)
+    return out
+
+
 def _ranks(c: int, causal: bool) -> list[int]:
     """Ranks whose folded schedules cover every distinct one (see _steps): all ranks from 1
     to c-3 fold to the same schedule."""
@@ -357,8 +372,7 @@ def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
     m, n, e, d, c = sh.m, sh.m // 2, sh.e, sh.d, sh.c
     kv2 = 2 * sh.kv(m) * e
     prev = None  # tag of the previous step's SDPA outputs (held by `out, logsumexp` until
-    for t in range(c):  # the next call returns)
-        kind = ring_step_kind(rank, c, t, sh.causal)
+    for t, kind in _torch_steps(rank, c, sh.causal):  # the next call returns)
         if t == 1:
             rp.free("cat0")  # the all-gather's input, held until its wait
         if t < c - 1:
@@ -449,15 +463,16 @@ def _torch_backward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
     inbox = None  # the dK, dV received at the previous step
     sent = None  # the dK, dV concatenated and sent at the previous step
     prev = None
-    for t in range(c):
-        kind = ring_step_kind(rank, c, t, sh.causal)
+    last_cat = None
+    for t, kind in _torch_steps(rank, c, sh.causal):
         if t < c - 1:
             rp.alloc(f"bcat{t}", "k, v concatenated to send (torch.cat)", kv2)
             if t == 0:
                 rp.alloc("gathered", "K/V of all c ranks, all-gathered once (ALL_GATHER rotater)",
                          c * kv2)
             else:
-                rp.free(f"bcat{t - 1}")  # next_kv reassigned
+                rp.free(last_cat)  # next_kv reassigned
+            last_cat = f"bcat{t}"
         if kind == "q_half":
             rp.alloc(f"lse{t}", "second half of the log-sum-exp made contiguous",
                      sh.rows(n) * 4)

@@ -84,10 +84,16 @@ def test_folding_equal_steps_changes_nothing(c: int, causal: bool, monkeypatch) 
     def unfolded(rank, c, causal):
         return [(cp.ring_step_kind(rank, c, t, causal), t + 1 < c) for t in range(c)]
 
+    theirs = [cp.context_parallel_peak_bytes("sdpa_flash", 1, 16, s, 128, "bf16", causal, True,
+                                             c, rank=r) for r in range(c)]
     monkeypatch.setattr(cp, "_steps", unfolded)
+    monkeypatch.setattr(cp, "_torch_steps", lambda rank, c, causal: [
+        (t, cp.ring_step_kind(rank, c, t, causal)) for t in range(c)])
     full = [cp.context_parallel_peak_bytes("triton", 1, 16, s, 128, "bf16", causal, True, c,
                                            kv_heads=4, rank=r) for r in range(c)]
     assert folded == full
+    assert theirs == [cp.context_parallel_peak_bytes("sdpa_flash", 1, 16, s, 128, "bf16",
+                                                     causal, True, c, rank=r) for r in range(c)]
 
 
 def test_memory_per_gpu_falls_with_c_and_torch_holds_all_kv() -> None:
