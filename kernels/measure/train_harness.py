@@ -96,6 +96,7 @@ import csv
 import gc
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -645,6 +646,105 @@ def run_train(configs: Sequence[TrainConfig], *,
 
 
 # --------------------------------------------------------------------------------------------
+# Results that last: typed CSV rows, and the SQLite store (the attention points' file).
+# --------------------------------------------------------------------------------------------
+
+_INT = ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
+        "sliding_window", "batch", "seq_len", "params", "before_step_bytes", "peak_bytes",
+        "reserved_bytes", "steps", "predicted_peak_bytes", "predicted_before_bytes")
+_FLOAT = ("step_ms", "loss", "peak_rel_error", "wall_s")
+_BOOL = ("tied", "checkpointing")
+
+
+def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
+    """A CSV or database row with its numbers and booleans parsed (empty cells: None)."""
+    out: dict[str, Any] = {}
+    for c in TRAIN_COLUMNS:
+        v = raw.get(c)
+        if v is None or v == "":
+            out[c] = None if c in _INT + _FLOAT + _BOOL else ""
+        elif c in _INT:
+            out[c] = int(float(v))
+        elif c in _FLOAT:
+            out[c] = float(v)
+        elif c in _BOOL:
+            out[c] = v if isinstance(v, bool) else str(v).strip().lower() in ("true", "1")
+        else:
+            out[c] = str(v)
+    return out
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Rows of a training-step CSV (this module's TRAIN_COLUMNS), typed. A file without the
+    columns raises ValueError naming the missing ones."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in ("model", "seq_len", "attention", "precision", "checkpointing",
+                               "status", "peak_bytes") if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: not a training-step CSV (missing columns "
+                             f"{', '.join(missing)})")
+        return [typed_row(r) for r in reader]
+
+
+class TrainStore:
+    """Training-step runs in the attention points' SQLite file (kernels.measure.store's
+    default_db_path), in tables of their own: ``train_runs`` and ``train_rows``."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        from kernels.measure.store import default_db_path
+
+        self.path = Path(path) if path is not None else default_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kinds = {c: "INTEGER" if c in _INT + _BOOL else "REAL" if c in _FLOAT else "TEXT"
+                 for c in TRAIN_COLUMNS}
+        with self._connect() as con:
+            con.executescript(
+                "CREATE TABLE IF NOT EXISTS train_runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                "started TEXT NOT NULL, gpu TEXT NOT NULL DEFAULT '', label TEXT NOT NULL "
+                "DEFAULT '');\n"
+                "CREATE TABLE IF NOT EXISTS train_rows (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                "run_id INTEGER NOT NULL REFERENCES train_runs(id) ON DELETE CASCADE, "
+                + ", ".join(f"{c} {k}" for c, k in kinds.items()) + ");")
+
+    @contextlib.contextmanager
+    def _connect(self) -> Any:
+        con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA foreign_keys=ON")
+            con.row_factory = sqlite3.Row
+            yield con
+        finally:
+            con.close()
+
+    def new_run(self, *, gpu: str = "", label: str = "") -> int:
+        with self._connect() as con:
+            cur = con.execute("INSERT INTO train_runs (started, gpu, label) VALUES (?, ?, ?)",
+                              (_now(), gpu, label[:200]))
+            return int(cur.lastrowid)
+
+    def add_row(self, run_id: int, row: dict[str, Any]) -> None:
+        t = typed_row(row)
+        vals = [int(t[c]) if c in _BOOL and t[c] is not None else t[c] for c in TRAIN_COLUMNS]
+        with self._connect() as con:
+            con.execute(f"INSERT INTO train_rows (run_id, {', '.join(TRAIN_COLUMNS)}) VALUES "
+                        f"(?, {', '.join('?' * len(TRAIN_COLUMNS))})", [run_id, *vals])
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self._connect() as con:
+            cur = con.execute("SELECT train_runs.*, (SELECT COUNT(*) FROM train_rows WHERE "
+                              "run_id = train_runs.id) AS n FROM train_runs ORDER BY id DESC")
+            return [dict(r) for r in cur]
+
+    def rows(self, run_id: int) -> list[dict[str, Any]]:
+        with self._connect() as con:
+            cur = con.execute(f"SELECT {', '.join(TRAIN_COLUMNS)} FROM train_rows WHERE "
+                              "run_id = ? ORDER BY id", (run_id,))
+            return [typed_row(dict(r)) for r in cur]
+
+
+# --------------------------------------------------------------------------------------------
 # Plans: the cross product of the command line, and the bundled H200 reference sweep.
 # --------------------------------------------------------------------------------------------
 
@@ -754,6 +854,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lock-wait", type=float, default=0.0,
                     help="seconds to wait for a busy GPU")
     ap.add_argument("--out", type=Path, default=Path("training_steps.csv"), help="CSV to write")
+    ap.add_argument("--db", type=Path, default=None,
+                    help="also store the run in this SQLite file (tables train_runs, train_rows)")
+    ap.add_argument("--label", default="", help="label of the stored run")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--quiet", action="store_true")
     return ap
@@ -801,11 +904,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     writer.writerow(TRAIN_COLUMNS)
     fh.flush()
     t0 = time.monotonic()
+    store = TrainStore(args.db) if args.db else None
+    run_id: int | None = None
 
     def on_result(res: TrainResult, i: int, n: int) -> None:
+        nonlocal run_id
         row = res.to_row()
         writer.writerow([_cell(row[c]) for c in TRAIN_COLUMNS])
         fh.flush()
+        if store is not None:
+            if run_id is None:
+                run_id = store.new_run(gpu=res.gpu, label=args.label or "command line")
+            store.add_row(run_id, row)
         if not args.quiet:
             peak = f"peak {res.peak_bytes / 2**30:.2f} GiB" if res.peak_bytes else ""
             ms = f"{res.step_ms:.1f} ms" if res.step_ms else ""
@@ -823,6 +933,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: the rows measured so far are in {args.out}", file=sys.stderr)
         return 130
+    except (sqlite3.Error, OSError) as exc:  # database locked or full, disk full, ...
+        where = f"{args.db} (database)" if isinstance(exc, sqlite3.Error) else str(args.out)
+        print(f"error: could not save a result to {where}: {exc}. The run stopped; the rows "
+              f"saved before it are in {args.out}", file=sys.stderr)
+        return 3
     finally:
         with contextlib.suppress(OSError):
             fh.close()
@@ -831,7 +946,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts[r.status] = counts.get(r.status, 0) + 1
     print(f"{len(summary.results)} configurations in {summary.wall_s:.1f} s "
           f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; "
-          f"{summary.children_started} child process(es)); rows in {args.out}")
+          f"{summary.children_started} child process(es)); rows in {args.out}"
+          + (f"; run {run_id} in {args.db}" if run_id is not None else ""))
     return 0
 
 

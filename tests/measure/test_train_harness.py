@@ -227,19 +227,34 @@ def test_command_line_writes_the_schema(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the child inherits it
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     out = tmp_path / "rows.csv"
+    db = tmp_path / "results.sqlite"
     rc = cli.main(["--train", "--model", "tiny-llama", "--seq-len", "16", "--attention",
                    "eager", "triton", "--precision", "fp32", "--checkpointing", "on", "--out",
-                   str(out), "--quiet"])
+                   str(out), "--quiet", "--db", str(db), "--label", "tiny"])
     assert rc == 0
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == list(th.TRAIN_COLUMNS)
+    typed = th.read_rows(out)
+    assert typed[0]["checkpointing"] is True and typed[0]["seq_len"] == 16
+    assert typed[0]["peak_bytes"] is None and typed[0]["params"] == 90432
+    store = th.TrainStore(db)
+    (run,) = store.runs()
+    assert run["label"] == "tiny" and run["n"] == 2
+    assert store.rows(run["id"]) == typed
     assert [r["attention"] for r in rows] == ["eager", "triton"]
     for r in rows:
         assert r["status"] == "ok", r["message"]
         assert r["checkpointing"] == "True" and r["model"] == "tiny-llama"
     # each configuration builds its own random model: only the loss scale is comparable
     assert all(abs(float(r["loss"]) - math.log(128)) < 0.5 for r in rows)
+
+
+def test_read_rows_refuses_other_csvs(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text("impl,seq_len\nnaive,1024\n")
+    with pytest.raises(ValueError, match="not a training-step CSV"):
+        th.read_rows(p)
 
 
 @pytest.mark.parametrize("argv, words", [
