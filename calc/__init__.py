@@ -7,6 +7,7 @@ are listed in calc/API.md.
 
 from __future__ import annotations
 
+from calc.allocator import CachingAllocator
 from calc.context_parallel import (
     CP_IMPL_LABELS,
     CP_IMPLEMENTATIONS,
@@ -31,13 +32,18 @@ from calc.memory import MemoryBreakdown, gpus_needed, model_max_seq_len, model_m
 from calc.models import ModelConfig
 from calc.params import active_param_count, param_breakdown, param_count, weight_bytes
 from calc.peak import (
+    ALLOCATOR_NOTE,
     IMPL_KIND,
     IMPL_LABELS,
     IMPLEMENTATIONS,
     PEAK_MODEL_NOTES,
+    RESERVED_PREDICTED,
+    PeakTerm,
     attention_flops,
+    attention_peak_breakdown,
     attention_peak_bytes,
     attention_peak_terms,
+    attention_reserved_bytes,
     check_impl,
 )
 from calc.presets import MODELS, PRESET_HF_CONFIGS, fixture_name
@@ -85,3 +91,5 @@ __all__ += [  # context parallelism (calc/context_parallel.py)
     "max_context_parallel_seq_len", "ring_comm_bytes", "ring_schedule", "ring_step_kind",
     "zigzag_chunks",
 ]
+__all__ += ["ALLOCATOR_NOTE", "CachingAllocator", "PeakTerm", "RESERVED_PREDICTED",
+            "attention_peak_breakdown", "attention_reserved_bytes"]

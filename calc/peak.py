@@ -10,9 +10,15 @@ Notation: B batch, H query heads, H_kv key/value heads, s sequence length (queri
 d head dim, e bytes per element of the inputs. N = B·H·s² score elements; O = B·H·s·d·e bytes
 (one output-sized tensor); LSE = B·H·s·4 bytes (one fp32 value per row).
 
-Each formula is derived from what the implementation allocates and checked against peaks
-measured on an NVIDIA H200 (torch 2.11, shared/anchors/h200-sdpa-naive-tutorial-2026-11-30.csv;
-fp16, B=1, H=32, d=128): every row with s >= 1024 is reproduced within 2% (tests/test_peak.py).
+Each implementation is a sequence of allocations and frees (the tensors it makes, in order,
+from what its code allocates), replayed through calc.allocator, which counts each tensor as the
+caching allocator's block (c10/cuda/CUDACachingAllocator.cpp: round_size, get_allocation_size,
+should_split): the peak is the most "allocated" grows above the inputs during the call, and
+the terms are the tensors alive then. The same replay gives the growth of memory_reserved()
+(attention_reserved_bytes) where every temporary is known. Checked against peaks measured on
+an NVIDIA H200 (torch 2.11; data/attention_calls_h200.csv and, at awkward shapes,
+data/attention_calls_awkward_h200.csv): within 0.5% at s >= 1,024
+(tests/measure/test_store.py).
 Sources for the algorithms: eager attention, Vaswani et al. 2017 (arXiv 1706.03762) eq. 1;
 FlashAttention keeps O and the log-sum-exp only, Dao et al. 2022 (arXiv 2205.14135) sec. 3.1;
 FlashAttention-2's backward with an fp32 dq accumulator, Dao 2023 (arXiv 2307.08691) sec. 3.2;
@@ -21,10 +27,13 @@ memory-efficient attention, Rabe & Staats 2021 (arXiv 2112.05682), as in xFormer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from calc import dispatch
+from calc.allocator import CachingAllocator
 from calc.units import (
     MAX_BATCH,
     MAX_HEAD_DIM,
@@ -45,6 +54,7 @@ IMPLEMENTATIONS: tuple[str, ...] = (
     "sdpa_flash",
     "sdpa_cudnn",
     "triton",
+    "fa4",
 )
 
 IMPL_LABELS: dict[str, str] = {
@@ -55,6 +65,7 @@ IMPL_LABELS: dict[str, str] = {
     "sdpa_flash": "SDPA FlashAttention-2",
     "sdpa_cudnn": "SDPA cuDNN",
     "triton": "Our Triton kernel",
+    "fa4": "FlashAttention-4 (CuTe)",
 }
 
 #: Whether the extra memory grows with s^2 (stores the score matrix) or with s.
@@ -66,6 +77,7 @@ IMPL_KIND: dict[str, str] = {
     "sdpa_flash": "linear",
     "sdpa_cudnn": "linear",
     "triton": "linear",
+    "fa4": "linear",
 }
 
 #: What each formula assumes and what it cannot know.
@@ -96,12 +108,12 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     ),
     "sdpa_flash": (
         "FlashAttention-2: the forward always writes the fp32 log-sum-exp; the backward "
-        "adds the gradients and two fp32 output-sized accumulators (dq and a padded "
-        "workspace). With GQA the backward computes dk, dv per query head and then sums "
-        "each group (both alive: GQA's extra peak is above MHA's). Rounding of s to "
-        "multiples of 128 inside the kernel is not modelled, nor the split-KV workspace "
-        "that the forward takes for short sequences (measured at s=256, d=128: 10.1 MiB "
-        "against 2.0 MiB modelled; none from s=1,024 on)."
+        "adds the gradients, contiguous copies of dO and of the output (the kernel gets "
+        "transposed views) and an fp32 dq accumulator. With GQA the backward computes dk, dv per query head and then sums "
+        "each group (both alive: GQA's extra peak is above MHA's). The backward's fp32 "
+        "buffers have s rounded up to 128 (flash_api.cpp mha_bwd). Not modelled: the "
+        "split-KV workspace that the forward takes for short sequences (measured at s=256, "
+        "d=128: 10.1 MiB against 2.0 MiB modelled; none from s=1,024 on)."
     ),
     "sdpa_cudnn": (
         "cuDNN fused attention: output; in the backward the gradients, an fp32 dq "
@@ -120,9 +132,65 @@ PEAK_MODEL_NOTES: dict[str, str] = {
         "torch.use_deterministic_algorithms(True) the kernel keeps its deterministic "
         "two-kernel backward and that buffer is not allocated."
     ),
+    "fa4": (
+        "FlashAttention-4 (flash_attn/cute/interface.py, read at the August 2026 main branch; "
+        "the H200 runs 4.0.0b36): the forward writes the output, and the fp32 log-sum-exp "
+        "only when a gradient is needed; the backward adds the gradients, an fp32 dQ "
+        "accumulator and two fp32 row vectors (dpsum, lse_log2), all with s rounded up to "
+        "the backward's tile (128 rows at d <= 64; 80, or 64 if causal, at d = 128), and "
+        "with GQA fp32 dK, dV accumulators per key/value head. Hopper tiles; copies a "
+        "wrapper makes to change layouts are not modelled."
+    ),
 }
 
+#: Shared by every implementation: how the tensors are counted.
+ALLOCATOR_NOTE = (
+    "Each tensor is counted as the block PyTorch's caching allocator gives it, which is what "
+    "max_memory_allocated() reports: rounded up to 512 bytes; a tensor over 10 MiB gets a "
+    "segment rounded up to 2 MiB, and when at most 1 MiB of it would be left over the whole "
+    "segment is counted (c10/cuda/CUDACachingAllocator.cpp: round_size, get_allocation_size, "
+    "should_split). At powers of two this adds nothing; at other shapes up to 1 MiB per tensor."
+)
+
 Term = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PeakTerm:
+    """One term of the peak: tensors alive at the peak, what they hold and what the caching
+    allocator counts for them (calc.allocator: 512 B rounding, whole blocks not split)."""
+
+    label: str
+    tensor_bytes: int  # the bytes the tensors ask for
+    counted_bytes: int  # what max_memory_allocated() counts: the allocator blocks they get
+    tensors: int  # how many tensors
+
+    @property
+    def rounding_bytes(self) -> int:
+        return self.counted_bytes - self.tensor_bytes
+
+
+@dataclass(frozen=True)
+class _A:
+    """Allocate tensors (one step of an implementation's allocation sequence)."""
+
+    label: str
+    sizes: tuple[int, ...]
+    key: str = ""  # a name, to free the tensors later; "" = alive until the end of the call
+
+
+@dataclass(frozen=True)
+class _F:
+    """Free the tensors allocated under `key`."""
+
+    key: str
+
+
+Step = _A | _F
+
+
+def _a(label: str, *sizes: int, key: str = "") -> _A:
+    return _A(label, tuple(int(x) for x in sizes), key)
 
 
 @dataclass(frozen=True)
@@ -156,135 +224,356 @@ class _Shape:
     def kv_bytes(self, e=None) -> int:  # one key- or value-sized tensor (H_kv heads)
         return ceil_bytes(self.b * self.h_kv * self.s * self.d * (self.e if e is None else e))
 
+    def sxs(self, e=None) -> int:  # one B·H·s×s tensor
+        return ceil_bytes(self.n * (self.e if e is None else e))
 
-def _naive(sh: _Shape) -> list[Term]:
-    e = sh.e
-    gqa = sh.h_kv != sh.h
-    terms: list[Term] = []
-    if not sh.backward:
-        if gqa:
-            terms.append(("k, v expanded to H heads (repeat_interleave)", 2 * sh.out_bytes()))
-        terms.append(("scores Q·Kᵀ (s×s, input dtype)", ceil_bytes(sh.n * e)))
-        terms.append(("softmax probabilities (s×s, input dtype)", ceil_bytes(sh.n * e)))
-        terms.append(("output", sh.out_bytes()))
-    else:
-        # Backward peak (softmax backward): saved probabilities P, dP = dO·Vᵀ, dS and the
-        # scaled copy that feeds dQ = dS·K: four s×s tensors. Alive beside them (measured on
-        # an H200 with dO allocated before the call, data/attention_calls_h200.csv): the output
-        # (held by the caller), dV = Pᵀ·dO (already computed, H heads) and, for GQA, the
-        # expanded K that the matmul keeps for dQ (expanded V is freed once dV exists).
-        terms.append(("probabilities P kept for backward (s×s)", ceil_bytes(sh.n * e)))
-        terms.append(("dP = dO·Vᵀ (s×s)", ceil_bytes(sh.n * e)))
-        terms.append(("dS, softmax backward (s×s)", ceil_bytes(sh.n * e)))
-        terms.append(("dS scaled (s×s)", ceil_bytes(sh.n * e)))
-        terms.append(("output", sh.out_bytes()))
-        terms.append(("dV = Pᵀ·dO (H heads)", sh.out_bytes()))
-        if gqa:
-            terms.append(("k expanded to H heads, kept for dQ", sh.out_bytes()))
+    @property
+    def gqa(self) -> bool:
+        return self.h_kv != self.h
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _inputs(sh: _Shape) -> list[int]:
+    """What exists before the call (DESIGN.md): q, k, v; for forward+backward also dO."""
+    sizes = [sh.out_bytes(), sh.kv_bytes(), sh.kv_bytes()]
+    return sizes + ([sh.out_bytes()] if sh.backward else [])
+
+
+def _naive(sh: _Shape, inplace: bool = False) -> list[Step]:
+    """kernels.measure.registry._naive, step by step: (q @ kᵀ) * scale allocates the product
+    and then the scaled scores (the product is freed); masked_fill copies the scores (the old
+    ones freed), masked_fill_ does not; softmax; probs @ v."""
+    steps: list[Step] = []
+    if sh.gqa:
+        steps.append(_a("k expanded to H heads (repeat_interleave)", sh.out_bytes(), key="kx"))
+        steps.append(_a("v expanded to H heads (repeat_interleave)", sh.out_bytes(), key="vx"))
+    steps += [_a("Q·Kᵀ before the scale (s×s, freed once scaled)", sh.sxs(), key="qk"),
+              _a("scores Q·Kᵀ·scale (s×s, input dtype)", sh.sxs(), key="scores"), _F("qk")]
     if sh.causal:
-        terms.append(("causal mask (bool s×s, shared by batch and heads)", sh.s * sh.s))
-    return terms
+        steps.append(_a("causal mask (bool s×s, shared by batch and heads)", sh.s * sh.s))
+        if not inplace:
+            steps += [_a("masked scores (masked_fill's copy, s×s)", sh.sxs(), key="masked"),
+                      _F("scores")]
+    steps.append(_a("softmax probabilities (s×s, input dtype)" if not sh.backward else
+                    "probabilities P kept for backward (s×s)", sh.sxs()))
+    steps.append(_a("output", sh.out_bytes()))
+    if not sh.backward:
+        return steps
+    # The forward's scores are not saved (softmax saves its output): freed when it returns.
+    steps.append(_F("masked" if sh.causal and not inplace else "scores"))
+    # Backward peak (softmax backward): saved probabilities P, dP = dO·Vᵀ, dS and the scaled
+    # copy that feeds dQ = dS·K: four s×s tensors. Alive beside them (measured on an H200
+    # with dO allocated before the call, data/attention_calls_h200.csv): the output (held by
+    # the caller), dV = Pᵀ·dO (already computed, H heads) and, for GQA, the expanded K that
+    # the matmul keeps for dQ (expanded V is freed once dV exists).
+    steps.append(_a("dP = dO·Vᵀ (s×s)", sh.sxs()))
+    steps.append(_a("dV = Pᵀ·dO (H heads)", sh.out_bytes()))
+    if sh.gqa:
+        steps.append(_F("vx"))
+    steps.append(_a("dS, softmax backward (s×s)", sh.sxs()))
+    steps.append(_a("dS scaled (s×s)", sh.sxs()))
+    return steps
 
 
-def _math(sh: _Shape) -> list[Term]:
+def _math(sh: _Shape) -> list[Step]:
     c = 4  # the math backend computes in fp32 (16-bit inputs are upcast)
-    terms: list[Term] = []
+    if sh.backward:
+        # Measured: four fp32 s×s tensors and 14 bytes per q element beyond dO in 16-bit:
+        # fp32 q, k, v (saved for the backward) and the 16-bit output held by the caller.
+        return [_a("fp32 q, k, v saved for the backward", *[sh.out_bytes(c)] * 3),
+                _a("output", ceil_bytes(sh.rows * sh.d * 2)),
+                _a("four fp32 s×s tensors (P, dP, dS and a temporary)", *[sh.sxs(c)] * 4)]
+    steps: list[Step] = [_a("fp32 copy of q", sh.out_bytes(c))]
+    if sh.gqa:
+        # Measured (bf16, d=64, H=32, H_kv=8): +2·B·H_kv·s·d·4 bytes: k and v are cast to
+        # fp32 before enable_gqa's repeat to H heads, and those copies are still alive.
+        steps.append(_a("fp32 k, v before expansion to H heads (GQA)", *[sh.kv_bytes(c)] * 2))
+    steps.append(_a("fp32 k, v" + (" expanded to H heads" if sh.gqa else ""),
+                    *[sh.out_bytes(c)] * 2))
+    if sh.causal:
+        steps.append(_a("causal mask as fp32 additive bias (s×s)", sh.s * sh.s * 4))
+    steps += [_a("fp32 scores (s×s)", sh.sxs(c)),
+              _a("bool 'row all -inf' test of safe softmax (s×s)", sh.n),
+              # Measured on every reference row: + B·H·s + 512 bytes (a bool per row, the
+              # reduction of the test above over each row, and a scalar).
+              _a("bool per row of safe softmax (any over the row)", sh.rows),
+              _a("a scalar of safe softmax (512 B block)", 1),
+              _a("fp32 softmax (s×s)", sh.sxs(c)),
+              _a("fp32 output", sh.out_bytes(c))]
+    return steps
+
+
+def _efficient(sh: _Shape) -> list[Step]:
+    """PyTorch's memory-efficient backend (aten/src/ATen/native/transformers/cuda/
+    attention.cu, attention_backward.cu): the output in (B, s, H, d); with grad the forward
+    also writes the log-sum-exp, padded to a multiple of 32 rows (kAlignLSE); the backward
+    makes the gradients, the row sums of dO·O, an fp32 dQ accumulator and (measured) a
+    contiguous copy of dO. torch 2.11 has no enable_gqa path here: GQA runs on k, v
+    expanded to H heads (repeat_interleave), so the kernel sees H heads everywhere."""
+    steps: list[Step] = []
+    if sh.gqa:
+        steps.append(_a("k, v expanded to H heads (no enable_gqa path in this backend)",
+                        sh.out_bytes(), sh.out_bytes()))
+    steps.append(_a("output" if not sh.backward else "output (saved for backward)",
+                    sh.out_bytes()))
     if not sh.backward:
-        terms.append(("fp32 scores (s×s)", sh.n * c))
-        terms.append(("fp32 softmax (s×s)", sh.n * c))
-        terms.append(("bool 'row all -inf' test of safe softmax (s×s)", sh.n))
-        terms.append(("fp32 copies of q, k, v and the fp32 output", 4 * sh.out_bytes(c)))
-        if sh.h_kv != sh.h:
-            # Measured (bf16, d=64, H=32, H_kv=8): +2·B·H_kv·s·d·4 bytes: k and v are cast to
-            # fp32 before enable_gqa's repeat to H heads, and those copies are still alive.
-            terms.append(("fp32 k, v before expansion to H heads (GQA)", 2 * sh.kv_bytes(c)))
-        if sh.causal:
-            terms.append(("causal mask as fp32 additive bias (s×s)", sh.s * sh.s * 4))
-    else:
-        terms.append(("four fp32 s×s tensors (P, dP, dS and a temporary)", 4 * sh.n * c))
-        # Measured: 14 bytes per q element beyond dO in 16-bit (fp32 q, k, v, output,
-        # gradients cast back): expressed as 3.5 fp32 output-sized tensors.
-        terms.append(("fp32 q, k, v, output and gradients", ceil_bytes(sh.rows * sh.d * 14)))
-    return terms
+        return steps
+    steps.append(_a("log-sum-exp (fp32, rows padded to 32)",
+                    sh.b * sh.h * _round_up(sh.s, 32) * 4))
+    # Measured: +B·H·s·d·e at every s (900.1 vs 772 MiB at s=16384, fp16, d=128): the
+    # backward copies dO into the kernel's (B, s, H, d) layout.
+    steps.append(_a("dO copied to the kernel's layout", sh.out_bytes()))
+    kvb = sh.out_bytes() if sh.gqa else sh.kv_bytes()
+    steps.append(_a("dq", sh.out_bytes()))
+    steps.append(_a("dk, dv" + (" of the expanded k, v (H heads)" if sh.gqa else ""), kvb, kvb))
+    steps.append(_a("row sums of dO·O (fp32, one per row)", sh.rows * 4))
+    # One fp32 workspace: the dQ accumulator and, measured on every reference row, 16 more
+    # bytes per block of query rows (64 rows at d <= 64, else 128) and (batch, head).
+    bi = 64 if sh.d <= 64 else 128
+    nblk = -(-sh.s // bi)
+    steps.append(_a(f"fp32 workspace: dq accumulator + 16 B per {bi}-row block",
+                    sh.b * sh.h * (sh.s * sh.d + 4 * nblk) * 4))
+    return steps
 
 
-def _fused_backward_terms(sh: _Shape) -> list[Term]:
-    return [
-        ("output (saved for backward)", sh.out_bytes()),
-        ("dq", sh.out_bytes()),
-        ("dk, dv", 2 * sh.kv_bytes()),
-        ("log-sum-exp (fp32, one per row)", sh.rows * 4),
-        ("row sums of dO·O (fp32, one per row)", sh.rows * 4),
+def _cudnn(sh: _Shape) -> list[Step]:
+    """cuDNN fused attention (aten/src/ATen/native/cudnn/MHA.cpp): the output; with grad the
+    forward keeps the fp32 softmax statistics (one per row); the backward the gradients and
+    cuDNN's workspace (an fp32 dQ accumulator and the row sums of dO·O); with GQA dk, dv per
+    query head before the group sum (measured)."""
+    tiny = _a("three tiny CUDA tensors (measured: 3 blocks of 512 B on every reference row)",
+              1, 1, 1)
+    if not sh.backward:
+        return [_a("output", sh.out_bytes()), tiny]
+    steps: list[Step] = [
+        _a("output (saved for backward)", sh.out_bytes()),
+        _a("log-sum-exp (fp32, one per row)", sh.rows * 4),
+        tiny,
+        _a("dq", sh.out_bytes()),
+        _a("dk, dv", sh.kv_bytes(), sh.kv_bytes()),
     ]
+    if sh.gqa:
+        steps.append(_a("dk, dv per query head before the sum over each group (GQA)",
+                        sh.out_bytes(), sh.out_bytes()))
+    steps.append(_a("row sums of dO·O (fp32, one per row)", sh.rows * 4))
+    steps.append(_a("fp32 dq accumulator", sh.out_bytes(4)))
+    return steps
 
 
-def _gqa_expanded_grads(sh: _Shape) -> list[Term]:
-    """FlashAttention-2 and cuDNN with enable_gqa compute dk, dv per query head (H heads),
-    then sum each group into H_kv heads: both copies are alive at the peak (measured)."""
-    if sh.h_kv == sh.h:
-        return []
-    return [("dk, dv per query head before the sum over each group (GQA)", 2 * sh.out_bytes())]
+#: Streaming multiprocessors of an H100/H200 SXM (cudaDeviceProp.multiProcessorCount), which
+#: FlashAttention-2's split-KV heuristic reads.
+FA2_NUM_SMS = 132
 
 
-def _efficient(sh: _Shape) -> list[Term]:
-    gqa = sh.h_kv != sh.h
-    # torch 2.11's memory-efficient backend has no enable_gqa path: GQA runs on k, v expanded
-    # to H heads (repeat_interleave), so the kernel sees H heads everywhere.
-    expanded = [("k, v expanded to H heads (no enable_gqa path in this backend)",
-                 2 * sh.out_bytes())] if gqa else []
-    if not sh.backward:
-        return expanded + [("output", sh.out_bytes())]
-    terms = _fused_backward_terms(sh)
-    if gqa:
-        terms = [t if t[0] != "dk, dv" else ("dk, dv of the expanded k, v (H heads)",
-                                             2 * sh.out_bytes()) for t in terms]
-    return expanded + terms + [
-        ("fp32 dq accumulator", sh.out_bytes(4)),
-        # Measured: +B·H·s·d·e at every s (900.1 vs 772 MiB at s=16384, fp16, d=128): the
-        # backward copies dO into the kernel's (B, s, H, d) layout.
-        ("dO copied to the kernel's layout", sh.out_bytes()),
+def fa2_num_splits(b: int, h: int, s_q: int, s_k: int, d: int, num_sms: int = FA2_NUM_SMS) -> int:
+    """How many key/value splits FlashAttention-2's forward takes (flash_api.cpp
+    set_params_splitkv, num_splits_heuristic): splits only when B·H·⌈s_q/64⌉ < 0.8 × 2 ×
+    SMs; then the smallest eligible split count within 85% of the best wave efficiency."""
+    block_n = 256 if d <= 64 else (128 if d <= 128 else 64)
+    n_blocks = -(-s_k // block_n)
+    bnm = b * h * -(-s_q // 64)
+    sms = 2 * num_sms
+    if bnm >= 0.8 * sms:
+        return 1
+    max_splits = min(128, sms, n_blocks)
+
+    def eligible(n: int) -> bool:
+        return n == 1 or -(-n_blocks // n) != -(-n_blocks // (n - 1))
+
+    eff = []
+    for n in range(1, max_splits + 1):
+        if not eligible(n):
+            eff.append(0.0)
+            continue
+        waves = bnm * n / sms
+        eff.append(waves / math.ceil(waves))
+    best = max(eff) if eff else 0.0
+    for n in range(1, max_splits + 1):
+        if eligible(n) and eff[n - 1] >= 0.85 * best:
+            return n
+    return 1
+
+
+def _flash(sh: _Shape) -> list[Step]:
+    """FlashAttention-2 as PyTorch ships it (aten/src/ATen/native/transformers/cuda/
+    flash_attn/flash_api.cpp mha_fwd, mha_bwd; attention_backward.cu
+    _flash_attention_backward): the forward makes out, softmax_lse (B, H, s) fp32 and two
+    tiny CUDA tensors (rng_state, _unused: one 512 B block each); the backward makes
+    contiguous copies of dO and of out (both are transposed views), dq, dk, dv,
+    softmax_d (B, H, s rounded up to 128) fp32, dq_accum (B, s rounded up to 128, H, d
+    rounded up to 32) fp32 and, with GQA, dk_expanded, dv_expanded (B, s, H, d) before the
+    group sum."""
+    steps: list[Step] = [
+        _a("output" if not sh.backward else "output (saved for backward)", sh.out_bytes()),
+        _a("log-sum-exp (fp32, one per row)", sh.rows * 4),
     ]
-
-
-def _cudnn(sh: _Shape) -> list[Term]:
+    splits = fa2_num_splits(sh.b, sh.h, sh.s, sh.s, sh.d)
+    if splits > 1:
+        d32 = _round_up(sh.d, 32)
+        steps.append(_a(f"split-KV partial log-sum-exp and output ({splits} splits, fp32; "
+                        "freed after the forward)", splits * sh.rows * 4,
+                        splits * sh.rows * d32 * 4, key="splitkv"))
+    steps.append(_a("rng_state and _unused (tiny CUDA tensors)", 16, 8))
+    if splits > 1:
+        steps.append(_F("splitkv"))
     if not sh.backward:
-        return [("output", sh.out_bytes())]
-    return (_fused_backward_terms(sh) + [("fp32 dq accumulator", sh.out_bytes(4))]
-            + _gqa_expanded_grads(sh))
+        return steps
+    s128, d32 = _round_up(sh.s, 128), _round_up(sh.d, 32)
+    steps += [
+        _a("contiguous copies of dO and of the output (transposed views)",
+           sh.out_bytes(), sh.out_bytes()),
+        _a("dq", sh.out_bytes()),
+        _a("dk, dv", sh.kv_bytes(), sh.kv_bytes()),
+        _a("softmax_d: row sums of dO·O (fp32, s rounded up to 128)", sh.b * sh.h * s128 * 4),
+        _a("dq_accum (fp32, s rounded up to 128, d to 32)", sh.b * s128 * sh.h * d32 * 4),
+    ]
+    if sh.gqa:
+        steps.append(_a("dk, dv per query head before the sum over each group (GQA)",
+                        sh.out_bytes(), sh.out_bytes()))
+    return steps
 
 
-def _flash(sh: _Shape) -> list[Term]:
+def _triton(sh: _Shape) -> list[Step]:
+    """Our kernel (kernels/flash/fwd.py attention_forward, bwd.py attention_backward), in its
+    allocation order: o, lse2; delta, dk, dv, the split's partial dk, dv, the fp32 dQ buffer
+    (or dq), and dq cast from the buffer."""
+    steps: list[Step] = [
+        _a("output" if not sh.backward else "output (saved for backward)", sh.out_bytes()),
+        _a("log-sum-exp (fp32, one per row)", sh.rows * 4),
+    ]
     if not sh.backward:
-        return [("output", sh.out_bytes()), ("log-sum-exp (fp32, one per row)", sh.rows * 4)]
-    return _fused_backward_terms(sh) + [
-        ("fp32 dq accumulator", sh.out_bytes(4)),
-        ("fp32 output-sized workspace", sh.out_bytes(4)),
-    ] + _gqa_expanded_grads(sh)
-
-
-def _triton(sh: _Shape) -> list[Term]:
-    if not sh.backward:
-        return [("output", sh.out_bytes()), ("log-sum-exp (fp32, one per row)", sh.rows * 4)]
-    terms = _fused_backward_terms(sh)
-    if dispatch.atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, dtype_bytes(sh.dtype)):
-        terms.append(("fp32 dq buffer of the atomic-dQ backward (s > 2,048, d = 64 or 128, "
-                      "B·H_kv·S·⌈s/d⌉ ≥ 2,048)", sh.out_bytes(4)))
+        return steps
+    steps += [_a("row sums of dO·O (fp32, one per row)", sh.rows * 4),
+              _a("dk, dv", sh.kv_bytes(), sh.kv_bytes())]
     split = dispatch.kv_split(sh.b, sh.h, sh.h_kv, sh.s)
     if split > 1:
-        terms.append((f"partial dk, dv of the GQA group split over {split} programs "
-                      "(B·H_kv·⌈s/128⌉ < 1,024)", 2 * split * sh.kv_bytes()))
-    return terms
+        steps.append(_a(f"partial dk, dv of the GQA group split over {split} programs "
+                        "(B·H_kv·⌈s/128⌉ < 1,024)", split * sh.kv_bytes(), split * sh.kv_bytes()))
+    if dispatch.atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, dtype_bytes(sh.dtype)):
+        steps.append(_a("fp32 dq buffer of the atomic-dQ backward (s > 2,048, d = 64 or 128, "
+                        "B·H_kv·S·⌈s/d⌉ ≥ 2,048)", sh.out_bytes(4)))
+    steps.append(_a("dq", sh.out_bytes()))
+    return steps
 
 
-_MODELS: dict[str, Callable[[_Shape], list[Term]]] = {
+def fa4_tiles_sm90(head_dim: int, causal: bool) -> tuple[int, int]:
+    """FlashAttention-4's backward tile (m_block_size, n_block_size) on Hopper:
+    flash_attn/cute/interface.py `_tile_size_bwd_sm90` (non-local attention)."""
+    if head_dim <= 64:
+        return 128, 128
+    if head_dim <= 96:
+        return 64, 128
+    if head_dim <= 128:
+        return (64 if causal else 80), 128
+    if head_dim <= 192:
+        return 64, 96
+    return 64, 64
+
+
+def _fa4(sh: _Shape) -> list[Step]:
+    """FlashAttention-4 (flash_attn/cute/interface.py, `_flash_attn_fwd`, `_flash_attn_bwd`,
+    on sm90): the forward makes out (B, s, H, d) and, only when a gradient is needed, lse
+    (B, H, s) fp32; the backward makes dq, dk, dv (empty_like), dq_accum (B, H, s_q rounded
+    up to m_block_size times d rounded up to 32) fp32, dpsum and lse_log2 (B, H, s_q
+    rounded) fp32 and, with GQA, dk_accum, dv_accum (B, H_kv, s_k rounded up to
+    n_block_size times d rounded up to 32) fp32 (zeros)."""
+    if not sh.backward:
+        return [_a("output", sh.out_bytes())]
+    m_blk, n_blk = fa4_tiles_sm90(sh.d, sh.causal)
+    sq, sk, d32 = _round_up(sh.s, m_blk), _round_up(sh.s, n_blk), _round_up(sh.d, 32)
+    steps: list[Step] = [
+        _a("output (saved for backward)", sh.out_bytes()),
+        _a("log-sum-exp (fp32, one per row)", sh.rows * 4),
+        _a("dq", sh.out_bytes()),
+        _a("dk, dv", sh.kv_bytes(), sh.kv_bytes()),
+        _a(f"dq_accum (fp32, s rounded up to {m_blk}, d to 32)", sh.b * sh.h * sq * d32 * 4),
+        _a(f"dpsum and lse_log2 (fp32, s rounded up to {m_blk})",
+           sh.b * sh.h * sq * 4, sh.b * sh.h * sq * 4),
+    ]
+    if sh.gqa:
+        steps.append(_a(f"dk_accum, dv_accum of the GQA groups (fp32, s rounded up to {n_blk})",
+                        sh.b * sh.h_kv * sk * d32 * 4, sh.b * sh.h_kv * sk * d32 * 4))
+    return steps
+
+
+_MODELS: dict[str, Callable[[_Shape], list[Step]]] = {
     "naive": _naive,
-    "naive_inplace": _naive,
+    "naive_inplace": lambda sh: _naive(sh, inplace=True),
     "sdpa_math": _math,
     "sdpa_efficient": _efficient,
     "sdpa_flash": _flash,
     "sdpa_cudnn": _cudnn,
     "triton": _triton,
+    "fa4": _fa4,
 }
+
+#: Implementations whose allocation sequence calc knows step by step, temporaries included,
+#: so that memory_reserved() is predictable too (impl -> (forward, forward+backward)); the
+#: others make temporaries that the model does not list, and their reservation depends on
+#: how the allocator re-cuts them: the math backend, the eager backward, cuDNN's backward
+#: (measured: one more 2 MiB small segment from s = 2,048 on, a 20 MiB one below) and the
+#: memory-efficient backward with GQA (measured 20 MiB below the replay at s = 1,024).
+RESERVED_PREDICTED: dict[str, tuple[bool, bool]] = {
+    "naive": (True, False),
+    "naive_inplace": (True, False),
+    "sdpa_math": (False, False),
+    "sdpa_efficient": (True, True),
+    "sdpa_flash": (True, True),
+    "sdpa_cudnn": (True, False),
+    "triton": (True, True),
+    "fa4": (True, True),
+}
+
+
+def reserved_predicted(impl: str, backward: bool, gqa: bool = False) -> bool:
+    """Whether attention_reserved_bytes predicts this call (RESERVED_PREDICTED)."""
+    if impl == "sdpa_efficient" and backward and gqa:
+        return False
+    return RESERVED_PREDICTED[impl][1 if backward else 0]
+
+
+@dataclass(frozen=True)
+class _Replay:
+    terms: tuple[PeakTerm, ...]
+    peak: int
+    reserved: int
+
+
+@lru_cache(maxsize=4096)
+def _replay(impl: str, sh: _Shape, expandable: bool) -> _Replay:
+    """Run the call's allocation sequence through calc.allocator under DESIGN.md's
+    procedure: inputs allocated, cache emptied, peaks reset, then the call. The peak terms
+    are the tensors alive when "allocated" is highest."""
+    steps = _MODELS[impl](sh)
+    a = CachingAllocator(expandable)
+    for n in _inputs(sh):
+        a.malloc(n)
+    a.empty_cache()
+    a.reset_peak()
+    before, reserved_before = a.allocated, a.reserved
+    live: dict[int, tuple[str, int, list[tuple[int, int]]]] = {}  # step index -> tensors
+    keys: dict[str, int] = {}
+    best: tuple[PeakTerm, ...] = ()
+    best_bytes = -1
+    for i, step in enumerate(steps):
+        if isinstance(step, _F):
+            j = keys.pop(step.key)
+            for h, _ in live.pop(j)[2]:
+                a.free(h)
+            continue
+        handles = [(a.malloc(n), n) for n in step.sizes if n > 0]
+        live[i] = (step.label, i, handles)
+        if step.key:
+            keys[step.key] = i
+        if a.allocated - before > best_bytes:
+            best_bytes = a.allocated - before
+            best = tuple(PeakTerm(label, sum(n for _, n in hs),
+                                  sum(a.block_size(h) for h, _ in hs), len(hs))
+                         for label, _, hs in live.values())
+    return _Replay(best, max(best_bytes, 0), a.peak_reserved - reserved_before)
 
 
 def check_impl(impl: str) -> str:
@@ -309,6 +598,32 @@ def _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads) -
     return _Shape(b, h, h_kv, s, d, dtype_name(dtype), causal, backward)
 
 
+def _check_expandable(expandable: object) -> bool:
+    check_bool("expandable", expandable)
+    return bool(expandable)
+
+
+def attention_peak_breakdown(
+    impl: str,
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    dtype: str,
+    causal: bool = False,
+    backward: bool = False,
+    kv_heads: int | None = None,
+    *,
+    expandable: bool = False,
+) -> list[PeakTerm]:
+    """The tensors alive at the peak of one call, grouped as terms, each with its tensor
+    bytes and the bytes the caching allocator counts for it (calc.allocator); the counted
+    bytes sum to attention_peak_bytes. `expandable`: PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True (blocks always split: only the 512 B rounding remains)."""
+    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    return list(_replay(check_impl(impl), sh, _check_expandable(expandable)).terms)
+
+
 def attention_peak_terms(
     impl: str,
     batch: int,
@@ -319,10 +634,20 @@ def attention_peak_terms(
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
+    *,
+    expandable: bool = False,
 ) -> list[tuple[str, int]]:
-    """The terms (label, bytes) whose sum is attention_peak_bytes, for tables and tooltips."""
-    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
-    return _MODELS[check_impl(impl)](sh)
+    """The terms (label, bytes) whose sum is attention_peak_bytes, for tables and tooltips.
+    Bytes are what the allocator counts; a label says when that is more than the tensors
+    hold ("+N B allocator rounding")."""
+    out = []
+    for t in attention_peak_breakdown(impl, batch, heads, seq_len, head_dim, dtype, causal,
+                                      backward, kv_heads, expandable=expandable):
+        label = t.label
+        if t.rounding_bytes:
+            label += f" (+{t.rounding_bytes:,} B allocator rounding)"
+        out.append((label, t.counted_bytes))
+    return out
 
 
 def attention_peak_bytes(
@@ -335,10 +660,16 @@ def attention_peak_bytes(
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
+    *,
+    expandable: bool = False,
 ) -> int:
-    """Predicted extra peak bytes of one attention call of `impl` (see the module docstring).
+    """Predicted extra peak bytes of one attention call of `impl`, as
+    torch.cuda.max_memory_allocated() counts them (see the module docstring).
 
-    Per implementation (N = B·H·s², O = B·H·s·d·e, LSE = B·H·s·4, mask = s² bytes):
+    The tensors, per implementation (N = B·H·s², O = B·H·s·d·e, LSE = B·H·s·4, mask = s²
+    bytes), each then counted as the caching allocator's block (calc.allocator: rounded up
+    to 512 B; a block of a 2 MiB-rounded segment that would leave at most 1 MiB is counted
+    whole; c10/cuda/CUDACachingAllocator.cpp round_size, get_allocation_size, should_split):
     - naive, naive_inplace: forward 2·N·e + O (+ mask if causal), GQA + 2·O for the
       expanded k and v; forward+backward 4·N·e + 2·O (output and dV) (+ mask), GQA + O
       (expanded k kept for dQ).
@@ -346,19 +677,59 @@ def attention_peak_bytes(
       k, v at H_kv heads); forward+backward 16·N + 14·B·H·s·d.
     - sdpa_cudnn: forward O; forward+backward O + dq + dk + dv + 2·LSE + fp32 dq
       (B·H·s·d·4), GQA + 2·O (dk, dv per query head).
-    - sdpa_efficient: as cudnn plus a copy of dO (O) in the backward; GQA runs on expanded
-      k, v: + 2·O in both directions, and its dk, dv have H heads.
-    - sdpa_flash: forward O + LSE; forward+backward as cudnn plus one more fp32
-      output-sized workspace.
+    - sdpa_efficient: as cudnn plus a copy of dO (O) in the backward, its LSE rows padded
+      to 32; GQA runs on expanded k, v: + 2·O in both directions, and its dk, dv have H heads.
+    - sdpa_flash: forward O + LSE (+ two 512 B blocks); forward+backward O + LSE + copies
+      of dO and O (2·O) + dq + dk + dv + fp32 softmax_d and dq_accum with s rounded up to
+      128 (flash_api.cpp mha_bwd), GQA + 2·O.
     - triton (ours): forward O + LSE; forward+backward O + dq + dk + dv + 2·LSE, + fp32 dq
       (B·H·s·d·4) for 16-bit inputs at d = 64 or 128 with s > 2,048 and B·H_kv·S·⌈s/d⌉ ≥
-      2,048, where its backward adds dQ with atomics (kernels/flash_attn_bwd.py), + partial
+      2,048, where its backward adds dQ with atomics (kernels/flash/bwd.py), + partial
       dk, dv 2·S·B·H_kv·s·d·e where GQA splits each group over S > 1 programs
       (`calc.dispatch.kv_split`).
+    - fa4 (FlashAttention-4, sm90): forward O; forward+backward O + LSE + dq + dk + dv +
+      fp32 dq_accum, dpsum, lse_log2 with s rounded up to the backward's m_block_size
+      (`fa4_tiles_sm90`), GQA + fp32 dk_accum, dv_accum (s rounded up to n_block_size).
+    `expandable=True` predicts PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     Returns whole bytes.
     """
-    return sum(b for _, b in attention_peak_terms(
-        impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads))
+    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    return _replay(check_impl(impl), sh, _check_expandable(expandable)).peak
+
+
+def attention_reserved_bytes(
+    impl: str,
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    dtype: str,
+    causal: bool = False,
+    backward: bool = False,
+    kv_heads: int | None = None,
+    *,
+    expandable: bool = False,
+) -> int | None:
+    """Predicted growth of torch.cuda.memory_reserved() during one call (the harness's
+    reserved_extra_bytes: max_memory_reserved() during the call minus memory_reserved()
+    before it): the segments cudaMalloc'ed for the call's tensors, temporaries included
+    (calc.allocator: get_allocation_size; freed blocks are cached, not returned, so the
+    reservation only grows during a call). Deterministic under DESIGN.md's procedure because
+    the cache is emptied before the call: only the segments holding live inputs remain
+    (their free tails can serve the call). None where calc does not know every temporary
+    (`reserved_predicted`: the math backend, the eager backward, cuDNN's backward, the
+    memory-efficient backward with GQA). Assumes no cudaMalloc fails
+    (near out of memory the allocator frees cached blocks and retries). With
+    `expandable=True` the reservation grows in 20 MiB pages (2 MiB for requests of at most
+    1 MiB) of one segment, assumed to hold only the inputs before the call: an
+    approximation, since other live blocks (cuBLAS workspaces) share that segment.
+    nvidia-smi shows this plus the CUDA context and any memory outside PyTorch's allocator.
+    """
+    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    impl = check_impl(impl)
+    ok = reserved_predicted(impl, sh.backward, sh.gqa)
+    expandable = _check_expandable(expandable)
+    return _replay(impl, sh, expandable).reserved if ok else None
 
 
 def attention_flops(

@@ -244,6 +244,18 @@ def check_terms(result: Any, kw: dict[str, Any], call: str) -> None:
         check_nonneg_int(n, kw, f"{call} term {label!r}")
 
 
+def check_peak_breakdown(result: Any, kw: dict[str, Any], call: str) -> None:
+    assert isinstance(result, list) and result, f"{call} returned {result!r}"
+    assert sum(t.counted_bytes for t in result) == calc.attention_peak_bytes(**kw), call
+    for t in result:
+        assert t.counted_bytes >= t.tensor_bytes >= 0, f"{call}: {t}"
+
+
+def check_reserved(result: Any, kw: dict[str, Any], call: str) -> None:
+    if result is not None:
+        check_nonneg_int(result, kw, call)
+
+
 def check_flops(result: Any, kw: dict[str, Any], call: str) -> None:
     b, h, s, d = (as_int(kw[k]) for k in ("batch", "heads", "seq_len", "head_dim"))
     fwd = Fraction(4 * b * h * s * s * d) / (2 if kw["causal"] else 1)
@@ -409,6 +421,14 @@ ENTRIES: list[Entry] = [
           [IMPL, BATCH, HEADS, SEQ, HEAD_DIM, DTYPE, CAUSAL, BACKWARD, KV_HEADS], check_terms,
           examples=[dict(impl=["naive"], batch=1, heads=32, seq_len=4096, head_dim=128,
                          dtype="fp16", causal=False, backward=False, kv_heads=None)]),
+    Entry("attention_peak_breakdown", calc.attention_peak_breakdown,
+          [IMPL, BATCH, HEADS, SEQ, HEAD_DIM, DTYPE, CAUSAL, BACKWARD, KV_HEADS], check_peak_breakdown,
+          examples=[dict(impl="sdpa_flash", batch=2, heads=16, seq_len=3000, head_dim=64,
+                         dtype="bf16", causal=False, backward=False, kv_heads=None)]),
+    Entry("attention_reserved_bytes", calc.attention_reserved_bytes,
+          [IMPL, BATCH, HEADS, SEQ, HEAD_DIM, DTYPE, CAUSAL, BACKWARD, KV_HEADS], check_reserved,
+          examples=[dict(impl="sdpa_flash", batch=2, heads=16, seq_len=3000, head_dim=64,
+                         dtype="bf16", causal=False, backward=True, kv_heads=None)]),
     Entry("attention_flops", calc.attention_flops,
           [BATCH, HEADS, SEQ, HEAD_DIM, CAUSAL, BACKWARD], check_flops,
           examples=[dict(batch=1, heads=32, seq_len=4096, head_dim=128, causal="false",

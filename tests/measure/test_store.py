@@ -247,20 +247,59 @@ def test_bundled_reference_is_valid():
     assert {r["gpu_name"] for r in rows if r["status"] == "ok"} == {"NVIDIA H200"}
 
 
-def test_model_within_2_percent_of_every_reference_point_from_1024():
-    """The bar of issue 5: calc.attention_peak_bytes within 2% of every measured peak at
-    s >= 1,024 in the bundled H200 dataset (computed now, not the stored prediction)."""
+#: The reference measurements the model is held to: the bundled powers-of-two sweep and, when
+#: it is there, the awkward-shape sweep of issue 16 (kernels.measure.awkward_sweep).
+REFERENCE_FILES = ("attention_calls_h200.csv", "attention_calls_awkward_h200.csv")
+EXPANDABLE_FILE = "attention_calls_awkward_expandable_h200.csv"
+
+
+def _reference_errors(names, expandable=False):
+    """(rows with s >= 1,024, rows below) of every present file, with the model's error now."""
     import pandas as pd
 
-    from kernels.measure.store import attach_predictions
+    from calc import attention_peak_bytes
 
-    path = REPO / "data" / "attention_calls_h200.csv"
-    if not path.exists():
-        pytest.skip("data/attention_calls_h200.csv not bundled yet")
-    df = attach_predictions(pd.DataFrame(read_csv_rows(path), columns=list(COLUMNS)))
-    ok = df[(df["status"] == "ok") & (df["seq_len"] >= 1024)]
-    assert len(ok) > 100
-    worst = ok.loc[ok["model_error"].abs().idxmax()]
-    assert ok["model_error"].abs().max() <= 0.02, worst.to_dict()
-    assert set(ok["impl"]) == {"naive", "naive_inplace", "sdpa_math", "sdpa_efficient",
-                               "sdpa_flash", "sdpa_cudnn", "triton"}
+    frames = []
+    for name in names:
+        path = REPO / "data" / name
+        if path.exists():
+            frames.append(pd.DataFrame(read_csv_rows(path), columns=list(COLUMNS)))
+    if not frames:
+        pytest.skip(f"none of {', '.join(names)} bundled")
+    df = pd.concat(frames, ignore_index=True)
+    df = df[(df["status"] == "ok") & (df["peak_extra_bytes"].fillna(0) > 0)].copy()
+    df["model_bytes"] = [
+        attention_peak_bytes(r.impl, int(r.batch), int(r.heads), int(r.seq_len),
+                             int(r.head_dim), r.dtype, bool(r.causal), bool(r.backward),
+                             kv_heads=int(r.kv_heads), expandable=expandable)
+        for r in df.itertuples()]
+    df["model_error"] = (df["model_bytes"] - df["peak_extra_bytes"]) / df["peak_extra_bytes"]
+    return df[df["seq_len"] >= 1024], df[df["seq_len"] < 1024]
+
+
+def test_model_within_half_a_percent_of_every_reference_point_from_1024(record_property):
+    """Issue 16: calc.attention_peak_bytes (tensors counted as the caching allocator's blocks)
+    within 0.5% of every measured peak at s >= 1,024 in the bundled H200 references, every
+    implementation, forward and forward+backward (computed now, not the stored prediction);
+    the worst error below s = 1,024 is reported (record_property, -rP), not bounded."""
+    big, small = _reference_errors(REFERENCE_FILES)
+    assert len(big) > 100
+    worst = big.loc[big["model_error"].abs().idxmax()]
+    assert big["model_error"].abs().max() <= 0.005, worst.to_dict()
+    assert set(big["impl"]) >= {"naive", "naive_inplace", "sdpa_math", "sdpa_efficient",
+                                "sdpa_flash", "sdpa_cudnn", "triton"}
+    if len(small):
+        low = small.loc[small["model_error"].abs().idxmax()]
+        record_property("worst_error_below_1024", float(low["model_error"]))
+        print(f"worst error below s = 1,024: {100 * low['model_error']:+.2f}% "
+              f"({low['impl']} s={low['seq_len']} B={low['batch']} H={low['heads']})")
+
+
+def test_model_within_half_a_percent_with_expandable_segments():
+    """The expandable_segments:True subset (kernels.measure.awkward_sweep --expandable),
+    predicted with attention_peak_bytes(..., expandable=True)."""
+    big, _ = _reference_errors((EXPANDABLE_FILE,), expandable=True)
+    if big.empty:
+        pytest.skip("no rows at s >= 1,024")
+    worst = big.loc[big["model_error"].abs().idxmax()]
+    assert big["model_error"].abs().max() <= 0.005, worst.to_dict()
