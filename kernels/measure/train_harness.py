@@ -374,16 +374,17 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
         impl = _attn_implementation(cfg.attention)
         gc.collect()
         device.empty_cache()
+        # Only ``state`` holds the model, optimizer and inputs (no local names), so that
+        # clearing it frees them, also after an OOM.
         with torch.device(dev):
-            model = train_models_from_config(hf, param_dtype, impl)
-        if next(model.parameters()).device.type != dev:
-            model.to(dev)
-        state["model"] = model
-        model.train()
+            state["model"] = train_models_from_config(hf, param_dtype, impl)
+        if next(state["model"].parameters()).device.type != dev:
+            state["model"].to(dev)
+        state["model"].train()
         if cfg.checkpointing:
-            _enable_checkpointing(model)
-        params = sum(p.numel() for p in model.parameters())
-        state["opt"] = torch.optim.AdamW(model.parameters(), lr=1e-5)
+            _enable_checkpointing(state["model"])
+        params = sum(p.numel() for p in state["model"].parameters())
+        state["opt"] = torch.optim.AdamW(state["model"].parameters(), lr=1e-5)
         state["ids"] = torch.randint(0, shape["vocab"], (cfg.batch, cfg.seq_len), device=dev)
         s = state
 
@@ -768,7 +769,8 @@ def reference_plan() -> list[TrainConfig]:
     budget cuts the least important rows.
 
     1. llama3-8b-2l (GQA, 128k vocab, untied): eager, sdpa_flash, sdpa_cudnn, triton x bf16,
-       amp_bf16 x checkpointing off/on x s = 1,000 ... 32,768.
+       amp_bf16 x checkpointing off/on x s = 1,000 ... 32,768; FlashAttention-4 in bf16 at
+       1,000, 8,192, 32,768 (unavailable rows where it is not installed).
     2. llama3-8b-4l, the same model with 4 layers, bf16 and amp_bf16, checkpointing off/on, at
        1,000, 3,000, 8,192 (per-layer cost = 4l - 2l; linear in L).
     3. Every other architecture (MHA: llama2-7b, phi3-mini; tied: llama3.2-1b, qwen3-4b,
@@ -783,6 +785,7 @@ def reference_plan() -> list[TrainConfig]:
     plan: list[TrainConfig] = []
     main4 = ("sdpa_flash", "triton", "sdpa_cudnn", "eager")
     plan += expand(["llama3-8b-2l"], REF_LENGTHS, main4, ["bf16", "amp_bf16"], [False, True])
+    plan += expand(["llama3-8b-2l"], (1000, 8192, 32768), ("fa4",), ["bf16"], [False, True])
     plan += expand(["llama3-8b-4l"], (1000, 3000, 8192), ("sdpa_flash", "triton", "eager"),
                    ["bf16", "amp_bf16"], [False, True])
     others = ("llama2-7b-2l", "qwen2.5-7b-2l", "qwen3-4b-2l", "llama3.2-1b-2l", "mistral-7b-2l",
