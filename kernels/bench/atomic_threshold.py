@@ -1,16 +1,16 @@
 """Time the two backwards (atomic-dQ and two-kernel) over grids of different sizes, to set
-`flash_attn_bwd.ATOMIC_MIN_PROGRAMS` from measurements rather than two samples.
+`calc.dispatch`'s atomic-dQ program threshold from measurements rather than two samples.
 
     python -m kernels.bench.atomic_threshold --out atomic_threshold.csv
     python -m kernels.bench.atomic_threshold --dims 128 --seqs 4096 --kv-heads 4 8 --batches 1 2
 
 For every (d, s, causal, B, H, H_kv) both backwards run on the same inputs with their default
-tiles (config {"BWD_ATOMIC_DQ": True} and False); each is timed as the median of
+tiles (``KernelConfig(atomic_dq=True)`` and False); each is timed as the median of
 `triton.testing.do_bench` (L2 cleared before each call), both in this one process, one after
 the other per shape. The dK/dV grid of the atomic backward is B * H_kv * ceil(s / BLOCK_N)
 programs (`atomic_tiles`), the figure the default rule compares with its threshold. Prints one
 line per shape and the ratio two-kernel / atomic (> 1: atomic faster); with GQA also both
-backwards with the group split over `kv_split` programs per key block (config BWD_KV_SPLIT;
+backwards with the group split over `kv_split` programs per key block (``KernelConfig.kv_split``;
 the columns without it use a split of 1).
 """
 
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from triton.testing import do_bench
 
     from kernels.flash.bwd import atomic_tiles, attention_backward, kv_split
+    from kernels.flash.config import KernelConfig
     from kernels.flash.fwd import attention_forward
 
     if not torch.cuda.is_available():
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                             for sp in sorted({1, split}):
                                 call = functools.partial(
                                     attention_backward, do, q, k, v, o, lse, bool(causal), scale,
-                                    {"BWD_ATOMIC_DQ": atomic, "BWD_KV_SPLIT": sp})
+                                    KernelConfig(atomic_dq=atomic, kv_split=sp))
                                 call()
                                 t[atomic, sp] = do_bench(call, warmup=25, rep=100) * 1e3
                         progs = B * hk * math.ceil(s / atomic_tiles(d)["BLOCK_N"])

@@ -45,7 +45,7 @@ def usage(d: int, causal: bool, tile: tuple, variant: str) -> tuple[str, str]:
         tensors["DQ_DESC"] = f"tensordesc<fp32[1,{bm},{d}]>"
     else:
         consts["DQ_DESC"] = None
-    fn = bwd._bwd_dkdv_kernel
+    fn = bwd.bwd_dkdv_kernel
     src = ASTSource(fn, _signature(fn, tensors, consts), constexprs=consts)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": warps, "num_stages": stages})

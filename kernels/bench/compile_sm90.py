@@ -42,7 +42,8 @@ def _ptxas_usage(ptx: str) -> tuple[str, str]:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
-                    pingpong: bool = k90.PINGPONG, consumers: int = 2, persistent: bool = False):
+                    consumers: int = 2):
+    """The Gluon forward compiled for sm_90 as a launch with these settings compiles it."""
     lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.HALF_M, d], _DT[dtype])
     lay_n = k90.gl.NVMMASharedLayout.get_default_for([1, 1, block_n, d], _DT[dtype])
     desc_m = f"tensordesc<{dtype}[1, 1, {k90.HALF_M}, {d}],{lay_m!r}>"
@@ -50,12 +51,9 @@ def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
     sig = {"q_desc": desc_m, "k_desc": desc_n, "v_desc": desc_n, "o_desc": desc_m,
            "LSE2": "*fp32", "H": "i32", "GROUP": "i32", "s_q": "i32", "s_k": "i32",
            "qk_scale": "fp32", "CAUSAL": "constexpr", "STAGES": "constexpr",
-           "PINGPONG": "constexpr", "num_warps": "constexpr", "CONSUMERS": "constexpr",
-           "PERSISTENT": "constexpr", "BH": "i32" if persistent else "constexpr"}
-    consts = {"CAUSAL": causal, "STAGES": stages, "PINGPONG": pingpong,
-              "num_warps": k90.NUM_WARPS, "CONSUMERS": consumers, "PERSISTENT": persistent}
-    if not persistent:
-        consts["BH"] = 1  # what the host passes then: specialised away, as the JIT does
+           "num_warps": "constexpr", "CONSUMERS": "constexpr"}
+    consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": k90.NUM_WARPS,
+              "CONSUMERS": consumers}
     src = GluonASTSource(k90.attn_fwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": k90.NUM_WARPS})
@@ -66,11 +64,8 @@ def main() -> int:
     ap.add_argument("--dump", help="write ttgir/ptx/sass-less asm of each variant here")
     ap.add_argument("--dims", type=int, nargs="+", default=list(k90.HEAD_DIMS))
     ap.add_argument("--stages", type=int, nargs="+", default=None)
-    ap.add_argument("--pingpong", type=int, default=int(k90.PINGPONG), choices=[0, 1])
     ap.add_argument("--consumers", type=int, default=None, choices=[2, 3],
                     help="consumer warpgroups (default: the kernel's choice per head dim)")
-    ap.add_argument("--persistent", action="store_true",
-                    help="the persistent form (one program per SM looping over tiles)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_N stages regs spill_bytes shared_KiB")
@@ -81,9 +76,8 @@ def main() -> int:
             for dtype in ("fp16", "bf16"):
                 for causal in (False, True):
                     try:
-                        ck = compile_variant(dtype, d, causal, bn, st, args.pingpong,
-                                             args.consumers or k90.CONSUMERS[d],
-                                             args.persistent)
+                        ck = compile_variant(dtype, d, causal, bn, st,
+                                             args.consumers or k90.CONSUMERS[d])
                     except Exception as e:  # report and go on with the next variant
                         print(f"{dtype} {d} {causal} {bn} {st} FAILED: {type(e).__name__}: "
                               f"{str(e)[:2000]}")

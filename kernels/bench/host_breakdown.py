@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import kernels.flash.api as fa
 from kernels.bench.speed import host_us_per_call
 from kernels.flash import fwd as fwd
+from kernels.flash.config import SETTINGS
 
 
 def main() -> None:
@@ -30,13 +31,12 @@ def main() -> None:
     n, d = args.calls, args.d
     q, k, v = (torch.randn(1, 2, 128, d, device="cuda", dtype=torch.float16) for _ in range(3))
     scale = d ** -0.5
-    k90 = fwd._sm90
+    k90 = fwd.fwd_sm90
     rows: list[tuple[str, float]] = []
 
     def row(name, call):
         rows.append((name, host_us_per_call(call, n, warmup=50)))
 
-    from kernels.flash import launcher as direct
 
     row("flash_attention (default path)", lambda: fa.flash_attention(q, k, v))
     if k90 is not None:
@@ -48,9 +48,9 @@ def main() -> None:
         row("flash_attention (default path), through kernel.run",
             lambda: fa.flash_attention(q, k, v))
         k90.LAUNCHER.cache.update(saved)
-    direct.DIRECT_LAUNCH = False
+    SETTINGS.direct_launch = False
     row("flash_attention (default path), JIT dispatch", lambda: fa.flash_attention(q, k, v))
-    direct.DIRECT_LAUNCH = True
+    SETTINGS.direct_launch = True
     row("flash_attention, Triton kernel", lambda: fa.flash_attention(q, k, v,
                                                                       config={"SM90": False}))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -61,7 +61,7 @@ def main() -> None:
     row("  grad checks", lambda: torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                              or v.requires_grad))
     row("  attention_forward", lambda: fwd.attention_forward(q, k, v, False, scale, None))
-    row("  _use_sm90", lambda: fwd._use_sm90(q, k, v, None))
+    row("  use_sm90", lambda: fwd.use_sm90(q, k, v, None))
     row("  torch.empty x2", lambda: (torch.empty((1, 2, 128, d), dtype=q.dtype, device=q.device),
                                      torch.empty((1, 2, 128), dtype=torch.float32,
                                                  device=q.device)))

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.bench.speed import host_us_per_call
-from kernels.flash import launcher as direct
 from kernels.flash.api import flash_attention
 from kernels.flash.bwd import attention_backward
+from kernels.flash.config import SETTINGS
 from kernels.flash.fwd import attention_forward
 
 
@@ -103,10 +103,10 @@ def main() -> None:
             print(f"{name + ', one thread':32s} "
                   f"{host_us_per_call(call, args.calls, warmup=30):7.1f} us/call", flush=True)
     timeline(q, k, v, do, args.calls)
-    direct.DIRECT_LAUNCH = False
+    SETTINGS.direct_launch = False
     print(f"{'ours fwd+bwd, JIT dispatch':32s} "
           f"{host_us_per_call(parts[0][1], args.calls, warmup=30):7.1f} us/call")
-    direct.DIRECT_LAUNCH = True
+    SETTINGS.direct_launch = True
 
 
 if __name__ == "__main__":

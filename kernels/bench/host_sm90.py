@@ -8,8 +8,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.bench.speed import host_us_per_call
 from kernels.flash import fwd_sm90 as k90
-from kernels.flash import launcher as direct
 from kernels.flash.api import flash_attention
+from kernels.flash.config import SETTINGS
 
 
 def per_call(fn, n=2000):
@@ -22,10 +22,10 @@ print("generic via flash_attention", round(per_call(
     lambda: flash_attention(q, k, v, config={"SM90": False})), 1))
 print("sm90 forward only          ", round(per_call(
     lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
-direct.DIRECT_LAUNCH = False
+SETTINGS.direct_launch = False
 print("sm90 forward, JIT dispatch ", round(per_call(
     lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
-direct.DIRECT_LAUNCH = True
+SETTINGS.direct_launch = True
 print("descriptors x4             ", round(per_call(
     lambda: [k90._descriptor(q, 64, k90._layout(q.dtype, 64, 64)) for _ in range(4)]), 1))
 print("torch.empty x2             ", round(per_call(

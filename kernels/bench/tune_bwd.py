@@ -14,11 +14,11 @@ candidate's gradients are checked against the reference pair's. Compilation runs
 in this process alone. Time: median of ``triton.testing.do_bench``, L2 cleared before each
 call, as the autotuner does. The last lines printed are TUNED_H200 entries, ready to paste.
 
-``--atomic`` adds the atomic-dQ backward (config BWD_ATOMIC_DQ: delta kernel, dK/dV kernel
-that also adds dQ, cast) with each dK/dV candidate, timed whole, and prints its best next to
-the best pair of the default backward. On Hopper its dQ tiles go through the copy engine's
-bulk reduce-add (``flash_attn_bwd.dq_tma_usable``); ``--atomic-elementwise`` times the
-element-wise atomic adds instead.
+``--atomic`` adds the atomic-dQ backward (``KernelConfig(atomic_dq=True)``: delta kernel,
+dK/dV kernel that also adds dQ, cast) with each dK/dV candidate, timed whole, and prints its
+best next to the best pair of the default backward. On Hopper its dQ tiles go through the copy
+engine's bulk reduce-add (``kernels.flash.bwd.dq_tma_usable``); ``--atomic-elementwise`` times
+the element-wise atomic adds instead.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ DKDV = [
     (64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 2),
     (128, 128, 8, 2), (16, 64, 4, 4), (32, 64, 4, 2),
 ]
-# 16 warps (four warpgroups, half the registers per thread) were tried in session 6 and lost
-# 1.3-6.9x at every key (kernels/NOTES.md step 8): not candidates.
+# 16 warps (four warpgroups, half the registers per thread) lose at every key
+# (kernels/flash/NOTES.md, step 8): not candidates.
 DQ = [
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (128, 32, 4, 3), (64, 64, 4, 3),
     (64, 64, 4, 4), (128, 128, 8, 2), (64, 128, 4, 2), (64, 32, 4, 3), (128, 64, 4, 3),
@@ -47,16 +47,24 @@ HELD = {"dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3)}  # the other kernel, whi
 
 
 def _fits(kernel: str, c: tuple, d: int, elem: int = 2) -> bool:
-    from kernels.flash.fwd import SMEM_BYTES
+    from kernels.flash.common import SMEM_BYTES
 
     bm, bn, _, st = c
     streamed, resident = (bm, bn) if kernel == "dkdv" else (bn, bm)
     return (st - 1) * 2 * streamed * d * elem + 2 * resident * d * elem <= SMEM_BYTES
 
 
-def _cfg(c) -> dict:
-    bm, bn, w, st = c
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+def _cfg(kern: str, c: tuple):
+    """The KernelConfig that times candidate ``c`` of ``kern``: the two-kernel backward with
+    ``c`` for that launch and HELD for the other, or the atomic-dQ backward with dK/dV
+    tiles ``c`` (bulk reduce-adds, or element-wise ones for "dkdv_atomic_ew")."""
+    from kernels.flash.config import KernelConfig
+
+    if kern.startswith("dkdv_atomic"):
+        return KernelConfig(atomic_dq=True, dq_tma=None if kern == "dkdv_atomic" else False,
+                            dkdv_tiles=c)
+    return KernelConfig(atomic_dq=False, dq_tiles=c if kern == "dq" else HELD["dq"],
+                        dkdv_tiles=c if kern == "dkdv" else HELD["dkdv"])
 
 
 def _variants(dims, causals, atomic: bool = False, elementwise: bool = False) -> list[tuple]:
@@ -92,14 +100,7 @@ def _run(inp, causal, kern, c):
     from kernels.flash.bwd import attention_backward
 
     q, k, v, do, o, lse2 = inp
-    d = q.shape[-1]
-    if kern.startswith("dkdv_atomic"):
-        return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5,
-                                  {"BWD_ATOMIC_DQ": True, "BWD_DQ_TMA": kern == "dkdv_atomic"},
-                                  dkdv_config=_cfg(c))
-    cfgs = {"dq_config": _cfg(c if kern == "dq" else HELD["dq"]),
-            "dkdv_config": _cfg(c if kern == "dkdv" else HELD["dkdv"])}
-    return attention_backward(do, q, k, v, o, lse2, causal, d ** -0.5, **cfgs)
+    return attention_backward(do, q, k, v, o, lse2, causal, q.shape[-1] ** -0.5, _cfg(kern, c))
 
 
 def _compile(work: list[tuple]) -> list[str]:
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kernels.flash.fwd import TUNED_H200, seq_bucket
+    from kernels.flash.common import seq_bucket
+    from kernels.flash.tuned import TUNED_H200
 
     if not torch.cuda.is_available():
         print("tune_bwd needs a CUDA GPU", file=sys.stderr)

@@ -4,7 +4,7 @@
     python -m kernels.bench.tune_fwd --dims 128 --seqs 4096 16384 --jobs 8
 
 The autotuner keeps only its winner; this keeps every candidate's time, so a tuning step in
-kernels/NOTES.md can say what each choice (tile shape, warps, pipeline depth, tensor
+kernels/flash/NOTES.md can say what each choice (tile shape, warps, pipeline depth, tensor
 descriptors or pointer loads) was worth. Compilation runs first, in ``--jobs`` worker
 processes that each launch their share of the variants once on a tiny input (filling
 Triton's on-disk cache); the timing then runs in this process alone, one variant at a time,
@@ -32,21 +32,16 @@ CANDIDATES = [
 
 
 def _fits(c: tuple[int, int, int, int], d: int, elem: int = 2) -> bool:
-    from kernels.flash.fwd import SMEM_BYTES
+    from kernels.flash.common import SMEM_BYTES
 
     bm, bn, _, st = c
     return (st - 1) * 2 * bn * d * elem + bm * d * elem <= SMEM_BYTES
 
 
-EXTRAS = {"plain": {}, "ahead": {"AHEAD": True}, "ws": {"WS": True}}
-
-
-def _variants(dims, causals, configs, descs, extras) -> list[tuple]:
-    """(d, causal, config, desc, extra) for every combination that fits in shared memory;
-    the experimental loops (extra != plain) exist only with descriptors."""
-    return [(d, causal, c, desc, x) for d in dims for causal in causals
-            for c in configs if _fits(c, d) for desc in descs for x in extras
-            if desc or x == "plain"]
+def _variants(dims, causals, configs, descs) -> list[tuple]:
+    """(d, causal, config, desc) for every combination that fits in shared memory."""
+    return [(d, causal, c, desc) for d in dims for causal in causals
+            for c in configs if _fits(c, d) for desc in descs]
 
 
 def _inputs(s: int, d: int, dtype, B: int = 1, H: int = 32):
@@ -56,14 +51,15 @@ def _inputs(s: int, d: int, dtype, B: int = 1, H: int = 32):
     return [torch.randn(B, H, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3)]
 
 
-def _cfg(c, desc, extra="plain") -> dict:
-    bm, bn, w, st = c
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st, "USE_DESC": desc,
-            **EXTRAS[extra]}
+def _cfg(c, desc):
+    """The portable forward (never the Hopper one) with tiles ``c``, descriptors on or off."""
+    from kernels.flash.config import KernelConfig
+
+    return KernelConfig(tiles=c, use_desc=desc, sm90=False)
 
 
-def _name(d, causal, c, desc, extra) -> str:
-    return f"{d} {causal} {c} desc={desc} {extra}"
+def _name(d, causal, c, desc) -> str:
+    return f"{d} {causal} {c} desc={desc}"
 
 
 def _compile(work: list[tuple]) -> list[str]:
@@ -73,13 +69,13 @@ def _compile(work: list[tuple]) -> list[str]:
     from kernels.flash.fwd import attention_forward
 
     errors = []
-    for d, causal, c, desc, x in work:
+    for d, causal, c, desc in work:
         q, k, v = _inputs(256, d, torch.float16)
         try:
-            attention_forward(q, k, v, causal, d ** -0.5, _cfg(c, desc, x))
+            attention_forward(q, k, v, causal, d ** -0.5, _cfg(c, desc))
             torch.cuda.synchronize()
         except Exception as exc:  # reported, and the variant is dropped from the timing
-            errors.append(f"{_name(d, causal, c, desc, x)}: {type(exc).__name__}: {exc}"[:400])
+            errors.append(f"{_name(d, causal, c, desc)}: {type(exc).__name__}: {exc}"[:400])
     return errors
 
 
@@ -115,12 +111,12 @@ def _time_shape(d: int, causal: bool, s: int, dtype, variants: list[tuple]) -> l
     out.append(("sdpa_cudnn", None, None, ms, flop / ms / 1e9, 0.0))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
-    for c, desc, x in variants:
-        cfg = _cfg(c, desc, x)
+    for c, desc in variants:
+        cfg = _cfg(c, desc)
         err = (attention_forward(q, k, v, causal, d ** -0.5, cfg)[0].float() - ref).abs().max()
         ms = do_bench(lambda cfg=cfg: attention_forward(q, k, v, causal, d ** -0.5, cfg),
                       warmup=25, rep=100, return_mode="median")
-        out.append((f"triton_{x}", c, desc, ms, flop / ms / 1e9, float(err)))
+        out.append(("triton", c, desc, ms, flop / ms / 1e9, float(err)))
     return out
 
 
@@ -134,13 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=None, metavar="BM,BN,WARPS,STAGES",
                     help="candidates (default: the built-in list)")
     ap.add_argument("--desc", type=int, nargs="+", default=[0, 1], choices=[0, 1])
-    ap.add_argument("--extras", nargs="+", default=["plain"], choices=sorted(EXTRAS))
     ap.add_argument("--out", default="tune_fwd.csv")
     args = ap.parse_args(argv)
 
     import torch
 
-    from kernels.flash.fwd import seq_bucket
+    from kernels.flash.common import seq_bucket
 
     if not torch.cuda.is_available():
         print("tune_fwd needs a CUDA GPU", file=sys.stderr)
@@ -148,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = ([tuple(int(x) for x in c.split(",")) for c in args.configs] if args.configs
                else CANDIDATES)
     variants = _variants(args.dims, [bool(c) for c in args.causal], configs,
-                         [bool(x) for x in args.desc], args.extras)
+                         [bool(x) for x in args.desc])
     broken = compile_all(_compile, variants, args.jobs)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     rows = []
@@ -159,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.dims:
             for causal in (bool(c) for c in args.causal):
                 for s in args.seqs:
-                    mine = [(c, desc, x) for dd, cc, c, desc, x in variants
+                    mine = [(c, desc) for dd, cc, c, desc in variants
                             if dd == d and cc == causal
-                            and _name(dd, cc, c, desc, x) not in broken]
+                            and _name(dd, cc, c, desc) not in broken]
                     for name, c, desc, ms, tf, err in _time_shape(d, causal, s, dtype, mine):
                         rows.append((name, d, causal, s, c, desc, tf))
                         w.writerow([name, args.dtype, d, int(causal), s,

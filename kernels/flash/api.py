@@ -1,30 +1,39 @@
 """The bundled Triton FlashAttention: input checks, the autograd Function, the public call.
 
-The kernels live one job per file: ``flash_attn_fwd.py`` (the forward, and the tuning space),
-``flash_attn_fwd_sm90.py`` (the forward hand-scheduled for Hopper, in Gluon) and
-``flash_attn_bwd.py`` (the backward). This module only checks inputs and wires the two
-into autograd. Importing it imports triton and torch but touches no GPU driver: nothing runs
-until the first call.
+The kernels live one job per file: ``fwd.py`` (the portable forward), ``fwd_sm90.py`` (the
+forward hand-scheduled for Hopper, in Gluon) and ``bwd.py`` (the backward); ``common.py`` holds
+what they share, ``config.py`` the call's choices (`KernelConfig`) and the process settings,
+``tuned.py`` the stored tiles. This module only checks inputs and wires the two directions into
+autograd. Importing it imports triton and torch but touches no GPU driver: nothing runs until
+the first call.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from kernels.flash.bwd import atomic_by_default, attention_backward, kv_split
-from kernels.flash.fwd import _fwd_kernel, attention_forward
+from kernels.flash.config import KernelConfig, Tiles
+from kernels.flash.fwd import attention_forward, fwd_kernel
+
+__all__ = ["KernelConfig", "Tiles", "flash_attention", "forward_backward_bytes",
+           "forward_bytes", "interpreting"]
 
 HEAD_DIM_MIN = 16
 HEAD_DIM_MAX = 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The interpreter runs one small tile (a config's other choices are kept), and the two-kernel
+# backward unless a config asks for the atomic one.
+INTERPRETER_TILES = Tiles(32, 32, 4, 1)
 
 
 def interpreting() -> bool:
     """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 set
     before triton was imported): then CPU tensors are accepted."""
-    return type(_fwd_kernel).__name__ == "InterpretedFunction"
+    return type(fwd_kernel).__name__ == "InterpretedFunction"
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> None:
@@ -71,7 +80,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Forward saves q, k, v (the caller's own tensors), O and lse2; backward recomputes P."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, config: dict | None):
+    def forward(ctx, q, k, v, causal: bool, scale: float, config: KernelConfig | None):
         o, lse2 = attention_forward(q, k, v, causal, scale, config)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.causal, ctx.scale, ctx.config = causal, scale, config
@@ -91,7 +100,7 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     *,
-    config: dict | None = None,
+    config: KernelConfig | dict | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(scale * q k^T) v without materialising the s x s matrix.
 
@@ -115,44 +124,47 @@ def flash_attention(
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
                           buffer: by default for fp16/bf16 at d = 64 and 128 once
                           max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
-                          (BLOCK_N = d; kernels/flash_attn_bwd.py, `atomic_by_default`),
+                          (BLOCK_N = d; kernels/flash/bwd.py, `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the
                           atomic adds make dQ nondeterministic in its last bits)
                           + 2*B*H_kv*S*s_k*d*e with GQA where the backward splits each group
                           over S programs (partial dK, dV sums; S > 1 when
-                          B*H_kv*ceil(s_k/128) < 1,024: `flash_attn_bwd.kv_split`)
+                          B*H_kv*ceil(s_k/128) < 1,024: `bwd.kv_split`)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
-    ``config``: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} to bypass the autotuner
-    (tests and the interpreter use it; the interpreter always uses a fixed small config);
-    it may add "USE_DESC": True/False to force the forward's K/V loads through tensor
-    descriptors or not, and "BWD_ATOMIC_DQ": True/False to force the backward that adds dQ
-    into an fp32 buffer with atomic adds (5 tile products instead of 7, nondeterministic dQ,
-    B*H*s_q*d*4 bytes more; the default for long sequences, see Memory) or the two-kernel one
-    (a config with tiles and without this key selects the two-kernel backward), and
-    "BWD_KV_SPLIT": S (a divisor of H / H_kv) to split each GQA group over S dK/dV programs
-    instead of the default `flash_attn_bwd.kv_split` (see Memory).
+    ``config``: a `KernelConfig` (every field None by default: the kernels' own rules) to
+    force a choice: ``tiles`` for the Triton kernels (bypasses the autotuner; tests and the
+    interpreter use it, and the interpreter always runs a fixed small tile), ``use_desc`` for
+    the forward's K/V loads through tensor descriptors, ``atomic_dq`` for the backward that
+    adds dQ into an fp32 buffer with atomic adds (5 tile products instead of 7,
+    nondeterministic dQ, B*H*s_q*d*4 bytes more; the default for long sequences, see Memory)
+    or the two-kernel one, ``kv_split`` = S (a divisor of H / H_kv) to split each GQA group
+    over S dK/dV programs instead of the default `bwd.kv_split` (see Memory). A dict of the
+    older keys ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_DESC", "SM90",
+    "SM90_STAGES", "SM90_BLOCK_N", "SM90_CONSUMERS", "BWD_ATOMIC_DQ", "BWD_DQ_TMA",
+    "BWD_KV_SPLIT") is accepted and converted once (`KernelConfig.from_dict`, which says what
+    a missing key means); an unknown key or a bad value raises ValueError naming it.
 
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
-    hand-scheduled forward of ``flash_attn_fwd_sm90`` (same outputs, faster; see its
-    docstring) at d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when
-    causal; with three consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0
-    turns it off; config {"SM90": True} selects it for d = 64 at any length, {"SM90": True,
-    "SM90_CONSUMERS": 3, "SM90_STAGES": 2} with three warpgroups, {"SM90": True,
-    "SM90_PERSISTENT": True} its persistent form (one program per SM looping over the tiles;
-    off by default: 1-18% slower than the default on the H200, kernels/NOTES.md step 9a).
-    Elsewhere, on a Hopper GPU (Triton >= 3.4) the Triton forward reads K and V through tensor
-    descriptors (the TMA copy engine) for 16-bit inputs with s_k > 1024 whose (batch, head,
-    seq) flatten into rows (the contiguous layout), and through pointers otherwise;
-    FLASH_ATTN_DESC=0 turns the descriptors off, FLASH_ATTN_TUNE=1 re-tunes instead of using
-    the stored H200 choices.
+    hand-scheduled forward of ``fwd_sm90`` (same outputs, faster; see its docstring) at
+    d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when causal; with three
+    consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0 turns it off;
+    ``KernelConfig(sm90=True)`` selects it for d = 64 at any length,
+    ``KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)`` with three warpgroups,
+    ``sm90=False`` the portable Triton forward. Elsewhere, on a Hopper GPU (Triton >= 3.4)
+    the Triton forward reads K and V through tensor descriptors (the TMA copy engine) for
+    16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into rows (the contiguous
+    layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the descriptors off,
+    FLASH_ATTN_TUNE=1 re-tunes instead of using the stored H200 choices. The environment is
+    read once, at import (`config.SETTINGS`).
     """
+    config = KernelConfig.of(config)
     _check_inputs(q, k, v, scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    if interpreting() and (config is None or "BLOCK_M" not in config):
-        # the interpreter always runs one small tile (switches a config gives are kept)
-        config = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, **(config or {})}
+    if interpreting() and (config is None or config.tiles is None):
+        config = config or KernelConfig()
+        config = replace(config, tiles=INTERPRETER_TILES, atomic_dq=bool(config.atomic_dq))
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # No gradient can be asked for: skip autograd's bookkeeping (about 10 us of host time
         # per call, which short sequences feel) and save nothing for a backward.
@@ -171,10 +183,10 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
     O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward, plus the
     atomic-dQ backward's fp32 buffer (B*H*s_q*d*4, alive while dQ is cast from it) when that
     backward runs: ``atomic`` None means where it runs by default
-    (`flash_attn_bwd.atomic_by_default`, and not in deterministic mode); plus, with GQA where
-    the backward splits each group over S programs (`flash_attn_bwd.kv_split`, S > 1), the
+    (`bwd.atomic_by_default`, and not in deterministic mode); plus, with GQA where
+    the backward splits each group over S programs (`bwd.kv_split`, S > 1), the
     partial dK, dV sums 2*B*H_kv*S*s_k*d*e, alive until they are summed into dK, dV (``split``
-    None means the default split; a config's BWD_KV_SPLIT gives another)."""
+    None means the default split; a config's ``kv_split`` gives another)."""
     if atomic is None:
         atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, e)
     buffer = 4 * B * H * s_q * d if atomic else 0

@@ -19,11 +19,11 @@ Two ways to get dQ
 ------------------
 Short sequences: two launches, no atomics.
 
-1. ``_bwd_dq_kernel``: one program per block of BLOCK_M query rows. It first computes
+1. ``bwd_dq_kernel``: one program per block of BLOCK_M query rows. It first computes
    delta = rowsum(dO * O) for its rows in fp32 (O and dO are read once, here) and stores it
    for the second launch, then walks over the key blocks and accumulates dQ on chip, written
    once.
-2. ``_bwd_dkdv_kernel``: one program per block of BLOCK_N keys of one key/value head. It keeps
+2. ``bwd_dkdv_kernel``: one program per block of BLOCK_N keys of one key/value head. It keeps
    its K and V tiles and fp32 dK, dV accumulators on chip and walks over every query block of
    every query head that shares this key/value head (GQA), so dK and dV are complete when the
    program ends and each is written exactly once, in the input dtype, with no reduction over
@@ -34,7 +34,7 @@ dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds
 dQ buffer, and the result is deterministic.
 
 Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
-at least 2,048 dK/dV programs; config {"BWD_ATOMIC_DQ": True/False} forces either): a small
+at least 2,048 dK/dV programs; ``KernelConfig.atomic_dq`` True/False forces either): a small
 kernel computes delta first, and the dK/dV programs also add their share scale * dS K of every
 query block's dQ into a zeroed fp32 buffer, which is cast to the inputs' dtype at the end.
 That is 5 tile products instead of 7, for a nondeterministic dQ (the adds land in any order,
@@ -42,9 +42,9 @@ as in FlashAttention-2 and cuDNN), an fp32 buffer of B * H * s_q * d * 4 bytes b
 two more small launches (delta, the cast) plus the buffer's zeroing. On Hopper each dQ tile is
 added with one bulk reduce-add of the copy engine (a tensor descriptor's ``atomic_add``;
 FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, accumulates its dQ the same way);
-element-wise ``atomic_add`` elsewhere. Measured on the H200 (kernels/NOTES.md step 8): with
-element-wise adds it was 1-16% slower than the two-kernel backward; with bulk reduce-adds
-0.2-12% faster from s = 4,096 on.
+element-wise ``atomic_add`` elsewhere. The bulk adds are what make this backward the faster
+one on long sequences; element-wise adds lose to the two-kernel backward (kernels/flash/NOTES.md,
+step 8, has the timings).
 
 Masks, as in the forward: causal attention is aligned top-left like PyTorch's SDPA (query i
 sees keys j <= i). Tiles that lie fully below the diagonal run with no mask; only tiles that
@@ -66,50 +66,38 @@ import triton
 import triton.language as tl
 
 from calc import dispatch
-from kernels.flash.fwd import (
-    BWD_ONLY_KEYS,
-    FWD_ONLY_KEYS,
+from kernels.flash import common
+from kernels.flash.common import (
     LOG2E,
     SMEM_BYTES,
     TensorDescriptor,
-    _autotune_options,
-    _configs,
-    _mm,
-    _mma,
+    autotune_options,
     block_d,
     cdiv,
     key_range,
     launch,
     load_pair,
+    mm,
+    mma,
     pretuned,
     query_tile,
     seq_bucket,
     tile_mask,
+    triton_configs,
 )
+from kernels.flash.config import KernelConfig
 from kernels.flash.launcher import DirectLauncher
+from kernels.flash.tuned import ATOMIC_TILES, DKDV_SPACE, DQ_SPACE
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs hold two fp32 (BLOCK_N, d)
-# accumulators, so they favour a long key tile and short query steps; dQ programs hold one
-# (BLOCK_M, d) accumulator and favour the opposite.
-DKDV_SPACE = [
-    (64, 128, 8, 2),
-    (64, 128, 8, 3),
-    (32, 128, 8, 2),
-    (32, 128, 4, 3),
-    (64, 64, 4, 2),
-    (32, 64, 4, 3),
-]
-DQ_SPACE = [
-    (128, 64, 8, 2),
-    (128, 64, 8, 3),
-    (128, 32, 4, 2),
-    (64, 64, 4, 3),
-]
+__all__ = ["ATOMIC_TILES", "atomic_by_default", "atomic_tiles", "attention_backward",
+           "bwd_dkdv_kernel", "bwd_dq_kernel", "dkdv_tuned", "dq_tma_usable", "dq_tuned",
+           "kv_split"]
 
 
-def _prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Drop configs whose pipelined tiles cannot fit in shared memory; keep small tiles for the
-    largest head dims, where the fp32 accumulators would otherwise spill."""
+def prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Autotuner hook: the stored H200 choice where there is one; else drop configs whose
+    pipelined tiles cannot fit in shared memory, and keep small tiles for the largest head
+    dims, where the fp32 accumulators would otherwise spill."""
     is_dkdv = "DK" in named_args
     hit = pretuned("dkdv" if is_dkdv else "dq", named_args, kwargs)
     if hit is not None:
@@ -167,19 +155,19 @@ def _dkdv_query_loop(
             lse = tl.load(lse_ptr + rows)
             delta = tl.load(delta_ptr + rows)
         # ---- P^T for this tile, recomputed from lse2: (BLOCK_N, BLOCK_M) -----------------------
-        qk_t = _mm(k, tl.trans(q), IEEE)
+        qk_t = mm(k, tl.trans(q), IEEE)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
         if MASKED and CAUSAL:
             p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
         # ---- dV += P^T dO ------------------------------------------------------------------------
-        dv = _mma(p_t.to(do.dtype), do, dv, IEEE)
+        dv = mma(p_t.to(do.dtype), do, dv, IEEE)
         # ---- dS^T = P^T * (V dO^T - delta), dK += dS^T Q ------------------------------------------
-        dp_t = _mm(v, tl.trans(do), IEEE)
+        dp_t = mm(v, tl.trans(do), IEEE)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = _mma(ds_t.to(q.dtype), q, dk, IEEE)
+        dk = mma(ds_t.to(q.dtype), q, dk, IEEE)
         if ATOMIC_DQ:
             # ---- this key block's share of dQ: scale * dS K, added into the fp32 buffer -------
-            dq_part = _mm(tl.trans(ds_t.to(k.dtype)), k, IEEE) * sm_scale  # (BLOCK_M, BLOCK_D)
+            dq_part = mm(tl.trans(ds_t.to(k.dtype)), k, IEEE) * sm_scale  # (BLOCK_M, BLOCK_D)
             if DQ_TMA:
                 # one reduce-add of the whole tile, done by the copy engine in L2 (rows past
                 # s_q lie outside the descriptor's head and are dropped)
@@ -195,7 +183,7 @@ def _dkdv_query_loop(
 
 
 @triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
-def _bwd_dkdv_kernel(
+def bwd_dkdv_kernel(
     Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
     LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
     DK, DV,  # outputs (B, H_kv * SPLIT, s_k, d), written in full (partial sums when SPLIT > 1)
@@ -318,23 +306,23 @@ def _dq_key_loop(
         cols = start_n + offs_n0
         k, v = load_pair(k_ptrs, v_ptrs, cols, s_k, offs_d, HEAD_DIM, MASKED, EVEN_D)
         # ---- P, dP and dS for this tile: (BLOCK_M, BLOCK_N) ---------------------------------------
-        p = tl.math.exp2(_mm(q, tl.trans(k), IEEE) * qk_scale - lse[:, None])
+        p = tl.math.exp2(mm(q, tl.trans(k), IEEE) * qk_scale - lse[:, None])
         if MASKED:
             visible = cols[None, :] < s_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None])
             p = tl.where(visible, p, 0.0)
-        dp = _mm(do, tl.trans(v), IEEE)
+        dp = mm(do, tl.trans(v), IEEE)
         ds = p * (dp - delta[:, None])
         # ---- dQ += dS K -----------------------------------------------------------------------------
-        dq = _mma(ds.to(k.dtype), k, dq, IEEE)
+        dq = mma(ds.to(k.dtype), k, dq, IEEE)
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return dq
 
 
 @triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
-def _bwd_dq_kernel(
+def bwd_dq_kernel(
     Q, K, V, Out, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d) x 2; any strides
     LSE2,  # (B, H, s_q) fp32 from the forward
     DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O), written here for the dK/dV launch
@@ -396,7 +384,7 @@ def _bwd_dq_kernel(
 
 
 @triton.jit(do_not_specialize=["s_q"])
-def _bwd_delta_kernel(
+def bwd_delta_kernel(
     Out, DO,  # (B, H, s_q, d), any strides
     DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O)
     stride_ob, stride_oh, stride_om, stride_od,
@@ -422,33 +410,27 @@ def _bwd_delta_kernel(
     tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
 
 
-_dkdv_tuned = triton.autotune(
-    configs=_configs(DKDV_SPACE),
+dkdv_tuned = triton.autotune(
+    configs=triton_configs(DKDV_SPACE),
     key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
-    prune_configs_by={"early_config_prune": _prune_bwd},
-    **_autotune_options(),
-)(_bwd_dkdv_kernel)
+    prune_configs_by={"early_config_prune": prune_bwd},
+    **autotune_options(),
+)(bwd_dkdv_kernel)
 
-_dq_tuned = triton.autotune(
-    configs=_configs(DQ_SPACE),
+dq_tuned = triton.autotune(
+    configs=triton_configs(DQ_SPACE),
     key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
-    prune_configs_by={"early_config_prune": _prune_bwd},
-    **_autotune_options(),
-)(_bwd_dq_kernel)
+    prune_configs_by={"early_config_prune": prune_bwd},
+    **autotune_options(),
+)(bwd_dq_kernel)
+# kernels.bench.speed reads the autotuners' caches under these older names
+_dkdv_tuned, _dq_tuned = dkdv_tuned, dq_tuned
 
 
-# The atomic-dQ backward: its dK/dV tiles when none are given, by padded head dim. Timed with
-# every dK/dV candidate on the H200 (kernels.bench.tune_bwd --atomic, fp16, s = 2,048 to 16,384,
-# bulk reduce-adds; kernels/NOTES.md step 8): (64, 64, 4, 3) was best at d = 64 and
-# (64, 128, 8, 3) at d = 128 in all 16 keys. d = 256 keeps a small tile (untimed).
-ATOMIC_TILES = {
-    64: {"BLOCK_M": 64, "BLOCK_N": dispatch.ATOMIC_KEY_BLOCK[64], "num_warps": 4, "num_stages": 3},
-    128: {"BLOCK_M": 64, "BLOCK_N": dispatch.ATOMIC_KEY_BLOCK[128], "num_warps": 8, "num_stages": 3},
-    256: {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-}
-# Which backward runs, and whether the GQA group is split, are decided by calc.dispatch (one copy,
-# read by calc.peak too, so that the buffers are predictable). The kernel adds the one input the
-# pure rule cannot see: PyTorch's deterministic-mode flag keeps the two-kernel backward.
+# Which backward runs, and whether the GQA group is split, are decided by calc.dispatch (one
+# copy, read by calc.peak too, so that the buffers are predictable). The kernel adds the one
+# input the pure rule cannot see: PyTorch's deterministic-mode flag keeps the two-kernel
+# backward.
 
 
 def atomic_by_default(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
@@ -466,27 +448,27 @@ def atomic_tiles(d: int) -> dict:
 kv_split = dispatch.kv_split
 
 
-def _split_from(config: dict | None, B: int, H: int, H_kv: int, s_k: int) -> int:
-    """The config's "BWD_KV_SPLIT" (a divisor of the group H / H_kv) or `kv_split`."""
-    if config is None or config.get("BWD_KV_SPLIT") is None:
+def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_k: int) -> int:
+    """The config's ``kv_split`` (checked: a divisor of the group H / H_kv), else `kv_split`."""
+    if config is None or config.kv_split is None:
         return kv_split(B, H, H_kv, s_k)
-    split, group = config["BWD_KV_SPLIT"], H // H_kv
-    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or group % split:
-        raise ValueError(f"config BWD_KV_SPLIT must be a positive divisor of the GQA group "
+    split, group = config.kv_split, H // H_kv
+    if group % split:
+        raise ValueError(f"kv_split must be a positive divisor of the GQA group "
                          f"H / H_kv = {H} / {H_kv} = {group}, got {split!r}")
     return split
 
 
 DELTA_ROWS = 64
-_DELTA_LAUNCHER = DirectLauncher(_bwd_delta_kernel)
+DELTA_LAUNCHER = DirectLauncher(bwd_delta_kernel)
 
 
 def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
     """Whether the atomic-dQ backward adds its dQ tiles with the copy engine's bulk reduce-add
     (a tensor descriptor over the fp32 buffer) rather than element-wise atomics: on compute
     capability 9.0 and newer with a Triton that has tensor descriptors, for head dims that
-    are powers of two (the tile is then the row, no padded columns). ``force`` False (config
-    {"BWD_DQ_TMA": False}) keeps the element-wise adds."""
+    are powers of two (the tile is then the row, no padded columns). ``force`` False
+    (``KernelConfig(dq_tma=False)``) keeps the element-wise adds."""
     if force is False or TensorDescriptor is None or q.device.type != "cuda" or block_d(d) != d:
         return False
     return torch.cuda.get_device_capability(q.device)[0] >= 9
@@ -501,56 +483,50 @@ def attention_backward(
     lse2: torch.Tensor,  # (B, H, s_q) fp32
     causal: bool,
     scale: float,
-    config: dict | None = None,
-    *,
-    dq_config: dict | None = None,
-    dkdv_config: dict | None = None,
+    config: KernelConfig | dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
 
-    Which backward runs: the atomic-dQ one (module docstring: delta kernel, dK/dV kernel
-    adding dQ into a zeroed fp32 buffer, cast) where `atomic_by_default` says so and
-    ``torch.use_deterministic_algorithms(True)`` is not in force, else the two-kernel one
-    (deterministic). ``config={"BWD_ATOMIC_DQ": True/False}`` forces the choice; a config with
-    tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) or ``dq_config`` / ``dkdv_config`` without
-    that key name the two-kernel backward's tiles and select it (kernels.bench.tune_bwd times them).
-    The atomic one takes its dK/dV tiles from ``dkdv_config``, else the config's, else
-    `atomic_tiles`. ``{"BWD_DQ_TMA": False}`` keeps its element-wise adds on Hopper.
+    Which backward runs: ``config.atomic_dq`` True/False forces the atomic-dQ one (module
+    docstring: delta kernel, dK/dV kernel adding dQ into a zeroed fp32 buffer, cast) or the
+    two-kernel one (deterministic); None leaves it to `atomic_by_default` (never under
+    ``torch.use_deterministic_algorithms(True)``). The two-kernel backward's launches take
+    ``config.dq_tiles`` / ``config.dkdv_tiles``, else ``config.tiles``, else the stored or
+    autotuned choice; the atomic one takes ``dkdv_tiles``, else ``tiles``, else
+    `atomic_tiles`. ``config.dq_tma`` False keeps its element-wise adds on Hopper.
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
     backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with GQA
-    on a small grid (`kv_split` S > 1; config {"BWD_KV_SPLIT": S} forces another divisor of
-    the group) also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK, dV.
+    on a small grid (`kv_split` S > 1; ``config.kv_split`` forces another divisor of the
+    group) also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK, dV.
     """
+    config = KernelConfig.of(config)
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
-    split = _split_from(config, B, H, H_kv, s_k)
-    tma_force = None
-    if config is not None and "BWD_ATOMIC_DQ" in config:
-        atomic = bool(config["BWD_ATOMIC_DQ"])
-    elif (config is not None and "BLOCK_M" in config) or dq_config or dkdv_config:
-        atomic = False  # tiles given without the switch are the two-kernel backward's
+    split = split_for(config, B, H, H_kv, s_k)
+    if config is not None and config.atomic_dq is not None:
+        atomic = config.atomic_dq
     else:
         atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, q.element_size())
-    if config is not None:  # the forward-only switches (descriptors, experimental loops)
-        tma_force = config.get("BWD_DQ_TMA")
-        config = {key: val for key, val in config.items()
-                  if key not in FWD_ONLY_KEYS and key not in BWD_ONLY_KEYS} or None
-    # new_empty: same device, no device/dtype argument parsing (~2 us less than torch.empty)
-    delta = q.new_empty((B, H, s_q), dtype=torch.float32)  # (B, H, s_q)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)  # (B, H_kv, s_k, d)
+    tiles = dq_tiles = dkdv_tiles = None
+    if config is not None:
+        tiles = None if config.tiles is None else config.tiles.meta()
+        dq_tiles = tiles if config.dq_tiles is None else config.dq_tiles.meta()
+        dkdv_tiles = tiles if config.dkdv_tiles is None else config.dkdv_tiles.meta()
+    delta = common.empty(q, (B, H, s_q), torch.float32)  # (B, H, s_q)
+    dk = common.empty(k, k.shape)  # (B, H_kv, s_k, d), contiguous
+    dv = common.empty(v, v.shape)  # (B, H_kv, s_k, d), contiguous
     if split > 1:  # what the dK/dV programs write: partial sums, (B, H_kv * split, s_k, d)
-        dk_out = k.new_empty((B, H_kv * split, s_k, d))
-        dv_out = v.new_empty((B, H_kv * split, s_k, d))
+        dk_out = common.empty(k, (B, H_kv * split, s_k, d))
+        dv_out = common.empty(v, (B, H_kv * split, s_k, d))
     else:
         dk_out, dv_out = dk, dv
     if atomic:
         dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
     else:
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, H, s_q, d)
+        dq = common.empty(q, q.shape)  # (B, H, s_q, d), contiguous
     meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
                 IEEE=q.dtype == torch.float32)
     bucket = seq_bucket(max(s_q, s_k))
@@ -559,32 +535,32 @@ def attention_backward(
                                      dq.stride(), dk_out.stride())
     dq_desc = None  # the fp32 buffer as a tensor descriptor, for bulk reduce-adds
     if atomic:
-        tiles = dkdv_config or config or atomic_tiles(d)
-        if dq_tma_usable(q, d, None if tma_force is None else bool(tma_force)):
+        dkdv_tiles = dkdv_tiles or atomic_tiles(d)
+        if dq_tma_usable(q, d, None if config is None else config.dq_tma):
             # seen per (batch, head): a tile never reaches the next head's rows
             dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
-                                       [1, tiles["BLOCK_M"], d])
+                                       [1, dkdv_tiles["BLOCK_M"], d])
     dkdv_args = (
         q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
         H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, bucket,
     )
-    # What the JIT specialises on beyond meta and the config (kernels/direct.py): dtypes,
+    # What the JIT specialises on beyond meta and the tiles (launcher.DirectLauncher): dtypes,
     # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
     # dk's shape and strides; delta, dq, dk, dv are fresh allocations).
     spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, split, q.data_ptr() % 16,
             k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16,
             lse2.data_ptr() % 16)
     if atomic:
-        _DELTA_LAUNCHER((cdiv(s_q, DELTA_ROWS), B * H), ("delta", spec, d, bd),
-                        (o, do, delta, *so, *sdo, H, s_q),
-                        dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
-                             num_warps=4))
+        DELTA_LAUNCHER((cdiv(s_q, DELTA_ROWS), B * H), ("delta", spec, d, bd),
+                       (o, do, delta, *so, *sdo, H, s_q),
+                       dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, BLOCK_M=DELTA_ROWS,
+                            num_warps=4))
         # launched with explicit tiles only: the autotuner would run the kernel once per
         # candidate, and every run adds into the same dQ buffer
-        launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv_atomic",
-               dict(meta, ATOMIC_DQ=True, DQ_TMA=dq_desc is not None), bucket, tiles, dkdv_args,
-               lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
+        launch(dkdv_tuned, bwd_dkdv_kernel, "dkdv_atomic",
+               dict(meta, ATOMIC_DQ=True, DQ_TMA=dq_desc is not None), bucket, dkdv_tiles,
+               dkdv_args, lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
         dq = dq.to(q.dtype)  # before the sums: the memory formula counts the buffer, dQ and
         _sum_split(dk_out, dv_out, dk, dv, split)  # the partial sums alive together
         return dq, dk, dv
@@ -594,9 +570,9 @@ def attention_backward(
         H, group, s_q, s_k, scale * LOG2E, scale, bucket,
     )
     # dQ first: it writes delta, which the dK/dV launch reads.
-    launch(_dq_tuned, _bwd_dq_kernel, "dq", meta, bucket, dq_config or config, dq_args,
+    launch(dq_tuned, bwd_dq_kernel, "dq", meta, bucket, dq_tiles, dq_args,
            lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), spec=spec)
-    launch(_dkdv_tuned, _bwd_dkdv_kernel, "dkdv", meta, bucket, dkdv_config or config, dkdv_args,
+    launch(dkdv_tuned, bwd_dkdv_kernel, "dkdv", meta, bucket, dkdv_tiles, dkdv_args,
            lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
     _sum_split(dk_out, dv_out, dk, dv, split)
     return dq, dk, dv

@@ -3,16 +3,16 @@
 ``kernel[grid](*args, **kwargs)`` binds the arguments, works out how each one specialises the
 kernel (dtype, 16-byte alignment, integers equal to 1 or divisible by 16), turns that into a
 cache key with the options, finds the compiled kernel, builds launch metadata for hooks and
-only then launches. On the H200's host that costs 30 to 40 microseconds per launch
-(``kernels/bench/host_sm90.py``), more than the GPU work of a short attention call; a forward and a
-backward make three launches.
+only then launches. That costs tens of microseconds per launch on the host
+(``kernels/bench/host_sm90.py`` measures it), more than the GPU work of a short attention
+call; a forward and a backward make three launches.
 
 `DirectLauncher` does the dispatch once per caller-given key, keeps the compiled kernel, and
 from then on calls its launcher the way ``JITFunction.run`` does at its end (same arguments,
 no launch metadata, no hooks). The caller's key must determine everything the JIT
 specialises on for the arguments it passes: each kernel's host code documents why its key
-does. When launch hooks are installed (profilers, proton) or FLASH_ATTN_DIRECT_LAUNCH=0, every
-call takes the normal path.
+does. When launch hooks are installed (profilers, proton) or ``SETTINGS.direct_launch`` is off
+(FLASH_ATTN_DIRECT_LAUNCH=0), every call takes the normal path.
 
 Two more host costs go on Triton 3.6, whose launcher this module knows (`raw_launch`): the
 compiled kernel's ``run`` object allocates no scratch for these kernels and, for
@@ -26,9 +26,9 @@ On other Triton versions the hit path calls ``kernel.run`` as the JIT would.
 from __future__ import annotations
 
 import inspect
-import os
 
-DIRECT_LAUNCH = os.environ.get("FLASH_ATTN_DIRECT_LAUNCH") != "0"
+from kernels.flash.config import SETTINGS
+
 # Triton versions whose compiled-kernel launcher `raw_launch` knows (CudaLauncher: scratch
 # allocation, then the tensor-descriptor expansion closure around the C launch function).
 KNOWN_LAUNCHERS = ("3.6.",)
@@ -132,7 +132,7 @@ class DirectLauncher:
 
     def _jit_only(self) -> bool:
         """Every launch takes the JIT's path: switched off, interpreted, or hooks installed."""
-        if not DIRECT_LAUNCH or self.interpreted:
+        if not SETTINGS.direct_launch or self.interpreted:
             return True
         if self._runtime is None:
             self._bind()

@@ -157,23 +157,39 @@ def test_measure_refuses_a_wrong_result(monkeypatch, factor, expect_ok):
         assert status.startswith("wrong: rel err") and math.isnan(ms) and rel == pytest.approx(2)
 
 
-def test_tune_variants():
-    """Experimental loops only with descriptors; configs that overflow shared memory dropped."""
+def test_tune_fwd_variants_drop_configs_that_overflow_shared_memory():
+    """Every fitting config with and without descriptors; configs that overflow shared memory
+    dropped; each variant runs the portable forward with exactly its tiles and loads."""
+    from kernels.flash.config import KernelConfig, Tiles
+
     configs = [(128, 128, 8, 3), (128, 128, 8, 5)]  # the second needs 4 * 64 KiB of K/V
-    got = tune_fwd._variants([128], [False], configs, [False, True], ["plain", "ahead", "ws"])
-    assert {(c, desc, x) for _, _, c, desc, x in got} == {
-        ((128, 128, 8, 3), False, "plain"), ((128, 128, 8, 3), True, "plain"),
-        ((128, 128, 8, 3), True, "ahead"), ((128, 128, 8, 3), True, "ws")}
-    cfg = tune_fwd._cfg((64, 32, 4, 2), True, "ws")
-    assert cfg == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
-                   "USE_DESC": True, "WS": True}
+    got = tune_fwd._variants([128], [False], configs, [False, True])
+    assert {(c, desc) for _, _, c, desc in got} == {
+        ((128, 128, 8, 3), False), ((128, 128, 8, 3), True)}
+    assert tune_fwd._cfg((64, 32, 4, 2), True) == KernelConfig(
+        tiles=Tiles(64, 32, 4, 2), use_desc=True, sm90=False)
+
+
+def test_tune_bwd_configs_name_the_backward_and_its_tiles():
+    """Each backward candidate is a KernelConfig that says which backward runs: the
+    two-kernel one with the candidate for one launch and the held tiles for the other, or the
+    atomic-dQ one with the candidate as its dK/dV tiles (element-wise adds when asked)."""
+    from kernels.flash.config import Tiles
+
+    c = tune_bwd._cfg("dq", (128, 32, 4, 2))
+    assert (c.atomic_dq, c.dq_tiles, c.dkdv_tiles) == (
+        False, Tiles(128, 32, 4, 2), Tiles(*tune_bwd.HELD["dkdv"]))
+    c = tune_bwd._cfg("dkdv_atomic_ew", (64, 64, 4, 3))
+    assert (c.atomic_dq, c.dq_tma, c.dkdv_tiles) == (True, False, Tiles(64, 64, 4, 3))
+    assert tune_bwd._cfg("dkdv_atomic", (64, 64, 4, 3)).dq_tma is None
 
 
 def test_tune_bwd_variants_fit_and_cover_the_stored_choices():
     """Every backward candidate kept fits in shared memory, the big ones are dropped at
     d = 256, and every stored H200 backward choice up to 8192 is among the candidates (so a
     re-run of tune_bwd times what is in use)."""
-    from kernels.flash.fwd import SMEM_BYTES, TUNED_H200
+    from kernels.flash.common import SMEM_BYTES
+    from kernels.flash.tuned import TUNED_H200
 
     for d in (64, 128, 256):
         for _, _, kern, (bm, bn, _, st) in tune_bwd._variants([d], [False]):
@@ -184,7 +200,7 @@ def test_tune_bwd_variants_fit_and_cover_the_stored_choices():
         if kern != "fwd" and bucket <= 8192:
             assert c in (tune_bwd.DQ if kern == "dq" else tune_bwd.DKDV), (kern, d, bucket, c)
     # --atomic adds the atomic-dQ backward with every dK/dV candidate, its defaults among them
-    from kernels.flash.bwd import ATOMIC_TILES
+    from kernels.flash.tuned import ATOMIC_TILES
 
     plain = tune_bwd._variants([128], [True])
     both = tune_bwd._variants([128], [True], atomic=True)

@@ -3,8 +3,10 @@
 Tolerance comes from the data (as in Dao-AILab/flash-attention's tests): the kernel's error
 against a high-precision reference must be at most twice the error of plain PyTorch eager in
 the same low precision, plus a small absolute floor. Inputs are fresh random draws every
-time; every buffer the kernel allocates is poisoned with NaN first, so an element that the
-kernel fails to write shows up as a mismatch.
+time; every buffer the kernel allocates is poisoned with NaN first (the kernels allocate
+through one helper, ``kernels.flash.common.empty``, which the poisoning replaces), so an element
+that the kernel fails to write shows up as a mismatch; a deliberately broken kernel that skips
+one tile's store proves that it does.
 
 Without a GPU the kernels run under Triton's CPU interpreter. Triton decides
 interpret-or-compile when its own library and our kernels are decorated, i.e. when triton is
@@ -18,6 +20,7 @@ as tests marked ``gpu``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -46,24 +49,30 @@ def fa():
     return importlib.import_module("kernels.flash.api")
 
 
+def _nan_filled(t: torch.Tensor) -> torch.Tensor:
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
 @contextlib.contextmanager
 def poison_empty():
-    """Every torch.empty / empty_like inside returns NaN-filled memory."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
+    """Every buffer allocated inside is NaN-filled: the kernels' one allocation helper
+    (`kernels.flash.common.empty`: O, lse2, delta, dQ, dK, dV, the partial dK/dV sums), and
+    torch.empty / torch.empty_like / Tensor.new_empty for anything else on the way."""
+    from kernels.flash import common
 
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
+    real = (common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty)
+    own_new_empty = "new_empty" in torch.Tensor.__dict__  # else it is TensorBase's
 
-    def empty_like(*args, **kwargs):
-        t = real_empty_like(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
+    def wrap(fn):
+        return lambda *args, **kwargs: _nan_filled(fn(*args, **kwargs))
 
-    torch.empty, torch.empty_like = empty, empty_like
+    common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty = map(wrap, real)
     try:
         yield
     finally:
-        torch.empty, torch.empty_like = real_empty, real_empty_like
+        common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty = real
+        if not own_new_empty:
+            del torch.Tensor.new_empty
 
 
 @pytest.fixture
@@ -220,10 +229,96 @@ def test_memory_formula_docstring(fa):
     assert "2*B*H_kv*S*s_k*d*e" in fa.flash_attention.__doc__
 
 
+def test_kernels_allocate_only_through_common_empty():
+    """The poisoning patches `kernels.flash.common.empty`; that reaches every buffer only if
+    the kernels' host code allocates nothing another way. Allowed besides: ``new_zeros`` (the
+    atomic-dQ buffer must start at zero) and ``.to(dtype)`` (the cast writes every element)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for name in ("api.py", "fwd.py", "bwd.py", "fwd_sm90.py"):
+        with open(os.path.join(root, "kernels", "flash", name)) as f:
+            src = f.read()
+        for call in ("torch.empty", "empty_like", ".new_empty(", "empty_strided", " empty("):
+            assert call not in src, f"kernels/flash/{name} allocates with {call!r}"
+        assert "common.empty(" in src or name == "api.py"
+
+
+def test_kernel_config_is_checked_once_with_named_errors(fa):
+    """KernelConfig refuses a bad value when it is built, naming the field, the value and what
+    is accepted; the dict form names its key too, and refuses unknown keys."""
+    from kernels.flash.config import KernelConfig, Tiles
+
+    cases = [
+        (dict(tiles=(128, 100, 8, 3)), "block_n must be one of 16, 32, 64, 128, 256 or None, "
+                                       "got 100"),
+        (dict(tiles=(64, 64, 3, 2)), "num_warps must be one of"),
+        (dict(tiles=(64, 64, 4)), "tiles: tiles must be Tiles"),
+        (dict(use_desc=1), "use_desc must be True, False or None, got 1"),
+        (dict(atomic_dq="yes"), "atomic_dq must be True, False or None"),
+        (dict(kv_split=0), "kv_split must be a positive int or None, got 0"),
+        (dict(sm90=True, sm90_consumers=4), "sm90_consumers must be one of 2, 3 or None, got 4"),
+        (dict(sm90_stages=3), "sm90_stages apply to the Hopper forward only: set sm90=True"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+            KernelConfig(**kwargs)
+    with pytest.raises(ValueError, match="unknown config keys 'SM90_PERSISTENT'"):
+        KernelConfig.from_dict({"SM90": True, "SM90_PERSISTENT": True})
+    with pytest.raises(ValueError, match="tiles need all of BLOCK_M, BLOCK_N, num_warps, "
+                                         "num_stages; missing num_stages"):
+        KernelConfig.from_dict({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4})
+    with pytest.raises(ValueError, match="config BWD_ATOMIC_DQ: atomic_dq must be True"):
+        KernelConfig.from_dict({"BWD_ATOMIC_DQ": 1})
+    with pytest.raises(ValueError, match="config must be a KernelConfig, a dict or None"):
+        KernelConfig.of([64, 64, 4, 2])
+    assert KernelConfig(tiles=(64, 32, 4, 2)).tiles == Tiles(64, 32, 4, 2)
+    assert Tiles(64, 32, 4, 2).meta() == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4,
+                                          "num_stages": 2}
+    q = torch.zeros(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="unknown config keys 'WS'"):  # before any launch
+        fa.flash_attention(q, q, q, config={"WS": True})
+
+
+def test_dict_config_keeps_its_meaning():
+    """The dict form converts to explicit flags: what a missing key used to select by its
+    absence is now a field set to False."""
+    from kernels.flash.config import KernelConfig
+
+    tiles = dict(GPU_CONFIG)
+    c = KernelConfig.from_dict(tiles)
+    assert (c.sm90, c.atomic_dq, c.use_desc) == (False, False, None)
+    c = KernelConfig.from_dict({**tiles, "BWD_ATOMIC_DQ": True, "USE_DESC": True})
+    assert (c.sm90, c.atomic_dq, c.use_desc) == (False, True, True)
+    c = KernelConfig.from_dict({"USE_DESC": False})  # a forward key without tiles
+    assert (c.tiles, c.sm90, c.atomic_dq) == (None, False, None)
+    c = KernelConfig.from_dict({"BWD_ATOMIC_DQ": True, "BWD_KV_SPLIT": 2})  # backward only
+    assert (c.sm90, c.atomic_dq, c.kv_split) == (None, True, 2)
+    c = KernelConfig.from_dict({"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2})
+    assert (c.sm90, c.sm90_consumers, c.sm90_stages, c.atomic_dq) == (True, 3, 2, None)
+    assert KernelConfig.from_dict({}) == KernelConfig()
+    assert KernelConfig.of(None) is None and KernelConfig.of(c) is c
+
+
+def test_settings_are_read_once_from_the_environment(monkeypatch):
+    """FLASH_ATTN_* are read into SETTINGS at import; changing the environment later changes
+    nothing (tests patch SETTINGS instead)."""
+    from kernels.flash import config
+
+    s = config.Settings.from_environ({"FLASH_ATTN_TUNE": "1", "FLASH_ATTN_DESC": "0",
+                                      "FLASH_ATTN_SM90": "0", "FLASH_ATTN_DIRECT_LAUNCH": "0"})
+    assert (s.retune, s.descriptors, s.sm90, s.direct_launch) == (True, False, False, False)
+    s = config.Settings.from_environ({})
+    assert (s.retune, s.descriptors, s.sm90, s.direct_launch) == (False, True, True, True)
+    before = dataclasses.asdict(config.SETTINGS)
+    monkeypatch.setenv("FLASH_ATTN_TUNE", "0" if before["retune"] else "1")
+    assert dataclasses.asdict(config.SETTINGS) == before
+
+
 def test_pretuned_table_lookup(fa, monkeypatch):
     """The stored H200 choices apply to 16-bit inputs on a Hopper GPU only, and can be
-    switched off; a malformed call falls back to tuning instead of failing."""
+    switched off (SETTINGS.retune); a malformed call falls back to tuning instead of failing."""
     from types import SimpleNamespace
+
+    from kernels.flash.config import SETTINGS
 
     fwd = sys.modules["kernels.flash.fwd"]
     q16 = SimpleNamespace(device=SimpleNamespace(type="cuda"), element_size=lambda: 2)
@@ -234,17 +329,17 @@ def test_pretuned_table_lookup(fa, monkeypatch):
     want = fwd.TUNED_H200[("fwd", 2, 128, False, 4096)]
     assert hit is not None and (hit.kwargs["BLOCK_M"], hit.kwargs["BLOCK_N"], hit.num_warps,
                                 hit.num_stages) == want
-    pruned = fwd._prune_fwd([], args, **meta)
+    pruned = fwd.prune_fwd([], args, **meta)
     assert [c.kwargs for c in pruned] == [hit.kwargs]
     # the stored choice sets the descriptors' tiles like every other config (else the kernel
-    # would be compiled for a placeholder tile and skip keys: found on the H200, fixed)
-    assert pruned[0].pre_hook is fwd._set_tiles
-    assert all(c.pre_hook is fwd._set_tiles for c in fwd._fwd_kernel_tuned.configs)
+    # would be compiled for a placeholder tile and skip keys)
+    assert pruned[0].pre_hook is fwd.set_tiles
+    assert all(c.pre_hook is fwd.set_tiles for c in fwd.fwd_kernel_tuned.configs)
     assert fwd.pretuned("fwd", {**args, "seq_bucket": 256}, meta) is None  # not stored
     assert fwd.pretuned("fwd", {"seq_bucket": 4096}, meta) is None  # malformed: tune
-    monkeypatch.setenv("FLASH_ATTN_TUNE", "1")
+    monkeypatch.setattr(SETTINGS, "retune", True)
     assert fwd.pretuned("fwd", args, meta) is None
-    monkeypatch.delenv("FLASH_ATTN_TUNE")
+    monkeypatch.setattr(SETTINGS, "retune", False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     assert fwd.pretuned("fwd", args, meta) is None  # not a Hopper part
     for (kernel, _, _, _, _), (bm, bn, warps, stages) in fwd.TUNED_H200.items():
@@ -259,18 +354,18 @@ def test_descriptor_layouts(fa):
     if fwd.TensorDescriptor is None:
         pytest.skip("this Triton has no tensor descriptors")
     x = torch.zeros(2, 4, 40, 64, dtype=torch.float16)
-    assert fwd._rows_view(x) == (2 * 4 * 40, 64)
-    assert fwd._rows_view(x.transpose(1, 2).contiguous().transpose(1, 2)) is None  # (B, s, H, d)
-    assert fwd._rows_view(x[:, :, :20]) is None  # heads 40 rows apart, 20 used
-    assert fwd._rows_view(x[:1, :1, :20]) == (20, 64)  # one head: any row count
-    assert fwd._rows_view(torch.zeros(1, 2, 8, 100, dtype=torch.float16)[..., :36]) is None  # 200 B rows
+    assert fwd.rows_view(x) == (2 * 4 * 40, 64)
+    assert fwd.rows_view(x.transpose(1, 2).contiguous().transpose(1, 2)) is None  # (B, s, H, d)
+    assert fwd.rows_view(x[:, :, :20]) is None  # heads 40 rows apart, 20 used
+    assert fwd.rows_view(x[:1, :1, :20]) == (20, 64)  # one head: any row count
+    assert fwd.rows_view(torch.zeros(1, 2, 8, 100, dtype=torch.float16)[..., :36]) is None  # 200 B rows
     assert fwd.descriptors_usable(x, x, 64, True)
     assert not fwd.descriptors_usable(x, x, 64, False)
     assert not fwd.descriptors_usable(x, x, 80, True)  # padded head dim: pointers
     assert not fwd.descriptors_usable(x, x, 64, None)  # CPU tensor, no forcing: pointers
     q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)
     kt = torch.zeros(1, 16, 2, 64, dtype=torch.float16).transpose(1, 2)
-    with pytest.raises(ValueError, match="USE_DESC=True"):
+    with pytest.raises(ValueError, match="use_desc=True"):
         fwd.attention_forward(q, kt, kt, False, 0.125, {"BLOCK_M": 16, "BLOCK_N": 16,
                                                           "num_warps": 4, "num_stages": 1,
                                                           "USE_DESC": True})
@@ -323,10 +418,7 @@ INTERP_DESC_CASES = [
     (1, 2, 2, 130, 33, 16, False, torch.float16),
 ]
 
-# The experimental forward loops (off by default; kernels/NOTES.md step 3) stay correct too.
-INTERP_EXPERIMENTS = {"ahead": dict(INTERP_DESC, AHEAD=True), "ws": dict(INTERP_DESC, WS=True)}
-
-# The atomic-dQ backward (config BWD_ATOMIC_DQ; kernels/flash_attn_bwd.py): causal and not,
+# The atomic-dQ backward (config BWD_ATOMIC_DQ; kernels/flash/bwd.py): causal and not,
 # ragged tails, s_q != s_k, GQA, a padded head dim.
 INTERP_ATOMIC = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
                  "BWD_ATOMIC_DQ": True}
@@ -342,10 +434,61 @@ INTERP_SPLIT_CASES = [
     ({"BWD_KV_SPLIT": 2, "BWD_ATOMIC_DQ": True}, (2, 4, 1, 33, 70, 16, False, torch.float32)),
 ]
 
+# The same cases given as a KernelConfig instead of the dict form.
+INTERP_TYPED_CASES = [
+    (dict(tiles=(32, 32, 4, 1), use_desc=True), (1, 4, 2, 97, 97, 64, True, torch.float16)),
+    (dict(atomic_dq=True, kv_split=2), (2, 4, 1, 33, 70, 16, False, torch.float32)),
+]
+
 INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stride0_grad"]
-              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))] + list(INTERP_EXPERIMENTS)
+              + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))]
               + [f"atomic{i}" for i in range(len(INTERP_ATOMIC_CASES))]
-              + [f"split{i}" for i in range(len(INTERP_SPLIT_CASES))])
+              + [f"split{i}" for i in range(len(INTERP_SPLIT_CASES))]
+              + [f"typed{i}" for i in range(len(INTERP_TYPED_CASES))])
+
+
+class SkipOneTile:
+    """Stands in for one kernel's launcher (`common.LAUNCHERS`) and launches it with one
+    program fewer along the grid's first axis: one tile of the output (a query block of O and
+    lse2, or a key block of dK/dV) is never stored. A broken kernel, for the poisoning check."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, grid, key, args, kwargs):
+        self.inner((grid[0] - 1, *grid[1:]), None, args, kwargs)
+
+
+# (kernel whose launches skip a tile, config, case): each must FAIL the poisoned check with NaN
+BROKEN_CASES = {
+    "broken_fwd": ("fwd", None, (1, 2, 2, 97, 97, 16, False, torch.float32)),
+    "broken_dkdv_split": ("dkdv", {"BWD_KV_SPLIT": 2}, (1, 4, 1, 33, 97, 16, True, torch.float32)),
+    "broken_dq": ("dq", None, (1, 2, 2, 97, 97, 16, True, torch.float16)),
+}
+
+
+def _broken_case(fa, kernel, config, case):
+    """The case with `kernel` launched through `SkipOneTile`, under the poisoning; returns the
+    failure message (an AssertionError if the check passed anyway)."""
+    from kernels.flash import common
+    from kernels.flash.launcher import DirectLauncher
+
+    fn = {"fwd": "kernels.flash.fwd:fwd_kernel", "dq": "kernels.flash.bwd:bwd_dq_kernel",
+          "dkdv": "kernels.flash.bwd:bwd_dkdv_kernel"}[kernel].split(":")
+    plain = getattr(importlib.import_module(fn[0]), fn[1])
+    saved = common.LAUNCHERS.get(kernel)
+    common.LAUNCHERS[kernel] = SkipOneTile(DirectLauncher(plain))
+    try:
+        with poison_empty():
+            check_against_reference(fa, *case, "cpu", config=config)
+    except BaseException as exc:  # pytest.fail raises a BaseException subclass
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if saved is None:
+            del common.LAUNCHERS[kernel]
+        else:
+            common.LAUNCHERS[kernel] = saved
+    raise AssertionError(f"{kernel}: a kernel that skips a tile passed the poisoned check")
 
 
 def _interp_worker() -> None:
@@ -356,13 +499,13 @@ def _interp_worker() -> None:
     runs += [lambda: _strided_case(fa), lambda: _stride0_grad_case(fa)]
     runs += [lambda c=c: check_against_reference(fa, *c, "cpu", config=INTERP_DESC)
              for c in INTERP_DESC_CASES]
-    runs += [lambda cfg=cfg, causal=causal: check_against_reference(
-                 fa, 1, 4, 2, 130, 130, 32, causal, torch.float16, "cpu", config=cfg)
-             for causal, cfg in zip((False, True), INTERP_EXPERIMENTS.values(), strict=True)]
     runs += [lambda c=c: check_against_reference(fa, *c, "cpu", config=INTERP_ATOMIC)
              for c in INTERP_ATOMIC_CASES]
     runs += [lambda cfg=cfg, c=c: check_against_reference(fa, *c, "cpu", config=cfg)
              for cfg, c in INTERP_SPLIT_CASES]
+    runs += [lambda cfg=cfg, c=c: check_against_reference(fa, *c, "cpu",
+                                                          config=fa.KernelConfig(**cfg))
+             for cfg, c in INTERP_TYPED_CASES]
     results = {}
     for name, run in zip(INTERP_IDS, runs, strict=True):
         try:
@@ -371,6 +514,11 @@ def _interp_worker() -> None:
             results[name] = "ok"
         except BaseException as exc:  # pytest.fail raises a BaseException subclass
             results[name] = f"{type(exc).__name__}: {exc}"
+    for name, (kernel, config, case) in BROKEN_CASES.items():
+        try:
+            results[name] = _broken_case(fa, kernel, config, case)
+        except BaseException as exc:
+            results[name] = f"passed: {exc}"
     print("INTERP_RESULTS " + json.dumps(results))
 
 
@@ -392,6 +540,19 @@ def test_interpreter_matches_reference(interp_results, case):
     """Small shapes under the CPU interpreter: s 1/17/97, d 16..96, GQA, s_q != s_k, strides."""
     if interp_results[case] != "ok":
         pytest.fail(f"{case}: {interp_results[case]}")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="runs under the CPU interpreter")
+@pytest.mark.parametrize("case", list(BROKEN_CASES))
+def test_poisoning_catches_a_skipped_tile(interp_results, case):
+    """A kernel launched with one program too few (the forward's O and lse2, the dQ kernel's
+    dQ and delta, the split dK/dV kernel's partial sums each lose one tile) fails the
+    poisoned check, and fails it with NaN: the unwritten elements are the poison, not
+    whatever the allocator left there."""
+    msg = interp_results[case]
+    assert not msg.startswith("passed"), msg
+    nan = [int(n) for n in __import__("re").findall(r"NaN: (\d+)", msg)]
+    assert nan and nan[0] > 0, msg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,7 +616,7 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
                                      (1025, 1025), (2065, 2065), (130, 1000), (1000, 130),
                                      (1, 1025), (1025, 1), (300, 4100)])
 def test_gpu_sm90_path(fa, poisoned, s_q, s_k, group, d, causal, dtype):
-    """The hand-scheduled Hopper forward (flash_attn_fwd_sm90), forced on: ragged tails,
+    """The hand-scheduled Hopper forward (fwd_sm90), forced on: ragged tails,
     diagonals, s_q != s_k, GQA; gradients through the Triton backward on its O and lse2."""
     check_against_reference(fa, 2, 8, 8 // group, s_q, s_k, d, causal, dtype, "cuda",
                             config={"SM90": True})
@@ -463,13 +624,12 @@ def test_gpu_sm90_path(fa, poisoned, s_q, s_k, group, d, causal, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("pingpong", [False, True], ids=["plain", "pingpong"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (200, 1000), (1025, 1025), (4100, 300)])
-def test_gpu_sm90_schedules(fa, poisoned, s_q, s_k, causal, stages, pingpong):
-    """Both schedules (warpgroups taking turns or not) and ring depths give the same answer."""
-    config = {"SM90": True, "SM90_STAGES": stages, "SM90_PINGPONG": pingpong}
+def test_gpu_sm90_ring_depths(fa, poisoned, s_q, s_k, causal, stages):
+    """Both ring depths (K/V slots) give the same answer."""
+    config = fa.KernelConfig(sm90=True, sm90_stages=stages)
     check_against_reference(fa, 1, 4, 2, s_q, s_k, 128, causal, torch.bfloat16, "cuda",
                             config=config)
 
@@ -516,40 +676,12 @@ def test_gpu_atomic_dq_elementwise(fa, poisoned, s_q, s_k, d, group, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("s_q,s_k,d,group", [(1, 1, 128, 1), (17, 300, 128, 4), (200, 1000, 128, 1),
-                                             (1025, 1025, 64, 1), (4100, 300, 128, 4),
-                                             (385, 4100, 128, 2), (8200, 1000, 128, 1)])
-def test_gpu_sm90_persistent(fa, poisoned, s_q, s_k, d, group, causal, dtype):
-    """The persistent Gluon forward (config SM90_PERSISTENT): one program per SM walking the
-    tiles. B * H = 8, so from s_q = 4,100 on (264 tiles and more on 132 SMs) programs run two
-    tiles or more, carrying ring slots and barrier phases over; forward and every gradient."""
-    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, dtype, "cuda",
-                            config={"SM90": True, "SM90_PERSISTENT": True})
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-def test_gpu_sm90_persistent_refused(fa):
-    """The persistent form has two consumer warpgroups and no ping-pong: other asks are refused
-    by name."""
-    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(ValueError, match="SM90_PERSISTENT needs two consumer warpgroups"):
-        fa.flash_attention(q, q, q, config={"SM90": True, "SM90_PERSISTENT": True,
-                                            "SM90_CONSUMERS": 3})
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 def test_gpu_sm90_consumers_refused(fa):
-    """Three warpgroups exist at d = 64 only and without ping-pong: asked elsewhere, the call
-    says so instead of running."""
+    """Three warpgroups exist at d = 64 only: asked elsewhere, the call says so instead of
+    running."""
     q = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
     for config, words in (({"SM90": True, "SM90_CONSUMERS": 3}, "at d = 128"),
-                          ({"SM90": True, "SM90_CONSUMERS": 4}, "got 4"),
-                          ({"SM90": True, "SM90_CONSUMERS": 3, "SM90_PINGPONG": True},
-                           "ping-pong")):
+                          ({"SM90": True, "SM90_CONSUMERS": 4}, "got 4")):
         qq = q if "d = 128" in words else q[..., :64].contiguous()
         with pytest.raises(ValueError, match=words):
             fa.flash_attention(qq, qq, qq, config=config)
@@ -574,15 +706,16 @@ def test_gpu_sm90_strided(fa, poisoned, dtype):
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_direct_launch(fa, poisoned, d):
     """After the first call of a configuration the compiled kernels are launched without the
-    JIT's dispatch (kernels/direct.py). A call whose arguments specialise differently must not
+    JIT's dispatch (launcher.DirectLauncher). A call whose arguments specialise differently must not
     reuse a kernel compiled for others: the same shapes in turn as contiguous tensors,
     (B, s, H, d) views and another GQA group, each twice, each against the reference; then
     inputs at a 2-byte offset (not 16-byte aligned), against the same inputs aligned."""
+    from kernels.flash import common
     from kernels.flash import fwd as fwd
 
     def direct_calls():
-        sm90 = fwd._sm90.LAUNCHER.direct_calls if fwd._sm90 is not None else 0
-        return sum(lau.direct_calls for lau in fwd._LAUNCHERS.values()) + sm90
+        sm90 = fwd.fwd_sm90.LAUNCHER.direct_calls if fwd.fwd_sm90 is not None else 0
+        return sum(lau.direct_calls for lau in common.LAUNCHERS.values()) + sm90
 
     before = direct_calls()
     for layout, h_kv in (("contiguous", 4), ("bshd", 4), ("contiguous", 1), ("bshd", 4)):
@@ -611,15 +744,19 @@ def test_gpu_direct_launch(fa, poisoned, d):
 
 
 def test_sm90_dispatch_rules():
-    """Which forward runs: a config without "SM90" picks the Triton kernel, SM90 False too;
-    SM90 True where the Gluon kernel cannot run says why instead of running something else."""
+    """Which forward runs: sm90=False picks the Triton kernel, and so does a dict config with
+    tiles but without "SM90"; sm90=True where the Gluon kernel cannot run says why instead of
+    running something else."""
+    from kernels.flash.config import KernelConfig
+
     fwd = importlib.import_module("kernels.flash.fwd")
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    assert fwd._use_sm90(q, q, q, {"SM90": False}) is False
-    assert fwd._use_sm90(q, q, q, dict(GPU_CONFIG)) is False
-    assert fwd._use_sm90(q, q, q, None) is False  # CPU tensors
-    with pytest.raises(ValueError, match="SM90=True"):
-        fwd._use_sm90(q, q, q, {"SM90": True})
+    assert fwd.use_sm90(q, q, q, KernelConfig(sm90=False)) is False
+    assert KernelConfig.from_dict(GPU_CONFIG).sm90 is False
+    assert fwd.use_sm90(q, q, q, None) is False  # CPU tensors
+    assert fwd.use_sm90(q, q, q, KernelConfig()) is False
+    with pytest.raises(ValueError, match="sm90=True"):
+        fwd.use_sm90(q, q, q, KernelConfig(sm90=True))
 
 
 def test_dq_tma_usable_rule():
@@ -638,13 +775,15 @@ def test_dq_tma_usable_rule():
 
 def test_backward_choice(monkeypatch):
     """Which backward attention_backward launches, with the launches recorded instead of run
-    (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's switch
-    first, and tiles given without the switch selecting the two-kernel one."""
+    (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's atomic_dq
+    first; the dict form's tiles without "BWD_ATOMIC_DQ" select the two-kernel one, a
+    KernelConfig's tiles leave the choice to the rule."""
     from kernels.flash import bwd as bwd
+    from kernels.flash.config import KernelConfig
 
     launched = []
     monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, *a, **k: launched.append(name))
-    monkeypatch.setattr(bwd, "_DELTA_LAUNCHER", lambda grid, key, args, kw: launched.append("delta"))
+    monkeypatch.setattr(bwd, "DELTA_LAUNCHER", lambda grid, key, args, kw: launched.append("delta"))
 
     def names(B, H, H_kv, s, d, dtype=torch.float16, config=None, **kw):
         q, do, o = (torch.zeros(B, H, s, d, dtype=dtype) for _ in range(3))
@@ -669,7 +808,10 @@ def test_backward_choice(monkeypatch):
     assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": False}) == two
     assert names(1, 2, 2, 100, 64, config={"BWD_ATOMIC_DQ": True}) == atomic
     assert names(1, 32, 32, 4096, 64, config=dict(GPU_CONFIG)) == two  # tiles, no switch
-    assert names(1, 32, 32, 4096, 64, dkdv_config=dict(GPU_CONFIG)) == two
+    tiles = KernelConfig.from_dict(GPU_CONFIG).tiles
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(tiles=tiles)) == atomic
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(dkdv_tiles=tiles,
+                                                          atomic_dq=False)) == two
     assert names(1, 32, 32, 4096, 64, config={"SM90": True}) == atomic  # forward-only keys
     # deterministic mode keeps the deterministic backward (a config's switch still wins)
     torch.use_deterministic_algorithms(True)
@@ -689,7 +831,7 @@ def test_backward_kv_split(monkeypatch):
     monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, meta, bucket, cfg, args, grid,
                         **k: grids.append((name, grid({"BLOCK_N": 128, "BLOCK_M": 64}),
                                            args[6].shape)))
-    monkeypatch.setattr(bwd, "_DELTA_LAUNCHER", lambda grid, key, args, kw: None)
+    monkeypatch.setattr(bwd, "DELTA_LAUNCHER", lambda grid, key, args, kw: None)
 
     def dkdv(B, H, H_kv, s, config=None):
         q, do, o = (torch.zeros(B, H, s, 64, dtype=torch.float16) for _ in range(3))
@@ -706,9 +848,12 @@ def test_backward_kv_split(monkeypatch):
     assert dkdv(1, 32, 8, 16384) == ((128, 8, 1), (1, 8, 16384, 64))  # 1,024 blocks already
     assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 2}) == ((32, 8, 2), (1, 16, 4096, 64))
     assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 1}) == ((32, 8, 1), (1, 8, 4096, 64))
-    for bad in (0, 3, 8, 2.0, True, "2"):
-        with pytest.raises(ValueError, match=f"BWD_KV_SPLIT must be a positive divisor of the "
+    for bad in (3, 8):  # not a divisor of the group: refused at the call, which knows it
+        with pytest.raises(ValueError, match=f"kv_split must be a positive divisor of the "
                                              f"GQA group H / H_kv = 32 / 8 = 4, got {bad!r}"):
+            dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": bad})
+    for bad in (0, 2.0, True, "2"):  # not a positive int: refused when the config is built
+        with pytest.raises(ValueError, match=r"config BWD_KV_SPLIT: kv_split must be a "):
             dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": bad})
 
 
@@ -716,7 +861,7 @@ def test_sm90_default_schedule():
     """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
     stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
     warpgroups, two stages)."""
-    k90 = importlib.import_module("kernels.flash.fwd")._sm90
+    k90 = importlib.import_module("kernels.flash.fwd").fwd_sm90
     if k90 is None:
         pytest.skip("this Triton has no Gluon Hopper API")
     for causal in (False, True):
@@ -740,7 +885,7 @@ def test_gpu_sm90_default_d64_long(fa, poisoned, causal):
     before = len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls
     check_against_reference(fa, 1, 2, 2, 4100, 4300, 64, causal, torch.bfloat16, "cuda")
     assert len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls > before
-    assert any(key[1][6] == 3 for key in k90.LAUNCHER.cache)  # (.., consumers = 3, ..)
+    assert any(key[1][5] == 3 for key in k90.LAUNCHER.cache)  # (.., consumers = 3, ..)
 
 
 def test_sm90_kernel_compiles_for_hopper():
@@ -749,7 +894,7 @@ def test_sm90_kernel_compiles_for_hopper():
     memory one block may use."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from kernels.bench import compile_sm90 as mod
-    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, False, 3)):
+    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3)):
         ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
         regs, spills = mod._ptxas_usage(ck.asm["ptx"])
         assert spills == "0", f"{args}: ptxas reports {spills} bytes of spill stores ({regs} regs)"
