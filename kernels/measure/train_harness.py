@@ -861,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also store the run in this SQLite file (tables train_runs, train_rows)")
     ap.add_argument("--label", default="", help="label of the stored run")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    ap.add_argument("--repredict", type=Path, default=None, metavar="CSV",
+                    help="measure nothing: recompute the predicted_* columns and "
+                         "peak_rel_error of CSV's rows from the current calc and write --out")
     ap.add_argument("--quiet", action="store_true")
     return ap
 
@@ -891,8 +894,34 @@ def _cell(v: Any) -> Any:
     return "" if v is None else neutralise(v)
 
 
+def repredict(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
+    """Rewrite a training-step CSV's predictions from the current calc; returns the rows."""
+    rows = read_rows(src)
+    for r in rows:
+        cfg = TrainConfig(r["model"], r["seq_len"], r["attention"], r["precision"],
+                          bool(r["checkpointing"]), r["batch"] or 1, None)
+        if cfg.model not in train_models.MODELS:
+            continue
+        d = train_models.hf_config(cfg.model, r["layers"])
+        peak, before, _ = predict(cfg, d)
+        r["predicted_peak_bytes"], r["predicted_before_bytes"] = peak, before
+        r["peak_rel_error"] = ((peak - r["peak_bytes"]) / r["peak_bytes"]
+                               if peak is not None and r["peak_bytes"] else None)
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\r\n")
+        w.writerow(TRAIN_COLUMNS)
+        for r in rows:
+            w.writerow([_cell(r[c]) for c in TRAIN_COLUMNS])
+    return len(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.repredict is not None:
+        n = repredict(args.repredict, args.out)
+        print(f"{n} training-step rows re-predicted from calc into {args.out}")
+        return 0
     configs = configs_from_args(args)
     if args.list:
         for c in configs:

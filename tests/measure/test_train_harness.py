@@ -250,6 +250,23 @@ def test_command_line_writes_the_schema(tmp_path, monkeypatch):
     assert all(abs(float(r["loss"]) - math.log(128)) < 0.5 for r in rows)
 
 
+def test_repredict_rewrites_predictions(tmp_path):
+    rows = [th.TrainResult(model="llama3-8b-2l", layers=2, seq_len=1024, attention="sdpa_flash",
+                           precision="bf16", status="ok", peak_bytes=10**10).to_row()]
+    src, dst = tmp_path / "a.csv", tmp_path / "b.csv"
+    with open(src, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(th.TRAIN_COLUMNS)
+        w.writerow(["" if rows[0][c] is None else rows[0][c] for c in th.TRAIN_COLUMNS])
+    assert th.main(["--repredict", str(src), "--out", str(dst)]) == 0
+    (r,) = th.read_rows(dst)
+    cfg = th.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16")
+    peak, before, why = th.predict(cfg, tm.hf_config(cfg.model))
+    assert (r["predicted_peak_bytes"], r["predicted_before_bytes"]) == (peak, before)
+    if peak is not None:
+        assert r["peak_rel_error"] == pytest.approx((peak - 10**10) / 10**10)
+
+
 def test_read_rows_refuses_other_csvs(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("impl,seq_len\nnaive,1024\n")
