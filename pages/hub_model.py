@@ -75,8 +75,9 @@ def id_input(where: Any = st) -> str:
         if parsed.warning is None:
             st.session_state[KEY] = current = parsed.value
         else:
-            st.error(md_escape(f"{show_raw(text)} is not a Hugging Face model id: accepted: "
-                               f"{SPEC.accepted()}."), icon=":material/block:")
+            st.error(md_escape(f"{show_raw(text)} is not a Hugging Face model id; accepted: "
+                               f"{SPEC.accepted()}. Still using {current or 'none'}."),
+                     icon=":material/block:")
     return current
 
 
@@ -89,7 +90,7 @@ def hub_model(where: Any = st) -> ModelConfig | None:
     with st.spinner(f"Fetching config.json of {repo_id} from the Hub…"):
         model, error = fetch_outcome(repo_id, cache_key())
     if error is not None:
-        st.error(md_escape(f"Could not use {repo_id}: {error}"), icon=":material/block:")
+        st.error(md_escape(error), icon=":material/block:")  # HubError names the id
     return model
 
 

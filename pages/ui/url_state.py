@@ -345,7 +345,7 @@ class TextParam(_Param):
 
     def _parse_text(self, key: str, text: str) -> Parsed:
         if re.fullmatch(self.pattern, text) is None:
-            return self.refuse(key, text, f"not {self.what}")
+            return self.refuse(key, text)
         return Parsed(text, None)
 
     def is_valid(self, value: Any) -> bool:

@@ -163,6 +163,18 @@ def test_no_network_is_said(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     assert "cannot reach http://127.0.0.1:9" in unescape(errors(at))
 
 
+def test_offline_reads_the_cache_and_says_when_it_is_empty(
+        hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    run(MODEL_PAGE, model=HUB, hub=V3)  # online once: config.json is now in HF_HUB_CACHE
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = len(hub.requests)
+    at = run(MODEL_PAGE, model=HUB, hub=V3, s="4096")
+    assert not refusals(at) and len(hub.requests) == before
+    assert any(V3 in unescape(cap.value) and "parameters" in cap.value for cap in at.caption)
+    at = run(MODEL_PAGE, model=HUB, hub="Qwen/Qwen3-Next-80B-A3B-Instruct")
+    assert "HF_HUB_OFFLINE" in unescape(errors(at)) and len(hub.requests) == before
+
+
 @pytest.mark.parametrize("garbage", ["../../etc/passwd", "x y/z", "[a](javascript:alert(1))",
                                      "org/na--me", "noslash", "a/b/c", "org/name.git",
                                      "o/" + "n" * 300])
