@@ -8,11 +8,15 @@ constant state of hybrids, both computed by calc."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
+from attnmem.hub import REPO_ID_RULE
 from calc import (
     DEFAULT_GPU,
     GPUS,
@@ -276,3 +280,17 @@ def test_serving_page_gated_unknown_and_garbage(hub: FakeHub) -> None:
     at = run(SERVING_PAGE, model=HUB, hub="<script>")
     assert any("URL parameter 'hub'" in unescape(w.value) for w in at.warning)
     assert not [r for r in hub.requests if "script" in r]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(raw=st_.one_of(st_.from_regex(r"[A-Za-z0-9._/-]{1,12}", fullmatch=True),
+                      st_.text(max_size=40), st_.sampled_from(["%00", "'; DROP", "a/b\n", "/"])))
+def test_fuzzed_hub_values_never_raise_and_only_good_ids_are_fetched(hub: FakeHub, raw: str) -> None:
+    hub.requests.clear()
+    at = run(MODEL_PAGE if len(raw) % 2 else SERVING_PAGE, model=HUB, hub=raw)
+    well_formed = re.fullmatch(REPO_ID_RULE, raw.strip()) is not None
+    if not well_formed:
+        assert not hub.requests
+    if raw.strip() and not well_formed:
+        assert any("URL parameter 'hub'" in unescape(w.value) for w in at.warning)
