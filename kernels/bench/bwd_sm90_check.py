@@ -168,6 +168,9 @@ TIME_SHAPES = [
     (32, 32, 8192, 64, False),
     (32, 8, 8192, 128, True),
 ]
+# Further (BLOCK_M, stages) of the new backward timed alone at each shape, by head dim (the
+# default is bwd_sm90.TILES); all compile for sm_90 within the shared-memory limit.
+EXTRA_VARIANTS = {64: [(64, 3), (128, 2)], 128: [(64, 3)]}
 # The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
 ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
          499], "FA4": [588, 509, 632, 607, 493, None, 564]}
@@ -239,12 +242,24 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
     diff = float("nan") if new is None else max(
         (a.float() - c.float()).abs().max().item() for a, c in zip(new, cur, strict=True))
 
+    # other (BLOCK_M, stages) of the new backward, the backward alone (they compile on first use)
+    others = []
+    for bm, st in EXTRA_VARIANTS.get(d, ()):
+        try:
+            ms = _median_ms(lambda bm=bm, st=st: bwd_sm90.attention_backward_sm90(
+                *args, stages=st, block_m=bm), reps)
+            others.append(f"m{bm}/s{st} {ms:.2f}")
+        except Exception as e:
+            others.append(f"m{bm}/s{st} {type(e).__name__}")
+
     def ratio(a, b):
         ok = b in tf and tf[b] == tf[b] and tf[b] > 0
         return f"{tf[a] / tf[b]:.2f}" if ok else "n/a"
     line = name.ljust(34) + "".join(f"{tf[n]:9.0f}" for n in impls)
     line += (f"  {ratio('new', 'current'):>7} {ratio('new', 'cuDNN'):>9} "
              f"{ratio('new', 'FA4'):>7}  {ms_new:6.2f}/{ms_cur:6.2f}  {diff:.2e}")
+    if others:
+        line += "  | bwd ms " + ", ".join(others)
     return line
 
 
@@ -260,7 +275,7 @@ def timing(reps: int, quick: bool) -> None:
     print("\n== fwd+bwd TFLOP/s (bf16, B=1), 3.5 x 4 B H s^2 d, halved when causal; "
           f"median of {reps}")
     head = "shape".ljust(34) + "".join(n.rjust(9) for n in impls)
-    head += "  new/cur new/cuDNN new/FA4  bwd ms new/cur  max|new-cur|"
+    head += "  new/cur new/cuDNN new/FA4  bwd ms new/cur  max|new-cur|  | other tiles"
     print(head)
     for shape in shapes:
         print(_time_shape(impls, *shape, reps), flush=True)

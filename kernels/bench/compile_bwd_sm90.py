@@ -54,9 +54,10 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int)
     dn = _desc_type(dtype, gdt, b90.HALF_N, d)
     dq = _desc_type("fp32", b90.gl.float32, block_m // 2, d)
     ptr = f"*{dtype}"
+    st = f"tensordesc<fp32[2, {block_m}],{b90.STATS_LAYOUT!r}>"
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
-           "STATS": "*fp32", "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
-           "GROUP": "i32", "s_q": "i32", "s_k": "i32", "s_pad": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
+           "stats_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
+           "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": b90.NUM_WARPS}
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)

@@ -103,10 +103,12 @@ def _tile(smem, i):
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
-            empty, b, h_kv, GROUP, start_n, lo, n_m, STAGES: gl.constexpr):
-    """The producer warp: the two halves of K and V, then Q_i, dO_i for query blocks
-    i = lo .. n_m - 1 of each query head of the group, through the ring."""
+def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
+            stats_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo, n_m,
+            STAGES: gl.constexpr):
+    """The producer warp: the two halves of K and V, then Q_i, dO_i and the rows' lse2 and
+    delta for query blocks i = lo .. n_m - 1 of each query head of the group, through the
+    ring (FA3 loads LSE and dPsum with the producer too)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF: gl.constexpr = k_desc.block_type.shape[2]
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
@@ -122,15 +124,17 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             # released copy it - STAGES (the first pass through the ring waits for nothing)
             mbarrier.wait(empty.index(slot), ((it // STAGES) + 1) & 1, pred=it >= STAGES)
             bar = ready.index(slot)
-            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + stats_desc.block_type.nbytes)
             _tma_load(q_desc, [b, h, m * BLOCK_M, 0], bar, q_smem.index(slot))
             _tma_load(do_desc, [b, h, m * BLOCK_M, 0], bar, do_smem.index(slot))
+            _tma_load(stats_desc, [2 * (b * H + h), m * BLOCK_M], bar, stats_smem.index(slot))
             it += 1
 
 
 @gluon.jit
-def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem, dq_smem, ready,
-            empty, ds_bar, dq_desc, lse_ptr, delta_ptr, b, h, keys, s_k, qk_scale, sm_scale,
+def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, ds_smem,
+            dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
             CAUSAL: gl.constexpr):
@@ -150,26 +154,27 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem, dq_
     zero = gl.zeros([HALF, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_w, q_t.permute((1, 0)), zero, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_w, do_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-    # the block's lse2 per query column, read while the products run; the padded copy needs
-    # no mask (rows past s_q hold lse2 = +inf, so P = 0 there, and delta = 0)
-    cols = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
-    lse = gl.load(lse_ptr + cols)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
+    # the block's lse2 and delta per query column come from shared memory right where they are
+    # used (few registers held); rows past s_q hold lse2 = +inf (P = 0) and delta = 0
+    stats = stats_smem.index(slot)  # (2, BLOCK_M): lse2, delta
+    lse = stats.slice(0, 1, dim=0).load(st_layout)  # (1, BLOCK_M), broadcast over the keys
 
     # ---- P^T, then dV_w += P^T dO (asynchronous; P^T from registers) ----------------------------
-    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    pt = gl.exp2(st * qk_scale - lse)
     if MASKED:
+        cols = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
         visible = gl.expand_dims(keys, 1) < s_k
         if CAUSAL:  # top-left alignment: query i sees keys j <= i
             visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
         pt = gl.where(visible, pt, 0.0)
     p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)
     dv = warpgroup_mma(p16, do_t, dv, is_async=True)
-    delta = gl.load(delta_ptr + cols)  # loaded late: fewer registers live with S^T and dP^T
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
+    delta = stats.slice(1, 1, dim=0).load(st_layout)
 
     # ---- dS^T = P^T (dP^T - delta), to shared memory; dK_w += dS^T Q ------------------------------
-    dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(DTYPE)
+    dst = (pt * (dpt - delta)).to(DTYPE)
     buf = it % 2
     ds_w = ds_smem.index(2 * buf + HALF_ID)  # (BLOCK_M, 64): queries x this warpgroup's keys
     ds_w.permute((1, 0)).store(dst)
@@ -203,9 +208,9 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem, dq_
 
 
 @gluon.jit
-def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-              ready, empty, ds_bar, dq_desc, STATS, DK, DV, b, h_kv, H, H_kv, GROUP,
-              start_n, lo, mid, n_m, s_pad, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
+def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem,
+              dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
+              start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
               STAGES: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
@@ -234,18 +239,15 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, d
     it = 0
     for g in range(GROUP):
         h = h_kv * GROUP + g
-        bh = (b * H + h).to(gl.int64)
-        lse_ptr = STATS + bh * (2 * s_pad)  # (2, s_pad): lse2, then delta
-        delta_ptr = lse_ptr + s_pad
         for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
-            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem,
-                             dq_smem, ready, empty, ds_bar, dq_desc, lse_ptr, delta_ptr, b, h,
+            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
+                             stats_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
                              dq_layout, STAGES, True, CAUSAL)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
-            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, ds_smem,
-                             dq_smem, ready, empty, ds_bar, dq_desc, lse_ptr, delta_ptr, b, h,
+            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
+                             stats_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
                              dq_layout, STAGES, False, CAUSAL)
             it += 1
@@ -261,15 +263,15 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, d
     gl.store(DV + offs, dv.to(DTYPE), mask=mask)
 
 
-@gluon.jit(do_not_specialize=["s_q", "s_k", "s_pad"])
+@gluon.jit(do_not_specialize=["s_q", "s_k"])
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
     dq_desc,  # the zeroed fp32 dQ buffer (B, H, s_q, d), tiles [1, 1, BLOCK_M / 2, d]
-    STATS,  # (B * H, 2, s_pad) fp32: lse2 (+inf past s_q), delta (0 past s_q); `_stats_kernel`
+    stats_desc,  # (B * H * 2, s_pad) fp32: rows lse2 (+inf past s_q), delta (0 past s_q) of
+    # each (batch, head), `_stats_kernel`; tiles [2, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
     H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
     s_q, s_k,
-    s_pad,  # s_q rounded up to a multiple of 128 (STATS' row length)
     qk_scale,  # scale * log2(e)
     sm_scale,  # scale
     CAUSAL: gl.constexpr,
@@ -301,6 +303,8 @@ def attn_bwd_sm90_kernel(
     q_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + do_desc.block_type.shape,
                                         do_desc.layout)
+    stats_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + stats_desc.block_type.shape,
+                                           stats_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], DTYPE)
     ds_smem = gl.allocate_shared_memory(DTYPE, [4, BLOCK_M, HALF], ds_layout)  # [buf * 2 + wg]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
@@ -318,14 +322,15 @@ def attn_bwd_sm90_kernel(
 
     # (constexprs go into each argument list literally, as in fwd_sm90)
     gl.warp_specialize(
-        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                      ds_bar, dq_desc, STATS, DK, DV, b, h_kv, H, H_kv, GROUP, start_n, lo,
-                      mid, n_m, s_pad, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
-         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                      ds_bar, dq_desc, STATS, DK, DV, b, h_kv, H, H_kv, GROUP, start_n, lo,
-                      mid, n_m, s_pad, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
-         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
-                    ready, empty, b, h_kv, GROUP, start_n, lo, n_m, STAGES))],
+        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_bar,
+                      ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP, start_n, lo,
+                      mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
+         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_bar,
+                      ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP, start_n, lo,
+                      mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
+         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
+                    stats_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo, n_m,
+                    STAGES))],
         [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -364,6 +369,8 @@ def _stats_kernel(Out, DO, LSE2, STATS, DQ_ACC,
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 STATS_ROWS = 64
+# lse2/delta tiles [2, BLOCK_M] fp32 come unswizzled: they are read row by row, never by a MMA
+STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 PAD = 128  # STATS rows per head are a multiple of this (>= any BLOCK_M)
 
 
@@ -449,8 +456,10 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     dq_desc = TensorDescriptor(dq_acc, [B, H, s_q, d], [H * s_q * d, s_q * d, d, 1],
                                [1, 1, bm // 2, d], _layout(gl.float32, (1, 1, bm // 2, d)))
     grid = (triton.cdiv(s_k, BLOCK_N), B * H_kv)
+    stats_desc = TensorDescriptor(stats.view(B * H * 2, s_pad), [B * H * 2, s_pad], [s_pad, 1],
+                                  [2, bm], STATS_LAYOUT)
     attn_bwd_sm90_kernel[grid](
         _desc(q, bm, gdt), _desc(k, HALF_N, gdt), _desc(v, HALF_N, gdt), _desc(do, bm, gdt),
-        dq_desc, stats, dk, dv, H, H_kv, H // H_kv, s_q, s_k, s_pad, scale * LOG2E, scale,
+        dq_desc, stats_desc, dk, dv, H, H_kv, H // H_kv, s_q, s_k, scale * LOG2E, scale,
         CAUSAL=bool(causal), STAGES=st, num_warps=NUM_WARPS)
     return dq_acc.to(q.dtype), dk, dv
