@@ -1,4 +1,5 @@
-"""What every page shares: URL-bound widgets, the GB/GiB switch, colours, chart and download helpers.
+"""What every page shares: URL-bound widgets, the GB/GiB switch, colours and labels (the one table
+in pages.ui.labels, re-exported here), chart and download helpers.
 
 URL binding (STYLE.md: "widgets keyed and bound to the URL"): each input has a key, which is
 also its query-parameter name, and a spec from pages.ui.url_state that says its type, default and
@@ -22,6 +23,7 @@ import streamlit as st
 
 from calc.units import format_bytes, short_len, to_unit
 from pages.ui.export import safe_csv_bytes, safe_frame
+from pages.ui.labels import FALLBACK_COLOR, IMPL_COLORS, IMPL_LABELS, impl_color, impl_label  # noqa: F401 - pages use them as c.*
 from pages.ui.url_state import (
     BoolParam,
     ChoiceParam,
@@ -31,20 +33,6 @@ from pages.ui.url_state import (
     md_escape,
     nearest_power_of_two,
 )
-
-#: One fixed colour per implementation name, on every page and in the measurement overlay.
-#: Okabe & Ito's colour-blind-safe palette (readable on light and dark backgrounds); the
-#: quadratic implementations are warm, the linear (fused) ones cool.
-IMPL_COLORS: dict[str, str] = {
-    "naive": "#D55E00",  # vermillion
-    "naive_inplace": "#E69F00",  # orange
-    "sdpa_math": "#CC79A7",  # reddish purple
-    "sdpa_efficient": "#56B4E9",  # sky blue
-    "sdpa_flash": "#009E73",  # bluish green
-    "sdpa_cudnn": "#8C8C8C",  # grey
-    "triton": "#0072B2",  # blue
-}
-FALLBACK_COLOR = "#7F7F7F"
 
 #: Colours of the memory parts on the model page (not implementations).
 PART_COLORS: dict[str, str] = {
@@ -63,11 +51,6 @@ _PAGE = "_url_page"  # session_state: the page being drawn
 COMPUTED = "Computed (analytic model, not measured)"
 
 Spec = IntParam | FloatParam | ChoiceParam | BoolParam | MultiChoiceParam
-
-
-def impl_color(impl: str) -> str:
-    """The fixed colour of an implementation name (grey for names not in IMPL_COLORS)."""
-    return IMPL_COLORS.get(impl, FALLBACK_COLOR)
 
 
 # --- URL-bound state ---------------------------------------------------------------------------

@@ -1,14 +1,16 @@
-"""Kernel speed: the bundled attention kernels against PyTorch's SDPA backends, measured side by
-side on an H200.
+"""Kernel speed: the bundled attention kernels against PyTorch's SDPA backends (and
+FlashAttention-4 where the data has it), measured side by side on an H200.
 
 Thin page: the CSVs that `python -m kernels.bench` wrote on the H200 (data/kernel_speed_*_h200.csv,
-read by kernels.bench.speed.read_rows) -> one chart of TFLOP/s against s per implementation and a
-table with our kernel's ratio to cuDNN and FlashAttention-2. Everything here is measured; the
-page names the run (GPU, versions, time) it shows.
+read by kernels.measure.speed_results.read_rows) -> one chart of TFLOP/s against s per
+implementation and a table with our kernel's ratio to cuDNN, FlashAttention-2 and, when the
+run has it, FlashAttention-4. Everything here is measured; the page names the run (GPU,
+versions, time) it shows.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,14 +21,14 @@ if str(ROOT) not in sys.path:  # run on its own (AppTest)
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from kernels.bench.speed import read_rows  # noqa: E402
+from kernels.measure.speed_results import OURS, PEERS, read_rows  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam  # noqa: E402
 
-BENCH = ROOT / "data"
-# timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed). The
-# forward+backward rows come from session-7 runs (the atomic-dQ backward on large grids), the
-# forward rows from session 5's.
+# The bundled bench CSVs; ATTNMEM_BENCH_DIR points the page at another folder of them (tests, or
+# a run of your own named as these are).
+BENCH = Path(os.environ.get("ATTNMEM_BENCH_DIR") or ROOT / "data")
+# timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed).
 SOURCES = {
     "eager calls": ({"fwd": BENCH / "kernel_speed_fwd_eager_h200.csv",
                      "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_h200.csv"}, (
@@ -44,28 +46,25 @@ SOURCES = {
         "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
         "host's share.")),
 }
-# Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads): measured for
-# forward+backward in GPU time only (bf16), the backward being where GQA changes the work.
+# Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads), the backward being
+# where GQA changes the work: timing choice -> {pass: bundled CSV}.
 GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "kernel_speed_fwdbwd_gqa_graphs_h200.csv"}}
+# The run with FlashAttention-4 beside ours, cuDNN and FA2 (`python -m kernels.bench --preset
+# anchors --rounds 3`, both passes and GQA in one file): offered when the checkout has it.
+PEERS_CSV = BENCH / "kernel_speed_peers_eager_h200.csv"
+PEERS_TIMING = "eager, 3 rounds, with FlashAttention-4"
+if PEERS_CSV.exists():
+    SOURCES[PEERS_TIMING] = ({"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}, (
+        "Eager calls, each implementation timed three times per shape, in turn, in one process "
+        "(`python -m kernels.bench --preset anchors --rounds 3`): the shapes of the project's "
+        "kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 kernels) as a peer."))
+    GQA_SOURCES[PEERS_TIMING] = {"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
-LABELS = {
-    "triton": "ours: default path",
-    "triton_generic": "ours: portable Triton forward",
-    "triton_sm90_3wg": "ours: Gluon forward, 3 warpgroups",
-    "triton_sm90_persistent": "ours: Gluon forward, persistent",
-    "sdpa_cudnn": "SDPA cuDNN",
-    "sdpa_flash": "SDPA FlashAttention-2",
-    "sdpa_efficient": "SDPA memory-efficient",
-    "sdpa_math": "SDPA math",
-}
-COLORS = {"triton": "#0072B2", "triton_generic": "#56B4E9", "triton_sm90_3wg": "#D55E00",
-          "triton_sm90_persistent": "#F0E442",
-          "sdpa_cudnn": "#8C8C8C",
-          "sdpa_flash": "#009E73", "sdpa_efficient": "#E69F00", "sdpa_math": "#CC79A7"}
+PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path
-# (kernels/flash_attn_fwd_sm90.default_schedule): the Gluon forward at d = 128; at d = 64 the
-# portable Triton forward up to s = 2,048 (4,096 causal), the three-warpgroup Gluon forward above.
-DEFAULT_IMPL = "triton"
+# (kernels.flash's default schedule): the Gluon forward at d = 128; at d = 64 the portable
+# Triton forward up to s = 2,048 (4,096 causal), the three-warpgroup Gluon forward above.
+DEFAULT_IMPL = OURS
 DEFAULT_WORDS = {
     128: "the Gluon forward (two consumer warpgroups) at every length",
     64: "the portable Triton forward up to s = 2,048 (4,096 with a causal mask), the Gluon "
@@ -82,9 +81,29 @@ SPECS = {
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=8)  # six bundled CSVs
+@st.cache_data(show_spinner=False, max_entries=12)  # the bundled CSVs
 def load(path: str) -> pd.DataFrame:
     return pd.DataFrame([vars(r) for r in read_rows(path)])
+
+
+def short(impl: str) -> str:
+    """A peer's label without the 'SDPA ' prefix, for ratio columns ('cuDNN', 'FlashAttention-2')."""
+    return c.impl_label(impl).removeprefix("SDPA ")
+
+
+def gqa_where(kv_heads: int) -> list[str]:
+    """Where rows with kv_heads key/value heads were measured (timing, pass, dtype), in words."""
+    found = []
+    for timing, paths in GQA_SOURCES.items():
+        for path in dict.fromkeys(paths.values()):
+            try:
+                df = load(str(path))
+            except (OSError, ValueError):
+                continue
+            got = df[df["kv_heads"] == kv_heads]
+            for mode, dname in sorted(set(zip(got["mode"], got["dtype"], strict=True))):
+                found.append(f"**{timing}**, {PASS_WORDS.get(mode, mode)}, {dname}")
+    return found
 
 
 c.page_setup("kernel_speed")
@@ -108,42 +127,55 @@ c.sync_url(SPECS)
 
 want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
 paths, how = SOURCES[timing]
+kv_heads = int(kv)
 if kv != "32":
     paths = GQA_SOURCES.get(timing, {})
-    if want not in paths or dtype != "bf16":
-        st.info("Grouped-query attention (8 key/value heads) was measured for **forward + "
-                "backward** in **GPU time (CUDA graphs)**, **bf16**: choose those to see it.")
-        st.stop()
     how += (" Grouped-query attention: 8 key/value heads shared by the 32 query heads "
             "(SDPA backends called with enable_gqa=True).")
-source = paths[want]
-try:
-    df = load(str(source))
-except (OSError, ValueError) as exc:
-    st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
+df = None
+if want in paths:
+    source = paths[want]
+    try:
+        df = load(str(source))
+    except (OSError, ValueError) as exc:
+        st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
+        st.stop()
+    df = df[df["kv_heads"] == kv_heads]
+if kv != "32" and (df is None or df[(df["dtype"] == dtype) & (df["mode"] == want)].empty):
+    st.info("Grouped-query attention (8 key/value heads) was measured for: "
+            + "; ".join(gqa_where(kv_heads)) + ". Choose one of those to see it.")
     st.stop()
 
-sel = df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
-         & (df["mode"] == want) & (df["status"] == "ok")]
+sel = (df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
+          & (df["mode"] == want) & (df["status"] == "ok")] if df is not None else pd.DataFrame())
 if sel.empty:
     st.info("No measurement for this choice.")
     st.stop()
 
 r0 = sel.iloc[0]
+fa4_versions = sorted({v for v in sel.loc[sel["impl"] == "fa4", "impl_version"] if v})
 st.caption(
     f"Measured {r0['timestamp']} on {r0['gpu']}, torch {r0['torch_version']}, triton "
-    f"{r0['triton_version']}; source `{source.relative_to(ROOT)}`. " + how
+    f"{r0['triton_version']}"
+    + (f", flash-attn-4 {', '.join(fa4_versions)}" if fa4_versions else "")
+    + f"; source `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source.name}`. "
+    + how
 )
 
 default = DEFAULT_IMPL
-impls = [i for i in LABELS if i in set(sel["impl"])]
+present = set(sel["impl"])
+# ours first, then our kernel's other paths, the peers, and anything else by name
+order = [default, *sorted(i for i in present if i.startswith("triton") and i != default),
+         *PEERS, *sorted(present - {default, *PEERS})]
+impls = [i for i in dict.fromkeys(order) if i in present]
+refs = [p for p in PEERS if p in present]
 traces = []
 for impl in impls:
     got = sel[sel["impl"] == impl].sort_values("seq_len")
-    name = LABELS[impl] + (" · default" if impl == default else "")
+    name = c.impl_label(impl) + (" · default" if impl == default else "")
     traces.append(dict(
         type="scatter", mode="lines+markers", x=got["seq_len"].tolist(), y=got["tflops"].tolist(),
-        name=name, line=dict(color=COLORS.get(impl, "#7F7F7F"), width=3 if impl == default else 2),
+        name=name, line=dict(color=c.impl_color(impl), width=3 if impl == default else 2),
         hovertemplate=f"<b>{name}</b><br>s = %{{x:,}}<br>%{{y:.0f}} TFLOP/s<extra></extra>",
     ))
 lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
@@ -153,17 +185,17 @@ fig = c.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 43
 wide = sel.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
 table = pd.DataFrame({"s": wide.index})
 for impl in impls:
-    table[LABELS[impl]] = wide[impl].round(0).tolist()
-for ref in ("sdpa_cudnn", "sdpa_flash"):
-    if default in wide and ref in wide:
-        table[f"default / {LABELS[ref].removeprefix('SDPA ')}"] = (wide[default] / wide[ref]).round(2).tolist()
+    table[c.impl_label(impl)] = wide[impl].round(0).tolist()
+for ref in refs:
+    if default in wide:
+        table[f"default / {short(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
 if default in wide:
     top = int(wide.index.max())
-    mcols = st.columns(3)
+    mcols = st.columns(1 + len(refs))
     mcols[0].metric(f"default at s = {top:,} (measured)", f"{wide.loc[top, default]:.0f} TFLOP/s")
-    for col, ref in zip(mcols[1:], ("sdpa_cudnn", "sdpa_flash"), strict=True):
-        if ref in wide and wide.loc[top, ref] == wide.loc[top, ref]:
-            col.metric(f"÷ {LABELS[ref].removeprefix('SDPA ')} at s = {top:,}",
+    for col, ref in zip(mcols[1:], refs, strict=True):
+        if wide.loc[top, ref] == wide.loc[top, ref]:
+            col.metric(f"÷ {short(ref)} at s = {top:,}",
                        f"{wide.loc[top, default] / wide.loc[top, ref]:.2f}×")
 c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
 st.dataframe(table, hide_index=True, width="stretch")
@@ -174,6 +206,6 @@ st.markdown(
     "s = 4,096), else one dK/dV kernel that also adds dQ into an fp32 buffer (bulk "
     "reduce-adds of the copy engine). With grouped-query attention on a small grid each "
     "group of query heads is split over several dK/dV programs whose partial dK, dV are "
-    "summed afterwards. Full tables, the targets and the tuning log: "
-    "`kernels/BENCH_H200.md`, `kernels/NOTES.md`."
+    "summed afterwards. Full tables and the tuning notes: `kernels/bench/BENCH_H200.md`, "
+    "`kernels/flash/NOTES.md`."
 )

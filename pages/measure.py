@@ -21,7 +21,8 @@ import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from calc import IMPL_LABELS, IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
+from calc import IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
+from kernels.measure.registry import NAMES, fa4_installed_reason  # noqa: E402
 from kernels.measure.store import (  # noqa: E402
     COLUMNS,
     MAX_UPLOAD_BYTES,
@@ -39,14 +40,10 @@ REFERENCE_TRACE_CSV = ROOT / "data" / "attention_calls_trace_h200.csv"
 REF = "ref"
 SEQ_CHOICES = tuple(str(1 << p) for p in range(7, 17))  # 128 .. 65,536
 MODES = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}
-IMPL_COLORS = getattr(c, "IMPL_COLORS", None) or {  # fallback if pages/common lacks it
-    "naive": "#D55E00", "naive_inplace": "#E69F00", "sdpa_math": "#CC79A7",
-    "sdpa_efficient": "#56B4E9", "sdpa_flash": "#009E73", "sdpa_cudnn": "#8C8C8C",
-    "triton": "#0072B2",
-}
 
 SPECS = {
-    "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS),
+    # every implementation the registry can measure (fa4 where FlashAttention-4 is installed)
+    "impls": MultiChoiceParam(NAMES, NAMES),
     "lens": MultiChoiceParam(("512", "1024", "2048", "4096", "8192", "16384"), SEQ_CHOICES),
     "b": IntParam(1, 1, 64),
     "h": IntParam(32, 1, 256),
@@ -59,12 +56,8 @@ SPECS = {
 }
 
 
-def color(impl: str) -> str:
-    return IMPL_COLORS.get(impl, "#7F7F7F")
-
-
-def label(impl: str) -> str:
-    return IMPL_LABELS.get(impl, impl)
+color = c.impl_color
+label = c.impl_label
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -103,12 +96,25 @@ def open_store() -> ResultStore | None:
 @c.cached()
 def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
                      causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
+    """calc's peak curves for the implementations it models (a name it does not model gets
+    measured points and no curve)."""
+    impls = tuple(i for i in impls if i in IMPLEMENTATIONS)
     lens, s = [], lo
     while s <= hi:  # powers of two and the halfway points (a smooth line on log axes)
         lens += [s, int(s * 1.5)]
         s *= 2
     lens = sorted({x for x in lens if lo <= x <= hi})
-    return sweep_seq_len(impls, lens, b, h, d, dtype, causal, bwd, kv_heads=hkv)
+    try:
+        return sweep_seq_len(impls, lens, b, h, d, dtype, causal, bwd, kv_heads=hkv)
+    except ValueError:  # one model refuses this shape: draw the others' curves
+        parts = []
+        for impl in impls:
+            try:
+                parts.append(sweep_seq_len((impl,), lens, b, h, d, dtype, causal, bwd, kv_heads=hkv))
+            except ValueError:
+                continue
+        return pd.concat(parts, ignore_index=True) if parts else sweep_seq_len((), lens, b, h, d,
+                                                                              dtype, causal, bwd)
 
 
 def select_rows(df: pd.DataFrame, impls, b, h, hkv, d, dtype, causal) -> pd.DataFrame:
@@ -247,6 +253,11 @@ with controls:
 
 with main:
     # -- run (GPU) or say plainly why not ------------------------------------------------
+    fa4_missing = fa4_installed_reason() if "fa4" in impls else None
+    if fa4_missing:
+        # the reason is the registry's own text (no user input): shown as written
+        st.caption(f"{label('fa4')} (`fa4`) is not available here: {fa4_missing}. Its points "
+                   "are recorded as unavailable, with that reason.")
     if reason:
         st.info(f"**No GPU here**: {reason}. Nothing can be measured on this machine. Shown "
                 "instead: the bundled reference measured on an NVIDIA H200 with this page's "

@@ -47,7 +47,7 @@ IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent"
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
 # What runs without --impls: not the persistent form (slower than the default forward on the
-# H200 and not a default path anywhere; kernels/NOTES.md).
+# H200 and not a default path anywhere; kernels/flash/NOTES.md).
 DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
 CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "fa4")
@@ -258,6 +258,7 @@ def run_grid(args) -> list[Row]:
     note = _fa4_note(args.impls)
     if note:
         print(note, file=sys.stderr, flush=True)
+    versions = {"fa4": registry.fa4_version()}  # per implementation, beyond torch and triton
     sink = open(args.csv, "w", newline="")  # rows are written as they come: a cut run keeps them
     writer = csv.DictWriter(sink, fieldnames=list(Row.__dataclass_fields__))
     writer.writeheader()
@@ -289,7 +290,7 @@ def run_grid(args) -> list[Row]:
                 ms, rel, status = _combine(got[name])
                 tf = flops(B, H, s, d, causal, mode) / (ms * 1e-3) / 1e12
                 rows.append(Row(name, dname, B, H, s, d, causal, mode, ms, tf, rel, status,
-                                **stamp, kv_heads=H_kv))
+                                **stamp, kv_heads=H_kv, impl_version=versions.get(name, "")))
                 writer.writerow({k: neutralise(v) for k, v in asdict(rows[-1]).items()})
                 sink.flush()
                 print(f"{name:15s} {dname} d={d:3d} H_kv={H_kv:3d} causal={int(causal)} "

@@ -7,8 +7,9 @@ Points run in a child process (kernels.measure.child) under the GPU lock; each f
 to the CSV (and committed to the SQLite store with --db) at once, so an interrupted sweep keeps
 what it measured. ``--profile`` also writes trace fingerprints (kernels.measure.trace) to
 ``--trace-out``. Lists are comma-separated; ``--dtype fp16,bf16``, ``--head-dim 64,128``,
-``--causal-both`` make cross products. With no --impl/--seq-len this is the default sweep: all
-seven implementations, s = 512 ... 16,384, forward and forward+backward.
+``--causal-both`` make cross products. With no --impl/--seq-len this is the default sweep: every
+implementation of the registry (``fa4`` rows say 'unavailable', with the reason, where
+FlashAttention-4 is not installed), s = 512 ... 16,384, forward and forward+backward.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m kernels.measure", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impl", type=_impl_list, default=list(registry.NAMES),
-                    help="comma-separated implementation names (default: all seven)")
+                    help="comma-separated implementation names (default: all of them: "
+                         + ", ".join(registry.NAMES) + ")")
     ap.add_argument("--seq-len", type=_int_list, default=list(DEFAULT_SEQ_LENS),
                     help="comma-separated sequence lengths (default 512..16384)")
     ap.add_argument("--batch", type=int, default=1)

@@ -43,6 +43,8 @@ class Row:
     triton_version: str
     timestamp: str  # UTC, ISO 8601
     kv_heads: int = 0  # key/value heads (GQA when < heads); CSVs without the column: `heads`
+    impl_version: str = ""  # the implementation's own package version where it has one
+    # beyond torch and triton (fa4: flash-attn-4's); CSVs without the column: ""
 
     @property
     def key(self) -> tuple[str, int, int, bool, str, int]:
@@ -60,14 +62,16 @@ def read_rows(path: str | os.PathLike[str]) -> list[Row]:
     rows = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = set(Row.__dataclass_fields__) - set(reader.fieldnames or ()) - {"kv_heads"}
+        optional = {"kv_heads", "impl_version"}  # columns added later than the first CSVs
+        missing = set(Row.__dataclass_fields__) - set(reader.fieldnames or ()) - optional
         if missing:
             raise ValueError(f"{path}: not a kernels.bench CSV, missing columns {sorted(missing)}")
         for n, raw in enumerate(reader, start=2):
             try:
                 vals = {k: types.get(k, str)(raw[k]) for k in Row.__dataclass_fields__
-                        if k != "kv_heads"}
+                        if k not in optional}
                 vals["kv_heads"] = int(raw.get("kv_heads") or vals["heads"])
+                vals["impl_version"] = raw.get("impl_version") or ""
                 vals["causal"] = {"True": True, "False": False}[raw["causal"]]
             except (KeyError, ValueError) as exc:
                 raise ValueError(f"{path}, line {n}: bad value ({exc})") from None

@@ -90,3 +90,28 @@ def test_page_without_selection(db):
     at = run_page({"impls": "none"})
     assert not at.exception
     assert any("Pick at least one" in i.value for i in at.info)
+
+
+def test_fa4_is_selectable_and_says_why_it_is_unavailable(db):
+    """FlashAttention-4 is one of the implementations to pick; where flash_attn.cute is not
+    installed the page says so with the install hint, and a stored run's unavailable fa4 row
+    is listed with its reason beside the measured ones."""
+    from kernels.measure.registry import fa4_installed_reason
+
+    st = ResultStore(db)
+    run = st.new_run(gpu_name="NVIDIA H200", label="t")
+    st.add_row(run, row(impl="triton", peak_extra_bytes=17_301_504))
+    why = "flash_attn.cute is not installed (pip install flash-attn-4)"
+    st.add_row(run, row(impl="fa4", status="unavailable", peak_extra_bytes=None,
+                        median_ms=None, tflops=None, message=why))
+    at = run_page({"src": str(run), "mode": "fwd", "lens": "1024", "impls": "triton,fa4"})
+    assert not at.exception, [e.value for e in at.exception]
+    chosen = at.multiselect(key="impls")
+    assert "fa4" in chosen.options or any("FlashAttention-4" in o for o in chosen.options)
+    assert len(chosen.value) == 2
+    table = at.dataframe[0].value
+    fa4 = table[table["status"] == "unavailable"].iloc[0]
+    assert "FlashAttention-4" in fa4["implementation"] and fa4["note"] == why
+    if fa4_installed_reason():
+        assert any("not available here" in c.value and "pip install flash-attn-4" in c.value
+                   for c in at.caption)

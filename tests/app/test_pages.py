@@ -21,8 +21,10 @@ from calc import (
     score_matrix_bytes,
 )
 from calc.io_model import flash_io, standard_io
+from pages.ui.labels import impl_label
 
 ROOT = Path(__file__).resolve().parents[2]
+OURS_LABEL = impl_label("triton")  # the Kernel speed page's column of our default path
 PAGES = {
     "score": ROOT / "pages" / "score_matrix.py",
     "model": ROOT / "pages" / "model_memory.py",
@@ -310,13 +312,13 @@ def _kernel_table(at: AppTest):
 
 def test_kernel_speed_shows_the_measured_h200_rows() -> None:
     """The page's figures are the bench CSV's, row for row, and the ratio is of the default."""
-    from kernels.bench.speed import read_rows
+    from kernels.measure.speed_results import read_rows
 
     rows = {(r.impl, r.seq_len): r.tflops for r in read_rows(ROOT / "data" / "kernel_speed_fwd_eager_h200.csv")
             if r.dtype == "bf16" and r.head_dim == 128 and not r.causal and r.mode == "fwd"}
     at = run("kernel")
     t = _kernel_table(at).set_index("s")
-    assert t.loc[16384, "ours: default path"] == round(rows[("triton", 16384)])
+    assert t.loc[16384, OURS_LABEL] == round(rows[("triton", 16384)])
     assert t.loc[16384, "SDPA cuDNN"] == round(rows[("sdpa_cudnn", 16384)])
     want = round(rows[("triton", 16384)] / rows[("sdpa_cudnn", 16384)], 2)
     assert t.loc[16384, "default / cuDNN"] == want
@@ -329,7 +331,7 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     assert list(t["s"]) == [1024, 2048, 4096, 8192, 16384]
     # at d = 64 the default path (bench name "triton") switches kernels by length: the ratio
     # column follows it, not one kernel
-    from kernels.bench.speed import read_rows
+    from kernels.measure.speed_results import read_rows
 
     raw = {r.impl: r.tflops for r in read_rows(ROOT / "data" / "kernel_speed_fwdbwd_eager_h200.csv")
            if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("fp16", 64, True, "fwd_bwd", 4096)}
@@ -349,7 +351,7 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     at = run("kernel", ktiming="eager, median of 3 rounds")
     t = _kernel_table(at).set_index("s")
     assert list(t.index) == [1024, 2048]  # that run covers the short lengths only
-    assert t.loc[1024, "ours: default path"] == round(rounds["triton"])
+    assert t.loc[1024, OURS_LABEL] == round(rounds["triton"])
     assert any("--rounds 3" in c.value for c in at.caption)
     rounds_fb = {r.impl: r.tflops for r in read_rows(
         ROOT / "data" / "kernel_speed_fwdbwd_eager_rounds_h200.csv")
@@ -367,7 +369,7 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
 def test_kernel_speed_gqa_rows() -> None:
     """Grouped-query attention: forward+backward in GPU time from its own bench CSV; other
     choices say where it was measured instead of showing MHA figures under a GQA label."""
-    from kernels.bench.speed import read_rows
+    from kernels.measure.speed_results import read_rows
 
     gqa = {(r.impl, r.seq_len): r.tflops for r in read_rows(
         ROOT / "data" / "kernel_speed_fwdbwd_gqa_graphs_h200.csv")
@@ -377,7 +379,7 @@ def test_kernel_speed_gqa_rows() -> None:
     at = run("kernel", kkv="8", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd",
              kcausal="true")
     t = _kernel_table(at).set_index("s")
-    assert t.loc[4096, "ours: default path"] == round(gqa[("triton", 4096)])
+    assert t.loc[4096, OURS_LABEL] == round(gqa[("triton", 4096)])
     assert t.loc[4096, "default / FlashAttention-2"] == round(
         gqa[("triton", 4096)] / gqa[("sdpa_flash", 4096)], 2)
     assert any("enable_gqa" in c.value for c in at.caption)
@@ -386,6 +388,59 @@ def test_kernel_speed_gqa_rows() -> None:
         at = run("kernel", kkv="8", **other)
         assert not at.dataframe and any("measured for" in i.value for i in at.info)
 
+
+
+def _peers_csv(folder: Path) -> None:
+    """A bench CSV with FlashAttention-4 beside ours, cuDNN and FA2 (made-up figures, GPU
+    'test'), plus the bundled CSVs, in a folder the page is pointed at."""
+    import csv
+    import shutil
+    from dataclasses import asdict
+
+    from kernels.measure.speed_results import Row
+
+    for f in (ROOT / "data").glob("kernel_speed_*_h200.csv"):
+        shutil.copy(f, folder / f.name)
+    tf = {"triton": 600.0, "sdpa_cudnn": 500.0, "sdpa_flash": 300.0, "fa4": 640.0}
+    rows = []
+    for impl, x in tf.items():
+        for s in (4096, 16384):
+            rows.append(Row(impl, "bf16", 1, 32, s, 128, False, "fwd", 1.0, x * s / 16384, 1e-3,
+                            "ok", "test GPU", "t", "tr", "2026-12-01T10:20:00+00:00", 32,
+                            "4.0.0b36" if impl == "fa4" else ""))
+        rows.append(Row(impl, "bf16", 1, 32, 8192, 128, True, "fwd_bwd", 1.0, x / 2, 1e-3, "ok",
+                        "test GPU", "t", "tr", "2026-12-01T10:20:00+00:00", 8,
+                        "4.0.0b36" if impl == "fa4" else ""))
+    with open(folder / "kernel_speed_peers_eager_h200.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(Row.__dataclass_fields__))
+        w.writeheader()
+        w.writerows(asdict(r) for r in rows)
+
+
+def test_kernel_speed_shows_fa4_when_the_data_has_it(tmp_path, monkeypatch) -> None:
+    """A run with FlashAttention-4 rows: a timing choice of its own, FA4's series and column,
+    our default's ratio to it (table and metric), its version in the caption; GQA rows of the
+    same file under 8 key/value heads. Without such a file the choice is not offered."""
+    _peers_csv(tmp_path)
+    monkeypatch.setenv("ATTNMEM_BENCH_DIR", str(tmp_path))
+    timing = "eager, 3 rounds, with FlashAttention-4"
+    at = run("kernel", ktiming=timing)
+    t = _kernel_table(at).set_index("s")
+    assert list(t.index) == [4096, 16384]
+    assert t.loc[16384, impl_label("fa4")] == 640 and t.loc[16384, OURS_LABEL] == 600
+    fa4 = impl_label("fa4")
+    assert t.loc[16384, f"default / {fa4}"] == round(600 / 640, 2)
+    assert t.loc[16384, "default / cuDNN"] == round(600 / 500, 2)
+    assert metrics(at)[f"÷ {fa4} at s = 16,384"] == f"{600 / 640:.2f}×"
+    assert any("flash-attn-4 4.0.0b36" in c.value and "test GPU" in c.value for c in at.caption)
+    at = run("kernel", ktiming=timing, kkv="8", kpass="fwd+bwd", kcausal="true")
+    t = _kernel_table(at).set_index("s")
+    assert list(t.index) == [8192] and t.loc[8192, f"default / {fa4}"] == round(300 / 320, 2)
+    at = run("kernel", ktiming=timing, kkv="8", kpass="fwd")  # GQA measured fwd+bwd only
+    assert not at.dataframe and any("measured for" in i.value for i in at.info)
+    monkeypatch.delenv("ATTNMEM_BENCH_DIR")
+    at = run("kernel", ktiming=timing)  # the bundled data has no such run: the default shows
+    assert warnings(at) and OURS_LABEL in _kernel_table(at).columns
 
 EXTREMES = {
     "score": {"b": "65536", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},

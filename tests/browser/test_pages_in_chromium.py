@@ -198,7 +198,7 @@ def test_flash_explainer_page(browser_page: Page, server: str) -> None:
 
 def test_kernel_speed_page(browser_page: Page, server: str) -> None:
     """The measured H200 kernel table: the default kernel's TFLOP/s at the longest length."""
-    from kernels.bench.speed import read_rows
+    from kernels.measure.speed_results import read_rows
 
     rows = read_rows(ROOT / "data" / "kernel_speed_fwd_eager_h200.csv")
     want = next(r.tflops for r in rows if (r.impl, r.dtype, r.head_dim, r.causal, r.mode,
