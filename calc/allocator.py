@@ -43,8 +43,6 @@ when cudaMalloc fails (near out of memory, reserved can then fall during a call)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest small-pool request, 1 MiB
 K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: small-pool segment (and expandable small page), 2 MiB
@@ -95,13 +93,18 @@ def fresh_block_bytes(nbytes: int, expandable: bool = False) -> int:
     return size if should_split(seg, size, is_small(size)) else seg
 
 
-@dataclass
 class _Block:
-    seg: int  # segment id (address order of segments: creation order)
-    offset: int  # byte offset within the segment
-    size: int
-    allocated: bool = False
-    mapped: bool = True  # False: unmapped address space of an expandable segment
+    """A block of a segment: id of the segment (address order = creation order), offset."""
+
+    __slots__ = ("seg", "offset", "size", "allocated", "mapped")
+
+    def __init__(self, seg: int, offset: int, size: int, allocated: bool = False,
+                 mapped: bool = True) -> None:
+        self.seg = seg
+        self.offset = offset
+        self.size = size
+        self.allocated = allocated
+        self.mapped = mapped  # False: unmapped address space of an expandable segment
 
 
 class CachingAllocator:
@@ -149,7 +152,8 @@ class CachingAllocator:
         return sid
 
     def _free_blocks(self, small: bool) -> list[_Block]:
-        return [b for sid, blocks in self._segments.items() if self._seg_small[sid] == small
+        small_of = self._seg_small
+        return [b for sid, blocks in self._segments.items() if small_of[sid] is small
                 for b in blocks if not b.allocated and b.mapped]
 
     def _take(self, block: _Block, size: int, small: bool) -> _Block:
@@ -175,10 +179,17 @@ class CachingAllocator:
     def _get_free_block(self, size: int, small: bool) -> _Block | None:
         """`get_free_block`: best fit by (size, address); expandable blocks prefer the one
         that can grow least (`expandable_size`)."""
-        cands = sorted((b for b in self._free_blocks(small) if b.size >= size),
-                       key=lambda b: (b.size, b.seg, b.offset))
+        if not self.expandable:
+            best = None
+            for b in self._free_blocks(small):
+                if b.size >= size and (best is None or (b.size, b.seg, b.offset)
+                                       < (best.size, best.seg, best.offset)):
+                    best = b
+            return best
+        cands = [b for b in self._free_blocks(small) if b.size >= size]
         if not cands:
             return None
+        cands.sort(key=lambda b: (b.size, b.seg, b.offset))
         i = 0
         if self.expandable:
             while (i + 1 < len(cands)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from calc import dispatch
 from calc.allocator import CachingAllocator
@@ -206,9 +206,10 @@ class _Shape:
     causal: bool
     backward: bool
 
-    @property
-    def e(self):  # bytes per input element (Fraction)
-        return dtype_bytes(self.dtype)
+    @cached_property
+    def e(self):  # bytes per input element (an int where whole: faster than a Fraction)
+        e = dtype_bytes(self.dtype)
+        return int(e) if e.denominator == 1 else e
 
     @property
     def n(self) -> int:  # score elements B·H·s²
@@ -554,26 +555,24 @@ def _replay(impl: str, sh: _Shape, expandable: bool) -> _Replay:
     a.empty_cache()
     a.reset_peak()
     before, reserved_before = a.allocated, a.reserved
-    live: dict[int, tuple[str, int, list[tuple[int, int]]]] = {}  # step index -> tensors
+    live: dict[int, tuple[str, int, int, list[int]]] = {}  # step -> (label, bytes, counted, handles)
     keys: dict[str, int] = {}
-    best: tuple[PeakTerm, ...] = ()
+    best: list[tuple[str, int, int, list[int]]] = []
     best_bytes = -1
     for i, step in enumerate(steps):
-        if isinstance(step, _F):
-            j = keys.pop(step.key)
-            for h, _ in live.pop(j)[2]:
+        if type(step) is _F:
+            for h in live.pop(keys.pop(step.key))[3]:
                 a.free(h)
             continue
-        handles = [(a.malloc(n), n) for n in step.sizes if n > 0]
-        live[i] = (step.label, i, handles)
+        handles = [a.malloc(n) for n in step.sizes if n > 0]
+        live[i] = (step.label, sum(step.sizes), sum(a.block_size(h) for h in handles), handles)
         if step.key:
             keys[step.key] = i
         if a.allocated - before > best_bytes:
             best_bytes = a.allocated - before
-            best = tuple(PeakTerm(label, sum(n for _, n in hs),
-                                  sum(a.block_size(h) for h, _ in hs), len(hs))
-                         for label, _, hs in live.values())
-    return _Replay(best, max(best_bytes, 0), a.peak_reserved - reserved_before)
+            best = list(live.values())
+    terms = tuple(PeakTerm(label, n, counted, len(hs)) for label, n, counted, hs in best)
+    return _Replay(terms, max(best_bytes, 0), a.peak_reserved - reserved_before)
 
 
 def check_impl(impl: str) -> str:
@@ -586,6 +585,25 @@ def check_impl(impl: str) -> str:
 
 
 def _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads) -> _Shape:
+    """Validated shape; remembered for plain hashable arguments (the searches ask often)."""
+    try:
+        return _shape_cached(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    except TypeError:  # unhashable: validate (and refuse) the long way
+        return _shape_checked(batch, heads, seq_len, head_dim, dtype, causal, backward,
+                              kv_heads)
+
+
+def _shape_cached(*args) -> _Shape:
+    # bool and int compare equal as cache keys (True == 1): keep their types in the key
+    return _shape_lru(tuple(type(a) for a in args), *args)
+
+
+@lru_cache(maxsize=65536)
+def _shape_lru(_types, *args) -> _Shape:
+    return _shape_checked(*args)
+
+
+def _shape_checked(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads) -> _Shape:
     b = check_int("batch", batch, 1, MAX_BATCH)
     h = check_int("heads", heads, 1, MAX_HEADS)
     s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
