@@ -166,8 +166,8 @@ def flash_attention(
         config = config or KernelConfig()
         config = replace(config, tiles=INTERPRETER_TILES, atomic_dq=bool(config.atomic_dq))
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        # No gradient can be asked for: skip autograd's bookkeeping (about 10 us of host time
-        # per call, which short sequences feel) and save nothing for a backward.
+        # No gradient can be asked for: skip autograd's bookkeeping (host time that short
+        # sequences feel) and save nothing for a backward.
         return attention_forward(q, k, v, bool(causal), float(scale), config)[0]
     return FlashAttentionFunction.apply(q, k, v, bool(causal), float(scale), config)
 

@@ -3,7 +3,7 @@ kernels, the stored-tile lookup and autotuner options, the one launch path (with
 chosen configs and direct launchers), and the one allocation helper.
 
 Host helpers are plain integer arithmetic: triton's own go through its constexpr wrapper,
-about 4 us of host time per call on the launch path.
+which short calls feel on the launch path.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def empty(like: torch.Tensor, shape: tuple, dtype: torch.dtype | None = None) ->
     ``like``'s). Every buffer the kernels write is allocated here, called as ``common.empty``
     so that one patch reaches every caller: the tests fill it with NaN, so an element a kernel
     fails to write shows. ``Tensor.new_empty`` takes the
-    device and dtype from ``like`` without parsing them: about 2 us less than torch.empty."""
+    device and dtype from ``like`` without parsing them, cheaper than torch.empty."""
     if dtype is None:
         return like.new_empty(shape)
     return like.new_empty(shape, dtype=dtype)
@@ -203,7 +203,7 @@ def launch(tuned, plain, name: str, meta: dict, bucket: int, tiles: dict | None,
     than what ``meta`` and the tiles fix (dtypes, strides, alignment, head counts): the
     compiled kernel is then launched without the JIT's dispatch (`launcher.DirectLauncher`).
     """
-    launcher = LAUNCHERS.get(name)  # by name: hashing a JITFunction costs ~3 us per lookup
+    launcher = LAUNCHERS.get(name)  # by name: hashing a JITFunction is slow
     if launcher is None:
         launcher = LAUNCHERS[name] = DirectLauncher(plain)
     if tiles is not None:

@@ -435,7 +435,7 @@ def _layout_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def _descriptor(t: torch.Tensor, rows: int, layout) -> TensorDescriptor:
     """A rank-4 descriptor of t with tiles [1, 1, rows, d]. Built without the dataclass's
-    checks, which cost about 5 us each on the launch path: `usable` made the same checks
+    checks, which are slow on the launch path: `usable` made the same checks
     (alignment, strides) once for q, k and v, and O is allocated contiguous here."""
     desc = TensorDescriptor.__new__(TensorDescriptor)
     desc.base, desc.shape, desc.strides = t, list(t.shape), _strides(t)

@@ -176,7 +176,6 @@ def test_import_touches_no_gpu_or_triton():
 
 def test_errors_name_the_argument(fa, monkeypatch):
     """Runs in this process on CPU: every check happens before any kernel launch."""
-    """Runs in this process on CPU: every check happens before any kernel launch."""
     dev = "cuda" if HAS_CUDA else "cpu"
     q = torch.randn(1, 4, 8, 16, device=dev, dtype=torch.float16)
     kv = torch.randn(1, 2, 8, 16, device=dev, dtype=torch.float16)
@@ -205,7 +204,7 @@ def test_errors_name_the_argument(fa, monkeypatch):
         fa.flash_attention(q.cpu(), kv.cpu(), kv.cpu())
 
 
-def test_memory_formula_docstring(fa):
+def test_memory_formulas_match_the_docstring(fa):
     # 1 x 32 heads x 4096 x 128, fp16: O 32 MiB + lse 0.5 MiB.
     assert fa.forward_bytes(1, 32, 4096, 128, 2) == 32 * 4096 * (128 * 2 + 4)
     two_kernel = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
@@ -313,7 +312,7 @@ def test_settings_are_read_once_from_the_environment(monkeypatch):
     assert dataclasses.asdict(config.SETTINGS) == before
 
 
-def test_pretuned_table_lookup(fa, monkeypatch):
+def test_stored_h200_tiles_apply_on_hopper_16bit_only(fa, monkeypatch):
     """The stored H200 choices apply to 16-bit inputs on a Hopper GPU only, and can be
     switched off (SETTINGS.retune); a malformed call falls back to tuning instead of failing."""
     from types import SimpleNamespace
@@ -347,7 +346,7 @@ def test_pretuned_table_lookup(fa, monkeypatch):
         assert warps in (4, 8) and stages in (2, 3, 4, 5)
 
 
-def test_descriptor_layouts(fa):
+def test_descriptors_only_for_layouts_that_flatten_into_rows(fa):
     """K/V go through tensor descriptors only when (batch, head, seq) flatten into rows with a
     16-byte row stride; asking for them elsewhere is refused with a message, not misread."""
     fwd = sys.modules["kernels.flash.fwd"]
@@ -536,7 +535,7 @@ def interp_results() -> dict[str, str]:
 
 @pytest.mark.skipif(HAS_CUDA, reason="interpreter subset: the GPU runs the full grid instead")
 @pytest.mark.parametrize("case", INTERP_IDS)
-def test_interpreter_matches_reference(interp_results, case):
+def test_interpreter_cases_match_the_reference(interp_results, case):
     """Small shapes under the CPU interpreter: s 1/17/97, d 16..96, GQA, s_q != s_k, strides."""
     if interp_results[case] != "ok":
         pytest.fail(f"{case}: {interp_results[case]}")
@@ -568,7 +567,7 @@ GPU_DIMS = [16, 64, 80, 96, 128, 256]
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", GPU_DIMS)
 @pytest.mark.parametrize("s", GPU_SEQ)
-def test_gpu_grid(fa, poisoned, s, d, causal, group, dtype):
+def test_gpu_grid_matches_reference(fa, poisoned, s, d, causal, group, dtype):
     config = GPU_CONFIG_D256 if d > 128 else GPU_CONFIG
     check_against_reference(fa, 2, 8, 8 // group, s, s, d, causal, dtype, "cuda", config=config)
 
@@ -577,7 +576,7 @@ def test_gpu_grid(fa, poisoned, s, d, causal, group, dtype):
 @pytest.mark.parametrize("s_q,s_k", [(17, 97), (1025, 128), (128, 1000), (1, 1025), (1000, 1)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 96])
-def test_gpu_unequal_lengths(fa, poisoned, s_q, s_k, d, causal):
+def test_gpu_unequal_lengths_match_reference(fa, poisoned, s_q, s_k, d, causal):
     check_against_reference(fa, 2, 4, 2, s_q, s_k, d, causal, torch.bfloat16, "cuda",
                             config=GPU_CONFIG)
 
@@ -586,7 +585,7 @@ def test_gpu_unequal_lengths(fa, poisoned, s_q, s_k, d, causal):
 @pytest.mark.parametrize("layout", ["bshd"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
                          ids=["fp16", "bf16", "fp32"])
-def test_gpu_strides_and_fp32(fa, poisoned, layout, dtype):
+def test_gpu_strided_views_and_fp32_match_reference(fa, poisoned, layout, dtype):
     check_against_reference(fa, 2, 8, 2, 300, 300, 64, True, dtype, "cuda", layout=layout,
                             config=GPU_CONFIG, scale=0.2)
 
@@ -597,7 +596,7 @@ def test_gpu_strides_and_fp32(fa, poisoned, layout, dtype):
 @pytest.mark.parametrize("d", [16, 64, 128, 256])
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (97, 97), (1025, 1025), (2065, 2065), (130, 1000),
                                      (1000, 130)])
-def test_gpu_descriptor_path(fa, poisoned, s_q, s_k, d, causal, dtype):
+def test_gpu_descriptor_loads_match_reference(fa, poisoned, s_q, s_k, d, causal, dtype):
     """K/V through tensor descriptors (TMA), forced on, GQA 4: ragged tails and diagonals."""
     config = dict(GPU_CONFIG_D256 if d > 128 else GPU_CONFIG, USE_DESC=True)
     check_against_reference(fa, 2, 8, 2, s_q, s_k, d, causal, dtype, "cuda", config=config)
@@ -615,7 +614,7 @@ HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 17), (97, 97), (128, 128), (1000, 1000),
                                      (1025, 1025), (2065, 2065), (130, 1000), (1000, 130),
                                      (1, 1025), (1025, 1), (300, 4100)])
-def test_gpu_sm90_path(fa, poisoned, s_q, s_k, group, d, causal, dtype):
+def test_gpu_sm90_forward_matches_reference(fa, poisoned, s_q, s_k, group, d, causal, dtype):
     """The hand-scheduled Hopper forward (fwd_sm90), forced on: ragged tails,
     diagonals, s_q != s_k, GQA; gradients through the Triton backward on its O and lse2."""
     check_against_reference(fa, 2, 8, 8 // group, s_q, s_k, d, causal, dtype, "cuda",
@@ -627,7 +626,7 @@ def test_gpu_sm90_path(fa, poisoned, s_q, s_k, group, d, causal, dtype):
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (200, 1000), (1025, 1025), (4100, 300)])
-def test_gpu_sm90_ring_depths(fa, poisoned, s_q, s_k, causal, stages):
+def test_gpu_sm90_ring_depths_agree(fa, poisoned, s_q, s_k, causal, stages):
     """Both ring depths (K/V slots) give the same answer."""
     config = fa.KernelConfig(sm90=True, sm90_stages=stages)
     check_against_reference(fa, 1, 4, 2, s_q, s_k, 128, causal, torch.bfloat16, "cuda",
@@ -641,7 +640,7 @@ def test_gpu_sm90_ring_depths(fa, poisoned, s_q, s_k, causal, stages):
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 300), (192, 192), (200, 1000), (1025, 1025),
                                      (4100, 300), (385, 4100)])
-def test_gpu_sm90_three_consumers(fa, poisoned, s_q, s_k, group, causal, dtype):
+def test_gpu_sm90_three_warpgroups_match_reference(fa, poisoned, s_q, s_k, group, causal, dtype):
     """Three consumer warpgroups (BLOCK_M = 192) at d = 64: tile edges at 192-row steps,
     ragged tails, s_q != s_k, GQA; forward and every gradient against the reference."""
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, 64, causal, dtype, "cuda",
@@ -653,7 +652,7 @@ def test_gpu_sm90_three_consumers(fa, poisoned, s_q, s_k, group, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("s_q,s_k,d,group", [(1, 1, 64, 1), (97, 1000, 128, 4), (1025, 1025, 64, 1),
                                              (1000, 300, 80, 2), (2048, 2048, 128, 1)])
-def test_gpu_atomic_dq_backward(fa, poisoned, s_q, s_k, d, group, causal, dtype):
+def test_gpu_atomic_dq_backward_matches_reference(fa, poisoned, s_q, s_k, d, group, causal, dtype):
     """The atomic-dQ backward (config BWD_ATOMIC_DQ, default tiles): every gradient against
     the reference, as the default backward is checked. On Hopper, d = 64 and 128 add dQ with
     the copy engine's bulk reduce-add (d = 80 with element-wise atomics)."""
@@ -668,7 +667,7 @@ def test_gpu_atomic_dq_backward(fa, poisoned, s_q, s_k, d, group, causal, dtype)
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("s_q,s_k,d,group", [(97, 1000, 128, 4), (1025, 1025, 64, 1)])
-def test_gpu_atomic_dq_elementwise(fa, poisoned, s_q, s_k, d, group, causal):
+def test_gpu_elementwise_atomic_dq_matches_reference(fa, poisoned, s_q, s_k, d, group, causal):
     """{"BWD_DQ_TMA": False}: the element-wise atomic adds where bulk reduce-adds would run."""
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, torch.float16, "cuda",
                             config={"BWD_ATOMIC_DQ": True, "BWD_DQ_TMA": False})
@@ -676,7 +675,7 @@ def test_gpu_atomic_dq_elementwise(fa, poisoned, s_q, s_k, d, group, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-def test_gpu_sm90_consumers_refused(fa):
+def test_gpu_sm90_three_warpgroups_refused_off_d64(fa):
     """Three warpgroups exist at d = 64 only: asked elsewhere, the call says so instead of
     running."""
     q = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
@@ -690,7 +689,7 @@ def test_gpu_sm90_consumers_refused(fa):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gpu_sm90_strided(fa, poisoned, dtype):
+def test_gpu_sm90_takes_strided_views_without_copies(fa, poisoned, dtype):
     """(B, s, H, d) storage viewed as (B, H, s, d): the descriptors take the strides as they are."""
     check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
                             config={"SM90": True}, scale=0.2)
@@ -704,7 +703,7 @@ def test_gpu_sm90_strided(fa, poisoned, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_direct_launch(fa, poisoned, d):
+def test_gpu_direct_launch_never_reuses_a_mismatched_kernel(fa, poisoned, d):
     """After the first call of a configuration the compiled kernels are launched without the
     JIT's dispatch (launcher.DirectLauncher). A call whose arguments specialise differently must not
     reuse a kernel compiled for others: the same shapes in turn as contiguous tensors,
@@ -743,7 +742,7 @@ def test_gpu_direct_launch(fa, poisoned, d):
             torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
 
 
-def test_sm90_dispatch_rules():
+def test_forward_choice_rules():
     """Which forward runs: sm90=False picks the Triton kernel, and so does a dict config with
     tiles but without "SM90"; sm90=True where the Gluon kernel cannot run says why instead of
     running something else."""
@@ -759,7 +758,7 @@ def test_sm90_dispatch_rules():
         fwd.use_sm90(q, q, q, KernelConfig(sm90=True))
 
 
-def test_dq_tma_usable_rule():
+def test_bulk_dq_adds_need_cuda_and_pow2_head_dim():
     """Bulk reduce-adds of dQ need a CUDA tensor (never under the interpreter), a head dim that
     is a power of two, and are refused when a config turns them off."""
     from kernels.flash.bwd import dq_tma_usable
@@ -773,7 +772,7 @@ def test_dq_tma_usable_rule():
         assert not dq_tma_usable(gpu, 80) and not dq_tma_usable(gpu, 64, force=False)
 
 
-def test_backward_choice(monkeypatch):
+def test_backward_choice_rules(monkeypatch):
     """Which backward attention_backward launches, with the launches recorded instead of run
     (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's atomic_dq
     first; the dict form's tiles without "BWD_ATOMIC_DQ" select the two-kernel one, a
@@ -822,7 +821,7 @@ def test_backward_choice(monkeypatch):
         torch.use_deterministic_algorithms(False)
 
 
-def test_backward_kv_split(monkeypatch):
+def test_gqa_split_of_the_dkdv_grid(monkeypatch):
     """The GQA split of the dK/dV grid (`kv_split`, a config's BWD_KV_SPLIT), with the launches
     recorded instead of run: the third grid axis, the partial sums' shape, the refusals."""
     from kernels.flash import bwd as bwd
@@ -857,7 +856,7 @@ def test_backward_kv_split(monkeypatch):
             dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": bad})
 
 
-def test_sm90_default_schedule():
+def test_where_the_sm90_forward_is_the_default():
     """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
     stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
     warpgroups, two stages)."""
@@ -878,7 +877,7 @@ def test_sm90_default_schedule():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_sm90_default_d64_long(fa, poisoned, causal):
+def test_gpu_d64_long_runs_three_warpgroups_by_default(fa, poisoned, causal):
     """d = 64 past 4,096 runs the three-warpgroup forward without any config (the default
     schedule, causal or not), and its output and gradients match the reference."""
     k90 = importlib.import_module("kernels.flash.fwd_sm90")
@@ -888,7 +887,7 @@ def test_gpu_sm90_default_d64_long(fa, poisoned, causal):
     assert any(key[1][5] == 3 for key in k90.LAUNCHER.cache)  # (.., consumers = 3, ..)
 
 
-def test_sm90_kernel_compiles_for_hopper():
+def test_sm90_forward_compiles_without_spills():
     """The Gluon forward compiles for sm_90 on this machine (no GPU needed: Triton's compiler
     and ptxas run on the CPU), without register spills and within the 227 KiB of shared
     memory one block may use."""
@@ -905,7 +904,7 @@ def test_sm90_kernel_compiles_for_hopper():
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_autotuned_path(fa, poisoned, d, causal):
+def test_gpu_autotuned_choices_match_reference(fa, poisoned, d, causal):
     """The autotuner's choices are correct too (config=None)."""
     check_against_reference(fa, 1, 8, 8, 1025, 1025, d, causal, torch.bfloat16, "cuda")
 
@@ -929,7 +928,7 @@ def _peak_extra_bytes(call, leaves) -> int:
 @pytest.mark.parametrize("s", [2048, 4096])
 @pytest.mark.parametrize("forward", ["triton", "sm90"])
 @pytest.mark.parametrize("backward", [False, True])
-def test_gpu_memory_matches_formula(fa, backward, forward, s):
+def test_gpu_peak_memory_matches_formula(fa, backward, forward, s):
     """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
     with either forward kernel; at s = 4,096 the sm90 case's backward is the atomic-dQ one
     (16 x 4 x 32 = 2,048 dK/dV programs; its fp32 buffer counted), the triton case's (tiles
@@ -959,7 +958,7 @@ def test_gpu_memory_matches_formula(fa, backward, forward, s):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("s", [2048, 4096])
-def test_gpu_memory_gqa_split(fa, s):
+def test_gpu_peak_memory_with_gqa_split_matches_formula(fa, s):
     """Peak extra bytes of forward + backward with a GQA group of 8 split over programs equal
     the formula: at s = 2,048 the partial dK, dV sums (S = 8), at 4,096 also the atomic
     backward's fp32 buffer (S = 8: 4 x 8 x 64 = 2,048 dK/dV programs)."""
