@@ -23,6 +23,7 @@ Runs in well under 3 minutes on one H200 (torch 2.11, triton 3.6).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import statistics
 import sys
@@ -151,7 +152,7 @@ def check() -> bool:
             good = math.isfinite(ea) and ea <= 2 * ec + FLOOR[dtype]
             ok &= good
             parts.append(f"{gname} {ea:.2e}/{ec:.2e}{'' if good else ' FAIL'}")
-        print(f"{name}: " + ", ".join(parts))
+        print(f"{name}: " + ", ".join(parts), flush=True)
     print("correctness:", "PASS" if ok else "FAIL")
     return ok
 
@@ -289,7 +290,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two timing shapes only")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--watchdog", type=int, default=240,
+                    help="seconds after which the run dumps its stacks and exits (a hung kernel)")
     args = ap.parse_args()
+    # A kernel that deadlocks on its barriers would hold the GPU until killed from outside:
+    # give up with a stack dump instead.
+    faulthandler.dump_traceback_later(args.watchdog, exit=True)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2

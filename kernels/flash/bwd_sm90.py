@@ -443,6 +443,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     gdt = _GL_DTYPES[q.dtype]
     if not _descriptor_ok(do):  # e.g. the expanded (stride-0) gradient of a sum()
         do = do.contiguous()
+    if o.stride(3) != 1:  # the stats kernel reads rows of O with unit stride
+        o = o.contiguous()
     lse2 = lse2.contiguous()
     s_pad = triton.cdiv(s_q, PAD) * PAD
     stats = q.new_empty((B * H, 2, s_pad), dtype=torch.float32)
