@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from calc import (  # noqa: E402
+    ALLOCATOR_NOTE,
     GPUS,
     IMPL_KIND,
     IMPL_LABELS,
@@ -25,7 +26,9 @@ from calc import (  # noqa: E402
     MAX_HEADS,
     MAX_SEQ_LEN,
     PEAK_MODEL_NOTES,
+    attention_peak_breakdown,
     attention_peak_bytes,
+    attention_reserved_bytes,
     default_seq_lens,
     max_seq_len,
     sweep_param,
@@ -70,6 +73,26 @@ def oom_table(impls: tuple[str, ...], gpus: tuple[str, ...], b: int, h: int, d: 
             peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd) if s_max else 0
             rows.append((gpu, impl, s_max, peak))
     return pd.DataFrame(rows, columns=["gpu", "impl", "max_seq_len", "peak_bytes_at_max"])
+
+
+@c.cached()
+def call_detail(impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
+                causal: bool, bwd: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per implementation at one s: the peak as max_memory_allocated() counts it, the tensor
+    bytes inside it, the allocator's rounding, the reserved growth; and every term."""
+    summary, terms = [], []
+    for impl in impls:
+        parts = attention_peak_breakdown(impl, b, h, s, d, dtype, causal, bwd)
+        reserved = attention_reserved_bytes(impl, b, h, s, d, dtype, causal, bwd)
+        summary.append((impl, sum(t.counted_bytes for t in parts),
+                        sum(t.tensor_bytes for t in parts), sum(t.rounding_bytes for t in parts),
+                        reserved))
+        terms += [(impl, t.label, t.tensors, t.tensor_bytes, t.counted_bytes, t.rounding_bytes)
+                  for t in parts]
+    return (pd.DataFrame(summary, columns=["impl", "allocated_peak_bytes", "tensor_bytes",
+                                           "rounding_bytes", "reserved_growth_bytes"]),
+            pd.DataFrame(terms, columns=["impl", "term", "tensors", "tensor_bytes",
+                                         "counted_bytes", "rounding_bytes"]))
 
 
 @c.cached()
@@ -203,6 +226,44 @@ fig2 = c.figure(
 )
 c.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)
 st.caption(f"{c.COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
+
+st.subheader(f"One call at s = {s2:,}: what PyTorch's allocator counts and reserves")
+summary, terms = call_detail(tuple(impls), s2, b, h, d, dtype, causal, bwd)
+
+
+def _cell(n: int | None) -> str:
+    return "not predicted" if n is None or n != n else c.fmt(int(n), unit)
+
+
+shown = pd.DataFrame({
+    "implementation": summary["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
+    "peak allocated (max_memory_allocated)": [_cell(v) for v in summary["allocated_peak_bytes"]],
+    "of which allocator rounding": [f"{int(v):,} B" for v in summary["rounding_bytes"]],
+    "reserved growth (memory_reserved)": [_cell(None if v is None or v != v else int(v))
+                                          for v in summary["reserved_growth_bytes"]],
+})
+st.dataframe(shown, hide_index=True)
+st.caption(
+    f"{c.COMPUTED}. **Peak allocated**: what `torch.cuda.max_memory_allocated()` rises by during "
+    "the call, above the inputs: every tensor counted as the block the caching allocator gives "
+    "it (calc.attention_peak_bytes). **Reserved growth**: what `torch.cuda.memory_reserved()` "
+    "rises by: the segments the allocator takes from the GPU for the call, freed temporaries "
+    "included; this is what nvidia-smi's figure grows by (nvidia-smi also shows the CUDA context "
+    "and memory outside PyTorch). Predicted when the cache is emptied before the call, as the "
+    "measurement does, and every temporary is known (calc.attention_reserved_bytes); "
+    "\"not predicted\" where it is not. " + ALLOCATOR_NOTE
+)
+with st.expander("Every tensor at the peak, with the allocator's rounding"):
+    for impl, part in terms.groupby("impl", sort=False):
+        st.markdown(f"**{IMPL_LABELS.get(impl, impl)}**")
+        st.dataframe(pd.DataFrame({
+            "tensors alive at the peak": part["term"],
+            "count": part["tensors"],
+            "tensor bytes": [f"{v:,}" for v in part["tensor_bytes"]],
+            "counted by the allocator": [f"{v:,}" for v in part["counted_bytes"]],
+            "rounding": [f"+{v:,} B (allocator block)" if v else "none"
+                         for v in part["rounding_bytes"]],
+        }), hide_index=True)
 
 with st.expander("What each implementation's formula assumes"):
     for impl in impls:
