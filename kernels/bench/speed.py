@@ -245,11 +245,14 @@ def _fa4_note(impls) -> str:
     return ""
 
 
-def run_grid(args) -> list[Row]:
+def run_grid(args, device: str = "cuda") -> list[Row]:
+    """Time every implementation on every shape and pass of args (``device='cpu'`` only for
+    tests of this procedure), writing each row to args.csv as it comes; returns the rows."""
     import torch
     import triton
 
-    stamp = dict(gpu=torch.cuda.get_device_name(), torch_version=torch.__version__,
+    gpu = torch.cuda.get_device_name() if device == "cuda" else device
+    stamp = dict(gpu=gpu, torch_version=torch.__version__,
                  triton_version=triton.__version__,
                  timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -265,8 +268,8 @@ def run_grid(args) -> list[Row]:
     for shape in shapes_of(args):
         dname, d, s, causal = shape.dtype, shape.head_dim, shape.seq_len, shape.causal
         H_kv = shape.kv_heads or H
-        gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
-        q, k, v, do = (torch.randn(B, heads, s, d, device="cuda", generator=gen,
+        gen = torch.Generator(device=device).manual_seed(s * 1000 + d)
+        q, k, v, do = (torch.randn(B, heads, s, d, device=device, generator=gen,
                                    dtype=dtypes[dname])
                        for heads in (H, H_kv, H_kv, H))  # (B, H or H_kv, s, d)
         for t in (q, k, v):
@@ -454,6 +457,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def header(rows: list[Row], args) -> str:
+    """The line above the table: where and how it was measured."""
+    r0 = rows[0]
+    kvs = ", ".join(str(x) for x in sorted({r.key[2] for r in rows}, reverse=True))
+    fa4 = sorted({r.impl_version for r in rows if r.impl == "fa4" and r.impl_version})
+    fa4_text = f", flash-attn-4 {', '.join(fa4)}" if fa4 else ""
+    return (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}{fa4_text}, "
+            f"{r0.timestamp}, B={r0.batch}, H={r0.heads}, H_kv={kvs}; "
+            f"{'CUDA-graph replays' if args.graphs else 'eager calls'}, "
+            f"{args.rounds} round(s) (median); TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -466,24 +481,23 @@ def main(argv: list[str] | None = None) -> int:
     GRAPHS = args.graphs
     if args.overhead:
         print("host us/call:", {k: round(v, 1) for k, v in cpu_overhead_us().items()})
+    import time
+
+    t0 = time.perf_counter()
     rows = run_grid(args)
+    wall_s = time.perf_counter() - t0
     if args.tuned_json:
         import json
 
         with open(args.tuned_json, "w") as f:
             json.dump(tuned_configs(), f, indent=1)
     md = table(rows)
-    r0 = rows[0]
-    kvs = ", ".join(str(x) for x in sorted({r.kv_heads for r in rows}, reverse=True))
-    fa4 = f", flash-attn-4 {registry.fa4_version() or '?'}" if "fa4" in args.impls else ""
-    header = (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}{fa4}, "
-              f"{r0.timestamp}, B={r0.batch}, H={r0.heads}, H_kv={kvs}; "
-              f"{'CUDA-graph replays' if args.graphs else 'eager calls'}, "
-              f"{args.rounds} round(s); TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
+    head = header(rows, args)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(header + "\n\n" + md + "\n")
-    print("\n" + header + "\n\n" + md)
+            f.write(head + "\n\n" + md + "\n")
+    print("\n" + head + "\n\n" + md)
+    print(f"\n{len(rows)} rows in {wall_s:.0f} s; CSV: {args.csv}")
     return 0
 
 

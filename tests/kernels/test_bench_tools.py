@@ -262,3 +262,39 @@ def test_tune_bwd_refuses_bad_head_counts(capsys, argv):
         tune_bwd.main(argv)
     assert info.value.code == 2
     assert "--kv-heads must divide --heads" in capsys.readouterr().err
+
+
+def test_run_grid_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """The whole grid procedure on tiny CPU tensors (GPU kernels replaced by the eager
+    reference, do_bench by a fixed time): every shape x pass x implementation gives one row,
+    in the CSV as it comes and read back the same; per-shape GQA; fa4 refused by its rule on
+    CPU tensors without stopping the run; the header names the run."""
+    import triton.testing
+
+    from kernels.measure import registry
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.5)[1])
+    real = bench._impl_fn
+    eager = lambda q, k, v, causal: registry.naive(q, k, v, causal)  # noqa: E731
+    monkeypatch.setattr(bench, "_impl_fn", lambda name: eager if name in (
+        "triton", "sdpa_cudnn", "sdpa_flash") else real(name))
+    out = tmp_path / "x.csv"
+    args = bench.parse_args(["--impls", "triton", "sdpa_cudnn", "sdpa_flash", "fa4",
+                             "--shapes", "bf16/16/64", "fp16/16/48/causal/kv=2", "--heads", "4",
+                             "--rounds", "2", "--csv", str(out)])
+    rows = bench.run_grid(args, device="cpu")
+    assert len(rows) == 2 * 2 * 4
+    assert [repr(r) for r in speed_results.read_rows(out)] == [repr(r) for r in rows]  # nan too
+    by = {(r.impl, r.dtype, r.mode): r for r in rows}
+    for mode in ("fwd", "fwd_bwd"):
+        r = by[("triton", "fp16", mode)]
+        assert r.status == "ok" and r.median_ms == 0.5 and r.kv_heads == 2 and r.causal
+        assert r.tflops == pytest.approx(bench.flops(1, 4, 48, 16, True, mode) / 0.5e-3 / 1e12)
+        assert r.rel_err < 1e-2  # checked against the reference
+        assert by[("fa4", "bf16", mode)].status == "unsupported"
+        assert by[("sdpa_cudnn", "bf16", mode)].kv_heads == 4
+    text = bench.table(rows)
+    assert "| fp16 | 16 | 2 | yes | fwd+bwd | 48 |" in text and "triton/fa4" in text
+    head = bench.header(rows, args)
+    assert head.startswith("cpu, torch ") and "H_kv=4, 2" in head and "2 round(s)" in head
+    assert "fa4" in capsys.readouterr().out
