@@ -3,6 +3,7 @@ not powers of two, GQA; every implementation, fp16 and bf16, forward and forward
 
     python -m kernels.measure.awkward_sweep --out data/awkward        # ~400 points, < 5 min on an H200
     python -m kernels.measure.awkward_sweep --expandable --out data/awkward   # ~64 points
+    python -m kernels.measure.awkward_sweep --check data/awkward/attention_calls_awkward_h200.csv
 
 The first writes ``<out>/attention_calls_awkward_h200.csv``; ``--expandable`` runs a subset in a
 child with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and writes
@@ -106,11 +107,86 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip points predicted above this many GB")
     ap.add_argument("--lock-wait", type=float, default=0.0)
     ap.add_argument("--list", action="store_true", help="print the points and exit")
+    ap.add_argument("--check", type=Path, default=None, metavar="CSV",
+                    help="measure nothing: compare CSV's rows with calc (peak and reserved); "
+                         "rows whose message names expandable_segments are predicted so")
     return ap
+
+
+def check(path: Path) -> str:
+    """Per implementation and pass: rows, worst |error| of calc.attention_peak_bytes against
+    peak_extra_bytes (s >= 1,024 and below), and of calc.attention_reserved_bytes against
+    reserved_extra_bytes where it predicts one; then the ten worst rows."""
+    import calc
+    from calc.allocator import CachingAllocator
+    from kernels.measure.store import read_csv_rows
+
+    def input_slack(r: dict, exp: bool) -> int:
+        """Free bytes in the segments that hold the inputs after empty_cache (what a call can
+        use without growing the reservation)."""
+        a = CachingAllocator(exp)
+        e = 4 if r["dtype"] == "fp32" else 2
+        q = r["batch"] * r["heads"] * r["seq_len"] * r["head_dim"] * e
+        kv = r["batch"] * r["kv_heads"] * r["seq_len"] * r["head_dim"] * e
+        for n in [q, kv, kv] + ([q] if r["backward"] else []):
+            a.malloc(n)
+        return a.reserved - a.allocated
+
+    rows = [r for r in read_csv_rows(path) if r["status"] == "ok" and r["peak_extra_bytes"]]
+    not_empty = 0
+    out: dict[tuple[str, str], list[float]] = {}
+    worst: list[tuple[float, str]] = []
+    for r in rows:
+        exp = "expandable_segments:True" in (r.get("message") or "")
+        args = (r["impl"], r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["dtype"],
+                bool(r["causal"]), bool(r["backward"]), r["kv_heads"])
+        try:
+            p = calc.attention_peak_bytes(*args, expandable=exp)
+            q = calc.attention_reserved_bytes(*args, expandable=exp)
+        except (ValueError, KeyError) as exc:
+            worst.append((float("inf"), f"{r['impl']}: {exc}"))
+            continue
+        e = (p - r["peak_extra_bytes"]) / r["peak_extra_bytes"]
+        re = None
+        measured_res = r.get("reserved_extra_bytes")
+        if measured_res is not None and measured_res + input_slack(r, exp) < r["peak_extra_bytes"]:
+            not_empty += 1  # the call used cached segments: the cache was not empty before it
+        elif q is not None and measured_res:
+            re = (q - measured_res) / measured_res
+        key = (r["impl"], "fwd+bwd" if r["backward"] else "fwd")
+        acc = out.setdefault(key, [0, 0.0, 0.0, 0.0, 0])
+        acc[0] += 1
+        if r["seq_len"] >= 1024:
+            acc[1] = max(acc[1], abs(e))
+        else:
+            acc[2] = max(acc[2], abs(e))
+        if re is not None:
+            acc[3] = max(acc[3], abs(re))
+            acc[4] += 1
+        worst.append((abs(e), f"{r['impl']} {key[1]} B={r['batch']} H={r['heads']}/"
+                              f"{r['kv_heads']} s={r['seq_len']} d={r['head_dim']} {r['dtype']}"
+                              f"{' causal' if r['causal'] else ''}{' expandable' if exp else ''}: "
+                              f"measured {r['peak_extra_bytes']:,} model {p:,} ({100 * e:+.3f}%)"
+                              f"; reserved {r.get('reserved_extra_bytes') or 0:,} model "
+                              f"{'-' if q is None else f'{q:,}'}"))
+    lines = [f"{'impl':<15}{'mode':<8}{'rows':>5}{'peak s>=1024':>14}{'peak s<1024':>13}"
+             f"{'reserved':>10}{'(rows)':>7}"]
+    for (impl, mode), (n, big, small, res, nres) in out.items():
+        lines.append(f"{impl:<15}{mode:<8}{n:>5}{100 * big:>13.3f}%{100 * small:>12.3f}%"
+                     f"{100 * res:>9.2f}%{nres:>7}")
+    lines.append(f"reserved not compared on {not_empty} rows whose call grew the reservation "
+                 "by less than it allocated beyond the inputs' free segment space (the cache was "
+                 "not empty before the call)")
+    lines.append("worst rows:")
+    lines += [f"  {text}" for _, text in sorted(worst, reverse=True)[:10]]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.check is not None:
+        print(check(args.check))
+        return 0
     impls = default_impls() if args.impl is None else [x.strip() for x in args.impl.split(",")
                                                         if x.strip()]
     unknown = [n for n in impls if n not in registry.NAMES]

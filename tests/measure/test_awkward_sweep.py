@@ -34,3 +34,11 @@ def test_list_prints_points_and_writes_nothing(tmp_path, capsys):
 
 def test_unknown_implementation_is_refused(capsys):
     assert aw.main(["--impl", "nope", "--list"]) == 2
+
+
+def test_check_compares_the_bundled_reference_with_calc():
+    text = aw.check(aw.Path(__file__).parents[2] / "data" / "attention_calls_h200.csv")
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["impl", "mode", "rows"]
+    assert any(line.startswith("sdpa_flash") for line in lines)
+    assert "worst rows:" in text and "reserved not compared on" in text
