@@ -255,7 +255,6 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
     stamp = dict(gpu=gpu, torch_version=torch.__version__,
                  triton_version=triton.__version__,
                  timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows: list[Row] = []
     B, H = args.batch, args.heads
     note = _fa4_note(args.impls)
@@ -270,7 +269,7 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
         H_kv = shape.kv_heads or H
         gen = torch.Generator(device=device).manual_seed(s * 1000 + d)
         q, k, v, do = (torch.randn(B, heads, s, d, device=device, generator=gen,
-                                   dtype=dtypes[dname])
+                                   dtype=registry.torch_dtype(dname))
                        for heads in (H, H_kv, H_kv, H))  # (B, H or H_kv, s, d)
         for t in (q, k, v):
             t.requires_grad_()
@@ -378,15 +377,16 @@ def cpu_overhead_us(n: int = 300) -> dict[str, float]:
 
 
 def tuned_configs() -> dict[str, dict[str, str]]:
-    """What the autotuner chose in this process, per kernel and key (for NOTES.md)."""
+    """What the autotuner chose in this process, per kernel and key."""
     if "kernels.flash.fwd" not in sys.modules:
         return {}
     from kernels.flash import bwd as bwd
     from kernels.flash import fwd as fwd
 
     out = {}
-    for name, tuner in (("fwd", fwd._fwd_kernel_tuned), ("dkdv", bwd._dkdv_tuned),
-                        ("dq", bwd._dq_tuned)):
+    for name, module, attr in (("fwd", fwd, "_fwd_kernel_tuned"), ("dkdv", bwd, "_dkdv_tuned"),
+                               ("dq", bwd, "_dq_tuned")):
+        tuner = getattr(module, attr, None)  # absent: that kernel has no autotuner here
         out[name] = {str(k): str(c) for k, c in getattr(tuner, "cache", {}).items()}
     return out
 
