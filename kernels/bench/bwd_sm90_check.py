@@ -4,9 +4,9 @@
 
 1. Correctness on a handful of shapes (ragged lengths, causal and not, GQA, fp16 and bf16,
    d = 64 and 128): the max abs error of dQ, dK, dV against the fp32 eager reference
-   (kernels.flash.reference), next to the error of the current Triton backward
-   (kernels.flash.bwd) on the same inputs. PASS where the new error is at most twice the
-   current one plus a floor.
+   (kernels.flash.reference), next to the errors of the current Triton backward
+   (kernels.flash.bwd) and of plain PyTorch in the low precision on the same inputs. PASS
+   where the new error is at most twice the eager low-precision one plus a floor.
 2. Speed of forward + backward (bf16, B = 1, H = 32, eager, issue 18's shapes), all in this
    process with CUDA events (warm-up first, median of --reps): our forward with the current
    backward (kernels.flash.api.flash_attention), our forward with the new backward (a small
@@ -106,21 +106,30 @@ CHECK_SHAPES = [
 FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def _ref_grads(q, k, v, do, causal, scale):
+def _grads(q, k, v, do, causal, scale):
+    """Gradients of the eager reference, in the inputs' dtype."""
     from kernels.flash.reference import attention_reference
 
-    q, k, v = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     o = attention_reference(q, k, v, causal, scale)
-    return torch.autograd.grad(o, (q, k, v), do.float())
+    return torch.autograd.grad(o, (q, k, v), do)
 
 
 def check() -> bool:
+    """Max errors against the fp32 reference: the new backward's, the current backward's, and
+    plain PyTorch's in the low precision ("eager"). PASS where the new error is at most twice
+    the eager one plus a floor (the rule of tests/kernels/test_flash_attention.py)."""
     from kernels.flash import bwd_sm90
-    from kernels.flash.bwd import attention_backward
     from kernels.flash.fwd import attention_forward
 
+    try:
+        from kernels.flash.bwd import attention_backward
+    except Exception as e:  # the current backward is only a point of comparison here
+        print(f"(current backward unavailable: {type(e).__name__}: {e})")
+        attention_backward = None
     ok = True
-    print("== correctness: max |grad - fp32 reference| (new backward / current backward)")
+    print("== correctness: max |grad - fp32 reference|  new / current / eager low precision",
+          flush=True)
     for B, H, H_kv, s, d, causal, dtype in CHECK_SHAPES:
         torch.manual_seed(0)
         q = torch.randn(B, H, s, d, device="cuda", dtype=dtype)
@@ -137,23 +146,30 @@ def check() -> bool:
                 continue
             o, lse2 = attention_forward(q, k, v, causal, scale)
             new = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
-            cur = attention_backward(do, q, k, v, o, lse2, causal, scale)
-            ref = _ref_grads(q, k, v, do, causal, scale)
             torch.cuda.synchronize()
         except Exception as e:
             print(f"{name}: ERROR {type(e).__name__}: {str(e)[:1500]}")
             traceback.print_exc()
             ok = False
             continue
+        cur = None
+        if attention_backward is not None:
+            try:
+                cur = attention_backward(do, q, k, v, o, lse2, causal, scale)
+            except Exception as e:
+                print(f"  (current backward failed: {type(e).__name__}: {str(e)[:200]})")
+        ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
+        low = _grads(q, k, v, do, causal, scale)
         parts = []
-        for gname, a, c, r in zip(("dq", "dk", "dv"), new, cur, ref, strict=True):
-            ea = (a.float() - r).abs().max().item()
-            ec = (c.float() - r).abs().max().item()
-            good = math.isfinite(ea) and ea <= 2 * ec + FLOOR[dtype]
+        for i, gname in enumerate(("dq", "dk", "dv")):
+            ea = (new[i].float() - ref[i]).abs().max().item()
+            ec = float("nan") if cur is None else (cur[i].float() - ref[i]).abs().max().item()
+            el = (low[i].float() - ref[i]).abs().max().item()
+            good = math.isfinite(ea) and ea <= 2 * el + FLOOR[dtype]
             ok &= good
-            parts.append(f"{gname} {ea:.2e}/{ec:.2e}{'' if good else ' FAIL'}")
+            parts.append(f"{gname} {ea:.2e}/{ec:.2e}/{el:.2e}{'' if good else ' FAIL'}")
         print(f"{name}: " + ", ".join(parts), flush=True)
-    print("correctness:", "PASS" if ok else "FAIL")
+    print("correctness:", "PASS" if ok else "FAIL", flush=True)
     return ok
 
 
@@ -238,9 +254,13 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
     except Exception as e:
         print(f"  new backward at {name}: {type(e).__name__}: {str(e)[:300]}")
         ms_new, new = float("nan"), None
-    ms_cur = _median_ms(lambda: attention_backward(*args), reps)
-    cur = attention_backward(*args)
-    diff = float("nan") if new is None else max(
+    try:
+        ms_cur = _median_ms(lambda: attention_backward(*args), reps)
+        cur = attention_backward(*args)
+    except Exception as e:
+        print(f"  current backward at {name}: {type(e).__name__}: {str(e)[:300]}")
+        ms_cur, cur = float("nan"), None
+    diff = float("nan") if new is None or cur is None else max(
         (a.float() - c.float()).abs().max().item() for a, c in zip(new, cur, strict=True))
 
     # other (BLOCK_M, stages) of the new backward, the backward alone (they compile on first use)
