@@ -104,27 +104,33 @@ def per_gpu_sweep(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: st
     return pd.DataFrame(rows)
 
 
-@c.cached()
+@c.cached(max_entries=2048)
+def longest_at(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool, shard: bool,
+               heads: int, kv_heads: int, head_dim: int, world: int) -> dict:
+    """Longest trainable context and longest attention call on `world` GPUs (None: refused)."""
+    model = MODELS[model_name]
+    row: dict = {"GPUs": world}
+    try:
+        row["training_seq_len"] = max_context_parallel_seq_len(
+            model, gpu_bytes, world, impl=impl, dtype=dtype, checkpointing=ckpt,
+            shard_states=shard)
+    except ValueError:
+        row["training_seq_len"] = None
+    try:
+        row["attention_seq_len"] = max_context_parallel_attention_seq_len(
+            impl, gpu_bytes, 1, heads, head_dim, dtype, True, True, world, kv_heads)
+    except ValueError:
+        row["attention_seq_len"] = None
+    return row
+
+
 def longest_sweep(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool,
                   shard: bool, heads: int, kv_heads: int, head_dim: int,
                   selected: int) -> pd.DataFrame:
-    model = MODELS[model_name]
-    rows = []
-    for world in sorted({*C_POINTS, selected}):
-        row = {"GPUs": world}
-        try:
-            row["training_seq_len"] = max_context_parallel_seq_len(
-                model, gpu_bytes, world, impl=impl, dtype=dtype, checkpointing=ckpt,
-                shard_states=shard)
-        except ValueError:
-            row["training_seq_len"] = None
-        try:
-            row["attention_seq_len"] = max_context_parallel_attention_seq_len(
-                impl, gpu_bytes, 1, heads, head_dim, dtype, True, True, world, kv_heads)
-        except ValueError:
-            row["attention_seq_len"] = None
-        rows.append(row)
-    return pd.DataFrame(rows)
+    """longest_at over C_POINTS and the selected GPU count (each point cached on its own)."""
+    return pd.DataFrame([longest_at(model_name, gpu_bytes, impl, dtype, ckpt, shard, heads,
+                                    kv_heads, head_dim, world)
+                         for world in sorted({*C_POINTS, selected})])
 
 
 c.page_setup("many_gpus")
