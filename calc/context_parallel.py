@@ -26,8 +26,9 @@ c10/cuda/CUDACachingAllocator.cpp `round_size`):
   calc.dispatch, the rules the kernel itself calls). Checked against one rank simulated on an
   H200 by ``python -m kernels.ring.measure_one_rank``.
 - "sdpa_flash", "sdpa_efficient", "sdpa_cudnn": PyTorch's own context_parallel (read in the
-  torch 2.13 source: _context_parallel/_attention.py; not measured here, no multi-GPU
-  machine): its default rotation all-gathers the whole K/V of the group once
+  torch 2.13 source, _context_parallel/_attention.py; the same algorithm and defaults in an
+  earlier pytorch/pytorch revision of that file, 09b101c, where the all-gather is
+  all_gather_tensor; torch 2.11 itself not read here; not measured, no multi-GPU machine): its default rotation all-gathers the whole K/V of the group once
   (`_AllGatherRotater`, `_cp_options.rotate_method = ALL_GATHER`), so each rank holds c key/
   value blocks, not two; it merges in fp32 (`convert_to_f32 = True`) with out-of-place
   tensor expressions (`_SDPAMerger`), accumulates dQ, dK, dV in fp32 and sends dK, dV with an
@@ -360,11 +361,11 @@ def _triton_backward(rp: _Replay, sh: _Shape, rank: int) -> None:
 
 # ---- torch's context_parallel (_context_parallel/_attention.py, torch 2.13), replayed -----------
 
-def _sdpa_fwd_outputs(rp: _Replay, sh: _Shape, impl: str, rows: int, tag: str) -> None:
-    rp.alloc("o_b" + tag, "SDPA output of a step (input dtype)", rows * sh.d * sh.e)
+def _sdpa_fwd_outputs(rp: _Replay, sh: _Shape, impl: str, len_q: int, tag: str) -> None:
+    rp.alloc("o_b" + tag, "SDPA output of a step (input dtype)", sh.rows(len_q) * sh.d * sh.e)
     # the efficient backend pads its log-sum-exp to 32 rows (B, H, ceil(s/32)*32)
-    lse_rows = rows if impl != "sdpa_efficient" else -(-rows // 32) * 32
-    rp.alloc("lse_b" + tag, "SDPA log-sum-exp of a step (fp32)", lse_rows * 4)
+    lse_len = len_q if impl != "sdpa_efficient" else -(-len_q // 32) * 32
+    rp.alloc("lse_b" + tag, "SDPA log-sum-exp of a step (fp32)", sh.rows(lse_len) * 4)
 
 
 def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
@@ -382,9 +383,10 @@ def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
                          c * kv2)
             else:
                 rp.free(f"cat{t}")  # exchange_buffers returns None: dropped at once
-        rows = sh.rows(n if kind == "q_half" else m)
+        len_q = n if kind == "q_half" else m
+        rows = sh.rows(len_q)
         tag = str(t)
-        _sdpa_fwd_outputs(rp, sh, impl, rows, tag)
+        _sdpa_fwd_outputs(rp, sh, impl, len_q, tag)
         if prev is not None:
             rp.free("o_b" + prev)
             if "lse_b" + prev in rp.alive:
