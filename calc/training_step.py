@@ -1,0 +1,591 @@
+"""Memory of one training step of a whole model: weights, gradients, AdamW state, activations.
+
+What is predicted is what the training-step measurement records (shared/DESIGN.md,
+"Measurement"): a `transformers` *ForCausalLM built from a config, one warm-up step, then one
+measured step (forward, loss, backward, optimizer step, zero_grad(set_to_none=True)).
+before-step = `memory_allocated()` after the warm-up; peak = `max_memory_allocated()` over the
+measured step.
+
+Every activation term is a count of the tensors that autograd saves, read from the modules of
+`transformers` 5 (models/llama/modeling_llama.py and the files built from it:
+modeling_mistral.py, modeling_qwen2.py, modeling_qwen3.py, modeling_gemma2.py,
+modeling_gemma3.py; loss_utils.py ForCausalLMLoss) and from the backward formulas of PyTorch
+(tools/autograd/derivatives.yaml: which inputs or outputs each op saves). Notation: T = B·s
+tokens, h hidden size, q = H·d and k = H_kv·d the query and key/value widths, I the MLP width,
+V the vocabulary, N = B·H·s² score elements, e bytes of an activation element (2 in both
+precisions: bf16, or the bf16 outputs of autocast's matrix products).
+
+Per layer (bf16 parameters; `_layer_terms` lists every tensor with its label):
+- RMSNorm (Llama: `x.to(float32)`, `x.pow(2)`, `x * rsqrt(var + eps)`, `weight * x.to(bf16)`):
+  pow saves the fp32 copy (4Th), mul saves rsqrt (4T), the last mul saves the bf16 normalized
+  input (2Th). Gemma's `output * (1 + weight.float())` saves the fp32 normalized input instead
+  (4Th) and the fp32 (1 + w) (4h).
+- q/k/v and gate/up projections save their input, the norm's output (2Th, once per norm);
+  o_proj saves the attention output (2Tq), down_proj the gated product (2TI).
+- Rotary (apply_rotary_pos_emb: `q * cos + rotate_half(q) * sin`) saves only cos and sin
+  (computed once per forward, shared by all layers); the rotated q and k (2Tq, 2Tk) are the
+  attention's saved inputs. With qk-norm (Qwen3, Gemma 3) q_norm/k_norm save an fp32 copy of q
+  and k, a rsqrt per head and their normalized input.
+- SiLU/GELU-gated MLP (`down(act(gate(x)) * up(x))`): act saves gate(x), the product saves
+  act(gate(x)) and up(x), down saves the product: 4 tensors of 2TI.
+- Attention per implementation: eager (transformers' eager_attention_forward) saves the fp32
+  softmax output (4N, softmax(dtype=float32)), the bf16 probabilities (2N, kept by P·V), and
+  key/value repeated to H heads (repeat_kv) in place of the originals; Gemma 2 adds tanh of the
+  soft-capped scores (2N). Fused kernels (SDPA flash/efficient/cuDNN, ours, FA4) save the output
+  and an fp32 log-sum-exp per row (Dao et al. 2022, arXiv 2205.14135, sec. 3.1); SDPA's
+  memory-efficient backend repeats k, v to H heads (no enable_gqa path). The backward's extra
+  peak of one call is calc.attention_peak_bytes (measured exact on an H200).
+- Residual adds save nothing. Under checkpointing (torch.utils.checkpoint, use_reentrant=False
+  as transformers 5 sets it in PreTrainedModel._activation_checkpointing_enable) a layer keeps
+  only its input hidden state (2Th) and recomputes the rest in its backward (Chen et al. 2016,
+  arXiv 1604.06174).
+
+These are Korthikanti et al. 2022 (arXiv 2205.05198, sec. 4.1) counts redone for what these
+modules really allocate: their 34·s·b·h + 5·a·s²·b per layer assumes a LayerNorm, a GELU MLP
+of 4h and dropout masks; an RMSNorm that upcasts, a gated MLP of I, no dropout and an fp32
+softmax give the terms above.
+
+Model level: the embedding output is not saved (its backward needs the ids only); the final norm
+as above; lm_head saves its input; the logits (2TV, bf16) are held by the model output; the loss
+upcasts them (`logits.float()`, 4TV, loss_utils.ForCausalLMLoss) and cross_entropy =
+log_softmax (saves its 4TV output) + nll_loss. Gemma 2's final soft-capping saves tanh (2TV).
+
+amp_bf16 (fp32 parameters under torch.autocast(bfloat16)): the residual stream is fp32, so each
+RMSNorm saves its fp32 input itself and its fp32 normalized output; every linear casts its input
+to a bf16 copy of its own (autocast caches only leaf weights), so q, k, v save three copies;
+rotary runs on fp32 cos/sin and makes fp32 q, k that SDPA casts back; autocast caches one bf16
+copy of every linear weight for the forward, which the matrix products keep until their backward
+(torch/csrc/autograd/autocast_mode.cpp, cached_cast).
+
+The step (`training_step`): before-step = weights + optimizer state (+ the buffers a parallel
+layout keeps); the peak is the largest of the moments listed in `PHASES`, each a sum of the
+tensors alive then:
+- "forward: attention of the last layer": activations of L−1 layers + the last layer's up to its
+  attention + that call's forward transient;
+- "loss backward (log-softmax)": every activation, the bf16 logits, the saved log-softmax, the
+  gradient of nll_loss and log_softmax's gradient (4TV each);
+- "backward of the last layer" / "backward of layer 0": activations of the layers not yet
+  done, the gradients already made, and the larger of the attention call's backward extra peak
+  and the MLP's backward (three 2TI gradients);
+- "optimizer step": weights, gradients, both moments and one temporary of the parameter size:
+  torch.optim.AdamW's default foreach path (torch/optim/adam.py _multi_tensor_adam) allocates
+  `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)` for all parameters at once.
+AdamW state (Loshchilov & Hutter, arXiv 1711.05101): exp_avg and exp_avg_sq in the parameter
+dtype (torch keeps state like the parameter: bf16 under "bf16", fp32 under "amp_bf16").
+Parallel layouts: calc.parallel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from calc.fit import largest_fitting
+from calc.models import ModelConfig, check_model
+from calc.parallel import Layout, layout_bytes, make_layout
+from calc.params import param_breakdown
+from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bool, check_int
+
+#: Attention implementations a training step accepts: the registry names plus "eager"
+#: (transformers' eager_attention_forward).
+TRAIN_ATTENTIONS: tuple[str, ...] = (
+    "eager", "naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
+    "sdpa_cudnn", "triton", "fa4",
+)
+TRAIN_ATTENTION_LABELS: dict[str, str] = {
+    "eager": "transformers eager",
+    "naive": "Eager (masked_fill)",
+    "naive_inplace": "Eager (masked_fill_)",
+    "sdpa_math": "SDPA math",
+    "sdpa_efficient": "SDPA memory-efficient",
+    "sdpa_flash": "SDPA FlashAttention-2",
+    "sdpa_cudnn": "SDPA cuDNN",
+    "triton": "Our Triton kernel",
+    "fa4": "FlashAttention-4",
+}
+PRECISIONS: tuple[str, ...] = ("bf16", "amp_bf16")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw_fused", "sgd")
+#: Activation parts, in the order the breakdown lists them.
+PARTS: tuple[str, ...] = (
+    "attention", "projections", "MLP", "norms", "residuals", "rotary", "embeddings",
+    "logits and loss", "weight copies (autocast)",
+)
+PHASES: tuple[str, ...] = (
+    "forward: attention of the last layer",
+    "forward: final norm",
+    "loss backward (log-softmax)",
+    "backward of lm_head",
+    "backward of the last layer",
+    "backward of layer 0",
+    "optimizer step",
+)
+#: cuBLAS workspaces that torch allocates through the caching allocator, kept after the warm-up:
+#: one per (handle, stream); the forward runs on the main thread and the backward on autograd's
+#: device thread, each with its own handle. 32 MiB each on Hopper (aten/src/ATen/cuda/
+#: CublasHandlePool.cpp, getChosenWorkspaceSize: 4096 KiB x 8 for sm90).
+CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
+#: Labels of the model-level terms freed by the backward of the loss, lm_head and final norm.
+HEAD_LABELS = ("final norm", "lm_head input", "bf16 copy of lm_head")
+#: The model types whose layers this model has read (dense decoders with RMSNorm).
+_GEMMA = {"gemma", "gemma2", "gemma3", "gemma3_text"}
+
+
+@dataclass(frozen=True)
+class TrainingStepMemory:
+    """Bytes per GPU of one steady-state training step (module docstring for every term)."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations: dict[str, int]  # part -> bytes alive at the end of the forward (PARTS)
+    buffers_bytes: int  # what the parallel layout adds (DDP buckets, FSDP all-gathers, ...)
+    before_step_bytes: int
+    peak_bytes: int
+    peak_phase: str  # where in the step the peak occurs (one of PHASES)
+    phases: dict[str, int] = field(default_factory=dict)  # each candidate moment's bytes
+    activation_terms: tuple[tuple[str, str, int], ...] = ()  # (part, tensor, bytes)
+    layout: Layout | None = None
+    attention: str = ""
+    precision: str = ""
+    checkpointing: bool = False
+
+    @property
+    def activations_bytes(self) -> int:
+        return sum(self.activations.values())
+
+    def part(self, name: str) -> int:
+        return self.activations.get(name, 0)
+
+    @property
+    def attention_bytes(self) -> int:
+        return self.part("attention")
+
+    @property
+    def logits_bytes(self) -> int:
+        return self.part("logits and loss")
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """Per-GPU shapes (tensor parallelism divides heads, MLP columns and the vocabulary)."""
+
+    b: int
+    s: int
+    h: int
+    heads: int
+    kv_heads: int
+    d: int
+    inter: int
+    vocab: int
+
+    @property
+    def t(self) -> int:
+        return self.b * self.s
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.d
+
+    @property
+    def k(self) -> int:
+        return self.kv_heads * self.d
+
+    @property
+    def n(self) -> int:
+        return self.b * self.heads * self.s * self.s
+
+
+def _check_supported(model: ModelConfig) -> None:
+    if model.is_mla or model.state_mixer is not None or model.num_experts > 1:
+        raise ValueError(
+            f"training_step models dense decoders (Llama, Mistral, Qwen2/3, Gemma 2/3 and their "
+            f"relatives); {model.name!r} has "
+            + ("latent (MLA) attention" if model.is_mla else
+               "non-attention mixer layers" if model.state_mixer is not None else
+               f"{model.num_experts} experts per layer")
+            + ", which it does not count yet")
+    if not model.gated_mlp or model.norm_bias or model.learned_positions:
+        raise ValueError(
+            f"training_step models RMSNorm decoders with a gated MLP; {model.name!r} has "
+            "LayerNorm, a non-gated MLP or learned positions (GPT-2 style), not counted yet")
+
+
+def _norm_terms(where: str, width: int, rows: int, fp32_stream: bool, gemma: bool,
+                ) -> list[tuple[str, str, int]]:
+    """What one RMSNorm over `rows` vectors of `width` saves (module docstring)."""
+    part = "norms"
+    out = []
+    if fp32_stream:  # amp: x is fp32 already, .to(float32)/.float() is x itself: pow keeps it
+        out.append(("residuals", f"{where}: its fp32 input, kept by pow", 4 * rows * width))
+    else:
+        out.append((part, f"{where}: fp32 copy of the input (pow)", 4 * rows * width))
+    out.append((part, f"{where}: rsqrt of the mean square (fp32)", 4 * rows))
+    if gemma:
+        out.append((part, f"{where}: fp32 normalized input (× (1 + w))", 4 * rows * width))
+        out.append((part, f"{where}: 1 + w (fp32)", 4 * width))
+    else:
+        e = 4 if fp32_stream else 2
+        out.append((part, f"{where}: normalized input (weight ×)", e * rows * width))
+    return out
+
+
+def _attention_core(impl: str, dm: _Dims, model: ModelConfig, amp: bool,
+                    ) -> list[tuple[str, str, int]]:
+    """The attention call's saved tensors beyond its rotated q, k and v."""
+    p = "attention"
+    if impl == "eager":
+        terms = []
+        if model.model_type == "gemma2":  # attn_logit_softcapping: tanh keeps its output
+            terms.append((p, "tanh of the soft-capped scores (bf16, N)", 2 * dm.n))
+        terms += [(p, "softmax output (fp32, N), kept by softmax", 4 * dm.n),
+                  (p, "probabilities P (bf16, N), kept by P·V", 2 * dm.n)]
+        return terms
+    if impl in ("naive", "naive_inplace"):
+        return [(p, "softmax probabilities P (input dtype, N)", 2 * dm.n),
+                (p, "causal mask (bool s×s)", dm.s * dm.s)]
+    if impl == "sdpa_math":
+        return [(p, "fp32 softmax probabilities (N) of the math backend", 4 * dm.n),
+                (p, "fp32 copies of q, k, v", 4 * dm.t * (dm.q + 2 * dm.q))]
+    lse_rows = dm.b * dm.heads * dm.s
+    if impl == "sdpa_efficient":  # log-sum-exp rows padded to 32 (mem-eff kernel)
+        lse_rows = dm.b * dm.heads * (-(-dm.s // 32) * 32)
+    return [(p, "attention output (bf16), kept by the kernel and o_proj", 2 * dm.t * dm.q),
+            (p, "log-sum-exp (fp32, one per row)", 4 * lse_rows)]
+
+
+def _expands_kv(impl: str, dm: _Dims) -> bool:
+    """Whether k and v are repeated to H heads before the call (and those copies saved)."""
+    if dm.kv_heads == dm.heads:
+        return False
+    # transformers' eager attention always repeats (repeat_kv); SDPA gets enable_gqa=True when
+    # there is no mask (sdpa_attention.use_gqa_in_sdpa), but the memory-efficient and math
+    # backends of torch 2.11 expand k, v themselves; our kernel, FA2/cuDNN and FA4 take GQA.
+    return impl in ("eager", "naive", "naive_inplace", "sdpa_efficient", "sdpa_math")
+
+
+def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: bool,
+                 ) -> list[tuple[str, str, int]]:
+    """Every tensor one decoder layer keeps for its backward (no checkpointing)."""
+    gemma = model.model_type in _GEMMA
+    t, h = dm.t, dm.h
+    terms = _norm_terms("input norm", h, t, amp, gemma)
+    if amp:
+        terms.append(("projections", "q, k, v inputs: three bf16 casts of the norm output",
+                      3 * 2 * t * h))
+    else:
+        terms.append(("projections", "q, k, v input (the norm output)", 2 * t * h))
+    if model.qk_norm:
+        for name, width in (("q", dm.q), ("k", dm.k)):
+            terms += _norm_terms(f"{name}_norm", dm.d, t * width // dm.d, False, gemma)
+    qk_e = 4 if amp else 2  # amp: q·cos with fp32 cos makes fp32 q, k
+    expand = _expands_kv(impl, dm)
+    if amp:  # SDPA / matmul under autocast cast the fp32 rotated q, k to bf16 copies
+        terms.append(("attention", "q (bf16 cast of the rotated fp32 q)", 2 * t * dm.q))
+        terms.append(("attention", "k (bf16 cast)" + (" repeated to H heads" if expand else ""),
+                      2 * t * (dm.q if expand else dm.k)))
+    else:
+        terms.append(("rotary", "q after rotary (saved by attention)", 2 * t * dm.q))
+        terms.append(("rotary", "k after rotary" + (" repeated to H heads" if expand else ""),
+                      2 * t * (dm.q if expand else dm.k)))
+    terms.append(("attention", "v" + (" repeated to H heads" if expand else ""),
+                  2 * t * (dm.q if expand else dm.k)))
+    if cache:  # use_cache: the DynamicCache keeps the rotated k and v of every layer
+        if expand or amp:
+            terms.append(("attention", "k in the KV cache (use_cache)", qk_e * t * dm.k))
+        if expand:
+            terms.append(("attention", "v in the KV cache (use_cache)", 2 * t * dm.k))
+    terms += _attention_core(impl, dm, model, amp)
+    if impl in ("eager", "naive", "naive_inplace", "sdpa_math", "triton"):
+        # eager's P·V output is (B, H, s, d); so is our kernel's (new_empty): transpose(1, 2)
+        # .contiguous() copies it. SDPA's fused kernels write (B, s, H, d) already.
+        terms.append(("projections", "o_proj input (attention output made contiguous)",
+                      2 * t * dm.q))
+    norms = ("post-attention norm", "post-MLP norm") if gemma and model.norms_per_layer >= 4 \
+        else ()
+    for where in norms[:1]:  # Gemma 2/3 norm the attention output before the residual add
+        terms += _norm_terms(where, h, t, False, gemma)
+    mlp_norm = "pre-MLP norm" if norms else "post-attention norm"
+    terms += _norm_terms(mlp_norm, h, t, amp, gemma)
+    if amp:
+        terms.append(("projections", "gate, up inputs: two bf16 casts of the norm output",
+                      2 * 2 * t * h))
+    else:
+        terms.append(("projections", "gate, up input (the norm output)", 2 * t * h))
+    i = dm.inter
+    terms += [("MLP", "gate(x), kept by the activation", 2 * t * i),
+              ("MLP", "act(gate(x)), kept by the product", 2 * t * i),
+              ("MLP", "up(x), kept by the product", 2 * t * i),
+              ("MLP", "act(gate(x))·up(x), down_proj input", 2 * t * i)]
+    for where in norms[1:]:
+        terms += _norm_terms(where, h, t, False, gemma)
+    return terms
+
+
+def _model_terms(model: ModelConfig, dm: _Dims, amp: bool, impl: str,
+                 ) -> list[tuple[str, str, int]]:
+    """Tensors alive at the end of the forward outside the layers (module docstring)."""
+    gemma = model.model_type in _GEMMA
+    t, v = dm.t, dm.vocab
+    terms = _norm_terms("final norm", dm.h, t, amp, gemma)
+    terms.append(("logits and loss", "lm_head input" + (" (bf16 cast)" if amp else ""),
+                  2 * t * dm.h))
+    cs = 4 if amp else 2  # cos, sin of shape (1, s, d) in the hidden states' dtype
+    terms.append(("rotary", "cos and sin (shared by all layers)", 2 * cs * dm.s * dm.d))
+    if model.model_type == "gemma2":  # final_logit_softcapping: tanh keeps its output
+        terms.append(("logits and loss", "tanh of the soft-capped logits (bf16)", 2 * t * v))
+    terms.append(("logits and loss", "log-softmax output (fp32), kept by cross_entropy",
+                  4 * t * v))
+    terms.append(("logits and loss", "shifted labels (int64) and the loss", 8 * t + 8))
+    return terms
+
+
+def _dims(model: ModelConfig, batch: int, seq_len: int, tp: int) -> _Dims:
+    kv = max(1, model.num_kv_heads // tp)  # Megatron replicates KV heads when tp > H_kv
+    return _Dims(batch, seq_len, model.hidden_size, model.num_heads // tp, kv, model.head_dim,
+                 model.intermediate_size // tp, -(-model.vocab_size // tp))
+
+
+def _check_args(attention: str, precision: str, optimizer: str) -> None:
+    if attention not in TRAIN_ATTENTIONS:
+        raise ValueError(f"unknown attention {attention!r}; accepted: {', '.join(TRAIN_ATTENTIONS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; accepted: {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
+
+
+def training_step(
+    model: ModelConfig,
+    batch: int,
+    seq_len: int,
+    *,
+    attention: str,
+    precision: str = "bf16",
+    checkpointing: bool = False,
+    optimizer: str = "adamw",
+    gpus: int = 1,
+    tp: int = 1,
+    sharding: str = "none",
+    use_cache: bool = False,
+) -> TrainingStepMemory:
+    """Per-GPU memory of one training step (module docstring: every term and its source).
+
+    attention: TRAIN_ATTENTIONS; precision: "bf16" | "amp_bf16"; checkpointing: full per-layer
+    activation checkpointing as gradient_checkpointing_enable() sets it; optimizer: "adamw"
+    (torch's default foreach path), "adamw_fused" (no temporaries) or "sgd" (no state);
+    gpus, tp, sharding: the parallel layout (calc.parallel: "none" = DDP replicas when
+    gpus > tp, "zero1", "zero2", "zero3", "fsdp"); use_cache: whether the forward builds a
+    KV cache (the measured step passes use_cache=False; transformers' own default is on).
+    Raises ValueError naming the bad value and what is accepted.
+    """
+    check_model(model)
+    _check_supported(model)
+    b = check_int("batch", batch, 1, MAX_BATCH)
+    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    _check_args(attention, precision, optimizer)
+    check_bool("checkpointing", checkpointing)
+    lay = make_layout(model, gpus, tp, sharding)
+    cache = check_bool("use_cache", use_cache)
+    amp = precision == "amp_bf16"
+    dm = _dims(model, b, s, lay.tp)
+    L = model.num_layers
+
+    layer = _layer_terms(model, dm, attention, amp, cache and not checkpointing)
+    a_layer = sum(x for _, _, x in layer)
+    parts = dict.fromkeys(PARTS, 0)
+    terms: list[tuple[str, str, int]] = []
+    stream = 4 if amp else 2  # bytes of one residual-stream element
+    if checkpointing:
+        terms.append(("residuals", f"layer inputs kept by the checkpoints ({L} × T·h)",
+                      L * stream * dm.t * dm.h))
+        terms.append(("rotary", "position ids kept by the checkpoints", 8 * dm.s))
+        if attention == "eager":  # the model's additive masks are checkpoint inputs too
+            masks = _mask_count(model)
+            terms.append(("attention", f"{masks} additive mask(s) (B×1×s×s, in the hidden "
+                          "states' dtype) kept by the checkpoints",
+                          masks * stream * dm.b * dm.s * dm.s))
+    else:
+        terms += [(p, f"{lab} (× {L} layers)", L * x) for p, lab, x in layer]
+    terms += _model_terms(model, dm, amp, attention)
+
+    pb = param_breakdown(model)
+    w = layout_bytes(model, lay, precision)
+    layer_copies = 0
+    if amp:  # autocast's bf16 copies of every linear weight, kept by the matrix products
+        head = pb["lm_head"] + (pb["embeddings"] if model.tie_embeddings else 0)
+        layer_copies = ceil_bytes(Fraction(2 * (pb["attention"] + pb["mlp"]), lay.tp * L))
+        # Under checkpointing the layers' copies die with autocast's cache at the end of the
+        # forward (nothing saved them) and are made again by each layer's recomputation.
+        terms.append(("weight copies (autocast)", "bf16 copy of lm_head's weight",
+                      ceil_bytes(Fraction(2 * head, lay.tp))))
+        if not checkpointing:
+            terms.append(("weight copies (autocast)",
+                          f"bf16 copies of the layers' linear weights (× {L} layers)",
+                          L * layer_copies))
+        # (Under checkpointing the recomputed layer's copies were not seen in the peak of the
+        # CPU replay of the step (NOTES.md): not added.)
+    for p, _, x in terms:
+        parts[p] += x
+    parts = {p: x for p, x in parts.items() if x}
+    acts = sum(parts.values())
+
+    weights, grads = w["weights"], w["gradients"]
+    opt = 0 if optimizer == "sgd" else w["optimizer"]
+    fixed = CUBLAS_WORKSPACE_BYTES + 8 * dm.t  # + the input ids (also the labels), int64
+    before = weights + opt + w["persistent_buffers"] + fixed
+    base = before + w["step_buffers"]
+    g_per_param = Fraction(grads, sum(pb.values()))
+    g_layer = ceil_bytes(g_per_param * (pb["attention"] + pb["mlp"]
+                                        + pb["norms"] - model.hidden_size) / L)
+    g_head = ceil_bytes(g_per_param * (pb["lm_head"] + model.hidden_size))
+    tv = dm.t * dm.vocab
+    lsm = 4 * tv  # the saved log-softmax output
+    tanh_logits = 2 * tv if model.model_type == "gemma2" else 0
+
+    phases: dict[str, int] = {}
+    head_saved = sum(x for p, lab, x in terms if lab.startswith(HEAD_LABELS)
+                     or p == "logits and loss")
+    shared = parts.get("rotary", 0) if not checkpointing else sum(
+        x for _, lab, x in terms if lab.startswith("cos and sin"))
+    masks = _mask_count(model) * stream * dm.b * dm.s * dm.s if attention == "eager" else 0
+    # Forward, the last layer's attention call: L - 1 layers saved, the last one up to its
+    # attention, the residual input, the model's masks (eager), and the call's transient
+    # (eager: the masked scores (2N), softmax(dtype=float32)'s fp32 copy of them (4N) and its
+    # output (4N, saved) before P exists).
+    kept = (L - 1) * a_layer if not checkpointing else L * stream * dm.t * dm.h
+    partial = a_layer - _core_saved(layer)
+    fwd = _attention_forward_extra(attention, dm)
+    phases[PHASES[0]] = base + shared + masks + kept + partial + fwd + stream * dm.t * dm.h
+    # Forward, the final norm: every layer saved, the norm's input, its fp32 copy (saved), the
+    # fp32 x·rsqrt product and its bf16 cast alive at once.
+    layers_kept = L * a_layer if not checkpointing else L * stream * dm.t * dm.h
+    final_norm = stream * dm.t * dm.h + (4 + 4 + 2) * dm.t * dm.h + 4 * dm.t
+    if amp:  # x is fp32 already (saved as it is): x, x·rsqrt (saved), the weight product
+        final_norm = (4 + 4 + 4) * dm.t * dm.h + 4 * dm.t
+    phases[PHASES[1]] = base + shared + masks + layers_kept + final_norm
+    # Loss backward: nll_loss's gradient and log_softmax's gradient (fp32, T×V each) beside
+    # every saved tensor (the bf16 logits died with the model output: `.loss` is all the
+    # step keeps).
+    phases[PHASES[2]] = base + acts + 2 * 4 * tv
+    # lm_head backward: its bf16 output gradient (2TV), its input gradient and its weight
+    # gradient (amp: the bf16 gradient of the weight copy, then its fp32 cast).
+    g_lm = ceil_bytes(g_per_param * pb["lm_head"]) if not model.tie_embeddings else \
+        ceil_bytes(g_per_param * pb["embeddings"])
+    lm_w = 2 * ceil_bytes(Fraction(pb["lm_head"] or pb["embeddings"], lay.tp))
+    before_lm = acts - lsm - tanh_logits - (8 * dm.t + 8)
+    if amp:
+        lm = before_lm + 2 * dm.t * dm.h + max(2 * tv + lm_w, lm_w + g_lm)
+    else:
+        lm = before_lm + 2 * tv + 2 * dm.t * dm.h + g_lm
+    phases[PHASES[3]] = base + lm
+    # Backward of a layer: what it saved (recomputed under checkpointing), the gradient of the
+    # residual stream, the gradients already made, and the larger of its MLP backward and its
+    # attention call's backward. By then the loss, lm_head and final norm have freed theirs.
+    extra = _layer_backward_extra(layer, attention, dm, model, g_per_param, lay.tp)
+    after_loss = acts - head_saved
+    dh = stream * dm.t * dm.h
+    top = base + after_loss + g_head + dh + extra + (a_layer if checkpointing else 0)
+    step_down = (stream * dm.t * dm.h) if checkpointing else a_layer + layer_copies
+    phases[PHASES[4]] = top
+    phases[PHASES[5]] = top - (L - 1) * step_down + (L - 1) * g_layer
+    # Optimizer step: weights + gradients + state + the foreach temporary (AdamW).
+    tmp = ceil_bytes(Fraction(opt, 2)) if optimizer == "adamw" else 0
+    phases[PHASES[6]] = before + grads + tmp
+    phase = max(phases, key=phases.__getitem__)
+    return TrainingStepMemory(
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations=parts,
+        buffers_bytes=w["persistent_buffers"] + w["step_buffers"], before_step_bytes=before,
+        peak_bytes=phases[phase], peak_phase=phase, phases=phases, activation_terms=tuple(terms),
+        layout=lay, attention=attention, precision=precision, checkpointing=checkpointing)
+
+
+def _mask_count(model: ModelConfig) -> int:
+    """Distinct additive masks eager attention gets: one per layer type in use (full,
+    sliding; masking_utils builds one of each)."""
+    sliding = model.sliding_window_layers if model.sliding_window else 0
+    return (sliding > 0) + (sliding < model.num_layers)
+
+
+def _core_saved(layer: list[tuple[str, str, int]]) -> int:
+    """Bytes of a layer's terms saved after its attention call (MLP side), which do not exist
+    yet while the call runs."""
+    after = False
+    total = 0
+    for _part, label, x in layer:
+        if label.startswith(("post-attention norm", "pre-MLP norm", "gate, up")):
+            after = True
+        if after or label.startswith(("o_proj input",)):
+            total += x
+    return total
+
+
+def _attention_forward_extra(impl: str, dm: _Dims) -> int:
+    """Transient bytes of one attention call's forward beyond what it saves, at its largest
+    moment (eager: P (2N) not made yet, masked scores (2N) and their fp32 copy (4N) alive)."""
+    if impl == "eager":
+        return -2 * dm.n + 2 * dm.n + 4 * dm.n
+    if impl in ("naive", "naive_inplace"):
+        return 2 * dm.n + dm.s * dm.s
+    if impl == "sdpa_math":
+        return 5 * dm.n
+    return 0
+
+
+def _layer_backward_extra(layer: list[tuple[str, str, int]], impl: str, dm: _Dims,
+                          model: ModelConfig, g_per_param: Fraction, tp: int) -> int:
+    """Largest excess over (the layer's saved tensors + the incoming gradient) during its
+    backward: the MLP's product backward or the attention call's backward."""
+    t, h, i = dm.t, dm.h, dm.inter
+    g_mat = ceil_bytes(g_per_param * h * model.intermediate_size / tp)
+    # MLP: d(prod), d(act), d(up) alive, prod freed, down's weight gradient made.
+    mlp = 3 * 2 * t * i - 2 * t * i + g_mat
+    # Attention: the MLP side is freed and its gradients (3 matrices + o_proj) exist; the
+    # gradient of the attention output (2Tq) reaches the call.
+    freed = _core_saved(layer)
+    g_attn_side = 3 * g_mat + ceil_bytes(g_per_param * h * model.num_heads * model.head_dim / tp)
+    core = _attention_backward_extra(impl, dm)
+    attn = -freed + g_attn_side + core
+    return max(mlp, attn)
+
+
+def _attention_backward_extra(impl: str, dm: _Dims) -> int:
+    """The attention call's backward beyond the tensors it saved (its peak, calc.peak, less
+    the output and log-sum-exp already counted as saved); eager: at softmax's backward the
+    fp32 output (saved) and two fp32 gradients, P freed, dV made (Hs of repeated heads)."""
+    if impl == "eager":
+        return 6 * dm.n + 2 * dm.t * dm.q
+    peak_impl = {"fa4": "sdpa_flash"}.get(impl, impl)
+    terms = _peak_terms(peak_impl, dm)
+    saved = ("output (saved", "log-sum-exp", "k, v expanded", "probabilities P kept")
+    return sum(x for label, x in terms if not label.startswith(saved))
+
+
+def _peak_terms(impl: str, dm: _Dims) -> list[tuple[str, int]]:
+    from calc.peak import attention_peak_terms
+    return attention_peak_terms(impl, dm.b, dm.heads, dm.s, dm.d, "bf16", causal=True,
+                                backward=True, kv_heads=dm.kv_heads)
+
+
+def max_train_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1, **kwargs) -> int:
+    """Longest s whose training-step peak fits gpu_bytes (0 if none): exact integer search
+    (calc.fit.largest_fitting; the peak is non-decreasing in s)."""
+    training_step(model, batch, 1, **kwargs)  # validates
+    return largest_fitting(lambda s: training_step(model, batch, s, **kwargs).peak_bytes,
+                           gpu_bytes)
+
+
+def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int, *,
+                      sharding: str = "zero3", tp: int = 1, max_gpus: int = 4096,
+                      **kwargs) -> int:
+    """Fewest GPUs (a multiple of tp, up to max_gpus) whose per-GPU peak fits gpu_bytes under
+    `sharding`; 0 if none does (activations of one replica alone do not fit)."""
+    check_int("max_gpus", max_gpus, 1, 1 << 20)
+    for n in range(tp, max_gpus + 1, tp):
+        if training_step(model, batch, seq_len, gpus=n, tp=tp, sharding=sharding,
+                         **kwargs).peak_bytes <= gpu_bytes:
+            return n
+        if sharding == "none":
+            break
+    return 0
+
+

@@ -1,0 +1,237 @@
+"""calc.training_step: exact tensor counts for a tiny hand-computed model, linearity in the
+number of layers, what sharding and tensor parallelism divide, refusals, the longest context.
+
+The tiny model's figures were also replayed on a CPU with transformers 5.24's LlamaForCausalLM
+under a dispatch mode that adds up the bytes of every live tensor storage (NOTES.md, "The
+training step model"); `test_cpu_replay_matches` repeats that replay where transformers is
+installed and is skipped elsewhere."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from calc import GPUS, MODELS
+from calc.models import ModelConfig
+from calc.parallel import layout_bytes, make_layout
+from calc.training_step import (
+    CUBLAS_WORKSPACE_BYTES,
+    PHASES,
+    TRAIN_ATTENTIONS,
+    max_train_seq_len,
+    train_gpus_needed,
+    training_step,
+)
+
+TINY = ModelConfig(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                   head_dim=16, intermediate_size=160, vocab_size=1000, model_type="llama")
+B, S = 2, 128
+T = B * S
+
+
+def tiny_layer_by_hand(eager: bool) -> int:
+    """One Llama layer's saved tensors, bf16, written out term by term (module docstring)."""
+    h, q, kv, i, n = 64, 64, 32, 160, B * 4 * S * S
+    norm = 4 * T * h + 4 * T + 2 * T * h  # fp32 copy, rsqrt, bf16 normalized input
+    total = 2 * norm + 2 * (2 * T * h)  # two norms and their outputs (linear inputs)
+    total += 2 * T * q  # rotated q
+    if eager:  # repeat_kv copies of k and v, fp32 softmax + bf16 P, o_proj's contiguous input
+        total += 2 * (2 * T * q) + 6 * n + 2 * T * q
+    else:  # SDPA flash: k, v at H_kv heads, output (shared with o_proj) and log-sum-exp
+        total += 2 * (2 * T * kv) + 2 * T * q + 4 * B * 4 * S
+    return total + 4 * (2 * T * i)  # gate, act, up, product
+
+
+def tiny_model_level() -> int:
+    """Final norm, lm_head input, cos/sin, log-softmax, labels + loss."""
+    return (4 * T * 64 + 4 * T + 2 * T * 64) + 2 * T * 64 + 2 * 2 * S * 16 \
+        + 4 * T * 1000 + 8 * T + 8
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa_flash"])
+def test_tiny_activations_exact(attention: str) -> None:
+    step = training_step(TINY, B, S, attention=attention, precision="bf16")
+    want = 2 * tiny_layer_by_hand(attention == "eager") + tiny_model_level()
+    assert step.activations_bytes == want
+    # The same figures the CPU replay of transformers' LlamaForCausalLM gave (to the byte).
+    assert want == {"eager": 4_185_096, "sdpa_flash": 2_554_888}[attention]
+
+
+def test_tiny_checkpointing_keeps_layer_inputs_only() -> None:
+    step = training_step(TINY, B, S, attention="sdpa_flash", checkpointing=True)
+    inputs = 2 * (2 * T * 64) + 8 * S  # two layer inputs and the position ids
+    assert step.activations_bytes == inputs + tiny_model_level() == 1_232_904
+    eager = training_step(TINY, B, S, attention="eager", checkpointing=True)
+    assert eager.activations_bytes - step.activations_bytes == 2 * B * S * S  # the bf16 mask
+
+
+def test_tiny_weights_state_before_and_peak() -> None:
+    step = training_step(TINY, B, S, attention="sdpa_flash")
+    params = 214_336  # transformers' LlamaForCausalLM of this config: sum of numel()
+    assert step.weights_bytes == 2 * params
+    assert step.gradients_bytes == 2 * params
+    assert step.optimizer_bytes == 4 * params  # exp_avg + exp_avg_sq in bf16
+    assert step.before_step_bytes == 6 * params + CUBLAS_WORKSPACE_BYTES + 8 * T
+    # The loss backward: every saved tensor + nll_loss's and log_softmax's fp32 gradients.
+    assert step.peak_phase == "loss backward (log-softmax)"
+    assert step.peak_bytes - step.before_step_bytes == step.activations_bytes + 8 * T * 1000
+    amp = training_step(TINY, B, S, attention="sdpa_flash", precision="amp_bf16")
+    assert amp.weights_bytes == 4 * params and amp.optimizer_bytes == 8 * params
+    opt = amp.phases["optimizer step"]
+    assert opt == amp.before_step_bytes + 4 * params + 4 * params  # grads + foreach sqrt temp
+
+
+def _with_layers(model: ModelConfig, n: int) -> ModelConfig:
+    return dataclasses.replace(model, num_layers=n)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa_flash", "sdpa_cudnn", "triton"])
+@pytest.mark.parametrize("precision", ["bf16", "amp_bf16"])
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_linear_in_layers(attention: str, precision: str, ckpt: bool) -> None:
+    base = MODELS["Llama 3.1 8B"]
+    rows = [training_step(_with_layers(base, n), 1, 2048, attention=attention,
+                          precision=precision, checkpointing=ckpt) for n in (2, 3, 4, 8)]
+    for field in ("activations_bytes", "weights_bytes", "optimizer_bytes", "before_step_bytes"):
+        v = [getattr(r, field) for r in rows]
+        per = v[1] - v[0]
+        assert per > 0
+        assert v[2] - v[1] == per, field  # one layer more costs the same
+        assert abs(v[3] - v[2] - 4 * per) <= 4, field  # parameter bytes round per total
+    for phase in ("backward of layer 0", "optimizer step"):
+        v = [r.phases[phase] for r in rows]
+        assert abs((v[2] - v[1]) - (v[1] - v[0])) <= 4, phase
+
+
+def test_sharding_divides_by_n() -> None:
+    m = MODELS["Llama 3.1 8B"]
+    one = training_step(m, 1, 4096, attention="sdpa_flash")
+    for n in (2, 8, 64):
+        z1 = training_step(m, 1, 4096, attention="sdpa_flash", gpus=n, sharding="zero1")
+        z2 = training_step(m, 1, 4096, attention="sdpa_flash", gpus=n, sharding="zero2")
+        z3 = training_step(m, 1, 4096, attention="sdpa_flash", gpus=n, sharding="zero3")
+        assert abs(z1.optimizer_bytes * n - one.optimizer_bytes) <= n
+        assert z1.gradients_bytes == one.gradients_bytes and z1.weights_bytes == one.weights_bytes
+        assert abs(z2.gradients_bytes * n - one.gradients_bytes) <= n
+        assert abs(z3.weights_bytes * n - one.weights_bytes) <= n
+        for z in (z1, z2, z3):  # activations are per replica, unchanged by sharding
+            assert z.activations == one.activations
+    ddp = training_step(m, 1, 4096, attention="sdpa_flash", gpus=8)
+    # DDP's buckets are a second copy of the gradients (gradient_as_bucket_view=False).
+    assert ddp.before_step_bytes - one.before_step_bytes == one.gradients_bytes
+
+
+def test_tensor_parallel_divides_heads_columns_vocab() -> None:
+    m = MODELS["Llama 3.1 8B"]
+    one = training_step(m, 1, 4096, attention="sdpa_flash")
+    tp = training_step(m, 1, 4096, attention="sdpa_flash", gpus=8, tp=8)
+    assert tp.part("MLP") * 8 == one.part("MLP")
+    assert tp.part("attention") * 8 == one.part("attention")
+    assert tp.part("norms") == one.part("norms")  # replicated (no sequence parallelism)
+    lay = make_layout(m, 8, 8, "none")
+    assert layout_bytes(m, lay, "bf16")["weights"] < one.weights_bytes / 7
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(attention="flash"), "attention"),
+    (dict(attention="eager", precision="fp8"), "precision"),
+    (dict(attention="eager", optimizer="adam8bit"), "optimizer"),
+    (dict(attention="eager", gpus=6, tp=4), "multiple"),
+    (dict(attention="eager", sharding="zero4"), "sharding"),
+    (dict(attention="eager", gpus=0), "gpus"),
+])
+def test_bad_input_names_the_value(kwargs: dict, word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        training_step(MODELS["Llama 3.1 8B"], 1, 1024, **kwargs)
+
+
+def test_refuses_models_it_does_not_count() -> None:
+    with pytest.raises(ValueError, match="experts"):
+        training_step(MODELS["Mixtral 8x7B"], 1, 1024, attention="sdpa_flash")
+    with pytest.raises(ValueError, match="seq_len"):
+        training_step(TINY, 1, 0, attention="sdpa_flash")
+
+
+def test_every_attention_and_phase_named() -> None:
+    for attention in TRAIN_ATTENTIONS:
+        step = training_step(TINY, 1, 1024, attention=attention)
+        assert step.peak_phase in PHASES
+        assert step.peak_bytes == max(step.phases.values()) >= step.before_step_bytes
+
+
+def test_eager_grows_with_s_squared_flash_does_not() -> None:
+    m = MODELS["Llama 3.1 8B"]
+    e1, e2 = (training_step(m, 1, s, attention="eager").part("attention") for s in (8192, 16384))
+    f1, f2 = (training_step(m, 1, s, attention="sdpa_flash").part("attention")
+              for s in (8192, 16384))
+    assert 3.9 < e2 / e1 < 4.0 and 1.9 < f2 / f1 <= 2.0
+
+
+def test_max_train_seq_len_is_exact() -> None:
+    m = _with_layers(MODELS["Llama 3.1 8B"], 4)
+    gpu = GPUS["NVIDIA H100 80GB"]
+    kw = dict(attention="sdpa_flash", precision="bf16")
+    s = max_train_seq_len(m, gpu, 1, **kw)
+    assert s > 0
+    assert training_step(m, 1, s, **kw).peak_bytes <= gpu < training_step(m, 1, s + 1, **kw).peak_bytes
+
+
+def test_gpus_needed_for_a_70b() -> None:
+    m = MODELS["Llama 3.1 70B"]
+    gpu = GPUS["NVIDIA H100 80GB"]
+    n = train_gpus_needed(m, gpu, 1, 4096, attention="sdpa_flash", checkpointing=True)
+    assert n > 1
+    assert training_step(m, 1, 4096, attention="sdpa_flash", checkpointing=True, gpus=n,
+                         sharding="zero3").peak_bytes <= gpu
+    assert training_step(m, 1, 4096, attention="sdpa_flash", checkpointing=True, gpus=n - 1,
+                         sharding="zero3").peak_bytes > gpu
+
+
+def test_cpu_replay_matches() -> None:
+    """Replay a tiny Llama's training step on the CPU (transformers + torch): the bytes of the
+    tensor storages alive at the end of the forward equal the predicted activations exactly."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class Live(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = WeakIdKeyDictionary()
+            self.bytes = 0
+
+        def add(self, t: object) -> None:
+            if isinstance(t, torch.Tensor) and t.untyped_storage() not in self.seen:
+                st = t.untyped_storage()
+                self.seen[st] = n = st.nbytes()
+                self.bytes += n
+                weakref.finalize(st, self.drop, n)
+
+        def drop(self, n: int) -> None:
+            self.bytes -= n
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else [out]:
+                self.add(o)
+            return out
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   vocab_size=1000, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).train()
+    ids = torch.randint(0, 1000, (B, S))
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # warm-up (lazy caches)
+    live = Live()
+    for p in model.parameters():  # views of weights (weight.t()) are not new memory
+        live.add(p)
+    live.bytes = 0
+    with live:
+        start = live.bytes
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        assert live.bytes - start == training_step(TINY, B, S, attention="eager").activations_bytes
+        loss.backward()
