@@ -30,6 +30,7 @@ from calc.gpus import DEFAULT_GPU, GPUS
 from calc.kv import kv_cache_bytes
 from calc.memory import MemoryBreakdown, gpus_needed, model_max_seq_len, model_memory
 from calc.models import ModelConfig
+from calc.parallel import SHARDING_LABELS, SHARDINGS, Layout
 from calc.params import active_param_count, param_breakdown, param_count, weight_bytes
 from calc.peak import (
     ALLOCATOR_NOTE,
@@ -54,6 +55,15 @@ from calc.training import (
     saved_for_backward_bytes,
     training_attention,
     training_attention_bytes,
+)
+from calc.training_step import (
+    PRECISIONS,
+    TRAIN_ATTENTION_LABELS,
+    TRAIN_ATTENTIONS,
+    TrainingStepMemory,
+    max_train_seq_len,
+    train_gpus_needed,
+    training_step,
 )
 from calc.units import (
     DTYPE_BYTES,
@@ -93,3 +103,6 @@ __all__ += [  # context parallelism (calc/context_parallel.py)
 ]
 __all__ += ["ALLOCATOR_NOTE", "CachingAllocator", "PeakTerm", "RESERVED_PREDICTED",
             "attention_peak_breakdown", "attention_reserved_bytes"]
+__all__ += ["Layout", "PRECISIONS", "SHARDINGS", "SHARDING_LABELS", "TRAIN_ATTENTIONS",  # training step
+            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory", "max_train_seq_len",
+            "train_gpus_needed", "training_step"]
