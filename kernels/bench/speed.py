@@ -49,6 +49,10 @@ SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
 # What runs without --impls: not the persistent form (slower than the default forward on the
 # H200 and not a default path anywhere; kernels/flash/NOTES.md).
 DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
+#: Implementations timed on their own (B, s, H, d) layout: run_grid gives them q, k, v as
+#: contiguous (B, s, H, d) leaves, so their gradients need no copy into a (B, H, s, d) layout
+#: and the time is the kernels' (as shared/ANCHORS.md timed FA4).
+NATIVE_BSHD = ("fa4",)
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
 CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "fa4")
 # Relative L2 error of an output against cuDNN's above which a timing is not reported: 16-bit
@@ -120,11 +124,14 @@ def flops(batch: int, heads: int, s: int, d: int, causal: bool, mode: str) -> in
 
 def _impl_fn(name: str):
     """fn(q, k, v, causal) -> out on (B, H, s, d) tensors for a bench implementation name."""
-    if name in registry.SDPA_BACKENDS or name == "fa4":
-        # the registry's calls: SDPA backends forced through sdpa_kernel (enable_gqa for GQA),
-        # FlashAttention-4 through registry.fa4_attention
-        fn = registry.fa4_attention if name == "fa4" else registry.make_sdpa(name, gqa_native=True)
+    if name in registry.SDPA_BACKENDS:
+        # the registry's call: the backend forced through sdpa_kernel (enable_gqa for GQA)
+        fn = registry.make_sdpa(name, gqa_native=True)
         return lambda q, k, v, causal: fn(q, k, v, causal, None)
+    if name in NATIVE_BSHD:
+        # FlashAttention-4 on its own (B, s, H, d) tensors (run_grid passes them), the output
+        # seen as (B, H, s, d) for the accuracy check against the reference (a view)
+        return lambda q, k, v, causal: registry.fa4_native(q, k, v, causal).transpose(1, 2)
     if name == "triton":
         from kernels.flash.api import flash_attention
 
@@ -273,6 +280,9 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
                        for heads in (H, H_kv, H_kv, H))  # (B, H or H_kv, s, d)
         for t in (q, k, v):
             t.requires_grad_()
+        # the same values as contiguous (B, s, H, d) leaves, for NATIVE_BSHD implementations;
+        # dO stays (B, H, s, d): its transposed view is what their backward receives
+        bshd = tuple(t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         with torch.no_grad():  # the accuracy reference: cuDNN, else flash
             ref = None
             for r in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
@@ -286,7 +296,8 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
             got: dict[str, list] = {n: [] for n in names}
             for _ in range(args.rounds):  # interleaved: drift hits all alike
                 for name in names:
-                    got[name].append(measure(name, q, k, v, do, causal, mode,
+                    qkv = bshd if name in NATIVE_BSHD else (q, k, v)
+                    got[name].append(measure(name, *qkv, do, causal, mode,
                                              ref if name in CHECKED else None))
             for name in names:
                 ms, rel, status = _combine(got[name])
@@ -297,7 +308,7 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
                 sink.flush()
                 print(f"{name:15s} {dname} d={d:3d} H_kv={H_kv:3d} causal={int(causal)} "
                       f"{mode:7s} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}", flush=True)
-        del q, k, v, do, ref
+        del q, k, v, do, ref, bshd
         torch.cuda.empty_cache()
     sink.close()
     return rows

@@ -30,7 +30,8 @@ from typing import Any
 from kernels.measure.schema import DTYPES, canonical_dtype
 
 __all__ = ["NAMES", "SDPA_BACKENDS", "TORCH_DTYPES", "Implementation", "available",
-           "canonical_dtype", "fa4_attention", "fa4_installed_reason", "fa4_version", "get",
+           "canonical_dtype", "fa4_attention", "fa4_installed_reason", "fa4_native",
+           "fa4_shape_reason", "fa4_version", "get",
            "gpu_reason", "gqa_note", "implementations", "label", "make_sdpa", "naive",
            "naive_inplace", "torch_dtype", "triton_attention"]
 
@@ -244,26 +245,14 @@ def _fa4_tensor_reason(q: Any) -> str | None:
     return fa4_shape_reason(dtype, q.shape[-1], torch.cuda.get_device_capability(q.device))
 
 
-def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
-    """FlashAttention-4 on the registry's layout: q (B, H, s_q, d), k and v (B, H_kv, s_k, d)
-    in, (B, H, s_q, d) out.
-
-    FA4 takes (B, s, H, d) and passes GQA by giving k and v their own head count H_kv
-    (H % H_kv == 0). The transposes here are views, not copies: ``x.transpose(1, 2)`` of a
-    contiguous (B, H, s, d) tensor has unit last stride and other strides that are multiples of
-    16 bytes, which FA4's ``maybe_contiguous`` accepts as they are, and the (B, s, H, d) output
-    goes back as a transposed view; dO reaches FA4's backward as the same kind of view. So a
-    measurement counts what a user calling FA4 on (B, H, s, d) tensors this way allocates, and
-    no layout copy of q, k, v, O or dO: in the forward the output and the fp32 log-sum-exp; in
-    the backward FA4's own buffers and gradients, which it writes in (B, s, H, d), plus the
-    copies autograd makes of them into each (B, H, s, d) input's layout (AccumulateGrad's
-    layout contract), as it would for that user. (Copying to (B, s, H, d) first, with
-    ``.contiguous()``, would add 3 to 4 tensors of B·H·s·d elements that FA4 itself never
-    needs.) FA4 returns (out, lse) in some versions and out in others: both are read.
-    Unsupported shapes raise ValueError with the rule.
-    """
-    h, s_q = q.shape[1], q.shape[2]
-    h_kv, s_k = k.shape[1], k.shape[2]
+def fa4_native(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
+    """FlashAttention-4 on its own layout: q (B, s_q, H, d), k and v (B, s_k, H_kv, d) in,
+    (B, s_q, H, d) out; differentiable. GQA is k and v with fewer heads (H % H_kv == 0).
+    FA4 returns (out, lse) in some versions and out in others: both are read. Shapes FA4 has
+    no kernel for, and a causal call with s_q != s_k (FA4 aligns its causal mask to the
+    bottom right, the registry's is top left), raise ValueError with the rule."""
+    s_q, h = q.shape[1], q.shape[2]
+    s_k, h_kv = k.shape[1], k.shape[2]
     if h % h_kv:
         raise ValueError(f"FA4: heads ({h}) must be a multiple of kv_heads ({h_kv})")
     if causal and s_q != s_k:
@@ -272,9 +261,28 @@ def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | N
     why = _fa4_tensor_reason(q)
     if why:
         raise ValueError(why)
-    res = _fa4_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, s, H, d)
-                      softmax_scale=scale, causal=causal)
-    out = res[0] if isinstance(res, tuple) else res  # (B, s_q, H, d)
+    res = _fa4_func()(q, k, v, softmax_scale=scale, causal=causal)
+    return res[0] if isinstance(res, tuple) else res  # (B, s_q, H, d)
+
+
+def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
+    """FlashAttention-4 on the registry's layout: q (B, H, s_q, d), k and v (B, H_kv, s_k, d)
+    in, (B, H, s_q, d) out (``fa4_native`` on transposed views).
+
+    The transposes are views, not copies: ``x.transpose(1, 2)`` of a contiguous (B, H, s, d)
+    tensor has unit last stride and other strides that are multiples of 16 bytes, which FA4's
+    ``maybe_contiguous`` accepts as they are, and the (B, s, H, d) output goes back as a
+    transposed view; dO reaches FA4's backward as the same kind of view. So a measurement
+    counts what a user calling FA4 on (B, H, s, d) tensors this way allocates, and no layout
+    copy of q, k, v, O or dO: in the forward the output and the fp32 log-sum-exp; in the
+    backward FA4's own buffers and gradients, which it writes in (B, s, H, d), plus the copies
+    autograd makes of them into each (B, H, s, d) input's layout (AccumulateGrad's layout
+    contract), as it would for that user. (Copying to (B, s, H, d) first, with
+    ``.contiguous()``, would add 3 to 4 tensors of B·H·s·d elements that FA4 itself never
+    needs.) The speed benchmark times ``fa4_native`` on (B, s, H, d) leaves instead, FA4's
+    kernels without those gradient copies.
+    """
+    out = fa4_native(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, scale)
     return out.transpose(1, 2)  # (B, H, s_q, d), a view
 
 

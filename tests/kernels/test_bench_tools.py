@@ -298,3 +298,40 @@ def test_run_grid_on_the_cpu(tmp_path, monkeypatch, capsys):
     head = bench.header(rows, args)
     assert head.startswith("cpu, torch ") and "H_kv=4, 2" in head and "2 round(s)" in head
     assert "fa4" in capsys.readouterr().out
+
+
+def test_run_grid_times_fa4_on_its_own_layout(tmp_path, monkeypatch):
+    """FA4 (a fake standing in for flash_attn_func) gets contiguous (B, s, H, d) leaves with
+    the same values as everyone's (B, H, s, d) inputs, k/v with H_kv heads; its output is
+    checked against the reference and its row carries flash-attn-4's version."""
+    import triton.testing
+
+    from kernels.measure import registry
+
+    seen = []
+
+    def fake(q, k, v, softmax_scale=None, causal=False):
+        seen.append((q.shape, k.shape, q.is_contiguous(), q.is_leaf))
+        out = registry.naive(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+        return out.transpose(1, 2).contiguous(), None
+
+    monkeypatch.setattr(registry, "_FA4_IMPORT", {"fn": fake})
+    monkeypatch.setattr(registry, "_fa4_tensor_reason", lambda q: None)
+    monkeypatch.setattr(registry, "fa4_version", lambda: "4.0.0b36")
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.25)[1])
+    real = bench._impl_fn
+    eager = lambda q, k, v, causal: registry.naive(q, k, v, causal)  # noqa: E731
+    monkeypatch.setattr(bench, "_impl_fn", lambda name: eager if name in (
+        "triton", "sdpa_cudnn") else real(name))
+    args = bench.parse_args(["--impls", "triton", "sdpa_cudnn", "fa4", "--shapes",
+                             "fp16/16/40/causal/kv=2", "--heads", "4", "--csv",
+                             str(tmp_path / "x.csv")])
+    rows = {(r.impl, r.mode): r for r in bench.run_grid(args, device="cpu")}
+    assert seen and all(s == ((1, 40, 4, 16), (1, 40, 2, 16), True, True) for s in seen)
+    for mode in ("fwd", "fwd_bwd"):
+        r = rows[("fa4", mode)]
+        assert r.status == "ok" and r.rel_err < 1e-2 and r.impl_version == "4.0.0b36"
+        assert rows[("triton", mode)].impl_version == ""
+    text = bench.table(list(rows.values()))
+    assert text.splitlines()[-1].endswith("| 1.00 | - | 1.00 |")  # ours/cudnn, /flash, /fa4
+    assert "flash-attn-4 4.0.0b36" in bench.header(list(rows.values()), args)
