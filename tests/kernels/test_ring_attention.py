@@ -304,5 +304,65 @@ def test_rank_allocations_match_calc_replay(shape, monkeypatch) -> None:
         assert live.peak == want, (r, live.peak, want)
 
 
+# ---- on a GPU: the real kernel, one rank simulated ------------------------------------------
+
+def _gpu_call(r, c, blocks, ql, kl, vl, dol, backward):
+    from kernels.ring import ring_attention_with
+    from kernels.ring.simulate import SimulatedRing
+
+    if backward:
+        o = ring_attention_with(SimulatedRing(r, c, blocks), ql, kl, vl, True)
+        o.backward(dol)
+        return o.detach()
+    with torch.no_grad():
+        return ring_attention_with(SimulatedRing(r, c, blocks), ql, kl, vl, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("c, kv_heads", [(2, 8), (4, 2)])
+def test_gpu_simulated_rank_output_and_peak(c: int, kv_heads: int, backward: bool) -> None:
+    """Every rank simulated on one GPU (bf16, s = 8,192, d = 128): output rows and dq against
+    the fp32 eager reference; each rank's measured extra peak equals calc's prediction."""
+    from calc.context_parallel import context_parallel_peak_bytes
+    from kernels.flash.reference import attention_reference
+    from kernels.ring import shard
+
+    B, H, s, d, dev = 1, 8, 8192, 128, "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v, do = (torch.randn(B, n, s, d, device=dev, generator=g, dtype=torch.bfloat16)
+                   for n in (H, kv_heads, kv_heads, H))
+    qr, kr, vr = (t.float().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(qr, kr, vr, causal=True)
+    ref.backward(do.float())
+    blocks = [(shard(k, r, c, True), shard(v, r, c, True)) for r in range(c)]
+    for r in range(c):
+        ql = shard(q, r, c, True).requires_grad_(backward)
+        kl, vl = (t.clone().requires_grad_(backward) for t in blocks[r])
+        dol = shard(do, r, c, True)
+
+        o = _gpu_call(r, c, blocks, ql, kl, vl, dol, backward)
+        err = (o.float() - shard(ref.detach(), r, c, True)).abs().max().item()
+        assert err < 2e-2, (r, err)
+        if backward:
+            want_dq = shard(qr.grad, r, c, True)
+            derr = (ql.grad.float() - want_dq).abs().max().item()
+            assert derr < max(5e-2, 2e-2 * want_dq.abs().max().item()), (r, derr)
+            ql.grad = kl.grad = vl.grad = None
+        del o
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        o = _gpu_call(r, c, blocks, ql, kl, vl, dol, backward)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del o
+        ql.grad = kl.grad = vl.grad = None
+        want = context_parallel_peak_bytes("triton", B, H, s, d, "bf16", True, backward, c,
+                                           kv_heads, rank=r)
+        assert peak == want, (r, peak, want)
+
+
 if __name__ == "__main__":
     _main(int(sys.argv[1]), sys.argv[2])
