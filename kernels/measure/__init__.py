@@ -1,5 +1,6 @@
-"""The measurement system: the registry of named implementations (``registry``), one measured
-point (``harness``), the child process that runs points away from the app (``child``), the
-trace fingerprint (``trace``), the results store (``store``), the exposure policy
-(``exposure``) and the command line (``python -m kernels.measure``, ``cli``). Pages read
+"""The measurement system: the registry of named implementations (``registry``), the shape of a
+result (``schema``: statuses, columns, dtypes), one measured point (``harness``), the child
+process that runs points away from the app (``child``), the trace fingerprint (``trace``), the
+results store (``store``), the speed benchmark's result rows (``speed_results``), the exposure
+policy (``exposure``) and the command line (``python -m kernels.measure``, ``cli``). Pages read
 results through this package; importing it imports neither torch nor triton."""

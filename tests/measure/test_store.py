@@ -168,6 +168,37 @@ def test_validator_accepts_a_good_file_and_import_is_atomic(store):
     assert store.run(run).gpu_name == "NVIDIA H200"
 
 
+def test_one_copy_of_the_result_schema():
+    """Statuses, columns and dtypes are defined once (kernels.measure.schema): the harness, the
+    store and the registry hand out the same objects; dtype spellings are calc's aliases."""
+    from calc.units import DTYPE_ALIASES
+    from kernels.measure import harness, registry, schema, store
+
+    assert harness.STATUSES is store.STATUSES is schema.STATUSES
+    assert harness.COLUMNS is store.COLUMNS is schema.COLUMNS
+    assert harness.PointResult is schema.PointResult and store.DTYPES is schema.DTYPES
+    assert registry.canonical_dtype is store.canonical_dtype is schema.canonical_dtype
+    for alias, name in DTYPE_ALIASES.items():
+        if name in schema.DTYPES:
+            assert schema.canonical_dtype(alias) == name
+            assert schema.canonical_dtype(alias.upper()) == name
+    assert schema.canonical_dtype("torch.half") == "fp16"
+    for bad in ("int8", "fp8", "", "float64", None):
+        with pytest.raises(ValueError, match="dtype must be one of fp16, bf16, fp32"):
+            schema.canonical_dtype(bad)
+
+
+def test_validator_accepts_fa4_rows_and_calc_spellings():
+    """An fa4 row (measured, or unavailable with its reason) is a valid upload; dtypes in any
+    spelling calc accepts for fp16/bf16/fp32 are read as the canonical name."""
+    v = validate_csv(_csv([row(impl="fa4", dtype="torch.bfloat16"),
+                           row(impl="fa4", status="unavailable", peak_extra_bytes="",
+                               message="flash_attn.cute is not installed", dtype="half")]))
+    assert v.ok, v.errors
+    assert [r["dtype"] for r in v.rows] == ["bf16", "fp16"]
+    assert v.rows[1]["message"] == "flash_attn.cute is not installed"
+
+
 def test_validator_minimal_columns():
     cols = ("impl", "batch", "heads", "seq_len", "head_dim", "dtype", "causal", "backward",
             "status", "peak_extra_bytes")
