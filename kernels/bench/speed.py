@@ -304,7 +304,7 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
                 tf = flops(B, H, s, d, causal, mode) / (ms * 1e-3) / 1e12
                 rows.append(Row(name, dname, B, H, s, d, causal, mode, ms, tf, rel, status,
                                 **stamp, kv_heads=H_kv, impl_version=versions.get(name, "")))
-                writer.writerow({k: neutralise(v) for k, v in asdict(rows[-1]).items()})
+                writer.writerow({col: neutralise(val) for col, val in asdict(rows[-1]).items()})
                 sink.flush()
                 print(f"{name:15s} {dname} d={d:3d} H_kv={H_kv:3d} causal={int(causal)} "
                       f"{mode:7s} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}", flush=True)

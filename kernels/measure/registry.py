@@ -22,6 +22,7 @@ import time: torch is imported when a function is called.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,6 +236,14 @@ def fa4_shape_reason(dtype: str, head_dim: int, capability: tuple[int, int]) -> 
     return None
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    """Compute capability of CUDA device ``index`` (asked once: the check runs on every call)."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def _fa4_tensor_reason(q: Any) -> str | None:
     """None when FA4 has a kernel for q's device, dtype and head dim, else why not."""
     import torch
@@ -242,7 +251,8 @@ def _fa4_tensor_reason(q: Any) -> str | None:
     if q.device.type != "cuda":
         return f"FA4 needs CUDA tensors, got device {q.device}"
     dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(q.dtype, str(q.dtype))
-    return fa4_shape_reason(dtype, q.shape[-1], torch.cuda.get_device_capability(q.device))
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return fa4_shape_reason(dtype, q.shape[-1], _capability(index))
 
 
 def fa4_native(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
