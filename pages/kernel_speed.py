@@ -39,7 +39,7 @@ SOURCES = {
     "eager, median of 3 rounds": ({"fwd": BENCH / "kernel_speed_fwd_eager_rounds_h200.csv",
                                    "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_rounds_h200.csv"}, (
         "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
-        "turn, and the median kept (`kernels.bench.speed --rounds 3`): slow drift in the shared host's "
+        "turn, and the median kept (`python -m kernels.bench --rounds 3`): slow drift in the shared host's "
         "load then falls on every backend alike, which one round does not ensure.")),
     "GPU time (CUDA graphs)": ({"fwd": BENCH / "kernel_speed_fwd_graphs_h200.csv",
                                 "fwd_bwd": BENCH / "kernel_speed_fwdbwd_graphs_h200.csv"}, (
