@@ -52,7 +52,8 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int)
     gdt = _DT[dtype]
     dm = _desc_type(dtype, gdt, block_m, d)
     dn = _desc_type(dtype, gdt, b90.HALF_N, d)
-    dq = _desc_type("fp32", b90.gl.float32, block_m // 2, d)
+    lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, d, block_m // 2], b90.gl.float32)
+    dq = f"tensordesc<fp32[1, 1, {d}, {block_m // 2}],{lay!r}>"  # the dQ^T buffer's tiles
     ptr = f"*{dtype}"
     st = f"tensordesc<fp32[2, {block_m}],{b90.STATS_LAYOUT!r}>"
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,

@@ -30,7 +30,8 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
       -- both warpgroups have written their half of dS (an mbarrier with two arrivals) --
       dQ^T[:, half w of the rows] = K^T dS^T     (M = d, N = BLOCK_M / 2, K = 128 keys:
                                                    each warpgroup half of the query rows)
-      dQ half -> shared memory (fp32) -> one bulk reduce-add into the fp32 buffer
+      dQ^T half -> shared memory (fp32) -> one bulk reduce-add into an fp32 buffer of dQ^T
+                                                  (B, H, d, s_q), cast and transposed at the end
 
   The dQ product runs with M = d (``dQ^T``, FA3's "dQ_swapAB") so that the two warpgroups can
   split its output by query rows without the 64-row minimum of a warpgroup MMA: each holds a
@@ -51,7 +52,7 @@ descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the 
 
 Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90); 0 spills
 at d = 64; at d = 128 the consumers sit at the 240-register ceiling (dK, dV: 128 of them) and
-ptxas spills a few loop scalars and MMA descriptors (56-72 bytes with 3.6, ~500 with 3.9).
+ptxas spills a few loop scalars and MMA descriptors (64-120 bytes with 3.6, ~500 with 3.9).
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
 test_bwd_sm90.py. Not wired into kernels.flash.api yet.
 """
@@ -207,12 +208,15 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
     mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
 
     # ---- dQ half -> shared memory -> one bulk reduce-add into the fp32 buffer ---------------------
+    # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies in
+    # registers (vector stores into the swizzled tile; storing it transposed took one scalar
+    # store per element), and each row of the tile is 128 bytes of one swizzle atom.
     dq_t = dq_smem.index(HALF_ID)
-    dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (HALF_M, d)
+    dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M)
     tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
-    dq_2d.permute((1, 0)).store(dqt * sm_scale)
+    dq_2d.store(dqt * sm_scale)
     fence_async_shared()
-    _tma_reduce_add(dq_desc, [b, h, start_m + HALF_ID * HALF_M, 0], dq_t)
+    _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
     return dk, dv
 
 
@@ -275,7 +279,8 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem
 @gluon.jit(do_not_specialize=["s_q", "s_k"])
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
-    dq_desc,  # the zeroed fp32 dQ buffer (B, H, s_q, d), tiles [1, 1, BLOCK_M / 2, d]
+    dq_desc,  # the zeroed fp32 buffer of dQ^T, (B, H, d, s_q) (rows s_pad apart), tiles
+    # [1, 1, d, BLOCK_M / 2]
     stats_desc,  # (B * H * 2, s_pad) fp32: rows lse2 (+inf past s_q), delta (0 past s_q) of
     # each (batch, head), `_stats_kernel`; tiles [2, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
@@ -370,8 +375,9 @@ def _stats_kernel(Out, DO, LSE2, STATS, DQ_ACC,
     out = STATS + bh.to(tl.int64) * (2 * s_pad) + rows
     tl.store(out, lse, mask=rows < s_pad)
     tl.store(out + s_pad, delta, mask=rows < s_pad)
-    tl.store(DQ_ACC + (bh.to(tl.int64) * s_q + rows[:, None]) * HEAD_D + offs_d[None, :],
-             tl.zeros([BLOCK, HEAD_D], tl.float32), mask=mask)
+    # the dQ^T buffer (B * H, d, s_pad): padding included, so every row it holds is written
+    tl.store(DQ_ACC + (bh.to(tl.int64) * HEAD_D + offs_d[None, :]) * s_pad + rows[:, None],
+             tl.zeros([BLOCK, HEAD_D], tl.float32), mask=rows[:, None] < s_pad)
 
 
 # ---- host side ------------------------------------------------------------------------------
@@ -440,9 +446,10 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
 
-    Allocates lse2 and delta padded (B * H, 2, s_q rounded up to 128) fp32, the fp32 dQ
-    buffer (B, H, s_q, d) that the key-block programs add into (alive until the cast to dQ), and the three gradients (contiguous). dQ is
-    nondeterministic in its last bits (the adds land in any order), as in FA2, FA3 and cuDNN.
+    Allocates lse2 and delta padded (B * H, 2, s_pad) fp32 (s_pad: s_q rounded up to 128),
+    the fp32 buffer of dQ^T (B, H, d, s_pad) that the key-block programs add into (alive
+    until the cast to dQ), and the three gradients (contiguous). dQ is nondeterministic in its
+    last bits (the adds land in any order), as in FA2, FA3 and cuDNN.
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -457,15 +464,15 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     lse2 = lse2.contiguous()
     s_pad = triton.cdiv(s_q, PAD) * PAD
     stats = q.new_empty((B * H, 2, s_pad), dtype=torch.float32)
-    dq_acc = q.new_empty((B, H, s_q, d), dtype=torch.float32)
+    dq_acc = q.new_empty((B, H, d, s_pad), dtype=torch.float32)  # dQ^T, rows padded
     dk = k.new_empty((B, H_kv, s_k, d))
     dv = v.new_empty((B, H_kv, s_k, d))
     so, sdo = o.stride(), do.stride()
     _stats_kernel[(s_pad // STATS_ROWS, B * H)](
         o, do, lse2, stats, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad,
         HEAD_D=d, BLOCK=STATS_ROWS, num_warps=4)
-    dq_desc = TensorDescriptor(dq_acc, [B, H, s_q, d], [H * s_q * d, s_q * d, d, 1],
-                               [1, 1, bm // 2, d], _layout(gl.float32, (1, 1, bm // 2, d)))
+    dq_desc = TensorDescriptor(dq_acc, [B, H, d, s_q], [H * d * s_pad, d * s_pad, s_pad, 1],
+                               [1, 1, d, bm // 2], _layout(gl.float32, (1, 1, d, bm // 2)))
     grid = (triton.cdiv(s_k, BLOCK_N), B * H_kv)
     stats_desc = TensorDescriptor(stats.view(B * H * 2, s_pad), [B * H * 2, s_pad], [s_pad, 1],
                                   [2, bm], STATS_LAYOUT)
@@ -473,4 +480,6 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         _desc(q, bm, gdt), _desc(k, HALF_N, gdt), _desc(v, HALF_N, gdt), _desc(do, bm, gdt),
         dq_desc, stats_desc, dk, dv, H, H_kv, H // H_kv, s_q, s_k, scale * LOG2E, scale,
         CAUSAL=bool(causal), STAGES=st, num_warps=NUM_WARPS)
-    return dq_acc.to(q.dtype), dk, dv
+    dq = q.new_empty((B, H, s_q, d))
+    dq.copy_(dq_acc[..., :s_q].transpose(2, 3))  # one strided cast-and-transpose
+    return dq, dk, dv

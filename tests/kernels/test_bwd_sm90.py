@@ -147,7 +147,7 @@ def test_compiles_for_sm90_without_spills(d):
     """The CPU compile check (kernels.bench.compile_bwd_sm90): the default variant compiles
     for sm_90 with 0 spilled bytes and fits the 227 KiB of shared memory. At d = 128 the
     consumers run at the register ceiling (dK and dV take 128 of the 240 registers): ptxas
-    spills some loop scalars and MMA descriptors there, 56-72 bytes with Triton 3.6 (the GPU
+    spills some loop scalars and MMA descriptors there, 64-120 bytes with Triton 3.6 (the GPU
     host's) and about 500 with Triton 3.9; that case is an expected failure until it is 0."""
     _sm90()
     from kernels.bench import compile_bwd_sm90 as cb
