@@ -16,6 +16,7 @@ PAGES = [
     st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score_matrix", default=True),
     st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model_memory"),
     st.Page("pages/serving.py", title="Serving", icon=":material/dns:", url_path="serving"),
+    st.Page("pages/training.py", title="Training step", icon=":material/model_training:", url_path="training"),
     st.Page("pages/scaling.py", title="Scaling", icon=":material/show_chart:", url_path="scaling"),
     st.Page("pages/flash_explainer.py", title="How FlashAttention works", icon=":material/bolt:", url_path="flash_explainer"),
     st.Page("pages/many_gpus.py", title="Many GPUs", icon=":material/hub:", url_path="many_gpus"),

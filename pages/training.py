@@ -1,0 +1,373 @@
+"""Training step: weights, gradients, AdamW state and activations of one step, per GPU.
+
+Thin page: widgets -> calc.training_step (one per attention implementation) -> stacked bars,
+the peak and where it occurs, the longest trainable context; the bundled H200 measurements
+(data/training_steps_h200.csv, read through kernels.measure.train_harness.read_rows) beside
+the predictions; and the "7B at 32k" answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from typing import Any  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from calc import (  # noqa: E402
+    GPUS,
+    MAX_SEQ_LEN,
+    MODELS,
+    PRECISIONS,
+    SHARDING_LABELS,
+    SHARDINGS,
+    TRAIN_ATTENTION_LABELS,
+    TRAIN_ATTENTIONS,
+    ModelConfig,
+    max_train_seq_len,
+    train_gpus_needed,
+    training_step,
+)
+from calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
+from pages import common as c  # noqa: E402
+from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "training_steps_h200.csv"
+H200, H100 = "NVIDIA H200 141GB", "NVIDIA H100 80GB"
+MEASURED_PREFIX = "measured shape: "
+PRECISION_LABELS = {"bf16": "bf16 parameters and AdamW state",
+                    "amp_bf16": "fp32 parameters under autocast(bf16)"}
+DEFAULT_ATTNS = ("eager", "sdpa_flash", "sdpa_cudnn", "triton")
+
+
+def _supported(model: ModelConfig) -> bool:
+    try:
+        training_step(model, 1, 1, attention="sdpa_flash")
+    except ValueError:
+        return False
+    return True
+
+
+def _train_models() -> dict[str, dict[str, Any]]:
+    """The measured training shapes (kernels.measure.train_models), when that module is here."""
+    try:
+        from kernels.measure import train_models
+    except ImportError:  # pragma: no cover - the measurement package is part of the repo
+        return {}
+    out = {}
+    for name in train_models.NAMES:
+        if name.startswith("tiny"):
+            continue
+        try:
+            out[name] = train_models.hf_config(name)
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+TRAIN_SHAPES = _train_models()
+CHOICES = {name: m for name, m in MODELS.items() if _supported(m)}
+for _name, _cfg in TRAIN_SHAPES.items():
+    try:
+        CHOICES[MEASURED_PREFIX + _name] = ModelConfig.from_hf_config(_cfg, name=_name)
+    except ValueError:
+        pass
+
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", tuple(CHOICES)),
+    "b": IntParam(1, 1, 4096),
+    "s": IntParam(4096, 1, MAX_SEQ_LEN),
+    "prec": ChoiceParam("bf16", PRECISIONS),
+    "ckpt": BoolParam(False),
+    "attns": MultiChoiceParam(DEFAULT_ATTNS, TRAIN_ATTENTIONS, min_items=1),
+    "opt": ChoiceParam("adamw", OPTIMIZERS),
+    "gpus": IntParam(1, 1, 65_536),
+    "tp": IntParam(1, 1, 1024),
+    "shard": ChoiceParam("none", SHARDINGS),
+    "gpu": ChoiceParam(H100, c.gpu_options(GPUS)),
+}
+#: Colours of the stacked parts (Okabe & Ito, as pages.common).
+PART_COLORS = {
+    "weights": "#0072B2", "optimizer state": "#56B4E9", "buffers": "#999999",
+    "attention": "#D55E00", "projections": "#E69F00", "MLP": "#CC79A7", "norms": "#F0E442",
+    "residuals": "#8C8C8C", "rotary": "#009E73", "embeddings": "#000000",
+    "logits and loss": "#882255", "weight copies (autocast)": "#44AA99",
+}
+
+
+def read_measured(path: Path = DATA) -> pd.DataFrame:
+    """The bundled training-step rows through the measurement system's reader
+    (kernels.measure.train_harness.read_rows); an empty frame when the file is not there."""
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        from kernels.measure.train_harness import read_rows
+    except ImportError:  # the reader is the measurement system's; read the CSV plainly
+        return pd.read_csv(path)
+    return pd.DataFrame(read_rows(path))
+
+
+def _row_model(row: pd.Series) -> ModelConfig | None:
+    name = str(row.get("model", ""))
+    try:
+        from kernels.measure import train_models
+
+        layers = row.get("layers")
+        layers = None if layers is None or pd.isna(layers) else int(layers)
+        return ModelConfig.from_hf_config(train_models.hf_config(name, layers=layers), name=name)
+    except (ImportError, ValueError, OSError, TypeError):
+        return None
+
+
+def predicted_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Every measured row (status ok) with the current prediction and its relative error."""
+    rows = []
+    for _, r in df.iterrows():
+        if r.get("status") != "ok" or pd.isna(r.get("peak_bytes")):
+            continue
+        model = _row_model(r)
+        pred = before = phase = None
+        if model is not None and r.get("precision") in PRECISIONS:
+            try:
+                m = training_step(model, int(r["batch"]), int(r["seq_len"]),
+                                  attention=str(r["attention"]), precision=str(r["precision"]),
+                                  checkpointing=bool(r["checkpointing"]))
+                pred, before, phase = m.peak_bytes, m.before_step_bytes, m.peak_phase
+            except ValueError:
+                pass
+        peak = int(r["peak_bytes"])
+        mb = r.get("before_step_bytes")
+        rows.append({
+            "model": r["model"], "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
+            "attention": r["attention"], "precision": r["precision"],
+            "checkpointing": bool(r["checkpointing"]),
+            "measured peak": peak, "predicted peak": pred,
+            "peak error": None if pred is None else (pred - peak) / peak,
+            "measured before": None if pd.isna(mb) else int(mb), "predicted before": before,
+            "before error": None if pred is None or pd.isna(mb) else (before - mb) / mb,
+            "predicted phase": phase,
+            "step_ms": r.get("step_ms"),
+        })
+    return pd.DataFrame(rows)
+
+
+@c.cached(max_entries=256)
+def longest(model: ModelConfig, gpu_bytes: int, batch: int, kw: tuple) -> int:
+    return max_train_seq_len(model, gpu_bytes, batch, **dict(kw))
+
+
+@c.cached(max_entries=256)
+def needed(model: ModelConfig, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
+    return train_gpus_needed(model, gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
+
+
+def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """Which attention trains a Llama-2-7B / Llama-3-8B at s = 32,768, B = 1, bf16 on one
+    H200 or H100: predicted peak (with and without checkpointing) and, where bundled, the
+    measured step time of the few-layer model of the same widths."""
+    models: dict[str, ModelConfig] = {"Llama 3.1 8B": MODELS["Llama 3.1 8B"]}
+    try:
+        from kernels.measure import train_models
+
+        models["Llama 2 7B"] = ModelConfig.from_hf_config(
+            train_models.hf_config("llama2-7b-2l", layers=32), name="Llama 2 7B")
+    except (ImportError, ValueError, OSError):
+        pass
+    shape_of = {"Llama 3.1 8B": "llama3-8b-2l", "Llama 2 7B": "llama2-7b-2l"}
+    rows = []
+    for name, model in models.items():
+        for attn in ("eager", "sdpa_flash", "sdpa_cudnn", "triton"):
+            for ckpt in (False, True):
+                m = training_step(model, 1, 32768, attention=attn, precision="bf16",
+                                  checkpointing=ckpt)
+                ms = None
+                if not measured.empty and "step_ms" in measured:
+                    hit = measured[(measured["model"] == shape_of[name])
+                                   & (measured["seq_len"] == 32768)
+                                   & (measured["attention"] == attn)
+                                   & (measured["precision"] == "bf16")
+                                   & (measured["checkpointing"] == ckpt)
+                                   & (measured["status"] == "ok")]
+                    if len(hit):
+                        ms = float(hit["step_ms"].iloc[0])
+                rows.append({
+                    "model": name, "attention": TRAIN_ATTENTION_LABELS[attn],
+                    "checkpointing": "on" if ckpt else "off",
+                    "peak (computed)": c.fmt(m.peak_bytes, unit),
+                    "fits one H200": "yes" if m.peak_bytes <= GPUS[H200] else "no",
+                    "fits one H100": "yes" if m.peak_bytes <= GPUS[H100] else "no",
+                    "where": m.peak_phase,
+                    "measured step (2 layers, ms)": "—" if ms is None else f"{ms:,.0f}",
+                })
+    return pd.DataFrame(rows)
+
+
+c.page_setup("training")
+st.title("Training step")
+st.markdown("**How much memory does one training step take, where is its peak, and does it "
+            "fit?** Weights, gradients, AdamW's two moments and every activation autograd "
+            "keeps, per attention implementation, per GPU.")
+
+top = st.columns([2, 1, 1, 1])
+choice = c.select("Model", "model", SPECS["model"], where=top[0])
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+prec = c.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
+opt = c.select("Optimizer", "opt", SPECS["opt"], where=top[3])
+row = st.columns([1, 1, 3])
+batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
+ckpt = c.toggle("Activation checkpointing (every layer)", "ckpt", SPECS["ckpt"], where=row[1])
+attns = c.multiselect("Attention implementations", "attns", SPECS["attns"], where=row[2],
+                      format_func=lambda a: TRAIN_ATTENTION_LABELS.get(a, a))
+if not attns:
+    attns = list(DEFAULT_ATTNS)
+seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 20)
+lay = st.columns(3)
+gpus = c.int_input("GPUs N (= tensor parallel × data parallel)", "gpus", SPECS["gpus"], where=lay[0])
+tp = c.int_input("Tensor-parallel degree t", "tp", SPECS["tp"], where=lay[1])
+shard = c.select("Sharding over data-parallel replicas", "shard", SPECS["shard"], where=lay[2],
+                 format_func=lambda s: SHARDING_LABELS[s])
+
+model = CHOICES[choice]
+unit = c.get_unit()
+gpu_bytes = GPUS[gpu]
+kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard)
+try:
+    steps = {a: training_step(model, batch, seq_len, attention=a, **kw) for a in attns}
+except ValueError as err:
+    st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+    c.sync_url(SPECS)
+    st.stop()
+
+first = steps[attns[0]]
+dp = gpus // tp
+st.caption(
+    f"**{c.md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
+    f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, MLP "
+    f"{model.intermediate_size:,}, vocabulary {model.vocab_size:,}. Per GPU: {gpus:,} GPU(s) = "
+    f"tensor parallel {tp} × data parallel {dp}, sharding {SHARDING_LABELS[shard]}.")
+
+cols = st.columns(len(steps))
+for col, (a, m) in zip(cols, steps.items(), strict=True):
+    with col:
+        st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak per GPU", c.fmt(m.peak_bytes, unit),
+                  help=f"{c.COMPUTED}: calc.training_step, at '{m.peak_phase}'.")
+        st.caption(f"Peak at **{m.peak_phase}**; before the step {c.fmt(m.before_step_bytes, unit)}.")
+        if m.peak_bytes <= gpu_bytes:
+            st.success(f"Fits one {gpu} ({c.fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
+        else:
+            st.error(f"Does not fit one {gpu}: {c.fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
+
+# Stacked bars: what exists before the step, then the activations at the end of the forward;
+# the peak of the step as a marker (its moment holds some of these, and gradients).
+parts = ["weights", "optimizer state", "buffers", *[p for p in PART_COLORS if p not in
+                                                      ("weights", "optimizer state", "buffers")]]
+labels = [TRAIN_ATTENTION_LABELS[a] for a in steps]
+
+
+def part_bytes(m: Any, part: str) -> int:
+    if part == "weights":
+        return m.weights_bytes
+    if part == "optimizer state":
+        return m.optimizer_bytes
+    if part == "buffers":
+        return m.before_step_bytes - m.weights_bytes - m.optimizer_bytes
+    return m.part(part)
+
+
+traces = []
+for part in parts:
+    ys = [part_bytes(m, part) for m in steps.values()]
+    if not any(ys):
+        continue
+    traces.append(dict(
+        type="bar", name=part, x=labels, y=[c.in_unit(y, unit) for y in ys],
+        marker=dict(color=PART_COLORS[part]), customdata=[c.fmt(y, unit) for y in ys],
+        hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
+traces.append(dict(
+    type="scatter", mode="markers", name="peak of the step", x=labels,
+    y=[c.in_unit(m.peak_bytes, unit) for m in steps.values()],
+    marker=dict(symbol="diamond", size=14, color="#CC3311"),
+    customdata=[f"{c.fmt(m.peak_bytes, unit)} at {m.peak_phase}" for m in steps.values()],
+    hovertemplate="%{x}<br>peak: %{customdata}<extra></extra>"))
+traces.append(c.capacity_dict(gpu, gpu_bytes, -0.5, len(labels) - 0.5, unit))
+fig = c.figure(traces, "", f"memory per GPU ({unit})", 460, barmode="stack")
+table = pd.DataFrame([{"attention": a, **{p: part_bytes(m, p) for p in parts},
+                       "gradients": m.gradients_bytes, "peak": m.peak_bytes,
+                       "peak phase": m.peak_phase} for a, m in steps.items()])
+c.chart(fig, "training_chart", "training-step", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+st.caption(f"{c.COMPUTED}. Bars: before the step (weights, AdamW state, buffers: cuBLAS "
+           "workspaces, inputs and the layout's) plus the activations alive at the end of the "
+           "forward; the diamond is the step's peak (calc/training_step.py lists each moment "
+           "and every tensor with its source).")
+
+st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
+st.dataframe(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phases[ph], unit)
+                                              for a, m in steps.items()}} for ph in PHASES]),
+             hide_index=True)
+
+with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]]):
+    st.dataframe(pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": x}
+                               for p, lab, x in first.activation_terms]), hide_index=True)
+
+fit_rows = []
+for a in steps:
+    ka = tuple(sorted(dict(kw, attention=a).items()))
+    s_max = longest(model, gpu_bytes, batch, ka)
+    n_need = needed(model, gpu_bytes, batch, seq_len,
+                    tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt,
+                                      optimizer=opt, sharding="zero3" if shard == "none" else shard,
+                                      tp=tp).items())))
+    fit_rows.append({"attention": TRAIN_ATTENTION_LABELS[a],
+                     "longest trainable context on this layout": f"{s_max:,}" if s_max else "none",
+                     f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
+                         f"{n_need:,}" if n_need else "more than 1,024"})
+st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
+st.dataframe(pd.DataFrame(fit_rows), hide_index=True)
+
+st.markdown("### Measured on an H200 against the prediction")
+measured = read_measured()
+if measured.empty:
+    st.info("No bundled training-step measurements yet (data/training_steps_h200.csv). Run "
+            "`python -m kernels.measure --train --plan h200` on a GPU to make them.")
+    compared = pd.DataFrame()
+else:
+    compared = predicted_rows(measured)
+if not compared.empty:
+    shape = choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
+    hits = compared[(compared["model"] == shape) & (compared["batch"] == batch)
+                    & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
+                    & (compared["checkpointing"] == ckpt) & compared["attention"].isin(attns)]
+    if shape and len(hits) and gpus == 1:
+        st.markdown("Rows matching these inputs (measured peak is `max_memory_allocated()` over the step):")
+        view = hits
+    else:
+        st.markdown("No measured row matches these inputs (pick a *measured shape* model, one "
+                    "GPU, and a measured length): every bundled row with its prediction.")
+        view = compared
+    shown = view.copy()
+    for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
+        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+    for col in ("peak error", "before error"):
+        shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
+    st.dataframe(shown, hide_index=True)
+    errs = compared["peak error"].dropna()
+    big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
+    if len(errs):
+        st.caption(f"Measured: {len(compared)} rows; largest |error| of the peak "
+                   f"{errs.abs().max():.2%} (s ≥ 1,024: {big.abs().max() if len(big) else float('nan'):.2%}).")
+
+st.markdown("### Can I train a 7B at 32k on one GPU?")
+st.markdown("Llama-2-7B and Llama-3-8B shapes, s = 32,768, B = 1, bf16 parameters and AdamW "
+            "state, one GPU (computed; the step time is measured on the 2-layer model of the "
+            "same widths where bundled).")
+st.dataframe(seven_b_at_32k(measured, unit), hide_index=True)
+st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
+           "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
+           "keep only an output and a log-sum-exp per row.")
+
+c.sync_url(SPECS)

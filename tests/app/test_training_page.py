@@ -1,0 +1,86 @@
+"""pages/training.py renders calc.training_step's numbers for the URL's inputs, refuses bad
+values with a message (never a traceback), and compares bundled measurements when present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from streamlit.testing.v1 import AppTest
+
+import calc
+
+PAGE = str(Path(__file__).parents[2] / "pages" / "training.py")
+
+
+def run(params: dict[str, str]) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    for k, v in params.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def test_metrics_are_calc_numbers_from_url_inputs() -> None:
+    at = run({"model": "Qwen2.5 7B", "s": "8192", "b": "2", "prec": "amp_bf16", "ckpt": "true",
+              "attns": "sdpa_flash,eager", "unit": "GiB"})
+    assert not at.exception
+    m = calc.training_step(calc.MODELS["Qwen2.5 7B"], 2, 8192, attention="sdpa_flash",
+                           precision="amp_bf16", checkpointing=True)
+    values = {x.label: x.value for x in at.metric}
+    assert values["SDPA FlashAttention-2: peak per GPU"] == calc.format_bytes(m.peak_bytes, "GiB")
+    assert "transformers eager: peak per GPU" in values
+    assert any(m.peak_phase in x.value for x in at.caption)
+    # Every input stays in the URL.
+    for key in ("model", "s", "b", "prec", "ckpt", "attns", "gpus", "tp", "shard", "gpu", "opt"):
+        assert key in at.query_params
+
+
+def test_parallel_layout_is_per_gpu() -> None:
+    at = run({"model": "Llama 3.1 70B", "s": "4096", "gpus": "64", "tp": "8", "shard": "zero3",
+              "attns": "sdpa_flash", "ckpt": "1"})
+    assert not at.exception
+    m = calc.training_step(calc.MODELS["Llama 3.1 70B"], 1, 4096, attention="sdpa_flash",
+                           checkpointing=True, gpus=64, tp=8, sharding="zero3")
+    values = {x.label: x.value for x in at.metric}
+    assert values["SDPA FlashAttention-2: peak per GPU"] == calc.format_bytes(m.peak_bytes, "GB")
+
+
+def test_bad_url_values_are_refused_not_crashed() -> None:
+    at = run({"s": "-5", "prec": "fp8", "attns": "nope", "gpus": "abc"})
+    assert not at.exception
+    assert len(at.warning) >= 4
+
+
+def test_layout_that_cannot_be_computed_is_a_message() -> None:
+    at = run({"gpus": "6", "tp": "4"})  # tp must divide the GPUs
+    assert not at.exception
+    assert any("multiple" in e.value for e in at.error)
+
+
+def test_seven_b_at_32k_answer() -> None:
+    at = run({})
+    assert not at.exception
+    frames = [d.value for d in at.dataframe]
+    table = next(f for f in frames if "fits one H200" in f.columns)
+    m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 32768, attention="sdpa_flash",
+                           checkpointing=True)
+    row = table[(table["model"] == "Llama 3.1 8B") & (table["attention"] == "SDPA FlashAttention-2")
+                & (table["checkpointing"] == "on")].iloc[0]
+    assert row["fits one H200"] == ("yes" if m.peak_bytes <= calc.GPUS["NVIDIA H200 141GB"] else "no")
+    assert row["fits one H100"] == ("yes" if m.peak_bytes <= calc.GPUS["NVIDIA H100 80GB"] else "no")
+
+
+def test_measured_rows_get_predictions(tmp_path: Path, monkeypatch) -> None:
+    import pages.training as page  # the helpers, without running the page
+
+    shape = "llama3-8b-2l"
+    model = page.CHOICES[page.MEASURED_PREFIX + shape]
+    m = calc.training_step(model, 1, 2048, attention="sdpa_flash", precision="bf16")
+    df = pd.DataFrame([{"model": shape, "layers": 2, "batch": 1, "seq_len": 2048,
+                        "attention": "sdpa_flash", "precision": "bf16", "checkpointing": False,
+                        "status": "ok", "peak_bytes": int(m.peak_bytes * 1.01),
+                        "before_step_bytes": m.before_step_bytes, "step_ms": 12.0}])
+    out = page.predicted_rows(df)
+    assert out.loc[0, "predicted peak"] == m.peak_bytes
+    assert abs(out.loc[0, "peak error"] - (1 / 1.01 - 1)) < 1e-6
+    assert out.loc[0, "before error"] == 0
