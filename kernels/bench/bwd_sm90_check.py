@@ -185,9 +185,12 @@ TIME_SHAPES = [
     (32, 32, 8192, 64, False),
     (32, 8, 8192, 128, True),
 ]
-# Further (BLOCK_M, stages) of the new backward timed alone at each shape, by head dim (the
-# default is bwd_sm90.TILES); all compile for sm_90 within the shared-memory limit.
-EXTRA_VARIANTS = {64: [(64, 3), (128, 2)], 128: [(64, 3)]}
+# Further settings of the new backward timed alone at each shape, by head dim (the defaults
+# are bwd_sm90.TILES and bwd_sm90.KEY_MAJOR; causal shapes also time the other grid order).
+# Tags in the output: b = block_m, s = stages, k = key_major. All compile for sm_90 within
+# the shared-memory limit.
+EXTRA_VARIANTS = {64: [{"block_m": 64, "stages": 3}, {"block_m": 128, "stages": 2}],
+                  128: [{"block_m": 64, "stages": 3}]}
 # The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
 ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
          499], "FA4": [588, 509, 632, 607, 493, None, 564]}
@@ -265,13 +268,16 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
 
     # other (BLOCK_M, stages) of the new backward, the backward alone (they compile on first use)
     others = []
-    for bm, st in EXTRA_VARIANTS.get(d, ()):
+    variants = list(EXTRA_VARIANTS.get(d, ()))
+    if causal:
+        variants.append({"key_major": not bwd_sm90.KEY_MAJOR[True]})
+    for kw in variants:
+        tag = "/".join(f"{key[0]}{int(val)}" for key, val in kw.items())
         try:
-            ms = _median_ms(lambda bm=bm, st=st: bwd_sm90.attention_backward_sm90(
-                *args, stages=st, block_m=bm), reps)
-            others.append(f"m{bm}/s{st} {ms:.2f}")
+            ms = _median_ms(lambda kw=kw: bwd_sm90.attention_backward_sm90(*args, **kw), reps)
+            others.append(f"{tag} {ms:.2f}")
         except Exception as e:
-            others.append(f"m{bm}/s{st} {type(e).__name__}")
+            others.append(f"{tag} {type(e).__name__}")
 
     def ratio(a, b):
         ok = b in tf and tf[b] == tf[b] and tf[b] > 0
@@ -310,7 +316,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two timing shapes only")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--watchdog", type=int, default=240,
+    ap.add_argument("--watchdog", type=int, default=420,
                     help="seconds after which the run dumps its stacks and exits (a hung kernel)")
     args = ap.parse_args()
     # A kernel that deadlocks on its barriers would hold the GPU until killed from outside:

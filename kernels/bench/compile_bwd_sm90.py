@@ -59,8 +59,10 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int)
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
            "stats_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
-           "CAUSAL": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-    consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": b90.NUM_WARPS}
+           "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
+           "num_warps": "constexpr"}
+    consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
+              "num_warps": b90.NUM_WARPS}
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": b90.NUM_WARPS})

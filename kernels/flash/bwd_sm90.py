@@ -103,6 +103,8 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # dQ staging 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
 # 226 KiB). At d = 64: 113 KiB.
 TILES = {64: (64, 2), 128: (64, 2)}
+# Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
+KEY_MAJOR = {False: False, True: True}
 
 
 @gluon.jit
@@ -290,6 +292,7 @@ def attn_bwd_sm90_kernel(
     sm_scale,  # scale
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of Q and of dO
+    KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -297,8 +300,17 @@ def attn_bwd_sm90_kernel(
     DTYPE: gl.constexpr = q_desc.dtype
     gl.static_assert(2 * HALF == 128)
 
-    start_n = gl.program_id(0) * (2 * HALF)  # key block 0 has the most work when causal: first
-    bhk = gl.program_id(1)
+    # Grid order. Head-major (grid (key blocks, B * H_kv)): the programs running side by side
+    # share their heads' Q and dO in L2. Key-major (grid (B * H_kv, key blocks)): with the
+    # causal mask, key block j has n_m - j // 2 query blocks of work, and launching every
+    # head's block 0, then every head's block 1, ... runs the longest programs first, so that
+    # the short ones fill the last wave (the longest-first order of the forward).
+    if KEY_MAJOR:
+        start_n = gl.program_id(1) * (2 * HALF)
+        bhk = gl.program_id(0)
+    else:
+        start_n = gl.program_id(0) * (2 * HALF)
+        bhk = gl.program_id(1)
     b = bhk // H_kv
     h_kv = bhk % H_kv
     n_m = (s_q + BLOCK_M - 1) // BLOCK_M
@@ -410,12 +422,12 @@ def _descriptor_ok(t: torch.Tensor) -> bool:
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor | None = None,
            o: torch.Tensor | None = None) -> bool:
     """Whether this backward can run these inputs: a CUDA device of compute capability 9.x,
-    fp16/bf16, d in HEAD_DIMS, B * H_kv below the grid's 65,536 limit, and q, k, v (and dO,
+    fp16/bf16, d in HEAD_DIMS, B * H_kv and the key blocks below the grid's 65,536 limit, and q, k, v (and dO,
     O when given) in layouts a TMA descriptor can describe (O and dO also need unit last
     strides for the delta kernel, which the descriptor rule implies)."""
     if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
-    if q.shape[0] * k.shape[1] >= 65536:
+    if q.shape[0] * k.shape[1] >= 65536 or k.shape[2] > 65535 * BLOCK_N:
         return False
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(idx)[0] != 9:
@@ -441,7 +453,8 @@ def _desc(t: torch.Tensor, rows: int, dtype) -> TensorDescriptor:
 
 
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
-                            stages: int | None = None, block_m: int | None = None):
+                            stages: int | None = None, block_m: int | None = None,
+                            key_major: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
@@ -473,13 +486,15 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         HEAD_D=d, BLOCK=STATS_ROWS, num_warps=4)
     dq_desc = TensorDescriptor(dq_acc, [B, H, d, s_q], [H * d * s_pad, d * s_pad, s_pad, 1],
                                [1, 1, d, bm // 2], _layout(gl.float32, (1, 1, d, bm // 2)))
-    grid = (triton.cdiv(s_k, BLOCK_N), B * H_kv)
+    km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
+    n_kb = triton.cdiv(s_k, BLOCK_N)
+    grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
     stats_desc = TensorDescriptor(stats.view(B * H * 2, s_pad), [B * H * 2, s_pad], [s_pad, 1],
                                   [2, bm], STATS_LAYOUT)
     attn_bwd_sm90_kernel[grid](
         _desc(q, bm, gdt), _desc(k, HALF_N, gdt), _desc(v, HALF_N, gdt), _desc(do, bm, gdt),
         dq_desc, stats_desc, dk, dv, H, H_kv, H // H_kv, s_q, s_k, scale * LOG2E, scale,
-        CAUSAL=bool(causal), STAGES=st, num_warps=NUM_WARPS)
+        CAUSAL=bool(causal), STAGES=st, KEY_MAJOR=km, num_warps=NUM_WARPS)
     dq = q.new_empty((B, H, s_q, d))
     dq.copy_(dq_acc[..., :s_q].transpose(2, 3))  # one strided cast-and-transpose
     return dq, dk, dv
