@@ -276,6 +276,20 @@ class CachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return h
 
+    def hold_cached_block(self, nbytes: int) -> None:
+        """Put a free cached block of `nbytes` (rounded to 512 B) in the pool that
+        empty_cache() cannot release: a segment that a small long-lived allocation pins (as a
+        cuBLAS workspace does when it is cut from a large freed segment). Non-expandable only;
+        the pin (512 B) counts as allocated, like any live block."""
+        size = round_size(int(nbytes))
+        if self.expandable or size <= 0:
+            return
+        sid = self._new_segment(size + K_MIN_BLOCK_SIZE, is_small(size))
+        self._add_reserved(size + K_MIN_BLOCK_SIZE)
+        self._take(self._segments[sid][0], K_MIN_BLOCK_SIZE, is_small(size))
+        self.allocated += K_MIN_BLOCK_SIZE
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
     def block_size(self, handle: int) -> int:
         """The size of the block behind a live allocation (what "allocated" counts for it)."""
         return self._live[handle].size

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from calc import dispatch
-from calc.allocator import CachingAllocator
+from calc.allocator import K_SMALL_SIZE, CachingAllocator, is_small, round_size
 from calc.units import (
     MAX_BATCH,
     MAX_HEAD_DIM,
@@ -331,12 +331,14 @@ def _efficient(sh: _Shape) -> list[Step]:
     steps.append(_a("dq", sh.out_bytes()))
     steps.append(_a("dk, dv" + (" of the expanded k, v (H heads)" if sh.gqa else ""), kvb, kvb))
     steps.append(_a("row sums of dO·O (fp32, one per row)", sh.rows * 4))
-    # One fp32 workspace: the dQ accumulator and, measured on every reference row, 16 more
-    # bytes per block of query rows (64 rows at d <= 64, else 128) and (batch, head).
+    # One fp32 workspace (attention_backward.cu: at::empty({p.workspace_size()}); kernel_backward.h
+    # workspace_elements_gq: per (batch, head) ceil(s / kBlockSizeI) blocks of
+    # GradQTempStorage, the block's dQ accumulator plus 4 floats): s padded to the block,
+    # kBlockSizeI = 64 at d <= 64, 128 above (measured on every reference row: 16 B per block).
     bi = 64 if sh.d <= 64 else 128
     nblk = -(-sh.s // bi)
-    steps.append(_a(f"fp32 workspace: dq accumulator + 16 B per {bi}-row block",
-                    sh.b * sh.h * (sh.s * sh.d + 4 * nblk) * 4))
+    steps.append(_a(f"fp32 workspace: dq accumulator, s rounded up to {bi}, + 16 B per block",
+                    sh.b * sh.h * nblk * (bi * sh.d + 4) * 4))
     return steps
 
 
@@ -544,12 +546,24 @@ class _Replay:
 
 
 @lru_cache(maxsize=4096)
-def _replay(impl: str, sh: _Shape, expandable: bool) -> _Replay:
+def _replay(impl: str, sh: _Shape, expandable: bool, cached_free: int = 0) -> _Replay:
     """Run the call's allocation sequence through calc.allocator under DESIGN.md's
     procedure: inputs allocated, cache emptied, peaks reset, then the call. The peak terms
-    are the tensors alive when "allocated" is highest."""
+    are the tensors alive when "allocated" is highest. `cached_free`: a free block of that
+    many bytes that the cache still holds (pinned, so empty_cache() keeps it)."""
     steps = _MODELS[impl](sh)
     a = CachingAllocator(expandable)
+    if cached_free and not expandable:
+        # Free bytes the cache held before the call beyond the free tails of the inputs' own
+        # segments: one pinned block, there before the inputs, so the large inputs were cut
+        # from it (best fit): it held that much more then.
+        fresh = CachingAllocator()
+        for n in _inputs(sh):
+            fresh.malloc(n)
+        held = cached_free - (fresh.reserved - fresh.allocated)
+        if held > K_SMALL_SIZE:
+            a.hold_cached_block(held + sum(round_size(n) for n in _inputs(sh)
+                                           if not is_small(round_size(n))))
     for n in _inputs(sh):
         a.malloc(n)
     a.empty_cache()
@@ -616,6 +630,10 @@ def _shape_checked(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_
     return _Shape(b, h, h_kv, s, d, dtype_name(dtype), causal, backward)
 
 
+def _check_free(n: object) -> int:
+    return check_int("cached_free_bytes", n, 0, 1 << 50)
+
+
 def _check_expandable(expandable: object) -> bool:
     check_bool("expandable", expandable)
     return bool(expandable)
@@ -633,13 +651,18 @@ def attention_peak_breakdown(
     kv_heads: int | None = None,
     *,
     expandable: bool = False,
+    cached_free_bytes: int = 0,
 ) -> list[PeakTerm]:
     """The tensors alive at the peak of one call, grouped as terms, each with its tensor
     bytes and the bytes the caching allocator counts for it (calc.allocator); the counted
     bytes sum to attention_peak_bytes. `expandable`: PYTORCH_CUDA_ALLOC_CONF=
-    expandable_segments:True (blocks always split: only the 512 B rounding remains)."""
+    expandable_segments:True (blocks always split: only the 512 B rounding remains).
+    `cached_free_bytes`: what the cache holds free just before the call
+    (memory_reserved() - memory_allocated()); 0 under DESIGN.md's procedure (see
+    attention_peak_bytes)."""
     sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
-    return list(_replay(check_impl(impl), sh, _check_expandable(expandable)).terms)
+    return list(_replay(check_impl(impl), sh, _check_expandable(expandable),
+                        _check_free(cached_free_bytes)).terms)
 
 
 def attention_peak_terms(
@@ -654,13 +677,15 @@ def attention_peak_terms(
     kv_heads: int | None = None,
     *,
     expandable: bool = False,
+    cached_free_bytes: int = 0,
 ) -> list[tuple[str, int]]:
     """The terms (label, bytes) whose sum is attention_peak_bytes, for tables and tooltips.
     Bytes are what the allocator counts; a label says when that is more than the tensors
     hold ("+N B allocator rounding")."""
     out = []
     for t in attention_peak_breakdown(impl, batch, heads, seq_len, head_dim, dtype, causal,
-                                      backward, kv_heads, expandable=expandable):
+                                      backward, kv_heads, expandable=expandable,
+                                      cached_free_bytes=cached_free_bytes):
         label = t.label
         if t.rounding_bytes:
             label += f" (+{t.rounding_bytes:,} B allocator rounding)"
@@ -680,6 +705,7 @@ def attention_peak_bytes(
     kv_heads: int | None = None,
     *,
     expandable: bool = False,
+    cached_free_bytes: int = 0,
 ) -> int:
     """Predicted extra peak bytes of one attention call of `impl`, as
     torch.cuda.max_memory_allocated() counts them (see the module docstring).
@@ -709,10 +735,18 @@ def attention_peak_bytes(
       fp32 dq_accum, dpsum, lse_log2 with s rounded up to the backward's m_block_size
       (`fa4_tiles_sm90`), GQA + fp32 dk_accum, dv_accum (s rounded up to n_block_size).
     `expandable=True` predicts PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+    `cached_free_bytes`: free bytes the caching allocator still holds just before the call,
+    memory_reserved() - memory_allocated() (the harness's reserved_bytes -
+    reserved_extra_bytes - before_bytes). DESIGN.md's procedure empties the cache, so the
+    default is 0; but empty_cache() cannot release a segment that a long-lived block pins
+    (a cuBLAS workspace created inside a freed s×s segment does), and the call's tensors are
+    then cut from that free block: counted at their 512 B-rounded size, not as whole
+    segments. Modelled as one such block, there before the inputs.
     Returns whole bytes.
     """
     sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
-    return _replay(check_impl(impl), sh, _check_expandable(expandable)).peak
+    return _replay(check_impl(impl), sh, _check_expandable(expandable),
+                   _check_free(cached_free_bytes)).peak
 
 
 def attention_reserved_bytes(
@@ -727,6 +761,7 @@ def attention_reserved_bytes(
     kv_heads: int | None = None,
     *,
     expandable: bool = False,
+    cached_free_bytes: int = 0,
 ) -> int | None:
     """Predicted growth of torch.cuda.memory_reserved() during one call (the harness's
     reserved_extra_bytes: max_memory_reserved() during the call minus memory_reserved()
@@ -747,7 +782,8 @@ def attention_reserved_bytes(
     impl = check_impl(impl)
     ok = reserved_predicted(impl, sh.backward, sh.gqa)
     expandable = _check_expandable(expandable)
-    return _replay(impl, sh, expandable).reserved if ok else None
+    free = _check_free(cached_free_bytes)
+    return _replay(impl, sh, expandable, free).reserved if ok else None
 
 
 def attention_flops(

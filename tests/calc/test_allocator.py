@@ -168,3 +168,14 @@ def test_allocated_returns_to_zero(expandable):
     assert a.allocated == 0
     a.empty_cache()
     assert a.reserved == 0
+
+
+def test_a_held_block_survives_empty_cache_and_serves_requests_split():
+    a = CachingAllocator()
+    a.hold_cached_block(500 * MIB)
+    a.empty_cache()
+    assert a.reserved == 500 * MIB + 512 and a.allocated == 512
+    h = a.malloc(12_288_000)  # cut from the held block: more than 1 MiB remains, split
+    assert a.block_size(h) == 12_288_000 and a.reserved == 500 * MIB + 512
+    a.malloc(600 * MIB)  # larger than what is held: a new segment
+    assert a.reserved == 500 * MIB + 512 + 600 * MIB

@@ -334,3 +334,21 @@ def test_flash_split_kv_forward_of_short_sequences() -> None:
     assert fa2_num_splits(1, 32, 1024, 1024, 128) == 1  # 512 query blocks fill the GPU
     assert attention_peak_bytes("sdpa_flash", 1, 32, 256, 128, "fp16") == (
         2 * MIB + 32 * 256 * 4 + 1024 + 8_454_144)
+
+
+def test_a_pinned_free_block_is_cut_instead_of_new_segments() -> None:
+    """In one process that measured a backward before, the cache keeps a free block that
+    empty_cache() cannot release (a cuBLAS workspace pinned it). Measured on the H200
+    (data/attention_calls_awkward_h200.csv, B=2, H=16, s=3,000, d=64): FlashAttention-2's
+    forward then allocates 12,673,024 B, the tensors' 512 B-rounded sizes, not 12 MiB + ...;
+    and the reservation grows by one 2 MiB small segment only."""
+    args = ("sdpa_flash", 2, 16, 3000, 64, "bf16")
+    assert attention_peak_bytes(*args, cached_free_bytes=506_298_368) == 12_673_024
+    assert attention_reserved_bytes(*args, cached_free_bytes=506_298_368) == 2 * MIB
+    assert attention_peak_bytes(*args) == 12 * MIB + 384_000 + 1024  # an emptied cache
+    # a free block smaller than a tensor does not serve it: the naive s x s tensors
+    # (576 MB) still get their own segments
+    naive = attention_peak_breakdown("naive", 2, 16, 3000, 64, "bf16", cached_free_bytes=10**8)
+    assert naive[0].counted_bytes == 576_716_800
+    with pytest.raises(ValueError, match="cached_free_bytes"):
+        attention_peak_bytes(*args, cached_free_bytes=-1)
