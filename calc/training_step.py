@@ -289,6 +289,12 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
                       2 * t * (dm.q if expand else dm.k)))
     terms.append(("attention", "v" + (" repeated to H heads" if expand else ""),
                   2 * t * (dm.q if expand else dm.k)))
+    if model.model_type == "phi3" and not expand and impl != "eager":
+        # Phi-3's fused qkv_proj: v is a slice (a view) of its output, so a kernel that keeps
+        # v keeps the whole q|k|v storage (modeling_phi3.py Phi3Attention); eager's P·V
+        # matmul copies v instead. (Phi-3 is approximate: NOTES.md.)
+        terms.append(("projections", "rest of the fused qkv_proj output, kept through v's view",
+                      2 * t * (dm.q + dm.k)))
     if cache:  # use_cache: the DynamicCache keeps the rotated k and v of every layer
         if expand or amp:
             terms.append(("attention", "k in the KV cache (use_cache)", qk_e * t * dm.k))
@@ -554,7 +560,8 @@ def _attention_backward_extra(impl: str, dm: _Dims) -> int:
     fp32 output (saved) and two fp32 gradients, P freed, dV made (Hs of repeated heads)."""
     if impl == "eager":
         return 6 * dm.n + 2 * dm.t * dm.q
-    peak_impl = {"fa4": "sdpa_flash"}.get(impl, impl)
+    from calc.peak import IMPLEMENTATIONS  # fa4 where calc.peak models it, else as FA2
+    peak_impl = impl if impl in IMPLEMENTATIONS else "sdpa_flash"
     terms = _peak_terms(peak_impl, dm)
     saved = ("output (saved", "log-sum-exp", "k, v expanded", "probabilities P kept")
     return sum(x for label, x in terms if not label.startswith(saved))
