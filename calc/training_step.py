@@ -584,15 +584,36 @@ def max_train_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1, **kwar
 def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int, *,
                       sharding: str = "zero3", tp: int = 1, max_gpus: int = 4096,
                       **kwargs) -> int:
-    """Fewest GPUs (a multiple of tp, up to max_gpus) whose per-GPU peak fits gpu_bytes under
-    `sharding`; 0 if none does (activations of one replica alone do not fit)."""
+    """Fewest GPUs (a multiple of tp, at most max_gpus) whose per-GPU peak fits gpu_bytes
+    under `sharding`; 0 if none does (one replica's activations alone do not fit).
+
+    The per-GPU peak falls with N (every sharded term is a total over N; the FSDP gather term
+    grows by less than one layer's parameters), so the search doubles, then bisects, then
+    steps down while one fewer replica still fits: a handful of evaluations, not N."""
     check_int("max_gpus", max_gpus, 1, 1 << 20)
-    for n in range(tp, max_gpus + 1, tp):
-        if training_step(model, batch, seq_len, gpus=n, tp=tp, sharding=sharding,
-                         **kwargs).peak_bytes <= gpu_bytes:
-            return n
-        if sharding == "none":
-            break
-    return 0
+    t = check_int("tp", tp, 1, max_gpus)
 
+    def fits(replicas: int) -> bool:
+        return training_step(model, batch, seq_len, gpus=replicas * t, tp=t, sharding=sharding,
+                             **kwargs).peak_bytes <= gpu_bytes
 
+    top = max_gpus // t
+    if top < 1 or (sharding == "none" and not fits(1)):
+        return 0
+    if sharding == "none":
+        return t
+    if not fits(top):
+        return 0
+    hi = 1
+    while hi < top and not fits(hi):
+        hi = min(2 * hi, top)
+    lo = hi // 2  # does not fit (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    while hi > 1 and fits(hi - 1):
+        hi -= 1
+    return hi * t
