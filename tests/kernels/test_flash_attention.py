@@ -241,6 +241,22 @@ def test_kernels_allocate_only_through_common_empty():
         assert "common.empty(" in src or name == "api.py"
 
 
+def test_poisoning_fills_every_allocation_path(fa):
+    """Inside poison_empty, the kernels' helper and the torch allocators it could be bypassed
+    with (torch.empty, torch.empty_like, Tensor.new_empty) all return NaN; outside, they are
+    restored."""
+    from kernels.flash import common
+
+    x = torch.zeros(2, 3)
+    real = (common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty)
+    with poison_empty():
+        made = [common.empty(x, (4,)), common.empty(x, (2,), torch.float64), torch.empty(3),
+                torch.empty_like(x), x.new_empty((5,))]
+        assert all(t.isnan().all() for t in made)
+        assert common.empty(x, (3,), torch.int32).dtype == torch.int32  # integers kept as they are
+    assert (common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty) == real
+
+
 def test_kernel_config_is_checked_once_with_named_errors(fa):
     """KernelConfig refuses a bad value when it is built, naming the field, the value and what
     is accepted; the dict form names its key too, and refuses unknown keys."""
