@@ -157,13 +157,15 @@ def predicted_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 @c.cached(max_entries=256)
-def longest(model: ModelConfig, gpu_bytes: int, batch: int, kw: tuple) -> int:
-    return max_train_seq_len(model, gpu_bytes, batch, **dict(kw))
+def longest(choice: str, gpu_bytes: int, batch: int, kw: tuple) -> int:
+    """Exact search over s (calc.max_train_seq_len); cached by the model's name (hashing a
+    ModelConfig costs more than the search)."""
+    return max_train_seq_len(CHOICES[choice], gpu_bytes, batch, **dict(kw))
 
 
 @c.cached(max_entries=256)
-def needed(model: ModelConfig, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
-    return train_gpus_needed(model, gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
+def needed(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
+    return train_gpus_needed(CHOICES[choice], gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
 
 
 def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
@@ -317,8 +319,8 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]])
 fit_rows = []
 for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
-    s_max = longest(model, gpu_bytes, batch, ka)
-    n_need = needed(model, gpu_bytes, batch, seq_len,
+    s_max = longest(choice, gpu_bytes, batch, ka)
+    n_need = needed(choice, gpu_bytes, batch, seq_len,
                     tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt,
                                       optimizer=opt, sharding="zero3" if shard == "none" else shard,
                                       tp=tp).items())))
