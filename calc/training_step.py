@@ -137,7 +137,7 @@ class TrainingStepMemory:
     weights_bytes: int
     gradients_bytes: int
     optimizer_bytes: int
-    activations: dict[str, int]  # part -> bytes alive at the end of the forward (PARTS)
+    activations: dict[str, int]  # every part of PARTS -> bytes alive at the end of the forward
     buffers_bytes: int  # what the parallel layout adds (DDP buckets, FSDP all-gathers, ...)
     before_step_bytes: int
     peak_bytes: int
@@ -332,7 +332,9 @@ def _model_terms(model: ModelConfig, dm: _Dims, amp: bool, impl: str,
     """Tensors alive at the end of the forward outside the layers (module docstring)."""
     gemma = model.model_type in _GEMMA
     t, v = dm.t, dm.vocab
-    terms = _norm_terms("final norm", dm.h, t, amp, gemma)
+    terms = [("embeddings", "embedding output: not kept (its backward needs the ids only; "
+              "Gemma's × sqrt(h) keeps a 0-d scale)", 0)]
+    terms += _norm_terms("final norm", dm.h, t, amp, gemma)
     terms.append(("logits and loss", "lm_head input" + (" (bf16 cast)" if amp else ""),
                   2 * t * dm.h))
     cs = 4 if amp else 2  # cos, sin of shape (1, s, d) in the hidden states' dtype
@@ -432,7 +434,6 @@ def training_step(
         # CPU replay of the step (NOTES.md): not added.)
     for p, _, x in terms:
         parts[p] += x
-    parts = {p: x for p, x in parts.items() if x}
     acts = sum(parts.values())
 
     weights, grads = w["weights"], w["gradients"]
