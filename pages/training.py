@@ -367,7 +367,17 @@ st.markdown("### Can I train a 7B at 32k on one GPU?")
 st.markdown("Llama-2-7B and Llama-3-8B shapes, s = 32,768, B = 1, bf16 parameters and AdamW "
             "state, one GPU (computed; the step time is measured on the 2-layer model of the "
             "same widths where bundled).")
-st.dataframe(seven_b_at_32k(measured, unit), hide_index=True)
+answer = seven_b_at_32k(measured, unit)
+for gpu_name, col in ((H200, "fits one H200"), (H100, "fits one H100")):
+    ok = answer[answer[col] == "yes"]
+    if ok.empty:
+        st.markdown(f"- **One {gpu_name}**: no attention fits either model at 32k, even with "
+                    "checkpointing (computed).")
+    else:
+        said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
+                         f"{r['peak (computed)']})" for _, r in ok.iterrows())
+        st.markdown(f"- **One {gpu_name}**: {c.md_escape(said)}.")
+st.dataframe(answer, hide_index=True)
 st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
            "keep only an output and a log-sum-exp per row.")
