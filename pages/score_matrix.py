@@ -25,6 +25,7 @@ from calc import (  # noqa: E402
     format_gib,
     score_matrix_bytes,
 )
+from calc.allocator import fresh_block_bytes, get_allocation_size, round_size  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages.ui.url_state import ChoiceParam, FloatParam, IntParam  # noqa: E402
@@ -108,6 +109,16 @@ st.caption(
     f"{c.COMPUTED}. Formula: Vaswani et al. 2017 (arXiv 1706.03762), eq. 1: Q·Kᵀ holds one "
     "score per query-key pair. GB = 10⁹ bytes, GiB = 2³⁰ bytes. This is one layer and only the "
     "scores: standard attention also keeps the softmax output of the same size (see Scaling)."
+)
+counted, segment = fresh_block_bytes(n_bytes), get_allocation_size(round_size(n_bytes))
+st.caption(
+    f"{c.COMPUTED}, what PyTorch shows for this one tensor on an emptied cache: "
+    f"**allocated** (`torch.cuda.memory_allocated()`) {counted:,} bytes, the caching allocator's "
+    f"block ({counted - n_bytes:+,} bytes: rounded up to 512 B, and a leftover of at most 1 MiB in "
+    f"its segment is not split off); **reserved** (`torch.cuda.memory_reserved()`, what nvidia-smi "
+    f"grows by) {segment:,} bytes, the segment taken from the GPU (1 MiB or less: shared 2 MiB "
+    "segments; under 10 MiB: shared 20 MiB segments; larger: rounded up to 2 MiB). Source: "
+    "c10/cuda/CUDACachingAllocator.cpp round_size, get_allocation_size, should_split."
 )
 
 rows = []
