@@ -452,8 +452,7 @@ def training_step(
     phases: dict[str, int] = {}
     head_saved = sum(x for p, lab, x in terms if lab.startswith(HEAD_LABELS)
                      or p == "logits and loss")
-    shared = parts.get("rotary", 0) if not checkpointing else sum(
-        x for _, lab, x in terms if lab.startswith("cos and sin"))
+    shared = sum(x for _, lab, x in terms if lab.startswith("cos and sin"))
     masks = _mask_count(model) * stream * dm.b * dm.s * dm.s if attention == "eager" else 0
     # Forward, the last layer's attention call: L - 1 layers saved, the last one up to its
     # attention, the residual input, the model's masks (eager), and the call's transient
