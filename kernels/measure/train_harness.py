@@ -288,6 +288,7 @@ def _unavailable_error(exc: BaseException) -> bool:
     return ("No available kernel" in text  # sdpa_kernel forced onto a backend that cannot
             or text.startswith("triton attention (")  # kernels.hf's refusals
             or "does not support `softcap`" in text  # transformers' sdpa integration
+            or ("does not support an attention implementation" in text)  # e.g. Gemma 2 + sdpa
             or isinstance(exc, ImportError))
 
 

@@ -154,6 +154,17 @@ def test_triton_refusal_is_unavailable_before_building_anything():
     assert g.status == "unavailable" and "soft-capped" in g.message
 
 
+def test_architecture_without_sdpa_is_unavailable():
+    """transformers refuses SDPA for Gemma 2 at build time: a result, not an error. (Tiny
+    widths: the refusal comes before any weight exists.)"""
+    r = th._unavailable_error(ValueError(
+        "Gemma2ForCausalLM does not support an attention implementation through "
+        "torch.nn.functional.scaled_dot_product_attention yet."))
+    assert r
+    assert th._unavailable_error(RuntimeError("No available kernel. Aborting execution."))
+    assert not th._unavailable_error(RuntimeError("CUDA error: illegal memory access"))
+
+
 @pytest.mark.parametrize("cfg, words", [
     (th.TrainConfig("nope", 16, "eager", "bf16"), "unknown model"),
     (th.TrainConfig("tiny-llama", 16, "flashy", "bf16"), "unknown attention"),
