@@ -47,8 +47,7 @@ from dataclasses import dataclass
 
 from calc import dispatch
 from calc.models import ModelConfig, check_model
-from calc.params import param_count
-from calc.peak import attention_peak_terms
+from calc.peak import attention_peak_bytes, attention_peak_terms
 from calc.units import (
     MAX_BATCH,
     MAX_HEAD_DIM,
@@ -188,6 +187,12 @@ def ring_step_kind(rank: int, world_size: int, step: int, causal: bool) -> str:
     "causal" (step 0 of a causal ring: the local shard with the mask), "full" (no mask, all
     x all), "kv_half" (block from a lower rank: all queries x the block's first chunk),
     "q_half" (from a higher rank: the second query chunk x all keys)."""
+    c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
+    return _kind(check_int("rank", rank, 0, c - 1), c, check_int("step", step, 0, c - 1),
+                 check_bool("causal", causal))
+
+
+def _kind(rank: int, world_size: int, step: int, causal: bool) -> str:
     if not causal:
         return "full"
     if step == 0:
@@ -214,7 +219,7 @@ def _steps(rank: int, c: int, causal: bool) -> list[tuple[str, bool]]:
     the same tensors, so the peak is the same (keeps the replay O(1) in c)."""
     out: list[tuple[str, bool]] = []
     for t in range(c):
-        step = (ring_step_kind(rank, c, t, causal), t + 1 < c)
+        step = (_kind(rank, c, t, causal), t + 1 < c)
         if t > 0 and out and len(out) > 1 and out[-1] == step:
             continue
         out.append(step)
@@ -228,7 +233,7 @@ def _torch_steps(rank: int, c: int, causal: bool) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     keys: list[tuple[str, bool]] = []
     for t in range(c):
-        key = (ring_step_kind(rank, c, t, causal), t + 1 < c)
+        key = (_kind(rank, c, t, causal), t + 1 < c)
         if t > 1 and len(keys) >= 2 and keys[-1] == key and keys[-2] == key:
             continue
         out.append((t, key[0]))
@@ -654,91 +659,103 @@ def ring_step_flops(batch: int, heads: int, seq_len: int, head_dim: int, world_s
 
 # ---- training on c GPUs -------------------------------------------------------------------------
 
+#: The phases of calc.training_step whose moment holds one attention call's forward transient,
+#: and those that hold the larger of its backward extra peak and the MLP's backward.
+_FWD_PHASE = "forward: attention of the last layer"
+_BWD_PHASES = ("backward of the last layer", "backward of layer 0")
+
+
 @dataclass(frozen=True)
 class ContextParallelTraining:
-    """Estimated peak bytes of one training step on each of c GPUs."""
+    """One training step on each of c GPUs holding s/c tokens of every sequence (bytes)."""
 
     world_size: int
     local_seq_len: int
-    states_bytes: int  # weights, gradients, optimizer state (sharded over c or not)
-    activations_bytes: int  # what the layers keep for the backward, s/c tokens each
-    logits_bytes: int  # the output layer's logits for s/c tokens, fp32 for the loss
-    attention_bytes: int  # one layer's ring attention extra peak (forward+backward)
-    source: str
+    step: object  # calc.training_step.TrainingStepMemory for s/c tokens on c GPUs
+    ring_forward_bytes: int  # one ring attention call's extra peak, forward
+    ring_backward_bytes: int  # ... forward + backward
+    plain_forward_bytes: int  # what training_step counts for that call (s/c tokens, one GPU)
+    plain_backward_bytes: int
+    phases: tuple[tuple[str, int], ...]  # training_step's moments with the ring's calls
 
     @property
     def total_bytes(self) -> int:
-        return self.states_bytes + self.activations_bytes + self.logits_bytes + self.attention_bytes
+        return max(b for _, b in self.phases)
 
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=lambda p: p[1])[0]
 
-#: Mixed-precision Adam: 2 (16-bit weights) + 2 (16-bit grads) + 12 (fp32 master, m, v)
-#: bytes per parameter (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, sec. 3.1).
-ADAM_BYTES_PER_PARAM = 16
-#: Activations a transformer layer keeps per token, in units of the hidden size, with fused
-#: (linear-memory) attention: 34·s·b·h bytes per layer in 16-bit (Korthikanti et al. 2022,
-#: arXiv 2205.05198, eq. 1 without the 5·a·s²·b score terms that FlashAttention removes);
-#: with full activation checkpointing each layer keeps only its 16-bit input, 2·s·b·h (ibid.,
-#: sec. 4.1), and one layer's 34·s·b·h exists during its recomputation.
-ACT_BYTES_PER_TOKEN_HIDDEN = 34
-CKPT_BYTES_PER_TOKEN_HIDDEN = 2
+    @property
+    def before_step_bytes(self) -> int:
+        return self.step.before_step_bytes
+
+    @property
+    def activations_bytes(self) -> int:
+        return self.step.activations_bytes
 
 
 def context_parallel_training(
     model: ModelConfig, world_size: int, seq_len: int, batch: int = 1, *,
-    impl: str = "triton", dtype: str = "bf16", checkpointing: bool = True,
+    impl: str = "triton", precision: str = "bf16", checkpointing: bool = True,
     shard_states: bool = True,
 ) -> ContextParallelTraining:
     """Peak per GPU of a causal training step with the sequence split over c GPUs.
 
-    An estimate, term by term: states 16 bytes per parameter (mixed-precision Adam, ZeRO
-    sec. 3.1), divided over the c GPUs when ``shard_states`` (FSDP/ZeRO-3 over the
-    context-parallel group, as Llama 3 trains, arXiv 2407.21783 sec. 3.3.2); activations of
-    s/c tokens per layer after Korthikanti et al. 2022 (see the constants); logits of s/c
-    tokens in fp32 (4·b·(s/c)·V); and one layer's ring attention peak
-    (`context_parallel_peak_bytes`, causal, forward+backward). calc.training_step (when it
-    exists) models a step measured on a GPU; this estimate is what calc can say for c GPUs
-    until it can be used here."""
+    Each GPU runs calc.training_step on s/c tokens (its zigzag shard; activations, logits and
+    loss all scale with the local tokens) with the c GPUs as its parallel group: weights,
+    gradients and AdamW state sharded over them with FSDP when ``shard_states`` (as Llama 3
+    trains, FSDP over the context-parallel group, arXiv 2407.21783 sec. 3.3.2; torchtitan's
+    dp_shard_cp mesh), else replicated with DDP's gradient buckets. Attention is then the ring:
+    the step's forward moment gets the ring's forward extra instead of a plain call's over s/c
+    tokens, and its backward moments the ring's backward extra where it exceeds the plain
+    call's (an upper bound where the MLP's backward was the larger there). training_step's
+    saved output and log-sum-exp per layer are the ring's too (s/c rows)."""
+    from calc.training_step import training_step
+
     check_model(model)
-    check_bool("checkpointing", checkpointing)
-    check_bool("shard_states", shard_states)
     c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
     b = check_int("batch", batch, 1, MAX_BATCH)
-    attn = context_parallel_peak_bytes(impl, b, model.num_heads, seq_len, model.head_dim,
-                                       dtype, causal=True, backward=True, world_size=c,
-                                       kv_heads=model.num_kv_heads)
-    m = seq_len // c
-    params = param_count(model)
-    states = ADAM_BYTES_PER_PARAM * params
-    if shard_states:
-        states = -(-states // c)
-    hid = model.hidden_size
-    if checkpointing:
-        acts = (model.num_layers * CKPT_BYTES_PER_TOKEN_HIDDEN
-                + ACT_BYTES_PER_TOKEN_HIDDEN) * m * b * hid
-    else:
-        acts = model.num_layers * ACT_BYTES_PER_TOKEN_HIDDEN * m * b * hid
-    logits = 4 * b * m * model.vocab_size
-    return ContextParallelTraining(c, m, states, acts, logits, attn,
-                                   "estimate: ZeRO states, Korthikanti activations, ring peak")
+    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    check_bool("shard_states", shard_states)
+    ring = [context_parallel_peak_bytes(impl, b, model.num_heads, s, model.head_dim, "bf16",
+                                        True, bw, c, model.num_kv_heads) for bw in (False, True)]
+    m = s // c
+    step = training_step(model, b, m, attention=impl, precision=precision,
+                         checkpointing=checkpointing, gpus=c,
+                         sharding="fsdp" if shard_states and c > 1 else "none")
+    plain = [attention_peak_bytes(impl, b, model.num_heads, m, model.head_dim, "bf16", True,
+                                  bw, model.num_kv_heads) for bw in (False, True)]
+    phases = dict(step.phases)
+    if _FWD_PHASE in phases:
+        phases[_FWD_PHASE] += ring[0] - plain[0]
+    for name in _BWD_PHASES:
+        if name in phases:
+            phases[name] += max(0, ring[1] - plain[1])
+    return ContextParallelTraining(c, m, step, ring[0], ring[1], plain[0], plain[1],
+                                   tuple(phases.items()))
 
 
 def max_context_parallel_seq_len(
     model: ModelConfig, gpu_bytes: int, world_size: int, batch: int = 1, *,
-    impl: str = "triton", dtype: str = "bf16", checkpointing: bool = True,
+    impl: str = "triton", precision: str = "bf16", checkpointing: bool = True,
     shard_states: bool = True,
 ) -> int:
     """Longest causal context (a multiple of 2c, zigzag) whose `context_parallel_training`
-    total fits gpu_bytes on each of c GPUs; 0 if none. Exact search over multiples of 2c."""
+    peak fits gpu_bytes on each of c GPUs; 0 if none. Exact search over multiples of 2c."""
     from calc.fit import largest_fitting
 
     c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
     unit = 2 * c if c > 1 else 1
-    if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) or gpu_bytes < 0:
+    if isinstance(gpu_bytes, bool) or not isinstance(gpu_bytes, (int, float)) or not (
+            gpu_bytes >= 0):
         raise ValueError(f"gpu_bytes must be a number of bytes >= 0, got {gpu_bytes!r}")
+    context_parallel_training(model, c, unit, batch, impl=impl, precision=precision,
+                              checkpointing=checkpointing, shard_states=shard_states)
 
     def cost(k: int) -> int:
-        return context_parallel_training(model, c, k * unit, batch, impl=impl, dtype=dtype,
-                                         checkpointing=checkpointing,
+        return context_parallel_training(model, c, k * unit, batch, impl=impl,
+                                         precision=precision, checkpointing=checkpointing,
                                          shard_states=shard_states).total_bytes
 
     return unit * largest_fitting(cost, gpu_bytes, hi=MAX_SEQ_LEN // unit)

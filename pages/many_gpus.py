@@ -112,7 +112,7 @@ def longest_at(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: boo
     row: dict = {"GPUs": world}
     try:
         row["training_seq_len"] = max_context_parallel_seq_len(
-            model, gpu_bytes, world, impl=impl, dtype=dtype, checkpointing=ckpt,
+            model, gpu_bytes, world, impl=impl, checkpointing=ckpt,
             shard_states=shard)
     except ValueError:
         row["training_seq_len"] = None
@@ -151,7 +151,7 @@ pas = c.radio("Pass", "pass", SPECS["pass"], where=row[1])
 dtype = c.select("dtype", "dtype", SPECS["dtype"], where=row[2])
 attn = c.select("Attention shape", "attn", SPECS["attn"], where=row[3])
 row2 = st.columns(2)
-ckpt = c.toggle("Activation checkpointing (training estimate)", "ckpt", SPECS["ckpt"],
+ckpt = c.toggle("Activation checkpointing (training step)", "ckpt", SPECS["ckpt"],
                 where=row2[0])
 shard = c.toggle("Weights, gradients, optimizer sharded over the c GPUs (FSDP)", "shard",
                  SPECS["shard"], where=row2[1])
@@ -183,7 +183,7 @@ except ValueError as err:
     c.sync_url(SPECS)
     st.stop()
 try:
-    train = context_parallel_training(model, world, s, impl=impl, dtype=dtype,
+    train = context_parallel_training(model, world, s, impl=impl,
                                       checkpointing=ckpt, shard_states=shard)
 except ValueError as err:  # e.g. torch's ring (equal heads only) with a GQA model
     train = None
@@ -198,9 +198,9 @@ m1.metric("Per GPU: one attention call", c.fmt(mem.total_bytes, unit),
 ts = here["training_seq_len"]
 m2.metric(f"Longest trainable context on {world} × {gpu.split(' ')[1] if ' ' in gpu else gpu}",
           "—" if pd.isna(ts) else f"{int(ts):,}",
-          help=f"{c.COMPUTED} (estimate): {model.name}, causal, batch 1; states 16 B/param "
-               "(ZeRO), activations after Korthikanti et al. 2022, fp32 logits, one layer's ring "
-               "peak (calc.max_context_parallel_seq_len).")
+          help=f"{c.COMPUTED}: {model.name}, causal, batch 1, bf16, AdamW; calc.training_step "
+               "on s/c tokens per GPU (FSDP over the c GPUs when sharded) with the ring's "
+               "attention peaks in place of a plain call's (calc.max_context_parallel_seq_len).")
 m3.metric("Sent per GPU per attention call", c.fmt(comm.total_bytes, unit),
           help=f"{c.COMPUTED}: forward (c−1)·2·B·H_kv·(s/c)·d·e = {c.fmt(comm.forward_bytes, unit)}"
                f"; backward the same plus c·2·B·H_kv·(s/c)·d·4 (fp32 dK, dV) = "
@@ -248,7 +248,7 @@ with right:
     traces = [
         dict(type="scatter", x=longest["GPUs"].tolist(),
              y=longest["training_seq_len"].tolist(), mode="lines",
-             name=f"training step of {model.name} (estimate)"),
+             name=f"training step of {model.name}"),
         dict(type="scatter", x=longest["GPUs"].tolist(),
              y=longest["attention_seq_len"].tolist(), mode="lines",
              name="one attention call, forward+backward"),
@@ -285,14 +285,21 @@ terms = pd.concat([pd.DataFrame([{"tensor": "local inputs (q, k, v" + (", dO)" i
 st.dataframe(terms.assign(size=terms["bytes"].map(lambda b: c.fmt(b, unit)))[
     ["tensor", "size", "bytes"]], hide_index=True)
 if train is not None:
+    st_ = train.step
     t_rows = pd.DataFrame([
-        {"part": "weights, gradients, optimizer" + (" (÷ c)" if shard else ""),
-         "bytes": train.states_bytes},
-        {"part": f"activations of {train.local_seq_len:,} tokens", "bytes": train.activations_bytes},
-        {"part": "logits (fp32)", "bytes": train.logits_bytes},
-        {"part": "one layer's ring attention peak", "bytes": train.attention_bytes},
+        {"part": "weights, gradients, AdamW state" + (" (FSDP over the c GPUs)" if shard
+                                                      and world > 1 else ""),
+         "bytes": st_.before_step_bytes},
+        {"part": f"activations of {train.local_seq_len:,} local tokens (end of forward)",
+         "bytes": st_.activations_bytes},
+        {"part": "ring attention, forward extra (one layer)", "bytes": train.ring_forward_bytes},
+        {"part": "ring attention, forward+backward extra (one layer)",
+         "bytes": train.ring_backward_bytes},
+        {"part": f"peak ({train.peak_phase})", "bytes": train.total_bytes},
     ])
-    with st.expander(f"Training step estimate per GPU at s = {s:,}: {c.fmt(train.total_bytes, unit)}"):
+    with st.expander(f"Training step per GPU at s = {s:,} (bf16, calc.training_step on "
+                     f"{train.local_seq_len:,} tokens with the ring's attention): "
+                     f"{c.fmt(train.total_bytes, unit)}"):
         st.dataframe(t_rows.assign(size=t_rows["bytes"].map(lambda b: c.fmt(b, unit)))[
             ["part", "size", "bytes"]], hide_index=True)
 
@@ -302,13 +309,21 @@ if measured is None:
 else:
     with st.expander(f"Measured on one GPU: {len(measured)} rank runs, largest |error| "
                      f"{measured['error_pct'].abs().max():.3f}%"):
+        table = measured.copy()
+        if {"kv_bytes_per_step", "fwd_step_ms"} <= set(table.columns):
+            kv = pd.to_numeric(table["kv_bytes_per_step"], errors="coerce")
+            ms = pd.to_numeric(table["fwd_step_ms"], errors="coerce")
+            # the link speed at which sending the next K/V block takes as long as the step
+            table["link_GBps_to_hide_kv"] = (kv / (ms * 1e-3) / 1e9).round(1)
         cols = [col for col in ("seq_len", "world_size", "rank", "pass", "peak_bytes",
                                 "predicted_bytes", "error_pct", "fwd_step_ms", "bwd_step_ms",
-                                "gpu") if col in measured.columns]
-        st.dataframe(measured[cols], hide_index=True)
+                                "link_GBps_to_hide_kv", "gpu") if col in table.columns]
+        st.dataframe(table[cols], hide_index=True)
         st.caption("Measured: one rank of the ring simulated on one GPU (its incoming blocks "
                    "copied in place of communication; kernels/ring/simulate.py); peak = "
-                   "max_memory_allocated during the call minus memory_allocated before.")
+                   "max_memory_allocated during the call minus memory_allocated before. "
+                   "link_GBps_to_hide_kv: K/V bytes of one step ÷ the step's measured local "
+                   "forward time, the bandwidth at which the send hides behind the work.")
 st.caption(f"{c.COMPUTED} unless marked measured. Per-rank memory: calc/context_parallel.py "
            "(replays kernels/ring/ring.py, and torch 2.13's _context_parallel/_attention.py "
            "for the SDPA rings; torch keeps all c key/value blocks after its all-gather). "

@@ -176,3 +176,100 @@ def test_longest_trainable_context_grows_with_gpus() -> None:
         assert t.total_bytes <= gpu
     with pytest.raises(ValueError, match="gpu_bytes"):
         cp.max_context_parallel_seq_len(model, -1, 2)
+
+
+def test_training_on_one_gpu_is_training_step() -> None:
+    from calc.training_step import training_step
+
+    model = calc.MODELS["Llama 3.1 8B"]
+    t = cp.context_parallel_training(model, 1, 8192)
+    assert t.total_bytes == training_step(model, 1, 8192, attention="triton",
+                                          checkpointing=True).peak_bytes
+    t8 = cp.context_parallel_training(model, 8, 8 * 8192)
+    step = training_step(model, 1, 8192, attention="triton", checkpointing=True, gpus=8,
+                         sharding="fsdp")
+    assert t8.local_seq_len == 8192 and t8.total_bytes >= step.peak_bytes
+    assert t8.ring_backward_bytes > t8.plain_backward_bytes  # the ring's buffers cost more
+
+
+# ---- hostile input (the contract of tests/calc/test_fuzz_hostile_inputs.py) ------------------
+
+try:
+    from _robust import HOSTILE, Hang, assert_clear_error, time_limit
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover
+    HOSTILE = None
+
+_VALID = {
+    "impl": st.sampled_from(cp.CP_IMPLEMENTATIONS) if HOSTILE is not None else None,
+    "batch": st.integers(1, 4) if HOSTILE is not None else None,
+    "heads": st.sampled_from([8, 16, 32]) if HOSTILE is not None else None,
+    "seq_len": st.sampled_from([1024, 4096, 12288, 65536]) if HOSTILE is not None else None,
+    "head_dim": st.sampled_from([64, 128]) if HOSTILE is not None else None,
+    "dtype": st.sampled_from(["bf16", "fp16", "fp32", "bfloat16"]) if HOSTILE is not None
+    else None,
+    "causal": st.booleans() if HOSTILE is not None else None,
+    "backward": st.booleans() if HOSTILE is not None else None,
+    "world_size": st.sampled_from([1, 2, 3, 4, 8]) if HOSTILE is not None else None,
+    "kv_heads": st.sampled_from([None, 8]) if HOSTILE is not None else None,
+}
+_FUZZED = {
+    "context_parallel_peak_bytes": list(_VALID),
+    "context_parallel_terms": list(_VALID),
+    "context_parallel_memory": list(_VALID),
+    "ring_comm_bytes": ["batch", "heads", "seq_len", "head_dim", "dtype", "world_size",
+                        "kv_heads", "backward", "impl"],
+    "ring_schedule": ["world_size"],
+}
+
+
+@pytest.mark.skipif(HOSTILE is None, reason="hypothesis or tests/_robust.py missing")
+@pytest.mark.parametrize("name", sorted(_FUZZED))
+def test_hostile_input_gives_a_clear_error_or_a_valid_answer(name: str) -> None:
+    fn = getattr(cp, name)
+    args = _FUZZED[name]
+
+    @settings(max_examples=60, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def run(data) -> None:
+        kw, hostile = {}, []
+        for arg in args:
+            if data.draw(st.integers(0, 3), label=f"{arg}?") == 0:
+                kw[arg] = data.draw(HOSTILE, label=arg)
+                hostile.append(arg)
+            else:
+                kw[arg] = data.draw(_VALID[arg], label=arg)
+        call = f"{name}(**{kw!r})"
+        try:
+            with time_limit(5):
+                got = fn(**kw)
+        except Hang:
+            raise
+        except Exception as err:  # noqa: BLE001
+            assert_clear_error(err, args, call)
+            return
+        assert got is not None, call
+
+    run()
+
+
+@pytest.mark.skipif(HOSTILE is None, reason="hypothesis or tests/_robust.py missing")
+def test_hostile_small_entry_points() -> None:
+    for bad in (None, -1, 0, 1.5, "2", 10**400, True, [2]):
+        for fn, call in ((cp.ring_step_kind, lambda b: cp.ring_step_kind(b, 4, 1, True)),
+                         (cp.ring_step_kind, lambda b: cp.ring_step_kind(0, b, 1, True)),
+                         (cp.zigzag_chunks, lambda b: cp.zigzag_chunks(b, 4)),
+                         (cp.zigzag_chunks, lambda b: cp.zigzag_chunks(0, b))):
+            try:
+                call(bad)
+            except (ValueError, TypeError) as err:
+                assert any(n in str(err) for n in ("rank", "world_size", "step")), (fn, bad, err)
+    model = calc.MODELS["Llama 3.1 8B"]
+    for kw in ({"gpu_bytes": float("nan")}, {"gpu_bytes": "80e9"}, {"world_size": 0},
+               {"batch": -1}, {"impl": "x"}, {"checkpointing": "yes"}):
+        args = dict(model=model, gpu_bytes=80 * 10**9, world_size=2)
+        args.update(kw)
+        with pytest.raises((ValueError, TypeError)):
+            cp.max_context_parallel_seq_len(**args)
