@@ -110,6 +110,7 @@ from typing import IO, Any
 
 from kernels.measure import train_models
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ATTENTIONS = ("eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton", "fa4")
 PRECISIONS = ("bf16", "amp_bf16", "fp32")
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
@@ -504,8 +505,6 @@ class _TrainChild:
     def __init__(self, env: dict[str, str] | None) -> None:
         import queue
 
-        from kernels.measure.child import REPO_ROOT
-
         self.stderr = tempfile.TemporaryFile(mode="w+b")
         child_env = dict(os.environ)
         child_env["PYTHONUNBUFFERED"] = "1"
@@ -562,6 +561,16 @@ class _TrainChild:
         self.kill()
 
 
+def _next_message(child: Any, timeout_s: float) -> dict[str, Any] | None | str:
+    """The child's next message; None when it died; 'timeout' past ``timeout_s``."""
+    import queue
+
+    try:
+        return child.messages.get(timeout=max(0.0, timeout_s))
+    except queue.Empty:
+        return "timeout"
+
+
 def _row_for(cfg: TrainConfig, status: str, message: str) -> TrainResult:
     return TrainResult(model=cfg.model, layers=cfg.layers, batch=cfg.batch, seq_len=cfg.seq_len,
                        attention=cfg.attention, precision=cfg.precision,
@@ -589,7 +598,7 @@ def run_train(configs: Sequence[TrainConfig], *,
     recorded as ``skipped`` (the run finishes at most one configuration's time later).
     ``timeout_s`` limits each configuration (plus ``startup_s`` for a fresh child's first).
     """
-    from kernels.measure.child import _wait, gpu_lock
+    from kernels.measure.child import gpu_lock
 
     summary = TrainRunSummary()
     t0 = time.monotonic()
@@ -613,7 +622,7 @@ def run_train(configs: Sequence[TrainConfig], *,
                         summary.children_started += 1
                     limit = timeout_s + (startup_s if child.done == 0 else 0.0)
                     child.send({"cfg": cfg.to_dict()})
-                    msg = _wait(child, limit, None)  # type: ignore[arg-type]
+                    msg = _next_message(child, limit)
                     if msg == "timeout":
                         child.kill()
                         child = None
