@@ -204,10 +204,79 @@ def _check_supported(model: ModelConfig) -> None:
                "non-attention mixer layers" if model.state_mixer is not None else
                f"{model.num_experts} experts per layer")
             + ", which it does not count yet")
-    if not model.gated_mlp or model.norm_bias or model.learned_positions:
+    if (not model.gated_mlp or model.norm_bias or model.learned_positions) and not _is_gpt2(model):
         raise ValueError(
-            f"training_step models RMSNorm decoders with a gated MLP; {model.name!r} has "
-            "LayerNorm, a non-gated MLP or learned positions (GPT-2 style), not counted yet")
+            f"training_step models RMSNorm decoders with a gated MLP and GPT-2; {model.name!r} "
+            f"(model_type {model.model_type!r}) has LayerNorm, a non-gated MLP or learned "
+            "positions in another layout (GPT-NeoX, Phi-2), not counted yet")
+
+
+def _is_gpt2(model: ModelConfig) -> bool:
+    return model.model_type == "gpt2"
+
+
+#: GPT2Config's dropout probabilities (attn_pdrop, resid_pdrop, embd_pdrop), 0.1 each in the
+#: released configs: in training every dropout keeps a bool mask of its input's shape.
+GPT2_DROPOUT = 0.1
+
+
+def _gpt2_layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool,
+                      ) -> list[tuple[str, str, int]]:
+    """One GPT-2 block (modeling_gpt2.py GPT2Block, GPT2Attention, GPT2MLP):
+    - ln_1, ln_2 (native_layer_norm) keep their input and an fp32 mean and rstd per row;
+    - c_attn (Conv1D = addmm) keeps its input; q, k, v are views of its fused output: a fused
+      kernel keeps the whole output through them; eager attention's matmuls copy them
+      (matmul reshapes the (B, H, s, d) views into batches);
+    - eager: softmax (in the input dtype, no upcast) keeps its output, attention dropout keeps
+      a bool mask and the dropped probabilities (kept by P·V); c_proj keeps its contiguous
+      input;
+    - both residual dropouts keep a bool mask of T·h;
+    - gelu_new (NewGELUActivation, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))) written in
+      torch ops keeps x (pow), tanh's output, 0.5·x and 1 + tanh; c_proj keeps the result.
+    amp_bf16: the residual stream and LayerNorms are fp32 (layer_norm is on autocast's fp32
+    list) and each Conv1D keeps a bf16 cast of its input; softmax runs in fp32 (on the list:
+    its fp32 output is kept, P is cast back); pow is on the list too, so gelu_new keeps an
+    fp32 x, fp32 tanh and 1 + tanh, the bf16 0.5·x and c_proj's bf16 cast of the fp32 result.
+    """
+    t, h, i, n = dm.t, dm.h, dm.inter, dm.n
+    x_e = 4 if amp else 2  # the residual stream
+    cast = " (bf16 cast)" if amp else ""
+    terms: list[tuple[str, str, int]] = [
+        ("residuals", "ln_1: its input (the residual stream), kept by layer_norm", x_e * t * h),
+        ("norms", "ln_1: mean and rstd (fp32)", 8 * t),
+        ("projections", "ln_1 output, kept by c_attn" + cast, 2 * t * h)]
+    if impl == "eager":
+        terms += [("attention", "q, k, v copies made by the matmuls", 3 * 2 * t * h),
+                  ("attention", "softmax output (N" + (", fp32)" if amp else ")"),
+                   (4 if amp else 2) * n),
+                  ("attention", "attention-dropout mask (bool N)", n),
+                  ("attention", "dropped probabilities (N), kept by P·V", 2 * n),
+                  ("projections", "c_proj input (attention output made contiguous)", 2 * t * h)]
+    else:
+        terms.append(("attention", "c_attn output (q|k|v), kept through the views", 6 * t * h))
+        terms += _attention_core(impl, dm, model, amp)
+        if impl in ("naive", "naive_inplace", "sdpa_math", "triton"):
+            terms.append(("projections", "c_proj input (attention output made contiguous)",
+                          2 * t * h))
+    terms += [("residuals", "attention residual dropout mask (bool)", t * h),
+              ("residuals", "ln_2: its input (the residual stream), kept by layer_norm",
+               x_e * t * h),
+              ("norms", "ln_2: mean and rstd (fp32)", 8 * t),
+              ("projections", "ln_2 output, kept by c_fc" + cast, 2 * t * h)]
+    if amp:
+        terms += [("MLP", "c_fc output cast to fp32 by pow, kept", 4 * t * i),
+                  ("MLP", "tanh output (fp32)", 4 * t * i),
+                  ("MLP", "0.5·x (bf16), kept by the product", 2 * t * i),
+                  ("MLP", "1 + tanh (fp32), kept by the product", 4 * t * i),
+                  ("MLP", "gelu output cast to bf16 by c_proj", 2 * t * i)]
+    else:
+        terms += [("MLP", "c_fc output, kept by pow", 2 * t * i),
+                  ("MLP", "tanh output, kept by tanh", 2 * t * i),
+                  ("MLP", "0.5·x, kept by the product", 2 * t * i),
+                  ("MLP", "1 + tanh, kept by the product", 2 * t * i),
+                  ("MLP", "gelu output, c_proj input", 2 * t * i)]
+    terms.append(("residuals", "MLP residual dropout mask (bool)", t * h))
+    return terms
 
 
 def _norm_terms(where: str, width: int, rows: int, fp32_stream: bool, gemma: bool,
@@ -266,6 +335,8 @@ def _expands_kv(impl: str, dm: _Dims) -> bool:
 def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: bool,
                  ) -> list[tuple[str, str, int]]:
     """Every tensor one decoder layer keeps for its backward (no checkpointing)."""
+    if _is_gpt2(model):
+        return _gpt2_layer_terms(model, dm, impl, amp)
     gemma = model.model_type in _GEMMA
     t, h = dm.t, dm.h
     terms = _norm_terms("input norm", h, t, amp, gemma)
@@ -334,11 +405,18 @@ def _model_terms(model: ModelConfig, dm: _Dims, amp: bool, impl: str,
     t, v = dm.t, dm.vocab
     terms = [("embeddings", "embedding output: not kept (its backward needs the ids only; "
               "Gemma's × sqrt(h) keeps a 0-d scale)", 0)]
-    terms += _norm_terms("final norm", dm.h, t, amp, gemma)
+    if _is_gpt2(model):
+        terms += [("embeddings", "embedding dropout mask (bool)", t * dm.h),
+                  ("norms", "final norm (ln_f): its input, kept by layer_norm",
+                   (4 if amp else 2) * t * dm.h),
+                  ("norms", "final norm (ln_f): mean and rstd (fp32)", 8 * t)]
+    else:
+        terms += _norm_terms("final norm", dm.h, t, amp, gemma)
     terms.append(("logits and loss", "lm_head input" + (" (bf16 cast)" if amp else ""),
                   2 * t * dm.h))
     cs = 4 if amp else 2  # cos, sin of shape (1, s, d) in the hidden states' dtype
-    terms.append(("rotary", "cos and sin (shared by all layers)", 2 * cs * dm.s * dm.d))
+    if not _is_gpt2(model):  # GPT-2: learned positions, no rotary
+        terms.append(("rotary", "cos and sin (shared by all layers)", 2 * cs * dm.s * dm.d))
     if model.model_type == "gemma2":  # final_logit_softcapping: tanh keeps its output
         terms.append(("logits and loss", "tanh of the soft-capped logits (bf16)", 2 * t * v))
     terms.append(("logits and loss", "log-softmax output (fp32), kept by cross_entropy",
@@ -518,7 +596,8 @@ def _core_saved(layer: list[tuple[str, str, int]]) -> int:
     after = False
     total = 0
     for _part, label, x in layer:
-        if label.startswith(("post-attention norm", "pre-MLP norm", "gate, up")):
+        if label.startswith(("post-attention norm", "pre-MLP norm", "gate, up",
+                             "attention residual dropout", "ln_2")):
             after = True
         if after or label.startswith(("o_proj input",)):
             total += x

@@ -235,3 +235,23 @@ def test_cpu_replay_matches() -> None:
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         assert live.bytes - start == training_step(TINY, B, S, attention="eager").activations_bytes
         loss.backward()
+
+
+def test_gpt2_block_by_hand() -> None:
+    """GPT-2 (LayerNorm, fused c_attn, gelu_new in torch ops, dropout 0.1 everywhere): one
+    block's saved bytes, bf16, eager, term by term (calc.training_step._gpt2_layer_terms)."""
+    gpt2 = MODELS["GPT-2 (124M)"]
+    b, s, h, heads, i = 1, 1024, 768, 12, 3072
+    t, n = b * s, b * heads * s * s
+    by_hand = (2 * (2 * t * h + 8 * t + 2 * t * h)  # ln_1, ln_2: input, mean/rstd, output
+               + 3 * 2 * t * h  # q, k, v copied by the matmuls
+               + 2 * n + n + 2 * n  # softmax output, dropout mask (bool), dropped P
+               + 2 * t * h  # c_proj input
+               + 2 * t * h  # two residual dropout masks (bool)
+               + 5 * 2 * t * i)  # gelu_new: x, tanh, 0.5·x, 1 + tanh, output
+    one = training_step(dataclasses.replace(gpt2, num_layers=1), b, s, attention="eager")
+    two = training_step(dataclasses.replace(gpt2, num_layers=2), b, s, attention="eager")
+    assert two.activations_bytes - one.activations_bytes == by_hand
+    with pytest.raises(ValueError, match="not counted yet"):
+        training_step(dataclasses.replace(gpt2, model_type="gpt_neox"), 1, 1024,
+                      attention="eager")
