@@ -340,8 +340,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     m = s/c (GQA: H % H_kv == 0), cut by `shard` (zigzag when causal: chunks r and 2c-1-r of
     2c; contiguous otherwise); returns this rank's output rows (B, H, m, d), in the same
     layout. Differentiable in q, k, v (dk, dv are the gradients of THIS rank's key block,
-    contributions of every rank summed). NCCL for CUDA tensors, gloo for CPU tensors (where
-    the kernel runs under Triton's interpreter). ``scale`` defaults to 1/sqrt(d).
+    contributions of every rank summed). NCCL for CUDA tensors (each rank's tensors on its
+    own device, torch.cuda.set_device(local_rank) before the first call), gloo for CPU
+    tensors (where the kernel runs under Triton's interpreter). ``scale`` defaults to
+    1/sqrt(d). Every rank must call it with the same shapes, ``causal`` and ``scale``.
     """
     import torch.distributed as dist
 
