@@ -255,3 +255,23 @@ def test_gpt2_block_by_hand() -> None:
     with pytest.raises(ValueError, match="not counted yet"):
         training_step(dataclasses.replace(gpt2, model_type="gpt_neox"), 1, 1024,
                       attention="eager")
+
+
+HOSTILE = [None, True, -1, 0, 2.5, float("nan"), float("inf"), 10**30, "abc", "", [1], {}]
+
+
+@pytest.mark.parametrize("name", ["batch", "seq_len", "attention", "precision", "checkpointing",
+                                  "optimizer", "gpus", "tp", "sharding", "use_cache"])
+@pytest.mark.parametrize("value", HOSTILE, ids=repr)
+def test_hostile_arguments_raise_value_error(name: str, value: object) -> None:
+    kw = dict(batch=1, seq_len=1024, attention="sdpa_flash", precision="bf16",
+              checkpointing=False, optimizer="adamw", gpus=1, tp=1, sharding="none",
+              use_cache=False)
+    kw[name] = value
+    b, s = kw.pop("batch"), kw.pop("seq_len")
+    try:
+        step = training_step(TINY, b, s, **kw)
+    except ValueError as err:
+        assert str(err)
+    else:  # accepted values are the valid ones only (bools for flags)
+        assert name in ("checkpointing", "use_cache", "tp", "gpus", "batch") and step.peak_bytes > 0
