@@ -154,6 +154,15 @@ def test_triton_refusal_is_unavailable_before_building_anything():
     assert g.status == "unavailable" and "soft-capped" in g.message
 
 
+def test_fa4_is_unavailable_where_not_installed():
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash_attn is installed here")
+    r = th.measure_train_step(th.TrainConfig("tiny-llama", 16, "fa4", "bf16"))
+    assert r.status == "unavailable" and "FlashAttention4" in r.message
+
+
 def test_architecture_without_sdpa_is_unavailable():
     """transformers refuses SDPA for Gemma 2 at build time: a result, not an error. (Tiny
     widths: the refusal comes before any weight exists.)"""
