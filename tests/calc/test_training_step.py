@@ -188,9 +188,13 @@ def test_gpus_needed_for_a_70b() -> None:
                          sharding="zero3").peak_bytes > gpu
 
 
-def test_cpu_replay_matches() -> None:
+@pytest.mark.parametrize("attention, precision, ckpt", [
+    ("eager", "bf16", False), ("sdpa", "amp_bf16", False), ("eager", "amp_bf16", True),
+    ("sdpa", "bf16", True)])
+def test_cpu_replay_matches(attention: str, precision: str, ckpt: bool) -> None:
     """Replay a tiny Llama's training step on the CPU (transformers + torch): the bytes of the
-    tensor storages alive at the end of the forward equal the predicted activations exactly."""
+    tensor storages alive at the end of the forward equal the predicted activations exactly.
+    (CPU SDPA keeps what the fused CUDA kernels keep: q, k, v, the output, the log-sum-exp.)"""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import weakref
@@ -222,18 +226,30 @@ def test_cpu_replay_matches() -> None:
 
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   vocab_size=1000, attn_implementation="eager")
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).train()
+                                   vocab_size=1000, attn_implementation=attention)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, 1000, (B, S))
-    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()  # warm-up (lazy caches)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16")
+
+    def forward() -> object:
+        with amp:
+            return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    forward().backward()  # warm-up (lazy caches)
     live = Live()
     for p in model.parameters():  # views of weights (weight.t()) are not new memory
         live.add(p)
     live.bytes = 0
     with live:
         start = live.bytes
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        assert live.bytes - start == training_step(TINY, B, S, attention="eager").activations_bytes
+        loss = forward()
+        want = training_step(TINY, B, S, attention="eager" if attention == "eager" else
+                             "sdpa_flash", precision=precision, checkpointing=ckpt)
+        assert live.bytes - start == want.activations_bytes
         loss.backward()
 
 
