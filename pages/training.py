@@ -296,8 +296,13 @@ traces.append(dict(
     marker=dict(symbol="diamond", size=14, color="#CC3311"),
     customdata=[f"{c.fmt(m.peak_bytes, unit)} at {m.peak_phase}" for m in steps.values()],
     hovertemplate="%{x}<br>peak: %{customdata}<extra></extra>"))
-traces.append(c.capacity_dict(gpu, gpu_bytes, -0.5, len(labels) - 0.5, unit))
-fig = c.figure(traces, "", f"memory per GPU ({unit})", 460, barmode="stack")
+cap = c.in_unit(gpu_bytes, unit)  # the GPU as a line across the whole (categorical) axis
+dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
+traces.append(dict(type="scatter", mode="lines", x=labels, y=[cap] * len(labels), line=dash,
+                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})",
+                   hovertemplate=f"{gpu}: {c.fmt(gpu_bytes, unit)}<extra></extra>"))
+fig = c.figure(traces, "", f"memory per GPU ({unit})", 460, barmode="stack", shapes=[dict(
+    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash)])
 table = pd.DataFrame([{"attention": a, **{p: part_bytes(m, p) for p in parts},
                        "gradients": m.gradients_bytes, "peak": m.peak_bytes,
                        "peak phase": m.peak_phase} for a, m in steps.items()])
