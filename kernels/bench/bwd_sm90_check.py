@@ -15,9 +15,17 @@
    3.5 x 4 B H s^2 d (halved when causal); ratios are the new backward's against each. The
    backward alone (new and current) is timed too, and at every timing shape the new
    gradients are compared with the current backward's (max abs difference), as a sanity
-   check where the reference is too large to run.
+   check where the reference is too large to run. A second line per shape splits ours
+   (new, current) into milliseconds: the autograd forward, autograd's backward of a saved
+   graph, their sum against the measured fwd+bwd, the backward called directly, and the host
+   time of one backward call (kernels queued, not waited for). The new backward's other P^T
+   path (bwd_sm90.P_SMEM flipped, tag p0/p1) is checked and timed beside its default.
 
-Runs in well under 3 minutes on one H200 (torch 2.11, triton 3.6).
+--quick: four correctness shapes (bf16, H = 32: the kernels compiled there serve the timing
+too), and d = 128 s = 4096 full and causal, d = 64 s = 8192 causal timed with only the P^T
+alternative as a variant (aimed at under 90 s with compiles, FA4's included; each phase
+prints its seconds).
+Without it: under 3 minutes on one H200 (torch 2.11, triton 3.6).
 """
 
 from __future__ import annotations
@@ -103,6 +111,15 @@ CHECK_SHAPES = [
     (1, 4, 4, 4096, 128, True, torch.bfloat16),
     (1, 4, 4, 4096, 64, True, torch.float16),
 ]
+# --quick checks these instead: bf16, B = 1, H = 32 (the timing shapes' heads, so that the
+# timing reuses the kernels compiled here: Triton specializes the head counts, not s), ragged
+# lengths; d = 64 above 4,096 (the length where the forward turns to fwd_sm90 when causal).
+QUICK_CHECK_SHAPES = [
+    (1, 32, 32, 1000, 128, False, torch.bfloat16),
+    (1, 32, 32, 777, 128, True, torch.bfloat16),
+    (1, 32, 32, 4097, 64, True, torch.bfloat16),
+    (1, 32, 8, 777, 128, True, torch.bfloat16),  # GQA 4:1
+]
 FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -115,10 +132,19 @@ def _grads(q, k, v, do, causal, scale):
     return torch.autograd.grad(o, (q, k, v), do)
 
 
-def check() -> bool:
-    """Max errors against the fp32 reference: the new backward's, the current backward's, and
-    plain PyTorch's in the low precision ("eager"). PASS where the new error is at most twice
-    the eager one plus a floor (the rule of tests/kernels/test_flash_attention.py)."""
+def _flip_p_smem(d: int) -> dict:
+    """The settings of the new backward's other P^T path (bwd_sm90.P_SMEM: registers or shared
+    memory for dV's product), timed and checked beside the default."""
+    from kernels.flash import bwd_sm90
+
+    return {"p_smem": not bwd_sm90.P_SMEM[d]}
+
+
+def check(quick: bool = False) -> bool:
+    """Max errors against the fp32 reference: the new backward's (its default, then its other
+    P^T path, tagged p0/p1), the current backward's, and plain PyTorch's in the low precision
+    ("eager"). PASS where the new error is at most twice the eager one plus a floor (the rule
+    of tests/kernels/test_flash_attention.py)."""
     from kernels.flash import bwd_sm90
     from kernels.flash.fwd import attention_forward
 
@@ -128,9 +154,10 @@ def check() -> bool:
         print(f"(current backward unavailable: {type(e).__name__}: {e})")
         attention_backward = None
     ok = True
-    print("== correctness: max |grad - fp32 reference|  new / current / eager low precision",
-          flush=True)
-    for B, H, H_kv, s, d, causal, dtype in CHECK_SHAPES:
+    print("== correctness: max |grad - fp32 reference|  new [its other P^T path, p = p_smem] / "
+          "current / eager low precision", flush=True)
+    shapes = QUICK_CHECK_SHAPES if quick else CHECK_SHAPES
+    for B, H, H_kv, s, d, causal, dtype in shapes:
         torch.manual_seed(0)
         q = torch.randn(B, H, s, d, device="cuda", dtype=dtype)
         k = torch.randn(B, H_kv, s, d, device="cuda", dtype=dtype)
@@ -146,6 +173,8 @@ def check() -> bool:
                 continue
             o, lse2 = attention_forward(q, k, v, causal, scale)
             new = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
+            alt = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale,
+                                                   **_flip_p_smem(d))
             torch.cuda.synchronize()
         except Exception as e:
             print(f"{name}: ERROR {type(e).__name__}: {str(e)[:1500]}")
@@ -161,13 +190,16 @@ def check() -> bool:
         ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
         low = _grads(q, k, v, do, causal, scale)
         parts = []
+        tag = f"p{int(not bwd_sm90.P_SMEM[d])}"  # the other P^T path
         for i, gname in enumerate(("dq", "dk", "dv")):
             ea = (new[i].float() - ref[i]).abs().max().item()
+            eb = (alt[i].float() - ref[i]).abs().max().item()
             ec = float("nan") if cur is None else (cur[i].float() - ref[i]).abs().max().item()
             el = (low[i].float() - ref[i]).abs().max().item()
-            good = math.isfinite(ea) and ea <= 2 * el + FLOOR[dtype]
+            good = all(math.isfinite(e) and e <= 2 * el + FLOOR[dtype] for e in (ea, eb))
             ok &= good
-            parts.append(f"{gname} {ea:.2e}/{ec:.2e}/{el:.2e}{'' if good else ' FAIL'}")
+            parts.append(f"{gname} {ea:.2e} [{tag} {eb:.2e}]/{ec:.2e}/{el:.2e}"
+                         f"{'' if good else ' FAIL'}")
         print(f"{name}: " + ", ".join(parts), flush=True)
     print("correctness:", "PASS" if ok else "FAIL", flush=True)
     return ok
@@ -185,12 +217,15 @@ TIME_SHAPES = [
     (32, 32, 8192, 64, False),
     (32, 8, 8192, 128, True),
 ]
+QUICK_TIME = (0, 1, 4)  # --quick: d = 128 s = 4096 full and causal, d = 64 s = 8192 causal
 # Further settings of the new backward timed alone at each shape, by head dim (the defaults
 # are bwd_sm90.TILES and bwd_sm90.KEY_MAJOR; causal shapes also time the other grid order).
-# Tags in the output: b = block_m, s = stages, k = key_major. All compile for sm_90 within
-# the shared-memory limit.
+# Tags in the output: b = block_m, s = stages, k = key_major, p = p_smem. The other P^T path
+# (`_flip_p_smem`) is timed at every shape, --quick included; these only without --quick.
+# All compile for sm_90 within the shared-memory limit (p_smem with 3 stages at d = 128 would
+# not: 242 KiB).
 EXTRA_VARIANTS = {64: [{"block_m": 64, "stages": 3}, {"block_m": 128, "stages": 2}],
-                  128: [{"block_m": 64, "stages": 3}]}
+                  128: [{"block_m": 64, "stages": 3, "p_smem": False}]}
 # The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
 ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
          499], "FA4": [588, 509, 632, 607, 493, None, 564]}
@@ -219,8 +254,29 @@ def _fwd_bwd(impl, q, k, v, do, causal):
     return run
 
 
-def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, reps: int) -> str:
-    """One line of the timing table."""
+def _split_ms(impl, q, k, v, do, causal, reps: int) -> dict:
+    """The parts of one implementation's fwd+bwd, each timed on its own with CUDA events
+    (GPU time from an idle GPU, so a part's host time before its first kernel counts):
+    fwd (the autograd forward, saving for the backward), bwd (autograd's backward of one
+    saved graph, retain_graph), and host ms of one backward call (the time until the call
+    returns, kernels queued but not waited for: where it approaches the forward's GPU time,
+    fwd+bwd stalls on the host)."""
+    fwd = _median_ms(lambda: impl(q, k, v, causal), reps)
+    out = impl(q, k, v, causal)
+    bwd = _median_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), reps)
+    hosts = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        hosts.append((time.perf_counter() - t) * 1e3)
+    torch.cuda.synchronize()
+    return {"fwd": fwd, "bwd": bwd, "host": statistics.median(hosts)}
+
+
+def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, reps: int,
+                quick: bool = False) -> str:
+    """Two lines of the timing table: TFLOP/s and ratios; the milliseconds of each part."""
     from kernels.flash import bwd_sm90
     from kernels.flash.fwd import attention_forward
 
@@ -236,7 +292,7 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
     do = torch.randn(B, H, s, d, device="cuda", dtype=dt)
     flops = 3.5 * 4 * B * H * s * s * d * (0.5 if causal else 1.0)
     name = f"H={H}/{H_kv} s={s} d={d} {'causal' if causal else 'full'}"
-    tf = {}
+    tf, ms = {}, {}
     for n, impl in impls.items():
         try:
             if n == "FA4":  # (B, s, H, d) inputs
@@ -245,10 +301,19 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
                 fn = _fwd_bwd(impl, qt, kt, vt, do.transpose(1, 2).contiguous(), causal)
             else:
                 fn = _fwd_bwd(impl, q, k, v, do, causal)
-            tf[n] = flops / (_median_ms(fn, reps) * 1e-3) / 1e12
+            ms[n] = _median_ms(fn, reps)
+            tf[n] = flops / (ms[n] * 1e-3) / 1e12
         except Exception as e:
             print(f"  {n} at {name}: {type(e).__name__}: {str(e)[:300]}")
-            tf[n] = float("nan")
+            tf[n], ms[n] = float("nan"), float("nan")
+    # where fwd+bwd goes, for ours (new, current): fwd, bwd through autograd, host of the bwd
+    split = {}
+    for n in ("new", "current"):
+        try:
+            split[n] = _split_ms(impls[n], q, k, v, do, causal, reps)
+        except Exception as e:
+            print(f"  {n} split at {name}: {type(e).__name__}: {str(e)[:300]}")
+            split[n] = {"fwd": float("nan"), "bwd": float("nan"), "host": float("nan")}
     # the backward alone, and the new gradients against the current backward's
     scale = 1.0 / math.sqrt(d)
     qd, kd, vd = q.detach(), k.detach(), v.detach()
@@ -271,14 +336,16 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
 
     # other (BLOCK_M, stages) of the new backward, the backward alone (they compile on first use)
     others = []
-    variants = list(EXTRA_VARIANTS.get(d, ()))
-    if causal:
+    variants = [_flip_p_smem(d)]
+    if not quick:
+        variants += EXTRA_VARIANTS.get(d, [])
+    if causal and not quick:
         variants.append({"key_major": not bwd_sm90.KEY_MAJOR[True]})
     for kw in variants:
         tag = "/".join(f"{key[0]}{int(val)}" for key, val in kw.items())
         try:
-            ms = _median_ms(lambda kw=kw: bwd_sm90.attention_backward_sm90(*args, **kw), reps)
-            others.append(f"{tag} {ms:.2f}")
+            t = _median_ms(lambda kw=kw: bwd_sm90.attention_backward_sm90(*args, **kw), reps)
+            others.append(f"{tag} {t:.2f}")
         except Exception as e:
             others.append(f"{tag} {type(e).__name__}")
 
@@ -292,6 +359,14 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
              f"  {diff:.2e}")
     if others:
         line += "  | bwd ms " + ", ".join(others)
+    parts = []
+    for n in ("new", "current"):
+        sp = split[n]
+        parts.append(f"{n}: fwd {sp['fwd']:.2f} + bwd {sp['bwd']:.2f} = "
+                     f"{sp['fwd'] + sp['bwd']:.2f} vs fwd+bwd {ms[n]:.2f} "
+                     f"(bwd direct {ms_new if n == 'new' else ms_cur:.2f}, "
+                     f"bwd host {sp['host']:.2f})")
+    line += "\n    ms " + "; ".join(parts)
     return line
 
 
@@ -303,15 +378,18 @@ def timing(reps: int, quick: bool) -> None:
     fa4 = _fa4()
     if fa4 is not None:
         impls["FA4"] = fa4
-    shapes = TIME_SHAPES[:2] if quick else TIME_SHAPES
+    shapes = [TIME_SHAPES[i] for i in QUICK_TIME] if quick else TIME_SHAPES
     print("\n== fwd+bwd TFLOP/s (bf16, B=1), 3.5 x 4 B H s^2 d, halved when causal; "
           f"median of {reps}")
     head = "shape".ljust(34) + "".join(n.rjust(9) for n in impls)
     head += ("  new/cur new/cuDNN new/FA4  bwd ms new/cur (bwd TFLOP/s, 2.5 x 4 B H s^2 d)"
-             "  max|new-cur|  | other settings, bwd ms")
+             "  max|new-cur|  | other settings, bwd ms\n    ms (new, current): autograd fwd"
+             " + autograd bwd = sum vs measured fwd+bwd (bwd called directly, host ms of a bwd)")
     print(head)
     for shape in shapes:
-        print(_time_shape(impls, *shape, reps), flush=True)
+        t0 = time.time()
+        print(_time_shape(impls, *shape, reps, quick), f"  [{time.time() - t0:.0f} s]",
+              flush=True)
         torch.cuda.empty_cache()
     print("issue 18 (H200, for the eye): ours", ISSUE["ours"], "cuDNN", ISSUE["cuDNN"],
           "FA4", ISSUE["FA4"])
@@ -319,7 +397,8 @@ def timing(reps: int, quick: bool) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="two timing shapes only")
+    ap.add_argument("--quick", action="store_true",
+                    help="four correctness shapes (bf16), three timing shapes, one variant")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--watchdog", type=int, default=420,
@@ -338,7 +417,7 @@ def main() -> int:
     t0 = time.time()
     ok = True
     if not args.skip_check:
-        ok = check()
+        ok = check(args.quick)
         print(f"(correctness took {time.time() - t0:.0f} s)")
     timing(args.reps, args.quick)
     print(f"total {time.time() - t0:.0f} s")

@@ -1,7 +1,7 @@
 """Compile the Hopper (Gluon) backward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--dump DIR]
+    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--p-smem 0|1] [--dump DIR]
 
 Triton's compiler and ptxas run on the CPU (as kernels.bench.compile_sm90 does for the
 forward); only launching needs the GPU. Exit status 1 if a variant fails to compile or spills.
@@ -47,7 +47,8 @@ def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
     return f"tensordesc<{dtype}[1, 1, {rows}, {d}],{lay!r}>"
 
 
-def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int):
+def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
+                    p_smem: bool | None = None):
     """The compiled kernel for one variant, with the signature the host side launches."""
     gdt = _DT[dtype]
     dm = _desc_type(dtype, gdt, block_m, d)
@@ -60,8 +61,9 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int)
            "stats_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "num_warps": "constexpr"}
+           "P_SMEM": "constexpr", "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
+              "P_SMEM": b90.P_SMEM[d] if p_smem is None else bool(p_smem),
               "num_warps": b90.NUM_WARPS}
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -70,9 +72,9 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int)
 
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
-        verbose: bool = True) -> list[tuple]:
+        verbose: bool = True, p_smem: bool | None = None) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
-    bytes, shared KiB, error or None)."""
+    bytes, shared KiB, error or None). ``p_smem`` None: bwd_sm90.P_SMEM's choice per d."""
     rows = []
     for d in dims:
         bm, st = b90.TILES[d]
@@ -80,7 +82,7 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         for dtype in dtypes:
             for causal in causals:
                 try:
-                    ck = compile_variant(dtype, d, causal, bm, st)
+                    ck = compile_variant(dtype, d, causal, bm, st, p_smem)
                 except Exception as e:  # report and go on with the next variant
                     rows.append((dtype, d, causal, bm, st, None, None, None,
                                  f"{type(e).__name__}: {str(e)[:3000]}"))
@@ -107,10 +109,14 @@ def main() -> int:
     ap.add_argument("--dims", type=int, nargs="+", default=list(b90.HEAD_DIMS))
     ap.add_argument("--block-m", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
+    ap.add_argument("--p-smem", type=int, choices=(0, 1), default=None,
+                    help="P^T for dV through shared memory (1) or registers (0); default: "
+                         "bwd_sm90.P_SMEM per head dim")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")
-    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages)
+    p_smem = None if args.p_smem is None else bool(args.p_smem)
+    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages, p_smem=p_smem)
     bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
     return 1 if bad else 0
 

@@ -24,7 +24,8 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
 
       S^T  = K_w Q^T,   dP^T = V_w dO^T          (both issued at once, asynchronous)
       P^T  = exp2(S^T * scale * log2 e - lse2)   (masked on the diagonal / ragged keys)
-      dV_w += P^T dO                             (P^T from registers, asynchronous)
+      dV_w += P^T dO                             (P^T from registers, asynchronous; or,
+                                                   P_SMEM, from a shared-memory tile)
       dS^T = P^T * (dP^T - delta)                (overlaps the dV product)
       dS^T -> shared memory; dK_w += dS^T Q      (A operand from shared memory)
       -- both warpgroups have written their half of dS (an mbarrier with two arrivals) --
@@ -52,7 +53,9 @@ descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the 
 
 Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90); 0 spills
 at d = 64; at d = 128 the consumers sit at the 240-register ceiling (dK, dV: 128 of them) and
-ptxas spills a few loop scalars and MMA descriptors (64-120 bytes with 3.6, ~500 with 3.9).
+ptxas spills a few loop scalars and MMA descriptors (64-120 bytes with 3.6, ~500 with 3.9;
+with P^T through shared memory, ``P_SMEM``, 136-168 and 516-576: that path frees P^T's
+registers but not the spills).
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
 test_bwd_sm90.py. Not wired into kernels.flash.api yet.
 """
@@ -105,6 +108,12 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 TILES = {64: (64, 2), 128: (64, 2)}
 # Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
 KEY_MAJOR = {False: False, True: True}
+# P^T for dV's product: as the A operand from registers (False, the first version) or through
+# shared memory (True: one 8 KiB tile per warpgroup, 16 KiB more in all; NOTES.md step 10b), by
+# head dim. The shared-memory path frees P^T's 16 registers at d = 128 but ptxas spills no less
+# (3.6: 136-168 bytes against 64-120) and it adds a store and a barrier per block, so it is a
+# variant the GPU check times beside the default, not the default.
+P_SMEM = {64: False, 128: False}
 
 
 @gluon.jit
@@ -146,10 +155,10 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem
 
 @gluon.jit
 def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, ds_smem,
-            dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
+            dq_smem, p_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr):
+            CAUSAL: gl.constexpr, P_SMEM: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -180,8 +189,14 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
         if CAUSAL:  # top-left alignment: query i sees keys j <= i
             visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
         pt = gl.where(visible, pt, 0.0)
-    p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)
-    dv = warpgroup_mma(p16, do_t, dv, is_async=True)
+    if P_SMEM:  # P^T through shared memory (this warpgroup's own tile): no registers held
+        p_w = p_smem.index(HALF_ID)  # (64 keys, BLOCK_M), read by dV's product only
+        p_w.store(pt.to(DTYPE))
+        fence_async_shared()  # visible to the tensor cores before the product reads it
+        dv = warpgroup_mma(p_w, do_t, dv, is_async=True)
+    else:  # P^T as the A operand from registers
+        p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)
+        dv = warpgroup_mma(p16, do_t, dv, is_async=True)
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
     delta = stats.slice(1, 1, dim=0).load(st_layout)
 
@@ -193,9 +208,13 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
     fence_async_shared()  # the stores must be visible to the tensor cores (async proxy)
     mbarrier.arrive(ds_bar.index(buf), count=1)
     dk = warpgroup_mma(ds_w.permute((1, 0)), q_t, dk, is_async=True)
-    # dV's product reads P^T from registers: they stay reserved (deps) until it has landed,
-    # which frees them before dQ's accumulator comes alive
-    dv, p16 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, p16))
+    # dV's product has landed before dQ's accumulator comes alive; with P^T in registers they
+    # stay reserved (deps) until then. (With P^T in shared memory the next block's store into
+    # the tile comes after this wait, so one tile per warpgroup suffices.)
+    if P_SMEM:
+        dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
+    else:
+        dv, p16 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, p16))
 
     # ---- dQ^T for half HALF_ID of the query rows: K^T dS^T over both warpgroups' keys ------------
     mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)  # the other warpgroup's half is written
@@ -224,9 +243,9 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
 
 @gluon.jit
 def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem,
-              dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
+              dq_smem, p_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr):
+              STAGES: gl.constexpr, P_SMEM: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
@@ -256,15 +275,17 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem
         h = h_kv * GROUP + g
         for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
-                             stats_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h,
+                             stats_smem, ds_smem, dq_smem, p_smem, ready, empty, ds_bar,
+                             dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL)
+                             dq_layout, STAGES, True, CAUSAL, P_SMEM)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
-                             stats_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h,
+                             stats_smem, ds_smem, dq_smem, p_smem, ready, empty, ds_bar,
+                             dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL)
+                             dq_layout, STAGES, False, CAUSAL, P_SMEM)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
@@ -293,6 +314,7 @@ def attn_bwd_sm90_kernel(
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of Q and of dO
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
+    P_SMEM: gl.constexpr,  # P^T for dV's product through shared memory (else registers)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -335,6 +357,11 @@ def attn_bwd_sm90_kernel(
     ds_smem = gl.allocate_shared_memory(DTYPE, [4, BLOCK_M, HALF], ds_layout)  # [buf * 2 + wg]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
+    if P_SMEM:  # one (64 keys, BLOCK_M) tile of P^T per warpgroup
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_M], DTYPE)
+        p_smem = gl.allocate_shared_memory(DTYPE, [2, HALF, BLOCK_M], p_layout)
+    else:
+        p_smem = ds_smem  # unused
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -348,12 +375,12 @@ def attn_bwd_sm90_kernel(
 
     # (constexprs go into each argument list literally, as in fwd_sm90)
     gl.warp_specialize(
-        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_bar,
-                      ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP, start_n, lo,
-                      mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
-         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_bar,
-                      ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP, start_n, lo,
-                      mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES)),
+        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, p_smem,
+                      kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
+                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM)),
+         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, p_smem,
+                      kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
+                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
                     stats_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo, n_m,
                     STAGES))],
@@ -454,7 +481,7 @@ def _desc(t: torch.Tensor, rows: int, dtype) -> TensorDescriptor:
 
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
-                            key_major: bool | None = None):
+                            key_major: bool | None = None, p_smem: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
@@ -463,6 +490,9 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     the fp32 buffer of dQ^T (B, H, d, s_pad) that the key-block programs add into (alive
     until the cast to dQ), and the three gradients (contiguous). dQ is nondeterministic in its
     last bits (the adds land in any order), as in FA2, FA3 and cuDNN.
+
+    ``stages``, ``block_m``, ``key_major``, ``p_smem`` override TILES, KEY_MAJOR and P_SMEM
+    (the GPU check times the alternatives).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -487,6 +517,7 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     dq_desc = TensorDescriptor(dq_acc, [B, H, d, s_q], [H * d * s_pad, d * s_pad, s_pad, 1],
                                [1, 1, d, bm // 2], _layout(gl.float32, (1, 1, d, bm // 2)))
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
+    ps = P_SMEM[d] if p_smem is None else bool(p_smem)
     n_kb = triton.cdiv(s_k, BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
     stats_desc = TensorDescriptor(stats.view(B * H * 2, s_pad), [B * H * 2, s_pad], [s_pad, 1],
@@ -494,7 +525,7 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     attn_bwd_sm90_kernel[grid](
         _desc(q, bm, gdt), _desc(k, HALF_N, gdt), _desc(v, HALF_N, gdt), _desc(do, bm, gdt),
         dq_desc, stats_desc, dk, dv, H, H_kv, H // H_kv, s_q, s_k, scale * LOG2E, scale,
-        CAUSAL=bool(causal), STAGES=st, KEY_MAJOR=km, num_warps=NUM_WARPS)
+        CAUSAL=bool(causal), STAGES=st, KEY_MAJOR=km, P_SMEM=ps, num_warps=NUM_WARPS)
     dq = q.new_empty((B, H, s_q, d))
     dq.copy_(dq_acc[..., :s_q].transpose(2, 3))  # one strided cast-and-transpose
     return dq, dk, dv
