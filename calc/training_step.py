@@ -522,7 +522,9 @@ def training_step(
     g_per_param = Fraction(grads, sum(pb.values()))
     g_layer = ceil_bytes(g_per_param * (pb["attention"] + pb["mlp"]
                                         + pb["norms"] - model.hidden_size) / L)
-    g_head = ceil_bytes(g_per_param * (pb["lm_head"] + model.hidden_size))
+    # lm_head's weight gradient (tied: the embedding's .grad, made by lm_head's backward).
+    head_params = pb["embeddings"] if model.tie_embeddings else pb["lm_head"]
+    g_head = ceil_bytes(g_per_param * (head_params + model.hidden_size))
     tv = dm.t * dm.vocab
     lsm = 4 * tv  # the saved log-softmax output
     tanh_logits = 2 * tv if model.model_type == "gemma2" else 0
