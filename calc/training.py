@@ -10,6 +10,10 @@ the layer during the backward, so at most one layer's attention tensors exist at
 
 The total is the per-layer saved tensors of L − 1 layers plus the forward+backward peak of one
 layer (calc.peak, backward=True), which already contains that layer's saved tensors.
+
+This is the attention part only, kept for the Model memory page; the whole step (weights,
+gradients, AdamW state, every activation, the peak and where it occurs, parallel layouts) is
+calc.training_step (calc/training_step.py).
 """
 
 from __future__ import annotations
