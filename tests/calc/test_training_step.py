@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from calc import GPUS, MODELS
 from calc.models import ModelConfig
@@ -291,3 +293,29 @@ def test_hostile_arguments_raise_value_error(name: str, value: object) -> None:
         assert str(err)
     else:  # accepted values are the valid ones only (bools for flags)
         assert name in ("checkpointing", "use_cache", "tp", "gpus", "batch") and step.peak_bytes > 0
+
+
+SUPPORTED = [name for name in ("Llama 3.1 8B", "Llama 3.2 1B", "Mistral 7B v0.1", "Qwen2.5 7B",
+                               "Gemma 2 9B", "Gemma 3 27B (text)", "Phi-3 mini (3.8B)",
+                               "GPT-2 (124M)") if name in MODELS]
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(name=st.sampled_from(SUPPORTED), batch=st.integers(1, 4), s=st.integers(1, 70_000),
+       attention=st.sampled_from(TRAIN_ATTENTIONS), precision=st.sampled_from(["bf16", "amp_bf16"]),
+       ckpt=st.booleans())
+def test_properties(name: str, batch: int, s: int, attention: str, precision: str,
+                    ckpt: bool) -> None:
+    """Whole non-negative bytes; the peak is the largest moment and at least before-step; the
+    peak never falls as s grows (max_train_seq_len's search needs that); doubling the batch at
+    most doubles what the step adds to before-step."""
+    kw = dict(attention=attention, precision=precision, checkpointing=ckpt)
+    m = MODELS[name]
+    one, more = training_step(m, batch, s, **kw), training_step(m, batch, s + 1, **kw)
+    for v in (one.weights_bytes, one.gradients_bytes, one.optimizer_bytes, one.peak_bytes,
+              one.before_step_bytes, *one.activations.values()):
+        assert isinstance(v, int) and v >= 0
+    assert one.peak_bytes == max(one.phases.values()) >= one.before_step_bytes
+    assert more.peak_bytes >= one.peak_bytes
+    two = training_step(m, 2 * batch, s, **kw)
+    assert two.peak_bytes - two.before_step_bytes <= 2 * (one.peak_bytes - one.before_step_bytes) + 8 * batch * s
