@@ -352,3 +352,13 @@ def test_a_pinned_free_block_is_cut_instead_of_new_segments() -> None:
     assert naive[0].counted_bytes == 576_716_800
     with pytest.raises(ValueError, match="cached_free_bytes"):
         attention_peak_bytes(*args, cached_free_bytes=-1)
+
+
+def test_empty_cache_prediction_matches_the_one_call_that_had_an_empty_cache() -> None:
+    """The awkward sweep's first point (its child's first call; every later one found a
+    pinned free block): naive forward, B=2, H=16, s=3,000, d=64, fp16, measured 1,166,016,512 B
+    with memory_reserved() - memory_allocated() = 0 before it. Two s x s tensors of
+    576,000,000 B count 576,716,800 each (their 550 MiB segments, 716,800 B left over: not
+    split) and the 12,288,000 B output counts its whole 12 MiB segment."""
+    assert attention_peak_bytes("naive", 2, 16, 3000, 64, "fp16") == 1_166_016_512
+    assert 2 * 576_716_800 + 12 * MIB == 1_166_016_512
