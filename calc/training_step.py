@@ -333,8 +333,10 @@ def _expands_kv(impl: str, dm: _Dims) -> bool:
 
 
 def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: bool,
-                 ) -> list[tuple[str, str, int]]:
-    """Every tensor one decoder layer keeps for its backward (no checkpointing)."""
+                 masked: bool = False) -> list[tuple[str, str, int]]:
+    """Every tensor one decoder layer keeps for its backward (no checkpointing). masked: an
+    SDPA layer whose sliding window is shorter than s, so transformers passes a mask (module
+    docstring of _sliding_masked)."""
     if _is_gpt2(model):
         return _gpt2_layer_terms(model, dm, impl, amp)
     gemma = model.model_type in _GEMMA
@@ -349,7 +351,7 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
         for name, width in (("q", dm.q), ("k", dm.k)):
             terms += _norm_terms(f"{name}_norm", dm.d, t * width // dm.d, False, gemma)
     qk_e = 4 if amp else 2  # amp: q·cos with fp32 cos makes fp32 q, k
-    expand = _expands_kv(impl, dm)
+    expand = _expands_kv(impl, dm) or (masked and dm.kv_heads != dm.heads)
     if amp:  # SDPA / matmul under autocast cast the fp32 rotated q, k to bf16 copies
         terms.append(("attention", "q (bf16 cast of the rotated fp32 q)", 2 * t * dm.q))
         terms.append(("attention", "k (bf16 cast)" + (" repeated to H heads" if expand else ""),
@@ -372,6 +374,10 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
         if expand:
             terms.append(("attention", "v in the KV cache (use_cache)", 2 * t * dm.k))
     terms += _attention_core(impl, dm, model, amp)
+    if masked:  # SDPA turns the bool mask into an additive bias of the query dtype and keeps it
+        cols = -(-dm.s // 16) * 16 if impl == "sdpa_efficient" else dm.s  # mem-eff pads to 16
+        terms.append(("attention", "sliding-window mask as an additive bias (B×1×s×s, bf16), "
+                      "kept by the kernel", 2 * dm.b * dm.s * cols))
     if impl in ("eager", "naive", "naive_inplace", "sdpa_math", "triton"):
         # eager's P·V output is (B, H, s, d); so is our kernel's (new_empty): transpose(1, 2)
         # .contiguous() copies it. SDPA's fused kernels write (B, s, H, d) already.
@@ -476,8 +482,13 @@ def training_step(
     dm = _dims(model, b, s, lay.tp)
     L = model.num_layers
 
-    layer = _layer_terms(model, dm, attention, amp, cache and not checkpointing)
+    masked = _sliding_masked(model, attention, s)
+    kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk))
+             for n, mk in ((masked, True), (L - masked, False)) if n]
+    # The moments take the larger kind of layer; the layers' total is exact.
+    layer = max((k for _, _, k in kinds), key=lambda k: sum(x for _, _, x in k))
     a_layer = sum(x for _, _, x in layer)
+    layers_total = sum(n * sum(x for _, _, x in k) for n, _, k in kinds)
     parts = dict.fromkeys(PARTS, 0)
     terms: list[tuple[str, str, int]] = []
     stream = 4 if amp else 2  # bytes of one residual-stream element
@@ -490,8 +501,13 @@ def training_step(
             terms.append(("attention", f"{masks} additive mask(s) (B×1×s×s, in the hidden "
                           "states' dtype) kept by the checkpoints",
                           masks * stream * dm.b * dm.s * dm.s))
+        if masked:  # the bool sliding-window mask (a B-expanded view of 1×1×s×s)
+            terms.append(("attention", "sliding-window mask (bool s×s) kept by the checkpoints",
+                          dm.s * dm.s))
     else:
-        terms += [(p, f"{lab} (× {L} layers)", L * x) for p, lab, x in layer]
+        for n, mk, kind in kinds:
+            what = " with a sliding-window mask" if mk else ""
+            terms += [(p, f"{lab} (× {n} layers{what})", n * x) for p, lab, x in kind]
     terms += _model_terms(model, dm, amp, attention)
 
     pb = param_breakdown(model)
@@ -571,9 +587,10 @@ def training_step(
     after_loss = acts - head_saved
     dh = stream * dm.t * dm.h
     top = base + after_loss + g_head + dh + extra + (a_layer if checkpointing else 0)
-    step_down = (stream * dm.t * dm.h) if checkpointing else a_layer + layer_copies
+    step_down = Fraction(stream * dm.t * dm.h) if checkpointing else \
+        Fraction(layers_total - a_layer, max(L - 1, 1)) + layer_copies
     phases[PHASES[4]] = top
-    phases[PHASES[5]] = top - (L - 1) * step_down + (L - 1) * g_layer
+    phases[PHASES[5]] = ceil_bytes(top - (L - 1) * step_down + (L - 1) * g_layer)
     # Optimizer step: weights + gradients + state + the foreach temporary (AdamW).
     tmp = ceil_bytes(Fraction(opt, 2)) if optimizer == "adamw" else 0
     phases[PHASES[6]] = before + grads + tmp
@@ -583,6 +600,18 @@ def training_step(
         buffers_bytes=w["persistent_buffers"] + w["step_buffers"], before_step_bytes=before,
         peak_bytes=phases[phase], peak_phase=phase, phases=phases, activation_terms=tuple(terms),
         layout=lay, attention=attention, precision=precision, checkpointing=checkpointing)
+
+
+def _sliding_masked(model: ModelConfig, impl: str, seq_len: int) -> int:
+    """How many layers get a materialized mask under SDPA: the sliding-window layers whose
+    window is shorter than s. transformers (masking_utils.sdpa_mask) skips the mask, and SDPA
+    runs is_causal, when the window covers every key; otherwise it passes a bool mask, and then
+    sdpa_attention.use_gqa_in_sdpa is False, so k and v are repeated to H heads (repeat_kv).
+    Flash has no mask input (such a call has no kernel); cuDNN and memory-efficient keep the
+    mask as an additive bias."""
+    if not impl.startswith("sdpa") or not model.sliding_window or seq_len <= model.sliding_window:
+        return 0
+    return model.sliding_window_layers
 
 
 def _mask_count(model: ModelConfig) -> int:

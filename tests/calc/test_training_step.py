@@ -319,3 +319,20 @@ def test_properties(name: str, batch: int, s: int, attention: str, precision: st
     assert more.peak_bytes >= one.peak_bytes
     two = training_step(m, 2 * batch, s, **kw)
     assert two.peak_bytes - two.before_step_bytes <= 2 * (one.peak_bytes - one.before_step_bytes) + 8 * batch * s
+
+
+def test_sliding_window_shorter_than_s_materializes_the_mask_under_sdpa() -> None:
+    """Mistral-style window 64 < s = 128: transformers passes a mask, so SDPA gets k, v
+    repeated to H heads and keeps the mask as a bf16 bias (the CPU replay: 2,751,496 B, and
+    1,249,288 B under checkpointing)."""
+    win = dataclasses.replace(TINY, sliding_window=64, sliding_window_layers=2,
+                              model_type="mistral")
+    plain = training_step(TINY, B, S, attention="sdpa_flash")
+    step = training_step(win, B, S, attention="sdpa_flash")
+    assert step.activations_bytes == 2_751_496
+    per_layer = 2 * (2 * T * 64 - 2 * T * 32) + 2 * B * S * S  # k, v at H heads; the bias
+    assert step.activations_bytes - plain.activations_bytes == 2 * per_layer
+    ckpt = training_step(win, B, S, attention="sdpa_flash", checkpointing=True)
+    assert ckpt.activations_bytes == 1_249_288
+    long_window = dataclasses.replace(win, sliding_window=128)  # covers every key: no mask
+    assert training_step(long_window, B, S, attention="sdpa_flash").activations == plain.activations
