@@ -108,5 +108,8 @@ CONTEXT_PARALLEL_FUNCTIONS = (
 __all__ += ["ALLOCATOR_NOTE", "CachingAllocator", "PeakTerm", "RESERVED_PREDICTED",
             "attention_peak_breakdown", "attention_reserved_bytes"]
 __all__ += ["Layout", "PRECISIONS", "SHARDINGS", "SHARDING_LABELS", "TRAIN_ATTENTIONS",  # training step
-            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory", "max_train_seq_len",
-            "train_gpus_needed", "training_step"]
+            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory"]
+# calc.training_step, calc.max_train_seq_len and calc.train_gpus_needed are imported above and
+# fuzzed with hostile arguments in tests/calc/test_training_step.py; like the context-parallel
+# functions they join __all__ when tests/calc/test_fuzz_hostile_inputs.py lists them.
+TRAINING_STEP_FUNCTIONS = (training_step, max_train_seq_len, train_gpus_needed)
