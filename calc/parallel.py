@@ -23,8 +23,10 @@ parameter and gradient dtypes of the chosen precision, not always 2):
 - "zero3" / "fsdp": parameters sharded too. During the step, FSDP (torch.distributed.fsdp
   fully_shard per decoder layer plus the root module) all-gathers one layer's parameters and
   prefetches the next (2 layers unsharded), keeps the root's (embeddings, lm_head, final norm)
-  unsharded from its forward to its backward, and reduce-scatters one layer's unsharded
-  gradients. Those are the step buffers.
+  unsharded from its forward to its backward (fully_shard docs, reshard_after_forward: "The
+  root FSDP state has its value specially set to False as a heuristic since its parameters
+  would typically be immediately all-gathered for backward"), and reduce-scatters one layer's
+  unsharded gradients. Those are the step buffers.
 """
 
 from __future__ import annotations
