@@ -11,7 +11,10 @@ child with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and writes
 harness's (``kernels.measure.harness.COLUMNS``): the same procedure as ``python -m
 kernels.measure`` (shared/DESIGN.md), measured in one child process through
 ``kernels.measure.child.run_points``; only the shape list is new. Memory only by default (the
-point of this sweep is the allocator's rounding); ``--time`` also times each call.
+point of this sweep is the allocator's rounding); ``--time`` also times each call. The child
+first creates the cuBLAS workspaces (``kernels.measure.prewarm``), so that the cache is really
+empty before every point; ``--no-prewarm`` measures as the plain command line does (the first
+run, data/attention_calls_awkward_h200.csv, did: its later points found a pinned free block).
 
 Why these shapes: at B = 1, H = 32 and powers of two every tensor is a multiple of 2 MiB and the
 caching allocator's rounding never shows; here tensor sizes land just above or below the 1 MiB,
@@ -106,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-gb", type=float, default=120.0,
                     help="skip points predicted above this many GB")
     ap.add_argument("--lock-wait", type=float, default=0.0)
+    ap.add_argument("--no-prewarm", action="store_true",
+                    help="do not create the cuBLAS workspaces first (kernels.measure.prewarm); "
+                         "later points then find a pinned free block in the cache")
     ap.add_argument("--list", action="store_true", help="print the points and exit")
     ap.add_argument("--check", type=Path, default=None, metavar="CSV",
                     help="measure nothing: compare CSV's rows with calc (peak and reserved); "
@@ -241,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             run_points(pts, options=options, on_result=on_result, timeout_s=args.timeout,
                        lock_wait_s=args.lock_wait, deadline_s=args.deadline, env=env,
-                       skip_longer_after_oom=False)
+                       skip_longer_after_oom=False,
+                       impl_module=None if args.no_prewarm else "kernels.measure.prewarm")
         except GpuBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -42,3 +42,12 @@ def test_check_compares_the_bundled_reference_with_calc():
     assert lines[0].split()[:3] == ["impl", "mode", "rows"]
     assert any(line.startswith("sdpa_flash") for line in lines)
     assert "worst rows:" in text and "the cache was not empty before their call" in text
+
+
+def test_prewarm_is_a_no_op_without_a_gpu():
+    import torch
+
+    from kernels.measure import prewarm
+
+    assert prewarm.WARMED == torch.cuda.is_available()
+    assert not hasattr(prewarm, "make_device") and not hasattr(prewarm, "get_implementation")
