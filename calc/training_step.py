@@ -666,10 +666,12 @@ def _layer_backward_extra(layer: list[tuple[str, str, int]], impl: str, dm: _Dim
 
 def _attention_backward_extra(impl: str, dm: _Dims) -> int:
     """The attention call's backward beyond the tensors it saved (its peak, calc.peak, less
-    the output and log-sum-exp already counted as saved); eager: at softmax's backward the
-    fp32 output (saved) and two fp32 gradients, P freed, dV made (Hs of repeated heads)."""
+    the output and log-sum-exp already counted as saved). Eager, at softmax's backward: the
+    fp32 output (saved), the fp32 gradient of P, CUDA's `tmp = grad * output` (fp32,
+    aten/src/ATen/native/cuda/SoftMax.cu softmax_backward_cuda_out) and the fp32 result; P
+    freed; dV made (H heads of repeated values)."""
     if impl == "eager":
-        return 6 * dm.n + 2 * dm.t * dm.q
+        return -2 * dm.n + 3 * 4 * dm.n + 2 * dm.t * dm.q
     from calc.peak import IMPLEMENTATIONS  # fa4 where calc.peak models it, else as FA2
     peak_impl = impl if impl in IMPLEMENTATIONS else "sdpa_flash"
     terms = _peak_terms(peak_impl, dm)
