@@ -273,3 +273,21 @@ def test_hostile_small_entry_points() -> None:
         args.update(kw)
         with pytest.raises((ValueError, TypeError)):
             cp.max_context_parallel_seq_len(**args)
+
+
+def test_bundled_h200_ring_measurements_are_predicted_exactly() -> None:
+    """data/ring_one_rank_h200.csv (kernels.ring.measure_one_rank on an H200): the current
+    model reproduces every measured peak to the byte."""
+    import csv
+
+    path = Path(__file__).resolve().parents[2] / "data" / "ring_one_rank_h200.csv"
+    if not path.exists():
+        pytest.skip("data/ring_one_rank_h200.csv not bundled")
+    rows = [r for r in csv.DictReader(open(path)) if r["status"] == "ok"]
+    assert rows
+    for r in rows:
+        want = cp.context_parallel_peak_bytes(
+            r["impl"], int(r["batch"]), int(r["heads"]), int(r["seq_len"]), int(r["head_dim"]),
+            r["dtype"], r["causal"] == "True", r["pass"] == "fwd+bwd", int(r["world_size"]),
+            int(r["kv_heads"]), rank=int(r["rank"]))
+        assert int(r["peak_bytes"]) == want, r
