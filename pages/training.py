@@ -281,6 +281,13 @@ def part_bytes(m: Any, part: str) -> int:
     return m.part(part)
 
 
+measured = read_measured()
+compared = predicted_rows(measured) if not measured.empty else pd.DataFrame()
+shape = choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
+hits = compared[(compared["model"] == shape) & (compared["batch"] == batch)
+                & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
+                & (compared["checkpointing"] == ckpt) & compared["attention"].isin(attns)] \
+    if not compared.empty else compared
 traces = []
 for part in parts:
     ys = [part_bytes(m, part) for m in steps.values()]
@@ -296,6 +303,17 @@ traces.append(dict(
     marker=dict(symbol="diamond", size=14, color="#CC3311"),
     customdata=[f"{c.fmt(m.peak_bytes, unit)} at {m.peak_phase}" for m in steps.values()],
     hovertemplate="%{x}<br>peak: %{customdata}<extra></extra>"))
+if shape and len(hits) and gpus == 1:  # the H200's measured peak beside each prediction
+    got = {r["attention"]: r for _, r in hits.iterrows()}
+    shown_at = [a for a in steps if a in got]
+    traces.append(dict(
+        type="scatter", mode="markers", name="measured peak (H200)",
+        x=[TRAIN_ATTENTION_LABELS[a] for a in shown_at],
+        y=[c.in_unit(got[a]["measured peak"], unit) for a in shown_at],
+        marker=dict(symbol="x-thin", size=16, line=dict(width=3, color="#000000")),
+        customdata=[f"{c.fmt(got[a]['measured peak'], unit)} (prediction "
+                    f"{got[a]['peak error']:+.2%})" for a in shown_at],
+        hovertemplate="%{x}<br>measured: %{customdata}<extra></extra>"))
 cap = c.in_unit(gpu_bytes, unit)  # the GPU as a line across the whole (categorical) axis
 dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
 traces.append(dict(type="scatter", mode="lines", x=labels, y=[cap] * len(labels), line=dash,
@@ -337,18 +355,10 @@ st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact i
 st.dataframe(pd.DataFrame(fit_rows), hide_index=True)
 
 st.markdown("### Measured on an H200 against the prediction")
-measured = read_measured()
 if measured.empty:
     st.info("No bundled training-step measurements yet (data/training_steps_h200.csv). Run "
             "`python -m kernels.measure --train --plan h200` on a GPU to make them.")
-    compared = pd.DataFrame()
-else:
-    compared = predicted_rows(measured)
 if not compared.empty:
-    shape = choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
-    hits = compared[(compared["model"] == shape) & (compared["batch"] == batch)
-                    & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
-                    & (compared["checkpointing"] == ckpt) & compared["attention"].isin(attns)]
     if shape and len(hits) and gpus == 1:
         st.markdown("Rows matching these inputs (measured peak is `max_memory_allocated()` over the step):")
         view = hits

@@ -101,3 +101,21 @@ def test_bundled_h200_rows_are_predicted_within_the_targets() -> None:
     long = rows[rows["seq_len"] >= 1024]
     assert long["peak error"].abs().max() <= 0.03, long.sort_values("peak error").tail(3)
     assert rows["before error"].abs().max() <= 0.01
+
+
+def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
+    import pytest
+
+    import pages.training as page
+
+    measured = page.read_measured()
+    hit = measured[(measured.get("model") == "llama3-8b-2l") & (measured.get("seq_len") == 8192)
+                   & (measured.get("status") == "ok")] if not measured.empty else measured
+    if hit.empty:
+        pytest.skip("no bundled llama3-8b-2l row at s = 8,192")
+    at = run({"model": page.MEASURED_PREFIX + "llama3-8b-2l", "s": "8192",
+              "attns": "sdpa_flash,triton"})
+    assert not at.exception
+    assert any("Rows matching these inputs" in m.value for m in at.markdown)
+    table = next(d.value for d in at.dataframe if "measured peak" in d.value.columns)
+    assert set(table["attention"]) <= {"sdpa_flash", "triton"} and len(table) >= 1
