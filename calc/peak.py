@@ -775,7 +775,8 @@ def attention_reserved_bytes(
     (near out of memory the allocator frees cached blocks and retries). With
     `expandable=True` the reservation grows in 20 MiB pages (2 MiB for requests of at most
     1 MiB) of one segment, assumed to hold only the inputs before the call: an
-    approximation, since other live blocks (cuBLAS workspaces) share that segment.
+    approximation, since other live blocks (cuBLAS workspaces) share that segment (measured:
+    exact on 25 of 35 rows, within one 20 MiB page on 34).
     nvidia-smi shows this plus the CUDA context and any memory outside PyTorch's allocator.
     """
     sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
