@@ -439,8 +439,10 @@ def test_kernel_speed_shows_fa4_when_the_data_has_it(tmp_path, monkeypatch) -> N
     at = run("kernel", ktiming=timing, kkv="8", kpass="fwd")  # GQA measured fwd+bwd only
     assert not at.dataframe and any("measured for" in i.value for i in at.info)
     monkeypatch.delenv("ATTNMEM_BENCH_DIR")
-    at = run("kernel", ktiming=timing)  # the bundled data has no such run: the default shows
-    assert warnings(at) and OURS_LABEL in _kernel_table(at).columns
+    at = run("kernel", ktiming=timing)  # the bundled H200 peer run (data/kernel_speed_peers_eager_h200.csv)
+    t = _kernel_table(at).set_index("s")
+    assert not warnings(at) and {OURS_LABEL, fa4} <= set(t.columns)
+    assert 4096 in t.index and 300 < t.loc[4096, fa4] < 1000  # FA4 measured, in TFLOP/s
 
 EXTREMES = {
     "score": {"b": "65536", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
