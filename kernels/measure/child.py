@@ -89,13 +89,13 @@ def gpu_lock(gpu_index: int = 0, *, wait_s: float = 0.0, lock_dir: str | os.Path
 # --------------------------------------------------------------------------------------------
 
 
-class _Child:
-    """One worker process and a thread that turns its stdout into a queue of JSON messages."""
+class WorkerProcess:
+    """One worker process (``python -m <args>``, run from the repository root) and a thread that
+    turns its stdout into a queue of JSON messages; the attention points' worker (`_Child`) and
+    the training steps' worker (kernels.measure.train_harness) both speak this protocol."""
 
-    def __init__(self, impl_module: str | None, env: dict[str, str] | None) -> None:
-        cmd = [sys.executable, "-m", "kernels.measure.child"]
-        if impl_module:
-            cmd += ["--impl-module", impl_module]
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None) -> None:
+        cmd = [sys.executable, "-m", *args]
         self.stderr = tempfile.TemporaryFile(mode="w+b")
         child_env = dict(os.environ)
         child_env["PYTHONUNBUFFERED"] = "1"
@@ -155,6 +155,14 @@ class _Child:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
+
+
+class _Child(WorkerProcess):
+    """The attention points' worker (this module's ``worker_main``)."""
+
+    def __init__(self, impl_module: str | None, env: dict[str, str] | None) -> None:
+        args = ["kernels.measure.child"] + (["--impl-module", impl_module] if impl_module else [])
+        super().__init__(args, env)
 
 
 @dataclass

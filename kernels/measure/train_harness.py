@@ -98,10 +98,7 @@ import json
 import os
 import sqlite3
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -109,6 +106,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kernels.measure import train_models
+from kernels.measure.child import WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ATTENTIONS = ("eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton", "fa4")
@@ -499,66 +497,12 @@ def _allocated_now() -> int:
         return 0
 
 
-class _TrainChild:
-    """One ``python -m kernels.measure.train_harness --worker`` process (cf. child._Child)."""
+class _TrainChild(WorkerProcess):
+    """One ``python -m kernels.measure.train_harness --worker`` process."""
 
     def __init__(self, env: dict[str, str] | None) -> None:
-        import queue
-
-        self.stderr = tempfile.TemporaryFile(mode="w+b")
-        child_env = dict(os.environ)
-        child_env["PYTHONUNBUFFERED"] = "1"
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else []))
-        child_env.update(env or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernels.measure.train_harness", "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            cwd=str(REPO_ROOT), env=child_env, text=True, bufsize=1, start_new_session=True)
-        self.messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        super().__init__(["kernels.measure.train_harness", "--worker"], env)
         self.done = 0
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with contextlib.suppress(json.JSONDecodeError):
-                if line.strip():
-                    self.messages.put(json.loads(line))
-        self.messages.put(None)
-
-    def send(self, msg: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def stderr_tail(self, n: int = 600) -> str:
-        try:
-            self.stderr.seek(0, os.SEEK_END)
-            size = self.stderr.tell()
-            self.stderr.seek(max(0, size - n))
-            return " ".join(self.stderr.read().decode("utf-8", "replace").split())
-        except (OSError, ValueError):
-            return ""
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self.proc.kill()  # our own child, by its pid
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
-        with contextlib.suppress(OSError):
-            self.stderr.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                self.send({"cmd": "exit"})
-                self.proc.stdin.close()  # type: ignore[union-attr]
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=15)
-        self.kill()
 
 
 def _next_message(child: Any, timeout_s: float) -> dict[str, Any] | None | str:
