@@ -41,6 +41,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from calc import attention_flops
+
 # ---- the new backward behind autograd ---------------------------------------------------------
 
 
@@ -290,7 +292,8 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
     k = torch.randn(B, H_kv, s, d, device="cuda", dtype=dt, requires_grad=True)
     v = torch.randn(B, H_kv, s, d, device="cuda", dtype=dt, requires_grad=True)
     do = torch.randn(B, H, s, d, device="cuda", dtype=dt)
-    flops = 3.5 * 4 * B * H * s * s * d * (0.5 if causal else 1.0)
+    flops = attention_flops(B, H, s, d, causal, backward=True)
+    bwd_flops = flops - attention_flops(B, H, s, d, causal)  # the backward alone: 2.5 x forward
     name = f"H={H}/{H_kv} s={s} d={d} {'causal' if causal else 'full'}"
     tf, ms = {}, {}
     for n, impl in impls.items():
@@ -355,7 +358,7 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
     line = name.ljust(34) + "".join(f"{tf[n]:9.0f}" for n in impls)
     line += (f"  {ratio('new', 'current'):>7} {ratio('new', 'cuDNN'):>9} "
              f"{ratio('new', 'FA4'):>7}  {ms_new:6.2f}/{ms_cur:6.2f}"
-             f" ({flops / 3.5 * 2.5 / ms_new / 1e9:.0f}/{flops / 3.5 * 2.5 / ms_cur / 1e9:.0f} TF)"
+             f" ({bwd_flops / ms_new / 1e9:.0f}/{bwd_flops / ms_cur / 1e9:.0f} TF)"
              f"  {diff:.2e}")
     if others:
         line += "  | bwd ms " + ", ".join(others)

@@ -97,10 +97,11 @@ def _time_shape(d: int, causal: bool, s: int, dtype, variants: list[tuple]) -> l
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
+    from calc import attention_flops
     from kernels.flash.fwd import attention_forward
 
     q, k, v = _inputs(s, d, dtype)
-    flop = 4.0 * 32 * s * s * d * (0.5 if causal else 1.0)
+    flop = attention_flops(1, 32, s, d, causal)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
