@@ -94,17 +94,17 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     ),
     "sdpa_math": (
         "PyTorch's math backend upcasts 16-bit inputs to fp32: fp32 scores, an fp32 softmax "
-        "and a bool mask from its 'safe softmax' (9 bytes per score), plus fp32 copies of "
-        "q, k, v and the output; causal adds an fp32 s×s mask. For fp32 inputs the same "
-        "terms are assumed (not measured)."
+        "and a bool mask from its 'safe softmax' (9 bytes per score, and one bool per row), "
+        "plus fp32 copies of q, k, v and the output; causal adds an fp32 s×s mask. For fp32 "
+        "inputs the same terms are assumed (not measured)."
     ),
     "sdpa_efficient": (
         "Fused (Rabe & Staats): forward keeps only the output; the backward adds the "
         "gradients, an fp32 dq accumulator, the log-sum-exp, the row sums of dO·O and a copy "
         "of dO in the kernel's layout (measured). This backend has no enable_gqa path in "
         "torch 2.11: GQA runs on k and v expanded to H heads, which costs their copies and "
-        "H-head gradients. Internal workspaces beyond these are not modelled; the measured "
-        "error shows them."
+        "H-head gradients. Its log-sum-exp rows are padded to 32 and its fp32 workspace to "
+        "the kernel's 64- or 128-row query blocks (kernel_backward.h workspace_size)."
     ),
     "sdpa_flash": (
         "FlashAttention-2: the forward always writes the fp32 log-sum-exp; the backward "
@@ -118,8 +118,9 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     "sdpa_cudnn": (
         "cuDNN fused attention: output; in the backward the gradients, an fp32 dq "
         "accumulator, log-sum-exp and row sums (no dO copy, unlike the memory-efficient "
-        "backend); with GQA, dk and dv per query head before the group sum. cuDNN's "
-        "workspace, when it asks for one, is not modelled (seen: +1 MiB at s=8192)."
+        "backend); with GQA, dk and dv per query head before the group sum; three tiny "
+        "tensors (512 B blocks, measured on every row). cuDNN's own workspace, when it asks "
+        "for one, is not modelled (seen: +1 MiB at s=8192, fwd+bwd)."
     ),
     "triton": (
         "Our kernel: the forward writes the output and one fp32 log-sum-exp per row; the "
