@@ -36,7 +36,7 @@ from pathlib import Path
 from kernels.measure import registry
 from kernels.measure.child import GpuBusy, run_points
 from kernels.measure.harness import COLUMNS, BenchOptions, PointConfig, PointResult
-from kernels.measure.store import neutralise
+from kernels.measure.store import cached_free_bytes, neutralise
 
 #: (batch, heads, kv_heads, seq_len, head_dim, causal): each is measured for every
 #: implementation x (fp16, bf16) x (fwd, fwd+bwd). Chosen so that O = B*H*s*d*e and the s x s
@@ -147,9 +147,7 @@ def check(path: Path) -> str:
         exp = "expandable_segments:True" in (r.get("message") or "")
         args = (r["impl"], r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["dtype"],
                 bool(r["causal"]), bool(r["backward"]), r["kv_heads"])
-        free = 0
-        if None not in (r.get("reserved_bytes"), r.get("reserved_extra_bytes"), r.get("before_bytes")):
-            free = max(0, r["reserved_bytes"] - r["reserved_extra_bytes"] - r["before_bytes"])
+        free = cached_free_bytes(r)
         try:
             p = calc.attention_peak_bytes(*args, expandable=exp, cached_free_bytes=free)
             q = calc.attention_reserved_bytes(*args, expandable=exp, cached_free_bytes=free)

@@ -467,11 +467,28 @@ def read_csv_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return list(v.rows)
 
 
+def cached_free_bytes(row: Any) -> int:
+    """What the caching allocator held free just before a row's call: memory_reserved() before
+    (``reserved_bytes - reserved_extra_bytes``) minus memory_allocated() before
+    (``before_bytes``). Zero when the cache was really emptied (DESIGN.md's procedure); in a
+    child serving many points a cuBLAS workspace can pin a freed segment (kernels/measure/
+    prewarm.py), and calc's peak model takes that state as ``cached_free_bytes``. Takes a row
+    as a mapping or an object with those attributes; a missing value counts as 0."""
+    def get(name: str) -> Any:
+        return row.get(name) if isinstance(row, Mapping) else getattr(row, name, None)
+
+    vals = [get(n) for n in ("reserved_bytes", "reserved_extra_bytes", "before_bytes")]
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals):
+        return 0
+    return max(0, int(vals[0] - vals[1] - vals[2]))
+
+
 def attach_predictions(df: Any) -> Any:
     """A copy of a results DataFrame with the current model's prediction and error beside each
     measured row: ``model_bytes`` (calc.attention_peak_bytes now, which may differ from the
-    ``predicted_bytes`` stored when the row was measured) and ``model_error`` =
-    (model - measured) / measured. Pure (pandas and calc only)."""
+    ``predicted_bytes`` stored when the row was measured), given the allocator's free cache
+    before the call (`cached_free_bytes`), and ``model_error`` = (model - measured) / measured.
+    Pure (pandas and calc only)."""
     from calc import attention_peak_bytes
 
     out = df.copy()
@@ -482,7 +499,7 @@ def attach_predictions(df: Any) -> Any:
             kv = None if r.kv_heads is None or (isinstance(r.kv_heads, float) and math.isnan(r.kv_heads)) else int(r.kv_heads)
             p = attention_peak_bytes(r.impl, int(r.batch), int(r.heads), int(r.seq_len),
                                      int(r.head_dim), r.dtype, bool(r.causal), bool(r.backward),
-                                     kv_heads=kv)
+                                     kv_heads=kv, cached_free_bytes=cached_free_bytes(r))
         except (ValueError, TypeError, KeyError):
             p = None
         preds.append(p)

@@ -18,6 +18,7 @@ from kernels.measure.store import (
     COLUMNS,
     MAX_UPLOAD_ROWS,
     ResultStore,
+    cached_free_bytes,
     csv_text,
     default_db_path,
     neutralise,
@@ -284,15 +285,7 @@ REFERENCE_FILES = ("attention_calls_h200.csv", "attention_calls_awkward_h200.csv
 EXPANDABLE_FILE = "attention_calls_awkward_expandable_h200.csv"
 
 
-def cached_free(r) -> int:
-    """What the allocator held free just before the row's call: memory_reserved() before
-    (reserved_bytes - reserved_extra_bytes) minus memory_allocated() before (before_bytes).
-    Zero when the cache was really empty; in one child process serving many points it is
-    not (a cuBLAS workspace pins a freed segment: NOTES.md, the caching allocator)."""
-    vals = (r.reserved_bytes, r.reserved_extra_bytes, r.before_bytes)
-    if any(v is None or v != v for v in vals):
-        return 0
-    return max(0, int(r.reserved_bytes - r.reserved_extra_bytes - r.before_bytes))
+cached_free = cached_free_bytes
 
 
 def _reference_errors(names, expandable=False):
@@ -347,3 +340,23 @@ def test_model_within_half_a_percent_with_expandable_segments():
         pytest.skip("no rows at s >= 1,024")
     worst = big.loc[big["model_error"].abs().idxmax()]
     assert big["model_error"].abs().max() <= 0.005, worst.to_dict()
+
+
+def test_attach_predictions_counts_the_cache_left_free_before_the_call() -> None:
+    """A row measured with cached free memory is predicted with it (calc's cached_free_bytes),
+    and the free amount is reserved before minus allocated before."""
+    import pandas as pd
+
+    from calc import attention_peak_bytes
+    from kernels.measure.store import attach_predictions
+
+    shape = dict(impl="sdpa_flash", batch=2, heads=16, kv_heads=16, seq_len=3000, head_dim=64,
+                 dtype="bf16", causal=False, backward=True, peak_extra_bytes=10**9)
+    empty = dict(shape, reserved_bytes=100 * 2**20, reserved_extra_bytes=0, before_bytes=100 * 2**20)
+    cached = dict(shape, reserved_bytes=700 * 2**20, reserved_extra_bytes=0, before_bytes=100 * 2**20)
+    assert cached_free_bytes(empty) == 0 and cached_free_bytes(cached) == 600 * 2**20
+    got = attach_predictions(pd.DataFrame([empty, cached]))["model_bytes"].tolist()
+    args = ("sdpa_flash", 2, 16, 3000, 64, "bf16", False, True)
+    assert got[0] == attention_peak_bytes(*args, kv_heads=16)
+    assert got[1] == attention_peak_bytes(*args, kv_heads=16, cached_free_bytes=600 * 2**20)
+    assert got[0] != got[1]  # the rounding of whole segments is what the free cache removes
