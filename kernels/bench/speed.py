@@ -39,22 +39,18 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "pars
 # "triton" is what flash_attention runs by default (on Hopper: the Gluon forward at d = 128,
 # and at d = 64 past 2,048/4,096 with three warpgroups; with the Triton backward);
 # "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
-# three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_persistent" the
-# Gluon forward's persistent form (two warpgroups; opt-in). The SDPA backends and "fa4"
+# three-warpgroup Gluon forward forced at every length (d = 64). The SDPA backends and "fa4"
 # (FlashAttention-4) are the registry's implementations (kernels.measure.registry).
-IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "sdpa_cudnn",
-         "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
+IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn", "sdpa_flash", "fa4",
+         "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
-SM90_PERSISTENT = {"SM90": True, "SM90_PERSISTENT": True}
-# What runs without --impls: not the persistent form (slower than the default forward on the
-# H200 and not a default path anywhere; kernels/flash/NOTES.md).
-DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "triton_sm90_persistent")
+DEFAULT_IMPLS = IMPLS
 #: Implementations timed on their own (B, s, H, d) layout: run_grid gives them q, k, v as
 #: contiguous (B, s, H, d) leaves, so their gradients need no copy into a (B, H, s, d) layout
 #: and the time is the kernels' (as shared/ANCHORS.md timed FA4).
 NATIVE_BSHD = ("fa4",)
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
-CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_persistent", "fa4")
+CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "fa4")
 # Relative L2 error of an output against cuDNN's above which a timing is not reported: 16-bit
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
@@ -151,11 +147,6 @@ def _impl_fn(name: str):
             return flash_attention(q, k, v, causal=causal, config=SM90_3WG)
 
         return three
-    if name == "triton_sm90_persistent":
-        from kernels.flash.api import flash_attention
-
-        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal,
-                                                       config=SM90_PERSISTENT)
     raise KeyError(f"unknown bench implementation {name!r}; known: {', '.join(IMPLS)}")
 
 

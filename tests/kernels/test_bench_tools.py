@@ -135,10 +135,8 @@ def test_three_warpgroup_impl_is_unsupported_off_d64():
     ms, rel, status = bench.measure("triton_sm90_3wg", q, k, v, do, False, "fwd", None)
     assert status == "unsupported" and math.isnan(ms) and math.isnan(rel)
     assert "triton_sm90_3wg" in bench.IMPLS
-    # the persistent form can be asked for, but is not run by default (slower than the default)
-    assert "triton_sm90_persistent" in bench.IMPLS
-    assert "triton_sm90_persistent" not in bench.DEFAULT_IMPLS
-    assert set(bench.DEFAULT_IMPLS) | {"triton_sm90_persistent"} == set(bench.IMPLS)
+    # the deleted persistent forward is no longer offered
+    assert "triton_sm90_persistent" not in bench.IMPLS
 
 
 @pytest.mark.parametrize("factor,expect_ok", [(1.0, True), (1.001, True), (3.0, False)])
