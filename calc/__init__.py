@@ -94,22 +94,21 @@ __all__ = [
     "sweep_param", "sweep_seq_len", "to_unit", "training_attention", "training_attention_bytes",
     "weight_bytes",
 ]
-__all__ += [  # context parallelism (calc/context_parallel.py); its functions are imported above
-    # (calc.context_parallel_peak_bytes, ...) and fuzzed in tests/calc/test_context_parallel.py;
-    # they join __all__ when tests/calc/test_fuzz_hostile_inputs.py lists them as covered
-    "CP_IMPLEMENTATIONS", "CP_IMPL_LABELS", "CommVolume", "ContextParallelMemory",
-    "ContextParallelTraining",
-]
+#: Public functions fuzzed with hostile arguments in their own test files
+#: (tests/calc/test_context_parallel.py, tests/calc/test_training_step.py) rather than in
+#: tests/calc/test_fuzz_hostile_inputs.py, which lists these tuples as covered.
 CONTEXT_PARALLEL_FUNCTIONS = (
     context_parallel_memory, context_parallel_peak_bytes, context_parallel_terms,
     context_parallel_training, max_context_parallel_attention_seq_len,
     max_context_parallel_seq_len, ring_comm_bytes, ring_schedule, ring_step_kind, zigzag_chunks,
 )
+TRAINING_STEP_FUNCTIONS = (training_step, max_train_seq_len, train_gpus_needed)
+__all__ += [  # context parallelism (calc/context_parallel.py)
+    "CP_IMPLEMENTATIONS", "CP_IMPL_LABELS", "CommVolume", "ContextParallelMemory",
+    "ContextParallelTraining", *(f.__name__ for f in CONTEXT_PARALLEL_FUNCTIONS),
+]
 __all__ += ["ALLOCATOR_NOTE", "CachingAllocator", "PeakTerm", "RESERVED_PREDICTED",
             "attention_peak_breakdown", "attention_reserved_bytes"]
 __all__ += ["Layout", "PRECISIONS", "SHARDINGS", "SHARDING_LABELS", "TRAIN_ATTENTIONS",  # training step
-            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory"]
-# calc.training_step, calc.max_train_seq_len and calc.train_gpus_needed are imported above and
-# fuzzed with hostile arguments in tests/calc/test_training_step.py; like the context-parallel
-# functions they join __all__ when tests/calc/test_fuzz_hostile_inputs.py lists them.
-TRAINING_STEP_FUNCTIONS = (training_step, max_train_seq_len, train_gpus_needed)
+            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory",
+            *(f.__name__ for f in TRAINING_STEP_FUNCTIONS)]

@@ -23,7 +23,14 @@ import streamlit as st
 
 from calc.units import format_bytes, short_len, to_unit
 from pages.ui.export import safe_csv_bytes, safe_frame
-from pages.ui.labels import FALLBACK_COLOR, IMPL_COLORS, IMPL_LABELS, impl_color, impl_label  # noqa: F401 - pages use them as c.*
+from pages.ui.labels import (  # noqa: F401
+    FALLBACK_COLOR,
+    IMPL_COLORS,
+    IMPL_LABELS,
+    MEMORY_PART_COLORS,
+    impl_color,
+    impl_label,
+)  # pages use them as c.*
 from pages.ui.url_state import (
     BoolParam,
     ChoiceParam,
@@ -35,11 +42,7 @@ from pages.ui.url_state import (
 )
 
 #: Colours of the memory parts on the model page (not implementations).
-PART_COLORS: dict[str, str] = {
-    "weights": "#0072B2",
-    "KV cache": "#56B4E9",
-    "attention": "#D55E00",
-}
+PART_COLORS = MEMORY_PART_COLORS
 
 UNIT_KEY = "unit"
 UNIT_SPEC = ChoiceParam("GB", ("GB", "GiB"))

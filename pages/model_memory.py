@@ -47,7 +47,6 @@ NAIVE, FLASH = "naive", "sdpa_flash"
 IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
 ACT_DTYPES = ("bf16", "fp16", "fp32")
 STATE = "recurrent state"
-STATE_COLOR = "#009E73"  # Okabe & Ito bluish green, beside PART_COLORS' blues and vermillion
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
@@ -253,7 +252,7 @@ names = list(parts[NAIVE])
 for part in names:
     fig.add_trace(go.Bar(
         name=part, x=[impls[i] for i in impls], y=[c.in_unit(parts[i][part], unit) for i in impls],
-        marker_color=c.PART_COLORS.get(part, STATE_COLOR),
+        marker_color=c.PART_COLORS[part],
         customdata=[c.fmt(parts[i][part], unit) for i in impls],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
     ))

@@ -35,6 +35,7 @@ from calc import (  # noqa: E402
 )
 from calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui.labels import TRAINING_PART_COLORS  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "training_steps_h200.csv"
@@ -92,12 +93,7 @@ SPECS = {
     "gpu": ChoiceParam(H100, c.gpu_options(GPUS)),
 }
 #: Colours of the stacked parts (Okabe & Ito, as pages.common).
-PART_COLORS = {
-    "weights": "#0072B2", "optimizer state": "#56B4E9", "buffers": "#999999",
-    "attention": "#D55E00", "projections": "#E69F00", "MLP": "#CC79A7", "norms": "#F0E442",
-    "residuals": "#8C8C8C", "rotary": "#009E73", "embeddings": "#000000",
-    "logits and loss": "#882255", "weight copies (autocast)": "#44AA99",
-}
+PART_COLORS = TRAINING_PART_COLORS
 
 
 def read_measured(path: Path = DATA) -> pd.DataFrame:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from calc import IMPL_LABELS as CALC_LABELS
 
-__all__ = ["FALLBACK_COLOR", "IMPL_COLORS", "IMPL_LABELS", "impl_color", "impl_label"]
+__all__ = ["FALLBACK_COLOR", "IMPL_COLORS", "IMPL_LABELS", "MEMORY_PART_COLORS",
+           "TRAINING_PART_COLORS", "impl_color", "impl_label"]
 
 IMPL_COLORS: dict[str, str] = {
     "naive": "#D55E00",  # vermillion
@@ -29,6 +30,22 @@ IMPL_COLORS: dict[str, str] = {
     "triton_sm90_3wg": "#999933",  # olive
 }
 FALLBACK_COLOR = "#7F7F7F"
+
+#: Parts of a model's memory on the Model memory page (weights, KV cache, attention, and the
+#: recurrent state of hybrid models).
+MEMORY_PART_COLORS: dict[str, str] = {
+    "weights": "#0072B2",
+    "KV cache": "#56B4E9",
+    "attention": "#D55E00",
+    "recurrent state": "#009E73",
+}
+#: Parts of a training step on the Training step page (weights and attention as above).
+TRAINING_PART_COLORS: dict[str, str] = {
+    "weights": "#0072B2", "optimizer state": "#56B4E9", "buffers": "#999999",
+    "attention": "#D55E00", "projections": "#E69F00", "MLP": "#CC79A7", "norms": "#F0E442",
+    "residuals": "#8C8C8C", "rotary": "#009E73", "embeddings": "#000000",
+    "logits and loss": "#882255", "weight copies (autocast)": "#44AA99",
+}
 
 #: Labels of the benchmark's series that calc does not model, and FlashAttention-4's for as
 #: long as calc.IMPL_LABELS does not list it (calc's label wins when it does).
