@@ -277,3 +277,26 @@ def test_deep_link_on_a_fresh_server_gets_the_router(browser_page: Page) -> None
         expect(sidebar.get_by_text("How FlashAttention works")).to_be_visible()
         assert sidebar.get_by_text("common", exact=True).count() == 0
         expect(page.get_by_label("Heads H", exact=True).first).to_have_value("64")
+
+
+@pytest.mark.parametrize("path,chart", [("training", True), ("serving", False),
+                                        ("many_gpus", True)])
+def test_training_serving_and_many_gpus_pages_render(browser_page: Page, server: str, path: str,
+                                                     chart: bool) -> None:
+    """The pages of the training step, serving and context parallelism show their answer (a
+    metric) and, where they have one, their chart in a real browser, without an exception box."""
+    page = browser_page
+    page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+    expect(page.locator('[data-testid="stMetricValue"]').first).to_be_visible(timeout=TIMEOUT_MS)
+    if chart:
+        _wait_idle(page)
+        assert page.locator(".js-plotly-plot .main-svg").count() >= 1
+        _shot(page, path)
+    elif SAVE:
+        page.wait_for_function(
+            "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=TIMEOUT_MS)
+        page.set_viewport_size({"width": 1400, "height": 1500})
+        page.wait_for_timeout(1200)
+        page.screenshot(path=str(SHOTS / f"{path}.png"))
+    assert _metrics(page), f"{path}: no answer metric shown"
+    assert page.locator('[data-testid="stException"]').count() == 0
