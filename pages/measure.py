@@ -203,6 +203,10 @@ def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
         f"measured ({unit})": [c.in_unit(v, unit) if v == v and v is not None else None for v in t["peak_extra_bytes"]],
         f"model ({unit})": [c.in_unit(v, unit) if v == v and v is not None else None for v in t["model_bytes"]],
         "model error %": [100 * e if e is not None and e == e else None for e in t["model_error"]],
+        f"reserved growth, measured ({unit})": [
+            c.in_unit(v, unit) if v == v and v is not None else None for v in t["reserved_extra_bytes"]],
+        f"reserved growth, model ({unit})": [
+            c.in_unit(v, unit) if v == v and v is not None else None for v in t["model_reserved_bytes"]],
         "median ms": t["median_ms"],
         "TFLOP/s": t["tflops"],
         "note": t["message"].fillna("").map(lambda m: str(m)[:200]),
@@ -346,7 +350,8 @@ with main:
             st.info("The bundled reference dataset is not in this checkout (data/attention_calls_h200.csv).")
     else:
         data = store.dataframe(int(src)) if store is not None else pd.DataFrame(columns=list(COLUMNS))
-    data = attach_predictions(data) if not data.empty else data.assign(model_bytes=[], model_error=[])
+    data = attach_predictions(data) if not data.empty else data.assign(
+        model_bytes=[], model_error=[], model_reserved_bytes=[])
 
     if not impls or not lens:
         st.info("Pick at least one implementation and one sequence length.")
@@ -385,6 +390,12 @@ with main:
                     "median ms": st.column_config.NumberColumn(format="%.3f"),
                     "TFLOP/s": st.column_config.NumberColumn(format="%.0f"),
                 })
+                st.caption("*measured* and *model*: the extra `max_memory_allocated()` of the call "
+                           "(the caching allocator's blocks, what PyTorch counts); *reserved "
+                           "growth*: how much `memory_reserved()` grew, what nvidia-smi-like tools "
+                           "show (model from calc.attention_reserved_bytes; empty where a "
+                           "temporary's size is not known: math backend, eager and cuDNN "
+                           "backward, memory-efficient backward with GQA).")
                 big = part[(part["seq_len"] >= 1024) & part["model_error"].notna()
                            & (part["model_error"].abs() > 0.02)]
                 if len(big):

@@ -484,28 +484,34 @@ def cached_free_bytes(row: Any) -> int:
 
 
 def attach_predictions(df: Any) -> Any:
-    """A copy of a results DataFrame with the current model's prediction and error beside each
+    """A copy of a results DataFrame with the current model's predictions and error beside each
     measured row: ``model_bytes`` (calc.attention_peak_bytes now, which may differ from the
     ``predicted_bytes`` stored when the row was measured), given the allocator's free cache
-    before the call (`cached_free_bytes`), and ``model_error`` = (model - measured) / measured.
-    Pure (pandas and calc only)."""
-    from calc import attention_peak_bytes
+    before the call (`cached_free_bytes`), ``model_error`` = (model - measured) / measured, and
+    ``model_reserved_bytes`` (calc.attention_reserved_bytes: the growth of memory_reserved(),
+    None where calc does not predict it). Pure (pandas and calc only)."""
+    from calc import attention_peak_bytes, attention_reserved_bytes
 
     out = df.copy()
     preds: list[Any] = []
     errs: list[Any] = []
+    reserved: list[Any] = []
     for r in out.itertuples(index=False):
         try:
             kv = None if r.kv_heads is None or (isinstance(r.kv_heads, float) and math.isnan(r.kv_heads)) else int(r.kv_heads)
-            p = attention_peak_bytes(r.impl, int(r.batch), int(r.heads), int(r.seq_len),
-                                     int(r.head_dim), r.dtype, bool(r.causal), bool(r.backward),
-                                     kv_heads=kv, cached_free_bytes=cached_free_bytes(r))
+            args = (r.impl, int(r.batch), int(r.heads), int(r.seq_len), int(r.head_dim), r.dtype,
+                    bool(r.causal), bool(r.backward))
+            free = cached_free_bytes(r)
+            p = attention_peak_bytes(*args, kv_heads=kv, cached_free_bytes=free)
+            q = attention_reserved_bytes(*args, kv_heads=kv, cached_free_bytes=free)
         except (ValueError, TypeError, KeyError):
-            p = None
+            p = q = None
         preds.append(p)
+        reserved.append(q)
         m = r.peak_extra_bytes
         ok = p is not None and m is not None and not (isinstance(m, float) and math.isnan(m)) and m > 0
         errs.append((p - m) / m if ok else None)
     out["model_bytes"] = preds
     out["model_error"] = errs
+    out["model_reserved_bytes"] = reserved
     return out

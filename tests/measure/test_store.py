@@ -360,3 +360,22 @@ def test_attach_predictions_counts_the_cache_left_free_before_the_call() -> None
     assert got[0] == attention_peak_bytes(*args, kv_heads=16)
     assert got[1] == attention_peak_bytes(*args, kv_heads=16, cached_free_bytes=600 * 2**20)
     assert got[0] != got[1]  # the rounding of whole segments is what the free cache removes
+
+
+def test_attach_predictions_gives_reserved_growth_where_calc_predicts_it() -> None:
+    """Beside the peak, the store predicts the growth of memory_reserved() (calc's
+    attention_reserved_bytes) and leaves it empty where calc does not know every temporary."""
+    import pandas as pd
+
+    from calc import attention_reserved_bytes
+    from kernels.measure.store import attach_predictions
+
+    base = dict(batch=2, heads=16, kv_heads=16, seq_len=3000, head_dim=64, dtype="bf16",
+                causal=False, peak_extra_bytes=10**9, reserved_bytes=0, reserved_extra_bytes=0,
+                before_bytes=0)
+    rows = [dict(base, impl="sdpa_flash", backward=False), dict(base, impl="sdpa_math", backward=True)]
+    got = attach_predictions(pd.DataFrame(rows))["model_reserved_bytes"].tolist()
+    want = attention_reserved_bytes("sdpa_flash", 2, 16, 3000, 64, "bf16", False, False, kv_heads=16)
+    assert want is not None and got[0] == want
+    assert attention_reserved_bytes("sdpa_math", 2, 16, 3000, 64, "bf16", False, True) is None
+    assert got[1] is None or got[1] != got[1]  # None (or NaN in a float column)
