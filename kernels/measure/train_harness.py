@@ -722,6 +722,9 @@ def reference_plan() -> list[TrainConfig]:
     """The H200 reference sweep (item 5 of issue 17), most important first, so that a time
     budget cuts the least important rows.
 
+    0. Coverage first: every architecture with sdpa_flash and triton in bf16 at 1,000 and
+       8,192 tokens without checkpointing, so that even a short run measures GQA and MHA,
+       tied and untied embeddings, 100k+ vocabularies and sliding windows. Then:
     1. llama3-8b-2l (GQA, 128k vocab, untied): eager, sdpa_flash, sdpa_cudnn, triton x bf16,
        amp_bf16 x checkpointing off/on x s = 1,000 ... 32,768; FlashAttention-4 in bf16 at
        1,000, 8,192, 32,768 (unavailable rows where it is not installed).
@@ -750,7 +753,13 @@ def reference_plan() -> list[TrainConfig]:
     plan += expand(others, (1000, 8192), ("sdpa_flash", "triton"), ["amp_bf16"], [False])
     plan += expand(others, (1000, 8192), ("sdpa_cudnn",), ["bf16"], [False])
     plan += expand(others, (12000, 32768), ("sdpa_flash", "triton"), ["bf16"], [False, True])
-    return plan
+    first = expand(["llama3-8b-2l", *others], (1000, 8192), ("sdpa_flash", "triton"), ["bf16"],
+                   [False])
+    def key(c: TrainConfig) -> tuple:
+        return (c.model, c.seq_len, c.attention, c.precision, c.checkpointing)
+
+    seen = {key(c) for c in first}
+    return first + [c for c in plan if key(c) not in seen]
 
 
 PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan}

@@ -319,6 +319,9 @@ def test_reference_plan_covers_item_5():
     assert len(plan) == len({(c.model, c.seq_len, c.attention, c.precision, c.checkpointing)
                              for c in plan})  # no duplicates
     assert plan[0].model == "llama3-8b-2l"  # the most important first (a budget cuts the end)
+    # a short run already covers every architecture (tied, sliding-window, MHA, GQA)
+    assert {c.model for c in plan[:40]} >= {"llama3-8b-2l", "llama2-7b-2l", "llama3.2-1b-2l",
+                                            "mistral-7b-2l", "gemma3-27b-2l", "qwen3-4b-2l"}
     models = {c.model for c in plan}
     assert {"llama3-8b-2l", "llama3-8b-4l"} <= models and len(models) >= 5
     assert {"eager", "sdpa_flash", "sdpa_cudnn", "triton"} <= {c.attention for c in plan}
