@@ -11,35 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from kernels.bench.compile_sm90 import _ptxas_usage
 from kernels.flash import bwd_sm90 as b90
 
 _DT = {"fp16": b90.gl.float16, "bf16": b90.gl.bfloat16}
-
-
-def _ptxas_usage(ptx: str) -> tuple[str, str]:
-    """(registers, spill stores in bytes) as ptxas -v reports them for sm_90a (kept here rather
-    than shared with compile_sm90, so that this check stands alone)."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = get_ptxas(90)
-    ptxas = getattr(ptxas, "path", ptxas)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True).stderr
-    regs = re.search(r"Used (\d+) registers", out)
-    spill = re.search(r"(\d+) bytes spill stores", out)
-    return (regs.group(1) if regs else "?"), (spill.group(1) if spill else "?")
 
 
 def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
