@@ -84,25 +84,14 @@ from calc.fit import largest_fitting
 from calc.models import ModelConfig, check_model
 from calc.parallel import Layout, layout_bytes, make_layout
 from calc.params import param_breakdown
+from calc.peak import IMPL_LABELS, IMPLEMENTATIONS, attention_peak_terms
 from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bool, check_int
 
 #: Attention implementations a training step accepts: the registry names plus "eager"
 #: (transformers' eager_attention_forward).
-TRAIN_ATTENTIONS: tuple[str, ...] = (
-    "eager", "naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
-    "sdpa_cudnn", "triton", "fa4",
-)
-TRAIN_ATTENTION_LABELS: dict[str, str] = {
-    "eager": "transformers eager",
-    "naive": "Eager (masked_fill)",
-    "naive_inplace": "Eager (masked_fill_)",
-    "sdpa_math": "SDPA math",
-    "sdpa_efficient": "SDPA memory-efficient",
-    "sdpa_flash": "SDPA FlashAttention-2",
-    "sdpa_cudnn": "SDPA cuDNN",
-    "triton": "Our Triton kernel",
-    "fa4": "FlashAttention-4",
-}
+TRAIN_ATTENTIONS: tuple[str, ...] = ("eager", *IMPLEMENTATIONS)
+TRAIN_ATTENTION_LABELS: dict[str, str] = {"eager": "transformers eager", **IMPL_LABELS,
+                                          "fa4": "FlashAttention-4"}
 PRECISIONS: tuple[str, ...] = ("bf16", "amp_bf16")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw_fused", "sgd")
 #: Activation parts, in the order the breakdown lists them.
@@ -672,15 +661,12 @@ def _attention_backward_extra(impl: str, dm: _Dims) -> int:
     freed; dV made (H heads of repeated values)."""
     if impl == "eager":
         return -2 * dm.n + 3 * 4 * dm.n + 2 * dm.t * dm.q
-    from calc.peak import IMPLEMENTATIONS  # fa4 where calc.peak models it, else as FA2
-    peak_impl = impl if impl in IMPLEMENTATIONS else "sdpa_flash"
-    terms = _peak_terms(peak_impl, dm)
+    terms = _peak_terms(impl, dm)
     saved = ("output (saved", "log-sum-exp", "k, v expanded", "probabilities P kept")
     return sum(x for label, x in terms if not label.startswith(saved))
 
 
 def _peak_terms(impl: str, dm: _Dims) -> list[tuple[str, int]]:
-    from calc.peak import attention_peak_terms
     return attention_peak_terms(impl, dm.b, dm.heads, dm.s, dm.d, "bf16", causal=True,
                                 backward=True, kv_heads=dm.kv_heads)
 
