@@ -327,8 +327,10 @@ st.caption(f"{c.COMPUTED}. Bars: before the step (weights, AdamW state, buffers:
            "and every tensor with its source).")
 
 st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
+# A moment the model does not have (the tied embedding's backward of an untied model) is left out.
 st.dataframe(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phases[ph], unit)
-                                              for a, m in steps.items()}} for ph in PHASES]),
+                                              for a, m in steps.items()}}
+                           for ph in PHASES if ph in next(iter(steps.values())).phases]),
              hide_index=True)
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]]):

@@ -88,7 +88,7 @@ def test_measured_rows_get_predictions(tmp_path: Path, monkeypatch) -> None:
 
 def test_bundled_h200_rows_are_predicted_within_the_targets() -> None:
     """Every measured training step in data/training_steps_h200.csv (status ok): the peak within
-    3% at s >= 1,024 and before-step within 1%, with the current calc (the page's table)."""
+    3% and before-step within 1%, with the current calc (the page's table)."""
     import pytest
 
     import pages.training as page
@@ -98,9 +98,37 @@ def test_bundled_h200_rows_are_predicted_within_the_targets() -> None:
         pytest.skip("no data/training_steps_h200.csv bundled yet")
     rows = page.predicted_rows(measured)
     assert len(rows) > 0 and rows["predicted peak"].notna().all()
-    long = rows[rows["seq_len"] >= 1024]
-    assert long["peak error"].abs().max() <= 0.03, long.sort_values("peak error").tail(3)
+    worst = rows["peak error"].abs()
+    assert worst.max() <= 0.03, rows.loc[worst.nlargest(3).index]
     assert rows["before error"].abs().max() <= 0.01
+
+
+def test_bundled_h200_rows_cover_the_reference_the_issue_asks_for() -> None:
+    """The bundled reference spans >= 5 architectures with GQA and MHA, tied and untied
+    embeddings, a 100k+ vocabulary, a sliding window shorter than a measured length, both
+    precisions, checkpointing on and off, 1k-32k tokens with non-powers of two, and a
+    7-8B-shaped model at two depths."""
+    import pytest
+
+    import pages.training as page
+
+    m = page.read_measured()
+    if m.empty:
+        pytest.skip("no data/training_steps_h200.csv bundled yet")
+    ok = m[m["status"] == "ok"]
+    assert ok["arch"].nunique() >= 5, sorted(ok["arch"].unique())
+    assert (ok["kv_heads"] < ok["heads"]).any() and (ok["kv_heads"] == ok["heads"]).any()
+    assert ok["tied"].astype(str).isin(["True", "true", "1"]).any()
+    assert ok["tied"].astype(str).isin(["False", "false", "0"]).any()
+    assert (ok["vocab"] >= 100_000).any()
+    window = pd.to_numeric(ok["sliding_window"], errors="coerce")
+    assert (ok["seq_len"] > window).any()
+    assert set(ok["precision"]) == {"bf16", "amp_bf16"}
+    assert ok["checkpointing"].astype(str).nunique() == 2
+    lengths = set(ok["seq_len"])
+    assert min(lengths) <= 1024 and max(lengths) >= 32768
+    assert any(n & (n - 1) for n in lengths)  # a length that is not a power of two
+    assert {"llama3-8b-2l", "llama3-8b-4l"} <= set(ok["model"])
 
 
 def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:

@@ -336,3 +336,22 @@ def test_sliding_window_shorter_than_s_materializes_the_mask_under_sdpa() -> Non
     assert ckpt.activations_bytes == 1_249_288
     long_window = dataclasses.replace(win, sliding_window=128)  # covers every key: no mask
     assert training_step(long_window, B, S, attention="sdpa_flash").activations == plain.activations
+
+
+@pytest.mark.parametrize("precision", ["bf16", "amp_bf16"])
+def test_tied_embedding_backward_holds_two_or_three_vocab_gradients(precision: str) -> None:
+    """A tied model's last backward moment: every gradient plus lm_head's V×h gradient waiting
+    in autograd's input buffer, the embedding's own, and (bf16) their out-of-place sum; an
+    untied model has no such moment. At a short context with a large vocabulary this is the
+    step's peak (measured: data/training_steps_h200.csv, the tied models at 1,000 tokens)."""
+    tied = dataclasses.replace(TINY, vocab_size=50_000, tie_embeddings=True)
+    m = training_step(tied, 1, 16, attention="sdpa_flash", precision=precision)
+    g_emb = (2 if precision == "bf16" else 4) * 50_000 * 64
+    base = m.before_step_bytes + layout_bytes(tied, m.layout, precision)["step_buffers"]
+    extra = g_emb if precision == "amp_bf16" else 2 * g_emb
+    assert m.phases["backward of the tied embedding"] == base + m.gradients_bytes + extra
+    if precision == "bf16":
+        assert m.peak_phase == "backward of the tied embedding"
+    untied = training_step(dataclasses.replace(tied, tie_embeddings=False), 1, 16,
+                           attention="sdpa_flash", precision=precision)
+    assert "backward of the tied embedding" not in untied.phases
