@@ -76,6 +76,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kernels.flash import common
+from kernels.flash.launcher import DirectLauncher
+
 LOG2E = 1.4426950408889634
 
 # The copy-engine calls were renamed after Triton 3.6 (as in fwd_sm90.py).
@@ -473,10 +476,30 @@ def _layout(dtype, shape: tuple):
     return lay
 
 
-def _desc(t: torch.Tensor, rows: int, dtype) -> TensorDescriptor:
-    d = t.shape[3]
-    return TensorDescriptor(t, list(t.shape), _strides(t), [1, 1, rows, d],
-                            _layout(dtype, (1, 1, rows, d)))
+def _descriptor(t: torch.Tensor, block: tuple, layout) -> TensorDescriptor:
+    """A descriptor of all of t (rank 2 or 4) with tiles ``block``. Built without the
+    dataclass's checks, which are slow on the launch path: `usable` checked q, k, v, dO (and
+    the host code makes contiguous what it must); the fp32 buffers are fresh allocations."""
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.base, desc.shape = t, list(t.shape)
+    desc.strides = _strides(t) if t.dim() == 4 else list(t.stride())
+    desc.block_shape, desc.layout, desc.padding = list(block), layout, "zero"
+    return desc
+
+
+# ---- launching without the JIT's dispatch (launcher.DirectLauncher) -------------------------
+# Each key holds what the JIT specialises on for the arguments passed (the descriptors' dtype,
+# tiles and layout; the integers equal to 1 or multiples of 16; the constexprs; the 16-byte
+# alignment of pointers the caller owns). s_q, s_k and s_pad are marked do_not_specialize;
+# STATS, DQ_ACC, DK, DV are fresh allocations (aligned). The descriptors go as
+# (tensor, block, layout) tuples: on Triton 3.6 a call on the same tensors as before reuses
+# their encoded tensor maps.
+STATS_LAUNCHER = DirectLauncher(_stats_kernel)
+LAUNCHER = DirectLauncher(attn_bwd_sm90_kernel, descriptor=_descriptor)
+
+
+def _int_spec(x: int) -> tuple[bool, bool]:
+    return x == 1, x % 16 == 0
 
 
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
@@ -499,33 +522,43 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     bm, st = TILES[d]
     bm = block_m or bm
     st = stages or st
-    gdt = _GL_DTYPES[q.dtype]
     if not _descriptor_ok(do):  # e.g. the expanded (stride-0) gradient of a sum()
         do = do.contiguous()
     if o.stride(3) != 1:  # the stats kernel reads rows of O with unit stride
         o = o.contiguous()
     lse2 = lse2.contiguous()
-    s_pad = triton.cdiv(s_q, PAD) * PAD
-    stats = q.new_empty((B * H, 2, s_pad), dtype=torch.float32)
-    dq_acc = q.new_empty((B, H, d, s_pad), dtype=torch.float32)  # dQ^T, rows padded
-    dk = k.new_empty((B, H_kv, s_k, d))
-    dv = v.new_empty((B, H_kv, s_k, d))
+    s_pad = -(-s_q // PAD) * PAD
+    stats = common.empty(q, (B * H, 2, s_pad), torch.float32)
+    dq_acc = common.empty(q, (B, H, d, s_pad), torch.float32)  # dQ^T, rows padded
+    dk = common.empty(k, k.shape)  # contiguous
+    dv = common.empty(v, v.shape)
     so, sdo = o.stride(), do.stride()
-    _stats_kernel[(s_pad // STATS_ROWS, B * H)](
-        o, do, lse2, stats, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad,
-        HEAD_D=d, BLOCK=STATS_ROWS, num_warps=4)
-    dq_desc = TensorDescriptor(dq_acc, [B, H, d, s_q], [H * d * s_pad, d * s_pad, s_pad, 1],
-                               [1, 1, d, bm // 2], _layout(gl.float32, (1, 1, d, bm // 2)))
+    h_spec = _int_spec(H)
+    STATS_LAUNCHER(
+        (s_pad // STATS_ROWS, B * H),
+        ("stats", q.dtype, d, so[:3], sdo[:3], h_spec, o.data_ptr() % 16, do.data_ptr() % 16,
+         lse2.data_ptr() % 16),
+        (o, do, lse2, stats, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad),
+        {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
     ps = P_SMEM[d] if p_smem is None else bool(p_smem)
-    n_kb = triton.cdiv(s_k, BLOCK_N)
+    n_kb = -(-s_k // BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
-    stats_desc = TensorDescriptor(stats.view(B * H * 2, s_pad), [B * H * 2, s_pad], [s_pad, 1],
-                                  [2, bm], STATS_LAYOUT)
-    attn_bwd_sm90_kernel[grid](
-        _desc(q, bm, gdt), _desc(k, HALF_N, gdt), _desc(v, HALF_N, gdt), _desc(do, bm, gdt),
-        dq_desc, stats_desc, dk, dv, H, H_kv, H // H_kv, s_q, s_k, scale * LOG2E, scale,
-        CAUSAL=bool(causal), STAGES=st, KEY_MAJOR=km, P_SMEM=ps, num_warps=NUM_WARPS)
-    dq = q.new_empty((B, H, s_q, d))
+    gdt = _GL_DTYPES[q.dtype]
+    lay_m, lay_n = _layout(gdt, (1, 1, bm, d)), _layout(gdt, (1, 1, HALF_N, d))
+    group = H // H_kv
+    # dQ^T's descriptor covers the s_q real rows of the padded buffer (a view: the reduce-adds
+    # of rows past s_q are dropped by the copy engine); the stats as (B * H * 2, s_pad) rows.
+    args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
+            (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
+            (dq_acc[..., :s_q], (1, 1, d, bm // 2), _layout(gl.float32, (1, 1, d, bm // 2))),
+            (stats.view(B * H * 2, s_pad), (2, bm), STATS_LAYOUT),
+            dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km, "P_SMEM": ps,
+              "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, ps, h_spec, _int_spec(H_kv),
+           _int_spec(group))
+    LAUNCHER(grid, key, args, consts)
+    dq = common.empty(q, (B, H, s_q, d))
     dq.copy_(dq_acc[..., :s_q].transpose(2, 3))  # one strided cast-and-transpose
     return dq, dk, dv
