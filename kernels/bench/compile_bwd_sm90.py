@@ -36,9 +36,9 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
     lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, d, block_m // 2], b90.gl.float32)
     dq = f"tensordesc<fp32[1, 1, {d}, {block_m // 2}],{lay!r}>"  # the dQ^T buffer's tiles
     ptr = f"*{dtype}"
-    st = f"tensordesc<fp32[2, {block_m}],{b90.STATS_LAYOUT!r}>"
+    st = f"tensordesc<fp32[1, {block_m}],{b90.STATS_LAYOUT!r}>"  # lse2 and delta rows
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
-           "stats_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
+           "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
            "P_SMEM": "constexpr", "num_warps": "constexpr"}

@@ -16,8 +16,8 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
 * a loader warp issues every copy through the copy engine (TMA): K and V (two halves of 64 rows
   each, one per consumer), then Q_i, dO_i and the rows' lse2 and delta of query block
   i = lo, lo + 1, ... into a ring of STAGES slots; a slot is refilled once both consumers have
-  released it (lse2 and delta come from a padded copy written by `_stats_kernel`, which also
-  zeroes the dQ buffer: one small launch before this kernel);
+  released it (lse2 is the forward's; delta comes from `_stats_kernel`, which also zeroes the
+  dQ buffer: one small launch before this kernel);
 * two consumer warpgroups, warpgroup w owning keys 64w .. 64w + 63 of the block (FA3 tiles
   its MMA warpgroups along the key dimension for S and dP). Per query block of BLOCK_M rows,
   in the transposed domain (rows = this warpgroup's keys, columns = queries):
@@ -127,9 +127,9 @@ def _tile(smem, i):
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
-            stats_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo, n_m,
-            STAGES: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem,
+            v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo,
+            n_m, STAGES: gl.constexpr):
     """The producer warp: the two halves of K and V, then Q_i, dO_i and the rows' lse2 and
     delta for query blocks i = lo .. n_m - 1 of each query head of the group, through the
     ring (FA3 loads LSE and dPsum with the producer too)."""
@@ -149,15 +149,16 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem
             mbarrier.wait(empty.index(slot), ((it // STAGES) + 1) & 1, pred=it >= STAGES)
             bar = ready.index(slot)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + stats_desc.block_type.nbytes)
+                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
             _tma_load(q_desc, [b, h, m * BLOCK_M, 0], bar, q_smem.index(slot))
             _tma_load(do_desc, [b, h, m * BLOCK_M, 0], bar, do_smem.index(slot))
-            _tma_load(stats_desc, [2 * (b * H + h), m * BLOCK_M], bar, stats_smem.index(slot))
+            _tma_load(lse_desc, [b * H + h, m * BLOCK_M], bar, lse_smem.index(slot))
+            _tma_load(delta_desc, [b * H + h, m * BLOCK_M], bar, delta_smem.index(slot))
             it += 1
 
 
 @gluon.jit
-def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, ds_smem,
+def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
             dq_smem, p_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
@@ -180,9 +181,10 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
     dpt = warpgroup_mma(v_w, do_t.permute((1, 0)), zero, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
     # the block's lse2 and delta per query column come from shared memory right where they are
-    # used (few registers held); rows past s_q hold lse2 = +inf (P = 0) and delta = 0
-    stats = stats_smem.index(slot)  # (2, BLOCK_M): lse2, delta
-    lse = stats.slice(0, 1, dim=0).load(st_layout)  # (1, BLOCK_M), broadcast over the keys
+    # used (few registers held). Rows past s_q read as zeros (lse2 = 0 makes P = 1 there), and
+    # so do their Q and dO rows: S = dP = 0, so they add nothing to dV (dO = 0) or dS
+    # (P (dP - delta) = 0), and the copy engine drops their dQ.
+    lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), broadcast over the keys
 
     # ---- P^T, then dV_w += P^T dO (asynchronous; P^T from registers) ----------------------------
     pt = gl.exp2(st * qk_scale - lse)
@@ -201,7 +203,7 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
         p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)
         dv = warpgroup_mma(p16, do_t, dv, is_async=True)
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
-    delta = stats.slice(1, 1, dim=0).load(st_layout)
+    delta = delta_smem.index(slot).load(st_layout)
 
     # ---- dS^T = P^T (dP^T - delta), to shared memory; dK_w += dS^T Q ------------------------------
     dst = (pt * (dpt - delta)).to(DTYPE)
@@ -245,7 +247,8 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, stats_smem, 
 
 
 @gluon.jit
-def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem,
+def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+              ds_smem,
               dq_smem, p_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
               STAGES: gl.constexpr, P_SMEM: gl.constexpr):
@@ -278,14 +281,16 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem
         h = h_kv * GROUP + g
         for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
-                             stats_smem, ds_smem, dq_smem, p_smem, ready, empty, ds_bar,
+                             lse_smem, delta_smem, ds_smem, dq_smem, p_smem, ready, empty,
+                             ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
                              dq_layout, STAGES, True, CAUSAL, P_SMEM)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
-                             stats_smem, ds_smem, dq_smem, p_smem, ready, empty, ds_bar,
+                             lse_smem, delta_smem, ds_smem, dq_smem, p_smem, ready, empty,
+                             ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
                              dq_layout, STAGES, False, CAUSAL, P_SMEM)
@@ -305,10 +310,10 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, stats_smem
 @gluon.jit(do_not_specialize=["s_q", "s_k"])
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
-    dq_desc,  # the zeroed fp32 buffer of dQ^T, (B, H, d, s_q) (rows s_pad apart), tiles
+    dq_desc,  # the zeroed fp32 buffer of dQ^T, (B, H, d, s_q) contiguous; tiles
     # [1, 1, d, BLOCK_M / 2]
-    stats_desc,  # (B * H * 2, s_pad) fp32: rows lse2 (+inf past s_q), delta (0 past s_q) of
-    # each (batch, head), `_stats_kernel`; tiles [2, BLOCK_M]
+    lse_desc, delta_desc,  # (B * H, s_q) fp32: the forward's lse2, and delta (`_stats_kernel`);
+    # tiles [1, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
     H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
     s_q, s_k,
@@ -354,8 +359,10 @@ def attn_bwd_sm90_kernel(
     q_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(DTYPE, [STAGES] + do_desc.block_type.shape,
                                         do_desc.layout)
-    stats_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + stats_desc.block_type.shape,
-                                           stats_desc.layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape,
+                                         lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                           delta_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], DTYPE)
     ds_smem = gl.allocate_shared_memory(DTYPE, [4, BLOCK_M, HALF], ds_layout)  # [buf * 2 + wg]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
@@ -378,29 +385,30 @@ def attn_bwd_sm90_kernel(
 
     # (constexprs go into each argument list literally, as in fwd_sm90)
     gl.warp_specialize(
-        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, p_smem,
+        [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
+                      dq_smem, p_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM)),
-         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, p_smem,
+         (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
+                      dq_smem, p_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM)),
-         (_loader, (q_desc, k_desc, v_desc, do_desc, stats_desc, q_smem, do_smem, k_smem, v_smem,
-                    stats_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo, n_m,
-                    STAGES))],
+         (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
+                    k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
+                    GROUP, start_n, lo, n_m, STAGES))],
         [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
-# ---- lse2 and delta = rowsum(dO * O), padded, and the dQ buffer's zeroing: one small launch ----
+# ---- delta = rowsum(dO * O) and the dQ buffer's zeroing: one small launch ------------------
 
-@triton.jit(do_not_specialize=["s_q", "s_pad"])
-def _stats_kernel(Out, DO, LSE2, STATS, DQ_ACC,
+@triton.jit(do_not_specialize=["s_q"])
+def _stats_kernel(Out, DO, DELTA, DQ_ACC,
                   stride_ob, stride_oh, stride_om,
                   stride_dob, stride_doh, stride_dom,
-                  H, s_q, s_pad, HEAD_D: tl.constexpr, BLOCK: tl.constexpr):
-    """For BLOCK rows of one (batch, head): STATS[bh, 0] = lse2 (+inf past s_q), STATS[bh, 1]
-    = delta in fp32 (0 past s_q), rows up to s_pad, so that the backward's loads need no mask
-    and rows past the queries get P = 0; and zeros into the same rows of the fp32 dQ buffer
-    (B, H, s_q, d) contiguous, which the backward adds into (one launch, not three)."""
+                  H, s_q, HEAD_D: tl.constexpr, BLOCK: tl.constexpr):
+    """For BLOCK rows of one (batch, head): DELTA[bh, row] = rowsum(dO * O) in fp32, (B * H, s_q),
+    and zeros into the same rows of the fp32 buffer of dQ^T, (B, H, d, s_q), which the backward
+    adds into (one launch, not two)."""
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -413,13 +421,9 @@ def _stats_kernel(Out, DO, LSE2, STATS, DQ_ACC,
     do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
                  + rows[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + rows, mask=inside, other=float("inf"))
-    out = STATS + bh.to(tl.int64) * (2 * s_pad) + rows
-    tl.store(out, lse, mask=rows < s_pad)
-    tl.store(out + s_pad, delta, mask=rows < s_pad)
-    # the dQ^T buffer (B * H, d, s_pad): padding included, so every row it holds is written
-    tl.store(DQ_ACC + (bh.to(tl.int64) * HEAD_D + offs_d[None, :]) * s_pad + rows[:, None],
-             tl.zeros([BLOCK, HEAD_D], tl.float32), mask=rows[:, None] < s_pad)
+    tl.store(DELTA + bh.to(tl.int64) * s_q + rows, delta, mask=inside)
+    tl.store(DQ_ACC + (bh.to(tl.int64) * HEAD_D + offs_d[None, :]) * s_q + rows[:, None],
+             tl.zeros([BLOCK, HEAD_D], tl.float32), mask=mask)
 
 
 # ---- host side ------------------------------------------------------------------------------
@@ -428,7 +432,6 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 STATS_ROWS = 64
 # lse2/delta tiles [2, BLOCK_M] fp32 come unswizzled: they are read row by row, never by a MMA
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-PAD = 128  # STATS rows per head are a multiple of this (>= any BLOCK_M)
 
 
 def _strides(t: torch.Tensor) -> list[int]:
@@ -458,6 +461,8 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor |
     if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
     if q.shape[0] * k.shape[1] >= 65536 or k.shape[2] > 65535 * BLOCK_N:
+        return False
+    if q.shape[2] % 4:  # lse2, delta and dQ^T rows of s_q fp32: 16-byte strides for the copy engine
         return False
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(idx)[0] != 9:
@@ -490,8 +495,8 @@ def _descriptor(t: torch.Tensor, block: tuple, layout) -> TensorDescriptor:
 # ---- launching without the JIT's dispatch (launcher.DirectLauncher) -------------------------
 # Each key holds what the JIT specialises on for the arguments passed (the descriptors' dtype,
 # tiles and layout; the integers equal to 1 or multiples of 16; the constexprs; the 16-byte
-# alignment of pointers the caller owns). s_q, s_k and s_pad are marked do_not_specialize;
-# STATS, DQ_ACC, DK, DV are fresh allocations (aligned). The descriptors go as
+# alignment of pointers the caller owns). s_q and s_k are marked do_not_specialize; DELTA,
+# DQ_ACC, DK, DV are fresh allocations (aligned). The descriptors go as
 # (tensor, block, layout) tuples: on Triton 3.6 a call on the same tensors as before reuses
 # their encoded tensor maps.
 STATS_LAUNCHER = DirectLauncher(_stats_kernel)
@@ -509,10 +514,11 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
 
-    Allocates lse2 and delta padded (B * H, 2, s_pad) fp32 (s_pad: s_q rounded up to 128),
-    the fp32 buffer of dQ^T (B, H, d, s_pad) that the key-block programs add into (alive
-    until the cast to dQ), and the three gradients (contiguous). dQ is nondeterministic in its
-    last bits (the adds land in any order), as in FA2, FA3 and cuDNN.
+    Allocates what the Triton backward's atomic-dQ path allocates (bwd.attention_backward),
+    in its order, so that calc's peak model holds for either: delta (B * H, s_q) fp32, dK and
+    dV (contiguous), the fp32 buffer dQ is added into (here dQ^T, (B, H, d, s_q), zeroed by the
+    delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
+    adds land in any order), as in FA2, FA3 and cuDNN.
 
     ``stages``, ``block_m``, ``key_major``, ``p_smem`` override TILES, KEY_MAJOR and P_SMEM
     (the GPU check times the alternatives).
@@ -527,18 +533,16 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     if o.stride(3) != 1:  # the stats kernel reads rows of O with unit stride
         o = o.contiguous()
     lse2 = lse2.contiguous()
-    s_pad = -(-s_q // PAD) * PAD
-    stats = common.empty(q, (B * H, 2, s_pad), torch.float32)
-    dq_acc = common.empty(q, (B, H, d, s_pad), torch.float32)  # dQ^T, rows padded
+    delta = common.empty(q, (B * H, s_q), torch.float32)
     dk = common.empty(k, k.shape)  # contiguous
     dv = common.empty(v, v.shape)
+    dq_acc = common.empty(q, (B, H, d, s_q), torch.float32)  # dQ^T
     so, sdo = o.stride(), do.stride()
     h_spec = _int_spec(H)
     STATS_LAUNCHER(
-        (s_pad // STATS_ROWS, B * H),
-        ("stats", q.dtype, d, so[:3], sdo[:3], h_spec, o.data_ptr() % 16, do.data_ptr() % 16,
-         lse2.data_ptr() % 16),
-        (o, do, lse2, stats, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad),
+        (-(-s_q // STATS_ROWS), B * H),
+        ("stats", q.dtype, d, so[:3], sdo[:3], h_spec, o.data_ptr() % 16, do.data_ptr() % 16),
+        (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q),
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
     ps = P_SMEM[d] if p_smem is None else bool(p_smem)
@@ -547,12 +551,11 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     gdt = _GL_DTYPES[q.dtype]
     lay_m, lay_n = _layout(gdt, (1, 1, bm, d)), _layout(gdt, (1, 1, HALF_N, d))
     group = H // H_kv
-    # dQ^T's descriptor covers the s_q real rows of the padded buffer (a view: the reduce-adds
-    # of rows past s_q are dropped by the copy engine); the stats as (B * H * 2, s_pad) rows.
     args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
             (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
-            (dq_acc[..., :s_q], (1, 1, d, bm // 2), _layout(gl.float32, (1, 1, d, bm // 2))),
-            (stats.view(B * H * 2, s_pad), (2, bm), STATS_LAYOUT),
+            (dq_acc, (1, 1, d, bm // 2), _layout(gl.float32, (1, 1, d, bm // 2))),
+            (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
+            (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km, "P_SMEM": ps,
               "num_warps": NUM_WARPS}
@@ -560,5 +563,5 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
-    dq.copy_(dq_acc[..., :s_q].transpose(2, 3))  # one strided cast-and-transpose
+    dq.copy_(dq_acc.transpose(2, 3))  # one strided cast-and-transpose
     return dq, dk, dv

@@ -70,11 +70,11 @@ GPU_CASES = [
     (1, 2, 2, 128, 128, 128, False),
     (2, 3, 3, 1000, 1000, 128, False),
     (2, 3, 3, 1000, 1000, 128, True),
-    (1, 4, 1, 777, 777, 128, True),  # GQA 4:1, ragged
+    (1, 4, 1, 780, 777, 128, True),  # GQA 4:1, ragged (queries: a multiple of 4, `usable`)
     (1, 4, 4, 300, 1100, 128, False),  # s_q != s_k
     (1, 4, 4, 1100, 300, 128, True),
     (2, 2, 2, 1000, 1000, 64, False),
-    (1, 8, 2, 1025, 1025, 64, True),  # GQA 4:1
+    (1, 8, 2, 1028, 1025, 64, True),  # GQA 4:1
     (1, 2, 2, 2048, 2048, 64, True),
     (1, 2, 2, 2048, 2048, 128, True),
 ]
@@ -180,3 +180,57 @@ def test_p_smem_variant_compiles_within_shared_memory():
     for _dtype, _d, causal, _bm, _st, _regs, _spills, shared, err in rows:
         assert err is None, f"causal={causal}: {err}"
         assert shared <= 227, f"{shared:.1f} KiB of shared memory"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 32, 32, 4096, 64), (1, 32, 8, 16384, 64)],
+                         ids=["MHA-4k", "GQA4-16k"])
+def test_allocates_what_the_atomic_triton_backward_allocates(shape):
+    """Same buffers, same sizes, same order as bwd.attention_backward's atomic-dQ path (no GQA
+    split at these shapes), so calc's peak model holds whichever backward runs: the peak
+    above the inputs is equal to the byte."""
+    reason = _hopper_reason()
+    if reason:
+        pytest.skip(reason)
+    b90 = _sm90()
+    from calc.dispatch import atomic_dq, kv_split
+    from kernels.flash.bwd import attention_backward
+    from kernels.flash.config import KernelConfig
+    from kernels.flash.fwd import attention_forward
+
+    B, H, H_kv, s, d = shape
+    assert atomic_dq(B, H, H_kv, s, s, d, 2) and kv_split(B, H, H_kv, s) == 1
+    q = torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, H_kv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    scale = 1.0 / math.sqrt(d)
+    o, lse2 = attention_forward(q, k, v, True, scale)
+    assert b90.usable(q, k, v, do, o)
+
+    def extra(fn):
+        fn()  # compile and warm the allocator
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        grads = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del grads
+        return peak
+
+    ours = extra(lambda: b90.attention_backward_sm90(do, q, k, v, o, lse2, True, scale))
+    triton_bwd = extra(lambda: attention_backward(do, q, k, v, o, lse2, True, scale,
+                                                  KernelConfig(atomic_dq=True)))
+    assert ours == triton_bwd
+
+
+@pytest.mark.gpu
+def test_usable_needs_queries_in_multiples_of_four():
+    reason = _hopper_reason()
+    if reason:
+        pytest.skip(reason)
+    b90 = _sm90()
+    x = torch.zeros(1, 2, 780, 64, device="cuda", dtype=torch.bfloat16)
+    assert b90.usable(x, x, x)
+    assert not b90.usable(x[:, :, :777], x, x)
