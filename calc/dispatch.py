@@ -15,6 +15,10 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   separate dQ kernel's recomputation. Short calls and small grids keep the two-kernel,
   deterministic backward. The thresholds come from a sweep of both backwards on an H200
   (kernels/flash/NOTES.md, "atomic-dQ threshold").
+- On Hopper the atomic-dQ case without a GQA split runs the Gluon backward
+  (kernels/flash/bwd_sm90.py) instead, which allocates the same buffers in the same order
+  (delta, dK, dV, the fp32 dQ buffer, then dQ; a GPU test holds the two peaks equal), so
+  these rules, and the peak model, do not depend on the GPU either way.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class Settings:
 
     retune: bool  # FLASH_ATTN_TUNE=1: tune every key instead of using the stored H200 tiles
     descriptors: bool  # FLASH_ATTN_DESC=0 sets False: the Triton forward loads K/V by pointer
-    sm90: bool  # FLASH_ATTN_SM90=0 sets False: the Hopper Gluon forward is never the default
+    sm90: bool  # FLASH_ATTN_SM90=0 sets False: the Hopper Gluon kernels are never the default
     direct_launch: bool  # FLASH_ATTN_DIRECT_LAUNCH=0 sets False: every launch takes the JIT path
 
     @classmethod
@@ -140,13 +140,23 @@ class KernelConfig:
     # The dK/dV launch's tiles, also the atomic-dQ backward's (None: `tiles`, else
     # `bwd.atomic_tiles` for the atomic backward and stored/autotuned for the two-kernel one).
     dkdv_tiles: Tiles | None = None
+    # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
+    # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: where the
+    # Triton backward would take its atomic-dQ path with no GQA split, and only when no field
+    # above picks something of the Triton backward).
+    sm90_bwd: bool | None = None
+
+    def triton_backward_chosen(self) -> bool:
+        """Whether a field picks something of the Triton backward (tiles, the atomic-dQ
+        choice, element-wise adds, the GQA split)."""
+        return any(getattr(self, n) is not None for n in _TRITON_BWD_FIELDS)
 
     def __post_init__(self) -> None:
         for name in ("tiles", "dq_tiles", "dkdv_tiles"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Tiles):
                 object.__setattr__(self, name, _named(name, Tiles.of, value))
-        for name in ("use_desc", "sm90", "atomic_dq", "dq_tma"):
+        for name in ("use_desc", "sm90", "atomic_dq", "dq_tma", "sm90_bwd"):
             _check_bool(name, getattr(self, name))
         _check_int("sm90_stages", self.sm90_stages, positive=True)
         _check_int("sm90_block_n", self.sm90_block_n, (64, 128))
@@ -170,10 +180,11 @@ class KernelConfig:
     def from_dict(cls, d: dict) -> KernelConfig:
         """The dict form: "BLOCK_M", "BLOCK_N", "num_warps", "num_stages" (all four or none),
         "USE_DESC", "SM90", "SM90_STAGES", "SM90_BLOCK_N", "SM90_CONSUMERS", "BWD_ATOMIC_DQ",
-        "BWD_DQ_TMA", "BWD_KV_SPLIT". Where a key is left out, the dict means what it always
-        meant: a dict with any forward key ("USE_DESC" or tiles) but without "SM90" runs the
-        portable forward (sm90=False), and a dict with tiles but without "BWD_ATOMIC_DQ" runs
-        the two-kernel backward (atomic_dq=False)."""
+        "BWD_DQ_TMA", "BWD_KV_SPLIT", "BWD_SM90". Where a key is left out, the dict means what
+        it always meant: a dict with any forward key ("USE_DESC" or tiles) but without "SM90"
+        runs the portable forward (sm90=False), a dict with tiles but without "BWD_ATOMIC_DQ"
+        runs the two-kernel backward (atomic_dq=False), and a dict with tiles or any other
+        backward key but without "BWD_SM90" runs the Triton backward (sm90_bwd=False)."""
         unknown = sorted(set(d) - set(_DICT_KEYS) - set(_TILE_KEYS))
         if unknown:
             raise ValueError(f"unknown config keys {', '.join(map(repr, unknown))}; accepted: "
@@ -185,6 +196,8 @@ class KernelConfig:
             kw["sm90"] = False
         if "BWD_ATOMIC_DQ" not in d and tiles is not None:
             kw["atomic_dq"] = False
+        if "BWD_SM90" not in d and (tiles is not None or any(k.startswith("BWD_") for k in d)):
+            kw["sm90_bwd"] = False
         try:
             return cls(tiles=tiles, **kw)
         except ValueError as e:  # name the dict's key beside the field's
@@ -196,7 +209,8 @@ _SM90_FIELDS = ("sm90_stages", "sm90_block_n", "sm90_consumers")
 _DICT_KEYS = {"USE_DESC": "use_desc", "SM90": "sm90", "SM90_STAGES": "sm90_stages",
               "SM90_BLOCK_N": "sm90_block_n", "SM90_CONSUMERS": "sm90_consumers",
               "BWD_ATOMIC_DQ": "atomic_dq", "BWD_DQ_TMA": "dq_tma",
-              "BWD_KV_SPLIT": "kv_split"}
+              "BWD_KV_SPLIT": "kv_split", "BWD_SM90": "sm90_bwd"}
+_TRITON_BWD_FIELDS = ("tiles", "dq_tiles", "dkdv_tiles", "atomic_dq", "dq_tma", "kv_split")
 _FIELD_KEYS = {field: key for key, field in _DICT_KEYS.items()}
 
 
