@@ -76,21 +76,41 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
             "only under Triton's interpreter (TRITON_INTERPRET=1 set before importing triton)")
 
 
+def _check_window(window, causal: bool, s_q: int) -> int | None:
+    """The window to run: None (no window) or an int from 1 to s_q - 1.
+
+    A window must be a positive int (not a bool) and needs causal=True; a window of s_q keys
+    or more hides no key from any query (query i sees at most i + 1 <= s_q keys), so it is
+    dropped and the call takes the unwindowed path exactly."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int (keys each query sees, itself "
+                         f"included) or None, got {window!r}")
+    if not causal:
+        raise ValueError(f"window={window} was given with causal=False; the sliding window is "
+                         "causal only (query i sees keys i - window + 1 .. i): pass "
+                         "causal=True, or window=None for full attention")
+    return None if window >= s_q else int(window)
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """Forward saves q, k, v (the caller's own tensors), O and lse2; backward recomputes P."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, config: KernelConfig | None):
-        o, lse2 = attention_forward(q, k, v, causal, scale, config)
+    def forward(ctx, q, k, v, causal: bool, scale: float, config: KernelConfig | None,
+                window: int | None = None):
+        o, lse2 = attention_forward(q, k, v, causal, scale, config, window)
         ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.causal, ctx.scale, ctx.config = causal, scale, config
+        ctx.causal, ctx.scale, ctx.config, ctx.window = causal, scale, config, window
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.config)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.config,
+                                        ctx.window)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(
@@ -101,6 +121,7 @@ def flash_attention(
     scale: float | None = None,
     *,
     config: KernelConfig | dict | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(scale * q k^T) v without materialising the s x s matrix.
 
@@ -113,6 +134,19 @@ def flash_attention(
     ``causal=True`` uses PyTorch SDPA's ``is_causal`` alignment: TOP LEFT, query i sees keys
     0..i also when s_q != s_k (mask = ones(s_q, s_k).tril(0)). ``scale`` defaults to
     1/sqrt(d) and must be positive.
+
+    ``window=W`` (with ``causal=True`` only; a positive int) is a causal sliding window: query
+    i sees key j iff j <= i and i - j < W, i.e. the W keys i - W + 1 .. i, itself included, in
+    the same top-left alignment as the causal mask. That is transformers'
+    ``sliding_window_overlay`` on its causal mask (masking_utils: a key is visible when
+    kv_idx > q_idx - sliding_window) and Mistral's window (Jiang et al. 2023, arXiv
+    2310.06825, section 2). The kernels skip every key/query tile outside the window and mask
+    the tiles at its edge, so the work is O(s_q * W) instead of O(s_q * s_k). W >= s_q hides
+    nothing and runs the unwindowed path exactly (for s_q == s_k: W >= s_k). With
+    s_q > s_k, query rows from s_k + W - 1 on see no key at all: their output is 0 and their
+    gradients are 0 (FlashAttention-2's convention for an empty row). A windowed call runs
+    the portable Triton forward also on Hopper (the Gluon forward has no window). The window
+    changes no allocation: Memory below holds for every W.
 
     Strides: inputs and the upstream gradient are read through their strides as they are
     (no copy is made); O and the gradients are allocated contiguous.
@@ -160,6 +194,11 @@ def flash_attention(
     """
     config = KernelConfig.of(config)
     _check_inputs(q, k, v, scale)
+    window = _check_window(window, bool(causal), q.shape[2])
+    if window is not None and config is not None and config.sm90:
+        raise ValueError(f"config sm90=True was given with window={window}; the Hopper Gluon "
+                         "forward has no sliding window (windowed calls run the portable "
+                         "Triton forward): leave sm90 unset or False")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if interpreting() and (config is None or config.tiles is None):
@@ -168,8 +207,8 @@ def flash_attention(
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # No gradient can be asked for: skip autograd's bookkeeping (host time that short
         # sequences feel) and save nothing for a backward.
-        return attention_forward(q, k, v, bool(causal), float(scale), config)[0]
-    return FlashAttentionFunction.apply(q, k, v, bool(causal), float(scale), config)
+        return attention_forward(q, k, v, bool(causal), float(scale), config, window)[0]
+    return FlashAttentionFunction.apply(q, k, v, bool(causal), float(scale), config, window)
 
 
 def forward_bytes(B: int, H: int, s_q: int, d: int, e: int) -> int:

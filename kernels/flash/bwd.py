@@ -52,6 +52,17 @@ cross the diagonal or the end of a sequence do. Rows past the end of the queries
 arithmetic mask at all: their lse2 is loaded as +inf, so their probabilities are exp2(-inf)
 = 0 and they contribute nothing.
 
+Causal sliding window (``window`` = W; see fwd.py): query i sees keys i - W + 1 .. i. The dQ
+kernel splits its key range as the forward does (`common.window_key_range`: the window's lower
+edge and the diagonal masked, the blocks in between unmasked). A dK/dV program of keys
+[start_n, start_n + BLOCK_N) needs only the query rows [start_n, start_n + BLOCK_N - 1 + W):
+the diagonal band (masked), the rows that see the whole key block (unmasked: from the end of
+the band up to the last block whose last row still sees key start_n), and the window's upper
+edge with the ragged end of the queries (masked). Blocks outside are never read: O(s * W)
+work, as in the forward. A row that saw no key in the forward has lse2 = +inf, so its
+probabilities, and its gradients, are 0. The window changes no buffer: the same tensors are
+allocated, chosen by the same shape rules (`calc.dispatch`), whatever W is.
+
 Extra memory of the backward: delta (B * H * s_q * 4 bytes) and the three gradients, in the
 inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each); with atomic
 dQ also the fp32 buffer (B * H * s_q * d * 4), alive until the cast to dQ; with a GQA group
@@ -84,6 +95,7 @@ from kernels.flash.common import (
     seq_bucket,
     tile_mask,
     triton_configs,
+    window_key_range,
 )
 from kernels.flash.config import KernelConfig
 from kernels.flash.launcher import DirectLauncher
@@ -131,13 +143,15 @@ def _dkdv_query_loop(
     dq_ptrs,  # ATOMIC_DQ: the fp32 dQ buffer's (BLOCK_M, BLOCK_D) tile of query row 0; else None
     dq_desc, bh,  # DQ_TMA: the buffer as a (B * H, s_q, d) descriptor, and this (batch, head)
     sm_scale,
+    window,  # WINDOW: the causal sliding window in keys
     BLOCK_M: tl.constexpr,
     EVEN_D: tl.constexpr,
-    MASKED: tl.constexpr,  # rows cross the diagonal or the end of the queries
+    MASKED: tl.constexpr,  # rows cross the diagonal, the window's edge or the end of the queries
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     DQ_TMA: tl.constexpr,  # add each dQ tile with one bulk reduce of the copy engine
+    WINDOW: tl.constexpr = False,  # mask rows that lie window or more past a key (MASKED only)
 ):
     offs_m0 = tl.arange(0, BLOCK_M)
     q_ptrs += lo * stride_qm
@@ -158,7 +172,11 @@ def _dkdv_query_loop(
         qk_t = mm(k, tl.trans(q), IEEE)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
         if MASKED and CAUSAL:
-            p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
+            if WINDOW:
+                dist = rows[None, :] - offs_n[:, None]  # (BLOCK_N, BLOCK_M): i - j
+                p_t = tl.where((dist >= 0) & (dist < window), p_t, 0.0)
+            else:
+                p_t = tl.where(rows[None, :] >= offs_n[:, None], p_t, 0.0)
         # ---- dV += P^T dO ------------------------------------------------------------------------
         dv = mma(p_t.to(do.dtype), do, dv, IEEE)
         # ---- dS^T = P^T * (V dO^T - delta), dK += dS^T Q ------------------------------------------
@@ -182,7 +200,7 @@ def _dkdv_query_loop(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+@triton.jit(do_not_specialize=["s_q", "s_k", "window", "seq_bucket"])
 def bwd_dkdv_kernel(
     Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
     LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
@@ -200,12 +218,14 @@ def bwd_dkdv_kernel(
     s_q, s_k,
     qk_scale,  # scale * log2(e)
     sm_scale,  # scale (dK = scale * dS^T Q)
+    window,  # WINDOW: the causal sliding window in keys (1 <= window < s_q); else unused
     seq_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ATOMIC_DQ: tl.constexpr = False,  # also add scale * dS K into DQ_ACC (see the docstring)
     DQ_TMA: tl.constexpr = False,  # ... through DQ_DESC, one bulk reduce-add per tile
+    WINDOW: tl.constexpr = False,  # causal sliding window of `window` keys (CAUSAL too)
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)  # (batch, key/value head)
@@ -241,6 +261,18 @@ def bwd_dkdv_kernel(
         lo = 0
         mid = 0
         full_hi = s_q_full
+    if WINDOW:
+        # Row i sees key j only while i - j < window: rows from start_n + window on see none
+        # of the first key, so the unmasked rows end at the last whole block below that
+        # (full_hi), and rows from start_n + BLOCK_N - 1 + window on see none of these keys
+        # (hi, the end of the masked upper edge, which also covers the ragged end of s_q).
+        full_hi = tl.maximum(mid, tl.minimum(s_q_full, ((start_n + window) // BLOCK_M) * BLOCK_M))
+        hi = tl.maximum(full_hi, tl.minimum(
+            s_q_end, tl.cdiv(start_n + BLOCK_N - 1 + window, BLOCK_M) * BLOCK_M))
+        unmasked_hi = full_hi
+    else:
+        hi = s_q_end
+        unmasked_hi = s_q_full
 
     for g in range(sp * heads, sp * heads + heads):  # the query heads that read this K/V head
         h = h_kv * GROUP + g
@@ -260,16 +292,19 @@ def bwd_dkdv_kernel(
             dk, dv = _dkdv_query_loop(
                 dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
                 offs_n, offs_d, lo, mid, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
-                sm_scale, BLOCK_M, EVEN_D, True, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
-        # rows that see every key of the tile, then the ragged end of the queries
+                sm_scale, window, BLOCK_M, EVEN_D, True, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA,
+                WINDOW)
+        # rows that see every key of the tile, then the ragged end of the queries (with a
+        # window: the window's upper edge, which ends there or before)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-            offs_n, offs_d, mid, s_q_full, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
-            sm_scale, BLOCK_M, EVEN_D, False, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
+            offs_n, offs_d, mid, unmasked_hi, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+            sm_scale, window, BLOCK_M, EVEN_D, False, CAUSAL, IEEE, ATOMIC_DQ, DQ_TMA)
         dk, dv = _dkdv_query_loop(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dom,
-            offs_n, offs_d, full_hi, s_q_end, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
-            sm_scale, BLOCK_M, EVEN_D, True, False, IEEE, ATOMIC_DQ, DQ_TMA)
+            offs_n, offs_d, full_hi, hi, s_q, qk_scale, HEAD_DIM, dq_ptrs, DQ_DESC, bh,
+            sm_scale, window, BLOCK_M, EVEN_D, True, WINDOW, IEEE, ATOMIC_DQ, DQ_TMA,
+            WINDOW)
 
     # ---- write dK and dV once: 2 * BLOCK_N * d elements -------------------------------------------
     # (with SPLIT > 1, this share's partial sums, at head h_kv * SPLIT + sp; summed on the host)
@@ -293,11 +328,13 @@ def _dq_key_loop(
     offs_m, offs_d,
     lo, hi,  # keys [lo, hi)
     s_k, qk_scale, HEAD_DIM,
+    window,  # WINDOW: the causal sliding window in keys
     BLOCK_N: tl.constexpr,
     EVEN_D: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
+    WINDOW: tl.constexpr = False,  # mask keys window or more before the row (MASKED only)
 ):
     offs_n0 = tl.arange(0, BLOCK_N)
     k_ptrs += lo * stride_kn
@@ -311,6 +348,8 @@ def _dq_key_loop(
             visible = cols[None, :] < s_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None])
+            if WINDOW:
+                visible = visible & (offs_m[:, None] - cols[None, :] < window)
             p = tl.where(visible, p, 0.0)
         dp = mm(do, tl.trans(v), IEEE)
         ds = p * (dp - delta[:, None])
@@ -321,7 +360,7 @@ def _dq_key_loop(
     return dq
 
 
-@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+@triton.jit(do_not_specialize=["s_q", "s_k", "window", "seq_bucket"])
 def bwd_dq_kernel(
     Q, K, V, Out, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d) x 2; any strides
     LSE2,  # (B, H, s_q) fp32 from the forward
@@ -336,10 +375,12 @@ def bwd_dq_kernel(
     H, GROUP,
     s_q, s_k,
     qk_scale, sm_scale,
+    window,  # WINDOW: the causal sliding window in keys (1 <= window < s_q); else unused
     seq_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr = False,  # causal sliding window of `window` keys (CAUSAL too)
 ):
     start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -368,13 +409,25 @@ def bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # ---- the same split of the key range as the forward ----------------------------------------
-    full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
-                      offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
-                      BLOCK_N, EVEN_D, False, CAUSAL, IEEE)
-    dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
-                      offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM,
-                      BLOCK_N, EVEN_D, True, CAUSAL, IEEE)
+    if WINDOW:
+        lo, full_lo, full_hi, hi = window_key_range(start_m, s_k, window, BLOCK_M, BLOCK_N)
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                          offs_d, full_lo, full_hi, s_k, qk_scale, HEAD_DIM, window,
+                          BLOCK_N, EVEN_D, False, CAUSAL, IEEE, False)
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                          offs_d, lo, full_lo, s_k, qk_scale, HEAD_DIM, window,
+                          BLOCK_N, EVEN_D, True, CAUSAL, IEEE, True)
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                          offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM, window,
+                          BLOCK_N, EVEN_D, True, CAUSAL, IEEE, True)
+    else:
+        full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                          offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM, window,
+                          BLOCK_N, EVEN_D, False, CAUSAL, IEEE)
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                          offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM, window,
+                          BLOCK_N, EVEN_D, True, CAUSAL, IEEE)
 
     # ---- write dQ once: BLOCK_M * d elements ---------------------------------------------------
     dq = dq * sm_scale
@@ -412,14 +465,14 @@ def bwd_delta_kernel(
 
 dkdv_tuned = triton.autotune(
     configs=triton_configs(DKDV_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "WINDOW"],
     prune_configs_by={"early_config_prune": prune_bwd},
     **autotune_options(),
 )(bwd_dkdv_kernel)
 
 dq_tuned = triton.autotune(
     configs=triton_configs(DQ_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL"],
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "WINDOW"],
     prune_configs_by={"early_config_prune": prune_bwd},
     **autotune_options(),
 )(bwd_dq_kernel)
@@ -484,8 +537,12 @@ def attention_backward(
     causal: bool,
     scale: float,
     config: KernelConfig | dict | None = None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
+
+    ``window``: the forward's causal sliding window (None, or s_q or more: none). It changes
+    which tiles are visited, never which backward runs or what it allocates.
 
     Which backward runs: ``config.atomic_dq`` True/False forces the atomic-dQ one (module
     docstring: delta kernel, dK/dV kernel adding dQ into a zeroed fp32 buffer, cast) or the
@@ -527,8 +584,12 @@ def attention_backward(
         dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
     else:
         dq = common.empty(q, q.shape)  # (B, H, s_q, d), contiguous
+    windowed = window is not None and window < s_q
+    if windowed and not causal:
+        raise ValueError(f"window={window} needs causal=True (the window is causal only)")
+    win = int(window) if windowed else 0
     meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
-                IEEE=q.dtype == torch.float32)
+                IEEE=q.dtype == torch.float32, WINDOW=windowed)
     bucket = seq_bucket(max(s_q, s_k))
     # Each stride tuple read once (.stride() builds a new tuple on every call).
     sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
@@ -543,7 +604,7 @@ def attention_backward(
     dkdv_args = (
         q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
-        H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, bucket,
+        H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, win, bucket,
     )
     # What the JIT specialises on beyond meta and the tiles (launcher.DirectLauncher): dtypes,
     # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
@@ -567,7 +628,7 @@ def attention_backward(
     dq_args = (
         q, k, v, o, do, lse2, delta, dq,
         *sq, *sk, *sv, *so, *sdo, *sdq,
-        H, group, s_q, s_k, scale * LOG2E, scale, bucket,
+        H, group, s_q, s_k, scale * LOG2E, scale, win, bucket,
     )
     # dQ first: it writes delta, which the dK/dV launch reads.
     launch(dq_tuned, bwd_dq_kernel, "dq", meta, bucket, dq_tiles, dq_args,

@@ -182,12 +182,43 @@ def key_range(start_m, s_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL
     return full_hi, hi
 
 
+@triton.jit
+def window_key_range(start_m, s_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lo, full_lo, full_hi, hi) for the query tile starting at row start_m under a causal
+    sliding window of ``window`` keys (query i sees key j iff j <= i and i - j < window, in the
+    top-left alignment of `key_range`).
+
+    lo:      first key block any row of the tile sees (row start_m sees keys from
+             start_m - window + 1 on), rounded down to a block;
+    [full_lo, full_hi): the key blocks that every row of the tile sees whole (the last row
+             sees keys from start_m + BLOCK_M - window on; the first row keys up to start_m):
+             no mask needed there; empty (full_lo == full_hi) when the window is shorter than
+             the tile;
+    hi:      end of the keys that any row of the tile sees.
+    Keys [lo, full_lo) are the window's lower edge and [full_hi, hi) the diagonal and ragged
+    tail: both need a mask. Every bound is a multiple of BLOCK_N except hi (which may be
+    s_k); lo <= full_lo <= full_hi, and all the ranges are empty when lo >= hi (a tile of
+    rows whose windows lie past the keys, s_q > s_k). Key blocks below lo are never visited:
+    the work of a tile is O(BLOCK_M + window) keys instead of O(start_m).
+    """
+    s_k_full = (s_k // BLOCK_N) * BLOCK_N
+    lo = (tl.maximum(start_m - window + 1, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(s_k, start_m + BLOCK_M)
+    first_full = tl.cdiv(tl.maximum(start_m + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N
+    causal_full = tl.minimum(s_k_full, (start_m // BLOCK_N) * BLOCK_N)
+    full_lo = tl.maximum(lo, tl.minimum(first_full, causal_full))
+    full_hi = tl.maximum(full_lo, causal_full)
+    return lo, full_lo, full_hi, hi
+
+
 # ---- the launch path ---------------------------------------------------------------------------
-# The config chosen per (kernel, element size, head dim, causal, bucket, TMA) in this process,
-# with the keyword arguments of a launch under it. After the first call of a key the kernel is
-# launched with it directly: the autotuner's own dispatch costs tens of microseconds of Python
-# per launch, which short sequences would feel. fp16 and bf16 share one entry (same tiles,
-# same tensor-core rate, same shared memory), so the second dtype compiles one config, not all.
+# The config chosen per (kernel, element size, head dim, causal, bucket, TMA, window) in this
+# process, with the keyword arguments of a launch under it (the WINDOW constexpr among them, so
+# a windowed call never reuses an unwindowed launch's kwargs). After the first call of a key
+# the kernel is launched with it directly: the autotuner's own dispatch costs tens of
+# microseconds of Python per launch, which short sequences would feel. fp16 and bf16 share one
+# entry (same tiles, same tensor-core rate, same shared memory), so the second dtype compiles
+# one config, not all.
 CHOSEN: dict[tuple, tuple[dict, dict, tuple]] = {}
 LAUNCHERS: dict[str, DirectLauncher] = {}  # one per kernel name ("fwd", "dq", "dkdv", ...)
 
@@ -214,7 +245,7 @@ def launch(tuned, plain, name: str, meta: dict, bucket: int, tiles: dict | None,
         launcher(grid(tiles), key, args, {**meta, **tiles})
         return
     ckey = (name, args[0].element_size(), meta["HEAD_DIM"], meta["CAUSAL"], bucket,
-            meta.get("USE_DESC", False))
+            meta.get("USE_DESC", False), meta.get("WINDOW", False))
     chosen = CHOSEN.get(ckey)
     if chosen is not None:
         cfg, kwargs, cfg_key = chosen

@@ -30,6 +30,19 @@ run without any mask (the bulk of the work), and the few blocks that straddle th
 the end of the keys run with one. Blocks entirely above the diagonal are never visited: that
 is where causal attention saves half of the work.
 
+Causal sliding window (``window`` = W, `api.flash_attention`): query i also needs i - j < W,
+i.e. it sees keys i - W + 1 .. i (transformers' ``sliding_window_overlay``: kv_idx > q_idx -
+sliding_window, on top of the causal mask), in the same top-left alignment. A query tile then
+visits only the key blocks from its first row's window start on (`common.window_key_range`):
+O(BLOCK_M + W) keys per tile, O(s * W) work in all. The key loop splits in three: the
+window's lower edge (masked), the blocks every row sees whole (unmasked), the diagonal and
+tail (masked). A row can see nothing in a block of the lower edge, and, when s_q >= s_k + W,
+nothing at all (its window lies past the last key): the masked loop keeps such rows at
+m = -inf without forming -inf - (-inf), and a row that saw no key gets O = 0 and lse2 = +inf
+(FlashAttention-2's convention for an empty row: its probabilities exp2(s - lse2) are 0, so
+the backward gives it zero gradients). The window is a constexpr switch (``WINDOW``): without
+it the kernel is compiled exactly as before.
+
 Memory traffic per (batch, head): read Q once (s_q * d), read K and V once per query block
 (2 * s_k * d * ceil(s_q / BLOCK_M)), write O once (s_q * d) and one fp32 lse2 per row. No
 other s-sized buffer is allocated: the extra memory of the forward is exactly
@@ -68,6 +81,7 @@ from kernels.flash.common import (
     query_tile,
     seq_bucket,
     triton_configs,
+    window_key_range,
 )
 from kernels.flash.config import SETTINGS, KernelConfig
 from kernels.flash.tuned import FWD_SPACE, TUNED_H200
@@ -121,12 +135,14 @@ def _fwd_key_loop(
     offs_d,  # (BLOCK_D,) column indices, padded to a power of two
     lo, hi,  # key range [lo, hi) visited by this loop; lo and hi are multiples of BLOCK_N or s_k
     s_k, qk_scale, HEAD_DIM,
+    window,  # WINDOW: keys per query's causal sliding window (query i sees i - window < j <= i)
     BLOCK_N: tl.constexpr,
     EVEN_D: tl.constexpr,  # HEAD_DIM == BLOCK_D: no column mask needed
-    MASKED: tl.constexpr,  # this range straddles the diagonal or the end of the keys
+    MASKED: tl.constexpr,  # this range straddles the diagonal, the window's edge or the end
     CAUSAL: tl.constexpr,
     IEEE: tl.constexpr,
     USE_DESC: tl.constexpr,  # unmasked tiles come through the tensor-memory copy engine (TMA)
+    WINDOW: tl.constexpr = False,  # a causal sliding window applies (masked ranges only)
 ):
     offs_n = tl.arange(0, BLOCK_N)
     k_ptrs += lo * stride_kn
@@ -152,21 +168,31 @@ def _fwd_key_loop(
         # ---- scores in log2 units: (BLOCK_M, BLOCK_N) ---------------------------------------
         qk = mm(q, tl.trans(k), IEEE)
         # ---- online softmax update ------------------------------------------------------------
-        # Every row has seen at least one visible key before or in this block (key 0 is
-        # visible to every row), so m_new is finite and no NaN can appear.
+        # Without a window every row has seen at least one visible key before or in this
+        # block (key 0 is visible to every row), so m_new is finite and no NaN can appear.
         if MASKED:
             visible = cols[None, :] < s_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None])
+            if WINDOW:
+                visible = visible & (offs_m[:, None] - cols[None, :] < window)
             qk = tl.where(visible, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.math.exp2(qk - m_new[:, None])
+            m_sub = m_new
+            if WINDOW:
+                # A row may have seen no key yet (its window starts in a later block, or lies
+                # past the keys): shift it by 0 instead of m_new = -inf, so that its p and
+                # alpha are exp2(-inf) = 0 rather than exp2(-inf - (-inf)) = NaN; its m stays
+                # -inf until it sees a key.
+                m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_sub[:, None])
         else:
             # max(scale * x) == scale * max(x) for scale > 0 (checked by the caller), and
             # scale * x - m is one fused multiply-add per score.
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_sub = m_new
             p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was accumulated under the old max
+        alpha = tl.math.exp2(m_i - m_sub)  # rescales what was accumulated under the old max
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
         m_i = m_new
@@ -175,7 +201,7 @@ def _fwd_key_loop(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["s_q", "s_k", "seq_bucket"])
+@triton.jit(do_not_specialize=["s_q", "s_k", "window", "seq_bucket"])
 def fwd_kernel(
     Q, K, V,  # inputs: (B, H, s_q, d), (B, H_kv, s_k, d), (B, H_kv, s_k, d); any strides
     Out,  # output: (B, H, s_q, d), written in full
@@ -188,6 +214,7 @@ def fwd_kernel(
     H, GROUP,  # query heads; query heads per key/value head (GQA; 1 for plain MHA)
     s_q, s_k,  # sequence lengths (any value >= 1)
     qk_scale,  # softmax scale * log2(e)
+    window,  # WINDOW: the causal sliding window in keys (1 <= window < s_q); else unused
     seq_bucket,  # only read by the autotuner's key: tuned configs are kept per length bucket
     HEAD_DIM: tl.constexpr,  # the real head dim d
     BLOCK_D: tl.constexpr,  # d padded to a power of two (>= 16)
@@ -197,6 +224,7 @@ def fwd_kernel(
     USE_DESC: tl.constexpr,  # load unmasked K/V tiles through desc_k / desc_v (TMA)
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
+    WINDOW: tl.constexpr = False,  # causal sliding window of `window` keys (CAUSAL too)
 ):
     start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
     # 64-bit offsets for batch and head: B * H * s * d can exceed 2^31 elements.
@@ -224,23 +252,48 @@ def fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # ---- which key blocks need a mask: [0, full_hi) none, [full_hi, hi) the diagonal/tail ----
-    full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
     kv_row0 = (b * (H // GROUP) + h_kv) * s_k
-    acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
-        offs_m, offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM,
-        BLOCK_N, EVEN_D, False, CAUSAL, IEEE, USE_DESC,
-    )
-    acc, m_i, l_i = _fwd_key_loop(
-        acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
-        offs_m, offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM,
-        BLOCK_N, EVEN_D, True, CAUSAL, IEEE, False,
-    )
+    if WINDOW:
+        # ---- [lo, full_lo) the window's lower edge, [full_lo, full_hi) whole blocks, -------
+        # ---- [full_hi, hi) the diagonal/tail; keys below lo are never read -------------------
+        lo, full_lo, full_hi, hi = window_key_range(start_m, s_k, window, BLOCK_M, BLOCK_N)
+        acc, m_i, l_i = _fwd_key_loop(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+            offs_m, offs_d, full_lo, full_hi, s_k, qk_scale, HEAD_DIM, window,
+            BLOCK_N, EVEN_D, False, CAUSAL, IEEE, USE_DESC, False,
+        )
+        acc, m_i, l_i = _fwd_key_loop(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+            offs_m, offs_d, lo, full_lo, s_k, qk_scale, HEAD_DIM, window,
+            BLOCK_N, EVEN_D, True, CAUSAL, IEEE, False, True,
+        )
+        acc, m_i, l_i = _fwd_key_loop(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+            offs_m, offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM, window,
+            BLOCK_N, EVEN_D, True, CAUSAL, IEEE, False, True,
+        )
+        # a row that saw no key (s_q >= s_k + window): O = 0, lse2 = +inf
+        empty_row = l_i == 0.0
+        l_i = tl.where(empty_row, 1.0, l_i)
+        lse2 = tl.where(empty_row, float("inf"), m_i + tl.math.log2(l_i))
+    else:
+        # ---- which key blocks need a mask: [0, full_hi) none, [full_hi, hi) the diagonal/tail
+        full_hi, hi = key_range(start_m, s_k, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, m_i, l_i = _fwd_key_loop(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+            offs_m, offs_d, 0, full_hi, s_k, qk_scale, HEAD_DIM, window,
+            BLOCK_N, EVEN_D, False, CAUSAL, IEEE, USE_DESC,
+        )
+        acc, m_i, l_i = _fwd_key_loop(
+            acc, m_i, l_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, kv_row0,
+            offs_m, offs_d, full_hi, hi, s_k, qk_scale, HEAD_DIM, window,
+            BLOCK_N, EVEN_D, True, CAUSAL, IEEE, False,
+        )
+        lse2 = m_i + tl.math.log2(l_i)
 
     # ---- epilogue: normalise, write O (BLOCK_M * d) and lse2 (BLOCK_M fp32) ------------------
     acc = acc / l_i[:, None]
-    tl.store(lse_base + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < s_q)
+    tl.store(lse_base + offs_m, lse2, mask=offs_m < s_q)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     if EVEN_D:
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_mask)
@@ -250,7 +303,7 @@ def fwd_kernel(
 
 fwd_kernel_tuned = triton.autotune(
     configs=triton_configs(FWD_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "USE_DESC"],  # + the dtypes, by Triton
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "USE_DESC", "WINDOW"],  # + the dtypes, by Triton
     prune_configs_by={"early_config_prune": prune_fwd},
     **autotune_options(),
 )(fwd_kernel)
@@ -330,7 +383,8 @@ except Exception:  # Triton without Gluon's Hopper API (or an API this code does
 
 def use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: KernelConfig | None,
              causal: bool = False) -> bool:
-    """Whether the forward runs `fwd_sm90` instead of the Triton kernel above.
+    """Whether the forward runs `fwd_sm90` instead of the Triton kernel above (for a call
+    without a sliding window: `attention_forward` never asks for a windowed one).
 
     ``config.sm90`` True/False forces the choice (True raises where the kernel cannot run).
     Otherwise (None) the rule: on compute capability 9.x, for fp16/bf16 with d = 128 at any
@@ -360,6 +414,7 @@ def attention_forward(
     causal: bool,
     scale: float,
     config: KernelConfig | dict | None = None,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns O (B, H, s_q, d) in q's dtype and lse2 (B, H, s_q) fp32.
 
@@ -367,9 +422,23 @@ def attention_forward(
     kernel's tiles (skipping the autotuner; the interpreter and the tests give them) and its
     K/V loads (``use_desc``), or the Hopper kernel's schedule. Inputs are read through their
     strides: nothing is copied.
+
+    ``window``: a causal sliding window of that many keys (`api.flash_attention` checks it:
+    causal, 1 <= window < s_q; None, or a window of s_q or more, is plain causal). A windowed
+    call always runs the Triton kernel above: the Hopper kernel has no window (its loader
+    streams key blocks from 0 and its consumers mask only the diagonal), so ``sm90=True``
+    with a window raises. Rows of a windowed call that see no key (s_q >= s_k + window) get
+    O = 0 and lse2 = +inf.
     """
     config = KernelConfig.of(config)
-    if use_sm90(q, k, v, config, causal):
+    windowed = window is not None and window < q.shape[2]
+    if windowed:
+        if not causal:
+            raise ValueError(f"window={window} needs causal=True (the window is causal only)")
+        if config is not None and config.sm90:
+            raise ValueError(f"sm90=True was asked for with window={window}; the Hopper "
+                             "forward has no sliding window: leave sm90 unset (None) or False")
+    if not windowed and use_sm90(q, k, v, config, causal):
         if config is None or config.sm90 is None:  # the default schedule for these lengths
             nc, st = fwd_sm90.default_schedule(q.shape[3], q.shape[2], k.shape[2], causal)
             return fwd_sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E, st, None, nc)
@@ -391,12 +460,13 @@ def attention_forward(
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()  # each read once
     args = (
         q, k, v, o, lse2, desc_k, desc_v, *sq, *sk, *sv, *so,
-        H, H // H_kv, s_q, s_k, scale * LOG2E, seq_bucket(max(s_q, s_k)),
+        H, H // H_kv, s_q, s_k, scale * LOG2E, int(window) if windowed else 0,
+        seq_bucket(max(s_q, s_k)),
     )
     bd = block_d(d)
     meta = dict(
         HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
-        IEEE=q.dtype == torch.float32, USE_DESC=use_desc,
+        IEEE=q.dtype == torch.float32, USE_DESC=use_desc, WINDOW=windowed,
     )
 
     def prepare(c: dict) -> None:

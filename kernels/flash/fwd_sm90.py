@@ -57,7 +57,11 @@ default at d = 64 once both lengths exceed 2,048 (4,096 causal; `default_schedul
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
 default at d = 128, and at d = 64 for long sequences). Everything else (and every other GPU)
-uses ``fwd.py``.
+uses ``fwd.py``. So does a causal sliding window (``flash_attention(..., window=W)``): this
+kernel's loader streams key blocks from 0 and its consumers mask only the diagonal and the
+tail; skipping the blocks below the window and masking its edge would change the loader's
+ring indexing and add a third consumer loop, which has not been run on a GPU, so
+`fwd.attention_forward` sends windowed calls to the Triton forward (which skips them).
 """
 
 from __future__ import annotations
