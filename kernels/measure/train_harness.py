@@ -30,7 +30,7 @@ The procedure (shared/DESIGN.md, "Measurement", training step), ``measure_train_
    message says why).
 
 Out of memory is a result (status ``oom``). An attention that cannot run this model (our
-kernel refusing a sliding window or soft-capping: ``kernels.hf.check_config``; an SDPA backend
+kernel refusing soft-capping or dropout: ``kernels.hf.check_config``; an SDPA backend
 that has no kernel for the call; FlashAttention-4 not installed) is ``unavailable`` with the
 reason. Statuses: ``kernels.measure.harness.STATUSES``.
 
@@ -732,8 +732,9 @@ def reference_plan() -> list[TrainConfig]:
        1,000, 3,000, 8,192 (per-layer cost = 4l - 2l; linear in L).
     3. Every other architecture (MHA: llama2-7b, phi3-mini; tied: llama3.2-1b, qwen3-4b,
        gemma 2/3; sliding window: mistral, phi3, gemma 2/3): sdpa_flash and triton in bf16
-       with checkpointing off/on at 1,000, 3,000, 8,192 (triton refuses a window shorter than
-       s: an unavailable row, no time spent), eager in bf16 at 1,000 and 8,192.
+       with checkpointing off/on at 1,000, 3,000, 8,192 (triton runs a window shorter than s
+       with its causal sliding window; it refuses Gemma 2's soft-capping: an unavailable row,
+       no time spent), eager in bf16 at 1,000 and 8,192.
     4. The same architectures in amp_bf16 (checkpointing off) with sdpa_flash and triton, and
        sdpa_cudnn in bf16.
     5. The long end: 12,000 and 32,768 for every other architecture, sdpa_flash and triton,

@@ -146,12 +146,11 @@ def test_prediction_attached_when_calc_has_it():
 
 
 def test_triton_refusal_is_unavailable_before_building_anything():
-    r = th.measure_train_step(th.TrainConfig("mistral-7b-2l", 8192, "triton", "bf16"))
-    assert r.status == "unavailable"
-    assert "sliding window of 4096" in r.message and "layer(s) 0, 1" in r.message
-    assert r.params is None and r.wall_s < 30  # the 7B-wide model was never built
+    # a sliding window shorter than s is no refusal: the kernel runs it
+    assert th._kernels_hf_check(tm.build_config("mistral-7b-2l"), 8192) == []
     g = th.measure_train_step(th.TrainConfig("gemma2-9b-2l", 1000, "triton", "bf16"))
     assert g.status == "unavailable" and "soft-capped" in g.message
+    assert g.params is None and g.wall_s < 30  # the 9B-wide model was never built
 
 
 def test_fa4_is_unavailable_where_not_installed():
