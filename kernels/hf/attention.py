@@ -186,7 +186,9 @@ def _plain_sliding_window(kw: dict[str, Any]) -> bool:
     off for and/or mask functions and packed sequences), the window is the config's
     sliding_window and not a chunk size (create_chunked_causal_mask passes its chunk as
     local_size too), and the queries sit on the keys' diagonal: as many as the keys from the
-    same offset, or one query at the newest key."""
+    same offset, or one query at the newest key. Older transformers releases describe the
+    queries by ``cache_position`` (their positions, a tensor) instead of ``q_length`` and
+    ``q_offset``; both forms are read."""
     if not kw.get("allow_is_causal_skip", True):
         return False
     config = kw.get("config")
@@ -196,6 +198,13 @@ def _plain_sliding_window(kw: dict[str, Any]) -> bool:
         return False
     q_len, kv_len = kw.get("q_length"), kw.get("kv_length")
     q_off, kv_off = kw.get("q_offset", 0), kw.get("kv_offset", 0)
+    positions = kw.get("cache_position")
+    if q_len is None and positions is not None and getattr(positions, "dim", None) is not None:
+        if positions.dim() != 1 or positions.numel() == 0:
+            return False
+        q_len, q_off = int(positions.numel()), int(positions[0])
+        if int(positions[-1]) != q_off + q_len - 1:  # not consecutive positions
+            return False
     if not all(type(x) is int for x in (q_len, kv_len, q_off, kv_off)):
         return False  # tensor offsets (static caches) or anything unexpected: materialise
     return ((q_len == kv_len and q_off == kv_off)

@@ -338,6 +338,28 @@ def test_mask_function_marks_only_the_plain_causal_window():
     assert call(kv_length=8, q_length=8) is None  # the window covers every key
 
 
+def test_mask_function_reads_the_older_cache_position_form(monkeypatch):
+    """Older transformers releases pass the queries' positions as cache_position instead of
+    q_length/q_offset: the same marker rule applies."""
+    from transformers import masking_utils
+
+    from kernels.hf.attention import SlidingWindowMask, _mask_function
+    from kernels.measure.train_models import build_config
+
+    cfg = build_config(dict(TINY["mistral_w8"]))
+    monkeypatch.setattr(masking_utils, "sdpa_mask",
+                        lambda **kw: None if kw["local_size"] is None else "mask")
+
+    def call(positions, kv_length=20):
+        return _mask_function(batch_size=1, cache_position=positions, kv_length=kv_length,
+                              kv_offset=0, attention_mask=None, allow_is_causal_skip=True,
+                              local_size=8, config=cfg)
+
+    assert call(torch.arange(20)) == SlidingWindowMask(8)
+    assert call(torch.tensor([19])) == SlidingWindowMask(8)
+    assert call(torch.arange(16, 20)) == "mask"  # four queries after a cache: not aligned
+
+
 def test_padding_refused_in_a_windowed_model():
     from transformers import AutoModelForCausalLM
 
