@@ -364,6 +364,20 @@ def test_gpu_window_odd_shapes_match_reference(s_q, s_k, d, window, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B, H, H_kv, window, config", [
+    (4, 16, 16, 512, None),  # 4 * 16 * 32 = 2,048 dK/dV programs: atomic dQ by default
+    (1, 8, 2, 1000, dict(atomic_dq=True)),  # forced, GQA split, bulk dQ adds on Hopper
+    (1, 8, 2, 1000, dict(atomic_dq=True, dq_tma=False)),  # element-wise dQ adds
+])
+def test_gpu_window_atomic_dq_matches_reference(B, H, H_kv, window, config):
+    from kernels.flash.config import KernelConfig
+
+    cfg = None if config is None else KernelConfig(**config)
+    with poison_empty():
+        check_window(B, H, H_kv, 4096, 4096, 128, window, torch.bfloat16, "cuda", config=cfg)
+
+
+@pytest.mark.gpu
 def test_gpu_window_is_faster_than_full_causal():
     """s = 8,192, W = 1,024 (B = 1, H = 8, d = 128, bf16): forward, and forward + backward,
     at most 0.6x the full causal call's time (the window does about 1/4 of causal's tile
