@@ -97,9 +97,14 @@ from kernels.flash.common import (
     triton_configs,
     window_key_range,
 )
-from kernels.flash.config import KernelConfig
+from kernels.flash.config import SETTINGS, KernelConfig
 from kernels.flash.launcher import DirectLauncher
 from kernels.flash.tuned import ATOMIC_TILES, DKDV_SPACE, DQ_SPACE
+
+try:  # the Hopper Gluon backward (`use_sm90_backward`)
+    from kernels.flash import bwd_sm90
+except Exception:  # Triton without Gluon's Hopper API (or an API this code does not know)
+    bwd_sm90 = None
 
 __all__ = ["ATOMIC_TILES", "atomic_by_default", "atomic_tiles", "attention_backward",
            "bwd_dkdv_kernel", "bwd_dq_kernel", "dkdv_tuned", "dq_tma_usable", "dq_tuned",
@@ -527,6 +532,37 @@ def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
     return torch.cuda.get_device_capability(q.device)[0] >= 9
 
 
+def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool, split: int,
+                      window: int | None) -> bool:
+    """Whether the Hopper Gluon backward (bwd_sm90) runs instead of the Triton one.
+
+    It can where the Triton backward would take its atomic-dQ path with no GQA split (then
+    both allocate the same buffers, so calc's peak model holds either way), with no window
+    shorter than the queries, on inputs `bwd_sm90.usable` accepts (Hopper, 16-bit, d = 64 or
+    128, queries a multiple of 4, layouts the copy engine reads). ``config.sm90_bwd`` True
+    forces it (ValueError where it cannot run), False keeps the Triton backward; by default
+    it runs where it can unless the config picks something of the Triton backward or
+    FLASH_ATTN_SM90=0 (config.SETTINGS.sm90). Measured faster than the Triton backward at
+    every shape timed on the H200 (kernels/flash/NOTES.md, step 10d)."""
+    forced = None if config is None else config.sm90_bwd
+    if forced is False:
+        return False
+    if forced is None and (not SETTINGS.sm90
+                           or (config is not None and config.triton_backward_chosen())):
+        return False
+    windowed = window is not None and window < q.shape[2]
+    ok = (bwd_sm90 is not None and atomic and split == 1 and not windowed
+          and bwd_sm90.usable(q, k, v, do, o))
+    if forced and not ok:
+        raise ValueError(
+            "sm90_bwd=True: the Hopper backward runs only where the atomic-dQ backward would "
+            "(16-bit, d = 64 or 128, long or large calls, not deterministic mode) with no GQA "
+            "split, without a sliding window, on a compute-capability-9 GPU with queries a "
+            f"multiple of 4 and TMA-readable layouts; got atomic={atomic}, split={split}, "
+            f"window={window}, q {tuple(q.shape)} {q.dtype} on {q.device}")
+    return ok
+
+
 def attention_backward(
     do: torch.Tensor,  # (B, H, s_q, d) upstream gradient, any strides
     q: torch.Tensor,  # (B, H, s_q, d)
@@ -550,7 +586,9 @@ def attention_backward(
     ``torch.use_deterministic_algorithms(True)``). The two-kernel backward's launches take
     ``config.dq_tiles`` / ``config.dkdv_tiles``, else ``config.tiles``, else the stored or
     autotuned choice; the atomic one takes ``dkdv_tiles``, else ``tiles``, else
-    `atomic_tiles`. ``config.dq_tma`` False keeps its element-wise adds on Hopper.
+    `atomic_tiles`. ``config.dq_tma`` False keeps its element-wise adds on Hopper. Where the
+    atomic-dQ backward would run with no GQA split, on Hopper, the Gluon backward
+    (bwd_sm90) runs instead (`use_sm90_backward`; it allocates the same buffers).
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
     backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with GQA
@@ -567,6 +605,8 @@ def attention_backward(
         atomic = config.atomic_dq
     else:
         atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, q.element_size())
+    if use_sm90_backward(q, k, v, do, o, config, atomic, split, window):
+        return bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
     tiles = dq_tiles = dkdv_tiles = None
     if config is not None:
         tiles = None if config.tiles is None else config.tiles.meta()

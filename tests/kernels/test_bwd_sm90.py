@@ -234,3 +234,92 @@ def test_usable_needs_queries_in_multiples_of_four():
     x = torch.zeros(1, 2, 780, 64, device="cuda", dtype=torch.bfloat16)
     assert b90.usable(x, x, x)
     assert not b90.usable(x[:, :, :777], x, x)
+
+
+# ---- routing: when flash_attention's backward is the Gluon one (bwd.use_sm90_backward) -------
+
+def test_configs_that_pick_the_triton_backward_keep_it():
+    from kernels.flash.config import KernelConfig, Tiles
+
+    assert not KernelConfig().triton_backward_chosen()
+    assert KernelConfig(atomic_dq=True).triton_backward_chosen()
+    assert KernelConfig(kv_split=2).triton_backward_chosen()
+    assert KernelConfig(dkdv_tiles=Tiles(64, 64, 4, 3)).triton_backward_chosen()
+    assert not KernelConfig(sm90=True).triton_backward_chosen()  # a forward choice only
+    # legacy dicts keep their meaning: any backward key or tiles means the Triton backward
+    assert KernelConfig.from_dict({"BWD_ATOMIC_DQ": True}).sm90_bwd is False
+    assert KernelConfig.from_dict({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4,
+                                   "num_stages": 2}).sm90_bwd is False
+    assert KernelConfig.from_dict({"SM90": True}).sm90_bwd is None
+    assert KernelConfig.from_dict({"BWD_SM90": True, "BWD_ATOMIC_DQ": True}).sm90_bwd is True
+    with pytest.raises(ValueError, match="sm90_bwd must be True, False or None"):
+        KernelConfig(sm90_bwd="yes")
+
+
+def test_forcing_it_where_it_cannot_run_is_refused_clearly():
+    """CPU tensors (or any call the Gluon backward cannot take): sm90_bwd=True names why;
+    the default falls back to the Triton backward silently, as designed."""
+    from kernels.flash.bwd import use_sm90_backward
+    from kernels.flash.config import KernelConfig
+
+    x = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
+    assert not use_sm90_backward(x, x, x, x, x, None, True, 1, None)
+    assert not use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=False), True, 1, None)
+    with pytest.raises(ValueError, match=r"sm90_bwd=True: .*atomic=False, split=1"):
+        use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=True), False, 1, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,expect", [
+    ((1, 32, 32, 4096, 64, True), True),  # atomic, no split: the Gluon backward
+    ((1, 32, 32, 4096, 128, False), True),
+    ((1, 8, 2, 4096, 128, True), False),  # GQA on a small grid: split > 1, Triton
+    ((1, 4, 4, 1024, 64, True), False),  # short: the two-kernel Triton backward
+    ((1, 32, 32, 4098, 64, True), False),  # queries not a multiple of 4
+])
+def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
+    """flash_attention's default backward takes the Gluon kernel exactly where the rule says,
+    and its gradients match the Triton backward's (forced with sm90_bwd=False)."""
+    reason = _hopper_reason()
+    if reason:
+        pytest.skip(reason)
+    b90 = _sm90()
+    from kernels import flash_attention
+    from kernels.flash.config import KernelConfig
+
+    B, H, H_kv, s, d, causal = shape
+    calls = []
+    real = b90.attention_backward_sm90
+    monkeypatch.setattr(b90, "attention_backward_sm90",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    torch.manual_seed(0)
+    q = torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, H_kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    do = torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16)
+    got = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
+    assert bool(calls) == expect
+    calls.clear()
+    ref = torch.autograd.grad(flash_attention(q, k, v, causal=causal,
+                                              config=KernelConfig(sm90_bwd=False)), (q, k, v), do)
+    assert not calls
+    for g, r in zip(got, ref, strict=True):
+        assert (g.float() - r.float()).abs().max().item() < 0.05
+
+
+@pytest.mark.gpu
+def test_deterministic_mode_keeps_the_triton_backward(monkeypatch):
+    reason = _hopper_reason()
+    if reason:
+        pytest.skip(reason)
+    b90 = _sm90()
+    from kernels import flash_attention
+
+    monkeypatch.setattr(b90, "attention_backward_sm90",
+                        lambda *a, **kw: pytest.fail("Gluon backward in deterministic mode"))
+    q = torch.randn(1, 32, 4096, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        flash_attention(q, q, q, causal=True).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
