@@ -541,13 +541,14 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
     shorter than the queries, on inputs `bwd_sm90.usable` accepts (Hopper, 16-bit, d = 64 or
     128, queries a multiple of 4, layouts the copy engine reads). ``config.sm90_bwd`` True
     forces it (ValueError where it cannot run), False keeps the Triton backward; by default
-    it runs where it can unless the config picks something of the Triton backward or
-    FLASH_ATTN_SM90=0 (config.SETTINGS.sm90). Measured faster than the Triton backward at
-    every shape timed on the H200 (kernels/flash/NOTES.md, step 10d)."""
+    it runs where it can when FLASH_ATTN_SM90_BWD=1 (config.SETTINGS.sm90_bwd; off by
+    default until the GPU suite has run through this route), unless the config picks
+    something of the Triton backward or FLASH_ATTN_SM90=0. Measured faster than the Triton
+    backward at every shape timed on the H200 (kernels/flash/NOTES.md, step 10d)."""
     forced = None if config is None else config.sm90_bwd
     if forced is False:
         return False
-    if forced is None and (not SETTINGS.sm90
+    if forced is None and (not SETTINGS.sm90 or not SETTINGS.sm90_bwd
                            or (config is not None and config.triton_backward_chosen())):
         return False
     windowed = window is not None and window < q.shape[2]
@@ -588,7 +589,7 @@ def attention_backward(
     autotuned choice; the atomic one takes ``dkdv_tiles``, else ``tiles``, else
     `atomic_tiles`. ``config.dq_tma`` False keeps its element-wise adds on Hopper. Where the
     atomic-dQ backward would run with no GQA split, on Hopper, the Gluon backward
-    (bwd_sm90) runs instead (`use_sm90_backward`; it allocates the same buffers).
+    (bwd_sm90) can run instead (`use_sm90_backward`; it allocates the same buffers).
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
     backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with GQA

@@ -30,6 +30,10 @@ class Settings:
     descriptors: bool  # FLASH_ATTN_DESC=0 sets False: the Triton forward loads K/V by pointer
     sm90: bool  # FLASH_ATTN_SM90=0 sets False: the Hopper Gluon kernels are never the default
     direct_launch: bool  # FLASH_ATTN_DIRECT_LAUNCH=0 sets False: every launch takes the JIT path
+    # FLASH_ATTN_SM90_BWD=1 sets True: the Hopper Gluon backward becomes the default where
+    # `bwd.use_sm90_backward` allows it. Off until the whole GPU suite has run through that
+    # route (kernels/flash/NOTES.md, step 10e); KernelConfig(sm90_bwd=True) forces it per call.
+    sm90_bwd: bool = False
 
     @classmethod
     def from_environ(cls, env=None) -> Settings:
@@ -37,7 +41,8 @@ class Settings:
         return cls(retune=env.get("FLASH_ATTN_TUNE") == "1",
                    descriptors=env.get("FLASH_ATTN_DESC") != "0",
                    sm90=env.get("FLASH_ATTN_SM90") != "0",
-                   direct_launch=env.get("FLASH_ATTN_DIRECT_LAUNCH") != "0")
+                   direct_launch=env.get("FLASH_ATTN_DIRECT_LAUNCH") != "0",
+                   sm90_bwd=env.get("FLASH_ATTN_SM90_BWD") == "1")
 
 
 SETTINGS = Settings.from_environ()
@@ -141,9 +146,9 @@ class KernelConfig:
     # `bwd.atomic_tiles` for the atomic backward and stored/autotuned for the two-kernel one).
     dkdv_tiles: Tiles | None = None
     # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
-    # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: where the
-    # Triton backward would take its atomic-dQ path with no GQA split, and only when no field
-    # above picks something of the Triton backward).
+    # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: with
+    # FLASH_ATTN_SM90_BWD=1, where the Triton backward would take its atomic-dQ path with no
+    # GQA split, and only when no field above picks something of the Triton backward).
     sm90_bwd: bool | None = None
 
     def triton_backward_chosen(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import pytest
 
@@ -260,8 +261,9 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     """CPU tensors (or any call the Gluon backward cannot take): sm90_bwd=True names why;
     the default falls back to the Triton backward silently, as designed."""
     from kernels.flash.bwd import use_sm90_backward
-    from kernels.flash.config import KernelConfig
+    from kernels.flash.config import SETTINGS, KernelConfig
 
+    assert SETTINGS.sm90_bwd is (os.environ.get("FLASH_ATTN_SM90_BWD") == "1")
     x = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
     assert not use_sm90_backward(x, x, x, x, x, None, True, 1, None)
     assert not use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=False), True, 1, None)
@@ -272,19 +274,22 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,expect", [
     ((1, 32, 32, 4096, 64, True), True),  # atomic, no split: the Gluon backward
-    ((1, 32, 32, 4096, 128, False), True),
-    ((1, 8, 2, 4096, 128, True), False),  # GQA on a small grid: split > 1, Triton
+    ((1, 32, 32, 8192, 128, False), True),
+    ((1, 8, 2, 4096, 128, True), False),  # not atomic (small grid; GQA split 4): Triton
+    ((1, 32, 32, 4096, 128, True), False),  # 1,024 programs: the two-kernel Triton backward
     ((1, 4, 4, 1024, 64, True), False),  # short: the two-kernel Triton backward
     ((1, 32, 32, 4098, 64, True), False),  # queries not a multiple of 4
 ])
 def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
-    """flash_attention's default backward takes the Gluon kernel exactly where the rule says,
-    and its gradients match the Triton backward's (forced with sm90_bwd=False)."""
+    """With FLASH_ATTN_SM90_BWD=1 (SETTINGS.sm90_bwd) flash_attention's default backward takes
+    the Gluon kernel exactly where the rule says, and its gradients match the Triton
+    backward's (sm90_bwd=False); with the setting off (the default) it never does."""
     reason = _hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
     from kernels import flash_attention
+    from kernels.flash import config as cfg
     from kernels.flash.config import KernelConfig
 
     B, H, H_kv, s, d, causal = shape
@@ -297,6 +302,10 @@ def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
     k, v = (torch.randn(B, H_kv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2))
     do = torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(cfg.SETTINGS, "sm90_bwd", False)
+    torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
+    assert not calls
+    monkeypatch.setattr(cfg.SETTINGS, "sm90_bwd", True)
     got = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
     assert bool(calls) == expect
     calls.clear()
@@ -314,7 +323,9 @@ def test_deterministic_mode_keeps_the_triton_backward(monkeypatch):
         pytest.skip(reason)
     b90 = _sm90()
     from kernels import flash_attention
+    from kernels.flash import config as cfg
 
+    monkeypatch.setattr(cfg.SETTINGS, "sm90_bwd", True)
     monkeypatch.setattr(b90, "attention_backward_sm90",
                         lambda *a, **kw: pytest.fail("Gluon backward in deterministic mode"))
     q = torch.randn(1, 32, 4096, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
