@@ -86,7 +86,6 @@ import argparse
 import contextlib
 import csv
 import gc
-import os
 import statistics
 import sys
 import time
@@ -95,8 +94,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernels.measure import torchrun, train_models
 from kernels.measure import train_harness as th
-from kernels.measure import train_models
 
 SHARDINGS = ("ddp", "fsdp")
 #: What each sharding is in calc.parallel's layouts.
@@ -520,38 +519,6 @@ def _measure_rank(cfg: DistConfig, rank: int, world_size: int, local_rank: int, 
 # The run: process group, every configuration, rank 0 writes.
 # --------------------------------------------------------------------------------------------
 
-def _env_int(name: str) -> int | None:
-    v = os.environ.get(name)
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
-
-
-def init_distributed(timeout_s: float) -> tuple[int, int, int]:
-    """The process group from torchrun's environment: NCCL on CUDA (multicast off), gloo on
-    CPU. Returns (rank, world_size, local_rank)."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    rank, world, local = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if torch.cuda.is_available():
-        os.environ["NCCL_NVLS_ENABLE"] = "0"  # before NCCL starts: the machines require it
-        n = torch.cuda.device_count()
-        if local >= n:
-            raise Refusal(f"LOCAL_RANK {local} but this machine has {n} GPU(s); accepted: "
-                          f"--nproc-per-node <= {n}")
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", timeout=timeout,
-                                device_id=torch.device("cuda", local))
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
-    return rank, world, local
-
-
 def _write_rows(path: Path, rows: list[dict[str, Any]], header: bool) -> None:
     mode = "w" if header else "a"
     with open(path, mode, newline="") as fh:
@@ -576,33 +543,11 @@ def _summary(rows: list[dict[str, Any]]) -> str:
             f"B={r0['batch']} s={r0['seq_len']}: {statuses}{peak}{pr}{t}")
 
 
-def launch(argv: Sequence[str], nproc: int, module: str) -> int:
-    """Start ``nproc`` ranks of ``module`` with ``argv`` (without --nproc-per-node) through
-    torchrun --standalone (a free port on this host); its exit code."""
-    import subprocess
-
-    rest = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--nproc-per-node":
-            skip = True
-        elif not a.startswith("--nproc-per-node="):
-            rest.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(nproc), "-m", module, *rest]
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 130
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    rank, world, local = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
-    if rank is None or world is None or local is None:
+    env = torchrun.ranks()
+    if env is None:
         if args.nproc_per_node is None:
             print("error: no torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK); run it as "
                   "`torchrun --nproc-per-node N -m kernels.measure.train_dist ...` or "
@@ -614,7 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Refusal as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        return launch(argv, args.nproc_per_node, "kernels.measure.train_dist")
+        return torchrun.launch(argv, args.nproc_per_node, "kernels.measure.train_dist")
+    rank, world, local = env
     try:
         configs = configs_from_args(args, world)
     except Refusal as exc:
@@ -622,8 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        rank, world, local = init_distributed(args.collective_timeout)
-    except Refusal as exc:
+        torchrun.init_process_group(args.collective_timeout, local)
+    except ValueError as exc:
         print(f"error (rank {rank}): {exc}", file=sys.stderr)
         return 2
     import torch.distributed as dist

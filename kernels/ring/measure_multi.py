@@ -57,6 +57,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kernels.measure import torchrun
+
 FIELDS = ["gpu", "torch", "triton", "timestamp", "impl", "dtype", "batch", "heads", "kv_heads",
           "head_dim", "seq_len", "world_size", "rank", "local_seq_len", "causal", "pass",
           "status", "message", "peak_bytes", "reserved_bytes", "predicted_bytes", "error_pct",
@@ -691,18 +693,11 @@ def find_longest(args: argparse.Namespace, ctx: Ctx, meta: dict[str, Any]) -> No
                       flush=True)
 
 
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    rank, world, local = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
-    if rank is None or world is None or local is None:
+    env = torchrun.ranks()
+    if env is None:
         if args.nproc_per_node is None:
             print("error: no torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK); run it as "
                   "`torchrun --nproc-per-node C -m kernels.ring.measure_multi --out DIR` or "
@@ -714,29 +709,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Refusal as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        from kernels.measure.train_dist import launch
-
-        return launch(argv, args.nproc_per_node, "kernels.ring.measure_multi")
+        return torchrun.launch(argv, args.nproc_per_node, "kernels.ring.measure_multi")
+    rank, world, local = env
     try:
         check_args(args, world)
     except Refusal as exc:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
-    import torch
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=args.collective_timeout)
-    if torch.cuda.is_available():
-        os.environ["NCCL_NVLS_ENABLE"] = "0"  # before NCCL starts: the machines require it
-        if local >= torch.cuda.device_count():
-            print(f"error: LOCAL_RANK {local} but {torch.cuda.device_count()} GPU(s); "
-                  "accepted: --nproc-per-node <= the GPU count", file=sys.stderr)
-            return 2
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", timeout=timeout, device_id=torch.device("cuda", local))
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
+    try:
+        torchrun.init_process_group(args.collective_timeout, local)
+    except ValueError as exc:
+        print(f"error (rank {rank}): {exc}", file=sys.stderr)
+        return 2
     try:
         return run(args, rank, world, local)
     except KeyboardInterrupt:

@@ -1,0 +1,73 @@
+"""What the multi-process measurement commands share about torchrun: reading the ranks it
+sets, and starting the ranks when the command was run as a plain ``python -m`` (so that a bad
+argument is one clean message from this process, not a traceback from every rank).
+
+Used by kernels.measure.train_dist (sharded training steps) and kernels.ring.measure_multi
+(ring attention on several GPUs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+
+def env_int(name: str) -> int | None:
+    """The integer in environment variable ``name``, or None (unset or not a number)."""
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def ranks() -> tuple[int, int, int] | None:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, or None outside torchrun."""
+    rank, world, local = env_int("RANK"), env_int("WORLD_SIZE"), env_int("LOCAL_RANK")
+    if rank is None or world is None or local is None:
+        return None
+    return rank, world, local
+
+
+def launch(argv: Sequence[str], nproc: int, module: str) -> int:
+    """Start ``nproc`` ranks of ``module`` with ``argv`` (without --nproc-per-node) through
+    torchrun --standalone (a free port on this host); its exit code."""
+    rest = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc-per-node":
+            skip = True
+        elif not a.startswith("--nproc-per-node="):
+            rest.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(nproc), "-m", module, *rest]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 130
+
+
+def init_process_group(timeout_s: float, local_rank: int) -> None:
+    """The process group of a torchrun rank: NCCL on CUDA, on GPU ``local_rank``, with NVLink
+    multicast off (NCCL_NVLS_ENABLE=0, set before NCCL starts: the multi-GPU machines require
+    it); gloo on CPU. ValueError (naming the value and what is accepted) when the machine has
+    fewer GPUs than ranks."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if torch.cuda.is_available():
+        os.environ["NCCL_NVLS_ENABLE"] = "0"
+        n = torch.cuda.device_count()
+        if local_rank >= n:
+            raise ValueError(f"LOCAL_RANK {local_rank} but this machine has {n} GPU(s); "
+                             f"accepted: --nproc-per-node <= {n}")
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=timeout,
+                                device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
