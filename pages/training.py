@@ -39,6 +39,10 @@ from pages.ui.labels import TRAINING_PART_COLORS  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "training_steps_h200.csv"
+#: Sharded steps (DDP, FSDP2) on several GPUs, one row per rank (kernels.measure.train_dist).
+DIST_DATA = DATA.with_name("training_steps_dist_h200.csv")
+#: train_dist's sharding names as calc.parallel's layouts (train_dist.CALC_SHARDING).
+DIST_SHARDINGS = {"ddp": "none", "fsdp": "fsdp"}
 H200, H100 = "NVIDIA H200 141GB", "NVIDIA H100 80GB"
 MEASURED_PREFIX = "measured shape: "
 PRECISION_LABELS = {"bf16": "bf16 parameters and AdamW state",
@@ -149,6 +153,57 @@ def predicted_rows(df: pd.DataFrame) -> pd.DataFrame:
             "predicted phase": phase,
             "step_ms": r.get("step_ms"),
         })
+    return pd.DataFrame(rows)
+
+
+def read_measured_dist(path: Path = DIST_DATA) -> pd.DataFrame:
+    """The bundled sharded training-step rows (kernels.measure.train_dist.read_rows); an empty
+    frame when the file is not there."""
+    if not path.exists():
+        return pd.DataFrame()
+    from kernels.measure.train_dist import read_rows
+
+    return pd.DataFrame(read_rows(path))
+
+
+def predicted_dist_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Every measured rank (status ok) of a sharded step with calc.training_step's per-GPU
+    prediction for its layout (gpus = world_size, DDP as sharding "none", FSDP2 as "fsdp")
+    and the relative errors of the peak, before-step and the bytes the rank holds."""
+    rows = []
+    for _, r in df.iterrows():
+        if r.get("status") != "ok" or pd.isna(r.get("peak_bytes")):
+            continue
+        model, sharding = _row_model(r), DIST_SHARDINGS.get(str(r.get("sharding")))
+        n = int(r["world_size"])
+        pred = before = None
+        held = {}
+        if model is not None and sharding is not None and r.get("precision") in PRECISIONS:
+            try:
+                m = training_step(model, int(r["batch"]), int(r["seq_len"]),
+                                  attention=str(r["attention"]), precision=str(r["precision"]),
+                                  checkpointing=bool(r["checkpointing"]), gpus=n,
+                                  sharding=sharding)
+                pred, before = m.peak_bytes, m.before_step_bytes
+                held = {"weights": m.weights_bytes, "gradients": m.gradients_bytes,
+                        "optimizer": m.optimizer_bytes}
+            except ValueError:
+                pass
+        peak, mb = int(r["peak_bytes"]), r.get("before_step_bytes")
+        row = {"model": r["model"], "sharding": r["sharding"], "GPUs": n, "rank": r.get("rank"),
+               "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
+               "attention": r["attention"], "precision": r["precision"],
+               "checkpointing": bool(r["checkpointing"]),
+               "measured peak": peak, "predicted peak": pred,
+               "peak error": None if pred is None else (pred - peak) / peak,
+               "measured before": None if pd.isna(mb) else int(mb), "predicted before": before,
+               "before error": None if before is None or pd.isna(mb) else (before - mb) / mb,
+               "step_ms": r.get("step_ms")}
+        for part, p in held.items():  # what the rank holds, counted from its tensors
+            got = r.get(f"{part}_bytes")
+            row[f"{part} error"] = None if got is None or pd.isna(got) or not got else \
+                (p - got) / got
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -375,6 +430,28 @@ if not compared.empty:
     if len(errs):
         st.caption(f"Measured: {len(compared)} rows; largest |error| of the peak "
                    f"{errs.abs().max():.2%} (s ≥ 1,024: {big.abs().max() if len(big) else float('nan'):.2%}).")
+
+st.markdown("### Sharded over several GPUs (DDP, FSDP2): measured against the per-GPU prediction")
+dist = read_measured_dist()
+dist_rows = predicted_dist_rows(dist) if not dist.empty else pd.DataFrame()
+if dist_rows.empty:
+    st.caption("None measured yet: no machine with several GPUs has been available to this "
+               "project. `python -m kernels.measure.train_dist --nproc-per-node N --sharding "
+               "ddp fsdp ...` measures every rank of a DDP or FSDP2 (fully_shard) step of the "
+               "same models and writes data/training_steps_dist_h200.csv, which this section "
+               "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
+else:
+    shown = dist_rows.copy()
+    for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
+        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+    for col in [x for x in shown.columns if x.endswith(" error")]:
+        shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
+    st.dataframe(shown, hide_index=True)
+    errs = dist_rows["peak error"].dropna()
+    st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
+               f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "
+               "counted from each rank's tensors after the warm-up step (parameter shards, "
+               "gradients, AdamW state).")
 
 st.markdown("### Can I train a 7B at 32k on one GPU?")
 st.markdown("Llama-2-7B and Llama-3-8B shapes, s = 32,768, B = 1, bf16 parameters and AdamW "

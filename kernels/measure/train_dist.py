@@ -86,6 +86,7 @@ import argparse
 import contextlib
 import csv
 import gc
+import os
 import statistics
 import sys
 import time
@@ -527,6 +528,30 @@ def _write_rows(path: Path, rows: list[dict[str, Any]], header: bool) -> None:
             w.writerow(DIST_COLUMNS)
         for r in rows:
             w.writerow([th._cell(r.get(c)) for c in DIST_COLUMNS])
+
+
+_DIST_INT = tuple(c for c in DIST_EXTRA if c not in ("sharding", "losses"))
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Rows of a sharded training-step CSV (DIST_COLUMNS), typed: the single-GPU columns as
+    train_harness.read_rows parses them, world_size, rank and the byte counts as integers
+    (empty: None). A file without world_size or sharding raises ValueError naming them."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in ("world_size", "sharding", "rank")
+                   if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: not a sharded training-step CSV (missing columns "
+                             f"{', '.join(missing)})")
+        raw = list(reader)
+    rows = th.read_rows(path)
+    for r, x in zip(rows, raw, strict=True):
+        for c in _DIST_INT:
+            v = x.get(c)
+            r[c] = None if v in (None, "") else int(float(v))
+        r["sharding"], r["losses"] = x.get("sharding") or "", x.get("losses") or ""
+    return rows
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:

@@ -147,3 +147,54 @@ def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
     assert any("Rows matching these inputs" in m.value for m in at.markdown)
     table = next(d.value for d in at.dataframe if "measured peak" in d.value.columns)
     assert set(table["attention"]) <= {"sdpa_flash", "triton"} and len(table) >= 1
+
+
+def test_sharded_rows_get_their_layouts_prediction(tmp_path: Path) -> None:
+    """A rank of a sharded step (kernels.measure.train_dist's CSV) is predicted for its layout
+    (gpus = world_size; DDP = sharding "none", FSDP2 = "fsdp"), with the errors of the peak,
+    before-step and the bytes the rank holds; a single-GPU CSV is refused by name."""
+    import pytest
+
+    import pages.training as page
+    from kernels.measure import train_dist, train_models
+
+    assert page.read_measured_dist(tmp_path / "absent.csv").empty
+    model = calc.ModelConfig.from_hf_config(train_models.hf_config("llama3-8b-2l"),
+                                            name="llama3-8b-2l")
+    rows = []
+    for sharding, calc_sharding in (("ddp", "none"), ("fsdp", "fsdp")):
+        m = calc.training_step(model, 1, 4096, attention="sdpa_flash", precision="bf16",
+                               checkpointing=False, gpus=2, sharding=calc_sharding)
+        for rank in (0, 1):
+            rows.append({"model": "llama3-8b-2l", "layers": 2, "batch": 1, "seq_len": 4096,
+                         "attention": "sdpa_flash", "precision": "bf16", "checkpointing": False,
+                         "status": "ok", "peak_bytes": round(m.peak_bytes * 1.02),
+                         "before_step_bytes": m.before_step_bytes, "world_size": 2,
+                         "sharding": sharding, "rank": rank, "weights_bytes": m.weights_bytes,
+                         "gradients_bytes": m.gradients_bytes,
+                         "optimizer_bytes": m.optimizer_bytes + 1000})
+    path = tmp_path / "dist.csv"
+    train_dist._write_rows(path, rows, header=True)
+    out = page.predicted_dist_rows(page.read_measured_dist(path))
+    assert len(out) == 4 and set(out["GPUs"]) == {2} and set(out["sharding"]) == {"ddp", "fsdp"}
+    assert (out["peak error"] - (1 / 1.02 - 1)).abs().max() < 1e-6
+    assert (out["before error"] == 0).all() and (out["weights error"] == 0).all()
+    assert (out["optimizer error"] < 0).all()
+    ddp, fsdp = (out[out["sharding"] == s].iloc[0] for s in ("ddp", "fsdp"))
+    assert fsdp["predicted peak"] < ddp["predicted peak"]  # FSDP shards what DDP replicates
+    single = tmp_path / "single.csv"
+    single.write_text("model,seq_len,attention,precision,checkpointing,status,peak_bytes\n")
+    with pytest.raises(ValueError, match="missing columns world_size, sharding, rank"):
+        train_dist.read_rows(single)
+
+
+def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch) -> None:
+    import pages.training as page
+
+    if page.DIST_DATA.exists():
+        import pytest
+
+        pytest.skip("sharded rows are bundled: the section shows them")
+    at = run({})
+    assert not at.exception
+    assert any("kernels.measure.train_dist" in x.value for x in at.caption)
