@@ -39,10 +39,12 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "pars
 # "triton" is what flash_attention runs by default (on Hopper: the Gluon forward at d = 128,
 # and at d = 64 past 2,048/4,096 with three warpgroups; with the Triton backward);
 # "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
-# three-warpgroup Gluon forward forced at every length (d = 64). The SDPA backends and "fa4"
+# three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_bwd" the default
+# forward with the Hopper Gluon backward forced (KernelConfig(sm90_bwd=True): where it cannot
+# run, the row says why; FLASH_ATTN_SM90_BWD=1 makes it the default). The SDPA backends and "fa4"
 # (FlashAttention-4) are the registry's implementations (kernels.measure.registry).
-IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "sdpa_cudnn", "sdpa_flash", "fa4",
-         "sdpa_efficient", "sdpa_math")
+IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "sdpa_cudnn",
+         "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
 SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 DEFAULT_IMPLS = IMPLS
 #: Implementations timed on their own (B, s, H, d) layout: run_grid gives them q, k, v as
@@ -50,7 +52,7 @@ DEFAULT_IMPLS = IMPLS
 #: and the time is the kernels' (as shared/ANCHORS.md timed FA4).
 NATIVE_BSHD = ("fa4",)
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
-CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "fa4")
+CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "fa4")
 # Relative L2 error of an output against cuDNN's above which a timing is not reported: 16-bit
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
@@ -147,6 +149,12 @@ def _impl_fn(name: str):
             return flash_attention(q, k, v, causal=causal, config=SM90_3WG)
 
         return three
+    if name == "triton_sm90_bwd":
+        from kernels.flash.api import flash_attention
+        from kernels.flash.config import KernelConfig
+
+        forced = KernelConfig(sm90_bwd=True)
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=forced)
     raise KeyError(f"unknown bench implementation {name!r}; known: {', '.join(IMPLS)}")
 
 

@@ -540,7 +540,9 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
     both allocate the same buffers, so calc's peak model holds either way), with no window
     shorter than the queries, on inputs `bwd_sm90.usable` accepts (Hopper, 16-bit, d = 64 or
     128, queries a multiple of 4, layouts the copy engine reads). ``config.sm90_bwd`` True
-    forces it (ValueError where it cannot run), False keeps the Triton backward; by default
+    forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
+    run; such a call allocates the fp32 dQ buffer where the default backward would not, which
+    calc's model of the default does not count), False keeps the Triton backward; by default
     it runs where it can when FLASH_ATTN_SM90_BWD=1 (config.SETTINGS.sm90_bwd; off by
     default until the GPU suite has run through this route), unless the config picks
     something of the Triton backward or FLASH_ATTN_SM90=0. Measured faster than the Triton
@@ -552,16 +554,16 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
                            or (config is not None and config.triton_backward_chosen())):
         return False
     windowed = window is not None and window < q.shape[2]
-    ok = (bwd_sm90 is not None and atomic and split == 1 and not windowed
-          and bwd_sm90.usable(q, k, v, do, o))
-    if forced and not ok:
-        raise ValueError(
-            "sm90_bwd=True: the Hopper backward runs only where the atomic-dQ backward would "
-            "(16-bit, d = 64 or 128, long or large calls, not deterministic mode) with no GQA "
-            "split, without a sliding window, on a compute-capability-9 GPU with queries a "
-            f"multiple of 4 and TMA-readable layouts; got atomic={atomic}, split={split}, "
-            f"window={window}, q {tuple(q.shape)} {q.dtype} on {q.device}")
-    return ok
+    can = bwd_sm90 is not None and not windowed and bwd_sm90.usable(q, k, v, do, o)
+    if forced:
+        if not can:
+            raise ValueError(
+                "sm90_bwd=True: the Hopper backward needs 16-bit inputs with d = 64 or 128 on "
+                "a compute-capability-9 GPU, queries a multiple of 4, layouts the copy engine "
+                f"reads and no sliding window; got q {tuple(q.shape)} {q.dtype} on {q.device}, "
+                f"window={window}")
+        return True
+    return can and atomic and split == 1
 
 
 def attention_backward(

@@ -267,7 +267,7 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     x = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
     assert not use_sm90_backward(x, x, x, x, x, None, True, 1, None)
     assert not use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=False), True, 1, None)
-    with pytest.raises(ValueError, match=r"sm90_bwd=True: .*atomic=False, split=1"):
+    with pytest.raises(ValueError, match=r"sm90_bwd=True: .*got q \(1, 2, 64, 64\) torch.float16 on cpu"):
         use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=True), False, 1, None)
 
 
@@ -334,3 +334,30 @@ def test_deterministic_mode_keeps_the_triton_backward(monkeypatch):
         flash_attention(q, q, q, causal=True).sum().backward()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.gpu
+def test_forced_where_the_default_would_not_route(monkeypatch):
+    """sm90_bwd=True runs the Gluon backward also at a shape whose default is the two-kernel
+    Triton backward (MHA d = 128, s = 4,096, B = 1: 1,024 dK/dV programs), and the gradients
+    agree with it."""
+    reason = _hopper_reason()
+    if reason:
+        pytest.skip(reason)
+    b90 = _sm90()
+    from kernels import flash_attention
+    from kernels.flash.config import KernelConfig
+
+    calls = []
+    real = b90.attention_backward_sm90
+    monkeypatch.setattr(b90, "attention_backward_sm90",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = (torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    got = torch.autograd.grad(flash_attention(q, k, v, causal=True,
+                                              config=KernelConfig(sm90_bwd=True)), (q, k, v), do)
+    assert calls
+    ref = torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do)
+    for g, r in zip(got, ref, strict=True):
+        assert (g.float() - r.float()).abs().max().item() < 0.05
