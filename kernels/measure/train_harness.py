@@ -241,20 +241,9 @@ def shape_fields(hf: Any) -> dict[str, Any]:
 def predict(cfg: TrainConfig, config_dict: dict[str, Any]) -> tuple[int | None, int | None, str]:
     """calc.training_step's (peak, before-step) bytes for cfg, or (None, None, why)."""
     try:
-        import calc
-        from calc import ModelConfig
+        from calc import ModelConfig, training_step
     except ImportError as exc:
         return None, None, f"no prediction: calc did not import ({exc})"
-    training_step = getattr(calc, "training_step", None)
-    if training_step is None:  # not exported (yet): the submodule, where it exists
-        with contextlib.suppress(ImportError):
-            import importlib
-
-            training_step = importlib.import_module("calc.training_step")
-    if training_step is not None and not callable(training_step):  # the submodule
-        training_step = getattr(training_step, "training_step", None)
-    if not callable(training_step):
-        return None, None, "no prediction: calc.training_step is not there yet"
     try:
         model = ModelConfig.from_hf_config(config_dict, name=cfg.model)
         m = training_step(model, cfg.batch, cfg.seq_len, attention=cfg.attention,

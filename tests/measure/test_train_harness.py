@@ -131,18 +131,15 @@ def test_tiny_step_on_cpu(attention, precision, ckpt):
     assert r.timestamp and r.wall_s > 0
 
 
-def test_prediction_attached_when_calc_has_it():
-    cfg = th.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16", False)
-    peak, before, why = th.predict(cfg, tm.hf_config(cfg.model))
+def test_prediction_is_calc_training_step():
     import calc
 
-    ts = getattr(calc, "training_step", None)
-    if ts is None:
-        try:
-            import calc.training_step  # noqa: F401
-        except ImportError:
-            pytest.skip("calc.training_step is not there yet")
-    assert why == "" and peak > before > 0, why
+    cfg = th.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16", False)
+    hf = tm.hf_config(cfg.model)
+    peak, before, why = th.predict(cfg, hf)
+    m = calc.training_step(calc.ModelConfig.from_hf_config(hf, name=cfg.model), 1, 1024,
+                           attention="sdpa_flash", precision="bf16", checkpointing=False)
+    assert why == "" and (peak, before) == (m.peak_bytes, m.before_step_bytes)
 
 
 def test_triton_refusal_is_unavailable_before_building_anything(monkeypatch):
