@@ -734,5 +734,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    torchrun.exit_rank(main())
 
