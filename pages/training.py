@@ -124,35 +124,46 @@ def _row_model(row: pd.Series) -> ModelConfig | None:
         return None
 
 
+def _compared(r: pd.Series, layout: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+    """One measured row beside calc.training_step's prediction for it (``layout``: the
+    gpus/sharding keywords, empty for one GPU, None for a layout calc does not know): the
+    shared columns, and the prediction (None where calc cannot make one)."""
+    model, m = _row_model(r), None
+    if layout is not None and model is not None and r.get("precision") in PRECISIONS:
+        try:
+            m = training_step(model, int(r["batch"]), int(r["seq_len"]),
+                              attention=str(r["attention"]), precision=str(r["precision"]),
+                              checkpointing=bool(r["checkpointing"]), **layout)
+        except ValueError:
+            pass
+    pred = None if m is None else m.peak_bytes
+    before = None if m is None else m.before_step_bytes
+    peak, mb = int(r["peak_bytes"]), r.get("before_step_bytes")
+    return {
+        "model": r["model"], "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
+        "attention": r["attention"], "precision": r["precision"],
+        "checkpointing": bool(r["checkpointing"]),
+        "measured peak": peak, "predicted peak": pred,
+        "peak error": None if pred is None else (pred - peak) / peak,
+        "measured before": None if pd.isna(mb) else int(mb), "predicted before": before,
+        "before error": None if before is None or pd.isna(mb) else (before - mb) / mb,
+    }, m
+
+
+def _measured_ok(df: pd.DataFrame):
+    """The rows of df with status ok and a measured peak."""
+    for _, r in df.iterrows():
+        if r.get("status") == "ok" and not pd.isna(r.get("peak_bytes")):
+            yield r
+
+
 def predicted_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Every measured row (status ok) with the current prediction and its relative error."""
     rows = []
-    for _, r in df.iterrows():
-        if r.get("status") != "ok" or pd.isna(r.get("peak_bytes")):
-            continue
-        model = _row_model(r)
-        pred = before = phase = None
-        if model is not None and r.get("precision") in PRECISIONS:
-            try:
-                m = training_step(model, int(r["batch"]), int(r["seq_len"]),
-                                  attention=str(r["attention"]), precision=str(r["precision"]),
-                                  checkpointing=bool(r["checkpointing"]))
-                pred, before, phase = m.peak_bytes, m.before_step_bytes, m.peak_phase
-            except ValueError:
-                pass
-        peak = int(r["peak_bytes"])
-        mb = r.get("before_step_bytes")
-        rows.append({
-            "model": r["model"], "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
-            "attention": r["attention"], "precision": r["precision"],
-            "checkpointing": bool(r["checkpointing"]),
-            "measured peak": peak, "predicted peak": pred,
-            "peak error": None if pred is None else (pred - peak) / peak,
-            "measured before": None if pd.isna(mb) else int(mb), "predicted before": before,
-            "before error": None if pred is None or pd.isna(mb) else (before - mb) / mb,
-            "predicted phase": phase,
-            "step_ms": r.get("step_ms"),
-        })
+    for r in _measured_ok(df):
+        row, m = _compared(r, {})
+        rows.append({**row, "predicted phase": None if m is None else m.peak_phase,
+                     "step_ms": r.get("step_ms")})
     return pd.DataFrame(rows)
 
 
@@ -171,40 +182,30 @@ def predicted_dist_rows(df: pd.DataFrame) -> pd.DataFrame:
     prediction for its layout (gpus = world_size, DDP as sharding "none", FSDP2 as "fsdp")
     and the relative errors of the peak, before-step and the bytes the rank holds."""
     rows = []
-    for _, r in df.iterrows():
-        if r.get("status") != "ok" or pd.isna(r.get("peak_bytes")):
-            continue
-        model, sharding = _row_model(r), DIST_SHARDINGS.get(str(r.get("sharding")))
+    for r in _measured_ok(df):
+        sharding = DIST_SHARDINGS.get(str(r.get("sharding")))
         n = int(r["world_size"])
-        pred = before = None
-        held = {}
-        if model is not None and sharding is not None and r.get("precision") in PRECISIONS:
-            try:
-                m = training_step(model, int(r["batch"]), int(r["seq_len"]),
-                                  attention=str(r["attention"]), precision=str(r["precision"]),
-                                  checkpointing=bool(r["checkpointing"]), gpus=n,
-                                  sharding=sharding)
-                pred, before = m.peak_bytes, m.before_step_bytes
-                held = {"weights": m.weights_bytes, "gradients": m.gradients_bytes,
-                        "optimizer": m.optimizer_bytes}
-            except ValueError:
-                pass
-        peak, mb = int(r["peak_bytes"]), r.get("before_step_bytes")
-        row = {"model": r["model"], "sharding": r["sharding"], "GPUs": n, "rank": r.get("rank"),
-               "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
-               "attention": r["attention"], "precision": r["precision"],
-               "checkpointing": bool(r["checkpointing"]),
-               "measured peak": peak, "predicted peak": pred,
-               "peak error": None if pred is None else (pred - peak) / peak,
-               "measured before": None if pd.isna(mb) else int(mb), "predicted before": before,
-               "before error": None if before is None or pd.isna(mb) else (before - mb) / mb,
+        row, m = _compared(r, {"gpus": n, "sharding": sharding} if sharding else None)
+        row = {"sharding": r["sharding"], "GPUs": n, "rank": r.get("rank"), **row,
                "step_ms": r.get("step_ms")}
-        for part, p in held.items():  # what the rank holds, counted from its tensors
-            got = r.get(f"{part}_bytes")
-            row[f"{part} error"] = None if got is None or pd.isna(got) or not got else \
-                (p - got) / got
+        if m is not None:  # what the rank holds, counted from its tensors
+            for part, p in (("weights", m.weights_bytes), ("gradients", m.gradients_bytes),
+                            ("optimizer", m.optimizer_bytes)):
+                got = r.get(f"{part}_bytes")
+                row[f"{part} error"] = None if got is None or pd.isna(got) or not got else \
+                    (p - got) / got
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """df for display: byte columns in ``unit``, errors as signed percentages, "—" for none."""
+    shown = df.copy()
+    for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
+        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+    for col in [x for x in shown.columns if x.endswith(" error")]:
+        shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
+    return shown
 
 
 @c.cached(max_entries=256)
@@ -419,12 +420,7 @@ if not compared.empty:
         st.markdown("No measured row matches these inputs (pick a *measured shape* model, one "
                     "GPU, and a measured length): every bundled row with its prediction.")
         view = compared
-    shown = view.copy()
-    for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
-        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
-    for col in ("peak error", "before error"):
-        shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
-    st.dataframe(shown, hide_index=True)
+    st.dataframe(shown_table(view, unit), hide_index=True)
     errs = compared["peak error"].dropna()
     big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
     if len(errs):
@@ -441,12 +437,7 @@ if dist_rows.empty:
                "same models and writes data/training_steps_dist_h200.csv, which this section "
                "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
 else:
-    shown = dist_rows.copy()
-    for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
-        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
-    for col in [x for x in shown.columns if x.endswith(" error")]:
-        shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
-    st.dataframe(shown, hide_index=True)
+    st.dataframe(shown_table(dist_rows, unit), hide_index=True)
     errs = dist_rows["peak error"].dropna()
     st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
                f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "

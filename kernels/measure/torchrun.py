@@ -29,6 +29,23 @@ def ranks() -> tuple[int, int, int] | None:
     return rank, world, local
 
 
+def start_ranks(argv: Sequence[str], nproc: int | None, module: str, check, usage: str) -> int:
+    """Outside torchrun: check the arguments for ``nproc`` ranks (``check(nproc)`` raises
+    ValueError naming the bad value) and start them (`launch`); an exit code, 2 with one
+    line on stderr when there is no --nproc-per-node or the arguments are refused. ``usage``:
+    how to run ``module`` under torchrun, for that line."""
+    if nproc is None:
+        print(f"error: no torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK); run it as "
+              f"{usage}", file=sys.stderr)
+        return 2
+    try:
+        check(nproc)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return launch(argv, nproc, module)
+
+
 def launch(argv: Sequence[str], nproc: int, module: str) -> int:
     """Start ``nproc`` ranks of ``module`` with ``argv`` (without --nproc-per-node) through
     torchrun --standalone (a free port on this host); its exit code."""

@@ -573,18 +573,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = torchrun.ranks()
     if env is None:
-        if args.nproc_per_node is None:
-            print("error: no torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK); run it as "
-                  "`torchrun --nproc-per-node N -m kernels.measure.train_dist ...` or "
-                  "`python -m kernels.measure.train_dist --nproc-per-node N ...`, N >= 2",
-                  file=sys.stderr)
-            return 2
-        try:
-            configs_from_args(args, args.nproc_per_node)
-        except Refusal as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return torchrun.launch(argv, args.nproc_per_node, "kernels.measure.train_dist")
+        return torchrun.start_ranks(
+            argv, args.nproc_per_node, "kernels.measure.train_dist",
+            lambda n: configs_from_args(args, n),
+            "`torchrun --nproc-per-node N -m kernels.measure.train_dist ...` or "
+            "`python -m kernels.measure.train_dist --nproc-per-node N ...`, N >= 2")
     rank, world, local = env
     try:
         configs = configs_from_args(args, world)

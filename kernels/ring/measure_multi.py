@@ -698,18 +698,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = torchrun.ranks()
     if env is None:
-        if args.nproc_per_node is None:
-            print("error: no torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK); run it as "
-                  "`torchrun --nproc-per-node C -m kernels.ring.measure_multi --out DIR` or "
-                  "`python -m kernels.ring.measure_multi --nproc-per-node C --out DIR`, C >= 2",
-                  file=sys.stderr)
-            return 2
-        try:
-            check_args(args, args.nproc_per_node)
-        except Refusal as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        return torchrun.launch(argv, args.nproc_per_node, "kernels.ring.measure_multi")
+        return torchrun.start_ranks(
+            argv, args.nproc_per_node, "kernels.ring.measure_multi",
+            lambda n: check_args(args, n),
+            "`torchrun --nproc-per-node C -m kernels.ring.measure_multi --out DIR` or "
+            "`python -m kernels.ring.measure_multi --nproc-per-node C --out DIR`, C >= 2")
     rank, world, local = env
     try:
         check_args(args, world)

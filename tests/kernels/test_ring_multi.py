@@ -26,34 +26,15 @@ it); torchrun --standalone picks a free port. The real-GPU run is marked ``gpu``
 from __future__ import annotations
 
 import csv
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _procs import run_in_session
 
 torch = pytest.importorskip("torch")
 
 from kernels.ring import measure_multi as mm  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(cmd: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (a hung ring?); "
-                    f"stderr ends: {err[-2000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -141,7 +122,7 @@ def test_bad_arguments_are_refused(argv, match) -> None:
 
 
 def test_launcher_refuses_before_starting_anything(tmp_path) -> None:
-    res = _run([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
                 "--out", str(tmp_path), "--impls", "flash3"], timeout=60, env={})
     assert res.returncode == 2
     assert res.stderr.strip().startswith("error: unknown implementation(s) flash3")
@@ -157,7 +138,7 @@ INJECT_FROM = 96  # rank 1 runs out of memory at its backward's first step from 
 def ring_run(tmp_path_factory) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     out = tmp_path_factory.mktemp("ring_multi")
     pytest.importorskip("triton")
-    res = _run([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
                 "--out", str(out), "--seq-lens", "64", "128", "--heads", "2", "--head-dim",
                 "16", "--dtype", "fp32", "--repeats", "1", "--find-longest",
                 "--search-start", "32", "--search-unit", "8", "--search-limit", "256",
@@ -224,7 +205,7 @@ def _gpus() -> int:
 def test_gpu_ring_on_two_gpus_matches_calc(tmp_path) -> None:
     """--quick on 2 GPUs (NCCL): every rank of our ring within 1% of calc's per-rank peak
     (NCCL's own buffers are outside the caching allocator); torch's rows ran or say why."""
-    res = _run([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
                 "--out", str(tmp_path), "--quick"], timeout=600, env={})
     assert res.returncode == 0, res.stderr[-3000:]
     rows = _csv(tmp_path / "ring_multi_h200.csv")

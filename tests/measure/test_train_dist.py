@@ -30,36 +30,19 @@ import csv
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+if __name__ != "__main__":  # run by torchrun as a rank script (below) it needs no helper
+    from _procs import run_in_session
+
 from kernels.measure import train_dist as td
 
-ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
 SEQ = 32
 STEPS = 3
-
-
-def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None
-         ) -> subprocess.CompletedProcess:
-    """Run cmd in a session of its own; past ``timeout`` kill that session's processes."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s; stderr ends: "
-                    f"{err[-2000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -121,7 +104,7 @@ def test_without_torchrun_it_says_how_to_run_it(monkeypatch, capsys) -> None:
 def test_a_bad_sharding_from_the_command_line_is_one_message(tmp_path) -> None:
     """The launcher form checks the arguments before any rank starts: one line, no traceback
     (under torchrun itself, torchrun adds its own report of the ranks' exit codes)."""
-    res = _run([sys.executable, "-m", "kernels.measure.train_dist", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "kernels.measure.train_dist", "--nproc-per-node", "2",
                 "--sharding", "zero9", "--model", "tiny-llama", "--out", str(tmp_path / "x.csv")],
                timeout=120)
     assert res.returncode != 0
@@ -136,7 +119,7 @@ def test_a_bad_sharding_from_the_command_line_is_one_message(tmp_path) -> None:
 def dist_rows(tmp_path_factory) -> list[dict[str, str]]:
     out = tmp_path_factory.mktemp("train_dist") / "rows.csv"
     # the launcher form (it starts torchrun --standalone itself)
-    res = _run([sys.executable, "-m", "kernels.measure.train_dist", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "kernels.measure.train_dist", "--nproc-per-node", "2",
                 "--sharding", "ddp", "fsdp", "--model", "tiny-llama", "--seq-len", str(SEQ), "--attention", "sdpa_math",
                 "--precision", "bf16", "amp_bf16", "fp32", "--checkpointing", "both",
                 "--steps", str(STEPS), "--count-buckets", "--quiet", "--out", str(out)],
@@ -264,7 +247,7 @@ def test_fsdp2_pads_shards_where_calc_divides(tmp_path) -> None:
     from calc.parallel import layout_bytes, make_layout
     from kernels.measure import train_models as tm
 
-    res = _run([*TORCHRUN, "2", str(Path(__file__).resolve()), str(tmp_path)], timeout=180)
+    res = run_in_session([*TORCHRUN, "2", str(Path(__file__).resolve()), str(tmp_path)], timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     world, e = 2, 2  # bf16
@@ -304,7 +287,7 @@ def test_gpu_sharded_steps_hold_what_calc_says(tmp_path) -> None:
     """llama3-8b-2l at 1,024 tokens on 2 GPUs (NCCL): every row ok, the held bytes equal calc's
     layout, and the peak is reported against the per-GPU prediction."""
     out = tmp_path / "rows.csv"
-    res = _run([*TORCHRUN, "2", "-m", "kernels.measure.train_dist", "--sharding", "ddp", "fsdp",
+    res = run_in_session([*TORCHRUN, "2", "-m", "kernels.measure.train_dist", "--sharding", "ddp", "fsdp",
                 "--model", "llama3-8b-2l", "--seq-len", "1024", "--attention", "sdpa_flash",
                 "--precision", "bf16", "--count-buckets", "--out", str(out)], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
