@@ -37,11 +37,12 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "pars
            "read_rows", "run_grid", "table"]
 
 # "triton" is what flash_attention runs by default (on Hopper: the Gluon forward at d = 128,
-# and at d = 64 past 2,048/4,096 with three warpgroups; with the Triton backward);
+# and at d = 64 past 2,048/4,096 with three warpgroups; the Gluon backward where
+# bwd.use_sm90_backward routes it, else the Triton backward);
 # "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
 # three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_bwd" the default
 # forward with the Hopper Gluon backward forced (KernelConfig(sm90_bwd=True): where it cannot
-# run, the row says why; FLASH_ATTN_SM90_BWD=1 makes it the default). The SDPA backends and "fa4"
+# run, the row says why). The SDPA backends and "fa4"
 # (FlashAttention-4) are the registry's implementations (kernels.measure.registry).
 IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "sdpa_cudnn",
          "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")

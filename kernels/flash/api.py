@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from kernels.flash.bwd import atomic_by_default, attention_backward, kv_split
-from kernels.flash.config import SETTINGS, KernelConfig, Tiles
+from kernels.flash.config import KernelConfig, Tiles
 from kernels.flash.fwd import attention_forward, fwd_kernel
 
 __all__ = ["KernelConfig", "Tiles", "flash_attention", "forward_backward_bytes",
@@ -195,12 +195,6 @@ def flash_attention(
     config = KernelConfig.of(config)
     _check_inputs(q, k, v, scale)
     window = _check_window(window, bool(causal), q.shape[2])
-    if window is not None and q.is_cuda and not SETTINGS.window_gpu:
-        raise ValueError(
-            f"window={window} on a CUDA device: the kernel's sliding window is verified under "
-            "the CPU interpreter only so far (one GPU test failed on the H200; "
-            "kernels/flash/NOTES.md, \"Sliding window\"), so it is off on GPUs: set "
-            "FLASH_ATTN_WINDOW=1 to run it anyway, or pass window=None (or >= the queries)")
     if window is not None and config is not None and config.sm90:
         raise ValueError(f"config sm90=True was given with window={window}; the Hopper Gluon "
                          "forward has no sliding window (windowed calls run the portable "

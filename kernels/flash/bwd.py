@@ -543,9 +543,8 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
     forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
     run; such a call allocates the fp32 dQ buffer where the default backward would not, which
     calc's model of the default does not count), False keeps the Triton backward; by default
-    it runs where it can when FLASH_ATTN_SM90_BWD=1 (config.SETTINGS.sm90_bwd; off by
-    default until the GPU suite has run through this route), unless the config picks
-    something of the Triton backward or FLASH_ATTN_SM90=0. Measured faster than the Triton
+    it runs where it can (config.SETTINGS.sm90_bwd; FLASH_ATTN_SM90_BWD=0 turns that off),
+    unless the config picks something of the Triton backward or FLASH_ATTN_SM90=0. Measured faster than the Triton
     backward at every shape timed on the H200 (kernels/flash/NOTES.md, step 10d)."""
     forced = None if config is None else config.sm90_bwd
     if forced is False:

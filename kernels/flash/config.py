@@ -30,14 +30,10 @@ class Settings:
     descriptors: bool  # FLASH_ATTN_DESC=0 sets False: the Triton forward loads K/V by pointer
     sm90: bool  # FLASH_ATTN_SM90=0 sets False: the Hopper Gluon kernels are never the default
     direct_launch: bool  # FLASH_ATTN_DIRECT_LAUNCH=0 sets False: every launch takes the JIT path
-    # FLASH_ATTN_SM90_BWD=1 sets True: the Hopper Gluon backward becomes the default where
-    # `bwd.use_sm90_backward` allows it. Off until the whole GPU suite has run through that
-    # route (kernels/flash/NOTES.md, step 10e); KernelConfig(sm90_bwd=True) forces it per call.
-    sm90_bwd: bool = False
-    # FLASH_ATTN_WINDOW=1 sets True: sliding windows run on CUDA devices. Off until the GPU
-    # tests of the window pass (one of them failed on the H200 in an interrupted run;
-    # kernels/flash/NOTES.md, "Sliding window"); the interpreter (CPU) always runs them.
-    window_gpu: bool = False
+    # FLASH_ATTN_SM90_BWD=0 sets False: the Hopper Gluon backward is never the default (it is
+    # where `bwd.use_sm90_backward` allows it; the GPU suite passes through that route,
+    # kernels/flash/NOTES.md, step 10f). KernelConfig(sm90_bwd=...) decides per call.
+    sm90_bwd: bool = True
 
     @classmethod
     def from_environ(cls, env=None) -> Settings:
@@ -46,8 +42,7 @@ class Settings:
                    descriptors=env.get("FLASH_ATTN_DESC") != "0",
                    sm90=env.get("FLASH_ATTN_SM90") != "0",
                    direct_launch=env.get("FLASH_ATTN_DIRECT_LAUNCH") != "0",
-                   sm90_bwd=env.get("FLASH_ATTN_SM90_BWD") == "1",
-                   window_gpu=env.get("FLASH_ATTN_WINDOW") == "1")
+                   sm90_bwd=env.get("FLASH_ATTN_SM90_BWD") != "0")
 
 
 SETTINGS = Settings.from_environ()
@@ -152,7 +147,7 @@ class KernelConfig:
     dkdv_tiles: Tiles | None = None
     # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
     # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: with
-    # FLASH_ATTN_SM90_BWD=1, where the Triton backward would take its atomic-dQ path with no
+    # unless FLASH_ATTN_SM90_BWD=0, where the Triton backward would take its atomic-dQ path with no
     # GQA split, and only when no field above picks something of the Triton backward).
     sm90_bwd: bool | None = None
 

@@ -427,19 +427,11 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
 
 
 def _kernels_hf_check(hf: Any, seq_len: int) -> list[str]:
-    """Why our kernel cannot run this model at seq_len on the GPU: kernels.hf's refusals, and
-    a sliding window shorter than the sequence while windows are off on CUDA devices
-    (kernels.flash.config.SETTINGS.window_gpu, FLASH_ATTN_WINDOW=1)."""
-    from kernels.flash.config import SETTINGS
+    """Why our kernel cannot run this model at seq_len on the GPU: kernels.hf's refusals
+    (sliding windows it runs: the kernel's own window)."""
     from kernels.hf.attention import check_config as hf_check
 
-    why = hf_check(hf, seq_len)
-    short = [(i, w) for i, w in train_models.sliding_layers(hf) if w < seq_len]
-    if short and not SETTINGS.window_gpu:
-        why.append(f"layer(s) {', '.join(str(i) for i, _ in short)} attend through a sliding "
-                   f"window of {short[0][1]} tokens < s = {seq_len}, and the kernel's window "
-                   "is off on GPUs until its GPU tests pass (FLASH_ATTN_WINDOW=1 runs it)")
-    return why
+    return hf_check(hf, seq_len)
 
 
 def train_models_from_config(hf: Any, dtype: Any, attn_implementation: str) -> Any:

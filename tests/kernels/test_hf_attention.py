@@ -455,7 +455,7 @@ def test_import_is_light():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("model, window", [("llama3-8b-2l", None), ("mistral-7b-2l", 256)])
-def test_gpu_llama_width_matches_sdpa_bf16(model, window, monkeypatch):
+def test_gpu_llama_width_matches_sdpa_bf16(model, window):
     """Llama 3.1 8B / Mistral 7B widths (one layer, vocab cut to 1,024), bf16, s = 1,000: ours
     against SDPA (for Mistral with its window cut to 256 < s, so SDPA gets transformers'
     sliding-window mask and ours the kernel's window), same weights; outputs and gradients
@@ -463,10 +463,8 @@ def test_gpu_llama_width_matches_sdpa_bf16(model, window, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     import kernels.hf
-    from kernels.flash.config import SETTINGS
     from kernels.measure.train_models import build_config, hf_config
 
-    monkeypatch.setattr(SETTINGS, "window_gpu", True)  # this test decides when it may be on
     kernels.hf.register()
     d = hf_config(model, layers=1)
     d["vocab_size"] = 1024

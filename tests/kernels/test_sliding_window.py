@@ -34,15 +34,6 @@ FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 TILES = (32, 32, 4, 1)  # the interpreter's tile: windows below are chosen against it
 
 
-@pytest.fixture(autouse=True)
-def _windows_on_gpus(monkeypatch):
-    """The GPU tests here are the ones that decide when windows may run on CUDA devices
-    (config.SETTINGS.window_gpu, off by default until they pass): they run them."""
-    from kernels.flash.config import SETTINGS
-
-    monkeypatch.setattr(SETTINGS, "window_gpu", True)
-
-
 # ---------------------------------------------------------------------------------------------
 # helpers (run in the interpreter child, and on the GPU)
 # ---------------------------------------------------------------------------------------------
@@ -418,15 +409,3 @@ if __name__ == "__main__" and "--interp-worker" in sys.argv:
     _interp_worker()
 
 
-@pytest.mark.gpu
-def test_gpu_window_is_refused_on_cuda_while_switched_off(monkeypatch):
-    """Until the GPU tests above pass on the H200, a window shorter than the queries on a CUDA
-    device is refused with the reason and the switch, never run."""
-    from kernels import flash_attention
-    from kernels.flash.config import SETTINGS
-
-    monkeypatch.setattr(SETTINGS, "window_gpu", False)
-    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="FLASH_ATTN_WINDOW=1"):
-        flash_attention(q, q, q, causal=True, window=64)
-    assert flash_attention(q, q, q, causal=True, window=256).shape == q.shape  # no window

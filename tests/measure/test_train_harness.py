@@ -142,15 +142,8 @@ def test_prediction_is_calc_training_step():
     assert why == "" and (peak, before) == (m.peak_bytes, m.before_step_bytes)
 
 
-def test_triton_refusal_is_unavailable_before_building_anything(monkeypatch):
-    from kernels.flash.config import SETTINGS
-
-    # a sliding window shorter than s: refused while windows are off on GPUs, run once on
-    monkeypatch.setattr(SETTINGS, "window_gpu", False)
-    why = th._kernels_hf_check(tm.build_config("mistral-7b-2l"), 8192)
-    assert len(why) == 1 and "window of 4096 tokens < s = 8192" in why[0], why
-    assert th._kernels_hf_check(tm.build_config("mistral-7b-2l"), 4096) == []
-    monkeypatch.setattr(SETTINGS, "window_gpu", True)
+def test_triton_refusal_is_unavailable_before_building_anything():
+    # a sliding window shorter than s runs through the kernel's own window
     assert th._kernels_hf_check(tm.build_config("mistral-7b-2l"), 8192) == []
     g = th.measure_train_step(th.TrainConfig("gemma2-9b-2l", 1000, "triton", "bf16"))
     assert g.status == "unavailable" and "soft-capped" in g.message
