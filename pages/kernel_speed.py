@@ -56,8 +56,9 @@ PEERS_TIMING = "eager, 3 rounds, with FlashAttention-4"
 if PEERS_CSV.exists():
     SOURCES[PEERS_TIMING] = ({"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}, (
         "Eager calls, each implementation timed three times per shape, in turn, in one process "
-        "(`python -m kernels.bench --preset anchors --rounds 3`): the shapes of the project's "
-        "kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 kernels) as a peer."))
+        "(`FLASH_ATTN_SM90_BWD=0 python -m kernels.bench --preset anchors --rounds 3`): the "
+        "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
+        "kernels) as a peer."))
     GQA_SOURCES[PEERS_TIMING] = {"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
 PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
@@ -206,6 +207,10 @@ st.markdown(
     "s = 4,096), else one dK/dV kernel that also adds dQ into an fp32 buffer (bulk "
     "reduce-adds of the copy engine). With grouped-query attention on a small grid each "
     "group of query heads is split over several dK/dV programs whose partial dK, dV are "
-    "summed afterwards. Full tables and the tuning notes: `kernels/bench/BENCH_H200.md`, "
+    "summed afterwards. Since 2026-12-01 the default takes the Hopper Gluon backward "
+    "instead on that atomic-dQ path without a split from 4,096 queries on; the bundled runs "
+    "time the Triton backward as *default* (the FlashAttention-4 run with "
+    "`FLASH_ATTN_SM90_BWD=0`), and *Gluon backward (forced)* is the Gluon one on the same "
+    "inputs. Full tables and the tuning notes: `kernels/bench/BENCH_H200.md`, "
     "`kernels/flash/NOTES.md`."
 )

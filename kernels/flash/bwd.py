@@ -518,6 +518,11 @@ def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_k: int) 
 
 
 DELTA_ROWS = 64
+# The default route takes the Gluon backward from this many queries on. In one H200 run
+# (kernels/flash/NOTES.md, step 10f) forcing it was 0.81-0.92x the Triton backward at s = 1,024
+# (B = 8), 1.05-1.07x at s = 4,096 and 0.96-1.18x on the atomic-dQ shapes from 8,192 on; the
+# atomic shapes between 2,049 and 4,095 queries were not timed, so they keep the Triton one.
+SM90_BWD_MIN_SEQ = 4096
 DELTA_LAUNCHER = DirectLauncher(bwd_delta_kernel)
 
 
@@ -537,15 +542,16 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
     """Whether the Hopper Gluon backward (bwd_sm90) runs instead of the Triton one.
 
     It can where the Triton backward would take its atomic-dQ path with no GQA split (then
-    both allocate the same buffers, so calc's peak model holds either way), with no window
+    both allocate the same buffers, so calc's peak model holds either way); by default only
+    from SM90_BWD_MIN_SEQ queries on (slower than the Triton backward below), with no window
     shorter than the queries, on inputs `bwd_sm90.usable` accepts (Hopper, 16-bit, d = 64 or
     128, queries a multiple of 4, layouts the copy engine reads). ``config.sm90_bwd`` True
     forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
     run; such a call allocates the fp32 dQ buffer where the default backward would not, which
     calc's model of the default does not count), False keeps the Triton backward; by default
     it runs where it can (config.SETTINGS.sm90_bwd; FLASH_ATTN_SM90_BWD=0 turns that off),
-    unless the config picks something of the Triton backward or FLASH_ATTN_SM90=0. Measured faster than the Triton
-    backward at every shape timed on the H200 (kernels/flash/NOTES.md, step 10d)."""
+    unless the config picks something of the Triton backward or FLASH_ATTN_SM90=0. Timed
+    against the Triton backward on the H200 in kernels/flash/NOTES.md, steps 10d and 10f."""
     forced = None if config is None else config.sm90_bwd
     if forced is False:
         return False
@@ -562,7 +568,7 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
                 f"reads and no sliding window; got q {tuple(q.shape)} {q.dtype} on {q.device}, "
                 f"window={window}")
         return True
-    return can and atomic and split == 1
+    return can and atomic and split == 1 and q.shape[2] >= SM90_BWD_MIN_SEQ
 
 
 def attention_backward(

@@ -28,6 +28,7 @@ IMPL_COLORS: dict[str, str] = {
     # the benchmark's variants of our kernel (Kernel speed page)
     "triton_generic": "#332288",  # indigo
     "triton_sm90_3wg": "#999933",  # olive
+    "triton_sm90_bwd": "#117733",  # green
 }
 FALLBACK_COLOR = "#7F7F7F"
 
@@ -53,6 +54,7 @@ _SERIES_LABELS: dict[str, str] = {
     "fa4": "FlashAttention-4",
     "triton_generic": "Our kernel: portable Triton forward",
     "triton_sm90_3wg": "Our kernel: Gluon forward, 3 warpgroups",
+    "triton_sm90_bwd": "Our kernel: Gluon backward (forced)",
 }
 IMPL_LABELS: dict[str, str] = {**_SERIES_LABELS, **CALC_LABELS}
 

@@ -278,6 +278,7 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     ((1, 8, 2, 4096, 128, True), False),  # not atomic (small grid; GQA split 4): Triton
     ((1, 32, 32, 4096, 128, True), False),  # 1,024 programs: the two-kernel Triton backward
     ((1, 4, 4, 1024, 64, True), False),  # short: the two-kernel Triton backward
+    ((4, 32, 32, 3072, 128, True), False),  # atomic (3,072 programs), below 4,096: Triton
     ((1, 32, 32, 4098, 64, True), False),  # queries not a multiple of 4
 ])
 def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
