@@ -52,7 +52,8 @@ log_softmax (saves its 4TV output) + nll_loss. Gemma 2's final soft-capping save
 
 amp_bf16 (fp32 parameters under torch.autocast(bfloat16)): the residual stream is fp32, so each
 RMSNorm saves its fp32 input itself and its fp32 normalized output; every linear casts its input
-to a bf16 copy of its own (autocast caches only leaf weights), so q, k, v save three copies;
+to a bf16 copy of its own (autocast caches only leaf weights), so q, k, v save three copies
+(Phi-3's fused qkv_proj one: `_input_casts`);
 rotary runs on fp32 cos/sin and makes fp32 q, k that SDPA casts back; autocast caches one bf16
 copy of every linear weight for the forward, which the matrix products keep until their backward
 (torch/csrc/autograd/autocast_mode.cpp, cached_cast).
@@ -330,6 +331,19 @@ def _expands_kv(impl: str, dm: _Dims) -> bool:
     return impl in ("eager", "naive", "naive_inplace", "sdpa_efficient", "sdpa_math")
 
 
+_COUNT = {1: "one", 2: "two", 3: "three"}
+
+
+def _input_casts(model: ModelConfig) -> tuple[int, int]:
+    """How many linear modules read the attention's and the MLP's norm output: under autocast
+    each makes (and saves) a bf16 cast of its own. q_proj, k_proj, v_proj and gate_proj,
+    up_proj in the Llama family (3, 2); Phi-3 fuses them into qkv_proj and gate_up_proj
+    (transformers modeling_phi3.py, Phi3Attention and Phi3MLP): (1, 1). Measured on the H200:
+    Phi-3 mini (2 layers) under amp at 8,192 tokens peaked 301 MB below the (3, 2) count, three
+    bf16 (s, h) tensors per layer (data/training_steps_h200.csv)."""
+    return (1, 1) if model.model_type == "phi3" else (3, 2)
+
+
 def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: bool,
                  masked: bool = False) -> list[tuple[str, str, int]]:
     """Every tensor one decoder layer keeps for its backward (no checkpointing). masked: an
@@ -340,9 +354,10 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     gemma = model.model_type in _GEMMA
     t, h = dm.t, dm.h
     terms = _norm_terms("input norm", h, t, amp, gemma)
+    qkv_casts, mlp_casts = _input_casts(model)
     if amp:
-        terms.append(("projections", "q, k, v inputs: three bf16 casts of the norm output",
-                      3 * 2 * t * h))
+        terms.append(("projections", f"q, k, v inputs: {_COUNT[qkv_casts]} bf16 cast(s) of the "
+                      "norm output", qkv_casts * 2 * t * h))
     else:
         terms.append(("projections", "q, k, v input (the norm output)", 2 * t * h))
     if model.qk_norm:
@@ -388,8 +403,8 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     mlp_norm = "pre-MLP norm" if norms else "post-attention norm"
     terms += _norm_terms(mlp_norm, h, t, amp, gemma)
     if amp:
-        terms.append(("projections", "gate, up inputs: two bf16 casts of the norm output",
-                      2 * 2 * t * h))
+        terms.append(("projections", f"gate, up inputs: {_COUNT[mlp_casts]} bf16 cast(s) of the "
+                      "norm output", mlp_casts * 2 * t * h))
     else:
         terms.append(("projections", "gate, up input (the norm output)", 2 * t * h))
     i = dm.inter
