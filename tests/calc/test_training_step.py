@@ -355,3 +355,19 @@ def test_tied_embedding_backward_holds_two_or_three_vocab_gradients(precision: s
     untied = training_step(dataclasses.replace(tied, tie_embeddings=False), 1, 16,
                            attention="sdpa_flash", precision=precision)
     assert "backward of the tied embedding" not in untied.phases
+
+
+def test_fused_projections_make_one_autocast_copy_each() -> None:
+    """Under amp each linear saves a bf16 cast of its own input: q, k, v and gate, up make
+    three and two in the Llama family; Phi-3's fused qkv_proj and gate_up_proj one each
+    (measured: data/training_steps_h200.csv, Phi-3 mini under amp at 8,192 tokens, 301 MB, three
+    bf16 (s, h) tensors per layer, below the Llama count). In bf16 nothing changes."""
+    phi3 = dataclasses.replace(TINY, model_type="phi3")
+    T, h, L = 2 * 16, 64, 2
+    amp = {m.model_type: training_step(m, 2, 16, attention="sdpa_flash", precision="amp_bf16")
+           for m in (TINY, phi3)}
+    bf16 = {m.model_type: training_step(m, 2, 16, attention="sdpa_flash", precision="bf16")
+            for m in (TINY, phi3)}
+    gap = amp[TINY.model_type].part("projections") - amp["phi3"].part("projections")
+    bf16_gap = bf16[TINY.model_type].part("projections") - bf16["phi3"].part("projections")
+    assert gap - bf16_gap == L * 3 * 2 * T * h
