@@ -519,7 +519,7 @@ def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_k: int) 
 
 DELTA_ROWS = 64
 # The default route takes the Gluon backward from this many queries on. In one H200 run
-# (kernels/flash/NOTES.md, step 10f) forcing it was 0.81-0.92x the Triton backward at s = 1,024
+# (kernels/flash/NOTES.md, step 10f) forcing it was 0.81-0.94x the Triton backward at s = 1,024
 # (B = 8), 1.05-1.07x at s = 4,096 and 0.96-1.18x on the atomic-dQ shapes from 8,192 on; the
 # atomic shapes between 2,049 and 4,095 queries were not timed, so they keep the Triton one.
 SM90_BWD_MIN_SEQ = 4096

@@ -30,9 +30,10 @@ class Settings:
     descriptors: bool  # FLASH_ATTN_DESC=0 sets False: the Triton forward loads K/V by pointer
     sm90: bool  # FLASH_ATTN_SM90=0 sets False: the Hopper Gluon kernels are never the default
     direct_launch: bool  # FLASH_ATTN_DIRECT_LAUNCH=0 sets False: every launch takes the JIT path
-    # FLASH_ATTN_SM90_BWD=0 sets False: the Hopper Gluon backward is never the default (it is
-    # where `bwd.use_sm90_backward` allows it; the GPU suite passes through that route,
-    # kernels/flash/NOTES.md, step 10f). KernelConfig(sm90_bwd=...) decides per call.
+    # FLASH_ATTN_SM90_BWD=0 sets False: the Hopper Gluon backward is never the default. On
+    # (the default), it runs where `bwd.use_sm90_backward` allows it (the GPU suite passes
+    # through that route: kernels/flash/NOTES.md, step 10f). KernelConfig(sm90_bwd=...)
+    # decides per call.
     sm90_bwd: bool = True
 
     @classmethod
@@ -146,9 +147,10 @@ class KernelConfig:
     # `bwd.atomic_tiles` for the atomic backward and stored/autotuned for the two-kernel one).
     dkdv_tiles: Tiles | None = None
     # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
-    # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: with
-    # unless FLASH_ATTN_SM90_BWD=0, where the Triton backward would take its atomic-dQ path with no
-    # GQA split, and only when no field above picks something of the Triton backward).
+    # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: unless
+    # FLASH_ATTN_SM90_BWD=0, where the Triton backward would take its atomic-dQ path with no
+    # GQA split from 4,096 queries on, and only when no field above picks something of the
+    # Triton backward).
     sm90_bwd: bool | None = None
 
     def triton_backward_chosen(self) -> bool:
