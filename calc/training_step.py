@@ -331,9 +331,6 @@ def _expands_kv(impl: str, dm: _Dims) -> bool:
     return impl in ("eager", "naive", "naive_inplace", "sdpa_efficient", "sdpa_math")
 
 
-_COUNT = {1: "one", 2: "two", 3: "three"}
-
-
 def _input_casts(model: ModelConfig) -> tuple[int, int]:
     """How many linear modules read the attention's and the MLP's norm output: under autocast
     each makes (and saves) a bf16 cast of its own. q_proj, k_proj, v_proj and gate_proj,
@@ -356,8 +353,8 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     terms = _norm_terms("input norm", h, t, amp, gemma)
     qkv_casts, mlp_casts = _input_casts(model)
     if amp:
-        terms.append(("projections", f"q, k, v inputs: {_COUNT[qkv_casts]} bf16 cast(s) of the "
-                      "norm output", qkv_casts * 2 * t * h))
+        terms.append(("projections", f"q, k, v inputs: {qkv_casts} bf16 cast(s) of the norm output",
+                      qkv_casts * 2 * t * h))
     else:
         terms.append(("projections", "q, k, v input (the norm output)", 2 * t * h))
     if model.qk_norm:
@@ -403,8 +400,8 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     mlp_norm = "pre-MLP norm" if norms else "post-attention norm"
     terms += _norm_terms(mlp_norm, h, t, amp, gemma)
     if amp:
-        terms.append(("projections", f"gate, up inputs: {_COUNT[mlp_casts]} bf16 cast(s) of the "
-                      "norm output", mlp_casts * 2 * t * h))
+        terms.append(("projections", f"gate, up inputs: {mlp_casts} bf16 cast(s) of the norm output",
+                      mlp_casts * 2 * t * h))
     else:
         terms.append(("projections", "gate, up input (the norm output)", 2 * t * h))
     i = dm.inter

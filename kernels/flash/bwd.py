@@ -518,11 +518,6 @@ def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_k: int) 
 
 
 DELTA_ROWS = 64
-# The default route takes the Gluon backward from this many queries on. In one H200 run
-# (kernels/flash/NOTES.md, step 10f) forcing it was 0.81-0.94x the Triton backward at s = 1,024
-# (B = 8), 1.05-1.07x at s = 4,096 and 0.96-1.18x on the atomic-dQ shapes from 8,192 on; the
-# atomic shapes between 2,049 and 4,095 queries were not timed, so they keep the Triton one.
-SM90_BWD_MIN_SEQ = 4096
 DELTA_LAUNCHER = DirectLauncher(bwd_delta_kernel)
 
 
@@ -535,6 +530,13 @@ def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
     if force is False or TensorDescriptor is None or q.device.type != "cuda" or block_d(d) != d:
         return False
     return torch.cuda.get_device_capability(q.device)[0] >= 9
+
+
+# The default route takes the Gluon backward from this many queries on. In one H200 run
+# (kernels/flash/NOTES.md, step 10f) forcing it was 0.81-0.94x the Triton backward at s = 1,024
+# (B = 8), 1.05-1.07x at s = 4,096 and 0.96-1.18x on the atomic-dQ shapes from 8,192 on; the
+# atomic shapes between 2,049 and 4,095 queries were not timed, so they keep the Triton one.
+SM90_BWD_MIN_SEQ = 4096
 
 
 def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool, split: int,
