@@ -298,7 +298,7 @@ def _triton_kernel_bwd(rp: _Replay, sh: _Shape, len_q: int, len_k: int) -> None:
     rp.alloc("delta", "kernel backward: delta = rowsum(dO·O), fp32", rows * 4)
     rp.alloc("dk_b", "kernel backward: this step's dk, dv", keys * e)
     rp.alloc("dv_b", "kernel backward: this step's dk, dv", keys * e)
-    split = dispatch.kv_split(b, h, h_kv, len_k)
+    split = dispatch.kv_split(b, h, h_kv, len_q, len_k, d, e)
     if split > 1:
         lab = f"kernel backward: partial dk, dv of the GQA split over {split} programs"
         rp.alloc("dk_out", lab, split * keys * e)

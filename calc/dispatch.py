@@ -15,10 +15,17 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   separate dQ kernel's recomputation. Short calls and small grids keep the two-kernel,
   deterministic backward. The thresholds come from a sweep of both backwards on an H200
   (kernels/flash/NOTES.md, "atomic-dQ threshold").
-- On Hopper the atomic-dQ case without a GQA split runs the Gluon backward
-  (kernels/flash/bwd_sm90.py) instead, which allocates the same buffers in the same order
-  (delta, dK, dV, the fp32 dQ buffer, then dQ; a GPU test holds the two peaks equal), so
-  these rules, and the peak model, do not depend on the GPU either way.
+- The Hopper region (`sm90_region`): 16-bit inputs, d = 64 or 128, at least 4,096 queries and
+  B·H_kv·⌈s_k/128⌉ ≥ 256 programs. There the backward runs the Gluon kernel
+  (kernels/flash/bwd_sm90.py: one program per 128 keys of a key/value head walks every query
+  head of its group, so it needs no GQA split, and adds dQ into the fp32 buffer), so the rules
+  say S = 1 and atomic dQ. Timed against the Triton backward's split / two-kernel paths on an
+  H200 (kernels/flash/NOTES.md, step 11), backward alone: 1.0-1.7x from 256 programs on (0.97x
+  at d = 128 causal MHA, 16,384 queries), 0.4-0.9x below with the causal mask (too few long
+  programs for 132 SMs). The rules stay GPU-free: on other GPUs, or where the Gluon kernel
+  cannot take the inputs (layouts, s_q % 4, a sliding window), the Triton backward runs the same
+  path (atomic dQ, no split), so the buffers, and the peak model, are the same everywhere; the
+  Triton backward's speed there is not measured.
 """
 
 from __future__ import annotations
@@ -42,11 +49,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def kv_split(batch: int, heads: int, kv_heads: int, s_k: int) -> int:
-    """S: how many dK/dV programs share one key block of one key/value head (1 without GQA).
+#: The Hopper region: at least this many queries ...
+SM90_MIN_SEQ = 4096
+#: ... and at least this many dK/dV programs of 128 keys of one key/value head, B·H_kv·⌈s_k/128⌉.
+SM90_MIN_PROGRAMS = 256
+#: The Gluon backward's key block (bwd_sm90.BLOCK_N).
+SM90_KEY_BLOCK = 128
 
-    The smallest divisor S of the group H/H_kv with B·H_kv·S·⌈s_k/128⌉ ≥ 1,024, else the whole
-    group."""
+
+def sm90_region(batch: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
+                elem_bytes: int) -> bool:
+    """Whether the default backward takes the Hopper path: no GQA split, atomic dQ (module
+    docstring). 16-bit, d = 64 or 128, s_q ≥ 4,096 and B·H_kv·⌈s_k/128⌉ ≥ 256."""
+    return (elem_bytes == 2 and head_dim in ATOMIC_HEAD_DIMS and s_q >= SM90_MIN_SEQ
+            and batch * kv_heads * _cdiv(s_k, SM90_KEY_BLOCK) >= SM90_MIN_PROGRAMS)
+
+
+def _triton_split(batch: int, heads: int, kv_heads: int, s_k: int) -> int:
     group = heads // kv_heads
     blocks = batch * kv_heads * _cdiv(s_k, KV_SPLIT_BLOCK)
     for split in range(1, group):
@@ -55,15 +74,29 @@ def kv_split(batch: int, heads: int, kv_heads: int, s_k: int) -> int:
     return group
 
 
+def kv_split(batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
+             elem_bytes: int) -> int:
+    """S: how many dK/dV programs share one key block of one key/value head (1 without GQA).
+
+    1 in the Hopper region (`sm90_region`); elsewhere the smallest divisor S of the group
+    H/H_kv with B·H_kv·S·⌈s_k/128⌉ ≥ 1,024, else the whole group."""
+    if sm90_region(batch, kv_heads, s_q, s_k, head_dim, elem_bytes):
+        return 1
+    return _triton_split(batch, heads, kv_heads, s_k)
+
+
 def atomic_dq(batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
               elem_bytes: int) -> bool:
     """Whether the backward adds dQ with atomics into an fp32 buffer by default.
 
-    16-bit inputs, d = 64 or 128, max(s_q, s_k) > 2,048 and B·H_kv·S·⌈s_k/BLOCK_N⌉ ≥ 2,048
-    dK/dV programs (S from `kv_split`). The kernel also keeps the deterministic backward under
+    Always in the Hopper region (`sm90_region`); elsewhere for 16-bit inputs, d = 64 or 128,
+    max(s_q, s_k) > 2,048 and B·H_kv·S·⌈s_k/BLOCK_N⌉ ≥ 2,048 dK/dV programs (S from
+    `kv_split`). The kernel also keeps the deterministic backward under
     ``torch.use_deterministic_algorithms(True)``, a flag this pure rule does not see."""
+    if sm90_region(batch, kv_heads, s_q, s_k, head_dim, elem_bytes):
+        return True
     if elem_bytes != 2 or head_dim not in ATOMIC_HEAD_DIMS or max(s_q, s_k) < ATOMIC_MIN_LEN:
         return False
-    split = kv_split(batch, heads, kv_heads, s_k)
+    split = _triton_split(batch, heads, kv_heads, s_k)
     programs = batch * kv_heads * split * _cdiv(s_k, ATOMIC_KEY_BLOCK[head_dim])
     return programs >= ATOMIC_MIN_PROGRAMS

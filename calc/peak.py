@@ -452,7 +452,7 @@ def _triton(sh: _Shape) -> list[Step]:
         return steps
     steps += [_a("row sums of dO·O (fp32, one per row)", sh.rows * 4),
               _a("dk, dv", sh.kv_bytes(), sh.kv_bytes())]
-    split = dispatch.kv_split(sh.b, sh.h, sh.h_kv, sh.s)
+    split = dispatch.kv_split(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, dtype_bytes(sh.dtype))
     if split > 1:
         steps.append(_a(f"partial dk, dv of the GQA group split over {split} programs "
                         "(B·H_kv·⌈s/128⌉ < 1,024)", split * sh.kv_bytes(), split * sh.kv_bytes()))

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                         do = torch.randn_like(q)
                         scale = 1 / math.sqrt(d)
                         o, lse = attention_forward(q, k, v, bool(causal), scale, None)
-                        split = kv_split(B, a.heads, hk, s)
+                        split = kv_split(B, a.heads, hk, s, s, d, 2)
                         t = {}
                         for atomic in (True, False):
                             for sp in sorted({1, split}):

@@ -230,7 +230,7 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
         atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, e)
     buffer = 4 * B * H * s_q * d if atomic else 0
     if split is None:
-        split = kv_split(B, H, H_kv, s_k)
+        split = kv_split(B, H, H_kv, s_q, s_k, d, e)
     partial = 2 * B * H_kv * split * s_k * d * e if split > 1 else 0
     return (2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer
             + partial)

@@ -506,10 +506,11 @@ def atomic_tiles(d: int) -> dict:
 kv_split = dispatch.kv_split
 
 
-def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_k: int) -> int:
+def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int,
+              elem: int) -> int:
     """The config's ``kv_split`` (checked: a divisor of the group H / H_kv), else `kv_split`."""
     if config is None or config.kv_split is None:
-        return kv_split(B, H, H_kv, s_k)
+        return kv_split(B, H, H_kv, s_q, s_k, d, elem)
     split, group = config.kv_split, H // H_kv
     if group % split:
         raise ValueError(f"kv_split must be a positive divisor of the GQA group "
@@ -532,28 +533,21 @@ def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
     return torch.cuda.get_device_capability(q.device)[0] >= 9
 
 
-# The default route takes the Gluon backward from this many queries on. In one H200 run
-# (kernels/flash/NOTES.md, step 10f) forcing it was 0.81-0.94x the Triton backward at s = 1,024
-# (B = 8), 1.05-1.07x at s = 4,096 and 0.96-1.18x on the atomic-dQ shapes from 8,192 on; the
-# atomic shapes between 2,049 and 4,095 queries were not timed, so they keep the Triton one.
-SM90_BWD_MIN_SEQ = 4096
-
-
 def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool, split: int,
                       window: int | None) -> bool:
     """Whether the Hopper Gluon backward (bwd_sm90) runs instead of the Triton one.
 
-    It can where the Triton backward would take its atomic-dQ path with no GQA split (then
-    both allocate the same buffers, so calc's peak model holds either way); by default only
-    from SM90_BWD_MIN_SEQ queries on (slower than the Triton backward below), with no window
-    shorter than the queries, on inputs `bwd_sm90.usable` accepts (Hopper, 16-bit, d = 64 or
-    128, queries a multiple of 4, layouts the copy engine reads). ``config.sm90_bwd`` True
-    forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
+    By default it runs in calc.dispatch's Hopper region (`dispatch.sm90_region`: 16-bit,
+    d = 64 or 128, s_q >= 4,096, B*H_kv*ceil(s_k/128) >= 256 programs), where the rules give the
+    atomic-dQ path with no GQA split, so that both backwards allocate the same buffers and
+    calc's peak model holds either way; with no window shorter than the queries, on inputs
+    `bwd_sm90.usable` accepts (Hopper, queries a multiple of 4, layouts the copy engine reads).
+    ``config.sm90_bwd`` True forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
     run; such a call allocates the fp32 dQ buffer where the default backward would not, which
     calc's model of the default does not count), False keeps the Triton backward; by default
     it runs where it can (config.SETTINGS.sm90_bwd; FLASH_ATTN_SM90_BWD=0 turns that off),
     unless the config picks something of the Triton backward or FLASH_ATTN_SM90=0. Timed
-    against the Triton backward on the H200 in kernels/flash/NOTES.md, steps 10d and 10f."""
+    against the Triton backward on the H200 in kernels/flash/NOTES.md, steps 10d, 10f and 11."""
     forced = None if config is None else config.sm90_bwd
     if forced is False:
         return False
@@ -570,7 +564,9 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
                 f"reads and no sliding window; got q {tuple(q.shape)} {q.dtype} on {q.device}, "
                 f"window={window}")
         return True
-    return can and atomic and split == 1 and q.shape[2] >= SM90_BWD_MIN_SEQ
+    B, H_kv, s_q, s_k, d = q.shape[0], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    return (can and atomic and split == 1
+            and dispatch.sm90_region(B, H_kv, s_q, s_k, d, q.element_size()))
 
 
 def attention_backward(
@@ -610,7 +606,7 @@ def attention_backward(
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
-    split = split_for(config, B, H, H_kv, s_k)
+    split = split_for(config, B, H, H_kv, s_q, s_k, d, q.element_size())
     if config is not None and config.atomic_dq is not None:
         atomic = config.atomic_dq
     else:

@@ -51,13 +51,13 @@ their lse2 is read as +inf (P = 0) and dO as zeros, and the copy engine drops th
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
 
-Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90); 0 spills
-at d = 64; at d = 128 the consumers sit at the 240-register ceiling (dK, dV: 128 of them) and
+Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90); at d = 64
+(BLOCK_M = 128) ptxas spills 100-240 bytes with 3.6, 300-420 with 3.9; at d = 128 the consumers sit at the 240-register ceiling (dK, dV: 128 of them) and
 ptxas spills a few loop scalars and MMA descriptors (64-120 bytes with 3.6, ~500 with 3.9;
 with P^T through shared memory, ``P_SMEM``, 136-168 and 516-576: that path frees P^T's
 registers but not the spills).
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
-test_bwd_sm90.py. Not wired into kernels.flash.api yet.
+test_bwd_sm90.py. Routed from kernels.flash.bwd (`use_sm90_backward`).
 """
 
 from __future__ import annotations
@@ -107,8 +107,10 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # (BLOCK_M, STAGES) per head dim: query rows per step and ring slots of Q and dO each.
 # Shared memory at d = 128: K, V 64 KiB; ring 2 * (16 + 16 + 0.5) KiB; dS 2 * 2 * 8 KiB;
 # dQ staging 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
-# 226 KiB). At d = 64: 113 KiB.
-TILES = {64: (64, 2), 128: (64, 2)}
+# 226 KiB, no faster: NOTES.md step 11). At d = 64 BLOCK_M = 128 (as FA3 and FA4 take it):
+# the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64: 113 KiB, 3-16% slower on
+# the H200, step 11), with 100-240 spilled bytes under Triton 3.6 where 64 spilled none.
+TILES = {64: (128, 2), 128: (64, 2)}
 # Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
 KEY_MAJOR = {False: False, True: True}
 # P^T for dV's product: as the A operand from registers (False, the first version) or through

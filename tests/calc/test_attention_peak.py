@@ -206,10 +206,13 @@ def test_triton_atomic_dq_buffer() -> None:
     """Our backward's fp32 dQ buffer is counted exactly where the kernel keeps one."""
     two = attention_peak_bytes("triton", 1, 32, 2048, 128, "fp16", backward=True)
     assert two == (2 * 32 * 2048 * 128 * 2 + 2 * 32 * 2048 * 128 * 2 + 8 * 32 * 2048)
-    # d = 128: 32 heads x 32 key blocks = 1,024 dK/dV programs at s = 4,096 (under 2,048: no
-    # buffer), 2,048 at s = 8,192 (the fp32 buffer B*H*s*d*4)
+    # d = 128 below the Hopper region (s < 4,096): 32 heads x 24 key blocks = 768 dK/dV programs
+    # at s = 3,072 (under 2,048: no buffer); from 4,096 queries the region's fp32 buffer
+    # B*H*s*d*4 (32 x 32 = 1,024 programs, which the Triton rule alone would run two-kernel)
+    three = attention_peak_bytes("triton", 1, 32, 3072, 128, "bf16", backward=True)
+    assert three == 4 * 32 * 3072 * 128 * 2 + 8 * 32 * 3072
     four = attention_peak_bytes("triton", 1, 32, 4096, 128, "bf16", backward=True)
-    assert four == 4 * 32 * 4096 * 128 * 2 + 8 * 32 * 4096
+    assert four == (4 * 32 * 4096 * 128 * 2 + 8 * 32 * 4096) + 32 * 4096 * 128 * 4
     eight = attention_peak_bytes("triton", 1, 32, 8192, 128, "bf16", backward=True)
     assert eight == (4 * 32 * 8192 * 128 * 2 + 8 * 32 * 8192) + 32 * 8192 * 128 * 4
     # d = 96 and fp32 inputs keep the two-kernel backward: no buffer
@@ -217,16 +220,16 @@ def test_triton_atomic_dq_buffer() -> None:
         4 * 32 * 8192 * 96 * 2 + 8 * 32 * 8192)
     assert attention_peak_bytes("triton", 1, 32, 8192, 64, "fp32", backward=True) == (
         4 * 32 * 8192 * 64 * 4 + 8 * 32 * 8192)
-    # GQA 4:1 at d = 64: 8 key/value heads x 32 blocks of 128 keys at s = 4,096 split the group
-    # over S = 4 programs (partial dK, dV sums 2*S*B*H_kv*s*d*e), which makes 8 x 4 x 64 =
-    # 2,048 atomic dK/dV programs of 64 keys: the buffer too. At d = 128, 8 x 4 x 32 = 1,024:
-    # the split, no buffer.
+    # GQA 4:1 at s = 4,096: 8 key/value heads x 32 blocks of 128 keys = 256 programs, the Hopper
+    # region: no split, the fp32 buffer. At s = 3,072 (8 x 24 = 192 blocks) d = 128 the Triton
+    # rule splits the group over S = 4 programs (partial dK, dV sums 2*S*B*H_kv*s*d*e), and
+    # 8 x 4 x 24 = 768 dK/dV programs run two-kernel: no buffer.
     gqa = attention_peak_bytes("triton", 1, 32, 4096, 64, "bf16", backward=True, kv_heads=8)
     assert gqa == (2 * 32 * 4096 * 64 * 2 + 2 * 8 * 4096 * 64 * 2 + 8 * 32 * 4096
-                   + 2 * 4 * 8 * 4096 * 64 * 2 + 32 * 4096 * 64 * 4)
-    gqa128 = attention_peak_bytes("triton", 1, 32, 4096, 128, "bf16", backward=True, kv_heads=8)
-    assert gqa128 == (2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
-                      + 2 * 4 * 8 * 4096 * 128 * 2)
+                   + 32 * 4096 * 64 * 4)
+    gqa128 = attention_peak_bytes("triton", 1, 32, 3072, 128, "bf16", backward=True, kv_heads=8)
+    assert gqa128 == (2 * 32 * 3072 * 128 * 2 + 2 * 8 * 3072 * 128 * 2 + 8 * 32 * 3072
+                      + 2 * 4 * 8 * 3072 * 128 * 2)
     # s = 2,048: the split (S = 4, 8 x 16 blocks), never the buffer
     gqa2k = attention_peak_bytes("triton", 1, 32, 2048, 64, "bf16", backward=True, kv_heads=8)
     assert gqa2k == (2 * 32 * 2048 * 64 * 2 + 2 * 8 * 2048 * 64 * 2 + 8 * 32 * 2048
@@ -234,34 +237,64 @@ def test_triton_atomic_dq_buffer() -> None:
 
 
 def test_gqa_split_is_the_smallest_divisor_reaching_1024_programs() -> None:
-    """The GQA split of our backward: smallest divisor of the group that reaches 1,024
-    programs of 128 keys, else the whole group; none without GQA."""
-    from calc.dispatch import kv_split as triton_kv_split
+    """The GQA split of our backward outside the Hopper region (here: fp32, or short): smallest
+    divisor of the group that reaches 1,024 programs of 128 keys, else the whole group; none
+    without GQA."""
+    from calc.dispatch import kv_split
 
-    assert triton_kv_split(1, 32, 32, 128) == 1  # MHA: never, however few programs
-    assert triton_kv_split(1, 32, 8, 4096) == 4  # 8 x 32 = 256 blocks: x4 reaches 1,024
-    assert triton_kv_split(1, 32, 8, 8192) == 2
-    assert triton_kv_split(1, 32, 8, 16384) == 1  # 8 x 128 = 1,024 already
-    assert triton_kv_split(1, 32, 2, 1024) == 16  # 16 blocks: the whole group, still 256
-    assert triton_kv_split(1, 28, 4, 4096) == 7  # Qwen2-7B's group of 7: its only divisor
-    assert triton_kv_split(1, 12, 4, 8192) == 3  # 4 x 64 = 256: x3 = 768 < 1,024, all of 3
+    def split(b, h, h_kv, s, e=4):
+        return kv_split(b, h, h_kv, s, s, 64, e)
+
+    assert split(1, 32, 32, 128) == 1  # MHA: never, however few programs
+    assert split(1, 32, 8, 4096) == 4  # 8 x 32 = 256 blocks: x4 reaches 1,024
+    assert split(1, 32, 8, 8192) == 2
+    assert split(1, 32, 8, 16384) == 1  # 8 x 128 = 1,024 already
+    assert split(1, 32, 2, 1024, 2) == 16  # 16 blocks: the whole group, still 256
+    assert split(1, 28, 4, 4096) == 7  # Qwen2-7B's group of 7: its only divisor
+    assert split(1, 12, 4, 8192) == 3  # 4 x 64 = 256: x3 = 768 < 1,024, all of 3
+    assert split(1, 32, 8, 3000, 2) == 4  # 16-bit but shorter than 4,096 queries
     # the forward alone never has partial sums
     assert attention_peak_bytes("triton", 1, 32, 4096, 64, "bf16", kv_heads=8) == (
         32 * 4096 * (64 * 2 + 4))
 
 
+def test_hopper_region_has_no_split_and_atomic_dq() -> None:
+    """The Hopper region (16-bit, d = 64 or 128, s_q >= 4,096, B*H_kv*ceil(s_k/128) >= 256): no
+    GQA split and the fp32 dQ buffer, where the Triton rules would split or run two kernels;
+    its edges."""
+    from calc.dispatch import atomic_dq, kv_split, sm90_region
+
+    assert sm90_region(1, 8, 4096, 4096, 128, 2)  # 8 x 32 = 256 programs
+    assert kv_split(1, 32, 8, 4096, 4096, 128, 2) == 1  # the Triton rule: 4
+    assert atomic_dq(1, 32, 8, 4096, 4096, 128, 2)  # the Triton rule: 1,024 < 2,048 programs
+    assert atomic_dq(1, 32, 32, 4096, 4096, 128, 2)  # MHA: 1,024 programs, Triton's two kernels
+    assert not sm90_region(1, 8, 4092, 4092, 128, 2)  # fewer than 4,096 queries
+    assert not sm90_region(1, 7, 4096, 4096, 128, 2)  # 224 programs
+    assert sm90_region(2, 4, 4096, 4096, 64, 2)  # batch counts: 2 x 4 x 32
+    assert not sm90_region(1, 8, 4096, 4096, 96, 2)  # no Gluon tile for d = 96
+    assert not sm90_region(1, 8, 4096, 4096, 128, 4)  # fp32
+    assert kv_split(1, 32, 2, 8192, 8192, 128, 2) == 8  # 2 x 64 = 128 programs: Triton's split
+    # the peak model follows: GQA 4:1 at 8,192 has the fp32 dQ buffer and no partial sums
+    terms = dict(attention_peak_terms("triton", 1, 32, 8192, 128, "bf16", True, True,
+                                      kv_heads=8))
+    assert not any("partial" in label for label in terms)
+    assert any("fp32 dq buffer" in label for label in terms)
+
+
 def test_atomic_dq_rule_thresholds() -> None:
-    """The atomic-dQ rule: 16-bit, d = 64 or 128, s > 2,048, at least 2,048 dK/dV programs."""
+    """The atomic-dQ rule outside the Hopper region: 16-bit, d = 64 or 128, s > 2,048, at
+    least 2,048 dK/dV programs."""
     from calc.dispatch import atomic_dq
 
-    assert atomic_dq(1, 32, 32, 4096, 4096, 64, 2)  # 32 heads x 64 blocks of 64 keys = 2,048
-    assert not atomic_dq(1, 32, 32, 4096, 4096, 128, 2)  # 32 x 32 blocks of 128 = 1,024
-    assert atomic_dq(1, 32, 32, 8192, 8192, 128, 2)  # 32 x 64 = 2,048
+    assert atomic_dq(2, 32, 32, 3000, 3000, 64, 2)  # 2 x 32 heads x 47 blocks of 64 keys
+    assert not atomic_dq(1, 32, 32, 3000, 3000, 64, 2)  # 32 x 47 = 1,504 < 2,048
+    assert not atomic_dq(2, 32, 32, 3000, 3000, 128, 2)  # 2 x 32 x 24 blocks of 128 = 1,536
+    assert atomic_dq(3, 32, 32, 3000, 3000, 128, 2)  # 3 x 32 x 24 = 2,304
     assert not atomic_dq(1, 32, 32, 2048, 2048, 64, 2)  # too short
     assert not atomic_dq(1, 32, 32, 8192, 8192, 80, 2)  # no tile for d = 80
     assert not atomic_dq(1, 32, 32, 8192, 8192, 128, 4)  # fp32
-    assert not atomic_dq(1, 32, 8, 4096, 4096, 128, 2)  # 8 x 4 x 32 = 1,024 < 2,048
-    assert atomic_dq(1, 32, 8, 4096, 4096, 64, 2)  # 8 x 4 x 64 = 2,048
+    assert not atomic_dq(1, 32, 2, 8192, 8192, 128, 2)  # 2 x 8 x 64 = 1,024 < 2,048
+    assert atomic_dq(1, 32, 2, 8192, 8192, 64, 2)  # 2 x 8 x 128 = 2,048
 
 
 def test_kernel_uses_calc_dispatch_rules() -> None:
@@ -282,9 +315,10 @@ def test_kernel_uses_calc_dispatch_rules() -> None:
 def test_reserved_memory_is_the_segments_the_call_creates() -> None:
     """memory_reserved() growth, measured on the H200 (data/attention_calls_h200.csv,
     fp16, d = 128, s = 4,096): FlashAttention-2's forward a 32 MiB segment for the output and
-    a 2 MiB small segment for the log-sum-exp and its two tiny tensors; our backward 130 MiB."""
+    a 2 MiB small segment for the log-sum-exp and its two tiny tensors; our backward 194 MiB
+    (the Hopper region's backward, with its 64 MiB fp32 dQ buffer)."""
     assert attention_reserved_bytes("sdpa_flash", 1, 32, 4096, 128, "fp16") == 34 * MIB
-    assert attention_reserved_bytes("triton", 1, 32, 4096, 128, "fp16", backward=True) == 130 * MIB
+    assert attention_reserved_bytes("triton", 1, 32, 4096, 128, "fp16", backward=True) == 194 * MIB
     assert attention_reserved_bytes("sdpa_flash", 1, 32, 4096, 128, "fp16", backward=True) == (
         270_532_608)
     # the naive forward: the product before the scale and the scores get a 64 MiB segment each

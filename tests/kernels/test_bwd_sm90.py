@@ -146,10 +146,13 @@ def test_usable_refuses_cpu_tensors():
 @pytest.mark.parametrize("d", [64, 128])
 def test_compiles_for_sm90_without_spills(d):
     """The CPU compile check (kernels.bench.compile_bwd_sm90): the default variant compiles
-    for sm_90 with 0 spilled bytes and fits the 227 KiB of shared memory. At d = 128 the
-    consumers run at the register ceiling (dK and dV take 128 of the 240 registers): ptxas
-    spills some loop scalars and MMA descriptors there, 64-120 bytes with Triton 3.6 (the GPU
-    host's) and about 500 with Triton 3.9; that case is an expected failure until it is 0."""
+    for sm_90 and fits the 227 KiB of shared memory; 0 spilled bytes is the goal. Known
+    spills (expected failures until they are 0): at d = 128 the consumers run at the register
+    ceiling (dK and dV take 128 of the 240 registers) and ptxas spills some loop scalars and
+    MMA descriptors, 64-124 bytes with Triton 3.6 (the GPU host's) and about 500 with 3.9; at
+    d = 64 the BLOCK_M = 128 tile (S^T and dP^T 64 registers each) spills 100-240 bytes with
+    3.6 and 300-420 with 3.9, and was still 3-16% faster on the H200 than BLOCK_M = 64, which
+    spilled none (kernels/flash/NOTES.md, step 11)."""
     _sm90()
     from kernels.bench import compile_bwd_sm90 as cb
 
@@ -157,12 +160,11 @@ def test_compiles_for_sm90_without_spills(d):
         rows = cb.run(dims=(d,), verbose=False, dtypes=("bf16",), causals=(True,))
     except Exception as e:  # no ptxas / no sm_90 backend in this Triton: nothing to check
         pytest.skip(f"sm_90 compile unavailable here: {type(e).__name__}: {e}")
-    for _dtype, _d, causal, _bm, _st, regs, spills, shared, err in rows:
+    for _dtype, _d, causal, bm, _st, regs, spills, shared, err in rows:
         assert err is None, f"d={d} causal={causal}: {err}"
         assert shared <= 227, f"d={d}: {shared:.1f} KiB of shared memory"
-        if d == 128 and spills != "0":
-            pytest.xfail(f"d=128: {spills} bytes spilled ({regs} registers), known")
-        assert spills == "0", f"d={d} causal={causal}: {spills} bytes spilled ({regs} registers)"
+        if spills != "0":
+            pytest.xfail(f"d={d} BLOCK_M={bm}: {spills} bytes spilled ({regs} registers), known")
 
 
 def test_p_smem_variant_compiles_within_shared_memory():
@@ -200,7 +202,7 @@ def test_allocates_what_the_atomic_triton_backward_allocates(shape):
     from kernels.flash.fwd import attention_forward
 
     B, H, H_kv, s, d = shape
-    assert atomic_dq(B, H, H_kv, s, s, d, 2) and kv_split(B, H, H_kv, s) == 1
+    assert atomic_dq(B, H, H_kv, s, s, d, 2) and kv_split(B, H, H_kv, s, s, d, 2) == 1
     q = torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(B, H_kv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
@@ -273,10 +275,12 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,expect", [
-    ((1, 32, 32, 4096, 64, True), True),  # atomic, no split: the Gluon backward
+    ((1, 32, 32, 4096, 64, True), True),  # the Hopper region: the Gluon backward
     ((1, 32, 32, 8192, 128, False), True),
-    ((1, 8, 2, 4096, 128, True), False),  # not atomic (small grid; GQA split 4): Triton
-    ((1, 32, 32, 4096, 128, True), False),  # 1,024 programs: the two-kernel Triton backward
+    ((1, 32, 32, 4096, 128, True), True),  # 1,024 programs (the Triton rule: two kernels)
+    ((1, 32, 8, 4096, 128, True), True),  # 256 programs (the Triton rule: GQA split 4)
+    ((1, 28, 4, 4096, 128, True), False),  # 128 programs: Triton, split 7
+    ((1, 8, 2, 4096, 128, True), False),  # 64 programs: Triton, split 4
     ((1, 4, 4, 1024, 64, True), False),  # short: the two-kernel Triton backward
     ((4, 32, 32, 3072, 128, True), False),  # atomic (3,072 programs), below 4,096: Triton
     ((1, 32, 32, 4098, 64, True), False),  # queries not a multiple of 4

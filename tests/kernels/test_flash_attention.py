@@ -207,18 +207,23 @@ def test_errors_name_the_argument(fa, monkeypatch):
 def test_memory_formulas_match_the_docstring(fa):
     # 1 x 32 heads x 4096 x 128, fp16: O 32 MiB + lse 0.5 MiB.
     assert fa.forward_bytes(1, 32, 4096, 128, 2) == 32 * 4096 * (128 * 2 + 4)
-    two_kernel = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
-    # GQA with 8 key/value heads: 8 x 32 = 256 dK/dV programs, the two-kernel backward, with
-    # the group split over 4 programs (8 x 32 x 4 = 1,024): partial dK, dV sums 2*B*H_kv*4*s*d*e
-    partial = 2 * 8 * 4 * 4096 * 128 * 2
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == two_kernel + partial
-    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2, split=1) == two_kernel
+    two_kernel = 2 * 32 * 3072 * 128 * 2 + 2 * 8 * 3072 * 128 * 2 + 8 * 32 * 3072
+    # GQA with 8 key/value heads at s = 3,072 (below the Hopper region): 8 x 24 = 192 dK/dV
+    # programs, the two-kernel backward, with the whole group of 4 split over programs (2 gives
+    # 384 < 1,024): partial dK, dV sums 2*B*H_kv*4*s*d*e
+    partial = 2 * 8 * 4 * 3072 * 128 * 2
+    assert fa.forward_backward_bytes(1, 32, 8, 3072, 3072, 128, 2) == two_kernel + partial
+    assert fa.forward_backward_bytes(1, 32, 8, 3072, 3072, 128, 2, split=1) == two_kernel
     # the atomic-dQ backward (by default from s = 2,049 at d = 64 and 128, 16-bit, with at
-    # least 2,048 dK/dV programs: here 8 x 8 x 32, so no split) adds its fp32 buffer
-    buffer = 8 * 32 * 4096 * 128 * 4
-    assert fa.forward_backward_bytes(8, 32, 8, 4096, 4096, 128, 2) == 8 * two_kernel + buffer
-    assert fa.forward_backward_bytes(8, 32, 8, 4096, 4096, 128, 2, atomic=False) == 8 * two_kernel
-    assert fa.forward_backward_bytes(4, 32, 8, 4096, 4096, 128, 2) == 4 * two_kernel  # 1,024
+    # least 2,048 dK/dV programs: here 16 x 8 x 24, so no split) adds its fp32 buffer
+    buffer = 16 * 32 * 3072 * 128 * 4
+    assert fa.forward_backward_bytes(16, 32, 8, 3072, 3072, 128, 2) == 16 * two_kernel + buffer
+    assert fa.forward_backward_bytes(16, 32, 8, 3072, 3072, 128, 2, atomic=False) == (
+        16 * two_kernel)
+    assert fa.forward_backward_bytes(8, 32, 8, 3072, 3072, 128, 2) == 8 * two_kernel  # 1,536
+    # so does the Hopper region (s >= 4,096 and 8 x 32 = 256 programs), with no split
+    four = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
+    assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == four + 32 * 4096 * 128 * 4
     assert fa.forward_backward_bytes(1, 32, 32, 2048, 2048, 128, 2) == (  # s = 2,048: no buffer
         4 * 32 * 2048 * 128 * 2 + 8 * 32 * 2048)
     assert fa.forward_backward_bytes(1, 32, 32, 4096, 4096, 96, 2) == (  # d = 96: no buffer
@@ -812,12 +817,12 @@ def test_backward_choice_rules(monkeypatch):
     atomic, two = ["delta", "dkdv_atomic"], ["dq", "dkdv"]
     assert names(1, 32, 32, 4096, 64) == atomic  # 32 x 64 = 2,048 dK/dV programs
     assert names(1, 32, 32, 2048, 64) == two  # not longer than 2,048
-    assert names(1, 32, 32, 4096, 128) == two  # 32 x 32 = 1,024 programs
-    assert names(1, 32, 32, 8192, 128) == atomic  # 2,048
-    assert names(1, 32, 8, 4096, 64) == atomic  # GQA split over 4: 8 x 4 x 64 = 2,048
-    assert names(1, 32, 8, 4096, 128) == two  # GQA split over 4: 8 x 4 x 32 = 1,024
-    assert names(4, 32, 8, 4096, 128) == two  # no split (4 x 8 x 32 blocks): 1,024
-    assert names(8, 32, 8, 4096, 128) == atomic  # 2,048
+    assert names(1, 32, 32, 3072, 128) == two  # 32 x 24 = 768 programs
+    assert names(4, 32, 32, 3072, 128) == atomic  # 3,072
+    assert names(1, 32, 32, 4096, 128) == atomic  # the Hopper region (1,024 programs of 128)
+    assert names(1, 32, 8, 3072, 64) == two  # GQA split over 4: 8 x 4 x 48 = 1,536
+    assert names(1, 32, 8, 4096, 128) == atomic  # the region: 8 x 32 = 256 programs, no split
+    assert names(1, 32, 4, 4096, 128) == two  # 4 x 32 = 128: Triton's split 8, two kernels
     assert names(1, 32, 32, 4096, 80) == two  # head dim
     assert names(1, 32, 32, 4096, 64, torch.float32) == two  # dtype
     assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": False}) == two

@@ -251,7 +251,7 @@ def _stand_in_kernels():
         _delta = q.new_empty((B, H, sq), dtype=torch.float32)
         dk = torch.empty_like(k, memory_format=torch.contiguous_format)
         dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-        split = dispatch.kv_split(B, H, H_kv, sk)
+        split = dispatch.kv_split(B, H, H_kv, sq, sk, d, q.element_size())
         if split > 1:
             _parts = (k.new_empty((B, H_kv * split, sk, d)), v.new_empty((B, H_kv * split, sk, d)))
         if dispatch.atomic_dq(B, H, H_kv, sq, sk, d, q.element_size()):
