@@ -56,7 +56,7 @@ PEERS_TIMING = "eager, 3 rounds, with FlashAttention-4"
 if PEERS_CSV.exists():
     SOURCES[PEERS_TIMING] = ({"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}, (
         "Eager calls, each implementation timed three times per shape, in turn, in one process "
-        "(`FLASH_ATTN_SM90_BWD=0 python -m kernels.bench --preset anchors --rounds 3`): the "
+        "(`python -m kernels.bench --preset anchors --rounds 3`, 2026-12-01 16:09 UTC): the "
         "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
         "kernels) as a peer."))
     GQA_SOURCES[PEERS_TIMING] = {"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}
@@ -202,15 +202,15 @@ c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
 st.dataframe(table, hide_index=True, width="stretch")
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
-    "The forward+backward rows add our Triton backward: two kernels (dQ, then dK/dV) up to "
-    "s = 2,048 and where the dK/dV grid has fewer than 2,048 programs (here: d = 128 up to "
-    "s = 4,096), else one dK/dV kernel that also adds dQ into an fp32 buffer (bulk "
-    "reduce-adds of the copy engine). With grouped-query attention on a small grid each "
-    "group of query heads is split over several dK/dV programs whose partial dK, dV are "
-    "summed afterwards. Since 2026-12-01 the default takes the Hopper Gluon backward "
-    "instead on that atomic-dQ path without a split from 4,096 queries on; the bundled runs "
-    "time the Triton backward as *default* (the FlashAttention-4 run with "
-    "`FLASH_ATTN_SM90_BWD=0`), and *Gluon backward (forced)* is the Gluon one on the same "
-    "inputs. Full tables and the tuning notes: `kernels/bench/BENCH_H200.md`, "
-    "`kernels/flash/NOTES.md`."
+    "The forward+backward rows add our backward. On a Hopper GPU, from 4,096 queries with at "
+    "least 256 dK/dV programs of 128 keys (B·H_kv·⌈s/128⌉), that is the Gluon backward: one "
+    "program per 128 keys walks every query head of its group and adds dQ into an fp32 "
+    "buffer with the copy engine's bulk reduce-adds. Elsewhere it is the Triton backward: "
+    "two kernels (dQ, then dK/dV) up to s = 2,048 and on small grids, else one dK/dV kernel "
+    "that also adds dQ into the fp32 buffer; with grouped-query attention on a small grid "
+    "each group of query heads is split over several dK/dV programs whose partial dK, dV "
+    "are summed afterwards. The FlashAttention-4 run times that default; the other bundled "
+    "runs are older and time the Triton backward, and *Gluon backward (forced)* is the "
+    "Gluon one on the same inputs. Full tables and the tuning notes: "
+    "`kernels/bench/BENCH_H200.md`, `kernels/flash/NOTES.md`."
 )

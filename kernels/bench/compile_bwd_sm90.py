@@ -28,23 +28,25 @@ def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
-                    p_smem: bool | None = None):
+                    p_smem: bool | None = None, dq_split_d: bool | None = None):
     """The compiled kernel for one variant, with the signature the host side launches."""
     gdt = _DT[dtype]
     dm = _desc_type(dtype, gdt, block_m, d)
     dn = _desc_type(dtype, gdt, b90.HALF_N, d)
-    lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, d, block_m // 2], b90.gl.float32)
-    dq = f"tensordesc<fp32[1, 1, {d}, {block_m // 2}],{lay!r}>"  # the dQ^T buffer's tiles
+    split_d = b90.DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
+    rows, cols = (d // 2, block_m) if split_d else (d, block_m // 2)
+    lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], b90.gl.float32)
+    dq = f"tensordesc<fp32[1, 1, {rows}, {cols}],{lay!r}>"  # the dQ^T buffer's tiles
     ptr = f"*{dtype}"
     st = f"tensordesc<fp32[1, {block_m}],{b90.STATS_LAYOUT!r}>"  # lse2 and delta rows
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "P_SMEM": "constexpr", "num_warps": "constexpr"}
+           "P_SMEM": "constexpr", "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
               "P_SMEM": b90.P_SMEM[d] if p_smem is None else bool(p_smem),
-              "num_warps": b90.NUM_WARPS}
+              "DQ_SPLIT_D": split_d, "num_warps": b90.NUM_WARPS}
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": b90.NUM_WARPS})
@@ -52,9 +54,11 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
 
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
-        verbose: bool = True, p_smem: bool | None = None) -> list[tuple]:
+        verbose: bool = True, p_smem: bool | None = None,
+        dq_split_d: bool | None = None) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
-    bytes, shared KiB, error or None). ``p_smem`` None: bwd_sm90.P_SMEM's choice per d."""
+    bytes, shared KiB, error or None). ``p_smem``, ``dq_split_d`` None: bwd_sm90.P_SMEM's and
+    DQ_SPLIT_D's choice per d."""
     rows = []
     for d in dims:
         bm, st = b90.TILES[d]
@@ -62,7 +66,7 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         for dtype in dtypes:
             for causal in causals:
                 try:
-                    ck = compile_variant(dtype, d, causal, bm, st, p_smem)
+                    ck = compile_variant(dtype, d, causal, bm, st, p_smem, dq_split_d)
                 except Exception as e:  # report and go on with the next variant
                     rows.append((dtype, d, causal, bm, st, None, None, None,
                                  f"{type(e).__name__}: {str(e)[:3000]}"))
@@ -92,11 +96,16 @@ def main() -> int:
     ap.add_argument("--p-smem", type=int, choices=(0, 1), default=None,
                     help="P^T for dV through shared memory (1) or registers (0); default: "
                          "bwd_sm90.P_SMEM per head dim")
+    ap.add_argument("--dq-split-d", type=int, choices=(0, 1), default=None,
+                    help="dQ^T split between the warpgroups by rows of d (1) or by queries (0); "
+                         "default: bwd_sm90.DQ_SPLIT_D per head dim")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")
     p_smem = None if args.p_smem is None else bool(args.p_smem)
-    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages, p_smem=p_smem)
+    split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
+    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages, p_smem=p_smem,
+               dq_split_d=split_d)
     bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
     return 1 if bad else 0
 

@@ -108,7 +108,7 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # Shared memory at d = 128: K, V 64 KiB; ring 2 * (16 + 16 + 0.5) KiB; dS 2 * 2 * 8 KiB;
 # dQ staging 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
 # 226 KiB, no faster: NOTES.md step 11). At d = 64 BLOCK_M = 128 (as FA3 and FA4 take it):
-# the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64: 113 KiB, 3-16% slower on
+# the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64: 113 KiB, 3-17% slower on
 # the H200, step 11), with 100-240 spilled bytes under Triton 3.6 where 64 spilled none.
 TILES = {64: (128, 2), 128: (64, 2)}
 # Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
@@ -119,6 +119,13 @@ KEY_MAJOR = {False: False, True: True}
 # (3.6: 136-168 bytes against 64-120) and it adds a store and a barrier per block, so it is a
 # variant the GPU check times beside the default, not the default.
 P_SMEM = {64: False, 128: False}
+# How the two warpgroups share dQ^T = K^T dS^T (d x BLOCK_M, over the 128 keys), by head dim:
+# False, each takes half of the query columns (M = d, N = BLOCK_M / 2: at d = 128 two m64n32
+# products whose shared-memory operands, 3 KiB per 16 keys, take longer to read than the
+# tensor cores take to multiply them); True, each takes half of the rows of d (M = d / 2,
+# N = BLOCK_M: 4 KiB per 16 keys for twice the work, a third less shared-memory traffic; its
+# staging tile's 256-byte rows go out as two copy-engine boxes). NOTES.md step 11.
+DQ_SPLIT_D = {64: False, 128: True}
 
 
 @gluon.jit
@@ -164,7 +171,7 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
             dq_smem, p_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr, P_SMEM: gl.constexpr):
+            CAUSAL: gl.constexpr, P_SMEM: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -225,13 +232,24 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
 
     # ---- dQ^T for half HALF_ID of the query rows: K^T dS^T over both warpgroups' keys ------------
     mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)  # the other warpgroup's half is written
-    dqt = gl.zeros([HEAD_D, HALF_M], gl.float32, dq_layout)
-    for i in gl.static_range(2):
-        k_h = k_smem.index(i)
-        k_h = k_h.reshape([k_h.shape[2], k_h.shape[3]])  # (64 keys, d)
-        ds_h = ds_smem.index(2 * buf + i).slice(HALF_ID * HALF_M, HALF_M, dim=0)
-        dqt = warpgroup_mma(k_h.permute((1, 0)), ds_h.permute((1, 0)), dqt, use_acc=i > 0,
-                            is_async=True)
+    if DQ_SPLIT_D:  # rows HALF_ID * d / 2 .. of dQ^T, every query column
+        HALF_D: gl.constexpr = HEAD_D // 2
+        dqt = gl.zeros([HALF_D, BLOCK_M], gl.float32, dq_layout)
+        for i in gl.static_range(2):
+            k_h = k_smem.index(i)
+            k_h = k_h.reshape([k_h.shape[2], k_h.shape[3]])  # (64 keys, d)
+            k_h = k_h.slice(HALF_ID * HALF_D, HALF_D, dim=1)  # (64 keys, d / 2)
+            ds_h = ds_smem.index(2 * buf + i)  # (BLOCK_M, 64 keys)
+            dqt = warpgroup_mma(k_h.permute((1, 0)), ds_h.permute((1, 0)), dqt, use_acc=i > 0,
+                                is_async=True)
+    else:  # query columns HALF_ID * BLOCK_M / 2 .., every row of d
+        dqt = gl.zeros([HEAD_D, HALF_M], gl.float32, dq_layout)
+        for i in gl.static_range(2):
+            k_h = k_smem.index(i)
+            k_h = k_h.reshape([k_h.shape[2], k_h.shape[3]])  # (64 keys, d)
+            ds_h = ds_smem.index(2 * buf + i).slice(HALF_ID * HALF_M, HALF_M, dim=0)
+            dqt = warpgroup_mma(k_h.permute((1, 0)), ds_h.permute((1, 0)), dqt, use_acc=i > 0,
+                                is_async=True)
     dk, dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dqt))
     mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
 
@@ -240,11 +258,14 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     # registers (vector stores into the swizzled tile; storing it transposed took one scalar
     # store per element), and each row of the tile is 128 bytes of one swizzle atom.
     dq_t = dq_smem.index(HALF_ID)
-    dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M)
+    dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
     tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
     dq_2d.store(dqt * sm_scale)
     fence_async_shared()
-    _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
+    if DQ_SPLIT_D:
+        _tma_reduce_add(dq_desc, [b, h, HALF_ID * (HEAD_D // 2), start_m], dq_t)
+    else:
+        _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
     return dk, dv
 
 
@@ -253,7 +274,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
               ds_smem,
               dq_smem, p_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, P_SMEM: gl.constexpr):
+              STAGES: gl.constexpr, P_SMEM: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
@@ -266,8 +287,9 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
     pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    DQ_N: gl.constexpr = BLOCK_M if DQ_SPLIT_D else BLOCK_M // 2  # dQ^T columns per warpgroup
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M // 2, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_N, 16])
 
     k_w = k_smem.index(HALF_ID)
     k_w = k_w.reshape([HALF, HEAD_D])
@@ -287,7 +309,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL, P_SMEM)
+                             dq_layout, STAGES, True, CAUSAL, P_SMEM, DQ_SPLIT_D)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
@@ -295,7 +317,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL, P_SMEM)
+                             dq_layout, STAGES, False, CAUSAL, P_SMEM, DQ_SPLIT_D)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
@@ -313,7 +335,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
     dq_desc,  # the zeroed fp32 buffer of dQ^T, (B, H, d, s_q) contiguous; tiles
-    # [1, 1, d, BLOCK_M / 2]
+    # [1, 1, d, BLOCK_M / 2] (or [1, 1, d / 2, BLOCK_M] with DQ_SPLIT_D)
     lse_desc, delta_desc,  # (B * H, s_q) fp32: the forward's lse2, and delta (`_stats_kernel`);
     # tiles [1, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
@@ -325,6 +347,7 @@ def attn_bwd_sm90_kernel(
     STAGES: gl.constexpr,  # ring slots of Q and of dO
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     P_SMEM: gl.constexpr,  # P^T for dV's product through shared memory (else registers)
+    DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -390,11 +413,13 @@ def attn_bwd_sm90_kernel(
         [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem, p_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM)),
+                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM,
+                      DQ_SPLIT_D)),
          (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem, p_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM)),
+                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM,
+                      DQ_SPLIT_D)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
                     k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
                     GROUP, start_n, lo, n_m, STAGES))],
@@ -511,7 +536,8 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
-                            key_major: bool | None = None, p_smem: bool | None = None):
+                            key_major: bool | None = None, p_smem: bool | None = None,
+                            dq_split_d: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
@@ -522,8 +548,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
     adds land in any order), as in FA2, FA3 and cuDNN.
 
-    ``stages``, ``block_m``, ``key_major``, ``p_smem`` override TILES, KEY_MAJOR and P_SMEM
-    (the GPU check times the alternatives).
+    ``stages``, ``block_m``, ``key_major``, ``p_smem``, ``dq_split_d`` override TILES,
+    KEY_MAJOR, P_SMEM and DQ_SPLIT_D (the GPU check times the alternatives).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -548,6 +574,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
     ps = P_SMEM[d] if p_smem is None else bool(p_smem)
+    sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
+    dq_block = (1, 1, d // 2, bm) if sd else (1, 1, d, bm // 2)
     n_kb = -(-s_k // BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
     gdt = _GL_DTYPES[q.dtype]
@@ -555,13 +583,13 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     group = H // H_kv
     args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
             (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
-            (dq_acc, (1, 1, d, bm // 2), _layout(gl.float32, (1, 1, d, bm // 2))),
+            (dq_acc, dq_block, _layout(gl.float32, dq_block)),
             (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km, "P_SMEM": ps,
-              "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, ps, h_spec, _int_spec(H_kv),
+              "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, ps, sd, h_spec, _int_spec(H_kv),
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))

@@ -151,7 +151,7 @@ def test_compiles_for_sm90_without_spills(d):
     ceiling (dK and dV take 128 of the 240 registers) and ptxas spills some loop scalars and
     MMA descriptors, 64-124 bytes with Triton 3.6 (the GPU host's) and about 500 with 3.9; at
     d = 64 the BLOCK_M = 128 tile (S^T and dP^T 64 registers each) spills 100-240 bytes with
-    3.6 and 300-420 with 3.9, and was still 3-16% faster on the H200 than BLOCK_M = 64, which
+    3.6 and 300-420 with 3.9, and was still 3-17% faster on the H200 than BLOCK_M = 64, which
     spilled none (kernels/flash/NOTES.md, step 11)."""
     _sm90()
     from kernels.bench import compile_bwd_sm90 as cb
