@@ -868,7 +868,8 @@ def test_gqa_split_of_the_dkdv_grid(monkeypatch):
 
     # (key blocks, B * H_kv, split), and the tensor the programs write
     assert dkdv(1, 32, 32, 4096) == ((32, 32, 1), (1, 32, 4096, 64))  # MHA: no split
-    assert dkdv(1, 32, 8, 4096) == ((32, 8, 4), (1, 32, 4096, 64))  # 8 x 32 blocks: x4
+    assert dkdv(1, 32, 8, 3072) == ((24, 8, 4), (1, 32, 3072, 64))  # 8 x 24 blocks: x4
+    assert dkdv(1, 32, 8, 4096) == ((32, 8, 1), (1, 8, 4096, 64))  # the Hopper region: none
     assert dkdv(1, 32, 8, 16384) == ((128, 8, 1), (1, 8, 16384, 64))  # 1,024 blocks already
     assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 2}) == ((32, 8, 2), (1, 16, 4096, 64))
     assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 1}) == ((32, 8, 1), (1, 8, 4096, 64))
