@@ -222,17 +222,14 @@ TIME_SHAPES = [
 QUICK_TIME = (0, 1, 4)  # --quick: d = 128 s = 4096 full and causal, d = 64 s = 8192 causal
 # Further settings of the new backward timed alone at each shape, by head dim (the defaults
 # are bwd_sm90.TILES and bwd_sm90.KEY_MAJOR; causal shapes also time the other grid order).
-# Tags in the output: b = block_m, s = stages, k = key_major, p = p_smem, n = dq_buffers,
-# x = dq_split_d. The other P^T path
+# Tags in the output: b = block_m, s = stages, k = key_major, p = p_smem, x = dq_split_d.
+# The other P^T path
 # (`_flip_p_smem`) is timed at every shape, --quick included; these only without --quick.
 # All compile for sm_90 within the shared-memory limit (p_smem with 3 stages at d = 128 would
 # not: 242 KiB).
-EXTRA_VARIANTS = {64: [{"block_m": 64, "stages": 2}, {"block_m": 64, "stages": 3},
-                       {"dq_buffers": 2}],
-                  128: [{"block_m": 64, "stages": 3, "p_smem": False}, {"dq_split_d": False},
-                        {"dq_buffers": 2}]}
-TAGS = {"block_m": "b", "stages": "s", "key_major": "k", "p_smem": "p", "dq_buffers": "n",
-        "dq_split_d": "x"}
+EXTRA_VARIANTS = {64: [{"block_m": 64, "stages": 2}, {"block_m": 64, "stages": 3}],
+                  128: [{"block_m": 64, "stages": 3, "p_smem": False}, {"dq_split_d": False}]}
+TAGS = {"block_m": "b", "stages": "s", "key_major": "k", "p_smem": "p", "dq_split_d": "x"}
 # The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
 ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
          499], "FA4": [588, 509, 632, 607, 493, None, 564]}

@@ -28,8 +28,7 @@ def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
-                    p_smem: bool | None = None, dq_split_d: bool | None = None,
-                    dq_buffers: int | None = None):
+                    p_smem: bool | None = None, dq_split_d: bool | None = None):
     """The compiled kernel for one variant, with the signature the host side launches."""
     gdt = _DT[dtype]
     dm = _desc_type(dtype, gdt, block_m, d)
@@ -44,13 +43,10 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "P_SMEM": "constexpr", "DQ_SPLIT_D": "constexpr", "DQ_BUFS": "constexpr",
-           "num_warps": "constexpr"}
+           "P_SMEM": "constexpr", "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
               "P_SMEM": b90.P_SMEM[d] if p_smem is None else bool(p_smem),
-              "DQ_SPLIT_D": split_d,
-              "DQ_BUFS": b90.DQ_BUFFERS[d] if dq_buffers is None else int(dq_buffers),
-              "num_warps": b90.NUM_WARPS}
+              "DQ_SPLIT_D": split_d, "num_warps": b90.NUM_WARPS}
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": b90.NUM_WARPS})
@@ -59,7 +55,7 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
         verbose: bool = True, p_smem: bool | None = None,
-        dq_split_d: bool | None = None, dq_buffers: int | None = None) -> list[tuple]:
+        dq_split_d: bool | None = None) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
     bytes, shared KiB, error or None). ``p_smem``, ``dq_split_d`` None: bwd_sm90.P_SMEM's and
     DQ_SPLIT_D's choice per d."""
@@ -70,7 +66,7 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         for dtype in dtypes:
             for causal in causals:
                 try:
-                    ck = compile_variant(dtype, d, causal, bm, st, p_smem, dq_split_d, dq_buffers)
+                    ck = compile_variant(dtype, d, causal, bm, st, p_smem, dq_split_d)
                 except Exception as e:  # report and go on with the next variant
                     rows.append((dtype, d, causal, bm, st, None, None, None,
                                  f"{type(e).__name__}: {str(e)[:3000]}"))
@@ -100,8 +96,6 @@ def main() -> int:
     ap.add_argument("--p-smem", type=int, choices=(0, 1), default=None,
                     help="P^T for dV through shared memory (1) or registers (0); default: "
                          "bwd_sm90.P_SMEM per head dim")
-    ap.add_argument("--dq-buffers", type=int, choices=(1, 2), default=None,
-                    help="dQ staging tiles per warpgroup; default: bwd_sm90.DQ_BUFFERS")
     ap.add_argument("--dq-split-d", type=int, choices=(0, 1), default=None,
                     help="dQ^T split between the warpgroups by rows of d (1) or by queries (0); "
                          "default: bwd_sm90.DQ_SPLIT_D per head dim")
@@ -111,7 +105,7 @@ def main() -> int:
     p_smem = None if args.p_smem is None else bool(args.p_smem)
     split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
     rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages, p_smem=p_smem,
-               dq_split_d=split_d, dq_buffers=args.dq_buffers)
+               dq_split_d=split_d)
     bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
     return 1 if bad else 0
 

@@ -126,10 +126,6 @@ P_SMEM = {64: False, 128: False}
 # N = BLOCK_M: 4 KiB per 16 keys for twice the work, a third less shared-memory traffic; its
 # staging tile's 256-byte rows go out as two copy-engine boxes). NOTES.md step 11.
 DQ_SPLIT_D = {64: False, 128: True}
-# dQ staging tiles per warpgroup: 1 (the next block's store waits until the copy engine has
-# read the last one) or 2 (it waits for the one before: 32 KiB more, 226 KiB in all at d = 64
-# and d = 128). NOTES.md step 11d.
-DQ_BUFFERS = {64: 1, 128: 1}
 
 
 @gluon.jit
@@ -261,11 +257,9 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies in
     # registers (vector stores into the swizzled tile; storing it transposed took one scalar
     # store per element), and each row of the tile is 128 bytes of one swizzle atom.
-    DQ_BUFS: gl.constexpr = dq_smem.shape[0] // 2  # staging tiles per warpgroup
-    dq_t = dq_smem.index((it % DQ_BUFS) * 2 + HALF_ID)
+    dq_t = dq_smem.index(HALF_ID)
     dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
-    # the reduce that last used this staging tile has read it (with two tiles, the one before)
-    tma.store_wait(pendings=DQ_BUFS - 1)
+    tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
     dq_2d.store(dqt * sm_scale)
     fence_async_shared()
     if DQ_SPLIT_D:
@@ -354,7 +348,6 @@ def attn_bwd_sm90_kernel(
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     P_SMEM: gl.constexpr,  # P^T for dV's product through shared memory (else registers)
     DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
-    DQ_BUFS: gl.constexpr,  # dQ staging tiles per warpgroup (1 or 2)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -397,7 +390,7 @@ def attn_bwd_sm90_kernel(
                                            delta_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], DTYPE)
     ds_smem = gl.allocate_shared_memory(DTYPE, [4, BLOCK_M, HALF], ds_layout)  # [buf * 2 + wg]
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape,
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
     if P_SMEM:  # one (64 keys, BLOCK_M) tile of P^T per warpgroup
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_M], DTYPE)
@@ -544,7 +537,7 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
                             key_major: bool | None = None, p_smem: bool | None = None,
-                            dq_split_d: bool | None = None, dq_buffers: int | None = None):
+                            dq_split_d: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
@@ -555,8 +548,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
     adds land in any order), as in FA2, FA3 and cuDNN.
 
-    ``stages``, ``block_m``, ``key_major``, ``p_smem``, ``dq_split_d``, ``dq_buffers`` override
-    TILES, KEY_MAJOR, P_SMEM, DQ_SPLIT_D and DQ_BUFFERS (the GPU check times the alternatives).
+    ``stages``, ``block_m``, ``key_major``, ``p_smem``, ``dq_split_d`` override TILES,
+    KEY_MAJOR, P_SMEM and DQ_SPLIT_D (the GPU check times the alternatives).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -582,7 +575,6 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
     ps = P_SMEM[d] if p_smem is None else bool(p_smem)
     sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
-    nb = DQ_BUFFERS[d] if dq_buffers is None else int(dq_buffers)
     dq_block = (1, 1, d // 2, bm) if sd else (1, 1, d, bm // 2)
     n_kb = -(-s_k // BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
@@ -596,8 +588,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km, "P_SMEM": ps,
-              "DQ_SPLIT_D": sd, "DQ_BUFS": nb, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, ps, sd, nb, h_spec, _int_spec(H_kv),
+              "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, ps, sd, h_spec, _int_spec(H_kv),
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
