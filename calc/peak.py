@@ -125,9 +125,11 @@ PEAK_MODEL_NOTES: dict[str, str] = {
     "triton": (
         "Our kernel: the forward writes the output and one fp32 log-sum-exp per row; the "
         "backward adds the row sums of dO·O (fp32) and the three gradients, and for fp16/bf16 "
-        "at d = 64 or 128 with s above 2,048 (and B·H_kv·S·⌈s/d⌉ ≥ 2,048) an fp32 dq buffer "
-        "that its dK/dV kernel adds into with atomics (5 matrix products instead of 7; "
-        "kernels/flash_attn_bwd.py). With GQA on a small grid (B·H_kv·⌈s/128⌉ < 1,024) the "
+        "at d = 64 or 128 an fp32 dq buffer that its dK/dV kernel adds into with atomics (5 "
+        "matrix products instead of 7): from s = 4,096 with B·H_kv·⌈s/128⌉ ≥ 256 (the region "
+        "where a Hopper GPU runs the Gluon backward, kernels/flash/bwd_sm90.py; other GPUs the "
+        "Triton one with the same buffers), and with s above 2,048 where B·H_kv·S·⌈s/d⌉ ≥ "
+        "2,048. Outside that region, with GQA on a small grid (B·H_kv·⌈s/128⌉ < 1,024) the "
         "backward splits each group of query heads over S programs, whose partial dk, dv "
         "(2·S·B·H_kv·s·d·e) are summed at the end. Not modelled: under "
         "torch.use_deterministic_algorithms(True) the kernel keeps its deterministic "
@@ -457,8 +459,9 @@ def _triton(sh: _Shape) -> list[Step]:
         steps.append(_a(f"partial dk, dv of the GQA group split over {split} programs "
                         "(B·H_kv·⌈s/128⌉ < 1,024)", split * sh.kv_bytes(), split * sh.kv_bytes()))
     if dispatch.atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, dtype_bytes(sh.dtype)):
-        steps.append(_a("fp32 dq buffer of the atomic-dQ backward (s > 2,048, d = 64 or 128, "
-                        "B·H_kv·S·⌈s/d⌉ ≥ 2,048)", sh.out_bytes(4)))
+        steps.append(_a("fp32 dq buffer of the atomic-dQ backward (d = 64 or 128: s ≥ 4,096 "
+                        "with B·H_kv·⌈s/128⌉ ≥ 256, or s > 2,048 with B·H_kv·S·⌈s/d⌉ ≥ 2,048)",
+                        sh.out_bytes(4)))
     steps.append(_a("dq", sh.out_bytes()))
     return steps
 

@@ -157,13 +157,15 @@ def flash_attention(
                           (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
                           buffer: by default for fp16/bf16 at d = 64 and 128 once
-                          max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
+                          s_q >= 4,096 and B*H_kv*ceil(s_k/128) >= 256 (the Hopper region,
+                          `calc.dispatch.sm90_region`, where Hopper runs the Gluon backward),
+                          or max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
                           (BLOCK_N = d; kernels/flash/bwd.py, `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the
                           atomic adds make dQ nondeterministic in its last bits)
                           + 2*B*H_kv*S*s_k*d*e with GQA where the backward splits each group
-                          over S programs (partial dK, dV sums; S > 1 when
-                          B*H_kv*ceil(s_k/128) < 1,024: `bwd.kv_split`)
+                          over S programs (partial dK, dV sums; outside the Hopper region,
+                          S > 1 when B*H_kv*ceil(s_k/128) < 1,024: `bwd.kv_split`)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: a `KernelConfig` (every field None by default: the kernels' own rules) to
