@@ -104,12 +104,18 @@ def parse_shape(text: str) -> Shape:
 
 #: Named shape lists. "anchors": the attention-kernel table of ../shared/ANCHORS.md (bf16,
 #: d = 128 at s = 4,096 and 16,384 causal and not, d = 64 at 8,192 causal, GQA H_kv = 8 at
-#: d = 128, s = 8,192 causal), plus fp16 at d = 128, s = 4,096 causal and not.
+#: d = 128, s = 8,192 causal), plus fp16 at d = 128, s = 4,096 causal and not. "targets": the
+#: backward's whole target grid of the kernel issue (forward+backward >= 1.0x FA4 at d = 64 and
+#: 128, s >= 4,096, causal and not, bf16 and fp16, MHA and GQA 4:1): both dtypes x both head
+#: dims x s = 4,096 and 16,384 x causal and not x H_kv = 32 and 8, 32 shapes.
 PRESETS: dict[str, tuple[Shape, ...]] = {
     "anchors": tuple(parse_shape(x) for x in (
         "bf16/128/4096", "bf16/128/4096/causal", "bf16/128/16384", "bf16/128/16384/causal",
         "bf16/64/8192/causal", "bf16/128/8192/causal/kv=8", "fp16/128/4096",
         "fp16/128/4096/causal")),
+    "targets": tuple(parse_shape(f"{dt}/{d}/{s}{'/causal' if c else ''}{kv}")
+                     for dt in ("bf16", "fp16") for d in (128, 64) for s in (4096, 16384)
+                     for c in (False, True) for kv in ("", "/kv=8")),
 }
 
 

@@ -96,6 +96,11 @@ def test_shapes_presets_and_refusals(capsys):
                    "bf16/128/16384/causal", "bf16/64/8192/causal", "bf16/128/8192/causal/kv=8",
                    "fp16/128/4096", "fp16/128/4096/causal"]
     assert args.modes == ["fwd", "fwd_bwd"] and args.impls[-1] == "fa4"
+    # --preset targets: the backward's whole target grid, 2 x 2 x 2 x 2 x 2 shapes, each once
+    grid = [s.spec() for s in bench.shapes_of(bench.parse_args(["--preset", "targets"]))]
+    assert len(grid) == len(set(grid)) == 32
+    assert {"fp16/64/16384/causal/kv=8", "bf16/128/4096", "bf16/64/4096/kv=8"} <= set(grid)
+    assert all(bench.parse_shape(g).seq_len >= 4096 for g in grid)
     sh = bench.parse_shape("bf16/128/8192/causal/kv=8")
     assert (sh.dtype, sh.head_dim, sh.seq_len, sh.causal, sh.kv_heads) == ("bf16", 128, 8192, True, 8)
     crossed = bench.shapes_of(bench.parse_args(["--dims", "64", "--seqs", "1024", "2048",
