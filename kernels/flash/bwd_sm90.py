@@ -29,15 +29,18 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
       dS^T = P^T * (dP^T - delta)                (overlaps the dV product)
       dS^T -> shared memory; dK_w += dS^T Q      (A operand from shared memory)
       -- both warpgroups have written their half of dS (an mbarrier with two arrivals) --
-      dQ^T[:, half w of the rows] = K^T dS^T     (M = d, N = BLOCK_M / 2, K = 128 keys:
-                                                   each warpgroup half of the query rows)
+      dQ^T half w = K^T dS^T                     (K = 128 keys; d = 64: query columns
+                                                   32w .., M = d, N = BLOCK_M / 2; d = 128,
+                                                   DQ_SPLIT_D: rows 64w .. of d, M = d / 2,
+                                                   N = BLOCK_M)
       dQ^T half -> shared memory (fp32) -> one bulk reduce-add into an fp32 buffer of dQ^T
                                                   (B, H, d, s_q), cast and transposed at the end
 
-  The dQ product runs with M = d (``dQ^T``, FA3's "dQ_swapAB") so that the two warpgroups can
-  split its output by query rows without the 64-row minimum of a warpgroup MMA: each holds a
-  (d, BLOCK_M / 2) accumulator, 32 registers per thread at d = 128, next to dK_w and dV_w
-  (64 each). dS lives in a double buffer, so a warpgroup may write the next block's half
+  The dQ product runs with M = d or d / 2 (``dQ^T``, FA3's "dQ_swapAB") so that the two
+  warpgroups can split its output without the 64-row minimum of a warpgroup MMA: at d = 128
+  each holds a (d / 2, BLOCK_M) accumulator, 32 registers per thread, next to dK_w and dV_w
+  (64 each); split by rows of d its operands take a third less shared-memory traffic than
+  split by queries, and it measured 1.21-1.26x faster (NOTES.md step 11c). dS lives in a double buffer, so a warpgroup may write the next block's half
   while the other still reads the previous one (it cannot get two blocks ahead: each
   warpgroup waits for the other's arrival every block).
 
@@ -52,10 +55,11 @@ Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a 
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
 
 Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90); at d = 64
-(BLOCK_M = 128) ptxas spills 100-240 bytes with 3.6, 300-420 with 3.9; at d = 128 the consumers sit at the 240-register ceiling (dK, dV: 128 of them) and
-ptxas spills a few loop scalars and MMA descriptors (64-120 bytes with 3.6, ~500 with 3.9;
-with P^T through shared memory, ``P_SMEM``, 136-168 and 516-576: that path frees P^T's
-registers but not the spills).
+(BLOCK_M = 128) ptxas spills 100-240 bytes with 3.6, 300-420 with 3.9; at d = 128 the
+consumers sit at the 240-register ceiling (dK, dV: 128 of them) and ptxas spills a few loop
+scalars and MMA descriptors (68 bytes with 3.6, 350-390 with 3.9; before DQ_SPLIT_D 64-124
+and ~500; with P^T through shared memory, ``P_SMEM``, 136-168 and 516-576 as then measured:
+that path frees P^T's registers but not the spills).
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
 test_bwd_sm90.py. Routed from kernels.flash.bwd (`use_sm90_backward`).
 """
@@ -230,7 +234,7 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     else:
         dv, p16 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, p16))
 
-    # ---- dQ^T for half HALF_ID of the query rows: K^T dS^T over both warpgroups' keys ------------
+    # ---- dQ^T, this warpgroup's half (of the rows of d or of the queries): K^T dS^T -------------
     mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)  # the other warpgroup's half is written
     if DQ_SPLIT_D:  # rows HALF_ID * d / 2 .. of dQ^T, every query column
         HALF_D: gl.constexpr = HEAD_D // 2
@@ -256,7 +260,8 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     # ---- dQ half -> shared memory -> one bulk reduce-add into the fp32 buffer ---------------------
     # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies in
     # registers (vector stores into the swizzled tile; storing it transposed took one scalar
-    # store per element), and each row of the tile is 128 bytes of one swizzle atom.
+    # store per element); a row of the tile is 128 bytes (one swizzle atom) split by queries,
+    # 256 split by rows of d (two atoms: two copy-engine boxes).
     dq_t = dq_smem.index(HALF_ID)
     dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
     tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
