@@ -148,9 +148,8 @@ class KernelConfig:
     dkdv_tiles: Tiles | None = None
     # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
     # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: unless
-    # FLASH_ATTN_SM90_BWD=0, where the Triton backward would take its atomic-dQ path with no
-    # GQA split from 4,096 queries on, and only when no field above picks something of the
-    # Triton backward).
+    # FLASH_ATTN_SM90_BWD=0, in calc.dispatch's Hopper region, where the rules give atomic dQ
+    # and no GQA split, and only when no field above picks something of the Triton backward).
     sm90_bwd: bool | None = None
 
     def triton_backward_chosen(self) -> bool:
