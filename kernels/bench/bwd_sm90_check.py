@@ -18,12 +18,13 @@
    check where the reference is too large to run. A second line per shape splits ours
    (new, current) into milliseconds: the autograd forward, autograd's backward of a saved
    graph, their sum against the measured fwd+bwd, the backward called directly, and the host
-   time of one backward call (kernels queued, not waited for). The new backward's other P^T
-   path (bwd_sm90.P_SMEM flipped, tag p0/p1) is checked and timed beside its default.
+   time of one backward call (kernels queued, not waited for). One alternative of the new
+   backward per head dim (`ALTERNATIVE`: the other dQ^T split at d = 128, BLOCK_M = 64 at
+   d = 64) is checked and timed beside its default.
 
 --quick: four correctness shapes (bf16, H = 32: the kernels compiled there serve the timing
-too), and d = 128 s = 4096 full and causal, d = 64 s = 8192 causal timed with only the P^T
-alternative as a variant (aimed at under 90 s with compiles, FA4's included; each phase
+too), and d = 128 s = 4096 full and causal, d = 64 s = 8192 causal timed with only
+`ALTERNATIVE` as a variant (aimed at under 90 s with compiles, FA4's included; each phase
 prints its seconds).
 Without it: under 3 minutes on one H200 (torch 2.11, triton 3.6).
 """
@@ -134,17 +135,13 @@ def _grads(q, k, v, do, causal, scale):
     return torch.autograd.grad(o, (q, k, v), do)
 
 
-def _flip_p_smem(d: int) -> dict:
-    """The settings of the new backward's other P^T path (bwd_sm90.P_SMEM: registers or shared
-    memory for dV's product), timed and checked beside the default."""
-    from kernels.flash import bwd_sm90
-
-    return {"p_smem": not bwd_sm90.P_SMEM[d]}
+# One other setting of the new backward per head dim, checked and timed beside its default.
+ALTERNATIVE = {128: {"dq_split_d": False}, 64: {"block_m": 64}}
 
 
 def check(quick: bool = False) -> bool:
-    """Max errors against the fp32 reference: the new backward's (its default, then its other
-    P^T path, tagged p0/p1), the current backward's, and plain PyTorch's in the low precision
+    """Max errors against the fp32 reference: the new backward's (its default, then
+    `ALTERNATIVE`, tagged as the timing's variants are), the current backward's, and plain PyTorch's in the low precision
     ("eager"). PASS where the new error is at most twice the eager one plus a floor (the rule
     of tests/kernels/test_flash_attention.py)."""
     from kernels.flash import bwd_sm90
@@ -156,7 +153,7 @@ def check(quick: bool = False) -> bool:
         print(f"(current backward unavailable: {type(e).__name__}: {e})")
         attention_backward = None
     ok = True
-    print("== correctness: max |grad - fp32 reference|  new [its other P^T path, p = p_smem] / "
+    print("== correctness: max |grad - fp32 reference|  new [its alternative] / "
           "current / eager low precision", flush=True)
     shapes = QUICK_CHECK_SHAPES if quick else CHECK_SHAPES
     for B, H, H_kv, s, d, causal, dtype in shapes:
@@ -176,7 +173,7 @@ def check(quick: bool = False) -> bool:
             o, lse2 = attention_forward(q, k, v, causal, scale)
             new = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
             alt = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale,
-                                                   **_flip_p_smem(d))
+                                                   **ALTERNATIVE[d])
             torch.cuda.synchronize()
         except Exception as e:
             print(f"{name}: ERROR {type(e).__name__}: {str(e)[:1500]}")
@@ -192,7 +189,7 @@ def check(quick: bool = False) -> bool:
         ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
         low = _grads(q, k, v, do, causal, scale)
         parts = []
-        tag = f"p{int(not bwd_sm90.P_SMEM[d])}"  # the other P^T path
+        tag = "/".join(f"{TAGS[key]}{int(val)}" for key, val in ALTERNATIVE[d].items())
         for i, gname in enumerate(("dq", "dk", "dv")):
             ea = (new[i].float() - ref[i]).abs().max().item()
             eb = (alt[i].float() - ref[i]).abs().max().item()
@@ -222,14 +219,12 @@ TIME_SHAPES = [
 QUICK_TIME = (0, 1, 4)  # --quick: d = 128 s = 4096 full and causal, d = 64 s = 8192 causal
 # Further settings of the new backward timed alone at each shape, by head dim (the defaults
 # are bwd_sm90.TILES and bwd_sm90.KEY_MAJOR; causal shapes also time the other grid order).
-# Tags in the output: b = block_m, s = stages, k = key_major, p = p_smem, x = dq_split_d.
-# The other P^T path
-# (`_flip_p_smem`) is timed at every shape, --quick included; these only without --quick.
-# All compile for sm_90 within the shared-memory limit (p_smem with 3 stages at d = 128 would
-# not: 242 KiB).
-EXTRA_VARIANTS = {64: [{"block_m": 64, "stages": 2}, {"block_m": 64, "stages": 3}],
-                  128: [{"block_m": 64, "stages": 3, "p_smem": False}, {"dq_split_d": False}]}
-TAGS = {"block_m": "b", "stages": "s", "key_major": "k", "p_smem": "p", "dq_split_d": "x"}
+# Tags in the output: b = block_m, s = stages, k = key_major, x = dq_split_d.
+# `ALTERNATIVE` is timed at every shape, --quick included; these only without --quick.
+# All compile for sm_90 within the shared-memory limit.
+EXTRA_VARIANTS = {64: [{"block_m": 64, "stages": 3}],
+                  128: [{"block_m": 64, "stages": 3}]}
+TAGS = {"block_m": "b", "stages": "s", "key_major": "k", "dq_split_d": "x"}
 # The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
 ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
          499], "FA4": [588, 509, 632, 607, 493, None, 564]}
@@ -341,7 +336,7 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
 
     # other (BLOCK_M, stages) of the new backward, the backward alone (they compile on first use)
     others = []
-    variants = [_flip_p_smem(d)]
+    variants = [ALTERNATIVE[d]]
     if not quick:
         variants += EXTRA_VARIANTS.get(d, [])
     if causal and not quick:

@@ -1,7 +1,7 @@
 """Compile the Hopper (Gluon) backward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--p-smem 0|1] [--dump DIR]
+    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--dump DIR]
 
 Triton's compiler and ptxas run on the CPU (as kernels.bench.compile_sm90 does for the
 forward); only launching needs the GPU. Exit status 1 if a variant fails to compile or spills.
@@ -28,8 +28,9 @@ def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
-                    p_smem: bool | None = None, dq_split_d: bool | None = None):
-    """The compiled kernel for one variant, with the signature the host side launches."""
+                    dq_split_d: bool | None = None, mha: bool = False):
+    """The compiled kernel for one variant, with the signature the host side launches; ``mha``:
+    GROUP = 1 as a constant, as the JIT specialises an integer argument equal to 1 (no GQA)."""
     gdt = _DT[dtype]
     dm = _desc_type(dtype, gdt, block_m, d)
     dn = _desc_type(dtype, gdt, b90.HALF_N, d)
@@ -43,10 +44,11 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "P_SMEM": "constexpr", "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
+           "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
-              "P_SMEM": b90.P_SMEM[d] if p_smem is None else bool(p_smem),
               "DQ_SPLIT_D": split_d, "num_warps": b90.NUM_WARPS}
+    if mha:
+        sig["GROUP"], consts["GROUP"] = "constexpr", 1
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": b90.NUM_WARPS})
@@ -54,11 +56,11 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
 
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
-        verbose: bool = True, p_smem: bool | None = None,
-        dq_split_d: bool | None = None) -> list[tuple]:
+        verbose: bool = True, dq_split_d: bool | None = None,
+        mha: bool = False) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
-    bytes, shared KiB, error or None). ``p_smem``, ``dq_split_d`` None: bwd_sm90.P_SMEM's and
-    DQ_SPLIT_D's choice per d."""
+    bytes, shared KiB, error or None). ``dq_split_d`` None: bwd_sm90.DQ_SPLIT_D's choice per d;
+    ``mha``: compiled for GROUP = 1 (compile_variant)."""
     rows = []
     for d in dims:
         bm, st = b90.TILES[d]
@@ -66,7 +68,7 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         for dtype in dtypes:
             for causal in causals:
                 try:
-                    ck = compile_variant(dtype, d, causal, bm, st, p_smem, dq_split_d)
+                    ck = compile_variant(dtype, d, causal, bm, st, dq_split_d, mha)
                 except Exception as e:  # report and go on with the next variant
                     rows.append((dtype, d, causal, bm, st, None, None, None,
                                  f"{type(e).__name__}: {str(e)[:3000]}"))
@@ -93,19 +95,17 @@ def main() -> int:
     ap.add_argument("--dims", type=int, nargs="+", default=list(b90.HEAD_DIMS))
     ap.add_argument("--block-m", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
-    ap.add_argument("--p-smem", type=int, choices=(0, 1), default=None,
-                    help="P^T for dV through shared memory (1) or registers (0); default: "
-                         "bwd_sm90.P_SMEM per head dim")
     ap.add_argument("--dq-split-d", type=int, choices=(0, 1), default=None,
                     help="dQ^T split between the warpgroups by rows of d (1) or by queries (0); "
                          "default: bwd_sm90.DQ_SPLIT_D per head dim")
+    ap.add_argument("--mha", action="store_true",
+                    help="compile for GROUP = 1, as the JIT does when there is no GQA")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")
-    p_smem = None if args.p_smem is None else bool(args.p_smem)
     split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
-    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages, p_smem=p_smem,
-               dq_split_d=split_d)
+    rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages,
+               dq_split_d=split_d, mha=args.mha)
     bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
     return 1 if bad else 0
 

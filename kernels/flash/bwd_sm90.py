@@ -24,17 +24,20 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
 
       S^T  = K_w Q^T,   dP^T = V_w dO^T          (both issued at once, asynchronous)
       P^T  = exp2(S^T * scale * log2 e - lse2)   (masked on the diagonal / ragged keys)
-      dV_w += P^T dO                             (P^T from registers, asynchronous; or,
-                                                   P_SMEM, from a shared-memory tile)
+      dV_w += P^T dO                             (P^T from registers, asynchronous)
       dS^T = P^T * (dP^T - delta)                (overlaps the dV product)
-      dS^T -> shared memory; dK_w += dS^T Q      (A operand from shared memory)
+      dS^T -> shared memory (for dQ)
       -- both warpgroups have written their half of dS (an mbarrier with two arrivals) --
       dQ^T half w = K^T dS^T                     (K = 128 keys; d = 64: query columns
                                                    32w .., M = d, N = BLOCK_M / 2; d = 128,
                                                    DQ_SPLIT_D: rows 64w .. of d, M = d / 2,
                                                    N = BLOCK_M)
+      dK_w += dS^T Q                             (dS^T from registers; issued after dQ's
+                                                   product, it runs while the warpgroup stores
+                                                   dQ^T: FA3's and FA4's order)
       dQ^T half -> shared memory (fp32) -> one bulk reduce-add into an fp32 buffer of dQ^T
-                                                  (B, H, d, s_q), cast and transposed at the end
+                                                  (B, H, d, s_q), scaled, cast and transposed
+                                                  at the end
 
   The dQ product runs with M = d or d / 2 (``dQ^T``, FA3's "dQ_swapAB") so that the two
   warpgroups can split its output without the 64-row minimum of a warpgroup MMA: at d = 128
@@ -54,12 +57,10 @@ their lse2 is read as +inf (P = 0) and dO as zeros, and the copy engine drops th
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
 
-Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90); at d = 64
-(BLOCK_M = 128) ptxas spills 100-240 bytes with 3.6, 300-420 with 3.9; at d = 128 the
-consumers sit at the 240-register ceiling (dK, dV: 128 of them) and ptxas spills a few loop
-scalars and MMA descriptors (68 bytes with 3.6, 350-390 with 3.9; before DQ_SPLIT_D 64-124
-and ~500; with P^T through shared memory, ``P_SMEM``, 136-168 and 516-576 as then measured:
-that path frees P^T's registers but not the spills).
+Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90). The
+consumers run at 240 registers; dK and dV take 128 of them, and ptxas keeps the MMA descriptors
+of K and V (loop-invariant) in registers, so it spills: 96-240 bytes at d = 64 and 44-68 at
+d = 128 with Triton 3.6 (NOTES.md step 12 counts the local loads left inside the loops).
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
 test_bwd_sm90.py. Routed from kernels.flash.bwd (`use_sm90_backward`).
 """
@@ -117,12 +118,6 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 TILES = {64: (128, 2), 128: (64, 2)}
 # Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
 KEY_MAJOR = {False: False, True: True}
-# P^T for dV's product: as the A operand from registers (False, the first version) or through
-# shared memory (True: one 8 KiB tile per warpgroup, 16 KiB more in all; NOTES.md step 10b), by
-# head dim. The shared-memory path frees P^T's 16 registers at d = 128 but ptxas spills no less
-# (3.6: 136-168 bytes against 64-120) and it adds a store and a barrier per block, so it is a
-# variant the GPU check times beside the default, not the default.
-P_SMEM = {64: False, 128: False}
 # How the two warpgroups share dQ^T = K^T dS^T (d x BLOCK_M, over the 128 keys), by head dim:
 # False, each takes half of the query columns (M = d, N = BLOCK_M / 2: at d = 128 two m64n32
 # products whose shared-memory operands, 3 KiB per 16 keys, take longer to read than the
@@ -172,10 +167,10 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
 
 @gluon.jit
 def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-            dq_smem, p_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
+            dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr, P_SMEM: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -207,32 +202,19 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
         if CAUSAL:  # top-left alignment: query i sees keys j <= i
             visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
         pt = gl.where(visible, pt, 0.0)
-    if P_SMEM:  # P^T through shared memory (this warpgroup's own tile): no registers held
-        p_w = p_smem.index(HALF_ID)  # (64 keys, BLOCK_M), read by dV's product only
-        p_w.store(pt.to(DTYPE))
-        fence_async_shared()  # visible to the tensor cores before the product reads it
-        dv = warpgroup_mma(p_w, do_t, dv, is_async=True)
-    else:  # P^T as the A operand from registers
-        p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)
-        dv = warpgroup_mma(p16, do_t, dv, is_async=True)
+    p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)  # P^T as the A operand from registers
+    dv = warpgroup_mma(p16, do_t, dv, is_async=True)
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
     delta = delta_smem.index(slot).load(st_layout)
 
-    # ---- dS^T = P^T (dP^T - delta), to shared memory; dK_w += dS^T Q ------------------------------
+    # ---- dS^T = P^T (dP^T - delta), to shared memory (for dQ, both warpgroups' halves) ----------
     dst = (pt * (dpt - delta)).to(DTYPE)
     buf = it % 2
     ds_w = ds_smem.index(2 * buf + HALF_ID)  # (BLOCK_M, 64): queries x this warpgroup's keys
     ds_w.permute((1, 0)).store(dst)
     fence_async_shared()  # the stores must be visible to the tensor cores (async proxy)
     mbarrier.arrive(ds_bar.index(buf), count=1)
-    dk = warpgroup_mma(ds_w.permute((1, 0)), q_t, dk, is_async=True)
-    # dV's product has landed before dQ's accumulator comes alive; with P^T in registers they
-    # stay reserved (deps) until then. (With P^T in shared memory the next block's store into
-    # the tile comes after this wait, so one tile per warpgroup suffices.)
-    if P_SMEM:
-        dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
-    else:
-        dv, p16 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, p16))
+    dsa = gl.convert_layout(dst, pa_layout)  # dS^T stays in registers as dK's A operand
 
     # ---- dQ^T, this warpgroup's half (of the rows of d or of the queries): K^T dS^T -------------
     mbarrier.wait(ds_bar.index(buf), (it // 2) & 1)  # the other warpgroup's half is written
@@ -254,8 +236,12 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
             ds_h = ds_smem.index(2 * buf + i).slice(HALF_ID * HALF_M, HALF_M, dim=0)
             dqt = warpgroup_mma(k_h.permute((1, 0)), ds_h.permute((1, 0)), dqt, use_acc=i > 0,
                                 is_async=True)
-    dk, dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dqt))
-    mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
+    # dV's product (issued first) lands, then dK_w += dS^T Q (A from registers, FA3's and FA4's
+    # RS product) runs on the tensor cores while this warpgroup waits for dQ^T and stores it
+    # (groups complete in order)
+    dv, p16 = warpgroup_mma_wait(num_outstanding=1, deps=(dv, p16))
+    dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
+    dqt = warpgroup_mma_wait(num_outstanding=1, deps=(dqt,))
 
     # ---- dQ half -> shared memory -> one bulk reduce-add into the fp32 buffer ---------------------
     # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies in
@@ -265,21 +251,23 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     dq_t = dq_smem.index(HALF_ID)
     dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
     tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
-    dq_2d.store(dqt * sm_scale)
+    dq_2d.store(dqt)  # unscaled: the host's final cast multiplies by the softmax scale
     fence_async_shared()
     if DQ_SPLIT_D:
         _tma_reduce_add(dq_desc, [b, h, HALF_ID * (HEAD_D // 2), start_m], dq_t)
     else:
         _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
+    dk, dsa = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dsa))
+    mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
     return dk, dv
 
 
 @gluon.jit
 def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
               ds_smem,
-              dq_smem, p_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
+              dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, P_SMEM: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
@@ -310,19 +298,19 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
         h = h_kv * GROUP + g
         for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
-                             lse_smem, delta_smem, ds_smem, dq_smem, p_smem, ready, empty,
+                             lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL, P_SMEM, DQ_SPLIT_D)
+                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
-                             lse_smem, delta_smem, ds_smem, dq_smem, p_smem, ready, empty,
+                             lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL, P_SMEM, DQ_SPLIT_D)
+                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
@@ -351,7 +339,6 @@ def attn_bwd_sm90_kernel(
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of Q and of dO
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
-    P_SMEM: gl.constexpr,  # P^T for dV's product through shared memory (else registers)
     DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
@@ -397,11 +384,6 @@ def attn_bwd_sm90_kernel(
     ds_smem = gl.allocate_shared_memory(DTYPE, [4, BLOCK_M, HALF], ds_layout)  # [buf * 2 + wg]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
                                         dq_desc.layout)
-    if P_SMEM:  # one (64 keys, BLOCK_M) tile of P^T per warpgroup
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_M], DTYPE)
-        p_smem = gl.allocate_shared_memory(DTYPE, [2, HALF, BLOCK_M], p_layout)
-    else:
-        p_smem = ds_smem  # unused
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -416,14 +398,14 @@ def attn_bwd_sm90_kernel(
     # (constexprs go into each argument list literally, as in fwd_sm90)
     gl.warp_specialize(
         [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                      dq_smem, p_smem,
+                      dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM,
+                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
                       DQ_SPLIT_D)),
          (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-                      dq_smem, p_smem,
+                      dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES, P_SMEM,
+                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
                       DQ_SPLIT_D)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
                     k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
@@ -541,7 +523,7 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
-                            key_major: bool | None = None, p_smem: bool | None = None,
+                            key_major: bool | None = None,
                             dq_split_d: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
@@ -553,8 +535,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
     adds land in any order), as in FA2, FA3 and cuDNN.
 
-    ``stages``, ``block_m``, ``key_major``, ``p_smem``, ``dq_split_d`` override TILES,
-    KEY_MAJOR, P_SMEM and DQ_SPLIT_D (the GPU check times the alternatives).
+    ``stages``, ``block_m``, ``key_major``, ``dq_split_d`` override TILES, KEY_MAJOR
+    and DQ_SPLIT_D (the GPU check times the alternatives).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -578,7 +560,6 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q),
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
-    ps = P_SMEM[d] if p_smem is None else bool(p_smem)
     sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
     dq_block = (1, 1, d // 2, bm) if sd else (1, 1, d, bm // 2)
     n_kb = -(-s_k // BLOCK_N)
@@ -592,11 +573,13 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
             (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
-    consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km, "P_SMEM": ps,
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km,
               "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, ps, sd, h_spec, _int_spec(H_kv),
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, h_spec, _int_spec(H_kv),
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
-    dq.copy_(dq_acc.transpose(2, 3))  # one strided cast-and-transpose
+    # one strided scale-cast-and-transpose (the kernel adds K^T dS^T unscaled; computed in fp32,
+    # written in the inputs' dtype, no temporary)
+    torch.mul(dq_acc.transpose(2, 3), scale, out=dq)
     return dq, dk, dv
