@@ -56,7 +56,7 @@ PEERS_TIMING = "eager, 3 rounds, with FlashAttention-4"
 if PEERS_CSV.exists():
     SOURCES[PEERS_TIMING] = ({"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}, (
         "Eager calls, each implementation timed three times per shape, in turn, in one process "
-        "(`python -m kernels.bench --preset anchors --rounds 3`, 2026-12-01 17:46 UTC): the "
+        "(`python -m kernels.bench --preset anchors --rounds 3`, 2026-12-01 17:55 UTC): the "
         "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
         "kernels) as a peer."))
     GQA_SOURCES[PEERS_TIMING] = {"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}

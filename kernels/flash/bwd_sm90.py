@@ -58,9 +58,10 @@ Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a 
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
 
 Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90). The
-consumers run at 240 registers; dK and dV take 128 of them, and ptxas keeps the MMA descriptors
-of K and V (loop-invariant) in registers, so it spills: 96-240 bytes at d = 64 and 44-68 at
-d = 128 with Triton 3.6 (NOTES.md step 12 counts the local loads left inside the loops).
+consumers run at 240 registers (the first at 256), dK and dV taking 128 of them; with the K and
+V descriptors rebuilt every step (`_q_step`) ptxas spills nothing at d = 128 and 16-56 bytes
+at d = 64 with Triton 3.6 (3.9: 0-8 and 32-56), almost none of it inside the loops (NOTES.md
+step 12).
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
 test_bwd_sm90.py. Routed from kernels.flash.bwd (`use_sm90_backward`).
 """
@@ -166,8 +167,8 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
 
 
 @gluon.jit
-def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
-            dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
+def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+            ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
             CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
@@ -176,9 +177,18 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HALF_M: gl.constexpr = BLOCK_M // 2
     DTYPE: gl.constexpr = q_smem.dtype
-    HALF: gl.constexpr = k_w.shape[0]  # this warpgroup's keys
-    HEAD_D: gl.constexpr = k_w.shape[1]
+    HALF: gl.constexpr = k_smem.shape[3]  # this warpgroup's keys
+    HEAD_D: gl.constexpr = k_smem.shape[4]
     slot = it % STAGES
+    # This warpgroup's K and V halves, (64 keys, d), indexed by HALF_ID + rz with rz = 0 that
+    # the compiler cannot prove 0 and that changes per step: their MMA descriptors (8 K-slices
+    # each of K_w, V_w and of K^T for dQ) are then rebuilt every step in uniform registers,
+    # not hoisted out of the loop, where ptxas kept them in about 48 vector registers and
+    # spilled around them (7-15 local loads per step). 0 spilled bytes at d = 128 since, and
+    # 1.02-1.08x the backward alone (NOTES.md step 12d).
+    rz = slot * zero
+    k_w = _tile(k_smem, HALF_ID + rz)
+    v_w = _tile(v_smem, HALF_ID + rz)
     mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
     q_t = _tile(q_smem, slot)  # (BLOCK_M, d)
     do_t = _tile(do_smem, slot)
@@ -222,7 +232,7 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
         HALF_D: gl.constexpr = HEAD_D // 2
         dqt = gl.zeros([HALF_D, BLOCK_M], gl.float32, dq_layout)
         for i in gl.static_range(2):
-            k_h = k_smem.index(i)
+            k_h = k_smem.index(i + rz)
             k_h = k_h.reshape([k_h.shape[2], k_h.shape[3]])  # (64 keys, d)
             k_h = k_h.slice(HALF_ID * HALF_D, HALF_D, dim=1)  # (64 keys, d / 2)
             ds_h = ds_smem.index(2 * buf + i)  # (BLOCK_M, 64 keys)
@@ -231,7 +241,7 @@ def _q_step(it, start_m, dk, dv, k_w, v_w, k_smem, q_smem, do_smem, lse_smem, de
     else:  # query columns HALF_ID * BLOCK_M / 2 .., every row of d
         dqt = gl.zeros([HEAD_D, HALF_M], gl.float32, dq_layout)
         for i in gl.static_range(2):
-            k_h = k_smem.index(i)
+            k_h = k_smem.index(i + rz)
             k_h = k_h.reshape([k_h.shape[2], k_h.shape[3]])  # (64 keys, d)
             ds_h = ds_smem.index(2 * buf + i).slice(HALF_ID * HALF_M, HALF_M, dim=0)
             dqt = warpgroup_mma(k_h.permute((1, 0)), ds_h.permute((1, 0)), dqt, use_acc=i > 0,
@@ -284,10 +294,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_N, 16])
 
-    k_w = k_smem.index(HALF_ID)
-    k_w = k_w.reshape([HALF, HEAD_D])
-    v_w = v_smem.index(HALF_ID)
-    v_w = v_w.reshape([HALF, HEAD_D])
+    zero = s_k >> 31  # 0 (s_k >= 0) but a runtime value: see _q_step
     keys = start_n + HALF_ID * HALF + gl.arange(0, HALF, gl.SliceLayout(1, st_layout))
     dk = gl.zeros([HALF, HEAD_D], gl.float32, acc_layout)
     dv = gl.zeros([HALF, HEAD_D], gl.float32, acc_layout)
@@ -297,7 +304,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
     for g in range(GROUP):
         h = h_kv * GROUP + g
         for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
-            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
+            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
@@ -305,7 +312,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
-            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, k_w, v_w, k_smem, q_smem, do_smem,
+            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
