@@ -60,6 +60,17 @@ if PEERS_CSV.exists():
         "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
         "kernels) as a peer."))
     GQA_SOURCES[PEERS_TIMING] = {"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}
+# The backward's whole target grid with FlashAttention-4 (both dtypes, d = 64 and 128, s = 4,096
+# and 16,384, causal and not, MHA and GQA 4:1), offered when the checkout has it.
+TARGETS_CSV = BENCH / "kernel_speed_targets_eager_h200.csv"
+TARGETS_TIMING = "eager, 3 rounds, FA4 target grid"
+if TARGETS_CSV.exists():
+    SOURCES[TARGETS_TIMING] = ({"fwd": TARGETS_CSV, "fwd_bwd": TARGETS_CSV}, (
+        "Eager calls, each implementation timed three times per shape, in turn, in one process "
+        "per dtype (`python -m kernels.bench --impls triton sdpa_cudnn fa4 --rounds 3` over the "
+        "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), one backward step "
+        "before the anchors run (kernels/flash/NOTES.md step 12)."))
+    GQA_SOURCES[TARGETS_TIMING] = {"fwd": TARGETS_CSV, "fwd_bwd": TARGETS_CSV}
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
 PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path

@@ -444,6 +444,24 @@ def test_kernel_speed_shows_fa4_when_the_data_has_it(tmp_path, monkeypatch) -> N
     assert not warnings(at) and {OURS_LABEL, fa4} <= set(t.columns)
     assert 4096 in t.index and 300 < t.loc[4096, fa4] < 1000  # FA4 measured, in TFLOP/s
 
+
+def test_kernel_speed_offers_the_bundled_target_grid() -> None:
+    """The bundled 32-shape grid (data/kernel_speed_targets_eager_h200.csv): fp16, d = 64,
+    GQA 4:1, causal forward+backward shows ours, cuDNN and FA4 at s = 4,096 and 16,384 with the
+    ratios, the ratio being the file's own numbers."""
+    import pandas as pd
+
+    timing = "eager, 3 rounds, FA4 target grid"
+    at = run("kernel", ktiming=timing, kdtype="fp16", kd="64", kkv="8", kcausal="true",
+             kpass="fwd+bwd")
+    t = _kernel_table(at).set_index("s")
+    fa4 = impl_label("fa4")
+    assert not warnings(at) and list(t.index) == [4096, 16384]
+    df = pd.read_csv(ROOT / "data" / "kernel_speed_targets_eager_h200.csv")
+    sel = df[(df.dtype == "fp16") & (df.head_dim == 64) & (df.kv_heads == 8) & df.causal
+             & (df["mode"] == "fwd_bwd") & (df.seq_len == 16384)].set_index("impl")["tflops"]
+    assert t.loc[16384, f"default / {fa4}"] == round(sel["triton"] / sel["fa4"], 2)
+
 EXTREMES = {
     "score": {"b": "65536", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
     "model": {"b": "65536", "s": "100000000", "model": "Llama 3.1 405B", "mode": "training"},
