@@ -1,7 +1,7 @@
 """Compile the Hopper (Gluon) backward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--dump DIR]
+    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--mha] [--loops] [--dump DIR]
 
 Triton's compiler and ptxas run on the CPU (as kernels.bench.compile_sm90 does for the
 forward); only launching needs the GPU. Exit status 1 if a variant fails to compile or spills.
@@ -54,6 +54,16 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
                           options={"num_warps": b90.NUM_WARPS})
 
 
+def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False) -> list:
+    """The innermost loops of the default variant's SASS with their local loads and stores
+    (kernels.bench.sass_loops.Loop), compiled as `compile_variant` does."""
+    from kernels.bench import sass_loops
+
+    bm, st = b90.TILES[d]
+    ck = compile_variant(dtype, d, causal, bm, st, mha=mha)
+    return sass_loops.loops(sass_loops.sass(ck.asm["cubin"]))
+
+
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
         verbose: bool = True, dq_split_d: bool | None = None,
@@ -100,12 +110,22 @@ def main() -> int:
                          "default: bwd_sm90.DQ_SPLIT_D per head dim")
     ap.add_argument("--mha", action="store_true",
                     help="compile for GROUP = 1, as the JIT does when there is no GQA")
+    ap.add_argument("--loops", action="store_true",
+                    help="also print each innermost loop of the default variants' SASS with "
+                         "its local loads and stores (kernels.bench.sass_loops)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")
     split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
     rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages,
                dq_split_d=split_d, mha=args.mha)
+    if args.loops:
+        print("dtype d causal loop_offset instructions HGMMA local_loads local_stores")
+        for d in args.dims:
+            for causal in (False, True):
+                for lp in loop_counts("bf16", d, causal, args.mha):
+                    print(f"bf16 {d} {causal} {lp.start:#07x} {lp.instructions} {lp.hgmma} "
+                          f"{lp.local_loads} {lp.local_stores}")
     bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
     return 1 if bad else 0
 
