@@ -115,7 +115,8 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # dQ staging 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
 # 226 KiB, no faster: NOTES.md step 11). At d = 64 BLOCK_M = 128 (as FA3 and FA4 take it):
 # the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64: 113 KiB, 3-17% slower on
-# the H200, step 11), with 100-240 spilled bytes under Triton 3.6 where 64 spilled none.
+# the H200, step 11), though it then spilled 100-240 bytes under Triton 3.6 where 64 spilled
+# none (16-56 since the descriptors are rebuilt every step, step 12).
 TILES = {64: (128, 2), 128: (64, 2)}
 # Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
 KEY_MAJOR = {False: False, True: True}

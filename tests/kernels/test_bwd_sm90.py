@@ -147,12 +147,12 @@ def test_usable_refuses_cpu_tensors():
 def test_compiles_for_sm90_without_spills(d):
     """The CPU compile check (kernels.bench.compile_bwd_sm90): the default variant compiles
     for sm_90 and fits the 227 KiB of shared memory; 0 spilled bytes is the goal. Known
-    spills (expected failures until they are 0): at d = 128 the consumers run at the register
-    ceiling (dK and dV take 128 of the 240 registers) and ptxas spills some loop scalars and
-    MMA descriptors, 64-124 bytes with Triton 3.6 (the GPU host's) and about 500 with 3.9; at
-    d = 64 the BLOCK_M = 128 tile (S^T and dP^T 64 registers each) spills 100-240 bytes with
-    3.6 and 300-420 with 3.9, and was still 3-17% faster on the H200 than BLOCK_M = 64, which
-    spilled none (kernels/flash/NOTES.md, step 11)."""
+    spills (expected failures until they are 0), the causal variant compiled here: at d = 128
+    none with Triton 3.6 (the GPU host's) and 8 bytes with 3.9, outside the loops, since the
+    K and V descriptors are rebuilt every step (kernels/flash/NOTES.md step 12d; before, 44-68
+    and about 350); at d = 64 the BLOCK_M = 128 tile (S^T and dP^T 64 registers each) spills
+    16-56 bytes with either, and was 3-17% faster on the H200 than BLOCK_M = 64, which spilled
+    none (step 11)."""
     _sm90()
     from kernels.bench import compile_bwd_sm90 as cb
 
