@@ -49,28 +49,30 @@ SOURCES = {
 # Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads), the backward being
 # where GQA changes the work: timing choice -> {pass: bundled CSV}.
 GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "kernel_speed_fwdbwd_gqa_graphs_h200.csv"}}
+
+
+def offer(timing: str, path, how: str) -> None:
+    """A bundled run holding both passes and GQA rows in one file, as a timing choice of its
+    own, when the checkout has the file."""
+    if path.exists():
+        SOURCES[timing] = ({"fwd": path, "fwd_bwd": path}, how)
+        GQA_SOURCES[timing] = {"fwd": path, "fwd_bwd": path}
+
+
 # The run with FlashAttention-4 beside ours, cuDNN and FA2 (`python -m kernels.bench --preset
-# anchors --rounds 3`, both passes and GQA in one file): offered when the checkout has it.
-PEERS_CSV = BENCH / "kernel_speed_peers_eager_h200.csv"
-PEERS_TIMING = "eager, 3 rounds, with FlashAttention-4"
-if PEERS_CSV.exists():
-    SOURCES[PEERS_TIMING] = ({"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}, (
-        "Eager calls, each implementation timed three times per shape, in turn, in one process "
-        "(`python -m kernels.bench --preset anchors --rounds 3`, 2026-12-01 17:55 UTC): the "
-        "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
-        "kernels) as a peer."))
-    GQA_SOURCES[PEERS_TIMING] = {"fwd": PEERS_CSV, "fwd_bwd": PEERS_CSV}
+# anchors --rounds 3`).
+offer("eager, 3 rounds, with FlashAttention-4", BENCH / "kernel_speed_peers_eager_h200.csv", (
+    "Eager calls, each implementation timed three times per shape, in turn, in one process "
+    "(`python -m kernels.bench --preset anchors --rounds 3`, 2026-12-01 17:55 UTC): the "
+    "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
+    "kernels) as a peer."))
 # The backward's whole target grid with FlashAttention-4 (both dtypes, d = 64 and 128, s = 4,096
-# and 16,384, causal and not, MHA and GQA 4:1), offered when the checkout has it.
-TARGETS_CSV = BENCH / "kernel_speed_targets_eager_h200.csv"
-TARGETS_TIMING = "eager, 3 rounds, FA4 target grid"
-if TARGETS_CSV.exists():
-    SOURCES[TARGETS_TIMING] = ({"fwd": TARGETS_CSV, "fwd_bwd": TARGETS_CSV}, (
-        "Eager calls, each implementation timed three times per shape, in turn, in one process "
-        "per dtype (`python -m kernels.bench --impls triton sdpa_cudnn fa4 --rounds 3` over the "
-        "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), one backward step "
-        "before the anchors run (kernels/flash/NOTES.md step 12)."))
-    GQA_SOURCES[TARGETS_TIMING] = {"fwd": TARGETS_CSV, "fwd_bwd": TARGETS_CSV}
+# and 16,384, causal and not, MHA and GQA 4:1).
+offer("eager, 3 rounds, FA4 target grid", BENCH / "kernel_speed_targets_eager_h200.csv", (
+    "Eager calls, each implementation timed three times per shape, in turn, in one process "
+    "per dtype (`python -m kernels.bench --impls triton sdpa_cudnn fa4 --rounds 3` over the "
+    "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), one backward step "
+    "before the anchors run (kernels/flash/NOTES.md step 12)."))
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
 PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path

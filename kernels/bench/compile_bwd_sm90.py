@@ -16,6 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from kernels.bench import sass_loops
 from kernels.bench.compile_sm90 import _ptxas_usage
 from kernels.flash import bwd_sm90 as b90
 
@@ -56,21 +57,23 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
 
 def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False) -> list:
     """The innermost loops of the default variant's SASS with their local loads and stores
-    (kernels.bench.sass_loops.Loop), compiled as `compile_variant` does."""
-    from kernels.bench import sass_loops
-
-    bm, st = b90.TILES[d]
-    ck = compile_variant(dtype, d, causal, bm, st, mha=mha)
-    return sass_loops.loops(sass_loops.sass(ck.asm["cubin"]))
+    (kernels.bench.sass_loops.Loop), compiled as `run` does; raises if it does not compile."""
+    loops: dict = {}
+    (row,) = run(dims=(d,), dtypes=(dtype,), causals=(causal,), verbose=False, mha=mha,
+                 loops=loops)
+    if row[-1] is not None:
+        raise RuntimeError(row[-1])
+    return loops[(dtype, d, causal)]
 
 
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
         verbose: bool = True, dq_split_d: bool | None = None,
-        mha: bool = False) -> list[tuple]:
+        mha: bool = False, loops: dict | None = None) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
     bytes, shared KiB, error or None). ``dq_split_d`` None: bwd_sm90.DQ_SPLIT_D's choice per d;
-    ``mha``: compiled for GROUP = 1 (compile_variant)."""
+    ``mha``: compiled for GROUP = 1 (compile_variant); ``loops``, when given, receives per
+    (dtype, d, causal) the innermost loops of that kernel's SASS (kernels.bench.sass_loops)."""
     rows = []
     for d in dims:
         bm, st = b90.TILES[d]
@@ -88,6 +91,8 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
                 regs, spills = _ptxas_usage(ck.asm["ptx"])
                 shared = ck.metadata.shared / 1024
                 rows.append((dtype, d, causal, bm, st, regs, spills, shared, None))
+                if loops is not None:
+                    loops[(dtype, d, causal)] = sass_loops.loops(sass_loops.sass(ck.asm["cubin"]))
                 if verbose:
                     print(f"{dtype} {d} {causal} {bm} {st} {regs} {spills} {shared:.1f}")
                 if dump:
@@ -111,21 +116,21 @@ def main() -> int:
     ap.add_argument("--mha", action="store_true",
                     help="compile for GROUP = 1, as the JIT does when there is no GQA")
     ap.add_argument("--loops", action="store_true",
-                    help="also print each innermost loop of the default variants' SASS with "
-                         "its local loads and stores (kernels.bench.sass_loops)")
+                    help="also print each innermost loop of every variant's SASS with its "
+                         "local loads and stores (kernels.bench.sass_loops)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")
     split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
+    loops: dict | None = {} if args.loops else None
     rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages,
-               dq_split_d=split_d, mha=args.mha)
-    if args.loops:
+               dq_split_d=split_d, mha=args.mha, loops=loops)
+    if loops:
         print("dtype d causal loop_offset instructions HGMMA local_loads local_stores")
-        for d in args.dims:
-            for causal in (False, True):
-                for lp in loop_counts("bf16", d, causal, args.mha):
-                    print(f"bf16 {d} {causal} {lp.start:#07x} {lp.instructions} {lp.hgmma} "
-                          f"{lp.local_loads} {lp.local_stores}")
+        for (dtype, d, causal), found in loops.items():
+            for lp in found:
+                print(f"{dtype} {d} {causal} {lp.start:#07x} {lp.instructions} {lp.hgmma} "
+                      f"{lp.local_loads} {lp.local_stores}")
     bad = [r for r in rows if r[-1] is not None or r[6] not in ("0",)]
     return 1 if bad else 0
 

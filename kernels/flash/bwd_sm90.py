@@ -169,7 +169,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
 
 @gluon.jit
 def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-            ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale, sm_scale,
+            ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
             CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
@@ -309,7 +309,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
-                             keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
+                             keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
                              dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
@@ -317,7 +317,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
-                             keys, s_k, qk_scale, sm_scale, HALF_ID, st_layout, pa_layout,
+                             keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
                              dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
