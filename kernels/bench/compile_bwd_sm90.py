@@ -2,6 +2,7 @@
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
     python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--mha] [--loops] [--dump DIR]
+        [--block-m N] [--stages N] [--dq-split-d 0|1] [--early-stats 0|1]
 
 Triton's compiler and ptxas run on the CPU (as kernels.bench.compile_sm90 does for the
 forward); only launching needs the GPU. Exit status 1 if a variant fails to compile or spills.
@@ -29,7 +30,8 @@ def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
-                    dq_split_d: bool | None = None, mha: bool = False):
+                    dq_split_d: bool | None = None, mha: bool = False,
+                    early_stats: bool | None = None):
     """The compiled kernel for one variant, with the signature the host side launches; ``mha``:
     GROUP = 1 as a constant, as the JIT specialises an integer argument equal to 1 (no GQA)."""
     gdt = _DT[dtype]
@@ -45,9 +47,10 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
+           "DQ_SPLIT_D": "constexpr", "EARLY_STATS": "constexpr", "num_warps": "constexpr"}
+    early = b90.EARLY_STATS[d] if early_stats is None else bool(early_stats)
     consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
-              "DQ_SPLIT_D": split_d, "num_warps": b90.NUM_WARPS}
+              "DQ_SPLIT_D": split_d, "EARLY_STATS": early, "num_warps": b90.NUM_WARPS}
     if mha:
         sig["GROUP"], consts["GROUP"] = "constexpr", 1
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
@@ -55,12 +58,13 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
                           options={"num_warps": b90.NUM_WARPS})
 
 
-def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False) -> list:
+def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False,
+                early_stats: bool | None = None) -> list:
     """The innermost loops of the default variant's SASS with their local loads and stores
     (kernels.bench.sass_loops.Loop), compiled as `run` does; raises if it does not compile."""
     loops: dict = {}
     (row,) = run(dims=(d,), dtypes=(dtype,), causals=(causal,), verbose=False, mha=mha,
-                 loops=loops)
+                 loops=loops, early_stats=early_stats)
     if row[-1] is not None:
         raise RuntimeError(row[-1])
     return loops[(dtype, d, causal)]
@@ -69,9 +73,11 @@ def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False) -> list:
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
         verbose: bool = True, dq_split_d: bool | None = None,
-        mha: bool = False, loops: dict | None = None) -> list[tuple]:
+        mha: bool = False, loops: dict | None = None,
+        early_stats: bool | None = None) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
-    bytes, shared KiB, error or None). ``dq_split_d`` None: bwd_sm90.DQ_SPLIT_D's choice per d;
+    bytes, shared KiB, error or None). ``dq_split_d``, ``early_stats`` None: bwd_sm90.DQ_SPLIT_D's
+    and EARLY_STATS's choice per d;
     ``mha``: compiled for GROUP = 1 (compile_variant); ``loops``, when given, receives per
     (dtype, d, causal) the innermost loops of that kernel's SASS (kernels.bench.sass_loops)."""
     rows = []
@@ -81,7 +87,8 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         for dtype in dtypes:
             for causal in causals:
                 try:
-                    ck = compile_variant(dtype, d, causal, bm, st, dq_split_d, mha)
+                    ck = compile_variant(dtype, d, causal, bm, st, dq_split_d, mha,
+                                         early_stats)
                 except Exception as e:  # report and go on with the next variant
                     rows.append((dtype, d, causal, bm, st, None, None, None,
                                  f"{type(e).__name__}: {str(e)[:3000]}"))
@@ -113,6 +120,9 @@ def main() -> int:
     ap.add_argument("--dq-split-d", type=int, choices=(0, 1), default=None,
                     help="dQ^T split between the warpgroups by rows of d (1) or by queries (0); "
                          "default: bwd_sm90.DQ_SPLIT_D per head dim")
+    ap.add_argument("--early-stats", type=int, choices=(0, 1), default=None,
+                    help="lse2 and delta read before the waits that precede their use (1) or "
+                         "where they are used (0); default: bwd_sm90.EARLY_STATS per head dim")
     ap.add_argument("--mha", action="store_true",
                     help="compile for GROUP = 1, as the JIT does when there is no GQA")
     ap.add_argument("--loops", action="store_true",
@@ -124,7 +134,8 @@ def main() -> int:
     split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
     loops: dict | None = {} if args.loops else None
     rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages,
-               dq_split_d=split_d, mha=args.mha, loops=loops)
+               dq_split_d=split_d, mha=args.mha, loops=loops,
+               early_stats=None if args.early_stats is None else bool(args.early_stats))
     if loops:
         print("dtype d causal loop_offset instructions HGMMA local_loads local_stores")
         for (dtype, d, causal), found in loops.items():

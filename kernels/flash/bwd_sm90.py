@@ -127,6 +127,11 @@ KEY_MAJOR = {False: False, True: True}
 # N = BLOCK_M: 4 KiB per 16 keys for twice the work, a third less shared-memory traffic; its
 # staging tile's 256-byte rows go out as two copy-engine boxes). NOTES.md step 11.
 DQ_SPLIT_D = {64: False, 128: True}
+# Whether lse2 and delta are read from shared memory before the MMA waits that precede their
+# use (EARLY_STATS), by head dim. Compiled for sm_90 it holds no local memory in any loop at
+# d = 128 and puts 12-28 local loads per step into the loops at d = 64 (Triton 3.6); not yet
+# timed on the GPU (NOTES.md step 12e), so off until it is.
+EARLY_STATS = {64: False, 128: False}
 
 
 @gluon.jit
@@ -172,7 +177,7 @@ def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem
             ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -198,12 +203,18 @@ def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem
     zero = gl.zeros([HALF, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_w, q_t.permute((1, 0)), zero, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v_w, do_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
-    # the block's lse2 and delta per query column come from shared memory right where they are
-    # used (few registers held). Rows past s_q read as zeros (lse2 = 0 makes P = 1 there), and
+    # The block's lse2 and delta per query column come from shared memory, (1, BLOCK_M) each,
+    # broadcast over the keys. Rows past s_q read as zeros (lse2 = 0 makes P = 1 there), and
     # so do their Q and dO rows: S = dP = 0, so they add nothing to dV (dO = 0) or dS
-    # (P (dP - delta) = 0), and the copy engine drops their dQ.
-    lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), broadcast over the keys
+    # (P (dP - delta) = 0), and the copy engine drops their dQ. EARLY_STATS reads each while
+    # the products before its use are in flight (the first exp2 then need not wait for lse2:
+    # NOTES.md step 12e; 16 registers more are held across the S^T wait); otherwise each is
+    # read right where it is used.
+    if EARLY_STATS:
+        lse = lse_smem.index(slot).load(st_layout)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
+    if not EARLY_STATS:
+        lse = lse_smem.index(slot).load(st_layout)
 
     # ---- P^T, then dV_w += P^T dO (asynchronous; P^T from registers) ----------------------------
     pt = gl.exp2(st * qk_scale - lse)
@@ -214,9 +225,12 @@ def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem
             visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
         pt = gl.where(visible, pt, 0.0)
     p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)  # P^T as the A operand from registers
+    if EARLY_STATS:
+        delta = delta_smem.index(slot).load(st_layout)
     dv = warpgroup_mma(p16, do_t, dv, is_async=True)
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
-    delta = delta_smem.index(slot).load(st_layout)
+    if not EARLY_STATS:
+        delta = delta_smem.index(slot).load(st_layout)
 
     # ---- dS^T = P^T (dP^T - delta), to shared memory (for dQ, both warpgroups' halves) ----------
     dst = (pt * (dpt - delta)).to(DTYPE)
@@ -278,7 +292,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
               ds_smem,
               dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
@@ -310,7 +324,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D)
+                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, EARLY_STATS)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
             dk, dv = _q_step(it, m * BLOCK_M, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
@@ -318,7 +332,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D)
+                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, EARLY_STATS)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
@@ -348,6 +362,7 @@ def attn_bwd_sm90_kernel(
     STAGES: gl.constexpr,  # ring slots of Q and of dO
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
+    EARLY_STATS: gl.constexpr,  # lse2 and delta read before the waits that precede their use
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -409,12 +424,12 @@ def attn_bwd_sm90_kernel(
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D)),
+                      DQ_SPLIT_D, EARLY_STATS)),
          (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D)),
+                      DQ_SPLIT_D, EARLY_STATS)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
                     k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
                     GROUP, start_n, lo, n_m, STAGES))],
@@ -532,7 +547,8 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
                             key_major: bool | None = None,
-                            dq_split_d: bool | None = None):
+                            dq_split_d: bool | None = None,
+                            early_stats: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
@@ -543,8 +559,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
     adds land in any order), as in FA2, FA3 and cuDNN.
 
-    ``stages``, ``block_m``, ``key_major``, ``dq_split_d`` override TILES, KEY_MAJOR
-    and DQ_SPLIT_D (the GPU check times the alternatives).
+    ``stages``, ``block_m``, ``key_major``, ``dq_split_d``, ``early_stats`` override TILES,
+    KEY_MAJOR, DQ_SPLIT_D and EARLY_STATS (kernels.bench.ab_bwd times the alternatives).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -569,6 +585,7 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
     sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
+    es = EARLY_STATS[d] if early_stats is None else bool(early_stats)
     dq_block = (1, 1, d // 2, bm) if sd else (1, 1, d, bm // 2)
     n_kb = -(-s_k // BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
@@ -582,8 +599,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km,
-              "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, h_spec, _int_spec(H_kv),
+              "DQ_SPLIT_D": sd, "EARLY_STATS": es, "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, es, h_spec, _int_spec(H_kv),
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
