@@ -128,10 +128,18 @@ KEY_MAJOR = {False: False, True: True}
 # staging tile's 256-byte rows go out as two copy-engine boxes). NOTES.md step 11.
 DQ_SPLIT_D = {64: False, 128: True}
 # Whether lse2 and delta are read from shared memory before the MMA waits that precede their
-# use (EARLY_STATS), by head dim. Compiled for sm_90 it holds no local memory in any loop at
-# d = 128 and puts 12-28 local loads per step into the loops at d = 64 (Triton 3.6); not yet
-# timed on the GPU (NOTES.md step 12e), so off until it is.
+# use (EARLY_STATS, FA4's order), by head dim. Compiled for sm_90 (MHA, Triton 3.6) it holds no
+# local memory in any loop at d = 128 and puts 80-96 local loads per step into the loops at
+# d = 64; not yet timed on the GPU (NOTES.md step 12e), so off until it is.
 EARLY_STATS = {64: False, 128: False}
+# Whether each warpgroup's dQ^T partial goes to the fp32 buffer in register order (DQ_FLAT,
+# FA4's dQ staging: 16-byte stores without bank conflicts into an unswizzled tile, one
+# bulk reduce-add per partial into 4,096 floats of its own, decoded by the final cast) instead
+# of through the swizzled dQ^T tile. Needs the 64 x 64 partial of the defaults (d = 128 split
+# by rows of d with BLOCK_M = 64; d = 64 split by queries with BLOCK_M = 128) and s_q a
+# multiple of BLOCK_M (else the tile form runs: same buffer, same bytes). Compiled for sm_90,
+# not yet timed (NOTES.md step 13), so off until it is.
+DQ_FLAT = {64: False, 128: False}
 
 
 @gluon.jit
@@ -173,11 +181,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
 
 
 @gluon.jit
-def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
+def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
             ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr):
+            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr,
+            DQ_FLAT: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
@@ -269,19 +278,35 @@ def _q_step(it, start_m, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem
     dqt = warpgroup_mma_wait(num_outstanding=1, deps=(dqt,))
 
     # ---- dQ half -> shared memory -> one bulk reduce-add into the fp32 buffer ---------------------
-    # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies in
-    # registers (vector stores into the swizzled tile; storing it transposed took one scalar
-    # store per element); a row of the tile is 128 bytes (one swizzle atom) split by queries,
-    # 256 split by rows of d (two atoms: two copy-engine boxes).
-    dq_t = dq_smem.index(HALF_ID)
-    dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
     tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
-    dq_2d.store(dqt)  # unscaled: the host's final cast multiplies by the softmax scale
-    fence_async_shared()
-    if DQ_SPLIT_D:
-        _tma_reduce_add(dq_desc, [b, h, HALF_ID * (HEAD_D // 2), start_m], dq_t)
+    if DQ_FLAT:
+        # The (64, 64) accumulator goes out in register order (FA4's dQ staging): thread t of
+        # the warpgroup writes its 32 values as 8 chunks of 4, chunk c at float (128 c + t) * 4,
+        # so every store is a 16-byte vector and a warp's 32 stores fill 512 contiguous bytes
+        # (no bank conflict), and the buffer holds each (query block, half) as those 4,096
+        # floats (`flat_tile`; the final cast reads them back). In the accumulator's layout
+        # row r = 16 w + 8 h + i and column c = 8 j + 2 a + e, where w is the warp, i = lane
+        # // 4, a = lane % 4, and (j, h, e) the register: the reshape and permute below only
+        # rename those bits, so they move no data.
+        gl.static_assert(dqt.shape[0] == 64 and dqt.shape[1] == 64)
+        flat = dqt.reshape([4, 2, 8, 8, 4, 2]).permute((3, 0, 2, 4, 1, 5)).reshape([128, 32])
+        dq_t = dq_smem.index(HALF_ID)  # (128, 32) fp32, unswizzled
+        dq_t.store(flat)  # unscaled: the host's final cast multiplies by the softmax scale
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [(dq_tile + HALF_ID) * 128, 0], dq_t)
     else:
-        _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
+        # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies
+        # in registers (vector stores into the swizzled tile; storing it transposed took one
+        # scalar store per element); a row of the tile is 128 bytes (one swizzle atom) split by
+        # queries, 256 split by rows of d (two atoms: two copy-engine boxes).
+        dq_t = dq_smem.index(HALF_ID)
+        dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
+        dq_2d.store(dqt)  # unscaled: the host's final cast multiplies by the softmax scale
+        fence_async_shared()
+        if DQ_SPLIT_D:
+            _tma_reduce_add(dq_desc, [b, h, HALF_ID * (HEAD_D // 2), start_m], dq_t)
+        else:
+            _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
     dk, dsa = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dsa))
     mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
     return dk, dv
@@ -292,7 +317,8 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
               ds_smem,
               dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr):
+              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr,
+              DQ_FLAT: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
@@ -319,20 +345,23 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
     for g in range(GROUP):
         h = h_kv * GROUP + g
         for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
-            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
+            dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk, dv,
+                             zero, k_smem, v_smem, q_smem, do_smem,
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, EARLY_STATS)
+                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, EARLY_STATS, DQ_FLAT)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
-            dk, dv = _q_step(it, m * BLOCK_M, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
+            dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk, dv,
+                             zero, k_smem, v_smem, q_smem, do_smem,
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
                              dq_desc, b, h,
                              keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, EARLY_STATS)
+                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, EARLY_STATS,
+                             DQ_FLAT)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
@@ -350,7 +379,8 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
     dq_desc,  # the zeroed fp32 buffer of dQ^T, (B, H, d, s_q) contiguous; tiles
-    # [1, 1, d, BLOCK_M / 2] (or [1, 1, d / 2, BLOCK_M] with DQ_SPLIT_D)
+    # [1, 1, d, BLOCK_M / 2] (or [1, 1, d / 2, BLOCK_M] with DQ_SPLIT_D); with DQ_FLAT the same
+    # bytes as (B * H * n_m * 2 * 128, 32), tiles [128, 32] unswizzled (`flat_tile`)
     lse_desc, delta_desc,  # (B * H, s_q) fp32: the forward's lse2, and delta (`_stats_kernel`);
     # tiles [1, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
@@ -363,6 +393,7 @@ def attn_bwd_sm90_kernel(
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
     EARLY_STATS: gl.constexpr,  # lse2 and delta read before the waits that precede their use
+    DQ_FLAT: gl.constexpr,  # dQ partials in register order into a flat buffer (`flat_tile`)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -424,12 +455,12 @@ def attn_bwd_sm90_kernel(
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D, EARLY_STATS)),
+                      DQ_SPLIT_D, EARLY_STATS, DQ_FLAT)),
          (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D, EARLY_STATS)),
+                      DQ_SPLIT_D, EARLY_STATS, DQ_FLAT)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
                     k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
                     GROUP, start_n, lo, n_m, STAGES))],
@@ -467,8 +498,41 @@ def _stats_kernel(Out, DO, DELTA, DQ_ACC,
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 STATS_ROWS = 64
-# lse2/delta tiles [2, BLOCK_M] fp32 come unswizzled: they are read row by row, never by a MMA
+# lse2/delta tiles [2, BLOCK_M] fp32 come unswizzled: they are read row by row, never by a MMA;
+# so do DQ_FLAT's [128, 32] staging tiles (a flat run of 16 KiB in register order)
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+FLAT_ROWS = 128  # a DQ_FLAT partial, 4,096 floats, as the copy engine's [128, 32] box
+
+
+def flat_tile(part: torch.Tensor) -> torch.Tensor:
+    """A warpgroup's 64 x 64 dQ^T partial (rows: its rows of d, or every row of d at d = 64;
+    columns: its queries) as DQ_FLAT stores it, (128, 32): the kernel's reshape and permute in
+    torch's (row-major) terms, which Gluon's follow. Tests build the flat buffer with it."""
+    return part.reshape(4, 2, 8, 8, 4, 2).permute(3, 0, 2, 4, 1, 5).reshape(FLAT_ROWS, 32)
+
+
+@triton.jit(do_not_specialize=["s_q"])
+def _flat_cast_kernel(ACC, DQ, scale, s_q, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SPLIT_D: tl.constexpr):
+    """dQ (B, H, s_q, d), contiguous, in DQ's dtype = scale x the DQ_FLAT buffer: program
+    (m, bh) decodes the two 4,096-float partials of query block m of (batch, head) bh, tile
+    (bh * n_m + m) * 2 + u (`flat_tile`: element (r, c) of a partial is float 512 (c // 8) +
+    128 (r // 16) + 16 (r % 8) + 4 (c // 2 % 4) + 2 (r // 8 % 2) + c % 2). u is the half of
+    d (SPLIT_D, d = 128) or of the block's queries (d = 64). s_q is a multiple of BLOCK_M."""
+    m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    n_m = s_q // BLOCK_M
+    qi = tl.arange(0, BLOCK_M)[:, None]  # query within the block
+    dd = tl.arange(0, HEAD_D)[None, :]
+    if SPLIT_D:
+        u, r, c = dd // 64, dd % 64, qi
+    else:
+        u, r, c = qi // 64, dd, qi % 64
+    inner = (512 * (c // 8) + 128 * (r // 16) + 16 * (r % 8) + 4 * (c // 2 % 4)
+             + 2 * (r // 8 % 2) + c % 2)
+    acc = tl.load(ACC + ((bh * n_m + m) * 2 + u) * 4096 + inner)
+    rows = m * BLOCK_M + qi
+    tl.store(DQ + (bh * s_q + rows) * HEAD_D + dd, (acc * scale).to(DQ.dtype.element_ty))
 
 
 def _strides(t: torch.Tensor) -> list[int]:
@@ -537,6 +601,7 @@ def _descriptor(t: torch.Tensor, block: tuple, layout) -> TensorDescriptor:
 # (tensor, block, layout) tuples: on Triton 3.6 a call on the same tensors as before reuses
 # their encoded tensor maps.
 STATS_LAUNCHER = DirectLauncher(_stats_kernel)
+FLAT_CAST_LAUNCHER = DirectLauncher(_flat_cast_kernel)
 LAUNCHER = DirectLauncher(attn_bwd_sm90_kernel, descriptor=_descriptor)
 
 
@@ -548,7 +613,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
                             key_major: bool | None = None,
                             dq_split_d: bool | None = None,
-                            early_stats: bool | None = None):
+                            early_stats: bool | None = None,
+                            dq_flat: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
@@ -559,14 +625,26 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
     adds land in any order), as in FA2, FA3 and cuDNN.
 
-    ``stages``, ``block_m``, ``key_major``, ``dq_split_d``, ``early_stats`` override TILES,
-    KEY_MAJOR, DQ_SPLIT_D and EARLY_STATS (kernels.bench.ab_bwd times the alternatives).
+    ``stages``, ``block_m``, ``key_major``, ``dq_split_d``, ``early_stats``, ``dq_flat``
+    override TILES, KEY_MAJOR, DQ_SPLIT_D, EARLY_STATS and DQ_FLAT (kernels.bench.ab_bwd
+    times the alternatives); ``dq_flat`` asked for with another partial than 64 x 64 is
+    refused (ValueError), and with s_q not a multiple of BLOCK_M takes the tile form.
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     bm, st = TILES[d]
     bm = block_m or bm
     st = stages or st
+    km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
+    sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
+    es = EARLY_STATS[d] if early_stats is None else bool(early_stats)
+    part = (d // 2, bm) if sd else (d, bm // 2)  # a warpgroup's dQ^T partial
+    if dq_flat and part != (64, 64):
+        raise ValueError(f"dq_flat needs a 64 x 64 dQ^T partial per warpgroup (d = 128 split by "
+                         f"rows of d with block_m 64, or d = 64 split by queries with block_m "
+                         f"128); got d = {d}, block_m = {bm}, dq_split_d = {sd}")
+    fl = (DQ_FLAT[d] if dq_flat is None else bool(dq_flat)) and part == (64, 64) \
+        and s_q % bm == 0
     if not _descriptor_ok(do):  # e.g. the expanded (stride-0) gradient of a sum()
         do = do.contiguous()
     if o.stride(3) != 1:  # the stats kernel reads rows of O with unit stride
@@ -583,10 +661,7 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         ("stats", q.dtype, d, so[:3], sdo[:3], h_spec, o.data_ptr() % 16, do.data_ptr() % 16),
         (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q),
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
-    km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
-    sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
-    es = EARLY_STATS[d] if early_stats is None else bool(early_stats)
-    dq_block = (1, 1, d // 2, bm) if sd else (1, 1, d, bm // 2)
+    dq_block = (1, 1) + part
     n_kb = -(-s_k // BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
     gdt = _GL_DTYPES[q.dtype]
@@ -594,17 +669,23 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     group = H // H_kv
     args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
             (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
-            (dq_acc, dq_block, _layout(gl.float32, dq_block)),
+            ((dq_acc.view(-1, 32), (FLAT_ROWS, 32), STATS_LAYOUT) if fl
+             else (dq_acc, dq_block, _layout(gl.float32, dq_block))),
             (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km,
-              "DQ_SPLIT_D": sd, "EARLY_STATS": es, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, es, h_spec, _int_spec(H_kv),
+              "DQ_SPLIT_D": sd, "EARLY_STATS": es, "DQ_FLAT": fl, "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, es, fl, h_spec, _int_spec(H_kv),
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
-    # one strided scale-cast-and-transpose (the kernel adds K^T dS^T unscaled; computed in fp32,
-    # written in the inputs' dtype, no temporary)
-    torch.mul(dq_acc.transpose(2, 3), scale, out=dq)
+    # the kernel adds K^T dS^T unscaled: one scale-cast (and transpose, or DQ_FLAT's decode) in
+    # fp32, written in the inputs' dtype, no temporary
+    if fl:
+        FLAT_CAST_LAUNCHER((s_q // bm, B * H), ("flat", q.dtype, d, bm, sd),
+                           (dq_acc, dq, scale, s_q),
+                           {"HEAD_D": d, "BLOCK_M": bm, "SPLIT_D": sd, "num_warps": 4})
+    else:
+        torch.mul(dq_acc.transpose(2, 3), scale, out=dq)
     return dq, dk, dv

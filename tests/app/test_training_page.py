@@ -45,6 +45,17 @@ def test_parallel_layout_is_per_gpu() -> None:
     assert values["SDPA FlashAttention-2: peak per GPU"] == calc.format_bytes(m.peak_bytes, "GB")
 
 
+def test_longest_accepted_context_does_not_crash_the_term_table() -> None:
+    """s = 10^8 is accepted by the URL: eager attention's s×s terms then exceed 64-bit integers
+    (6.4·10^19 bytes), which the activation-term table could not hand to Arrow."""
+    at = run({"s": "100000000", "attns": "eager"})
+    assert not at.exception, [e.value for e in at.exception]
+    m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 100_000_000, attention="eager")
+    assert m.peak_bytes > 2**63
+    values = {x.label: x.value for x in at.metric}
+    assert values["transformers eager: peak per GPU"] == calc.format_bytes(m.peak_bytes, "GB")
+
+
 def test_bad_url_values_are_refused_not_crashed() -> None:
     at = run({"s": "-5", "prec": "fp8", "attns": "nope", "gpus": "abc"})
     assert not at.exception

@@ -57,6 +57,23 @@ def test_hybrids_cache_only_attention_layers_and_count_state() -> None:
     assert state_bytes(qn, 1, 2) == 36 * (3 * conv_dim + 32 * 128 * 128) * 2
 
 
+def test_hybrid_training_attention_counts_attention_layers_only() -> None:
+    """Jamba has attention in 4 of its 32 layers: the training view's eager probabilities are
+    kept by those 4, not by all 32 (the Mamba layers keep no s x s tensor)."""
+    from calc.peak import attention_peak_bytes
+    from calc.scores import score_matrix_bytes
+    from calc.training import training_attention
+
+    jamba = MODELS["Jamba v0.1 (hybrid)"]
+    ta = training_attention(jamba, 1, 4096, "bf16", "naive", False)
+    assert ta.layers == 4
+    probs = score_matrix_bytes(1, 32, 4096, 2)  # B·H·s²·e, what each attention layer keeps
+    peak = attention_peak_bytes("naive", 1, 32, 4096, 128, "bf16", causal=True, backward=True,
+                                kv_heads=8)
+    assert ta.total_bytes == 3 * probs + peak
+    assert training_attention(MODELS["Llama 3.1 8B"], 1, 4096, "bf16", "naive", False).layers == 32
+
+
 def test_nemotron_h_pattern_decides_layers() -> None:
     cfg = {"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-",
            "num_hidden_layers": 5, "hidden_size": 64, "num_attention_heads": 4,

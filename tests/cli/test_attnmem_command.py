@@ -39,6 +39,24 @@ def test_memory_reads_a_config_file_path(capsys: pytest.CaptureFixture[str]) -> 
     assert out["state_bytes"] > 0
 
 
+def test_memory_counts_a_hybrids_state_in_the_total_as_the_page_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The Model memory page adds a hybrid's constant state (at the attention dtype) to the
+    total and searches the longest context in what it leaves; the command line did neither
+    (Qwen3-Next, B = 64, int4 weights, H200: 41.94 GB and 52,786 tokens against the page's
+    44.47 GB and 51,582)."""
+    model = calc.MODELS["Qwen3-Next 80B-A3B (hybrid)"]
+    gpu = calc.GPUS["NVIDIA H200 141GB"]
+    out = run_json(capsys, "memory", "--model", model.name, "--seq-len", "1000", "--batch", "64",
+                   "--gpu", "H200", "--weight-dtype", "int4", "--kv-dtype", "fp8_e4m3")
+    state = calc.kv.state_bytes(model, 64, "bf16")  # the attention dtype, not the KV cache's
+    mm = calc.model_memory(model, 64, 1000, "int4", "fp8_e4m3", "bf16", "sdpa_flash")
+    assert out["state_bytes"] == state > 0
+    assert out["total_bytes"] == mm.total_bytes + state
+    assert out["longest_context"] == calc.model_max_seq_len(
+        model, gpu - state, 64, "int4", "fp8_e4m3", "bf16", "sdpa_flash")
+
+
 def test_serve_matches_serving_capacity(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "serve", "--model", "Llama 3.1 8B", "--seq-len", "32768", "--gpu",
                    "H200", "--gpu-memory-utilization", "0.8", "--block-size", "32")
