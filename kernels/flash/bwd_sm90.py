@@ -52,7 +52,14 @@ visited (the loop starts at the block holding query row start_n); blocks that cr
 diagonal run with the mask ``query >= key``; a key block that crosses the end of the keys
 masks ``key < s_k`` on every step (the copy engine fills rows past s_k with zeros, whose
 scores 0 would otherwise get probability exp2(-lse2)). Query rows past s_q need no mask:
-their lse2 is read as +inf (P = 0) and dO as zeros, and the copy engine drops their dQ.
+the copy engine reads their Q, dO, lse2 and delta as zeros, so P = 1 there but dV gains
+P^T dO = 0 and dS = P (dP - delta) = 0, and it drops their dQ.
+
+Two settings are compiled and tested but not yet the default, because they have not been
+timed on the GPU (NOTES.md steps 12e and 13; `kernels.bench.ab_bwd` times them): EARLY_STATS
+(lse2 and delta read before the MMA waits that precede their use, FA4's order) and DQ_FLAT
+(the dQ^T partial stored in register order into a buffer of its own layout, FA4's staging,
+with a small decoding cast at the end).
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
