@@ -70,15 +70,20 @@ def _memory(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
     gpu = resolve_gpu(a.gpu)
     mm = calc.model_memory(model, a.batch, a.seq_len, a.weight_dtype, a.kv_dtype, a.act_dtype,
                            a.impl)
+    # A hybrid's constant state is part of the total and the longest context is searched in
+    # what it leaves, at the attention dtype: what the Model memory page counts.
+    state = state_bytes(model, a.batch, a.act_dtype)
+    total = mm.total_bytes + state
     out = {"model": model.name, "params": calc.param_count(model),
            "active_params": calc.active_param_count(model), "batch": a.batch,
            "seq_len": a.seq_len, "impl": a.impl, "weights_bytes": mm.weights_bytes,
            "kv_cache_bytes": mm.kv_cache_bytes, "attention_bytes": mm.attention_bytes,
-           "state_bytes": state_bytes(model, a.batch, a.kv_dtype),
-           "total_bytes": mm.total_bytes, "gpu": a.gpu, "gpu_bytes": gpu,
-           "fits": mm.total_bytes <= gpu, "gpus_needed": calc.gpus_needed(mm.total_bytes, gpu),
-           "longest_context": calc.model_max_seq_len(model, gpu, a.batch, a.weight_dtype,
-                                                     a.kv_dtype, a.act_dtype, a.impl)}
+           "state_bytes": state,
+           "total_bytes": total, "gpu": a.gpu, "gpu_bytes": gpu,
+           "fits": total <= gpu, "gpus_needed": calc.gpus_needed(total, gpu),
+           "longest_context": calc.model_max_seq_len(model, max(gpu - state, 0), a.batch,
+                                                     a.weight_dtype, a.kv_dtype, a.act_dtype,
+                                                     a.impl)}
     if model.is_mla:
         out["kv_cache_expanded_bytes"] = mla_expanded_kv_bytes(model, a.batch, a.seq_len,
                                                                a.kv_dtype)
@@ -86,17 +91,9 @@ def _memory(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
 
 
 def _train(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
-    step = getattr(calc, "training_step", None)
-    if step is not None:  # the fuller model of the training step, when it exists
-        result = step(model, a.batch, a.seq_len, attention=a.impl, precision=a.act_dtype,
-                      checkpointing=a.checkpointing)
-        return {"model": model.name, **asdict(result)}
-    ta = calc.training_attention(model, a.batch, a.seq_len, a.act_dtype, a.impl, a.checkpointing)
-    return {"model": model.name, "batch": a.batch, "seq_len": a.seq_len, "impl": a.impl,
-            "checkpointing": a.checkpointing,
-            "weights_bytes": calc.weight_bytes(model, a.weight_dtype),
-            "attention_bytes": ta.total_bytes,
-            "note": "attention tensors and weights only (calc.training_attention)"}
+    result = calc.training_step(model, a.batch, a.seq_len, attention=a.impl,
+                                precision=a.act_dtype, checkpointing=a.checkpointing)
+    return {"model": model.name, **asdict(result)}
 
 
 def _serve(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
@@ -122,9 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--seq-len", type=int, required=True)
         s.add_argument("--batch", type=int, default=1)
         s.add_argument("--gpu", default=calc.DEFAULT_GPU)
-        s.add_argument("--weight-dtype", default="bf16")
-        s.add_argument("--kv-dtype", default="bf16")
-        s.add_argument("--act-dtype", default="bf16")
+        if name != "train":  # a training step's dtypes all follow --act-dtype (its precision)
+            s.add_argument("--weight-dtype", default="bf16")
+            s.add_argument("--kv-dtype", default="bf16")
+        s.add_argument("--act-dtype", default="bf16",
+                       help="train: the precision, bf16 or amp_bf16 (fp32 weights under autocast)"
+                       if name == "train" else None)
         s.add_argument("--impl", default="sdpa_flash", choices=calc.IMPLEMENTATIONS)
         s.add_argument("--json", action="store_true", help="one JSON object on stdout")
         if name == "train":

@@ -135,7 +135,7 @@ def param_count(model: ModelConfig) -> int:
     """Total stored parameters (a count, not bytes), all MoE experts included.
 
     Sum of the parts listed in this module's docstring; matches the published counts of the
-    presets within 0.5% (tests/test_models.py lists them with their sources).
+    presets within 0.5% (tests/calc/test_model_configs.py lists them with their sources).
     """
     return sum(param_breakdown(model).values())
 

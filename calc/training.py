@@ -39,7 +39,7 @@ class TrainingAttention:
     """Attention memory of one training step, in bytes."""
 
     saved_per_layer_bytes: int  # what one layer keeps for its backward (0 with checkpointing)
-    layers: int  # L
+    layers: int  # L, the layers with attention (all of them unless a hybrid)
     one_layer_peak_bytes: int  # forward+backward extra peak of one attention call
     checkpointing: bool
 
@@ -82,7 +82,9 @@ def training_attention(
         causal=True, backward=True, kv_heads=model.num_kv_heads)
     saved = 0 if checkpointing else saved_for_backward_bytes(
         impl, batch, model.num_heads, seq_len, model.head_dim, dtype)
-    return TrainingAttention(saved, model.num_layers, peak, checkpointing)
+    # Only attention layers keep attention tensors: a hybrid's Mamba / DeltaNet layers have
+    # none (model.kv_layers, as kv_cache_bytes counts them).
+    return TrainingAttention(saved, model.kv_layers, peak, checkpointing)
 
 
 def training_attention_bytes(

@@ -390,8 +390,9 @@ st.dataframe(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.
              hide_index=True)
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]]):
-    st.dataframe(pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": x}
-                               for p, lab, x in first.activation_terms]), hide_index=True)
+    st.dataframe(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
+        pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": f"{x:,}"}
+                      for p, lab, x in first.activation_terms]), hide_index=True)
 
 fit_rows = []
 for a in steps:

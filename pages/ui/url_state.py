@@ -7,7 +7,7 @@ untrusted text: a value may be malformed (``s=abc``), hostile (``s=1e999``, ``s=
 its default plus a warning that names the key, shows the bad value (shortened and escaped) and
 says what is accepted. Valid values come back unchanged and without a warning.
 
-Pure: stdlib only, so it is tested without Streamlit (tests/test_urlparams.py, incl. fuzzing).
+Pure: stdlib only, so it is tested without Streamlit (tests/app/test_url_state.py, tests/app/test_fuzz_url_state.py).
 """
 
 from __future__ import annotations

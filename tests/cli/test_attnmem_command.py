@@ -73,6 +73,18 @@ def test_train_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["model"] == "GPT-2 (124M)"
 
 
+def test_train_refuses_dtypes_it_would_ignore(capsys: pytest.CaptureFixture[str]) -> None:
+    """A training step's weights follow its precision (--act-dtype bf16 | amp_bf16): a
+    --weight-dtype fp32 used to be accepted and silently ignored (bf16 weights printed)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--model", "Llama 3.1 8B", "--seq-len", "1024", "--weight-dtype", "fp32"])
+    assert exit_.value.code == 2
+    assert "--weight-dtype" in capsys.readouterr().err
+    out = run_json(capsys, "train", "--model", "Llama 3.1 8B", "--seq-len", "1024",
+                   "--act-dtype", "amp_bf16")
+    assert out["weights_bytes"] == calc.weight_bytes(calc.MODELS["Llama 3.1 8B"], "fp32")
+
+
 @pytest.mark.parametrize("args, says", [
     (["memory", "--model", "no such model", "--seq-len", "10"], "'no such model' is not a preset"),
     (["memory", "--model", "Llama 3.1 8B", "--seq-len", "-5"], "seq_len must be"),
