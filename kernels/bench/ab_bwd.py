@@ -50,8 +50,10 @@ DEFAULT_SHAPES = ["32/32/4096/128/0", "32/32/4096/128/1", "32/32/16384/128/0",
 KERNEL_FILE = "kernels/flash/bwd_sm90.py"
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, int]]:
-    """NAME:KEY=VAL[,KEY=VAL...] -> (NAME, {KEY: VAL}); refuses unknown keys and values."""
+def parse_variant(text: str, settings: dict | None = None) -> tuple[str, dict[str, int]]:
+    """NAME:KEY=VAL[,KEY=VAL...] -> (NAME, {KEY: VAL}); refuses keys not in ``settings``
+    (default `SETTINGS`) and values outside theirs."""
+    settings = SETTINGS if settings is None else settings
     name, sep, body = text.partition(":")
     if not sep or not name or not body:
         raise argparse.ArgumentTypeError(
@@ -61,17 +63,17 @@ def parse_variant(text: str) -> tuple[str, dict[str, int]]:
     opts: dict[str, int] = {}
     for item in body.split(","):
         key, eq, val = item.partition("=")
-        if key not in SETTINGS:
+        if key not in settings:
             raise argparse.ArgumentTypeError(
-                f"variant {name!r}: unknown setting {key!r}; accepted: {', '.join(SETTINGS)}")
+                f"variant {name!r}: unknown setting {key!r}; accepted: {', '.join(settings)}")
         try:
             num = int(val) if eq else None
         except ValueError:
             num = None
-        if num not in SETTINGS[key]:
+        if num not in settings[key]:
             raise argparse.ArgumentTypeError(
                 f"variant {name!r}: {key}={val!r}; accepted values: "
-                f"{', '.join(map(str, SETTINGS[key]))}")
+                f"{', '.join(map(str, settings[key]))}")
         opts[key] = num
     return name, opts
 

@@ -1,7 +1,8 @@
 """Compile the Hopper (Gluon) forward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_sm90 [--dump DIR]
+    python -m kernels.bench.compile_sm90 [--dims 64 128] [--consumers 2|3] [--exp2-emu 0-3]
+        [--loops] [--dump DIR]
 
 Triton's compiler and ptxas run on the CPU; only launching needs the GPU. Spills or shared
 memory over the 227 KiB limit show up here before any device time is spent.
@@ -19,6 +20,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
+from kernels.bench import sass_loops  # noqa: E402
 from kernels.flash import fwd_sm90 as k90  # noqa: E402
 
 _DT = {"fp16": k90.gl.float16, "bf16": k90.gl.bfloat16}
@@ -42,7 +44,7 @@ def _ptxas_usage(ptx: str) -> tuple[str, str]:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
-                    consumers: int = 2):
+                    consumers: int = 2, exp2_emu: int = 0):
     """The Gluon forward compiled for sm_90 as a launch with these settings compiles it."""
     lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.HALF_M, d], _DT[dtype])
     lay_n = k90.gl.NVMMASharedLayout.get_default_for([1, 1, block_n, d], _DT[dtype])
@@ -51,9 +53,9 @@ def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
     sig = {"q_desc": desc_m, "k_desc": desc_n, "v_desc": desc_n, "o_desc": desc_m,
            "LSE2": "*fp32", "H": "i32", "GROUP": "i32", "s_q": "i32", "s_k": "i32",
            "qk_scale": "fp32", "CAUSAL": "constexpr", "STAGES": "constexpr",
-           "num_warps": "constexpr", "CONSUMERS": "constexpr"}
+           "num_warps": "constexpr", "CONSUMERS": "constexpr", "EXP2_EMU": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": k90.NUM_WARPS,
-              "CONSUMERS": consumers}
+              "CONSUMERS": consumers, "EXP2_EMU": exp2_emu}
     src = GluonASTSource(k90.attn_fwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": k90.NUM_WARPS})
@@ -66,6 +68,11 @@ def main() -> int:
     ap.add_argument("--stages", type=int, nargs="+", default=None)
     ap.add_argument("--consumers", type=int, default=None, choices=[2, 3],
                     help="consumer warpgroups (default: the kernel's choice per head dim)")
+    ap.add_argument("--exp2-emu", type=int, default=None, choices=[0, 1, 2, 3],
+                    help="quarters of P by polynomial (default: fwd_sm90.EXP2_EMU per head dim)")
+    ap.add_argument("--loops", action="store_true",
+                    help="also print each innermost MMA loop of the SASS: instructions, HGMMA, "
+                         "MUFU, local loads and stores (kernels.bench.sass_loops)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_N stages regs spill_bytes shared_KiB")
@@ -76,8 +83,9 @@ def main() -> int:
             for dtype in ("fp16", "bf16"):
                 for causal in (False, True):
                     try:
+                        emu = k90.EXP2_EMU[d] if args.exp2_emu is None else args.exp2_emu
                         ck = compile_variant(dtype, d, causal, bn, st,
-                                             args.consumers or k90.CONSUMERS[d])
+                                             args.consumers or k90.CONSUMERS[d], emu)
                     except Exception as e:  # report and go on with the next variant
                         print(f"{dtype} {d} {causal} {bn} {st} FAILED: {type(e).__name__}: "
                               f"{str(e)[:2000]}")
@@ -87,6 +95,11 @@ def main() -> int:
                     regs, spills = _ptxas_usage(ptx)
                     shared = ck.metadata.shared / 1024
                     print(f"{dtype} {d} {causal} {bn} {st} {regs} {spills} {shared:.1f}")
+                    if args.loops:
+                        for lp in sass_loops.loops(sass_loops.sass(ck.asm["cubin"])):
+                            print(f"  loop {lp.start:#07x}: {lp.instructions} instructions, "
+                                  f"{lp.hgmma} HGMMA, {lp.mufu} MUFU, {lp.local_loads} LDL, "
+                                  f"{lp.local_stores} STL")
                     if args.dump:
                         os.makedirs(args.dump, exist_ok=True)
                         stem = f"{args.dump}/{dtype}_d{d}_c{int(causal)}_n{bn}_s{st}"

@@ -4,8 +4,8 @@ ptxas reports a kernel's spilled bytes as one number; where the local loads and 
 decides what they cost. One outside the loops costs once per program, one inside a loop over
 query blocks costs every step. This module disassembles a cubin with the ``cuobjdump`` that
 ships with Triton, finds the loops by their backward branches, and counts per innermost loop
-its instructions, warpgroup MMAs (HGMMA), local loads (LDL) and local stores (STL). No GPU is
-needed. (kernels/flash/NOTES.md step 12: the Gluon backward's MHA loops held 7-15 local loads
+its instructions, warpgroup MMAs (HGMMA), local loads (LDL), local stores (STL) and
+special-function instructions (MUFU: exp2 and the like). No GPU is needed. (kernels/flash/NOTES.md step 12: the Gluon backward's MHA loops held 7-15 local loads
 per step that the byte count did not show.)
 """
 
@@ -32,6 +32,7 @@ class Loop:
     hgmma: int
     local_loads: int
     local_stores: int
+    mufu: int = 0  # special-function unit instructions (MUFU.EX2, ...)
 
 
 def sass(cubin: bytes) -> str:
@@ -86,5 +87,5 @@ def loops(text: str) -> list[Loop]:
         ops = [opcode(t) for a, t in ins if lo <= a <= hi]
         if "HGMMA" in ops:
             out.append(Loop(lo, hi, len(ops), ops.count("HGMMA"), ops.count("LDL"),
-                            ops.count("STL")))
+                            ops.count("STL"), ops.count("MUFU")))
     return out
