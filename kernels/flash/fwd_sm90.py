@@ -55,6 +55,11 @@ each K/V block loaded serves 192 query rows instead of 128. ``flash_attention`` 
 default at d = 64 once both lengths exceed 2,048 (4,096 causal; `default_schedule`);
 ``KernelConfig(sm90=True, sm90_consumers=3)`` selects it at any length.
 
+A setting compiled and tested but not yet the default, because it has not been timed on the
+GPU (NOTES.md step 13d; `kernels.bench.ab_fwd` times it): EXP2_EMU, a quarter or more of each
+unmasked step's probabilities computed by a polynomial on the FMA units (`_exp2_poly`) instead
+of the exp2 unit, which at d = 64 is as busy as the tensor cores.
+
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
 default at d = 128, and at d = 64 for long sequences). Everything else (and every other GPU)
 uses ``fwd.py``. So does a causal sliding window (``flash_attention(..., window=W)``): this
