@@ -171,7 +171,6 @@ def _fa4_backward(q, k, v, do, causal):
 def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
     """Step 2: {shape: {name: best-of-rounds ms}}, printing a line per shape."""
     import torch
-    from triton.testing import do_bench
 
     from kernels.flash.fwd import attention_forward
 
@@ -190,11 +189,7 @@ def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
                 print("(FA4 not importable: flash_attn.cute)", flush=True)
             else:
                 calls["fa4"] = f4
-        best: dict[str, float] = {}
-        for _ in range(rounds):
-            for name, call in calls.items():
-                ms = do_bench(call, warmup=10, rep=50, return_mode="median")
-                best[name] = min(best.get(name, math.inf), ms)
+        best = best_of_rounds(calls, rounds)
         flop = 2.5 * 4 * h * s * s * d / (2 if causal else 1)
         key = f"{h}/{hk}/{s}/{d}/{int(causal)}"
         results[key] = best
@@ -228,6 +223,30 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
+def require_hopper(what: str) -> None:
+    """Refuse (SystemExit, saying why) unless a GPU of compute capability 9.x is here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this times GPU kernels (compute capability 9.x)")
+    if torch.cuda.get_device_capability()[0] != 9:
+        raise SystemExit(f"the Hopper {what} needs compute capability 9.x; this GPU is "
+                         f"{torch.cuda.get_device_name()}")
+
+
+def best_of_rounds(calls: dict, rounds: int) -> dict[str, float]:
+    """name -> the least of ``rounds`` do_bench medians (L2 flushed), the calls interleaved
+    round by round so that a drift of the clocks reaches every candidate alike."""
+    from triton.testing import do_bench
+
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            ms = do_bench(call, warmup=10, rep=50, return_mode="median")
+            best[name] = min(best.get(name, math.inf), ms)
+    return best
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from kernels.bench.profile_bwd import parse as parse_shape
 
@@ -250,13 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     base = load_at(args.against) if args.against else None  # a bad commit is refused first
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: this times GPU kernels (compute capability 9.x)")
-    if torch.cuda.get_device_capability()[0] != 9:
-        raise SystemExit("the Hopper backward needs compute capability 9.x; this GPU is "
-                         f"{torch.cuda.get_device_name()}")
+    require_hopper("backward")
     cands = candidates(args.variant, base)
     if not args.skip_check and not check(cands):
         return 1

@@ -27,7 +27,7 @@ import argparse
 import functools
 import math
 
-from kernels.bench.ab_bwd import parse_variant, summary
+from kernels.bench.ab_bwd import best_of_rounds, parse_variant, require_hopper, summary
 
 SETTINGS = {"exp2_emu": (0, 1, 2, 3), "stages": (2, 3), "consumers": (2, 3)}
 # B/H/H_KV/S/D/CAUSAL, bf16: issue 18's forward shapes (d = 64 at 8,192, d = 128, B = 8 at 1,024)
@@ -124,7 +124,6 @@ def check(cands: dict) -> bool:
 
 def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
     import torch
-    from triton.testing import do_bench
 
     results = {}
     for B, h, hk, s, d, causal in shapes:
@@ -140,11 +139,7 @@ def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
             else:
                 qf, kf, vf = (t.transpose(1, 2).contiguous() for t in (q, k, v))
                 calls["fa4"] = functools.partial(flash_attn_func, qf, kf, vf, causal=causal)
-        best: dict[str, float] = {}
-        for _ in range(rounds):
-            for name, call in calls.items():
-                ms = do_bench(call, warmup=10, rep=50, return_mode="median")
-                best[name] = min(best.get(name, math.inf), ms)
+        best = best_of_rounds(calls, rounds)
         flop = 4 * B * h * s * s * d / (2 if causal else 1)
         key = f"{B}/{h}/{hk}/{s}/{d}/{int(causal)}"
         results[key] = best
@@ -172,13 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: this times GPU kernels (compute capability 9.x)")
-    if torch.cuda.get_device_capability()[0] != 9:
-        raise SystemExit("the Hopper forward needs compute capability 9.x; this GPU is "
-                         f"{torch.cuda.get_device_name()}")
+    require_hopper("forward")
     cands = candidates(args.variant)
     if not args.skip_check and not check(cands):
         return 1

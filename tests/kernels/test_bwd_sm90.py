@@ -18,6 +18,7 @@ import math
 import os
 
 import pytest
+from _hopper import hopper_reason
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -31,14 +32,6 @@ def _sm90():
     except Exception as e:  # Triton without Gluon's Hopper API
         pytest.skip(f"kernels.flash.bwd_sm90 does not import here: {type(e).__name__}: {e}")
     return bwd_sm90
-
-
-def _hopper_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    if torch.cuda.get_device_capability()[0] != 9:
-        return f"compute capability {torch.cuda.get_device_capability()} is not 9.x"
-    return None
 
 
 @contextlib.contextmanager
@@ -86,7 +79,7 @@ GPU_CASES = [
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "B{}H{}kv{}q{}k{}d{}{}".format(
     *c[:6], "c" if c[6] else ""))
 def test_gradients_match_reference(case, dtype):
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -135,7 +128,7 @@ SETTING_CASES = [
 def test_settings_match_reference(case, setting):
     """A setting of the backward that is not its default gives the gradients within the same
     rule as the default, bf16."""
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -242,7 +235,7 @@ def test_dq_flat_with_another_partial_is_refused_before_anything_runs():
 def test_strided_inputs_and_expanded_gradient():
     """q, k, v as views of a (B, s, H, d) tensor (strided heads), and the stride-0 gradient of
     out.sum(): the backward reads the views through their strides and copies dO once."""
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -336,7 +329,7 @@ def test_allocates_what_the_atomic_triton_backward_allocates(shape):
     """Same buffers, same sizes, same order as bwd.attention_backward's atomic-dQ path (no GQA
     split at these shapes), so calc's peak model holds whichever backward runs: the peak
     above the inputs is equal to the byte."""
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -374,7 +367,7 @@ def test_allocates_what_the_atomic_triton_backward_allocates(shape):
 
 @pytest.mark.gpu
 def test_usable_needs_queries_in_multiples_of_four():
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -433,7 +426,7 @@ def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
     """With SETTINGS.sm90_bwd on (the default) flash_attention's default backward takes the
     Gluon kernel exactly where the rule says, and its gradients match the Triton backward's
     (sm90_bwd=False); with the setting off (FLASH_ATTN_SM90_BWD=0) it never does."""
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -467,7 +460,7 @@ def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
 
 @pytest.mark.gpu
 def test_deterministic_mode_keeps_the_triton_backward(monkeypatch):
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
@@ -490,7 +483,7 @@ def test_forced_where_the_default_would_not_route(monkeypatch):
     """sm90_bwd=True runs the Gluon backward also at a shape whose default is the two-kernel
     Triton backward (MHA d = 128, s = 4,096, B = 1: 1,024 dK/dV programs), and the gradients
     agree with it."""
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     b90 = _sm90()

@@ -15,6 +15,7 @@ import inspect
 import math
 
 import pytest
+from _hopper import hopper_reason
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -118,14 +119,6 @@ def test_ab_fwd_refuses_to_run_without_a_gpu(monkeypatch):
         ab_fwd.main(["--variant", "e:exp2_emu=1"])
 
 
-def _hopper_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    if torch.cuda.get_device_capability()[0] != 9:
-        return f"compute capability {torch.cuda.get_device_capability()} is not 9.x"
-    return None
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("emu", [1, 2, 3])
 @pytest.mark.parametrize("case", [
@@ -137,7 +130,7 @@ def _hopper_reason() -> str | None:
     (1, 8, 2, 1000, 1500, 64, False, 3, 2),
 ], ids=lambda c: "B{}H{}kv{}q{}k{}d{}{}".format(*c[:6], "c" if c[6] else ""))
 def test_gpu_exp2_emu_matches_reference(case, emu):
-    reason = _hopper_reason()
+    reason = hopper_reason()
     if reason:
         pytest.skip(reason)
     k90 = _k90()
