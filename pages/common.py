@@ -254,6 +254,14 @@ def seq_len_input(
 # --- numbers, tables, charts, downloads --------------------------------------------------------
 
 
+def trained_context_note(model: Any, seq_len: int, where: Any = st) -> None:
+    """A note where s is longer than the context the model was trained for (its config's
+    max_position_embeddings): the memory still follows, but the model may not work there."""
+    if model.max_position_embeddings and seq_len > model.max_position_embeddings:
+        where.info(f"s = {seq_len:,} is longer than the {model.max_position_embeddings:,} "
+                   "tokens this model was trained for.")
+
+
 def fmt(n_bytes: int | float, unit: str | None = None) -> str:
     """Bytes in the user's unit (GB or GiB; MB/KB below one)."""
     return format_bytes(n_bytes, unit or get_unit())

@@ -207,8 +207,7 @@ st.caption(
     + (f", trained for {model.max_position_embeddings:,} tokens" if model.max_position_embeddings else "")
     + "."
 )
-if model.max_position_embeddings and seq_len > model.max_position_embeddings:
-    st.info(f"s = {seq_len:,} is longer than the {model.max_position_embeddings:,} tokens this model was trained for.")
+c.trained_context_note(model, seq_len)
 
 impls = {NAIVE: "Standard (eager)", FLASH: "FlashAttention"}
 try:

@@ -289,6 +289,7 @@ shard = c.select("Sharding over data-parallel replicas", "shard", SPECS["shard"]
 model = CHOICES[choice]
 unit = c.get_unit()
 gpu_bytes = GPUS[gpu]
+c.trained_context_note(model, seq_len)
 kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard)
 try:
     steps = {a: training_step(model, batch, seq_len, attention=a, **kw) for a in attns}

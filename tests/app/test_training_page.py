@@ -56,6 +56,17 @@ def test_longest_accepted_context_does_not_crash_the_term_table() -> None:
     assert values["transformers eager: peak per GPU"] == calc.format_bytes(m.peak_bytes, "GB")
 
 
+def test_a_context_past_the_trained_one_gets_the_model_pages_note() -> None:
+    """GPT-2 has 1,024 learned positions: at s = 8,192 the page says so, as Model memory does
+    (the memory is still computed); at s = 1,024 it says nothing."""
+    at = run({"model": "GPT-2 (124M)", "s": "8192"})
+    assert not at.exception
+    assert any("longer than the 1,024 tokens this model was trained for" in x.value
+               for x in at.info), [x.value for x in at.info]
+    at = run({"model": "GPT-2 (124M)", "s": "1024"})
+    assert not any("trained for" in x.value for x in at.info)
+
+
 def test_bad_url_values_are_refused_not_crashed() -> None:
     at = run({"s": "-5", "prec": "fp8", "attns": "nope", "gpus": "abc"})
     assert not at.exception
