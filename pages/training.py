@@ -85,7 +85,7 @@ for _name, _cfg in TRAIN_SHAPES.items():
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", tuple(CHOICES)),
-    "b": IntParam(1, 1, 4096),
+    "b": IntParam(1, 1, 65_536),  # the same spec as the other pages: B carries over
     "s": IntParam(4096, 1, MAX_SEQ_LEN),
     "prec": ChoiceParam("bf16", PRECISIONS),
     "ckpt": BoolParam(False),

@@ -67,6 +67,15 @@ def test_a_context_past_the_trained_one_gets_the_model_pages_note() -> None:
     assert not any("trained for" in x.value for x in at.info)
 
 
+def test_batch_takes_the_range_the_other_pages_share() -> None:
+    """B carries between pages in the URL (`b`): 10,000 from Model memory is kept here too."""
+    at = run({"model": "GPT-2 (124M)", "s": "1024", "b": "10000", "attns": "sdpa_flash"})
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
+    m = calc.training_step(calc.MODELS["GPT-2 (124M)"], 10_000, 1024, attention="sdpa_flash")
+    values = {x.label: x.value for x in at.metric}
+    assert values["SDPA FlashAttention-2: peak per GPU"] == calc.format_bytes(m.peak_bytes, "GB")
+
+
 def test_bad_url_values_are_refused_not_crashed() -> None:
     at = run({"s": "-5", "prec": "fp8", "attns": "nope", "gpus": "abc"})
     assert not at.exception
