@@ -91,9 +91,13 @@ def _memory(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
 
 
 def _train(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
-    result = calc.training_step(model, a.batch, a.seq_len, attention=a.impl,
-                                precision=a.act_dtype, checkpointing=a.checkpointing)
-    return {"model": model.name, **asdict(result)}
+    gpu = resolve_gpu(a.gpu)
+    kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing)
+    result = calc.training_step(model, a.batch, a.seq_len, **kw)
+    # the Training page's answers for one GPU: does the step fit, and the longest s that does
+    return {"model": model.name, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
+            "fits": result.peak_bytes <= gpu,
+            "longest_context": calc.max_train_seq_len(model, gpu, a.batch, **kw)}
 
 
 def _serve(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
@@ -117,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--model", required=True)
         s.add_argument("--seq-len", type=int, required=True)
-        s.add_argument("--batch", type=int, default=1)
+        if name != "serve":  # serving sizes the concurrent sequences itself
+            s.add_argument("--batch", type=int, default=1)
         s.add_argument("--gpu", default=calc.DEFAULT_GPU)
         if name != "train":  # a training step's dtypes all follow --act-dtype (its precision)
             s.add_argument("--weight-dtype", default="bf16")
@@ -125,7 +130,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--act-dtype", default="bf16",
                        help="train: the precision, bf16 or amp_bf16 (fp32 weights under autocast)"
                        if name == "train" else None)
-        s.add_argument("--impl", default="sdpa_flash", choices=calc.IMPLEMENTATIONS)
+        s.add_argument("--impl", default="sdpa_flash",
+                       choices=calc.TRAIN_ATTENTIONS if name == "train" else calc.IMPLEMENTATIONS)
         s.add_argument("--json", action="store_true", help="one JSON object on stdout")
         if name == "train":
             s.add_argument("--checkpointing", action="store_true")

@@ -73,6 +73,30 @@ def test_train_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["model"] == "GPT-2 (124M)"
 
 
+def test_train_answers_for_its_gpu_and_takes_every_training_attention(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu used to be accepted and ignored by train; it now gives the Training page's
+    answers for one GPU (fits, longest context), and --impl takes calc.TRAIN_ATTENTIONS
+    (transformers' eager among them, which was refused)."""
+    model, gpu = calc.MODELS["Llama 3.1 8B"], calc.GPUS["NVIDIA H100 80GB"]
+    out = run_json(capsys, "train", "--model", model.name, "--seq-len", "8192", "--gpu", "H100 80GB",
+                   "--impl", "eager")
+    step = calc.training_step(model, 1, 8192, attention="eager")
+    assert out["peak_bytes"] == step.peak_bytes and out["gpu_bytes"] == gpu
+    assert out["fits"] == (step.peak_bytes <= gpu)
+    assert out["longest_context"] == calc.max_train_seq_len(model, gpu, 1, attention="eager",
+                                                            precision="bf16",
+                                                            checkpointing=False)
+
+
+def test_serve_refuses_a_batch_it_would_ignore(capsys: pytest.CaptureFixture[str]) -> None:
+    """Serving works out how many sequences fit; a --batch was accepted and ignored."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", "Llama 3.1 8B", "--seq-len", "1024", "--batch", "8"])
+    assert exit_.value.code == 2
+    assert "--batch" in capsys.readouterr().err
+
+
 def test_train_refuses_dtypes_it_would_ignore(capsys: pytest.CaptureFixture[str]) -> None:
     """A training step's weights follow its precision (--act-dtype bf16 | amp_bf16): a
     --weight-dtype fp32 used to be accepted and silently ignored (bf16 weights printed)."""
