@@ -188,14 +188,15 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
 
 
 @gluon.jit
-def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
-            ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale,
+def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem,
+            delta_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
             CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr,
             DQ_FLAT: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
-    updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring)."""
+    updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring).
+    ``dq_tile``: ((b * H + h) * n_m + m) * 2, the block's first partial in DQ_FLAT's buffer."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HALF_M: gl.constexpr = BLOCK_M // 2
     DTYPE: gl.constexpr = q_smem.dtype
