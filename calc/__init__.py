@@ -34,6 +34,7 @@ from calc.parallel import SHARDING_LABELS, SHARDINGS, Layout
 from calc.params import active_param_count, param_breakdown, param_count, weight_bytes
 from calc.peak import (
     ALLOCATOR_NOTE,
+    IMPL_DTYPES,
     IMPL_KIND,
     IMPL_LABELS,
     IMPLEMENTATIONS,
@@ -84,7 +85,7 @@ from calc.units import (
 )
 
 __all__ = [
-    "DEFAULT_GPU", "DTYPES", "DTYPE_BYTES", "GB", "GIB", "GPUS", "IMPLEMENTATIONS", "IMPL_KIND",
+    "DEFAULT_GPU", "DTYPES", "DTYPE_BYTES", "GB", "GIB", "GPUS", "IMPLEMENTATIONS", "IMPL_DTYPES", "IMPL_KIND",
     "IMPL_LABELS", "MAX_BATCH", "MODELS", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_SEQ_LEN", "MemoryBreakdown",
     "ModelConfig", "PEAK_MODEL_NOTES", "TrainingAttention", "active_param_count",
     "attention_flops", "attention_peak_bytes", "attention_peak_terms", "check_impl", "check_int",

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from calc import dispatch
 from calc.models import ModelConfig, check_model
-from calc.peak import attention_peak_bytes, attention_peak_terms
+from calc.peak import attention_peak_bytes, attention_peak_terms, check_impl_dtype
 from calc.units import (
     MAX_BATCH,
     MAX_HEAD_DIM,
@@ -165,6 +165,7 @@ def _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world
     if dtype_bytes(name) not in (2, 4):
         raise ValueError(f"dtype {dtype!r}: the ring runs 16- and 32-bit attention; accepted: "
                          "fp16, bf16, fp32, tf32")
+    check_impl_dtype(impl, name)  # the ring's kernel must run it too (FA2, cuDNN: 16-bit only)
     if impl != "triton" and h_kv != h and c > 1:
         raise ValueError(f"kv_heads={kv_heads}: the model of torch's context_parallel covers "
                          f"equal query and key/value heads only; accepted: kv_heads = heads "

@@ -549,12 +549,40 @@ class _Replay:
     reserved: int
 
 
+#: The input dtypes each implementation runs (the others are refused, not priced): PyTorch's
+#: SDPA flash and cuDNN backends take fp16/bf16 only (aten/src/ATen/native/transformers/cuda/
+#: sdp_utils.cpp, check_flash_attention_datatype / check_cudnn_tensor_shapes' dtype check),
+#: the memory-efficient and math backends and eager matmuls fp32 too (tf32 is fp32 storage
+#: with TF32 matmuls), FlashAttention-4 fp16/bf16 (flash_attn/cute/interface.py;
+#: kernels.measure.registry.fa4_shape_reason), ours fp16/bf16/fp32 (kernels/flash/api.py).
+#: No implementation here runs attention on fp8 or integer inputs.
+IMPL_DTYPES: dict[str, tuple[str, ...]] = {
+    "naive": ("fp32", "tf32", "bf16", "fp16"),
+    "naive_inplace": ("fp32", "tf32", "bf16", "fp16"),
+    "sdpa_math": ("fp32", "tf32", "bf16", "fp16"),
+    "sdpa_efficient": ("fp32", "tf32", "bf16", "fp16"),
+    "sdpa_flash": ("bf16", "fp16"),
+    "sdpa_cudnn": ("bf16", "fp16"),
+    "triton": ("fp32", "tf32", "bf16", "fp16"),
+    "fa4": ("bf16", "fp16"),
+}
+
+
+def check_impl_dtype(impl: str, dtype: str) -> None:
+    """Refuse (ValueError naming both and what is accepted) an input dtype the implementation
+    does not run (`IMPL_DTYPES`)."""
+    if dtype not in IMPL_DTYPES[impl]:
+        raise ValueError(f"{impl} does not run {dtype} inputs; accepted dtypes for {impl}: "
+                         f"{', '.join(IMPL_DTYPES[impl])}")
+
+
 @lru_cache(maxsize=4096)
 def _replay(impl: str, sh: _Shape, expandable: bool, cached_free: int = 0) -> _Replay:
     """Run the call's allocation sequence through calc.allocator under DESIGN.md's
     procedure: inputs allocated, cache emptied, peaks reset, then the call. The peak terms
     are the tensors alive when "allocated" is highest. `cached_free`: a free block of that
     many bytes that the cache still holds (pinned, so empty_cache() keeps it)."""
+    check_impl_dtype(impl, sh.dtype)
     steps = _MODELS[impl](sh)
     a = CachingAllocator(expandable)
     if cached_free and not expandable:
@@ -738,6 +766,7 @@ def attention_peak_bytes(
     - fa4 (FlashAttention-4, sm90): forward O; forward+backward O + LSE + dq + dk + dv +
       fp32 dq_accum, dpsum, lse_log2 with s rounded up to the backward's m_block_size
       (`fa4_tiles_sm90`), GQA + fp32 dk_accum, dv_accum (s rounded up to n_block_size).
+    An input dtype the implementation does not run is refused (ValueError; `IMPL_DTYPES`).
     `expandable=True` predicts PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     `cached_free_bytes`: free bytes the caching allocator still holds just before the call,
     memory_reserved() - memory_allocated() (the harness's reserved_bytes -

@@ -24,6 +24,7 @@ from calc import (  # noqa: E402
     DEFAULT_GPU,
     DTYPES,
     GPUS,
+    IMPL_DTYPES,
     MAX_SEQ_LEN,
     MODELS,
     ModelConfig,
@@ -127,12 +128,14 @@ def state_formula(model: ModelConfig) -> str:
 
 
 def breakdown(model: ModelConfig, mode: str, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
-              ckpt: bool) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
-    """Bytes of each part for naive and FlashAttention, and the formula of each part."""
+              ckpt: bool, runs: tuple[str, ...] = (NAIVE, FLASH)
+              ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """Bytes of each part for each implementation of ``runs`` (naive first), and the formula
+    of each part."""
     parts: dict[str, dict[str, int]] = {}
     if mode == "inference":
         state = state_bytes(model, batch, ad)
-        for impl in (NAIVE, FLASH):
+        for impl in runs:
             mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
             parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
                            "attention": mm.attention_bytes}
@@ -144,7 +147,7 @@ def breakdown(model: ModelConfig, mode: str, batch: int, seq_len: int, wd: str, 
             "attention": "extra peak of one layer's attention call (calc.attention_peak_bytes)",
             STATE: state_formula(model),
         }
-    for impl in (NAIVE, FLASH):
+    for impl in runs:
         ta = training_attention(model, batch, seq_len, ad, impl, ckpt)
         parts[impl] = {"weights": weight_bytes(model, wd), "attention": ta.total_bytes}
     return parts, {
@@ -209,9 +212,15 @@ st.caption(
 )
 c.trained_context_note(model, seq_len)
 
-impls = {NAIVE: "Standard (eager)", FLASH: "FlashAttention"}
+# The implementations that run this attention dtype (calc.IMPL_DTYPES): FlashAttention-2 takes
+# fp16/bf16 only, so at fp32 the page shows eager alone and says why.
+impls = {i: label for i, label in {NAIVE: "Standard (eager)", FLASH: "FlashAttention"}.items()
+         if ad in IMPL_DTYPES[i]}
+if FLASH not in impls:
+    st.caption(f"FlashAttention-2 runs fp16 and bf16 inputs only (PyTorch's SDPA flash backend): "
+               f"not shown for {ad} attention.")
 try:
-    parts, formulas = breakdown(model, mode, batch, seq_len, wd, kvd, ad, ckpt)
+    parts, formulas = breakdown(model, mode, batch, seq_len, wd, kvd, ad, ckpt, tuple(impls))
 except ValueError as err:  # a config that parses but that the model cannot size: say so
     st.error(c.md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
     c.sync_url(used)

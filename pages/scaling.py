@@ -19,6 +19,7 @@ import streamlit as st  # noqa: E402
 from calc import (  # noqa: E402
     ALLOCATOR_NOTE,
     GPUS,
+    IMPL_DTYPES,
     IMPL_KIND,
     IMPL_LABELS,
     IMPLEMENTATIONS,
@@ -30,6 +31,7 @@ from calc import (  # noqa: E402
     attention_peak_bytes,
     attention_reserved_bytes,
     default_seq_lens,
+    dtype_name,
     max_seq_len,
     sweep_param,
     sweep_seq_len,
@@ -133,8 +135,15 @@ s_hi = int(_init_smax)
 unit = c.get_unit()
 
 with main:
+    # Only the implementations that run this dtype are drawn (calc.IMPL_DTYPES): FlashAttention-2,
+    # cuDNN and FlashAttention-4 take fp16/bf16 inputs only, so at fp32 they are named, not priced.
+    idle = [i for i in impls if dtype_name(dtype) not in IMPL_DTYPES[i]]
+    if idle:
+        st.caption(f"Not drawn for {dtype} inputs, which they do not run: "
+                   + ", ".join(IMPL_LABELS.get(i, i) for i in idle) + " (fp16 and bf16 only).")
+    impls = [i for i in impls if i not in idle]
     if not impls:
-        st.info("Pick at least one implementation.")
+        st.info("Pick at least one implementation that runs this dtype.")
         c.sync_url(SPECS)
         st.stop()
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
+import calc
 from calc import (
     GPUS,
     MODELS,
@@ -508,3 +509,12 @@ def test_fuzzed_urls_never_raise(page: str, data: st_.DataObject) -> None:
     at.run()
     assert not at.exception, (query, [e.value for e in at.exception])
     assert at.metric or at.info  # a page always answers (or says what it needs)
+
+
+def test_scaling_at_fp32_names_what_it_does_not_draw() -> None:
+    """FlashAttention-2, cuDNN and FA4 take fp16/bf16 only: at fp32 the Scaling page draws the
+    others and names these instead of pricing calls that cannot run (calc.IMPL_DTYPES)."""
+    at = run("scaling", dtype="fp32")
+    idle = [cap.value for cap in at.caption if cap.value.startswith("Not drawn for fp32")]
+    assert idle and all(calc.IMPL_LABELS[i] in idle[0] for i in ("sdpa_flash", "sdpa_cudnn", "fa4"))
+    assert calc.IMPL_LABELS["naive"] not in idle[0]

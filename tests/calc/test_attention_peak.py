@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import calc
 from calc import (
     IMPL_KIND,
     IMPLEMENTATIONS,
@@ -135,6 +136,7 @@ dtypes = st.sampled_from(["fp16", "bf16", "fp32", "float16", "bfloat16"])
 @given(impls, st.integers(1, 64), st.integers(1, 64), st.integers(1, 200_000),
        st.sampled_from([16, 64, 80, 128, 256]), dtypes, st.booleans(), st.booleans())
 def test_peak_is_a_positive_int_and_grows_with_s(impl, b, h, s, d, dtype, causal, bwd) -> None:
+    assume(calc.dtype_name(dtype) in calc.IMPL_DTYPES[impl])  # the pairs the model prices
     p = attention_peak_bytes(impl, b, h, s, d, dtype, causal, bwd)
     assert isinstance(p, int) and p > 0
     # The tensors grow with s; what the allocator counts for them nearly so: a tensor that fits
@@ -396,3 +398,16 @@ def test_empty_cache_prediction_matches_the_one_call_that_had_an_empty_cache() -
     split) and the 12,288,000 B output counts its whole 12 MiB segment."""
     assert attention_peak_bytes("naive", 2, 16, 3000, 64, "fp16") == 1_166_016_512
     assert 2 * 576_716_800 + 12 * MIB == 1_166_016_512
+
+
+@pytest.mark.parametrize("impl, dtype", [("sdpa_flash", "fp32"), ("sdpa_cudnn", "float32"),
+                                         ("fa4", "fp32"), ("naive", "fp8_e4m3"),
+                                         ("triton", "int8")])
+def test_a_dtype_the_implementation_does_not_run_is_refused(impl, dtype) -> None:
+    """FlashAttention-2, cuDNN and FA4 take fp16/bf16 only; no implementation here runs
+    attention on fp8 or integer inputs: priced, the figure would be for a call that cannot
+    run (calc.IMPL_DTYPES)."""
+    with pytest.raises(ValueError, match=rf"{impl} does not run .* inputs; accepted dtypes"):
+        attention_peak_bytes(impl, 1, 8, 1024, 128, dtype)
+    with pytest.raises(ValueError, match="accepted dtypes"):
+        calc.max_seq_len(impl, 80 * 10**9, 1, 8, 128, dtype)

@@ -181,15 +181,47 @@ def _kv_heads_for(kw: dict[str, Any]) -> Any:
     return st.none()
 
 
+def _runs(impl: object, spelling: str) -> bool:
+    """Whether calc prices this implementation at this dtype (calc.IMPL_DTYPES: the others
+    are refused as a pair, each valid alone)."""
+    return calc.dtype_name(spelling) in calc.IMPL_DTYPES[impl]
+
+
+#: Spellings of the dtypes some implementation runs attention in (no fp8 or integer inputs).
+ATTN_DTYPE_SPELLINGS = tuple(d for d in ALL_DTYPE_SPELLINGS
+                             if any(_runs(i, d) for i in IMPLEMENTATIONS))
+
+
+def is_attn_dtype(v: object) -> bool:
+    return is_dtype(v) and any(_runs(i, v) for i in IMPLEMENTATIONS)
+
+
+def _dtype_for(kw: dict[str, Any]) -> Any:
+    """A dtype every implementation drawn so far ("impl" or "impls") runs: the valid pairs."""
+    impls = kw.get("impls", [kw["impl"]] if "impl" in kw else None)
+    if isinstance(impls, (list, tuple)) and impls and all(is_impl(i) for i in impls):
+        return st.sampled_from([d for d in ATTN_DTYPE_SPELLINGS
+                                if all(_runs(i, d) for i in impls)])
+    return st.sampled_from(ATTN_DTYPE_SPELLINGS)
+
+
+def _impl_for(kw: dict[str, Any]) -> Any:
+    """An implementation that runs the attention dtype drawn so far, when it is valid."""
+    dt = kw.get("dtype", kw.get("act_dtype"))
+    if is_attn_dtype(dt):
+        return st.sampled_from([i for i in IMPLEMENTATIONS if _runs(i, dt)])
+    return impl_s
+
+
 BATCH = Arg("batch", batch_s, is_count(1, MAX_BATCH))
 HEADS = Arg("heads", heads_s, is_count(1, MAX_HEADS))
 SEQ = Arg("seq_len", seq_s, is_count(1, MAX_SEQ_LEN))
 HEAD_DIM = Arg("head_dim", hd_s, is_count(1, MAX_HEAD_DIM))
-DTYPE = Arg("dtype", dtype_s, is_dtype)
+DTYPE = Arg("dtype", _dtype_for, is_attn_dtype)  # an attention call's input dtype
 CAUSAL = Arg("causal", flag_s, is_flag)
 BACKWARD = Arg("backward", flag_s, is_flag)
 KV_HEADS = Arg("kv_heads", _kv_heads_for, lambda v: v is None or is_count(1, MAX_HEADS)(v))
-IMPL = Arg("impl", impl_s, is_impl, aliases=("implementation",))
+IMPL = Arg("impl", _impl_for, is_impl, aliases=("implementation",))
 MODEL = Arg("model", model_s, is_model, aliases=("ModelConfig",))
 
 
@@ -483,7 +515,7 @@ ENTRIES: list[Entry] = [
     Entry("model_memory", calc.model_memory,
           [MODEL, BATCH, SEQ, Arg("weight_dtype", dtype_s, is_dtype, ("dtype", "bytes_per_element")),
            Arg("kv_dtype", dtype_s, is_dtype, ("dtype", "bytes_per_element")),
-           Arg("act_dtype", dtype_s, is_dtype, ("dtype",)), IMPL],
+           Arg("act_dtype", _dtype_for, is_attn_dtype, ("dtype",)), IMPL],
           check_memory,
           examples=[dict(model=None, batch=1, seq_len=1, weight_dtype="bf16", kv_dtype="bf16",
                          act_dtype="bf16", impl="naive")]),
@@ -491,7 +523,7 @@ ENTRIES: list[Entry] = [
           [MODEL, _budget_arg("gpu_bytes"), Arg("batch", st.integers(1, 64), is_count(1, MAX_BATCH)),
            Arg("weight_dtype", dtype_s, is_dtype, ("dtype", "bytes_per_element")),
            Arg("kv_dtype", dtype_s, is_dtype, ("dtype", "bytes_per_element")),
-           Arg("act_dtype", dtype_s, is_dtype, ("dtype",)), IMPL],
+           Arg("act_dtype", _dtype_for, is_attn_dtype, ("dtype",)), IMPL],
           check_model_max,
           examples=[dict(model="Llama 3.1 8B", gpu_bytes=80 * GB, batch=1, weight_dtype="bf16",
                          kv_dtype="bf16", act_dtype="bf16", impl="naive")]),
