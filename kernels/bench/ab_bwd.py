@@ -153,25 +153,11 @@ def check(cands: dict) -> bool:
     return ok
 
 
-def _fa4_backward(q, k, v, do, causal):
-    """A zero-argument call of FA4's backward on these (B, H, s, d) inputs, or None."""
-    import torch
-
-    try:
-        from flash_attn.cute import flash_attn_func
-    except ImportError:
-        return None
-    qf, kf, vf = (t.transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
-    dof = do.transpose(1, 2).contiguous()
-    of = flash_attn_func(qf, kf, vf, causal=causal)
-    of = of[0] if isinstance(of, tuple) else of
-    return lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True)
-
-
 def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
     """Step 2: {shape: {name: best-of-rounds ms}}, printing a line per shape."""
     import torch
 
+    from kernels.bench.profile_bwd import fa4_backward
     from kernels.flash.fwd import attention_forward
 
     results = {}
@@ -184,7 +170,7 @@ def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
         args = (do, q, k, v, o, lse2, causal, scale)
         calls = {name: functools.partial(fn, *args) for name, fn in cands.items()}
         if fa4:
-            f4 = _fa4_backward(q, k, v, do, causal)
+            f4 = fa4_backward(q, k, v, do, causal)
             if f4 is None:
                 print("(FA4 not importable: flash_attn.cute)", flush=True)
             else:
@@ -247,6 +233,13 @@ def best_of_rounds(calls: dict, rounds: int) -> dict[str, float]:
     return best
 
 
+def add_timing_args(ap: argparse.ArgumentParser, what: str) -> None:
+    """The options both A/B tools take after their shapes: rounds, FA4 beside, no check."""
+    ap.add_argument("--rounds", type=int, choices=range(1, 11), default=3, metavar="1..10")
+    ap.add_argument("--fa4", action="store_true", help=f"time FlashAttention-4's {what} too")
+    ap.add_argument("--skip-check", action="store_true")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from kernels.bench.profile_bwd import parse as parse_shape
 
@@ -257,9 +250,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="time kernels/flash/bwd_sm90.py as it was at COMMIT as the base")
     ap.add_argument("--shapes", type=parse_shape, nargs="+", metavar="H/H_KV/S/D/CAUSAL",
                     default=[parse_shape(x) for x in DEFAULT_SHAPES])
-    ap.add_argument("--rounds", type=int, choices=range(1, 11), default=3, metavar="1..10")
-    ap.add_argument("--fa4", action="store_true", help="time FlashAttention-4's backward too")
-    ap.add_argument("--skip-check", action="store_true")
+    add_timing_args(ap, "backward")
     args = ap.parse_args(argv)
     if not args.variant and not args.against:
         ap.error("nothing to compare: give --variant and/or --against")

@@ -27,7 +27,13 @@ import argparse
 import functools
 import math
 
-from kernels.bench.ab_bwd import best_of_rounds, parse_variant, require_hopper, summary
+from kernels.bench.ab_bwd import (
+    add_timing_args,
+    best_of_rounds,
+    parse_variant,
+    require_hopper,
+    summary,
+)
 
 SETTINGS = {"exp2_emu": (0, 1, 2, 3), "stages": (2, 3), "consumers": (2, 3)}
 # B/H/H_KV/S/D/CAUSAL, bf16: issue 18's forward shapes (d = 64 at 8,192, d = 128, B = 8 at 1,024)
@@ -156,9 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     action="append", default=[], metavar="NAME:KEY=VAL[,KEY=VAL]")
     ap.add_argument("--shapes", type=parse_shape, nargs="+", metavar="B/H/H_KV/S/D/CAUSAL",
                     default=[parse_shape(x) for x in DEFAULT_SHAPES])
-    ap.add_argument("--rounds", type=int, choices=range(1, 11), default=3, metavar="1..10")
-    ap.add_argument("--fa4", action="store_true", help="time FlashAttention-4's forward too")
-    ap.add_argument("--skip-check", action="store_true")
+    add_timing_args(ap, "forward")
     args = ap.parse_args(argv)
     if not args.variant:
         ap.error("nothing to compare: give at least one --variant")

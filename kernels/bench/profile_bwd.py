@@ -57,19 +57,23 @@ def calls(h: int, hk: int, s: int, d: int, causal: bool):
     def ours():
         return bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
 
+    return ours, fa4_backward(q, k, v, do, causal)
+
+
+def fa4_backward(q, k, v, do, causal: bool):
+    """A zero-argument call of FA4's backward alone (autograd on its forward's output, which
+    this runs once) on these (B, H, s, d) inputs; None when flash_attn.cute does not import."""
+    import torch
+
     try:
         from flash_attn.cute import flash_attn_func
     except ImportError:
-        return ours, None
+        return None
     qf, kf, vf = (t.transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     dof = do.transpose(1, 2).contiguous()
     of = flash_attn_func(qf, kf, vf, causal=causal)
     of = of[0] if isinstance(of, tuple) else of
-
-    def fa4():
-        return torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True)
-
-    return ours, fa4
+    return lambda: torch.autograd.grad(of, (qf, kf, vf), dof, retain_graph=True)
 
 
 def main(argv: list[str] | None = None) -> int:
