@@ -1,4 +1,4 @@
-"""Entry point: page config, navigation and the shared sidebar. No math here (DESIGN.md).
+"""Entry point: page config, navigation and the shared sidebar. No math here: the pages call calc/ (NOTES.md, "Layout").
 
 Run with `make app` (or `.venv/bin/python -m streamlit run app.py`). Every page is also a
 script of its own (pages/*.py), so tests can run each with streamlit.testing.v1.AppTest.

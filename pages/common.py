@@ -1,7 +1,7 @@
 """What every page shares: URL-bound widgets, the GB/GiB switch, colours and labels (the one table
 in pages.ui.labels, re-exported here), chart and download helpers.
 
-URL binding (STYLE.md: "widgets keyed and bound to the URL"): each input has a key, which is
+URL binding: each input has a key, which is
 also its query-parameter name, and a spec from pages.ui.url_state that says its type, default and
 bounds. Before a widget is drawn, `init` puts its value into st.session_state: the value this
 page's widget already has, else the URL's (parsed; a bad value gives the default and a
@@ -365,6 +365,17 @@ def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.Data
     download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=row)
     if df is not None:
         download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=row)
+
+
+#: What a table shows for a missing value (Streamlit's default is the text "None").
+MISSING = "—"
+
+
+def table(data: Any, where: Any = st, **kw: Any) -> Any:
+    """st.dataframe with missing cells shown as a dash instead of "None" (measured tables
+    have columns a row does not fill: a failed run has no time, an old row no version)."""
+    kw.setdefault("placeholder", MISSING)
+    return where.dataframe(data, **kw)
 
 
 def log_len_axis(fig: go.Figure, lo: int, hi: int) -> None:

@@ -129,7 +129,7 @@ with right:
     rows_df = pd.DataFrame([
         {"row": r.row, "running max m": round(r.m, 4), "running sum ℓ": round(r.l, 4)} for r in state.rows
     ])
-    st.dataframe(rows_df, hide_index=True)
+    c.table(rows_df, hide_index=True)
     st.latex(r"m' = \max\big(m,\ \max_{j \in \text{tile}} S_{ij}\big)")
     st.latex(r"\ell' = e^{m-m'}\,\ell + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}")
     st.latex(r"O' = e^{m-m'}\,O + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}\,V_j"

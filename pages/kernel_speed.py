@@ -212,7 +212,7 @@ if default in wide:
             col.metric(f"÷ {short(ref)} at s = {top:,}",
                        f"{wide.loc[top, default] / wide.loc[top, ref]:.2f}×")
 c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
-st.dataframe(table, hide_index=True, width="stretch")
+c.table(table, hide_index=True, width="stretch")
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
     "The forward+backward rows add our backward. On a Hopper GPU, from 4,096 queries with at "

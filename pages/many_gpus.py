@@ -282,7 +282,7 @@ terms = pd.DataFrame(mem.terms, columns=["tensor", "bytes"])
 terms = pd.concat([pd.DataFrame([{"tensor": "local inputs (q, k, v" + (", dO)" if backward
                                                                          else ")"),
                                   "bytes": mem.inputs_bytes}]), terms], ignore_index=True)
-st.dataframe(terms.assign(size=terms["bytes"].map(lambda b: c.fmt(b, unit)))[
+c.table(terms.assign(size=terms["bytes"].map(lambda b: c.fmt(b, unit)))[
     ["tensor", "size", "bytes"]], hide_index=True)
 if train is not None:
     st_ = train.step
@@ -300,7 +300,7 @@ if train is not None:
     with st.expander(f"Training step per GPU at s = {s:,} (bf16, calc.training_step on "
                      f"{train.local_seq_len:,} tokens with the ring's attention): "
                      f"{c.fmt(train.total_bytes, unit)}"):
-        st.dataframe(t_rows.assign(size=t_rows["bytes"].map(lambda b: c.fmt(b, unit)))[
+        c.table(t_rows.assign(size=t_rows["bytes"].map(lambda b: c.fmt(b, unit)))[
             ["part", "size", "bytes"]], hide_index=True)
 
 if measured is None:
@@ -318,7 +318,7 @@ else:
         cols = [col for col in ("seq_len", "world_size", "rank", "pass", "peak_bytes",
                                 "predicted_bytes", "error_pct", "fwd_step_ms", "bwd_step_ms",
                                 "link_GBps_to_hide_kv", "gpu") if col in table.columns]
-        st.dataframe(table[cols], hide_index=True)
+        c.table(table[cols], hide_index=True)
         st.caption("Measured: one rank of the ring simulated on one GPU (its incoming blocks "
                    "copied in place of communication; kernels/ring/simulate.py); peak = "
                    "max_memory_allocated during the call minus memory_allocated before. "

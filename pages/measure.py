@@ -385,7 +385,7 @@ with main:
                     part[list(COLUMNS)] if len(part) else None)
             if len(part):
                 tab = error_table(part, unit)
-                st.dataframe(tab, hide_index=True, column_config={
+                c.table(tab, hide_index=True, column_config={
                     "model error %": st.column_config.NumberColumn(format="%+.2f"),
                     "median ms": st.column_config.NumberColumn(format="%.3f"),
                     "TFLOP/s": st.column_config.NumberColumn(format="%.0f"),
@@ -440,13 +440,13 @@ with main:
             tsel = tsel[tsel["causal"].astype(str).str.lower() == str(causal).lower()]
         total = tsel[tsel["kernel"] == "(all)"]
         if len(total):
-            st.dataframe(pd.DataFrame({
+            c.table(pd.DataFrame({
                 "implementation": total["impl"].map(label), "mode": total["mode"],
                 "s": total["seq_len"], "kernel launches": total["count"],
                 "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
             }), hide_index=True)
         with st.expander("Every kernel (name, launches, share of the call's GPU time)"):
-            st.dataframe(tsel[tsel["kernel"] != "(all)"][
+            c.table(tsel[tsel["kernel"] != "(all)"][
                 [x for x in ("impl", "mode", "causal", "kernel", "category", "count", "gpu_us", "share", "bytes")
                  if x in tsel]], hide_index=True)
         st.caption("Eager attention launches one kernel per step (matmul, scale, fill, softmax, "
@@ -473,7 +473,7 @@ with main:
                 st.rerun()
 
     if runs:
-        st.dataframe(pd.DataFrame([{
+        c.table(pd.DataFrame([{
             "run": r.id, "started (UTC)": r.started, "GPU": r.gpu_name, "driver": r.driver,
             "torch": r.torch_version, "triton": r.triton_version, "label": r.label,
             "source": r.source, "rows": r.n_rows} for r in runs]), hide_index=True)
@@ -484,7 +484,7 @@ with main:
                                    index=min(1, len(options) - 2),
                                    format_func=lambda k: names.get(k, k))
         if a and bb and a != bb and store is not None:
-            st.dataframe(store.compare(int(a), int(bb)), hide_index=True)
+            c.table(store.compare(int(a), int(bb)), hide_index=True)
         del_cols = st.columns([2, 1, 1])
         victim = del_cols[0].selectbox("Delete run", options[1:], key="del_run",
                                        format_func=lambda k: names.get(k, k))

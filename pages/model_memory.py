@@ -302,7 +302,7 @@ with st.container():
     shown = table.copy()
     for i in impls:
         shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))
-    st.dataframe(shown, hide_index=True)
+    c.table(shown, hide_index=True)
     if mode == "training":
         both = pd.DataFrame([
             {"checkpointing": "off" if not on else "on",
@@ -311,7 +311,7 @@ with st.container():
             for on in (False, True)
         ])
         st.markdown("**Attention memory of a training step, with and without activation checkpointing**")
-        st.dataframe(both, hide_index=True)
+        c.table(both, hide_index=True)
         st.caption(
             "Training view counts the attention tensors autograd keeps (naive: the s×s "
             "probabilities of every layer; FlashAttention: output + fp32 log-sum-exp) and the "
@@ -322,6 +322,6 @@ with st.container():
             "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
             "one after another, so only one layer's scores exist at a time."
         )
-st.caption(f"{c.COMPUTED}. Sources: DESIGN.md formulas; KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
+st.caption(f"{c.COMPUTED}. Formulas: the table above (calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
 
 c.sync_url(used)

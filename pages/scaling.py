@@ -212,7 +212,7 @@ with main:
             fits=[f"≥ {v:,}" if v >= MAX_SEQ_LEN else f"{v:,}" for v in oom["max_seq_len"]],
         )
         st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
-        st.dataframe(table.pivot(index="impl", columns="gpu", values="fits"))
+        c.table(table.pivot(index="impl", columns="gpu", values="fits"))
 
 st.subheader("Memory against batch or heads (linear axes)")
 cols = st.columns([1, 1, 2])
@@ -251,7 +251,7 @@ shown = pd.DataFrame({
     "reserved growth (memory_reserved)": [_cell(None if v is None or v != v else int(v))
                                           for v in summary["reserved_growth_bytes"]],
 })
-st.dataframe(shown, hide_index=True)
+c.table(shown, hide_index=True)
 st.caption(
     f"{c.COMPUTED}. **Peak allocated**: what `torch.cuda.max_memory_allocated()` rises by during "
     "the call, above the inputs: every tensor counted as the block the caching allocator gives "
@@ -265,7 +265,7 @@ st.caption(
 with st.expander("Every tensor at the peak, with the allocator's rounding"):
     for impl, part in terms.groupby("impl", sort=False):
         st.markdown(f"**{IMPL_LABELS.get(impl, impl)}**")
-        st.dataframe(pd.DataFrame({
+        c.table(pd.DataFrame({
             "tensors alive at the peak": part["term"],
             "count": part["tensors"],
             "tensor bytes": [f"{v:,}" for v in part["tensor_bytes"]],

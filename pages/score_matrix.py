@@ -131,7 +131,7 @@ table = pd.DataFrame(rows)
 left, right = st.columns([1, 1.6])
 with left:
     st.markdown("**Double the length, quadruple the memory**")
-    st.dataframe(  # as text: byte counts can exceed 64-bit integers (B = 10^6, s = 10^8)
+    c.table(  # as text: byte counts can exceed 64-bit integers (B = 10^6, s = 10^8)
         pd.DataFrame({
             "s": [f"{s:,}" for s in table["seq_len"]],
             "bytes": [f"{b:,}" for b in table["bytes"]],

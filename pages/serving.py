@@ -109,14 +109,14 @@ table = pd.DataFrame([
     {"part": "one request of s tokens (KV blocks + state)", "bytes": cap.bytes_per_sequence},
 ])
 shown = table.assign(size=table["bytes"].map(lambda b: c.fmt(b, unit)))
-st.dataframe(shown[["part", "size", "bytes"]], hide_index=True)
+c.table(shown[["part", "size", "bytes"]], hide_index=True)
 
 st.markdown("**Attention of one layer, prefill (s_q = s) against decode (s_q = 1)**")
 rows = []
 for impl, (prefill, decode) in attention.items():
     rows.append({"implementation": IMPL_LABELS[impl], "prefill": c.fmt(prefill, unit),
                  "decode": c.fmt(decode, unit)})
-st.dataframe(pd.DataFrame(rows), hide_index=True)
+c.table(pd.DataFrame(rows), hide_index=True)
 st.caption(f"{c.COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
            "kv_cache_utils.py; overhead defaults from vLLM start-up logs (calc/serving.py). "
            "Prefill: calc.attention_peak_bytes; decode: the same terms with s_q = 1. "

@@ -385,13 +385,13 @@ st.caption(f"{c.COMPUTED}. Bars: before the step (weights, AdamW state, buffers:
 
 st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
 # A moment the model does not have (the tied embedding's backward of an untied model) is left out.
-st.dataframe(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phases[ph], unit)
+c.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phases[ph], unit)
                                               for a, m in steps.items()}}
                            for ph in PHASES if ph in next(iter(steps.values())).phases]),
              hide_index=True)
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]]):
-    st.dataframe(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
+    c.table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
         pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": f"{x:,}"}
                       for p, lab, x in first.activation_terms]), hide_index=True)
 
@@ -408,7 +408,7 @@ for a in steps:
                      f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
                          f"{n_need:,}" if n_need else "more than 1,024"})
 st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
-st.dataframe(pd.DataFrame(fit_rows), hide_index=True)
+c.table(pd.DataFrame(fit_rows), hide_index=True)
 
 st.markdown("### Measured on an H200 against the prediction")
 if measured.empty:
@@ -422,7 +422,7 @@ if not compared.empty:
         st.markdown("No measured row matches these inputs (pick a *measured shape* model, one "
                     "GPU, and a measured length): every bundled row with its prediction.")
         view = compared
-    st.dataframe(shown_table(view, unit), hide_index=True)
+    c.table(shown_table(view, unit), hide_index=True)
     errs = compared["peak error"].dropna()
     big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
     if len(errs):
@@ -439,7 +439,7 @@ if dist_rows.empty:
                "same models and writes data/training_steps_dist_h200.csv, which this section "
                "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
 else:
-    st.dataframe(shown_table(dist_rows, unit), hide_index=True)
+    c.table(shown_table(dist_rows, unit), hide_index=True)
     errs = dist_rows["peak error"].dropna()
     st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
                f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "
@@ -460,7 +460,7 @@ for gpu_name, col in ((H200, "fits one H200"), (H100, "fits one H100")):
         said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
                          f"{r['peak (computed)']})" for _, r in ok.iterrows())
         st.markdown(f"- **One {gpu_name}**: {c.md_escape(said)}.")
-st.dataframe(answer, hide_index=True)
+c.table(answer, hide_index=True)
 st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
            "keep only an output and a log-sum-exp per row.")

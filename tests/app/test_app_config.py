@@ -6,8 +6,9 @@ With the default watcher Streamlit watched the whole checkout (.venv included) a
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
