@@ -22,7 +22,52 @@ from dataclasses import dataclass
 from typing import Any
 
 from calc.mixers import Mixer, gated_deltanet, mamba1, mamba2
-from calc.units import MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, check_int
+from calc.units import MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, check_int, dtype_name
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """A checkpoint's `quantization_config` (config.json), as far as stored bytes go.
+
+    method is the quant_method ("mxfp4", "fp8", "gptq", "awq", "bitsandbytes"); bits the
+    stored width of a quantized weight; group_size the weights per scale (GPTQ/AWQ; -1: one
+    group per column); weight_block_size the fp8 scale block [out, in] (None: per tensor);
+    fmt the fp8 element format ("e4m3"); quant_type the bitsandbytes 4-bit type ("nf4",
+    "fp4"); double_quant its nested absmax quantization; modules_to_not_convert the modules the
+    config leaves at torch_dtype (also read from ignored_layers / llm_int8_skip_modules).
+    The bytes are priced in calc/quant.py."""
+
+    method: str
+    bits: int
+    group_size: int | None = None
+    weight_block_size: tuple[int, int] | None = None
+    fmt: str = ""
+    quant_type: str = ""
+    double_quant: bool = False
+    modules_to_not_convert: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """Short name for tables, e.g. "fp8 e4m3, 128x128 blocks", "gptq int4, group 128"."""
+        if self.method == "mxfp4":
+            return "MXFP4 (4-bit, one 8-bit scale per 32)"
+        if self.method == "fp8":
+            block = ("per-tensor scale" if self.weight_block_size is None else
+                     f"{self.weight_block_size[0]}x{self.weight_block_size[1]} block scales")
+            return f"fp8 {self.fmt or 'e4m3'}, {block}"
+        if self.method in ("gptq", "awq"):
+            group = "one group" if self.group_size in (None, -1) else f"group {self.group_size}"
+            return f"{self.method.upper()} int{self.bits}, {group}"
+        if self.bits == 8:
+            return "bitsandbytes int8"
+        return (f"bitsandbytes {self.quant_type or 'nf4'}"
+                + (", double quant" if self.double_quant else ""))
+
+    @property
+    def default_dtype(self) -> str:
+        """Dtype of the unquantized tensors when config.json names none: fp16 for GPTQ/AWQ
+        (their scales and kernels are fp16), bf16 otherwise."""
+        return "fp16" if self.method in ("gptq", "awq") else "bf16"
 
 
 @dataclass(frozen=True)
@@ -74,6 +119,14 @@ class ModelConfig:
     v_head_dim: int = 0  # MLA: value width per head (head_dim is the q·k width nope + rope)
     state_mixer: Mixer | None = None  # the non-attention block of a hybrid (calc/mixers.py)
     state_layers: int = 0  # how many layers hold that block (a constant state per sequence)
+    # --- added for issue 30: gpt-oss, quantized checkpoints, reading rules ---
+    attention_sinks: bool = False  # one learned logit per query head per attention layer
+    #   (gpt-oss: GptOssAttention.sinks, a parameter of num_attention_heads)
+    router_bias: bool = False  # MoE router with a bias of num_experts (GptOssTopKRouter)
+    torch_dtype: str = ""  # the checkpoint's dtype for unquantized tensors ("" unknown)
+    quantization: QuantConfig | None = None  # the checkpoint's quantization_config
+    read_as: str = ""  # how the config was read when not by its own model_type's rules, and
+    #   what it leaves out (a vision tower): for pages to show; "" when nothing to say
 
     @property
     def is_mla(self) -> bool:
@@ -137,11 +190,42 @@ _QWEN = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next"}
 _MLA = {"deepseek_v2", "deepseek_v3"}
 #: Hybrids: attention in some layers, a constant-state mixer in the others (calc/mixers.py).
 _HYBRID = {"jamba", "nemotron_h", "qwen3_next"}
+#: gpt-oss (modeling_gpt_oss.py): sinks, biases on q/k/v/o, router and expert biases.
+_GPT_OSS = {"gpt_oss"}
+#: Vision-language checkpoints whose language model is one of the families above; only the
+#: language model is counted (read_as says so). Qwen2-VL / Qwen2.5-VL: a Qwen2 decoder
+#: (modeling_qwen2_5_vl.py Qwen2_5_VLTextModel, q/k/v biases).
+_VL_QWEN2 = {"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
+_VL_OUTER = {"gemma3": "Gemma 3", "mistral3": "Mistral 3 (Mistral-Small 3.1)",
+             "llava": "LLaVA", **{t: "Qwen2-VL / Qwen2.5-VL" for t in _VL_QWEN2}}
 #: Every model_type the parser has rules for; anything else is refused, not read as Llama.
 KNOWN_MODEL_TYPES: tuple[str, ...] = tuple(sorted({
     "llama", "mistral", "mixtral", "gemma", "phi3", *_TIED_BY_DEFAULT, *_CLASSIC, *_FOUR_NORMS,
-    *_QK_NORM, *_QWEN2_QKV_BIAS, *_QWEN, *_MLA, *_HYBRID,
+    *_QK_NORM, *_QWEN2_QKV_BIAS, *_QWEN, *_MLA, *_HYBRID, *_GPT_OSS, *_VL_QWEN2,
 }))
+#: Model classes of config.json's `architectures` -> the model_type whose rules read them, for
+#: configs whose model_type is unknown, that ship their own modeling code (auto_map) and whose
+#: class is one of these (Kimi-K2 ships model_type "kimi_k2", architectures
+#: ["DeepseekV3ForCausalLM"] and auto_map to its modeling_deepseek.py, DeepSeek-V3's code).
+ARCHITECTURE_TYPES: dict[str, str] = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral", "Qwen2ForCausalLM": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2",
+    "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
+}
+#: Types with a transformers implementation whose memory-relevant parts are not modelled here:
+#: refused with the reason instead of read as a neighbour.
+_NOT_MODELLED = {
+    "llama4": "Llama 4 interleaves MoE and dense layers (interleave_moe_layer_step) and uses "
+              "chunked local attention (attention_chunk_size) in 3 of 4 layers with no RoPE in "
+              "the others; neither the chunked KV nor that layer mix is modelled",
+    "llama4_text": "Llama 4 interleaves MoE and dense layers (interleave_moe_layer_step) and "
+                   "uses chunked local attention (attention_chunk_size); neither is modelled",
+}
 #: Sequence models without attention: there is no attention memory to compute.
 _ATTENTION_FREE = {"mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "xlstm"}
 
@@ -243,8 +327,9 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     r = _Reader(d)
     model_type = r.get_str("model_type").lower()
     gpt2 = model_type == "gpt2" or (r.find("n_embd") is not None and not model_type)
+    read_as = ""
     if not gpt2:
-        _check_known(model_type)
+        model_type, read_as = _resolve_type(r, model_type)
 
     layers = r.get_int("num_hidden_layers", "n_layer", hi=_MAX_LAYERS)
     hidden = r.get_int("hidden_size", "n_embd", hi=_MAX_WIDTH)
@@ -321,7 +406,8 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         attention_bias = r.get_bool("attention_bias", False)
         qkv_bias = attention_bias or model_type in _QWEN2_QKV_BIAS
         out_bias = attention_bias
-        mlp_bias = r.get_bool("mlp_bias", False)
+        # gpt-oss experts carry gate_up and down biases (GptOssExperts); others per mlp_bias
+        mlp_bias = model_type in _GPT_OSS or r.get_bool("mlp_bias", False)
         norm_bias = False
     learned = 0
     if gpt2:  # learned absolute positions (GPT-2 paper; modeling_gpt2.py: wpe)
@@ -372,6 +458,11 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         v_head_dim=mla["v_head_dim"] if mla else 0,
         state_mixer=hybrid.get("mixer"),
         state_layers=hybrid.get("state_layers", 0),
+        attention_sinks=model_type in _GPT_OSS,
+        router_bias=model_type in _GPT_OSS,
+        torch_dtype=_torch_dtype(r),
+        quantization=_quant_config(r),
+        read_as=read_as,
     )
 
 
@@ -512,3 +603,134 @@ def _hybrid(layers: int, attention: int, state: int, mlp: int, mixer: Mixer) -> 
             "matrix): this calculator models attention")
     return {"attention_layers": None if attention == layers else attention,
             "state_layers": state, "mlp_layers": mlp, "mixer": mixer}
+
+
+def _resolve_type(r: _Reader, model_type: str) -> tuple[str, str]:
+    """(the model_type whose rules read this config, a note for read_as). Vision-language
+    wrappers are read for their language model; an unknown type whose `architectures` names a
+    class in ARCHITECTURE_TYPES is read with that class's rules; anything else is refused."""
+    top = r.scopes[-1][1].get("model_type")
+    note = ""
+    if isinstance(top, str) and top.lower() in _VL_OUTER:
+        note = (f"{_VL_OUTER[top.lower()]} checkpoint: the language model only; the vision "
+                "encoder and projector weights are not counted")
+    if model_type in _NOT_MODELLED or (isinstance(top, str) and top.lower() in _NOT_MODELLED):
+        which = model_type if model_type in _NOT_MODELLED else str(top).lower()
+        raise ValueError(f"config.json: 'model_type' {which!r} is refused: "
+                         f"{_NOT_MODELLED[which]}")
+    if model_type in _VL_QWEN2:  # Qwen2_5_VLTextModel is a Qwen2 decoder (q/k/v biases)
+        return "qwen2", (note + "; " if note else "") + (
+            f"read with the qwen2 rules ({model_type!r} has a Qwen2 language model)")
+    if model_type in KNOWN_MODEL_TYPES or model_type in _ATTENTION_FREE or not model_type:
+        _check_known(model_type)
+        return model_type, note
+    found = r.find("architectures")
+    classes = found[1] if found is not None and isinstance(found[1], list) else []
+    # Only a config that ships its own code (auto_map, loaded with trust_remote_code) is read
+    # by its class: transformers itself refuses an unknown model_type without one, and so do we.
+    auto_map = r.find("auto_map")
+    if auto_map is None or not isinstance(auto_map[1], dict):
+        classes = []
+    for cls in classes:
+        if isinstance(cls, str) and cls in ARCHITECTURE_TYPES:
+            rules = ARCHITECTURE_TYPES[cls]
+            shown = model_type if len(model_type) <= 60 else model_type[:60] + "…"
+            return rules, (note + "; " if note else "") + (
+                f"model_type {shown!r} has no rules here; read with the {rules} rules because "
+                f"'architectures' names {cls}")
+    _check_known(model_type)  # raises, naming the type and the known ones
+    return model_type, note
+
+
+def _torch_dtype(r: _Reader) -> str:
+    """The checkpoint's dtype (torch_dtype, or dtype in transformers >= 4.56 configs) as a calc
+    dtype name; "" when absent or not a dtype calc knows (e.g. "auto")."""
+    for key in ("torch_dtype", "dtype"):
+        found = r.find(key)
+        if found is not None and isinstance(found[1], str):
+            try:
+                return dtype_name(found[1].removeprefix("torch."))
+            except ValueError:
+                return ""
+    return ""
+
+
+_QUANT_METHODS = ("mxfp4", "fp8", "gptq", "awq", "bitsandbytes")
+
+
+def _quant_config(r: _Reader) -> QuantConfig | None:
+    """Read `quantization_config` (key layouts of transformers' utils/quantization_config.py:
+    Mxfp4Config, FineGrainedFP8Config, GPTQConfig, AwqConfig, BitsAndBytesConfig). None when
+    absent; ValueError for a method calc/quant.py does not price, naming it and the accepted."""
+    found = r.find("quantization_config")
+    if found is None or found[1] is None:
+        return None
+    path, q = found
+    if not isinstance(q, dict):
+        raise ValueError(f"config.json: '{path}' must be a JSON object, got {type(q).__name__}")
+    method = q.get("quant_method")
+    if not isinstance(method, str) or method.lower() not in _QUANT_METHODS:
+        raise ValueError(
+            f"config.json: '{path}.quant_method' {str(method)[:60]!r} is not a format calc "
+            f"prices; accepted: {', '.join(_QUANT_METHODS)}")
+    method = method.lower()
+
+    def whole(key: str, default: int | None, lo: int = 1, hi: int = 1 << 20) -> int | None:
+        v = q.get(key, default)
+        if v is None:
+            return default
+        return check_int(f"config.json: '{path}.{key}'", v, lo, hi)
+
+    skip: list = []
+    for key in ("modules_to_not_convert", "ignored_layers", "llm_int8_skip_modules"):
+        v = q.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ValueError(f"config.json: '{path}.{key}' must be a list of module names, "
+                             f"got {v!r:.80}")
+        skip += v
+    common = {"modules_to_not_convert": tuple(skip)}
+    if method == "mxfp4":
+        return QuantConfig("mxfp4", 4, group_size=32, fmt="e2m1", **common)
+    if method == "fp8":
+        block = q.get("weight_block_size")
+        if block is not None:
+            if (not isinstance(block, list) or len(block) != 2
+                    or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                               for b in block)):
+                raise ValueError(f"config.json: '{path}.weight_block_size' must be two positive "
+                                 f"whole numbers such as [128, 128], got {block!r:.60}")
+            block = (block[0], block[1])
+        fmt = q.get("fmt", "e4m3")
+        return QuantConfig("fp8", 8, weight_block_size=block,
+                           fmt=fmt if isinstance(fmt, str) else "e4m3", **common)
+    if method in ("gptq", "awq"):
+        bits = whole("bits", 4, 2, 8)
+        if bits not in (2, 4, 8):
+            raise ValueError(f"config.json: '{path}.bits' must be 2, 4 or 8 (packed into int32 "
+                             f"words), got {bits}")
+        group = q.get("group_size", 128)
+        group = -1 if group == -1 else whole("group_size", 128)
+        if method == "awq":
+            version = str(q.get("version", "gemm")).lower()
+            if version != "gemm":
+                raise ValueError(f"config.json: '{path}.version' {version!r}: only AWQ's GEMM "
+                                 "layout is priced (qweight [in, out/8])")
+        else:
+            fmt = str(q.get("checkpoint_format", "gptq")).lower()
+            if fmt != "gptq":
+                raise ValueError(f"config.json: '{path}.checkpoint_format' {fmt!r}: only the "
+                                 "AutoGPTQ 'gptq' layout is priced")
+        return QuantConfig(method, bits, group_size=group, **common)
+    four, eight = bool(q.get("load_in_4bit")), bool(q.get("load_in_8bit"))
+    if four == eight:
+        raise ValueError(f"config.json: '{path}' must set exactly one of load_in_4bit and "
+                         "load_in_8bit to true")
+    kind = str(q.get("bnb_4bit_quant_type", "fp4")).lower() if four else ""
+    if four and kind not in ("nf4", "fp4"):
+        raise ValueError(f"config.json: '{path}.bnb_4bit_quant_type' must be nf4 or fp4, got "
+                         f"{kind!r:.40}")
+    return QuantConfig("bitsandbytes", 4 if four else 8, group_size=64 if four else None,
+                       quant_type=kind,
+                       double_quant=four and bool(q.get("bnb_4bit_use_double_quant")), **common)

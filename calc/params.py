@@ -22,6 +22,10 @@ creates for each architecture (modeling_llama.py and the files derived from it, 
   its RMSNorm, kv_b kv_lora x H·(nope + v), o H·v x hidden. DeepSeek's shared experts are
   plain MLPs of n_shared x moe_intermediate_size, without the Qwen sigmoid gate.
 - gated attention (Qwen3-Next, modeling_qwen3_next.py): q_proj is 2·H·d wide (query + gate).
+- gpt-oss (modeling_gpt_oss.py): biases on q, k, v and o; one learned sink logit per query
+  head per layer (GptOssAttention.sinks); a router of hidden x E with an E bias
+  (GptOssTopKRouter); experts stored fused, gate_up_proj [E, hidden, 2·I] with a 2·I bias and
+  down_proj [E, I, hidden] with a hidden bias (GptOssExperts): the gated count with biases.
 - hybrids: only `attention_layers` layers have attention, `mlp_layers` an MLP; the
   `state_layers` others hold the mixer that calc/mixers.py counts (Mamba, Mamba-2, Gated
   DeltaNet).
@@ -81,6 +85,8 @@ def _attention_params(model: ModelConfig) -> int:
         params += h
     if model.qk_norm:
         params += 2 * d
+    if model.attention_sinks:  # gpt-oss: one learned logit per query head
+        params += model.num_heads
     return params
 
 
@@ -92,7 +98,9 @@ def _norm_params(model: ModelConfig) -> int:
 def _moe_mlp_params(model: ModelConfig, experts: int) -> int:
     """The MLP of one MoE layer counting `experts` experts, the router and the shared expert."""
     params = experts * _mlp_params(model, model.intermediate_size)
-    params += model.hidden_size * model.num_experts  # router (no bias)
+    params += model.hidden_size * model.num_experts  # router
+    if model.router_bias:  # gpt-oss: GptOssTopKRouter.bias
+        params += model.num_experts
     if model.shared_expert_intermediate_size:
         params += _mlp_params(model, model.shared_expert_intermediate_size)
         if model.shared_expert_gate:
@@ -140,22 +148,55 @@ def param_count(model: ModelConfig) -> int:
     return sum(param_breakdown(model).values())
 
 
-def active_param_count(model: ModelConfig) -> int:
+#: The two conventions of "active parameters", for labels: model cards differ on whether the
+#: input embedding (a table lookup, no multiply per token) counts. Mixtral's 12.9B counts it;
+#: DeepSeek-V2/V3's "activated" figures and the gpt-oss card (arXiv 2508.10925, Table 1:
+#: 3.61B / 5.13B) leave it out and count the unembedding (lm_head).
+ACTIVE_CONVENTIONS: dict[bool, str] = {
+    True: "active parameters, input embedding included (Mixtral card convention)",
+    False: "active parameters, input embedding excluded (DeepSeek, gpt-oss card convention)",
+}
+
+
+def active_param_count(model: ModelConfig, include_embedding: bool = True) -> int:
     """Parameters used per token: as param_count, but only experts_per_token experts per MoE
-    layer (router, shared expert, attention and embeddings in full). Equals param_count for a
-    dense model. This is the "active parameters" figure of MoE model cards (Mixtral 12.9B).
+    layer (router, shared expert, attention and lm_head in full). Equals param_count for a dense
+    model when the embedding is included.
+
+    include_embedding=True (the default, unchanged) counts the input embedding table, as the
+    Mixtral card's 12.9B does; False leaves it out, as the DeepSeek and gpt-oss cards do (the
+    lm_head counts either way; with tied embeddings the shared table counts once, as lm_head).
+    ACTIVE_CONVENTIONS names both for labels.
     """
-    if check_model(model).num_experts <= 1:
-        return param_count(model)
-    return sum(param_breakdown(model, experts=model.experts_per_token).values())
+    check_model(model)
+    if not isinstance(include_embedding, bool):
+        raise ValueError(f"include_embedding must be true or false, got {include_embedding!r:.40}")
+    if model.num_experts <= 1:
+        parts = param_breakdown(model)
+    else:
+        parts = param_breakdown(model, experts=model.experts_per_token)
+    total = sum(parts.values())
+    if not include_embedding and not model.tie_embeddings:
+        total -= parts["embeddings"]
+    return total
+
+
+#: weight_bytes' argument for "as the checkpoint stores it" (calc/quant.py).
+CHECKPOINT = "checkpoint"
 
 
 def weight_bytes(model: ModelConfig, bytes_per_param: float | str) -> int:
     """Bytes to store every weight: param_count x bytes_per_param, rounded up to whole bytes.
 
     bytes_per_param is a number (4 fp32, 2 bf16/fp16, 1 fp8/int8, 0.5 int4) or a dtype name
-    ("bf16", "int4", "float16", ...). Quantization scales and zero points are not counted.
+    ("bf16", "int4", "float16", ...); then quantization scales and zero points are not counted.
+    "checkpoint" gives the bytes as the checkpoint stores them: the quantized modules in their
+    format with scales, zeros and block metadata, the rest at torch_dtype
+    (calc.quant.checkpoint_weight_bytes; ValueError when config.json says neither).
     """
     check_model(model)
+    if isinstance(bytes_per_param, str) and bytes_per_param.strip().lower() == CHECKPOINT:
+        from calc.quant import checkpoint_weight_bytes
+        return checkpoint_weight_bytes(model)
     per_param: Fraction = check_bytes_per_element(bytes_per_param)
     return ceil_bytes(param_count(model) * per_param)
