@@ -11,16 +11,18 @@ the first call.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import replace
 
 import torch
 
 from kernels.flash.bwd import atomic_by_default, attention_backward, kv_split
+from kernels.flash.common import Packed
 from kernels.flash.config import KernelConfig, Tiles
 from kernels.flash.fwd import attention_forward, fwd_kernel
 
 __all__ = ["KernelConfig", "Tiles", "flash_attention", "forward_backward_bytes",
-           "forward_bytes", "interpreting"]
+           "forward_bytes", "interpreting", "varlen_bytes"]
 
 HEAD_DIM_MIN = 16
 HEAD_DIM_MAX = 256
@@ -99,18 +101,19 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float, config: KernelConfig | None,
-                window: int | None = None):
-        o, lse2 = attention_forward(q, k, v, causal, scale, config, window)
+                window: int | None = None, packed: Packed | None = None):
+        o, lse2 = attention_forward(q, k, v, causal, scale, config, window, packed)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.causal, ctx.scale, ctx.config, ctx.window = causal, scale, config, window
+        ctx.packed = packed  # int32 offsets and host ints: nothing autograd differentiates
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.config,
-                                        ctx.window)
-        return dq, dk, dv, None, None, None, None
+                                        ctx.window, ctx.packed)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(
@@ -122,6 +125,8 @@ def flash_attention(
     *,
     config: KernelConfig | dict | None = None,
     window: int | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(scale * q k^T) v without materialising the s x s matrix.
 
@@ -193,8 +198,32 @@ def flash_attention(
     layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the descriptors off,
     FLASH_ATTN_TUNE=1 re-tunes instead of using the stored H200 choices. The environment is
     read once, at import (`config.SETTINGS`).
+
+    Packed sequences (variable length, ``cu_seqlens``): several sequences concatenated along
+    the sequence axis, attention (with ``causal`` and ``window``) running inside each one
+    only, as FlashAttention-2's ``flash_attn_varlen_func`` does and as transformers'
+    padding-free training (DataCollatorWithFlattening) needs. ``cu_seqlens`` is an int32
+    tensor on q's device of n + 1 cumulative starts: 0, then strictly increasing (no empty
+    sequence), last = the total number of query rows; sequence i is rows cu_seqlens[i] ..
+    cu_seqlens[i+1] - 1. ``cu_seqlens_k`` gives the keys' starts when they differ from the
+    queries' (same n; default: ``cu_seqlens``); causal stays top-left per sequence (query i
+    of a sequence sees its keys 0..i). Layouts: q (1, H, total_q, d) and k, v (1, H_kv,
+    total_k, d), as transformers' attention interface passes a packed batch (any strides), or
+    FlashAttention's varlen layout q (total_q, H, d), k, v (total_k, H_kv, d); the output
+    has q's layout. The longest sequence, which sizes the grid, is read from cu_seqlens on
+    the host (one device-to-host copy per cu_seqlens tensor: the lengths are remembered while
+    that tensor lives and is not modified, so the layers of one model step pay it once). A
+    packed call runs the portable Triton kernels (the Hopper Gluon kernels take no packed
+    sequences) with the two-kernel backward and no GQA split; its memory, beyond q, k, v
+    (and dO), is that of one batch of the packed totals (`varlen_bytes`):
+      forward:            H*total_q*(d*e + 4)
+      forward + backward: 2*H*total_q*d*e + 2*H_kv*total_k*d*e + 8*H*total_q
+    whatever the lengths (`calc.peak.varlen_peak_bytes` counts the allocator's blocks).
     """
     config = KernelConfig.of(config)
+    if cu_seqlens is not None or cu_seqlens_k is not None:
+        return _packed_call(q, k, v, bool(causal), scale, config, window, cu_seqlens,
+                            cu_seqlens_k)
     _check_inputs(q, k, v, scale)
     window = _check_window(window, bool(causal), q.shape[2])
     if window is not None and config is not None and config.sm90:
@@ -236,3 +265,108 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
     partial = 2 * B * H_kv * split * s_k * d * e if split > 1 else 0
     return (2 * B * H * s_q * d * e + 2 * B * H_kv * s_k * d * e + 8 * B * H * s_q + buffer
             + partial)
+
+
+# Host copies of cu_seqlens tensors, by id, while the tensor lives (a weak reference drops the
+# entry when it is freed) and until it is modified in place (its version counter moves).
+_HOST_STARTS: dict[int, tuple[weakref.ref, int, tuple[int, ...]]] = {}
+
+
+def _host_starts(cu: torch.Tensor) -> tuple[int, ...]:
+    """cu's values on the host: read once per tensor (a device sync on CUDA), then reused."""
+    key = id(cu)
+    hit = _HOST_STARTS.get(key)
+    if hit is not None and hit[0]() is cu and hit[1] == cu._version:
+        return hit[2]
+    values = tuple(cu.tolist())
+    ref = weakref.ref(cu, lambda _r, key=key: _HOST_STARTS.pop(key, None))
+    _HOST_STARTS[key] = (ref, cu._version, values)
+    return values
+
+
+def _check_starts(name: str, cu, total: int, device: torch.device) -> tuple[int, ...]:
+    """The checked cumulative starts of one side (ValueError naming ``name`` and the rule)."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32 cumulative sequence starts, "
+                        f"got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32 (as FlashAttention's varlen interface and "
+                         f"transformers' cu_seq_lens), got {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name} must be 1-d with n + 1 >= 2 entries (n sequences), got shape "
+                         f"{tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {cu.device}")
+    starts = _host_starts(cu)
+    if starts[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {starts[0]}")
+    bad = next((i for i in range(1, len(starts)) if starts[i] <= starts[i - 1]), None)
+    if bad is not None:
+        raise ValueError(f"{name} must be strictly increasing (every sequence at least one "
+                         f"token), got {name}[{bad - 1}] = {starts[bad - 1]}, "
+                         f"{name}[{bad}] = {starts[bad]}")
+    if starts[-1] != total:
+        raise ValueError(f"{name} must end at the packed total of rows, {total}, got "
+                         f"{starts[-1]}")
+    return starts
+
+
+def _packed_inputs(q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(1, H, total, d) views of packed q, k, v given as (1, H, total, d) or (total, H, d);
+    True when they came as (total, H, d)."""
+    dims = {t.dim() if isinstance(t, torch.Tensor) else None for t in (q, k, v)}
+    if dims == {3}:
+        return (*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)), True)
+    if dims == {4}:
+        if q.shape[0] != 1 or k.shape[0] != 1:
+            raise ValueError("packed sequences (cu_seqlens) take q, k, v of batch 1, "
+                             f"(1, heads, total, head_dim), got q {tuple(q.shape)}, "
+                             f"k {tuple(k.shape)}: pack the batch along the sequence axis")
+        return q, k, v, False
+    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+              for t in (q, k, v)]
+    raise ValueError("packed sequences (cu_seqlens) take q, k, v as (1, heads, total, "
+                     f"head_dim) or (total, heads, head_dim), all alike; got {shapes}")
+
+
+def _packed_call(q, k, v, causal: bool, scale, config, window, cu_seqlens, cu_seqlens_k):
+    """`flash_attention` with ``cu_seqlens`` (its docstring): checks, then the kernels."""
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens_k was given without cu_seqlens (the queries' starts)")
+    q, k, v, flat = _packed_inputs(q, k, v)
+    _check_inputs(q, k, v, scale)
+    starts_q = _check_starts("cu_seqlens", cu_seqlens, q.shape[2], q.device)
+    if cu_seqlens_k is None:
+        cu_seqlens_k, starts_k = cu_seqlens, starts_q
+        if k.shape[2] != q.shape[2]:
+            raise ValueError(f"k, v have {k.shape[2]} packed rows and q {q.shape[2]}: pass "
+                             "cu_seqlens_k for the keys' starts")
+    else:
+        starts_k = _check_starts("cu_seqlens_k", cu_seqlens_k, k.shape[2], q.device)
+        if len(starts_k) != len(starts_q):
+            raise ValueError(f"cu_seqlens and cu_seqlens_k must count the same sequences, got "
+                             f"{len(starts_q) - 1} and {len(starts_k) - 1}")
+    max_q = max(b - a for a, b in zip(starts_q[:-1], starts_q[1:], strict=True))
+    max_k = max(b - a for a, b in zip(starts_k[:-1], starts_k[1:], strict=True))
+    window = _check_window(window, causal, max_q)  # a window of the longest sequence: none
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if interpreting() and (config is None or config.tiles is None):
+        config = replace(config or KernelConfig(), tiles=INTERPRETER_TILES)
+    packed = Packed(cu_seqlens, cu_seqlens_k, max_q, max_k)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        o = attention_forward(q, k, v, causal, float(scale), config, window, packed)[0]
+    else:
+        o = FlashAttentionFunction.apply(q, k, v, causal, float(scale), config, window, packed)
+    return o[0].transpose(0, 1) if flat else o
+
+
+def varlen_bytes(H: int, H_kv: int, total_q: int, total_k: int, d: int, e: int,
+                 backward: bool = False) -> int:
+    """Extra bytes of one packed call (``cu_seqlens``), tensor bytes without the allocator's
+    rounding: forward O and lse2, H*total_q*(d*e + 4); forward + backward also delta, dQ, dK,
+    dV (`bwd._packed_backward`: no fp32 dQ buffer, no partial sums), whatever the lengths."""
+    fwd = H * total_q * (d * e + 4)
+    if not backward:
+        return fwd
+    return 2 * H * total_q * d * e + 2 * H_kv * total_k * d * e + 8 * H * total_q

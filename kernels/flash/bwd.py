@@ -83,6 +83,7 @@ from kernels.flash import common
 from kernels.flash.common import (
     LOG2E,
     SMEM_BYTES,
+    Packed,
     TensorDescriptor,
     autotune_options,
     block_d,
@@ -97,6 +98,7 @@ from kernels.flash.common import (
     seq_bucket,
     tile_mask,
     triton_configs,
+    varlen_rows,
     window_key_range,
 )
 from kernels.flash.config import SETTINGS, KernelConfig
@@ -214,6 +216,7 @@ def bwd_dkdv_kernel(
     DK, DV,  # outputs (B, H_kv * SPLIT, s_k, d), written in full (partial sums when SPLIT > 1)
     DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, s_q, d) contiguous, dQ is added into it; else None
     DQ_DESC,  # DQ_TMA: DQ_ACC as a (B * H, s_q, d) tensor descriptor, tiles [1, BLOCK_M, d]
+    CU_Q, CU_K,  # VARLEN: int32 (n_seq + 1,) starts of the packed sequences' query / key rows
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -233,6 +236,7 @@ def bwd_dkdv_kernel(
     ATOMIC_DQ: tl.constexpr = False,  # also add scale * dS K into DQ_ACC (see the docstring)
     DQ_TMA: tl.constexpr = False,  # ... through DQ_DESC, one bulk reduce-add per tile
     WINDOW: tl.constexpr = False,  # causal sliding window of `window` keys (CAUSAL too)
+    VARLEN: tl.constexpr = False,  # packed sequences (`common.varlen_rows`): b is the sequence
 ):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)  # (batch, key/value head)
@@ -240,14 +244,23 @@ def bwd_dkdv_kernel(
     h_kv = bhk % H_kv
     sp = tl.program_id(2)  # which share of the GQA group's query heads (0 when SPLIT = 1)
     heads = GROUP // SPLIT
+    if VARLEN:
+        # sequence b: query rows [q0, q0 + s_q), key rows [k0, k0 + s_k) of the packed tensors
+        total_q = s_q
+        q0, s_q, k0, s_k, _ = varlen_rows(CU_Q, CU_K, b, h_kv, total_q)
+        if start_n >= s_k:
+            return
+        k_base = K + h_kv.to(tl.int64) * stride_kh + k0 * stride_kn
+        v_base = V + h_kv.to(tl.int64) * stride_vh + k0 * stride_vn
+    else:
+        k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
     # ---- this program's K and V tiles stay on chip: 2 * BLOCK_N * d reads ----------------------
     kv_mask = tile_mask(offs_n, s_k, offs_d, HEAD_DIM, EVEN_D)
-    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=kv_mask, other=0.0)
     v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
@@ -284,12 +297,18 @@ def bwd_dkdv_kernel(
     for g in range(sp * heads, sp * heads + heads):  # the query heads that read this K/V head
         h = h_kv * GROUP + g
         bh = b * H + h
-        q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
-        do_ptrs = (DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
-        lse_ptr = LSE2 + bh.to(tl.int64) * s_q
-        delta_ptr = DELTA + bh.to(tl.int64) * s_q
+        if VARLEN:
+            q_head = Q + h.to(tl.int64) * stride_qh + q0 * stride_qm
+            do_head = DO + h.to(tl.int64) * stride_doh + q0 * stride_dom
+            row0 = h.to(tl.int64) * total_q + q0
+        else:
+            q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+            do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+            row0 = bh.to(tl.int64) * s_q
+        q_ptrs = q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        do_ptrs = do_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+        lse_ptr = LSE2 + row0
+        delta_ptr = DELTA + row0
         if ATOMIC_DQ:
             dq_ptrs = (DQ_ACC + bh.to(tl.int64) * s_q * HEAD_DIM
                        + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
@@ -317,10 +336,14 @@ def bwd_dkdv_kernel(
     # (with SPLIT > 1, this share's partial sums, at head h_kv * SPLIT + sp; summed on the host)
     dk = dk * sm_scale
     h_out = (h_kv * SPLIT + sp).to(tl.int64)
-    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + h_out * stride_dkh
-               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + h_out * stride_dvh
-               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+    if VARLEN:
+        dk_head = DK + h_out * stride_dkh + k0 * stride_dkn
+        dv_head = DV + h_out * stride_dvh + k0 * stride_dvn
+    else:
+        dk_head = DK + b.to(tl.int64) * stride_dkb + h_out * stride_dkh
+        dv_head = DV + b.to(tl.int64) * stride_dvb + h_out * stride_dvh
+    dk_ptrs = dk_head + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dv_ptrs = dv_head + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -373,6 +396,7 @@ def bwd_dq_kernel(
     LSE2,  # (B, H, s_q) fp32 from the forward
     DELTA,  # output (B, H, s_q) fp32: rowsum(dO * O), written here for the dK/dV launch
     DQ,  # output (B, H, s_q, d), written in full
+    CU_Q, CU_K,  # VARLEN: int32 (n_seq + 1,) starts of the packed sequences' query / key rows
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -388,31 +412,46 @@ def bwd_dq_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False,  # causal sliding window of `window` keys (CAUSAL too)
+    VARLEN: tl.constexpr = False,  # packed sequences (`common.varlen_rows`): b is the sequence
 ):
     start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
+    if VARLEN:
+        # sequence b: query rows [q0, q0 + s_q), key rows [k0, k0 + s_k) of the packed tensors
+        q0, s_q, k0, s_k, row0 = varlen_rows(CU_Q, CU_K, b, h, s_q)
+        if start_m >= s_q:
+            return
+        q_head = Q + h.to(tl.int64) * stride_qh + q0 * stride_qm
+        do_head = DO + h.to(tl.int64) * stride_doh + q0 * stride_dom
+        o_head = Out + h.to(tl.int64) * stride_oh + q0 * stride_om
+        k_head = K + h_kv.to(tl.int64) * stride_kh + k0 * stride_kn
+        v_head = V + h_kv.to(tl.int64) * stride_vh + k0 * stride_vn
+        dq_head = DQ + h.to(tl.int64) * stride_dqh + q0 * stride_dqm
+    else:
+        q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+        o_head = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        k_head = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+        v_head = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+        dq_head = DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+        row0 = bh.to(tl.int64) * s_q
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
     # ---- this program's Q and dO tiles, lse2 and delta stay on chip ----------------------------
     row_mask = tile_mask(offs_m, s_q, offs_d, HEAD_DIM, EVEN_D)
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-                + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=row_mask, other=0.0)
-    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+    do = tl.load(do_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=row_mask, other=0.0)
-    lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=float("inf"))
+    lse = tl.load(LSE2 + row0 + offs_m, mask=offs_m < s_q, other=float("inf"))
     # delta = rowsum(dO * O) in fp32: BLOCK_M * d more reads (O), BLOCK_M fp32 writes.
-    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+    o = tl.load(o_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
                 mask=row_mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
-    k_ptrs = (K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
-    v_ptrs = (V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+    tl.store(DELTA + row0 + offs_m, delta, mask=offs_m < s_q)
+    k_ptrs = k_head + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = v_head + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # ---- the same split of the key range as the forward ----------------------------------------
@@ -438,8 +477,7 @@ def bwd_dq_kernel(
 
     # ---- write dQ once: BLOCK_M * d elements ---------------------------------------------------
     dq = dq * sm_scale
-    tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
-             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+    tl.store(dq_head + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=row_mask)
 
 
@@ -472,14 +510,14 @@ def bwd_delta_kernel(
 
 dkdv_tuned = triton.autotune(
     configs=triton_configs(DKDV_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "WINDOW"],
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "WINDOW", "VARLEN"],
     prune_configs_by={"early_config_prune": prune_bwd},
     **autotune_options(),
 )(bwd_dkdv_kernel)
 
 dq_tuned = triton.autotune(
     configs=triton_configs(DQ_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "WINDOW"],
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "WINDOW", "VARLEN"],
     prune_configs_by={"early_config_prune": prune_bwd},
     **autotune_options(),
 )(bwd_dq_kernel)
@@ -582,8 +620,13 @@ def attention_backward(
     scale: float,
     config: KernelConfig | dict | None = None,
     window: int | None = None,
+    packed: Packed | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
+
+    ``packed`` (`common.Packed`): the forward's packed sequences (`fwd.attention_forward`);
+    such a backward always runs the two-kernel Triton backward with no GQA split
+    (`_packed_backward`).
 
     ``window``: the forward's causal sliding window (None, or s_q or more: none). It changes
     which tiles are visited, never which backward runs or what it allocates.
@@ -604,6 +647,8 @@ def attention_backward(
     group) also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK, dV.
     """
     config = KernelConfig.of(config)
+    if packed is not None:
+        return _packed_backward(do, q, k, v, o, lse2, causal, scale, config, window, packed)
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
@@ -650,7 +695,7 @@ def attention_backward(
             dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
                                        [1, dkdv_tiles["BLOCK_M"], d])
     dkdv_args = (
-        q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc,
+        q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc, None, None,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
         H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, win, bucket,
     )
@@ -674,7 +719,7 @@ def attention_backward(
         _sum_split(dk_out, dv_out, dk, dv, split)  # the partial sums alive together
         return dq, dk, dv
     dq_args = (
-        q, k, v, o, do, lse2, delta, dq,
+        q, k, v, o, do, lse2, delta, dq, None, None,
         *sq, *sk, *sv, *so, *sdo, *sdq,
         H, group, s_q, s_k, scale * LOG2E, scale, win, bucket,
     )
@@ -684,6 +729,59 @@ def attention_backward(
     launch(dkdv_tuned, bwd_dkdv_kernel, "dkdv", meta, bucket, dkdv_tiles, dkdv_args,
            lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
     _sum_split(dk_out, dv_out, dk, dv, split)
+    return dq, dk, dv
+
+
+def _packed_backward(do, q, k, v, o, lse2, causal: bool, scale: float,
+                     config: KernelConfig | None, window: int | None,
+                     packed: Packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`attention_backward` for packed sequences: the two-kernel backward (dQ kernel, which
+    also writes delta, then the dK/dV kernel) with VARLEN, grids (ceil(max_q / BLOCK_M),
+    n_seq * H) and (ceil(max_k / BLOCK_N), n_seq * H_kv), no GQA split: each dK/dV program
+    walks every query head of its group. It allocates delta (1, H, total_q) fp32, dQ, dK and
+    dV, nothing else, whatever the lengths (`calc.peak.varlen_peak_bytes`): no atomic-dQ
+    buffer and no partial sums, so a config that forces either (``atomic_dq=True``,
+    ``kv_split`` > 1) or the Hopper backward (``sm90_bwd=True``) is refused."""
+    if config is not None and (config.atomic_dq or (config.kv_split or 1) > 1
+                               or config.sm90_bwd):
+        raise ValueError("packed sequences (cu_seqlens) run the two-kernel Triton backward "
+                         f"without a GQA split; got atomic_dq={config.atomic_dq}, "
+                         f"kv_split={config.kv_split}, sm90_bwd={config.sm90_bwd}: leave them "
+                         "unset (None), False or 1")
+    _, H, total_q, d = q.shape
+    H_kv, total_k = k.shape[1], k.shape[2]
+    bd = block_d(d)
+    tiles = dq_tiles = dkdv_tiles = None
+    if config is not None:
+        tiles = None if config.tiles is None else config.tiles.meta()
+        dq_tiles = tiles if config.dq_tiles is None else config.dq_tiles.meta()
+        dkdv_tiles = tiles if config.dkdv_tiles is None else config.dkdv_tiles.meta()
+    delta = common.empty(q, (1, H, total_q), torch.float32)  # (1, H, total_q)
+    dk = common.empty(k, k.shape)  # (1, H_kv, total_k, d), contiguous
+    dv = common.empty(v, v.shape)
+    dq = common.empty(q, q.shape)  # (1, H, total_q, d), contiguous
+    windowed = window is not None
+    if windowed and not causal:
+        raise ValueError(f"window={window} needs causal=True (the window is causal only)")
+    win = int(window) if windowed else 0
+    meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
+                IEEE=q.dtype == torch.float32, WINDOW=windowed, VARLEN=True)
+    bucket = seq_bucket(max(packed.max_q, packed.max_k))
+    sq, sk, sv, sdo, so, sdq, sdk = (q.stride(), k.stride(), v.stride(), do.stride(), o.stride(),
+                                     dq.stride(), dk.stride())
+    cu_q, cu_k, n_seq = packed.cu_q, packed.cu_k, packed.n_seq
+    spec = (q.dtype, do.dtype, sq, sk, sv, sdo, so, sdq, sdk, H, H_kv, 1, q.data_ptr() % 16,
+            k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, o.data_ptr() % 16,
+            lse2.data_ptr() % 16, cu_q.data_ptr() % 16, cu_k.data_ptr() % 16)
+    dq_args = (q, k, v, o, do, lse2, delta, dq, cu_q, cu_k, *sq, *sk, *sv, *so, *sdo, *sdq,
+               H, H // H_kv, total_q, total_k, scale * LOG2E, scale, win, bucket)
+    launch(dq_tuned, bwd_dq_kernel, "dq_varlen", meta, bucket, dq_tiles, dq_args,
+           lambda c: (cdiv(packed.max_q, c["BLOCK_M"]), n_seq * H), spec=spec)
+    dkdv_args = (q, k, v, do, lse2, delta, dk, dv, None, None, cu_q, cu_k,
+                 *sq, *sk, *sv, *sdo, *sdk, *sdk,
+                 H, H_kv, H // H_kv, 1, total_q, total_k, scale * LOG2E, scale, win, bucket)
+    launch(dkdv_tuned, bwd_dkdv_kernel, "dkdv_varlen", meta, bucket, dkdv_tiles, dkdv_args,
+           lambda c: (cdiv(packed.max_k, c["BLOCK_N"]), n_seq * H_kv, 1), spec=spec)
     return dq, dk, dv
 
 

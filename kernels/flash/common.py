@@ -9,6 +9,7 @@ which short calls feel on the launch path.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -25,6 +26,24 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton < 3.4: no host-side tensor descriptors
     TensorDescriptor = None
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Packed sequences of one call (`api.flash_attention` with ``cu_seqlens``), checked:
+    int32 cumulative starts of the queries and keys on the inputs' device (n_seq + 1 entries,
+    0 first, strictly increasing, the packed totals last) and the longest query and key
+    sequence (host ints: they size the grids). The layout of FlashAttention-2's varlen
+    interface (flash_attn_varlen_func: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+    @property
+    def n_seq(self) -> int:
+        return self.cu_q.shape[0] - 1
 
 
 def pow2_at_least(n: int) -> int:
@@ -209,6 +228,23 @@ def window_key_range(start_m, s_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
     full_lo = tl.maximum(lo, tl.minimum(first_full, causal_full))
     full_hi = tl.maximum(full_lo, causal_full)
     return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def varlen_rows(CU_Q, CU_K, seq, h, total_q):
+    """Where packed sequence ``seq`` lies (`api.flash_attention` with ``cu_seqlens``): its
+    first query row q0 (int64) and query count s_q, its first key row k0 (int64) and key count
+    s_k, read from the int32 cumulative starts CU_Q and CU_K (n_seq + 1 entries each, the
+    layout of FlashAttention-2's varlen interface), and the offset of its first row in a
+    (1, H, total_q) per-row vector (lse2, delta) for query head h. Inside a sequence every
+    kernel works as on one (batch, head) of length s_q x s_k, so no tile crosses a sequence
+    boundary."""
+    start_q = tl.load(CU_Q + seq)
+    s_q = tl.load(CU_Q + seq + 1) - start_q
+    start_k = tl.load(CU_K + seq)
+    s_k = tl.load(CU_K + seq + 1) - start_k
+    q0 = start_q.to(tl.int64)
+    return q0, s_q, start_k.to(tl.int64), s_k, h.to(tl.int64) * total_q + q0
 
 
 # ---- the launch path ---------------------------------------------------------------------------

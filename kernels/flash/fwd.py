@@ -68,6 +68,7 @@ from kernels.flash import common
 from kernels.flash.common import (
     LOG2E,
     SMEM_BYTES,
+    Packed,
     TensorDescriptor,
     autotune_options,
     block_d,
@@ -81,6 +82,7 @@ from kernels.flash.common import (
     query_tile,
     seq_bucket,
     triton_configs,
+    varlen_rows,
     window_key_range,
 )
 from kernels.flash.config import SETTINGS, KernelConfig
@@ -207,12 +209,13 @@ def fwd_kernel(
     Out,  # output: (B, H, s_q, d), written in full
     LSE2,  # output: (B, H, s_q) fp32, contiguous: log2-sum-exp of the scaled scores per row
     desc_k, desc_v,  # K and V as (B * H_kv * s_k, d) tensor descriptors, or None
+    CU_Q, CU_K,  # VARLEN: int32 (n_seq + 1,) starts of the packed sequences' query / key rows
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     H, GROUP,  # query heads; query heads per key/value head (GQA; 1 for plain MHA)
-    s_q, s_k,  # sequence lengths (any value >= 1)
+    s_q, s_k,  # sequence lengths (any value >= 1); VARLEN: the packed totals of rows
     qk_scale,  # softmax scale * log2(e)
     window,  # WINDOW: the causal sliding window in keys (1 <= window < s_q); else unused
     seq_bucket,  # only read by the autotuner's key: tuned configs are kept per length bucket
@@ -225,14 +228,27 @@ def fwd_kernel(
     BLOCK_M: tl.constexpr,  # query rows per program
     BLOCK_N: tl.constexpr,  # keys per inner step
     WINDOW: tl.constexpr = False,  # causal sliding window of `window` keys (CAUSAL too)
+    VARLEN: tl.constexpr = False,  # packed sequences (`varlen_rows`): b is the sequence
 ):
     start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
-    # 64-bit offsets for batch and head: B * H * s * d can exceed 2^31 elements.
-    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    lse_base = LSE2 + bh.to(tl.int64) * s_q
+    if VARLEN:
+        # sequence b owns rows [q0, q0 + s_q) of the packed queries (and [k0, k0 + s_k) of
+        # the keys); the grid is sized for the longest sequence, so shorter ones end here
+        q0, s_q, k0, s_k, row0 = varlen_rows(CU_Q, CU_K, b, h, s_q)
+        if start_m >= s_q:
+            return
+        lse_base = LSE2 + row0
+        q_base = Q + h.to(tl.int64) * stride_qh + q0 * stride_qm
+        k_base = K + h_kv.to(tl.int64) * stride_kh + k0 * stride_kn
+        v_base = V + h_kv.to(tl.int64) * stride_vh + k0 * stride_vn
+        o_base = Out + h.to(tl.int64) * stride_oh + q0 * stride_om
+    else:
+        # 64-bit offsets for batch and head: B * H * s * d can exceed 2^31 elements.
+        q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+        k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+        o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        lse_base = LSE2 + bh.to(tl.int64) * s_q
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -303,7 +319,7 @@ def fwd_kernel(
 
 fwd_kernel_tuned = triton.autotune(
     configs=triton_configs(FWD_SPACE),
-    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "USE_DESC", "WINDOW"],  # + the dtypes, by Triton
+    key=["seq_bucket", "HEAD_DIM", "CAUSAL", "USE_DESC", "WINDOW", "VARLEN"],  # + the dtypes, by Triton
     prune_configs_by={"early_config_prune": prune_fwd},
     **autotune_options(),
 )(fwd_kernel)
@@ -415,8 +431,17 @@ def attention_forward(
     scale: float,
     config: KernelConfig | dict | None = None,
     window: int | None = None,
+    packed: Packed | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns O (B, H, s_q, d) in q's dtype and lse2 (B, H, s_q) fp32.
+
+    ``packed`` (`common.Packed`, checked by `api.flash_attention`): q is (1, H, total_q, d),
+    k and v (1, H_kv, total_k, d), sequence i owning query rows cu_q[i] .. cu_q[i+1] - 1 and
+    key rows cu_k[i] .. cu_k[i+1] - 1; attention (causal, window) runs within each sequence.
+    Such a call always runs the Triton kernel above, with pointer loads: one program per
+    BLOCK_M query rows of one sequence and head, on a grid sized for the longest sequence
+    (programs past a shorter sequence's end return at once, as FlashAttention-2's varlen
+    kernels do). O is (1, H, total_q, d), lse2 (1, H, total_q).
 
     ``config`` (`KernelConfig`, or its dict form) may force the kernel (``sm90``), the Triton
     kernel's tiles (skipping the autotuner; the interpreter and the tests give them) and its
@@ -431,6 +456,8 @@ def attention_forward(
     O = 0 and lse2 = +inf.
     """
     config = KernelConfig.of(config)
+    if packed is not None:
+        return _packed_forward(q, k, v, causal, scale, config, window, packed)
     windowed = window is not None and window < q.shape[2]
     if windowed:
         if not causal:
@@ -459,7 +486,7 @@ def attention_forward(
     lse2 = common.empty(q, (B, H, s_q), torch.float32)  # (B, H, s_q)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()  # each read once
     args = (
-        q, k, v, o, lse2, desc_k, desc_v, *sq, *sk, *sv, *so,
+        q, k, v, o, lse2, desc_k, desc_v, None, None, *sq, *sk, *sv, *so,
         H, H // H_kv, s_q, s_k, scale * LOG2E, int(window) if windowed else 0,
         seq_bucket(max(s_q, s_k)),
     )
@@ -479,4 +506,38 @@ def attention_forward(
             v.data_ptr() % 16)
     launch(fwd_kernel_tuned, fwd_kernel, "fwd", meta, args[-1], tiles, args,
            lambda c: (cdiv(s_q, c["BLOCK_M"]), B * H), prepare if use_desc else None, spec)
+    return o, lse2
+
+
+def _packed_forward(q, k, v, causal: bool, scale: float, config: KernelConfig | None,
+                    window: int | None, packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention_forward` for packed sequences: the Triton kernel with VARLEN, pointer loads
+    (the descriptors' row view would run into the next sequence), grid (ceil(max_q /
+    BLOCK_M), n_seq * H)."""
+    if config is not None and (config.sm90 or config.use_desc):
+        raise ValueError("packed sequences (cu_seqlens) run the portable Triton forward with "
+                         f"pointer loads; got sm90={config.sm90}, use_desc={config.use_desc}: "
+                         "leave them unset (None) or False")
+    _, H, total_q, d = q.shape
+    H_kv, total_k = k.shape[1], k.shape[2]
+    windowed = window is not None
+    if windowed and not causal:
+        raise ValueError(f"window={window} needs causal=True (the window is causal only)")
+    tiles = None if config is None or config.tiles is None else config.tiles.meta()
+    o = common.empty(q, (1, H, total_q, d))  # (1, H, total_q, d), contiguous
+    lse2 = common.empty(q, (1, H, total_q), torch.float32)  # (1, H, total_q)
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
+    bucket = seq_bucket(max(packed.max_q, packed.max_k))
+    args = (
+        q, k, v, o, lse2, None, None, packed.cu_q, packed.cu_k, *sq, *sk, *sv, *so,
+        H, H // H_kv, total_q, total_k, scale * LOG2E, int(window) if windowed else 0, bucket,
+    )
+    bd = block_d(d)
+    meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
+                IEEE=q.dtype == torch.float32, USE_DESC=False, WINDOW=windowed, VARLEN=True)
+    spec = (q.dtype, sq, sk, sv, so, H, H_kv, q.data_ptr() % 16, k.data_ptr() % 16,
+            v.data_ptr() % 16, packed.cu_q.data_ptr() % 16, packed.cu_k.data_ptr() % 16)
+    n_seq = packed.n_seq
+    launch(fwd_kernel_tuned, fwd_kernel, "fwd_varlen", meta, bucket, tiles, args,
+           lambda c: (cdiv(packed.max_q, c["BLOCK_M"]), n_seq * H), None, spec)
     return o, lse2
