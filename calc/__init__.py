@@ -47,6 +47,8 @@ from calc.peak import (
     attention_peak_terms,
     attention_reserved_bytes,
     check_impl,
+    varlen_peak_breakdown,
+    varlen_peak_bytes,
 )
 from calc.presets import MODELS, PRESET_HF_CONFIGS, fixture_name
 from calc.scores import score_matrix_bytes

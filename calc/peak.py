@@ -583,20 +583,25 @@ def _replay(impl: str, sh: _Shape, expandable: bool, cached_free: int = 0) -> _R
     are the tensors alive when "allocated" is highest. `cached_free`: a free block of that
     many bytes that the cache still holds (pinned, so empty_cache() keeps it)."""
     check_impl_dtype(impl, sh.dtype)
-    steps = _MODELS[impl](sh)
+    return _replay_steps(_inputs(sh), _MODELS[impl](sh), expandable, cached_free)
+
+
+def _replay_steps(inputs: list[int], steps: list[Step], expandable: bool,
+                  cached_free: int = 0) -> _Replay:
+    """`_replay` of an allocation sequence ``steps`` after the tensors ``inputs`` (bytes)."""
     a = CachingAllocator(expandable)
     if cached_free and not expandable:
         # Free bytes the cache held before the call beyond the free tails of the inputs' own
         # segments: one pinned block, there before the inputs, so the large inputs were cut
         # from it (best fit): it held that much more then.
         fresh = CachingAllocator()
-        for n in _inputs(sh):
+        for n in inputs:
             fresh.malloc(n)
         held = cached_free - (fresh.reserved - fresh.allocated)
         if held > K_SMALL_SIZE:
-            a.hold_cached_block(held + sum(round_size(n) for n in _inputs(sh)
+            a.hold_cached_block(held + sum(round_size(n) for n in inputs
                                            if not is_small(round_size(n))))
-    for n in _inputs(sh):
+    for n in inputs:
         a.malloc(n)
     a.empty_cache()
     a.reset_peak()
@@ -839,3 +844,84 @@ def attention_flops(
     if causal:
         fwd2 //= 2
     return fwd2 * 7 // 4 if backward else fwd2 // 2
+
+
+def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads) -> tuple[_Shape, int]:
+    """(the shape of one batch of the packed total, the number of sequences), checked."""
+    if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
+        raise ValueError(f"seq_lens must be a list of sequence lengths (ints >= 1), got "
+                         f"{seq_lens!r}")
+    lens = [check_int("seq_lens[i]", n, 1, MAX_SEQ_LEN) for n in seq_lens]
+    if not lens:
+        raise ValueError("seq_lens must hold at least one sequence length, got none")
+    total = sum(lens)
+    if total > MAX_SEQ_LEN:
+        raise ValueError(f"the packed total of seq_lens must be at most {MAX_SEQ_LEN:,} tokens, "
+                         f"got {total:,}")
+    sh = _shape(1, heads, total, head_dim, dtype, False, backward, kv_heads)
+    check_impl_dtype("triton", sh.dtype)
+    return sh, len(lens)
+
+
+def _triton_varlen(sh: _Shape) -> list[Step]:
+    """Our kernel on packed sequences (kernels/flash/fwd.py _packed_forward, bwd.py
+    _packed_backward), in allocation order: o, lse2; delta, dk, dv, dq. No fp32 dQ buffer
+    and no GQA partial sums: the packed backward is always the two-kernel one."""
+    steps: list[Step] = [
+        _a("output" if not sh.backward else "output (saved for backward)", sh.out_bytes()),
+        _a("log-sum-exp (fp32, one per packed row)", sh.rows * 4),
+    ]
+    if sh.backward:
+        steps += [_a("row sums of dO·O (fp32, one per packed row)", sh.rows * 4),
+                  _a("dk, dv", sh.kv_bytes(), sh.kv_bytes()),
+                  _a("dq", sh.out_bytes())]
+    return steps
+
+
+def varlen_peak_breakdown(
+    heads: int,
+    seq_lens: list[int],
+    head_dim: int,
+    dtype: str,
+    backward: bool = False,
+    kv_heads: int | None = None,
+    *,
+    expandable: bool = False,
+) -> list[PeakTerm]:
+    """The tensors alive at the peak of one packed-sequence call of our kernel
+    (`varlen_peak_bytes`), as `attention_peak_breakdown` gives them for a dense call."""
+    sh, _ = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
+    return list(_replay_steps(_inputs(sh), _triton_varlen(sh),
+                              _check_expandable(expandable)).terms)
+
+
+def varlen_peak_bytes(
+    heads: int,
+    seq_lens: list[int],
+    head_dim: int,
+    dtype: str,
+    backward: bool = False,
+    kv_heads: int | None = None,
+    *,
+    expandable: bool = False,
+) -> int:
+    """Predicted extra peak bytes of one call of our kernel on packed sequences
+    (`kernels.flash_attention(q, k, v, ..., cu_seqlens=...)`: several sequences of lengths
+    ``seq_lens`` concatenated into one batch of T = sum(seq_lens) rows, attention inside each
+    sequence), as torch.cuda.max_memory_allocated() counts them with q (1, H, T, d), k, v
+    (1, H_kv, T, d) (and dO) allocated before the call (the module docstring's procedure).
+
+    The tensors (e bytes per element): forward O (H·T·d·e) and one fp32 log-sum-exp per packed
+    row (H·T·4); forward + backward also the row sums of dO·O (H·T·4) and dq, dk, dv
+    (H·T·d·e + 2·H_kv·T·d·e), the terms of `attention_peak_bytes("triton", 1, H, T, ...)`
+    without its fp32 dq buffer and GQA partial sums: the packed backward is always the
+    two-kernel one with no split (kernels/flash/bwd.py, _packed_backward). So the peak
+    depends on the lengths only through T, whatever the mix, causal mask or window; the
+    lengths are checked (each >= 1) and count only in T. Each tensor is counted as the caching
+    allocator's block (calc.allocator, `ALLOCATOR_NOTE`). The int32 cu_seqlens exist before
+    the call and are not counted. Sources: FlashAttention keeps O and the log-sum-exp only
+    (Dao et al. 2022, arXiv 2205.14135, sec. 3.1); the packed layout is FlashAttention-2's
+    varlen interface (cumulative sequence starts, Dao 2023, arXiv 2307.08691).
+    """
+    sh, _ = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
+    return _replay_steps(_inputs(sh), _triton_varlen(sh), _check_expandable(expandable)).peak

@@ -4,6 +4,7 @@ without a GPU and print a short hash of each variant's PTX, with source line rec
     python -m kernels.bench.ptx_fingerprint > before.txt   # edit the kernels' source
     python -m kernels.bench.ptx_fingerprint > after.txt; diff before.txt after.txt
     python -m kernels.bench.ptx_fingerprint --atomic   # also the atomic-dQ dK/dV variants
+    python -m kernels.bench.ptx_fingerprint --varlen   # also the packed-sequence variants
     python -m kernels.bench.ptx_fingerprint --dump DIR  # also write each variant's PTX there
 
 Each variant is compiled the way a launch compiles it: constexpr parameters that the host
@@ -84,14 +85,14 @@ def _report(label: str, ck, dump: str | None) -> None:
             f.write(ptx)
 
 
-def _triton_variants(atomic: bool, dump: str | None) -> None:
+def _triton_variants(atomic: bool, dump: str | None, varlen: bool = False) -> None:
     h = "*fp16"
     for d, causal, use_desc in itertools.product((64, 80, 128), (False, True), (False, True)):
         bd = fwd.block_d(d)
         if use_desc and bd != d:
             continue
         meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=causal, IEEE=False,
-                    BLOCK_M=128, BLOCK_N=64)
+                    BLOCK_M=128, BLOCK_N=64, CU_Q=None, CU_K=None)  # dense calls pass None
         tensors = {n: h for n in ("Q", "K", "V", "Out")} | {"LSE2": "*fp32"}
         consts = dict(meta, USE_DESC=use_desc)
         if use_desc:
@@ -116,6 +117,19 @@ def _triton_variants(atomic: bool, dump: str | None) -> None:
             _report(f"dkdv atomic d={d:3d} causal={int(causal)}",
                     _compile(bwd.bwd_dkdv_kernel, tensors | {"DQ_ACC": "*fp32"}, consts, 8, 2),
                     dump)
+        if varlen:  # packed sequences (cu_seqlens): pointer loads, two-kernel backward
+            cu = {"CU_Q": "*i32", "CU_K": "*i32"}
+            vmeta = {key: val for key, val in meta.items() if key not in cu} | {"VARLEN": True}
+            fwd_t = {n: h for n in ("Q", "K", "V", "Out")} | {"LSE2": "*fp32"} | cu
+            _report(f"fwd  varlen d={d:3d} causal={int(causal)}",
+                    _compile(fwd.fwd_kernel, fwd_t, dict(vmeta, USE_DESC=False, desc_k=None,
+                                                         desc_v=None), 8, 3), dump)
+            _report(f"dq   varlen d={d:3d} causal={int(causal)}",
+                    _compile(bwd.bwd_dq_kernel, tensors | cu, dict(vmeta), 8, 3), dump)
+            _report(f"dkdv varlen d={d:3d} causal={int(causal)}",
+                    _compile(bwd.bwd_dkdv_kernel, tensors | cu,
+                             dict(vmeta, BLOCK_M=64, BLOCK_N=128, DQ_ACC=None, DQ_DESC=None,
+                                  ATOMIC_DQ=False), 8, 3), dump)
 
 
 def _sm90_variants(dump: str | None) -> None:
@@ -155,11 +169,13 @@ def _sm90_variants(dump: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--atomic", action="store_true", help="also the atomic-dQ dK/dV variants")
+    ap.add_argument("--varlen", action="store_true",
+                    help="also the packed-sequence (cu_seqlens) variants")
     ap.add_argument("--no-sm90", action="store_true", help="skip the Gluon Hopper forward")
     ap.add_argument("--dump", help="write each variant's PTX into this folder")
     args = ap.parse_args(argv)
     print(f"triton {triton.__version__}")
-    _triton_variants(args.atomic, args.dump)
+    _triton_variants(args.atomic, args.dump, args.varlen)
     if not args.no_sm90:
         _sm90_variants(args.dump)
     return 0
