@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--train", action="store_true",
                     help="measure training steps of whole models instead (--train --help)")
+    ap.add_argument("--infer", action="store_true",
+                    help="measure generate() of whole models instead (--infer --help)")
     ap.add_argument("--repredict", type=Path, default=None, metavar="CSV",
                     help="measure nothing: recompute predicted_bytes and rel_error of CSV's rows "
                          "from the current calc model and write them to --out")
@@ -187,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernels.measure.train_harness import main as train_main
 
         return train_main([a for a in argv if a != "--train"])
+    if "--infer" in argv:  # generate() of whole models: kernels.measure.infer_harness
+        from kernels.measure.infer_harness import main as infer_main
+
+        return infer_main([a for a in argv if a != "--infer"])
     args = build_parser().parse_args(argv)
     if args.repredict is not None:
         n = repredict_csv(args.repredict, args.out)

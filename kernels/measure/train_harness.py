@@ -938,6 +938,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: Public names of the helpers the inference harness (kernels.measure.infer_harness) shares
+#: with this one: the same refusal rules, attention names, environment columns, child protocol
+#: and command-line list parsing.
+unavailable_error = _unavailable_error
+attn_implementation = _attn_implementation
+environment = _environment
+short_error = _short
+now_utc = _now
+next_message = _next_message
+words = _words
+choices = _choices
+ints = _ints
+
+
 def _worker_entry() -> None:
     # The protocol owns the real stdout; anything a library prints goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
