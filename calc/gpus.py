@@ -1,19 +1,31 @@
-"""GPU memory capacities.
+"""GPU memory capacities: the spec-sheet figure and the total the driver reports to torch.
 
-Values are the total device memory as the NVIDIA driver reports it (nvidia-smi's "MiB" column,
-which is also torch.cuda.get_device_properties().total_memory) where we know that figure, and
-the vendor's nominal capacity in binary units otherwise. A program can use a little less than
-this (the CUDA context takes a few hundred MiB). Sources: vendor datasheets (NVIDIA A100, H100,
-H200, B200, L4, L40S, GeForce RTX 3090/4090/5090; AMD Instinct MI300X/MI325X) and, for the H200,
-nvidia-smi on our own measurement machine (143,771 MiB, 2026-11).
+`GPUS` holds the total device memory as the NVIDIA driver reports it in nvidia-smi's "MiB"
+column where we know that figure, and the vendor's nominal capacity in binary units otherwise
+(sources: vendor datasheets for NVIDIA A100, H100, H200, B200, L4, L40S, GeForce RTX
+3090/4090/5090 and AMD Instinct MI300X/MI325X; for the H200, nvidia-smi on our own measurement
+machine, 143,771 MiB, 2026-11). These are the figures the pages have always shown; they stay.
+
+`GPU_TORCH_TOTAL` is the memory torch sees: `torch.cuda.mem_get_info()[1]` (= the
+total_memory of torch.cuda.get_device_properties), which the driver reports a few hundred MiB
+below nvidia-smi's total (memory it reserves for itself). vLLM multiplies this figure by
+gpu_memory_utilization (vllm/v1/worker/gpu_worker.py requests torch.cuda.mem_get_info), so it
+is what calc.serving_capacity uses for a GPU name. Each figure is PyTorch's own out-of-memory
+message, "GPU 0 has a total capacity of X GiB" (c10/cuda/CUDACachingAllocator.cpp prints the
+cudaMemGetInfo total), as quoted in the public report named in GPU_TORCH_TOTAL_SOURCES; it is
+printed to 0.01 GiB, so each figure is good to +-5 MiB, and it varies slightly with the driver
+(H100 80GB HBM3 reports between 79.11 and 79.21 GiB across drivers). None: no sourced figure,
+the table says so and the spec-sheet figure is used.
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 MIB = 2**20
 GIB = 2**30
 
-#: name -> memory in bytes.
+#: name -> memory in bytes (spec sheet / nvidia-smi total, see the module docstring).
 GPUS: dict[str, int] = {
     "NVIDIA T4 16GB": 15_360 * MIB,
     "NVIDIA L4 24GB": 23_034 * MIB,
@@ -34,3 +46,47 @@ GPUS: dict[str, int] = {
 }
 
 DEFAULT_GPU = "NVIDIA H100 80GB"
+
+
+def _gib(text: str) -> int:
+    return int(Decimal(text) * GIB)
+
+
+#: name -> (GiB as PyTorch prints it, where it was printed); None where no figure is sourced.
+GPU_TORCH_TOTAL_SOURCES: dict[str, tuple[str, str] | None] = {
+    "NVIDIA T4 16GB": ("14.75", "github.com/hpcaitech/Open-Sora issue 697 (Colab T4)"),
+    "NVIDIA L4 24GB": None,
+    "NVIDIA A10 24GB": None,
+    "NVIDIA RTX 3090 24GB": None,
+    "NVIDIA RTX 4090 24GB": ("23.64", "github.com/3DTopia/Phidias-Diffusion issue 8 (RTX 4090)"),
+    "NVIDIA RTX 5090 32GB": None,
+    "NVIDIA V100 32GB": None,
+    "NVIDIA A100 40GB": ("39.50", "github.com/TianheWu/CoSeR issue 10 (one A100 40GB)"),
+    "NVIDIA L40S 48GB": None,
+    "NVIDIA A100 80GB": ("79.25", "github.com/levihsu/OOTDiffusion issue 235 (A100 80GB)"),
+    "NVIDIA H100 80GB": ("79.11", "github.com/vllm-project/vllm issue 27508 (gpt-oss-120b on "
+                                  "H100)"),
+    "NVIDIA H100 NVL 94GB": ("93.00", "github.com/ali-vilab/VACE issue 56 (H100 NVL 94GB)"),
+    "NVIDIA H200 141GB": ("139.80", "PyTorch OOM messages of 8xH200 training runs in public "
+                                    "logs; not yet measured on our H200 (143,771 MiB in "
+                                    "nvidia-smi)"),
+    "NVIDIA B200 180GB": ("178.36", "PyTorch OOM messages of 8xB200 training runs in public "
+                                    "logs"),
+    "AMD MI300X 192GB": None,
+    "AMD MI325X 256GB": None,
+}
+
+#: name -> bytes torch reports as the device total (None: not sourced, see the sources table).
+GPU_TORCH_TOTAL: dict[str, int | None] = {
+    name: None if src is None else _gib(src[0]) for name, src in GPU_TORCH_TOTAL_SOURCES.items()
+}
+
+
+def torch_total_bytes(name: str) -> int:
+    """The device total torch reports for a GPU of GPUS, where sourced; else its GPUS figure
+    (the spec sheet; the table GPU_TORCH_TOTAL_SOURCES says which). ValueError for a name that
+    is not in GPUS, listing them."""
+    if not isinstance(name, str) or name not in GPUS:
+        raise ValueError(f"GPU {str(name)[:60]!r} is not one of: {', '.join(GPUS)}")
+    total = GPU_TORCH_TOTAL[name]
+    return GPUS[name] if total is None else total

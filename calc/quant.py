@@ -49,6 +49,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from fractions import Fraction
+
 from calc.models import _QUANT_METHODS, ModelConfig, QuantConfig, check_model
 from calc.units import ceil_bytes, dtype_bytes
 

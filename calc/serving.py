@@ -22,6 +22,14 @@ The accounting follows vLLM's V1 engine:
    over all layers and divide the pool by it: for a uniform model this is vLLM's figure.
 4. Longest context of one request (estimate_max_model_len): the largest s whose per-request
    bytes fit in the pool, exact integer search.
+5. Hybrid KV groups (kv_cache_utils.py, _get_kv_cache_groups_uniform_page_size, for models
+   with both sliding-window and full-attention layers of one page size: Gemma 2/3, gpt-oss):
+   layers are grouped by spec; the group size is the smallest type's layer count, or the
+   largest's when that is below 1.5 x the smallest; each type takes ceil(n / group size)
+   groups, the last padded. One block then holds group-size layers (get_num_blocks with
+   num_layers = group size), and a request takes its blocks per group: Gemma-3-27B's 52 sliding
+   layers take 6 groups of 10 (60 layer slots, 8 of them padding) beside 1 group of 10 full
+   layers. `kv_cache_groups` gives the grouping; page_bytes and sequence_bytes use it.
 
 Defaults of the overheads are figures vLLM logs on one GPU: "non_torch_memory takes 0.33GiB"
 (vllm-project/vllm issue 14452) and "Estimated CUDA graph memory: 0.36 GiB total" (vLLM 0.27
@@ -44,7 +52,8 @@ from numbers import Real
 from calc.fit import largest_fitting
 from calc.kv import kv_elements_per_token, state_bytes
 from calc.models import ModelConfig, check_model
-from calc.params import weight_bytes
+from calc.gpus import torch_total_bytes
+from calc.params import CHECKPOINT, weight_bytes
 from calc.peak import attention_peak_bytes, check_impl
 from calc.units import GIB, MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_int, dtype_bytes, dtype_name
 
@@ -120,13 +129,48 @@ def _dtype(name: str, value: object) -> str:
         raise ValueError(f"{name}: {err}") from None
 
 
+@dataclass(frozen=True)
+class KVCacheGroups:
+    """vLLM's KV cache groups of one model (module docstring, point 5)."""
+
+    group_size: int  # layers per group = layers one block spans
+    full_groups: int  # groups of full-attention layers
+    sliding_groups: int  # groups of sliding-window layers
+    padding_layers: int  # empty layer slots added to fill the last group of each type
+
+    @property
+    def groups(self) -> int:
+        return self.full_groups + self.sliding_groups
+
+
+def kv_cache_groups(model: ModelConfig) -> KVCacheGroups:
+    """How vLLM groups the attention layers (vllm/v1/core/kv_cache_utils.py,
+    _get_kv_cache_groups_uniform_page_size): one group of all layers when every layer has the
+    same spec (all full, or all one window); with sliding and full layers, group size g = the
+    smaller count, or the larger when larger < 1.5 x smaller, and ceil(n / g) groups per type.
+    Hybrids with state layers keep one group of their attention layers here (their Mamba page
+    padding is not modelled)."""
+    check_model(model)
+    layers = model.kv_layers
+    windowed = min(model.sliding_window_layers, layers) if model.sliding_window else 0
+    full = layers - windowed
+    if windowed == 0 or full == 0 or model.state_mixer is not None:
+        return KVCacheGroups(layers, 1 if full else 0, 1 if windowed else 0, 0)
+    lo, hi = min(full, windowed), max(full, windowed)
+    g = hi if hi < Fraction(3, 2) * lo else lo
+    nf, ns = -(-full // g), -(-windowed // g)
+    return KVCacheGroups(g, nf, ns, (nf + ns) * g - layers)
+
+
 def page_bytes(model: ModelConfig, block_size: int, kv_dtype: str) -> int:
-    """Bytes of one KV block over all attention layers: L_attn x block_size x cached elements
-    per token x e (vLLM FullAttentionSpec / MLAAttentionSpec.page_size_bytes x layers)."""
+    """Bytes of one KV block: block_size x cached elements per token x e per layer (vLLM
+    FullAttentionSpec / MLAAttentionSpec.page_size_bytes) times the layers one block spans,
+    all L_attn layers for a uniform model, the group size for one with sliding and full layers
+    (kv_cache_groups; vLLM get_kv_cache_config_from_groups)."""
     check_model(model)
     bs = check_int("block_size", block_size, 1, 4096)
     e = dtype_bytes(_dtype("kv_dtype", kv_dtype))
-    return ceil_bytes(model.kv_layers * bs * kv_elements_per_token(model) * e)
+    return ceil_bytes(kv_cache_groups(model).group_size * bs * kv_elements_per_token(model) * e)
 
 
 def sequence_bytes(model: ModelConfig, seq_len: int, block_size: int, kv_dtype: str,
@@ -135,6 +179,7 @@ def sequence_bytes(model: ModelConfig, seq_len: int, block_size: int, kv_dtype: 
     """KV blocks one request of seq_len tokens occupies, in bytes, plus a hybrid's constant
     state: full-attention layers ceil(s / block_size) blocks each, sliding-window layers
     ceil(min(window - 1 + max_num_batched_tokens, s) / block_size) + 1 (vLLM SlidingWindowSpec),
+    counted per KV cache group of group_size layer slots, padding included (kv_cache_groups),
     state layers one state (vLLM MambaSpec), see the module docstring."""
     check_model(model)
     s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
@@ -142,12 +187,12 @@ def sequence_bytes(model: ModelConfig, seq_len: int, block_size: int, kv_dtype: 
     t = check_int("max_num_batched_tokens", max_num_batched_tokens, 1, MAX_SEQ_LEN)
     e = dtype_bytes(_dtype("kv_dtype", kv_dtype))
     layer_page = bs * kv_elements_per_token(model) * e  # one block of one layer
-    windowed = min(model.sliding_window_layers, model.kv_layers) if model.sliding_window else 0
+    groups = kv_cache_groups(model)
     full_blocks = -(-s // bs)
-    total = (model.kv_layers - windowed) * full_blocks * layer_page
-    if windowed:
+    total = groups.full_groups * groups.group_size * full_blocks * layer_page
+    if groups.sliding_groups:
         tokens = min(model.sliding_window - 1 + t, s)
-        total += windowed * (-(-tokens // bs) + 1) * layer_page
+        total += groups.sliding_groups * groups.group_size * (-(-tokens // bs) + 1) * layer_page
     return ceil_bytes(total) + state_bytes(model, 1, _dtype("state_dtype", state_dtype))
 
 
@@ -221,7 +266,7 @@ def decode_attention_bytes(impl: str, batch: int, heads: int, seq_len: int, head
 
 def serving_capacity(
     model: ModelConfig,
-    gpu_bytes: int,
+    gpu_bytes: int | str,
     seq_len: int,
     *,
     weight_dtype: str = "bf16",
@@ -238,8 +283,16 @@ def serving_capacity(
     cuda_graphs_in_budget: bool = True,
 ) -> ServingCapacity:
     """KV blocks, concurrent requests of seq_len and the longest context on one GPU (module
-    docstring: vLLM's gpu_worker.py and kv_cache_utils.py). ValueError names a bad input."""
+    docstring: vLLM's gpu_worker.py and kv_cache_utils.py). ValueError names a bad input.
+
+    gpu_bytes is the device total in bytes, or a GPU name of calc.GPUS: then the total the
+    driver reports to torch (calc.gpus.torch_total_bytes, what vLLM multiplies by
+    gpu_memory_utilization), the spec-sheet figure only where no torch figure is sourced.
+    weight_dtype "checkpoint" prices the weights as the checkpoint stores them (calc/quant.py).
+    """
     check_model(model)
+    if isinstance(gpu_bytes, str):  # a GPU name: the total the driver reports to torch
+        gpu_bytes = torch_total_bytes(gpu_bytes)
     gpu = _bytes_arg("gpu_bytes", gpu_bytes)
     if gpu == 0:
         raise ValueError("gpu_bytes must be above 0, got 0")
@@ -255,7 +308,10 @@ def serving_capacity(
         raise ValueError(f"cuda_graphs_in_budget must be true or false, got "
                          f"{cuda_graphs_in_budget!r:.40}")
     kvd, sd = _dtype("kv_dtype", kv_dtype), _dtype("state_dtype", state_dtype)
-    weights = weight_bytes(model, _dtype("weight_dtype", weight_dtype))
+    if isinstance(weight_dtype, str) and weight_dtype.strip().lower() == CHECKPOINT:
+        weights = weight_bytes(model, CHECKPOINT)  # as stored (calc/quant.py)
+    else:
+        weights = weight_bytes(model, _dtype("weight_dtype", weight_dtype))
     estimated = activation_bytes is None
     act = (activation_peak_estimate(model, t, _dtype("act_dtype", act_dtype), seqs) if estimated
            else _bytes_arg("activation_bytes", activation_bytes))
