@@ -47,6 +47,11 @@ PUBLISHED: dict[str, tuple[int, bool, str]] = {
     "Jamba v0.1 (hybrid)": (51_600_000_000, False, "ai21labs/Jamba-v0.1 HF page: 51.6B (card: 52B)"),
     "GPT-2 (124M)": (124_439_808, True, "HF openai-community/gpt2 safetensors (124M)"),
     "GPT-2 XL (1.5B)": (1_557_611_200, True, "HF openai-community/gpt2-xl safetensors (1.5B)"),
+    # Issue 30 presets (tests/calc/test_models_now.py checks them in detail).
+    "gpt-oss-20b (MoE, MXFP4)": (20_910_000_000, False, "gpt-oss card arXiv 2508.10925 T1: 20.91B"),
+    "gpt-oss-120b (MoE, MXFP4)": (116_830_000_000, False, "gpt-oss card T1: 116.83B"),
+    "Kimi-K2 (MLA, MoE, fp8)": (1_030_000_000_000, False, "HF moonshotai/Kimi-K2-Instruct: 1.03T"),
+    "Qwen2.5 7B Instruct AWQ (int4)": (7_610_000_000, False, "Qwen2.5-7B-Instruct card: 7.61B"),
 }
 
 
