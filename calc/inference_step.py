@@ -308,19 +308,20 @@ def _rope_terms(model: ModelConfig, sh: _Shape, c: int) -> int:
 
 
 def _forward_base(model: ModelConfig, sh: _Shape, attention: str, c: int, keys: int,
-                  static: bool) -> list[tuple[str, str, int]]:
-    """What one forward of c tokens per sequence holds throughout (module docstring)."""
+                  static: bool, sliding_keys: int | None = None) -> list[tuple[str, str, int]]:
+    """What one forward of c tokens per sequence holds throughout (module docstring);
+    sliding_keys: the keys a sliding layer attends to when they differ (a static cache)."""
     t = sh.b * c
     terms = [("inputs", "input ids, attention mask, position ids (int64)",
               8 * (2 * sh.b * keys + sh.b * c + c)),
              ("masks and rotary", "rotary cos/sin", _rope_terms(model, sh, c))]
     full_m, slide_m = _mask_layers(model, attention, c, keys, static)
-    kinds = (full_m > 0) + (slide_m > 0)
-    if kinds:
-        per = sh.e if attention == "eager" else 1  # eager: additive mask; SDPA: bool
-        what = "additive" if attention == "eager" else "boolean"
-        terms.append(("masks and rotary", f"{kinds} {what} attention mask(s) B×1×{c}×{keys}",
-                      kinds * per * sh.b * c * keys))
+    per = sh.e if attention == "eager" else 1  # eager: additive mask; SDPA: bool
+    what = "additive" if attention == "eager" else "boolean"
+    for kind, on, k in (("full", full_m, keys), ("sliding", slide_m, sliding_keys or keys)):
+        if on:
+            terms.append(("masks and rotary", f"{what} {kind}-attention mask B×1×{c}×{k}",
+                          per * sh.b * c * k))
     terms.append(("hidden states", "inputs_embeds (kept by the model's forward)", t * sh.h * sh.e))
     return terms
 
@@ -398,9 +399,11 @@ def _mlp_moment(model: ModelConfig, sh: _Shape, t: int, moe: bool, decode: bool,
         return [("MLP", f"act(gate(x)), up(x), their product ({k}·T·I)"
                  if k == 3 else "fused gate_up output, act(gate), product (4·T·I)",
                  k * t * width * e)]
-    k, i, experts = model.experts_per_token, model.intermediate_size, model.num_experts
+    k, i = model.experts_per_token, model.intermediate_size
     pairs = t * k
-    router = [("MoE", "router logits (e) and fp32 softmax", t * experts * (e + 4))]
+    # The router's logits and softmax die inside the gate; its top-k weights and indices stay.
+    router = [("MoE", "top-k routing weights (fp32) and expert indices (int64)",
+               t * k * (4 + 8))]
     if decode:
         routed = [("MoE", "batched_mm: each pair's expert matrices gathered (S·3·I·h)",
                    pairs * 3 * i * h * e),
@@ -408,7 +411,8 @@ def _mlp_moment(model: ModelConfig, sh: _Shape, t: int, moe: bool, decode: bool,
     else:
         routed = [("MoE", "grouped_mm: sorted hidden states and three S·h copies "
                    "(masked, weighted, un-permuted)", 4 * pairs * h * e),
-                  ("MoE", "sort, permutation and inverse (int64)", 4 * pairs * 8)]
+                  ("MoE", "sort, permutation, inverse and arange (int64), sentinel mask",
+                   4 * pairs * 8 + pairs)]
     best = router + routed
     shared = model.shared_expert_intermediate_size
     if shared:
@@ -435,7 +439,11 @@ def _attention_side(model: ModelConfig, sh: _Shape, attention: str, t: int, c: i
                  kv_t * sh.heads * (nope + model.v_head_dim) * e),
                 ("attention", "per-head keys (keys × H × (nope + rope))",
                  kv_t * sh.heads * (nope + rope) * e)]
-    return [("attention", "q after rotary", t * sh.heads * sh.d * e)]
+    terms = [("attention", "q after rotary", t * sh.heads * sh.d * e)]
+    if model.model_type == "phi3":  # q, k, v are views of qkv_proj's output, a live local
+        terms.append(("attention", "fused qkv_proj output (kept by its local)",
+                      t * (sh.heads + 2 * sh.kv_heads) * sh.d * e))
+    return terms
 
 
 def _prefill_moments(model: ModelConfig, sh: _Shape, attention: str, past: int, c: int,
@@ -444,7 +452,7 @@ def _prefill_moments(model: ModelConfig, sh: _Shape, attention: str, past: int, 
     # to the prompt (sdpa_attention.py), eager attends over them all behind its mask.
     keys = total if static and attention == "eager" else c + past
     t = sh.b * c
-    base = _forward_base(model, sh, attention, c, keys, static)
+    base = _forward_base(model, sh, attention, c, keys, static, sliding_keys=c + past)
     hidden_in = [("hidden states", "the layer's input (held by the model's loop)",
                   t * sh.h * sh.e)] if model.num_layers > 1 else []
     cache_all = _prefill_cache(model, sh, past, c, total, static)
@@ -459,10 +467,15 @@ def _prefill_moments(model: ModelConfig, sh: _Shape, attention: str, past: int, 
         if (kind == "full" and not full) or (kind == "sliding" and not sliding):
             continue
         k_keys = keys
-        if kind == "sliding" and static and attention == "eager":
-            k_keys = min(model.sliding_window, total)
-        terms = (_attention_side(model, sh, attention, t, c, k_keys, masked)
-                 + _attention_call(model, sh, attention, c, k_keys, masked))
+        terms = []
+        if kind == "sliding" and static:
+            # StaticSlidingWindowLayer.update returns the cached tokens and the chunk
+            # concatenated (a new k and v of past + c tokens) beside its window-sized slots.
+            k_keys = c + past
+            terms.append(("KV cache", "the sliding layer's concatenated k and v (past + chunk)",
+                          _layer_cache(model, sh, c + past)))
+        terms += (_attention_side(model, sh, attention, t, c, k_keys, masked)
+                  + _attention_call(model, sh, attention, c, k_keys, masked))
         if sum(x for *_, x in terms) > sum(x for *_, x in att_best):
             att_best = terms
     out.append((PHASES[0], base + hidden_in + cache + normed + att_best))
