@@ -17,8 +17,9 @@ CUDA-only parts (fused attention kernels, cuBLAS workspaces, allocator rounding)
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 
 def _mode_base() -> type:
