@@ -21,8 +21,6 @@ from calc import (  # noqa: E402
     GPUS,
     MAX_HEADS,
     MAX_SEQ_LEN,
-    format_gb,
-    format_gib,
     score_matrix_bytes,
 )
 from calc.allocator import fresh_block_bytes, get_allocation_size, round_size  # noqa: E402
@@ -89,9 +87,10 @@ n_bytes = score_matrix_bytes(batch, heads, seq_len, e)
 unit = c.get_unit()
 
 m1, m2, m3 = st.columns(3)
-first, second = (format_gb, format_gib) if unit == "GB" else (format_gib, format_gb)
-m1.metric(f"Score matrix, one layer ({unit})", first(n_bytes), help=c.COMPUTED + ": B·H·s²·e.")
-m2.metric("same, in " + ("GiB" if unit == "GB" else "GB"), second(n_bytes))
+other = "GiB" if unit == "GB" else "GB"
+# c.fmt switches to MB/KB (MiB/KiB) below one GB (GiB): a small shape never shows '0.00 GB'
+m1.metric(f"Score matrix, one layer ({unit})", c.fmt(n_bytes, unit), help=c.COMPUTED + ": B·H·s²·e.")
+m2.metric(f"same, in {other}", c.fmt(n_bytes, other))
 if 2 * seq_len <= MAX_SEQ_LEN:
     doubled = score_matrix_bytes(batch, heads, 2 * seq_len, e)
     m3.metric(

@@ -1,0 +1,337 @@
+"""Inputs and numbers never disagree, even when a user navigates while a page is still running
+(issue 32, item 1).
+
+The race: open a page (a fresh session, so its first run is slow), click another page in the
+sidebar about two seconds later while the first is still running, then edit an input right
+after the new page appears. Every target page is checked twice, after the navigation and after
+the edit: its inputs are read off the widgets on screen and at least one headline number is
+recomputed from calc with exactly those inputs; the number shown must equal it. A page whose
+verdict names a GPU must name the GPU shown in its GPU box.
+
+Run: .venv/bin/python -m pytest -m browser tests/browser/test_state_race.py
+Reproduction rate (tries per target, report only, no assertion):
+    .venv/bin/python tests/browser/test_state_race.py --tries 10
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+for _p in (str(ROOT), str(ROOT / "scripts")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import load_test  # noqa: E402  (server start-up and Chromium flags shared with the load test)
+
+from calc import (  # noqa: E402
+    CP_IMPL_LABELS,
+    GPUS,
+    IMPL_LABELS,
+    MODELS,
+    SHARDING_LABELS,
+    TRAIN_ATTENTION_LABELS,
+    format_bytes,
+    max_seq_len,
+    model_memory,
+    score_matrix_bytes,
+    training_step,
+)
+from calc.context_parallel import context_parallel_memory  # noqa: E402
+from calc.io_model import standard_io  # noqa: E402
+from calc.kv import state_bytes  # noqa: E402
+from calc.serving import serving_capacity  # noqa: E402
+from calc.units import dtype_bytes  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM, LAUNCH_ARGS = load_test.CHROMIUM, load_test.LAUNCH_ARGS
+TIMEOUT_MS = 90_000
+NAV_AFTER_S = 2.0  # the click lands while the first page's first run is still going
+MIB = 1 << 20
+
+try:
+    from playwright.sync_api import Page, sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+# Every widget on screen, by its label: the value the user sees (number box text, the chosen
+# option's text, the checked radio option, a checkbox's state, a multiselect's chips).
+_READ_INPUTS = """() => {
+  const out = {};
+  const kinds = ['stNumberInput', 'stSelectbox', 'stRadio', 'stCheckbox', 'stMultiSelect'];
+  for (const w of document.querySelectorAll(kinds.map(k => `[data-testid="${k}"]`).join(','))) {
+    const label = ((w.querySelector('label') || {}).innerText || '').trim();
+    const kind = w.dataset.testid, input = w.querySelector('input');
+    let v = null;
+    if (kind === 'stRadio') {
+      const on = w.querySelector('[data-testid="stRadioOption"][data-selected="true"]');
+      v = on ? on.innerText.trim() : null;
+    } else if (kind === 'stCheckbox') v = input.checked;
+    else if (kind === 'stMultiSelect')
+      v = [...w.querySelectorAll('[data-baseweb="tag"], [data-testid="stMultiSelectTag"]')]
+            .map(t => t.innerText.trim()).filter(Boolean);
+    else v = input ? input.value : null;
+    out[label] = v;
+  }
+  return out;
+}"""
+_READ_METRICS = """() => Object.fromEntries([...document.querySelectorAll('[data-testid="stMetric"]')]
+  .map(m => [(m.querySelector('[data-testid="stMetricLabel"]') || {}).innerText?.trim(),
+             (m.querySelector('[data-testid="stMetricValue"]') || {}).innerText?.trim()]))"""
+
+
+def _skip_reason() -> str | None:
+    if sync_playwright is None:
+        return "the playwright Python package is not installed (pip install -r requirements-dev.txt)"
+    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
+        return f"{CHROMIUM} is missing (apt-get install chromium)"
+    return None
+
+
+# --- what each page must show for the inputs on screen ---------------------------------------
+
+def _int(v: str) -> int:
+    return int(str(v).replace(",", ""))
+
+
+def _gpu(v: str) -> str:
+    """'NVIDIA H100 80GB (85.52 GB)' -> the GPU's name."""
+    return v.rsplit(" (", 1)[0]
+
+
+def _reverse(table: dict[str, str], shown: str) -> str:
+    return next(k for k, v in table.items() if v == shown)
+
+
+Expect = dict[str, str]  # metric label -> the value calc gives
+
+
+def expect_score(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    n = score_matrix_bytes(_int(i["Batch size B"]), _int(i["Attention heads H"]), _int(i["exact"]),
+                           i["Score dtype (bytes per element e)"].split(" ")[0])
+    return {f"Score matrix, one layer ({unit})": format_bytes(n, unit)}
+
+
+def expect_model(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    model, gpu = MODELS[i["Model"]], _gpu(i["GPU"])
+    b, s, ad = _int(i["Batch size"]), _int(i["exact"]), i["Attention (activation) dtype"]
+    alerts = " ".join(page.locator('[data-testid="stAlert"]').all_inner_texts())
+    assert f"one {gpu}" in alerts, f"the verdict is not about the GPU shown ({gpu}): {alerts[:300]}"
+    if i["View"] != "inference":
+        return {}
+    mm = model_memory(model, b, s, i["Weights dtype / quantization"], i["KV cache dtype"], ad, "naive")
+    return {"Standard (eager): total": format_bytes(mm.total_bytes + state_bytes(model, b, ad), unit)}
+
+
+def expect_serving(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    cap = serving_capacity(
+        MODELS[i["Model"]], GPUS[_gpu(i["GPU"])], _int(i["exact"]), weight_dtype=i["Weights dtype"],
+        kv_dtype=i["KV cache dtype (fp8 halves it)"],
+        gpu_memory_utilization=float(i["gpu_memory_utilization"]),
+        block_size=_int(i["Block size (tokens)"]),
+        max_num_batched_tokens=_int(i["max_num_batched_tokens"]), max_num_seqs=_int(i["max_num_seqs"]),
+        cuda_graph_bytes=_int(i["CUDA graphs (MiB)"]) * MIB,
+        non_torch_bytes=_int(i["Non-torch memory (MiB)"]) * MIB,
+        cuda_graphs_in_budget=bool(i["CUDA graphs taken from the budget (vLLM ≥ 0.21)"]))
+    return {"KV blocks available": f"{cap.num_blocks:,}"}
+
+
+def expect_training(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    attn = _reverse(TRAIN_ATTENTION_LABELS, i["Attention implementations"][0])
+    m = training_step(
+        MODELS[i["Model"]], _int(i["Batch size"]), _int(i["exact"]), attention=attn,
+        precision=i["Precision"].split(":")[0], checkpointing=bool(i["Activation checkpointing (every layer)"]),
+        optimizer=i["Optimizer"], gpus=_int(i["GPUs N (= tensor parallel × data parallel)"]),
+        tp=_int(i["Tensor-parallel degree t"]),
+        sharding=_reverse(SHARDING_LABELS, i["Sharding over data-parallel replicas"]))
+    return {f"{TRAIN_ATTENTION_LABELS[attn]}: peak per GPU": format_bytes(m.peak_bytes, unit)}
+
+
+def expect_scaling(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    heading = page.get_by_text("On one ").first.inner_text()  # "On one <largest selected GPU> ..."
+    gpu = next(g for g in sorted(GPUS, key=len, reverse=True) if f"On one {g}" in heading)
+    metrics = page.evaluate(_READ_METRICS)
+    label = next(k for k in metrics if k.endswith(": longest s"))
+    impl = _reverse(IMPL_LABELS, label.removesuffix(": longest s"))
+    n = max_seq_len(impl, GPUS[gpu], _int(i["Batch B"]), _int(i["Heads H"]), _int(i["Head dim d"]),
+                    i["dtype"], bool(i["Causal mask"]), bool(i["Forward + backward"]))
+    return {label: f"{n:,}"}
+
+
+def expect_flash(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    io = standard_io(_int(i["batch B"]), _int(i["heads H"]), _int(i["sequence s"]),
+                     _int(i["head dim d"]), dtype_bytes(i["dtype"]))
+    return {f"Standard attention moves ({unit})": format_bytes(io.total_bytes, unit)}
+
+
+def expect_many(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    model, world = MODELS[i["Model"]], _int(i["GPUs in the ring (c)"])
+    s = _int(i["exact"])
+    s -= s % (2 * world if world > 1 else 1)  # the page's zigzag rounding (it says so)
+    heads, kv, d = ((model.num_heads, model.num_kv_heads, model.head_dim)
+                    if i["Attention shape"] == "model" else (32, 32, 128))
+    mem = context_parallel_memory(_reverse(CP_IMPL_LABELS, i["Ring"]), 1, heads, s, d, i["dtype"], True,
+                                  i["Pass"] == "fwd+bwd", world, kv)
+    return {"Per GPU: one attention call": format_bytes(mem.total_bytes, unit)}
+
+
+# target: (sidebar title, url path, oracle, the number box edited right after arriving, values)
+TARGETS: dict[str, tuple[str, str, Callable[..., Expect], str, tuple[int, int]]] = {
+    "score": ("Score matrix", "", expect_score, "Attention heads H", (16, 48)),
+    "model": ("Model memory", "model_memory", expect_model, "Batch size", (2, 3)),
+    "serving": ("Serving", "serving", expect_serving, "max_num_seqs", (64, 128)),
+    "training": ("Training step", "training", expect_training, "Batch size", (2, 3)),
+    "scaling": ("Scaling", "scaling", expect_scaling, "Heads H", (16, 48)),
+    "flash": ("How FlashAttention works", "flash_explainer", expect_flash, "heads H", (16, 48)),
+    "many": ("Many GPUs", "many_gpus", expect_many, "GPUs in the ring (c)", (4, 2)),
+}
+# Where the user comes from, with values that differ from every page's defaults (a stale
+# value that leaked across would show), for the inputs pages share by name (b, s, gpu, ...).
+SOURCES = {
+    "score": "/?b=2&h=8&s=1024&dtype=fp32",
+    "model": "/model_memory?gpu=NVIDIA%20T4%2016GB&adtype=fp32&s=1&b=2",
+    "serving": "/serving?gpu=NVIDIA%20A100%2040GB&s=4096&seqs=32",
+    "training": "/training?b=2&s=2048&gpu=NVIDIA%20H200%20141GB",
+    "scaling": "/scaling?b=4&h=16&d=64&dtype=bf16",
+    "flash": "/flash_explainer?b=2&h=8&s=2048&d=64&dtype=fp32",
+    "many": "/many_gpus?c=2&s=65536&gpu=NVIDIA%20B200%20180GB&dtype=fp16",
+    "kernel": "/kernel_speed?kdtype=fp16&kd=64",
+    "measure": "/measure?b=2&h=16&dtype=bf16",
+}
+# each target is reached from two other pages (the one before it and the one after it)
+ORDER = list(SOURCES)
+
+
+def _wait_settled(page: Page) -> None:
+    """The run is over: no 'running' indicator for a while, and the page's numbers are drawn."""
+    page.wait_for_selector('[data-testid="stMetricValue"]', timeout=TIMEOUT_MS)
+    for _ in range(2):  # a page switch can run twice (the new page, then its URL write)
+        page.wait_for_timeout(700)
+        page.wait_for_function(
+            "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=TIMEOUT_MS)
+
+
+def _mismatches(page: Page, target: str, unit: str = "GB") -> list[str]:
+    """What the page shows against calc on the inputs on screen; [] when they agree."""
+    _, _, oracle, _, _ = TARGETS[target]
+    inputs = page.evaluate(_READ_INPUTS)
+    try:
+        want = oracle(inputs, unit, page)
+    except AssertionError as err:
+        return [str(err)]
+    except (KeyError, StopIteration, IndexError) as err:
+        return [f"{target}: an input or number is missing from the page ({err!r}); inputs {inputs}"]
+    shown = page.evaluate(_READ_METRICS)
+    return [f"{target}: {label} shows {shown.get(label)!r}, calc on the inputs on screen gives "
+            f"{value!r} (inputs {inputs})" for label, value in want.items() if shown.get(label) != value]
+
+
+def race_once(browser: Any, url: str, source: str, target: str, edit: int) -> dict[str, list[str]]:
+    """One try: open `source` fresh, click `target` after NAV_AFTER_S, check; edit, check."""
+    title, path, _, box, _ = TARGETS[target]
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        start = time.monotonic()
+        page.goto(url + SOURCES[source], wait_until="domcontentloaded")
+        page.wait_for_timeout(max(0.0, NAV_AFTER_S - (time.monotonic() - start)) * 1000)
+        page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
+        page.wait_for_url(f"**/{path}*" if path else "**/*", timeout=TIMEOUT_MS)
+        _wait_settled(page)
+        after_nav = _mismatches(page, target)
+        field = page.get_by_label(box, exact=True).first
+        field.fill(str(edit))
+        field.press("Enter")
+        _wait_settled(page)
+        after_edit = _mismatches(page, target)
+        if page.locator('[data-testid="stException"]').count():
+            after_edit.append(f"{target}: an exception box is shown")
+        return {"navigation": after_nav, "edit": after_edit}
+    finally:
+        context.close()
+
+
+def _pairs() -> list[tuple[str, str]]:
+    pairs = []
+    for target in TARGETS:
+        at = ORDER.index(target)
+        pairs += [(ORDER[at - 1], target), (ORDER[(at + 1) % len(ORDER)], target)]
+    return pairs
+
+
+@contextlib.contextmanager
+def _browser() -> Iterator[tuple[Any, str]]:
+    with load_test.app_server(None) as (url, _pid), sync_playwright() as p:
+        exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+        browser = p.chromium.launch(executable_path=exe, args=LAUNCH_ARGS)
+        try:
+            yield browser, url
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def app_browser() -> Iterator[tuple[Any, str]]:
+    if (reason := _skip_reason()) is not None:
+        pytest.skip(f"browser test skipped: {reason}")
+    try:
+        with _browser() as pair:
+            yield pair
+    except RuntimeError as err:  # the server did not start: a failure, not an error
+        pytest.fail(str(err))
+
+
+@pytest.mark.parametrize("source,target", _pairs())
+def test_navigating_mid_run_then_editing_shows_numbers_of_the_inputs_on_screen(
+        app_browser: tuple[Any, str], source: str, target: str) -> None:
+    browser, url = app_browser
+    edit = TARGETS[target][4][ORDER.index(source) % 2]
+    found = race_once(browser, url, source, target, edit)
+    assert not found["navigation"], found["navigation"]
+    assert not found["edit"], found["edit"]
+
+
+def main(argv: list[str]) -> int:
+    """Reproduction rate: every (source, target) pair `--tries` times; prints each failure."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tries", type=int, default=10, help="tries per target page (default 10)")
+    parser.add_argument("--targets", nargs="*", default=list(TARGETS), choices=list(TARGETS),
+                        help="pages to navigate to (default: all)")
+    args = parser.parse_args(argv)
+    if (reason := _skip_reason()) is not None:
+        print(reason)
+        return 2
+    bad = total = 0
+    with _browser() as (browser, url):
+        for target in args.targets:
+            at = ORDER.index(target)
+            sources = [ORDER[at - 1], ORDER[(at + 1) % len(ORDER)]]
+            fails = 0
+            for k in range(args.tries):
+                source = sources[k % 2]
+                found = race_once(browser, url, source, target, TARGETS[target][4][k % 2])
+                problems = found["navigation"] + found["edit"]
+                fails += bool(problems)
+                for p in problems:
+                    print(f"  {source} -> {target}: {p[:400]}")
+            print(f"{target}: {fails} of {args.tries} tries showed numbers that disagree with the inputs",
+                  flush=True)
+            bad, total = bad + fails, total + args.tries
+    print(f"all: {bad} of {total}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
