@@ -341,6 +341,8 @@ _HELD: dict[str, Any] = {}
 
 def release_model() -> None:
     """Drop the kept model (if any) and return its memory to the device."""
+    if not _HELD:
+        return
     _HELD.clear()
     gc.collect()
     with contextlib.suppress(Exception):
