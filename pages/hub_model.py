@@ -24,6 +24,7 @@ import streamlit as st  # noqa: E402
 
 from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetch_model  # noqa: E402
 from calc import ModelConfig  # noqa: E402
+from calc.quant import describe  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages.ui.url_state import TextParam, md_escape, show_raw  # noqa: E402
 
@@ -91,7 +92,20 @@ def hub_model(where: Any = st) -> ModelConfig | None:
         model, error = fetch_outcome(repo_id, cache_key())
     if error is not None:
         st.error(md_escape(error), icon=":material/block:")  # HubError names the id
+    if model is not None:
+        notes(model, where)
     return model
+
+
+def notes(model: ModelConfig, where: Any = st) -> None:
+    """What the page should say about how a config was read: read through another type's rules
+    (model.read_as, e.g. Kimi-K2's kimi_k2 as DeepSeek-V3) or quantized as stored."""
+    if model.read_as:
+        where.info(md_escape(f"Read as: {model.read_as}."), icon=":material/info:")
+    if model.quantization is not None:
+        where.caption(md_escape(
+            f"Checkpoint quantization: {describe(model.quantization)}; 'as stored' weights "
+            f"price it (calc.weight_bytes(model, 'checkpoint'))."))
 
 
 def fallback(default: ModelConfig) -> ModelConfig:
