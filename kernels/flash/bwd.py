@@ -245,22 +245,25 @@ def bwd_dkdv_kernel(
     sp = tl.program_id(2)  # which share of the GQA group's query heads (0 when SPLIT = 1)
     heads = GROUP // SPLIT
     if VARLEN:
-        # sequence b: query rows [q0, q0 + s_q), key rows [k0, k0 + s_k) of the packed tensors
+        # sequence b: query rows [q0, q0 + s_q), key rows [k0, k0 + s_k) of the packed
+        # tensors, which become the bases below (of a batch of one: b = 0)
         total_q = s_q
         q0, s_q, k0, s_k, _ = varlen_rows(CU_Q, CU_K, b, h_kv, total_q)
         if start_n >= s_k:
             return
-        k_base = K + h_kv.to(tl.int64) * stride_kh + k0 * stride_kn
-        v_base = V + h_kv.to(tl.int64) * stride_vh + k0 * stride_vn
-    else:
-        k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-        v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+        tl.static_assert(not ATOMIC_DQ, "packed sequences run the two-kernel backward")
+        Q, DO = Q + q0 * stride_qm, DO + q0 * stride_dom
+        K, V = K + k0 * stride_kn, V + k0 * stride_vn
+        DK, DV = DK + k0 * stride_dkn, DV + k0 * stride_dvn
+        b = b * 0
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
     # ---- this program's K and V tiles stay on chip: 2 * BLOCK_N * d reads ----------------------
     kv_mask = tile_mask(offs_n, s_k, offs_d, HEAD_DIM, EVEN_D)
+    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
     k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=kv_mask, other=0.0)
     v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
@@ -297,18 +300,16 @@ def bwd_dkdv_kernel(
     for g in range(sp * heads, sp * heads + heads):  # the query heads that read this K/V head
         h = h_kv * GROUP + g
         bh = b * H + h
-        if VARLEN:
-            q_head = Q + h.to(tl.int64) * stride_qh + q0 * stride_qm
-            do_head = DO + h.to(tl.int64) * stride_doh + q0 * stride_dom
-            row0 = h.to(tl.int64) * total_q + q0
+        q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                  + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+        do_ptrs = (DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                   + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
+        if VARLEN:  # this head's rows of the (1, H, total_q) vectors, from the sequence's first
+            lse_ptr = LSE2 + (h.to(tl.int64) * total_q + q0)
+            delta_ptr = DELTA + (h.to(tl.int64) * total_q + q0)
         else:
-            q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-            do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-            row0 = bh.to(tl.int64) * s_q
-        q_ptrs = q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-        do_ptrs = do_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
-        lse_ptr = LSE2 + row0
-        delta_ptr = DELTA + row0
+            lse_ptr = LSE2 + bh.to(tl.int64) * s_q
+            delta_ptr = DELTA + bh.to(tl.int64) * s_q
         if ATOMIC_DQ:
             dq_ptrs = (DQ_ACC + bh.to(tl.int64) * s_q * HEAD_DIM
                        + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
@@ -336,14 +337,10 @@ def bwd_dkdv_kernel(
     # (with SPLIT > 1, this share's partial sums, at head h_kv * SPLIT + sp; summed on the host)
     dk = dk * sm_scale
     h_out = (h_kv * SPLIT + sp).to(tl.int64)
-    if VARLEN:
-        dk_head = DK + h_out * stride_dkh + k0 * stride_dkn
-        dv_head = DV + h_out * stride_dvh + k0 * stride_dvn
-    else:
-        dk_head = DK + b.to(tl.int64) * stride_dkb + h_out * stride_dkh
-        dv_head = DV + b.to(tl.int64) * stride_dvb + h_out * stride_dvh
-    dk_ptrs = dk_head + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
-    dv_ptrs = dv_head + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
+    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + h_out * stride_dkh
+               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + h_out * stride_dvh
+               + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -416,42 +413,41 @@ def bwd_dq_kernel(
 ):
     start_m, bh, b, h, h_kv = query_tile(H, GROUP, BLOCK_M, CAUSAL)  # longest first if causal
     if VARLEN:
-        # sequence b: query rows [q0, q0 + s_q), key rows [k0, k0 + s_k) of the packed tensors
-        q0, s_q, k0, s_k, row0 = varlen_rows(CU_Q, CU_K, b, h, s_q)
+        # sequence b: query rows [q0, q0 + s_q), key rows [k0, k0 + s_k) of the packed
+        # tensors, which become the bases below (of a batch of one: b = 0), and its first
+        # row of this head in the (1, H, total_q) vectors (rows = row0 + i)
+        q0, s_q, k0, s_k, rows0 = varlen_rows(CU_Q, CU_K, b, h, s_q)
         if start_m >= s_q:
             return
-        q_head = Q + h.to(tl.int64) * stride_qh + q0 * stride_qm
-        do_head = DO + h.to(tl.int64) * stride_doh + q0 * stride_dom
-        o_head = Out + h.to(tl.int64) * stride_oh + q0 * stride_om
-        k_head = K + h_kv.to(tl.int64) * stride_kh + k0 * stride_kn
-        v_head = V + h_kv.to(tl.int64) * stride_vh + k0 * stride_vn
-        dq_head = DQ + h.to(tl.int64) * stride_dqh + q0 * stride_dqm
-    else:
-        q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-        do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-        o_head = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-        k_head = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-        v_head = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-        dq_head = DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
-        row0 = bh.to(tl.int64) * s_q
+        Q, DO, Out, DQ = (Q + q0 * stride_qm, DO + q0 * stride_dom, Out + q0 * stride_om,
+                          DQ + q0 * stride_dqm)
+        K, V = K + k0 * stride_kn, V + k0 * stride_vn
+        LSE2, DELTA = LSE2 + rows0, DELTA + rows0
+        b = b * 0
+        bh = bh * 0
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
 
     # ---- this program's Q and dO tiles, lse2 and delta stay on chip ----------------------------
     row_mask = tile_mask(offs_m, s_q, offs_d, HEAD_DIM, EVEN_D)
-    q = tl.load(q_head + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=row_mask, other=0.0)
-    do = tl.load(do_head + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=row_mask, other=0.0)
-    lse = tl.load(LSE2 + row0 + offs_m, mask=offs_m < s_q, other=float("inf"))
+    lse = tl.load(LSE2 + bh.to(tl.int64) * s_q + offs_m, mask=offs_m < s_q, other=float("inf"))
     # delta = rowsum(dO * O) in fp32: BLOCK_M * d more reads (O), BLOCK_M fp32 writes.
-    o = tl.load(o_head + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
                 mask=row_mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + row0 + offs_m, delta, mask=offs_m < s_q)
-    k_ptrs = k_head + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = v_head + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    tl.store(DELTA + bh.to(tl.int64) * s_q + offs_m, delta, mask=offs_m < s_q)
+    k_ptrs = (K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # ---- the same split of the key range as the forward ----------------------------------------
@@ -477,7 +473,8 @@ def bwd_dq_kernel(
 
     # ---- write dQ once: BLOCK_M * d elements ---------------------------------------------------
     dq = dq * sm_scale
-    tl.store(dq_head + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+    tl.store(DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+             + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=row_mask)
 
 

@@ -23,11 +23,30 @@ What is supported, exactly as the model would compute it:
   Decoding one query against a cache longer than the window reads the window's last W keys
   (the query is the newest position).
 
+Packed sequences and padding run on the kernel's packed-sequence path
+(``flash_attention(..., cu_seqlens=...)``: attention inside each sequence only):
+- padding-free training (transformers' DataCollatorWithFlattening): one row of several
+  sequences whose ``position_ids`` restart (a new sequence wherever the position does not
+  grow by exactly 1, transformers' ``find_packed_sequence_indices``, which is what its SDPA
+  mask encodes), causal, with or without the layer's sliding window (per sequence); rows
+  of a batch > 1 may be packed too (a sequence never crosses a row). When the collator also
+  passes ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (its flash-attention kwargs) and no mask
+  says otherwise, those starts are used, as transformers' flash-attention path does;
+- a padded batch on a causal layer without a sliding window and without a cache (training,
+  prefill: queries = keys, a 2D mask with zeros): the real tokens are gathered
+  (unpadded), run as packed sequences, and scattered back. Exactly SDPA's output on every
+  real token; padding positions get 0 (SDPA's rows there are never read by a real token,
+  and transformers' FlashAttention-2 path also returns 0 there).
+Both are recognised in the mask function (`_mask_function`), which then returns a small
+marker (`PackedSequences`) carrying the int32 starts instead of an s x s mask, once per
+model call: the kernel reads them on the host once per step, not per layer.
+
 What is refused with a ValueError that says why (the kernel has no additive or boolean mask,
 no soft-capping and no dropout; nothing falls back silently):
-- any attention mask that transformers materialises: padding (a 2D mask with a zero),
-  packed sequences, custom mask functions (and_mask_function / or_mask_function, e.g.
-  Gemma 3's bidirectional image tokens), chunked attention, bidirectional windows;
+- any other attention mask that transformers materialises: padding with a sliding window or
+  a KV cache, custom mask functions (and_mask_function / or_mask_function, e.g.
+  Gemma 3's bidirectional image tokens), chunked attention, bidirectional windows, padding
+  on a non-causal layer;
 - logit soft-capping (Gemma 2's attn_logit_softcapping), dropout > 0, a position bias,
   paged caches, causal attention with s_q != s_k > 1 (our causal mask is top-left aligned,
   a KV cache's is bottom-right), a sliding window on a non-causal layer with several queries.
@@ -68,6 +87,19 @@ class SlidingWindowMask:
     window: int
 
 
+@dataclass(frozen=True)
+class PackedSequences:
+    """What our mask function returns in place of a packed-sequence or padding mask:
+    ``cu_seqlens`` int32 (n + 1,) starts of the sequences in the (batch * length) tokens
+    flattened row by row (or in the gathered real tokens when ``indices`` is set: their
+    positions in that flattening, int64); ``window`` the causal sliding window the mask
+    request carried (None: none). Only ``triton_attention_forward`` reads it."""
+
+    cu_seqlens: Any
+    window: int | None = None
+    indices: Any = None
+
+
 def _layer(module: Any) -> str:
     idx = getattr(module, "layer_idx", None)
     return f"layer {idx}" if idx is not None else type(module).__name__
@@ -104,6 +136,12 @@ def triton_attention_forward(
     if cache is not None and type(cache).__name__ == "PagedAttentionCache":
         raise ValueError(f"triton attention ({where}): paged KV caches are not supported")
     window = None if sliding_window is None else int(sliding_window)
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is None and s_q == s_k > 1:
+        attention_mask = _packed_positions(kwargs.get("position_ids"), int(query.shape[0]), s_q)
+    if isinstance(attention_mask, PackedSequences) or (
+            attention_mask is None and kwargs.get("cu_seq_lens_q") is not None):
+        return _packed_forward(module, query, key, value, attention_mask, scaling, window,
+                               is_causal, kwargs, where)
     if isinstance(attention_mask, SlidingWindowMask):
         if window is not None and window != attention_mask.window:
             raise ValueError(
@@ -145,6 +183,191 @@ def triton_attention_forward(
     return out.transpose(1, 2).contiguous(), None  # (B, s_q, H, d), as transformers expects
 
 
+def _packed_forward(module: Any, query: Any, key: Any, value: Any, marker: Any,
+                    scaling: float | None, window: int | None, is_causal: bool | None,
+                    kwargs: dict[str, Any], where: str) -> tuple[Any, None]:
+    """Packed sequences or an unpadded batch (module docstring) on the kernel's packed path:
+    (B, H, s, d) inputs flattened to (B * s, H, d) tokens (a view for transformers' usual
+    layout), the real tokens gathered when ``marker.indices`` says which; out (B, s, H, d)."""
+    import torch
+
+    from kernels.flash.api import flash_attention
+
+    B, H, s_q, d = (int(x) for x in query.shape)
+    s_k = int(key.shape[2])
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if s_q != s_k:
+        raise ValueError(
+            f"triton attention ({where}): packed sequences with {s_q} queries and {s_k} keys "
+            "(a KV cache); the packed path takes queries aligned with keys only")
+    if isinstance(marker, PackedSequences):
+        cu_q = cu_k = marker.cu_seqlens
+        if marker.window is not None:
+            if window is not None and window != marker.window:
+                raise ValueError(
+                    f"triton attention ({where}): the mask says a sliding window of "
+                    f"{marker.window} tokens and the layer passes sliding_window={window}")
+            window = marker.window
+        indices = marker.indices
+    else:  # the collator's flash-attention kwargs, no mask
+        cu_q = kwargs["cu_seq_lens_q"]
+        cu_k = kwargs.get("cu_seq_lens_k")
+        cu_q = cu_q if cu_q.dtype == torch.int32 else cu_q.to(torch.int32)
+        cu_k = cu_q if cu_k is None else (cu_k if cu_k.dtype == torch.int32
+                                           else cu_k.to(torch.int32))
+        indices = None
+    if not causal:
+        if window is not None:
+            raise ValueError(f"triton attention ({where}): a sliding window of {window} "
+                             "tokens on a non-causal layer; our kernel's window is causal only")
+    elif window is not None and window < 1:
+        raise ValueError(f"triton attention ({where}): sliding_window must be >= 1, got {window}")
+    if scaling is not None and not (math.isfinite(float(scaling)) and float(scaling) > 0):
+        raise ValueError(f"triton attention ({where}): scaling must be positive, got {scaling}")
+    query, key, value = _autocast_inputs(query, key, value, where)
+    q, k, v = (t.transpose(1, 2).reshape(B * s_q, t.shape[1], d) for t in (query, key, value))
+    if indices is not None:
+        q, k, v = (t.index_select(0, indices) for t in (q, k, v))
+    out = flash_attention(q, k, v, causal=bool(causal),
+                          scale=None if scaling is None else float(scaling), window=window,
+                          cu_seqlens=cu_q, cu_seqlens_k=None if cu_k is cu_q else cu_k)
+    if indices is not None:
+        out = out.new_zeros((B * s_q, H, d)).index_copy(0, indices, out)
+    return out.reshape(B, s_q, H, d), None
+
+
+# Packed sequences read from position_ids, by the tensor's id, while it lives and is unmodified
+# (every layer of one model call gets the same tensor): one device read per call, not per layer.
+_POSITIONS: dict[int, tuple[Any, int, int, Any]] = {}
+
+
+def _packed_positions(position_ids: Any, batch: int, length: int) -> PackedSequences | None:
+    """`PackedSequences` when ``position_ids`` (1 or ``batch`` rows of ``length``) start a new
+    sequence somewhere inside a row (a position that is not the previous one + 1:
+    transformers' find_packed_sequence_indices), else None. This is how transformers'
+    flash-attention path finds packed rows (modeling_flash_attention_utils
+    _is_packed_sequence), and it is needed here too: with a cache object present (use_cache,
+    transformers' default even in training) create_causal_mask skips its packed-sequence
+    mask, so no mask says that the row is packed."""
+    import weakref
+
+    import torch
+
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2:
+        return None
+    if position_ids.shape[1] != length or position_ids.shape[0] not in (1, batch):
+        return None
+    key = id(position_ids)
+    hit = _POSITIONS.get(key)
+    if (hit is not None and hit[0]() is position_ids and hit[1] == position_ids._version
+            and hit[2] == batch):
+        return hit[3]
+    pos = position_ids.expand(batch, length)
+    new = torch.ones_like(pos, dtype=torch.bool)
+    new[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    marker = None
+    if bool(new[:, 1:].any()):
+        ids = new.cumsum(1)  # sequence ids per row, as find_packed_sequence_indices numbers them
+        marker = PackedSequences(_starts(ids))
+    ref = weakref.ref(position_ids, lambda _r, key=key: _POSITIONS.pop(key, None))
+    _POSITIONS[key] = (ref, position_ids._version, batch, marker)
+    return marker
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    """The free variables of a function (a transformers mask function's parameters)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells:
+        return {}
+    return {name: cell.cell_contents
+            for name, cell in zip(code.co_freevars, cells, strict=True)}
+
+
+def _qualname(fn: Any) -> str:
+    return getattr(fn, "__qualname__", "")
+
+
+def _packed_request(kw: dict[str, Any]) -> tuple[Any, int | None] | None:
+    """(transformers' packed sequence ids (B, s), the window or None) when a mask request is
+    exactly create_causal_mask's or create_sliding_window_causal_mask's packed-sequence mask:
+    and_masks(remap_positions_for_packed_sequence(causal [+ window]),
+    packed_sequence_mask_function(ids)) with no padding mask, nothing added (no and/or mask
+    function, no block overlay) and queries = keys; None for anything else, which is then
+    materialised and refused. Read from the mask functions' closures (transformers 5.x
+    masking_utils); another structure reads as None, so the check fails closed."""
+    from transformers.masking_utils import causal_mask_function
+
+    fn = kw.get("mask_function")
+    if kw.get("attention_mask") is not None or _qualname(fn) != "and_masks.<locals>.and_mask":
+        return None
+    parts = _closure(fn).get("mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2:
+        return None
+    remap, packed = parts
+    if (_qualname(remap) != "remap_positions_for_packed_sequence.<locals>.inner_mask"
+            or _qualname(packed) != "packed_sequence_mask_function.<locals>.inner_mask"):
+        return None
+    ids = _closure(packed).get("packed_sequence_mask")
+    base = _closure(remap).get("mask_function")
+    if ids is None or getattr(ids, "dim", lambda: 0)() != 2:
+        return None
+    if kw.get("q_length") != kw.get("kv_length") or kw.get("q_length") != ids.shape[1]:
+        return None
+    if kw.get("q_offset", 0) != 0 or kw.get("kv_offset", 0) != 0:
+        return None
+    if base is causal_mask_function:
+        return (ids, None) if kw.get("local_size") is None else None
+    # sliding_window_causal_mask_function(W) = and_masks(sliding_window_overlay(W), causal)
+    inner = _closure(base).get("mask_functions")
+    if (_qualname(base) != "and_masks.<locals>.and_mask" or not isinstance(inner, tuple)
+            or len(inner) != 2 or inner[1] is not causal_mask_function
+            or _qualname(inner[0]) != "sliding_window_overlay.<locals>.inner_mask"):
+        return None
+    window = _closure(inner[0]).get("sliding_window")
+    if type(window) is not int or window != kw.get("local_size"):
+        return None
+    return ids, window
+
+
+def _starts(ids: Any) -> Any:
+    """int32 starts of the runs of equal ids in (B, s) sequence ids flattened row by row
+    (a new run at every row start too): the cu_seqlens of those tokens."""
+    import torch
+
+    B, s = ids.shape
+    flat = ids.reshape(-1)
+    new = torch.ones_like(flat, dtype=torch.bool)
+    new[1:] = flat[1:] != flat[:-1]
+    new[::s] = True  # a sequence never crosses a row
+    firsts = new.nonzero().reshape(-1)
+    end = torch.full((1,), B * s, dtype=firsts.dtype, device=firsts.device)
+    return torch.cat([firsts, end]).to(torch.int32)
+
+
+def _padding_request(args: tuple, kw: dict[str, Any]) -> PackedSequences | None:
+    """The unpadded form of a causal padding mask (module docstring): transformers' plain
+    causal mask function with a 2D mask that has a zero, queries = keys at offset 0, no
+    window; None otherwise. The real tokens' flat positions and their sequences' starts."""
+    import torch
+    from transformers.masking_utils import causal_mask_function
+
+    mask = kw.get("attention_mask")
+    if (args or kw.get("mask_function") is not causal_mask_function
+            or kw.get("local_size") is not None or not isinstance(mask, torch.Tensor)
+            or mask.dim() != 2 or mask.dtype != torch.bool):
+        return None
+    q_len, kv_len = kw.get("q_length"), kw.get("kv_length")
+    if (type(q_len) is not int or q_len != kv_len or mask.shape[1] != kv_len
+            or kw.get("q_offset", 0) != 0 or kw.get("kv_offset", 0) != 0 or bool(mask.all())):
+        return None
+    lens = mask.sum(1, dtype=torch.int32)
+    lens = lens[lens > 0]  # a row of padding only is no sequence
+    if lens.numel() == 0:
+        return None
+    cu = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+    return PackedSequences(cu, None, mask.reshape(-1).nonzero().reshape(-1))
+
+
 def _autocast_inputs(query: Any, key: Any, value: Any, where: str) -> tuple[Any, Any, Any]:
     """Under autocast, cast q, k, v to its dtype, as autocast does for SDPA; otherwise they must
     share one dtype already. (Under autocast rotary makes q and k fp32 while v, a projection's
@@ -164,10 +387,16 @@ def _autocast_inputs(query: Any, key: Any, value: Any, where: str) -> tuple[Any,
 
 def _mask_function(*args: Any, **kwargs: Any) -> Any:
     """SDPA's mask function, after dropping a window that covers every key, or a
-    `SlidingWindowMask` where the mask would be exactly the config's causal sliding window
-    (module docstring)."""
+    `SlidingWindowMask` where the mask would be exactly the config's causal sliding window,
+    or `PackedSequences` for a packed-sequence or causal padding mask (module docstring)."""
     from transformers.masking_utils import sdpa_mask
 
+    packed = None if args else _packed_request(kwargs)
+    if packed is not None:
+        return PackedSequences(_starts(packed[0]), packed[1])
+    unpadded = _padding_request(args, kwargs)
+    if unpadded is not None:
+        return unpadded
     local = kwargs.get("local_size")
     kv_length = kwargs.get("kv_length")
     if local is not None and kv_length is not None and int(kv_length) <= int(local):
