@@ -50,9 +50,9 @@ from fractions import Fraction
 from numbers import Real
 
 from calc.fit import largest_fitting
+from calc.gpus import torch_total_bytes
 from calc.kv import kv_elements_per_token, state_bytes
 from calc.models import ModelConfig, check_model
-from calc.gpus import torch_total_bytes
 from calc.params import CHECKPOINT, weight_bytes
 from calc.peak import attention_peak_bytes, check_impl
 from calc.units import GIB, MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_int, dtype_bytes, dtype_name
