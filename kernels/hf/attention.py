@@ -32,8 +32,8 @@ Packed sequences and padding run on the kernel's packed-sequence path
   of a batch > 1 may be packed too (a sequence never crosses a row). When the collator also
   passes ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (its flash-attention kwargs) and no mask
   says otherwise, those starts are used, as transformers' flash-attention path does;
-- a padded batch on a causal layer without a sliding window and without a cache (training,
-  prefill: queries = keys, a 2D mask with zeros): the real tokens are gathered
+- a padded batch on a causal layer without a sliding window whose queries are the keys
+  (training, or a prefill into an empty cache; a 2D mask with zeros): the real tokens are gathered
   (unpadded), run as packed sequences, and scattered back. Exactly SDPA's output on every
   real token; padding positions get 0 (SDPA's rows there are never read by a real token,
   and transformers' FlashAttention-2 path also returns 0 there).

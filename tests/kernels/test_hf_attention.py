@@ -407,22 +407,39 @@ def test_register_is_idempotent_and_models_accept_the_name():
     assert m.config._attn_implementation == "triton"
 
 
-def test_padding_mask_refused_in_a_model():
-    """A 2D mask with padding reaches us materialised (the mask function is registered too)
-    and is refused; an all-ones mask is skipped by transformers and is fine."""
+def test_padding_mask_runs_packed_or_is_refused_in_a_model(monkeypatch):
+    """A causal 2D padding mask (queries = keys) goes to the kernel's packed path (the values
+    against SDPA: tests/kernels/test_varlen.py); with a sliding window shorter than the
+    sequence it reaches us materialised (the mask function is registered too) and is refused."""
     from transformers import AutoModelForCausalLM
 
     import kernels.hf
+    from kernels.flash import api
     from kernels.measure.train_models import build_config
 
     kernels.hf.register()
+    seen = []
+
+    def packed_call(q, k, v, causal, scale, config, window, cu_seqlens, cu_seqlens_k):
+        seen.append(cu_seqlens.tolist())
+        raise RuntimeError("stop: the packed path was reached")
+
+    monkeypatch.setattr(api, "_packed_call", packed_call)
     m = AutoModelForCausalLM.from_config(build_config(dict(TINY["llama"])),
                                          attn_implementation="triton")
     ids = torch.randint(0, 128, (2, 8))
     pad = torch.ones(2, 8, dtype=torch.long)
     pad[0, :3] = 0
-    with pytest.raises(ValueError, match="attention mask"):
+    with pytest.raises(RuntimeError, match="packed path was reached"):
         m(input_ids=ids, attention_mask=pad)
+    assert seen == [[0, 5, 13]]
+    w = AutoModelForCausalLM.from_config(build_config(dict(TINY["mistral_w8"])),
+                                         attn_implementation="triton")
+    ids = torch.randint(0, 128, (2, 16))
+    pad = torch.ones(2, 16, dtype=torch.long)
+    pad[0, :3] = 0
+    with pytest.raises(ValueError, match="attention mask"):
+        w(input_ids=ids, attention_mask=pad)
 
 
 def test_check_config_lists_what_the_kernel_cannot_run():
