@@ -88,11 +88,14 @@ from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_int, dtype_byte
 
 #: Attention implementations generate() runs here: transformers' eager attention, SDPA with one
 #: backend forced, ours through AttentionInterface, FlashAttention-4.
-INFER_ATTENTIONS: tuple[str, ...] = ("eager", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
-                                     "triton", "fa4")
+#: "sdpa" is attn_implementation="sdpa" with torch choosing the backend per call: the flash
+#: backend when there is no mask and q, k, v share one head dim, else the memory-efficient one
+#: (torch/nn/attention: flash comes first in the priority order and refuses masks).
+INFER_ATTENTIONS: tuple[str, ...] = ("sdpa", "eager", "sdpa_flash", "sdpa_efficient",
+                                     "sdpa_cudnn", "triton", "fa4")
 INFER_ATTENTION_LABELS: dict[str, str] = {
-    "eager": "transformers eager", **{k: IMPL_LABELS.get(k, k) for k in INFER_ATTENTIONS[1:]},
-    "fa4": "FlashAttention-4"}
+    "sdpa": "SDPA (torch's choice)", "eager": "transformers eager",
+    **{k: IMPL_LABELS.get(k, k) for k in INFER_ATTENTIONS[2:]}, "fa4": "FlashAttention-4"}
 CACHES: tuple[str, ...] = ("dynamic", "static")
 #: The cuBLAS workspace of the one (handle, stream) generate() uses: 32 MiB on Hopper
 #: (aten/src/ATen/cuda/CublasHandlePool.cpp getChosenWorkspaceSize), made by the first matmul.
@@ -112,7 +115,10 @@ PHASES: tuple[str, ...] = (
     "decode: attention of the last layer",
 )
 _GEMMA = {"gemma", "gemma2", "gemma3", "gemma3_text"}
-_FUSED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "triton", "fa4")
+#: MoE routers whose top-k weights stay fp32 (modeling_deepseek_v2.py / _v3.py: the gate's
+#: softmax or sigmoid is fp32 and its weights are not cast back), so the experts' weighted
+#: outputs are promoted to fp32; Qwen-MoE and Mixtral cast them to the hidden dtype.
+_FP32_ROUTING = {"deepseek_v2", "deepseek_v3"}
 #: Backends that take k, v with H_kv heads (no repeat): flash, cuDNN, ours, FA4 (enable_gqa or
 #: native GQA). torch's memory-efficient backend expands them itself (calc.peak._efficient).
 _NATIVE_GQA = ("sdpa_flash", "sdpa_cudnn", "triton", "fa4")
@@ -345,9 +351,17 @@ def _prefill_cache(model: ModelConfig, sh: _Shape, past: int, c: int, total: int
             + sliding * _layer_cache(model, sh, kept + c))
 
 
+def _backend(model: ModelConfig, attention: str, masked: bool) -> str:
+    """The implementation that runs: "sdpa" resolved as torch resolves it (INFER_ATTENTIONS)."""
+    if attention != "sdpa":
+        return attention
+    return "sdpa_efficient" if masked or model.is_mla else "sdpa_flash"
+
+
 def _attention_call(model: ModelConfig, sh: _Shape, attention: str, c: int, keys: int,
                     masked: bool) -> list[tuple[str, str, int]]:
     """The attention call of one layer: its inputs' extra copies and its own transient."""
+    attention = _backend(model, attention, masked)
     b, heads, e = sh.b, sh.heads, sh.e
     gqa = sh.kv_heads != heads
     if model.is_mla:
@@ -408,11 +422,18 @@ def _mlp_moment(model: ModelConfig, sh: _Shape, t: int, moe: bool, decode: bool,
         routed = [("MoE", "batched_mm: each pair's expert matrices gathered (S·3·I·h)",
                    pairs * 3 * i * h * e),
                   ("MoE", "pairs' hidden states and projections", pairs * (h + 2 * i) * e)]
+    elif model.model_type in _FP32_ROUTING:
+        routed = [("MoE", "grouped_mm: sorted hidden states and the masked projection (e)",
+                   2 * pairs * h * e),
+                  ("MoE", "the weighted and un-permuted copies, fp32 (promoted by the fp32 "
+                   "routing weights)", 2 * pairs * h * 4)]
     else:
         routed = [("MoE", "grouped_mm: sorted hidden states and three S·h copies "
-                   "(masked, weighted, un-permuted)", 4 * pairs * h * e),
-                  ("MoE", "sort, permutation, inverse and arange (int64), sentinel mask",
-                   4 * pairs * 8 + pairs)]
+                   "(masked, weighted, un-permuted)", 4 * pairs * h * e)]
+    if not decode:
+        routed += [
+                   ("MoE", "sort, permutation, inverse and arange (int64), sentinel mask",
+                    4 * pairs * 8 + pairs)]
     best = router + routed
     shared = model.shared_expert_intermediate_size
     if shared:
