@@ -15,6 +15,7 @@ st.set_page_config(page_title="Attention memory", page_icon=":material/grid_on:"
 PAGES = [
     st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score_matrix", default=True),
     st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model_memory"),
+    st.Page("pages/inference.py", title="Inference", icon=":material/output:", url_path="inference"),
     st.Page("pages/serving.py", title="Serving", icon=":material/dns:", url_path="serving"),
     st.Page("pages/training.py", title="Training step", icon=":material/model_training:", url_path="training"),
     st.Page("pages/scaling.py", title="Scaling", icon=":material/show_chart:", url_path="scaling"),
