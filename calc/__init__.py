@@ -27,6 +27,10 @@ from calc.context_parallel import (
 )
 from calc.fit import largest_fitting, max_seq_len
 from calc.gpus import DEFAULT_GPU, GPU_TORCH_TOTAL, GPU_TORCH_TOTAL_SOURCES, GPUS, torch_total_bytes
+from calc.inference_step import INFER_ATTENTIONS as INFER_ATTENTIONS
+from calc.inference_step import InferenceMemory as InferenceMemory
+from calc.inference_step import inference_step as inference_step
+from calc.inference_step import max_inference_seq_len as max_inference_seq_len
 from calc.kv import kv_cache_bytes
 from calc.memory import MemoryBreakdown, gpus_needed, model_max_seq_len, model_memory
 from calc.models import ModelConfig, QuantConfig
@@ -53,8 +57,12 @@ from calc.peak import (
     attention_peak_terms,
     attention_reserved_bytes,
     check_impl,
-    varlen_peak_breakdown,
-    varlen_peak_bytes,
+)
+from calc.peak import (
+    varlen_peak_breakdown as varlen_peak_breakdown,
+)
+from calc.peak import (
+    varlen_peak_bytes as varlen_peak_bytes,
 )
 from calc.presets import MODELS, PRESET_HF_CONFIGS, fixture_name
 from calc.quant import checkpoint_breakdown, checkpoint_weight_bytes

@@ -208,13 +208,16 @@ def inference_step(
     kv_dtype: str = "bf16",
     cache: str = "dynamic",
     prefill_chunk: int | None = None,
+    act_dtype: str | None = None,
 ) -> InferenceMemory:
     """Peak memory of `generate()` over a prompt of prompt_len tokens, batch sequences, making
     new_tokens tokens (module docstring: every moment, term and source).
 
     attention: INFER_ATTENTIONS; weight_dtype / kv_dtype: dtype names (calc.units); cache:
     "dynamic" (DynamicCache) or "static" (StaticCache); prefill_chunk: feed the prompt C
-    tokens at a time (None: all at once). Raises ValueError naming a bad value.
+    tokens at a time (None: all at once); act_dtype: the activations' dtype (None: the
+    weights', bf16 for quantized weights, as transformers runs them). Raises ValueError naming
+    a bad value.
     """
     check_model(model)
     b = check_int("batch", batch, 1, MAX_BATCH)
@@ -223,7 +226,9 @@ def inference_step(
     if s + n > MAX_SEQ_LEN:
         raise ValueError(f"prompt_len + new_tokens must be at most {MAX_SEQ_LEN:,}, got {s + n:,}")
     _check(model, attention, cache)
-    for name, value in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)):
+    checkpoint = weight_dtype == "checkpoint"  # as the checkpoint stores them (calc.quant)
+    for name, value in (("weight_dtype", "bf16" if checkpoint else weight_dtype),
+                        ("kv_dtype", kv_dtype), ("act_dtype", act_dtype or "bf16")):
         if not isinstance(value, str):
             raise ValueError(f"{name} must be a dtype name such as 'bf16', got {value!r:.60}")
         try:
@@ -232,7 +237,11 @@ def inference_step(
             raise ValueError(f"{name}: {err}") from None
     if prefill_chunk is not None:
         prefill_chunk = check_int("prefill_chunk", prefill_chunk, 1, MAX_SEQ_LEN)
-    act = _act_dtype(dtype_name(weight_dtype))
+    act = dtype_name(act_dtype) if act_dtype else _act_dtype(
+        "int4" if checkpoint else dtype_name(weight_dtype))
+    if act not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"act_dtype must be one of fp32, fp16, bf16 (what transformers "
+                         f"computes in), got {act_dtype!r}")
     sh = _Shape(b, model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
                 int(dtype_bytes(act)), dtype_bytes(dtype_name(kv_dtype)))
     weights = weight_bytes(model, weight_dtype)
@@ -379,9 +388,10 @@ def _attention_call(model: ModelConfig, sh: _Shape, attention: str, c: int, keys
     if attention == "eager":
         if model.model_type == "gemma2":
             terms.append(("attention", "soft-capped scores (tanh, e)", n * e))
-        terms += [("attention", "scores Q·Kᵀ·scale + mask (e)", n * e),
-                  ("attention", "softmax(dtype=float32): fp32 copy of the scores", 4 * n),
-                  ("attention", "softmax output (fp32)", 4 * n)]
+        terms.append(("attention", "scores Q·Kᵀ·scale + mask (e)", n * e))
+        if e != 4:  # fp32 scores need no converted copy
+            terms.append(("attention", "softmax(dtype=float32): fp32 copy of the scores", 4 * n))
+        terms.append(("attention", "softmax output (fp32)", 4 * n))
         return terms
     if masked and attention in ("sdpa_efficient", "sdpa_cudnn"):
         cols = -(-keys // 16) * 16 if attention == "sdpa_efficient" else keys
@@ -401,7 +411,7 @@ def _attention_call(model: ModelConfig, sh: _Shape, attention: str, c: int, keys
 
 
 def _dtype_of(e: int) -> str:
-    return {2: "bf16", 4: "fp32"}[e]
+    return {2: "bf16", 4: "fp32"}[e]  # fp16 and bf16 allocate alike
 
 
 def _mlp_moment(model: ModelConfig, sh: _Shape, t: int, moe: bool, decode: bool,

@@ -159,7 +159,14 @@ def test_model_memory_and_fit() -> None:
     mem = calc.model_memory(LLAMA_8B_SHAPE, 1, 8192, "bf16", "bf16", "bf16", "naive")
     assert mem.kv_cache_bytes == 131_072 * 8192
     assert mem.scores_bytes == score_matrix_bytes(1, 32, 8192, 2)
-    assert mem.total_bytes == mem.weights_bytes + mem.kv_cache_bytes + mem.attention_bytes
+    # The total is generate()'s prefill peak (naive = transformers' eager attention there),
+    # well above the old weights + cache + one attention call.
+    peak = calc.inference_step(LLAMA_8B_SHAPE, 1, 8192, 1, attention="eager")
+    assert mem.total_bytes == peak.peak_bytes and not mem.total_is_lower_bound
+    assert mem.total_bytes > mem.weights_bytes + mem.kv_cache_bytes + mem.attention_bytes
+    gpt2 = calc.model_memory(calc.MODELS["GPT-2 (124M)"], 1, 1024, "bf16", "bf16", "bf16", "naive")
+    assert gpt2.total_is_lower_bound and "not modelled" in gpt2.not_modelled
+    assert gpt2.total_bytes == gpt2.weights_bytes + gpt2.kv_cache_bytes + gpt2.attention_bytes
     h100 = GPUS["NVIDIA H100 80GB"]
     s = calc.model_max_seq_len(LLAMA_8B_SHAPE, h100, 1, "bf16", "bf16", "bf16", "sdpa_flash")
     fits = calc.model_memory(LLAMA_8B_SHAPE, 1, s, "bf16", "bf16", "bf16", "sdpa_flash")

@@ -357,7 +357,11 @@ def check_memory(result: Any, kw: dict[str, Any], call: str) -> None:
              result.scores_bytes)
     for n in parts:
         check_nonneg_int(n, kw, call)
-    assert result.total_bytes == sum(parts[:3])
+    check_nonneg_int(result.prefill_bytes, kw, call)
+    if result.total_is_lower_bound:  # inference_step refused it: weights + KV + attention
+        assert result.total_bytes == sum(parts[:3])
+    else:  # generate()'s prefill peak, never below the cache and weights it holds
+        assert result.total_bytes == result.inference.peak_bytes >= sum(parts[:2])
     assert result.weights_bytes == calc.weight_bytes(kw["model"], kw["weight_dtype"])
     assert result.kv_cache_bytes == calc.kv_cache_bytes(
         kw["model"], kw["batch"], kw["seq_len"], kw["kv_dtype"])

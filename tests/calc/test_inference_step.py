@@ -1,0 +1,120 @@
+"""calc.inference_step against generate() as transformers runs it: the bundled H200 rows, a
+CPU replay of the live tensor bytes, the moments' structure and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import calc
+from calc.inference_step import INFER_ATTENTIONS, PHASES, inference_step, max_inference_seq_len
+from calc.models import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "data" / "inference_steps_h200.csv"
+LLAMA = calc.MODELS["Llama 3.1 8B"]
+
+
+def _predict(row: pd.Series) -> int:
+    from kernels.measure import infer_models  # config dicts only: no torch at import
+
+    model = ModelConfig.from_hf_config(infer_models.hf_config(row.model, int(row.layers)))
+    chunk = None if pd.isna(row.prefill_chunk) else int(row.prefill_chunk)
+    return inference_step(model, int(row.batch), int(row.prompt_len), int(row.new_tokens),
+                          attention=row.attention, cache=row.cache,
+                          prefill_chunk=chunk).peak_bytes
+
+
+def test_bundled_h200_rows_within_two_percent() -> None:
+    """Every measured generate() peak (data/inference_steps_h200.csv) against today's model:
+    the issue's target is 2% on every row (measured: within 0.32%)."""
+    rows = pd.read_csv(H200)
+    ok = rows[rows.status == "ok"]
+    assert len(ok) >= 60 and ok.model.nunique() >= 6
+    errors = {f"{r.model} {r.attention} {r.cache} B={r.batch} s={r.prompt_len}":
+              (_predict(r) - r.peak_bytes) / r.peak_bytes for r in ok.itertuples()}
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    assert abs(errors[worst]) <= 0.02, (worst, errors[worst])
+
+
+def test_cpu_replay_of_generate_matches() -> None:
+    """generate() of a tiny Llama on the CPU under a live-bytes dispatch mode: the peak beyond
+    the weights equals the prediction less the CUDA-only workspace (prefill at the MLP with
+    SDPA, at the softmax with eager), within 0.1%."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from kernels.measure.live_bytes import LiveBytes
+
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=3,
+                                   num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                                   vocab_size=1000, max_position_embeddings=4096)
+    model_cfg = ModelConfig.from_hf_config(cfg.to_dict())
+    for attn, name in (("sdpa", "sdpa_flash"), ("eager", "eager")):
+        model = transformers.AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.bfloat16, attn_implementation=attn).eval()
+        ids = torch.randint(0, 1000, (1, 512))
+        mask = torch.ones_like(ids)
+        kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=2, min_new_tokens=2)
+        model.generate(ids[:, :8], attention_mask=mask[:, :8], **kw)  # lazy state
+        live = LiveBytes()
+        for t in [*model.parameters(), *model.buffers()]:
+            live.add(t)
+        weights = live.bytes
+        live.add(ids)
+        live.add(mask)
+        live.reset_peak()
+        with live:
+            model.generate(ids, attention_mask=mask, **kw)
+        want = inference_step(model_cfg, 1, 512, 2, attention=name)
+        got = live.peak - weights
+        predicted = want.peak_bytes - want.weights_bytes - want.fixed_bytes
+        assert abs(predicted - got) <= 0.001 * got, (attn, predicted, got)
+
+
+def test_moments_and_parts() -> None:
+    m = inference_step(LLAMA, 1, 32000, 8, attention="sdpa_flash")
+    assert m.peak_phase == "prefill: MLP of the last layer" and set(m.phases) <= set(PHASES)
+    assert m.peak_bytes == sum(x for *_, x in m.peak_terms) == sum(m.parts.values())
+    assert m.kv_cache_bytes == calc.kv_cache_bytes(LLAMA, 1, 32007, "bf16")
+    # Eager's s² scores make the attention moment the peak; chunking caps them at C × s.
+    eager = inference_step(LLAMA, 1, 16384, 1, attention="eager")
+    chunked = inference_step(LLAMA, 1, 16384, 1, attention="eager", prefill_chunk=2048)
+    assert eager.peak_phase.startswith("prefill: attention") and chunked.peak_bytes < eager.peak_bytes
+    # Many sequences, a short prompt and a long generation: the decode holds the peak.
+    decode = inference_step(calc.MODELS["Llama 3.2 1B"], 64, 128, 512, attention="sdpa")
+    assert decode.peak_phase.startswith("decode") and decode.decode_peak_bytes == decode.peak_bytes
+    static = inference_step(LLAMA, 1, 4096, 512, attention="sdpa", cache="static")
+    assert static.kv_cache_bytes == calc.kv_cache_bytes(LLAMA, 1, 4096 + 512, "bf16")
+
+
+def test_longest_prompt_is_exact() -> None:
+    gpu = calc.GPUS["NVIDIA H100 80GB"]
+    s = max_inference_seq_len(LLAMA, gpu, 1, attention="sdpa_flash")
+    assert inference_step(LLAMA, 1, s, attention="sdpa_flash").peak_bytes <= gpu
+    assert inference_step(LLAMA, 1, s + 1, attention="sdpa_flash").peak_bytes > gpu
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(attention="sdpa_math"), "not modelled"),
+    (dict(attention="flashy"), "unknown attention"),
+    (dict(cache="paged"), "unknown cache"),
+    (dict(prefill_chunk=0), "prefill_chunk"),
+    (dict(weight_dtype="bf17"), "weight_dtype"),
+    (dict(act_dtype="int8"), "act_dtype"),
+])
+def test_bad_input_is_named(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        inference_step(LLAMA, 1, 1024, 1, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["Jamba v0.1 (hybrid)", "GPT-2 (124M)", "gpt-oss-20b (MoE, MXFP4)"])
+def test_unmodelled_architectures_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="inference_step"):
+        inference_step(calc.MODELS[name], 1, 1024, 1, attention="sdpa")
+
+
+def test_every_attention_is_accepted_for_llama() -> None:
+    peaks = {a: inference_step(LLAMA, 1, 4096, 1, attention=a).peak_bytes for a in INFER_ATTENTIONS}
+    assert peaks["eager"] == max(peaks.values())
