@@ -114,7 +114,11 @@ st.caption(
     f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, vocabulary "
     f"{model.vocab_size:,}; trained context "
     f"{f'{model.max_position_embeddings:,} tokens' if model.max_position_embeddings else 'not stated'}.")
-c.trained_context_note(model, seq_len + new_tokens - 1)
+c.trained_context_note(model, seq_len)
+ctx = model.max_position_embeddings
+if ctx and seq_len <= ctx < seq_len + new_tokens - 1:  # the prompt fits the context, the answer not
+    st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
+            f"{ctx:,} tokens this model was trained for.")
 if not steps:  # calc refuses the model (or the inputs) for every implementation: say why
     reasons = sorted(set(refused.values()))
     st.error(c.md_escape("These settings cannot be computed: " + " / ".join(reasons)),
@@ -144,10 +148,9 @@ else:
     s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
                            tuple(sorted(dict(kw, attention=attn).items())))
     if s_max:
-        cols[2].metric(f"Longest prompt that fits ({new_tokens:,} new tokens)", f"{s_max:,} tokens",
+        cols[2].metric(f"Longest prompt that fits ({new_tokens:,} new token{'s' if new_tokens > 1 else ''})", f"{s_max:,} tokens",
                        help=f"{c.COMPUTED}: calc.max_inference_seq_len, an exact integer search "
                             "over the prompt length.")
-        ctx = model.max_position_embeddings
         if ctx and s_max + new_tokens - 1 > ctx:
             cols[2].info(f"{s_max:,} + {new_tokens:,} tokens pass the {ctx:,} tokens this "
                          "model was trained for: the memory fits, the model may not work there.")
@@ -164,13 +167,12 @@ else:
 names = [label(a) for a in steps]
 parts = list(inf.PART_COLORS) + sorted({p for m in steps.values() for p in m.parts}
                                        - set(inf.PART_COLORS))
+parts = [p for p in parts if any(m.parts.get(p) for m in steps.values())]  # the ones present
 cap = c.in_unit(gpu_bytes, unit)
 dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
 traces = []
 for part in parts:
     ys = [m.parts.get(part, 0) for m in steps.values()]
-    if not any(ys):
-        continue
     traces.append(dict(
         type="bar", name=part, x=names, y=[c.in_unit(y, unit) for y in ys],
         marker=dict(color=inf.PART_COLORS.get(part, c.FALLBACK_COLOR)),
@@ -192,6 +194,10 @@ st.caption(f"{c.COMPUTED}: calc.inference_step. Each bar is the moment of that "
            "KV cache then, and the transients alive at that moment by part; the dashed line is "
            "the GPU's memory. calc/inference_step.py lists every moment and tensor with its "
            "source.")
+c.table(pd.DataFrame([{"attention": label(a), **{f"{p} (computed)": c.fmt(m.parts.get(p, 0), unit)
+                                                   for p in parts},
+                       "peak (computed)": c.fmt(m.peak_bytes, unit), "where": m.peak_phase}
+                      for a, m in steps.items()]), hide_index=True)
 for a, why in refused.items():
     st.markdown(c.md_escape(f"Not drawn: {label(a)}: {why}"))
 

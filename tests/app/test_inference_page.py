@@ -1,0 +1,209 @@
+"""pages/inference.py renders calc.inference_step's numbers for the URL's inputs, names and
+replaces bad URL values, shows calc's refusals as messages (never a traceback), and puts the
+bundled H200 rows beside the current prediction with their errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import calc
+from calc.inference_step import (
+    INFER_ATTENTION_LABELS,
+    INFER_ATTENTIONS,
+    inference_step,
+    max_inference_seq_len,
+)
+
+ROOT = Path(__file__).parents[2]
+PAGE = str(ROOT / "pages" / "inference.py")
+H100, H200 = "NVIDIA H100 80GB", "NVIDIA H200 141GB"
+
+
+def run(params: dict[str, str]) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    for k, v in params.items():
+        at.query_params[k] = v
+    return at.run()
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def frame_with(at: AppTest, column: str) -> pd.DataFrame:
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def test_default_load_shows_calc_numbers() -> None:
+    at = run({})
+    assert not at.exception, [e.value for e in at.exception]
+    model = calc.MODELS["Llama 3.1 8B"]
+    m = inference_step(model, 1, 8192, 128, attention="sdpa")
+    got = metrics(at)
+    assert got["SDPA (torch's choice): peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert any(m.peak_phase in x.value for x in at.caption)
+    s_max = max_inference_seq_len(model, calc.GPUS[calc.DEFAULT_GPU], 1, 128, attention="sdpa")
+    assert got["Longest prompt that fits (128 new tokens)"] == f"{s_max:,} tokens"
+    # the longest prompt passes Llama 3.1's 131,072 trained positions: the page says so
+    assert s_max > 131_072
+    assert any("131,072 tokens this model was trained for" in x.value for x in at.info)
+    assert any("Fits one" in x.value for x in at.success)
+
+
+def test_url_parameters_round_trip() -> None:
+    params = {"model": "Qwen2.5 7B", "gpu": H200, "b": "2", "s": "20000", "new": "64",
+              "wdtype": "fp16", "kvdtype": "fp8_e4m3", "attn": "eager", "cache": "static",
+              "chunk": "4096", "unit": "GiB"}
+    at = run(params)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.warning, [w.value for w in at.warning]
+    for key, value in params.items():
+        assert at.query_params[key] == value, key
+    assert at.selectbox(key="model").value == "Qwen2.5 7B"
+    assert at.selectbox(key="attn").value == "eager"
+    assert at.selectbox(key="cache").value == "static"
+    assert at.number_input(key="s").value == 20000
+    assert at.number_input(key="chunk").value == 4096
+    m = inference_step(calc.MODELS["Qwen2.5 7B"], 2, 20000, 64, attention="eager",
+                       weight_dtype="fp16", kv_dtype="fp8_e4m3", cache="static",
+                       prefill_chunk=4096)
+    assert metrics(at)["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GiB")
+
+
+def test_hostile_url_values_are_named_and_replaced_by_the_default() -> None:
+    at = run({"cache": "[x](javascript:alert(1))", "s": "1e999", "attn": "<b>x</b>",
+              "chunk": "-1"})
+    assert not at.exception, [e.value for e in at.exception]
+    warned = " ".join(w.value for w in at.warning)
+    for key in ("cache", "s", "attn", "chunk"):
+        assert f"URL parameter \\'{key}\\'" in warned, key
+    assert "javascript:" not in warned  # escaped: no live link
+    default = inference_step(calc.MODELS["Llama 3.1 8B"], 1, 8192, 128, attention="sdpa")
+    assert metrics(at)["SDPA (torch's choice): peak"] == calc.format_bytes(default.peak_bytes, "GB")
+    assert at.query_params["cache"] == "dynamic" and at.query_params["s"] == "8192"
+
+
+def test_a_hybrid_the_calc_refuses_is_a_message() -> None:
+    assert "Jamba v0.1 (hybrid)" in calc.MODELS
+    at = run({"model": "Jamba v0.1 (hybrid)"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("cannot be computed" in e.value and "hybrids" in e.value for e in at.error)
+    assert not at.metric
+    assert at.query_params["model"] == "Jamba v0.1 (hybrid)"  # the URL still says what was asked
+
+
+def test_an_attention_the_model_cannot_run_is_named_under_the_chart() -> None:
+    """Gemma 2 soft-caps its logits: calc runs only eager attention on it."""
+    at = run({"model": "Gemma 2 9B", "s": "4096"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("cannot run this model" in e.value and "soft" in e.value for e in at.error)
+    assert any("Not drawn" in x.value and "FlashAttention" in x.value and "soft" in x.value
+               for x in at.markdown)
+    assert list(frame_with(at, "peak (computed)")["attention"]) == ["transformers eager"]
+    at = run({"model": "Gemma 2 9B", "s": "4096", "attn": "eager"})
+    m = inference_step(calc.MODELS["Gemma 2 9B"], 1, 4096, 128, attention="eager")
+    assert metrics(at)["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+
+
+def test_weights_alone_past_the_gpu_say_so_instead_of_zero() -> None:
+    at = run({"model": "Llama 3.1 405B", "gpu": H100})
+    assert not at.exception
+    assert any("Nothing fits: the weights alone" in e.value for e in at.error)
+    assert not any(m.label.startswith("Longest prompt") for m in at.metric)
+
+
+def test_the_parts_table_is_each_peak_by_part() -> None:
+    at = run({"s": "32768"})
+    assert not at.exception
+    parts = frame_with(at, "KV cache (computed)")
+    model = calc.MODELS["Llama 3.1 8B"]
+    for attention in ("sdpa", "eager", "triton"):
+        m = inference_step(model, 1, 32768, 128, attention=attention)
+        row = parts[parts["attention"] == INFER_ATTENTION_LABELS[attention]].iloc[0]
+        assert row["peak (computed)"] == calc.format_bytes(m.peak_bytes, "GB")
+        assert row["KV cache (computed)"] == calc.format_bytes(m.parts["KV cache"], "GB")
+        assert row["where"] == m.peak_phase
+    assert len(parts) == len(INFER_ATTENTIONS)  # Llama runs every one
+
+
+def test_chunked_prefill_table_is_calc_numbers() -> None:
+    at = run({"s": "32768", "chunk": "3000"})
+    assert not at.exception
+    table = frame_with(at, "saved (computed)")
+    assert list(table["prefill chunk"]) == ["whole prompt", "512", "2,048", "3,000", "8,192"]
+    model = calc.MODELS["Llama 3.1 8B"]
+    whole = inference_step(model, 1, 32768, 128, attention="sdpa")
+    chunked = inference_step(model, 1, 32768, 128, attention="sdpa", prefill_chunk=2048)
+    row = table[table["prefill chunk"] == "2,048"].iloc[0]
+    assert row["peak (computed)"] == calc.format_bytes(chunked.peak_bytes, "GB")
+    assert row["saved (computed)"] == calc.format_bytes(whole.peak_bytes - chunked.peak_bytes, "GB")
+    assert chunked.peak_bytes < whole.peak_bytes
+
+
+def test_measured_rows_of_the_shown_model_with_their_errors() -> None:
+    import pages.ui.inference as inf
+
+    measured = inf.read_measured()
+    if measured.empty:
+        pytest.skip("no data/inference_steps_h200.csv bundled")
+    at = run({})
+    assert not at.exception
+    table = frame_with(at, "peak error")
+    ok = measured[(measured["status"] == "ok") & (measured["model"] == "llama3.1-8b")]
+    assert len(table) == len(ok) > 0 and set(table["model"]) == {"llama3.1-8b"}
+    # one row recomputed here: the page's error is calc's prediction against the measured peak
+    r = ok.iloc[0]
+    chunk = None if pd.isna(r["prefill_chunk"]) else int(r["prefill_chunk"])
+    m = inference_step(calc.MODELS["Llama 3.1 8B"], int(r["batch"]), int(r["prompt_len"]),
+                       int(r["new_tokens"]), attention=r["attention"], cache=r["cache"],
+                       prefill_chunk=chunk)
+    err = (m.peak_bytes - r["peak_bytes"]) / r["peak_bytes"]
+    assert table.iloc[0]["peak error"] == f"{err:+.2%}"
+    assert table.iloc[0]["peak (measured)"] == calc.format_bytes(int(r["peak_bytes"]), "GB")
+    assert any("kernels.measure --infer --plan h200" in x.value for x in at.caption)
+
+
+def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
+    import pages.ui.inference as inf
+
+    if inf.read_measured().empty:
+        pytest.skip("no data/inference_steps_h200.csv bundled")
+    at = run({"model": "Llama 3.1 70B"})
+    assert not at.exception
+    assert any("was not measured" in x.value for x in at.markdown)
+    assert frame_with(at, "peak error")["model"].nunique() >= 6
+    at = run({"model": "measured shape: gemma3-27b-12l", "s": "4096"})
+    assert not at.exception
+    assert set(frame_with(at, "peak error")["model"]) == {"gemma3-27b-12l"}
+
+
+def test_compared_rows_error_is_prediction_against_measurement() -> None:
+    import pages.ui.inference as inf
+    from kernels.measure import infer_models
+
+    model = calc.ModelConfig.from_hf_config(infer_models.hf_config("llama3.2-1b"), name="x")
+    m = inference_step(model, 2, 3000, 8, attention="sdpa_flash", prefill_chunk=1024)
+    df = pd.DataFrame([{"model": "llama3.2-1b", "layers": None, "batch": 2, "prompt_len": 3000,
+                        "new_tokens": 8, "attention": "sdpa_flash", "cache": "dynamic",
+                        "prefill_chunk": 1024, "status": "ok",
+                        "peak_bytes": round(m.peak_bytes * 1.01),
+                        "prefill_peak_bytes": m.prefill_peak_bytes},
+                       {"model": "llama3.2-1b", "status": "oom", "peak_bytes": None}])
+    out = inf.compared_rows(df)
+    assert len(out) == 1  # the OOM row has no peak to compare
+    assert out.loc[0, "predicted peak"] == m.peak_bytes
+    assert abs(out.loc[0, "peak error"] - (m.peak_bytes / round(m.peak_bytes * 1.01) - 1)) < 1e-12
+    assert out.loc[0, "prefill error"] == 0
+
+
+def test_the_page_reads_measurements_without_torch() -> None:
+    code = ("import sys; import pages.ui.inference as i; i.compared_rows(i.read_measured()); "
+            "i.measured_shapes(); assert 'torch' not in sys.modules and "
+            "'transformers' not in sys.modules, 'imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
