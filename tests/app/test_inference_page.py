@@ -4,12 +4,15 @@ bundled H200 rows beside the current prediction with their errors."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
 import calc
@@ -207,3 +210,56 @@ def test_the_page_reads_measurements_without_torch() -> None:
             "i.measured_shapes(); assert 'torch' not in sys.modules and "
             "'transformers' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_the_router_lists_and_runs_the_page() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert not at.exception
+    at.switch_page("pages/inference.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "SDPA (torch's choice): peak" in metrics(at)
+
+
+def test_largest_accepted_values_are_a_message_not_a_traceback() -> None:
+    at = run({"b": "65536", "s": "100000000", "new": "100000000", "chunk": "100000000"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.warning  # every value is accepted by the URL ...
+    assert any("cannot be computed" in e.value and "at most" in e.value for e in at.error)  # ... not by calc
+
+
+def test_a_hub_id_is_the_model_shown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The Hub-id box of the other model pages (pages/hub_model.py), against the fake Hub."""
+    from tests.cli.fake_hub import FakeHub
+
+    repo = "deepseek-ai/DeepSeek-V3"
+    config = ROOT / "tests" / "fixtures" / "hf_configs" / "DeepSeek-V3.json"
+    with FakeHub() as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        fake.files[repo] = config.read_bytes()
+        at = run({"model": "Hugging Face Hub id", "hub": repo, "gpu": H200})
+    assert not at.exception, [e.value for e in at.exception]
+    model = calc.ModelConfig.from_hf_config(json.loads(config.read_text()), name=repo)
+    m = inference_step(model, 1, 8192, 128, attention="sdpa")
+    assert metrics(at)["SDPA (torch's choice): peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert at.query_params["hub"] == repo
+    assert any("weights alone" in e.value for e in at.error)  # 671B in bf16 passes one H200
+
+
+_KEYS = ("model", "gpu", "b", "s", "new", "wdtype", "kvdtype", "attn", "cache", "chunk", "unit")
+_RAW = st_.one_of(
+    st_.text(max_size=20),
+    st_.sampled_from(["0", "-1", "1", "4096", "1e9", "NaN", "inf", "", "static", "eager",
+                      "int4", "Jamba v0.1 (hybrid)", "Gemma 2 9B", "100000000", "%00"]),
+)
+
+
+@settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(query=st_.dictionaries(st_.sampled_from(_KEYS), _RAW, max_size=6))
+def test_fuzzed_urls_never_raise(query: dict[str, str]) -> None:
+    at = run(query)
+    assert not at.exception, (query, [e.value for e in at.exception])
+    assert at.metric or at.error  # an answer, or the reason there is none
