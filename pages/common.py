@@ -124,9 +124,18 @@ def _keep_key(key: str, spec: Spec) -> str:
 
 
 def init(key: str, spec: Spec, page: str | None = None) -> None:
-    """Put the value of widget `key` into session_state before the widget is drawn."""
+    """Put the value of widget `key` into session_state before the widget is drawn.
+
+    The value is written on every run, even when it is this page's widget's own value: a
+    value written through session_state is sent to the browser with the widget, so the box
+    on screen always shows the value this run computes with. Left unwritten, the browser
+    draws the widget from what it remembers for that widget, which after a page switch in
+    the middle of a run can be another visit's value (issue 32: the widgets showed a T4 and
+    s = 1 while the numbers were the H100's and 8,192's).
+    """
     keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
     if _claim(key, page) and key in st.session_state and _valid(spec, st.session_state[key]):
+        st.session_state[key] = st.session_state[key]
         return
     kept = keep.get(_keep_key(key, spec))
     raw = _query_raw(key)
@@ -237,8 +246,8 @@ def seq_len_input(
         st.session_state[skey] = nearest_power_of_two(int(st.session_state[key]), lo_pow2, hi_pow2)
 
     near = nearest_power_of_two(int(st.session_state[key]), lo_pow2, hi_pow2)
-    if not _claim(skey) or st.session_state.get(skey) != near:
-        st.session_state[skey] = near
+    _claim(skey)
+    st.session_state[skey] = near  # written every run, as init does: the slider shows the box
     left, right = where.columns([3, 1])
     left.select_slider(
         f"{label} (log scale: powers of two)", options, key=skey, format_func=short_len,

@@ -111,7 +111,7 @@ def test_score_reacts_to_inputs() -> None:
     assert list(metrics(at).values())[0] == "2.15 GB"
     at.selectbox(key="dtype").set_value("custom").run()
     at.number_input(key="e").set_value(0.5).run()
-    assert list(metrics(at).values())[0] == "0.27 GB"
+    assert list(metrics(at).values())[0] == "268.44 MB"  # below 1 GB: MB, never 0.xx GB
     at.number_input(key="b").set_value(2).run()
     at.number_input(key="h").set_value(64).run()
     assert list(metrics(at).values())[0] == format_bytes(score_matrix_bytes(2, 64, 4096, 0.5))

@@ -228,7 +228,7 @@ def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str)
     _wait_idle(page)
     assert "unit=GiB" in page.url
     _set_number(page, "Attention heads H", 64)
-    _expect_metric(page, "0.50 GiB")  # 64 · 4096² · 0.5 bytes
+    _expect_metric(page, "512.00 MiB")  # 64 · 4096² · 0.5 bytes: below 1 GiB, in MiB
     page.locator('[data-testid="stSidebarNav"]').get_by_text("Scaling").click()
     page.wait_for_url("**/scaling**")
     _wait_idle(page)
@@ -240,7 +240,7 @@ def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str)
     _wait_idle(page)
     # back on the score page: H, the unit and its own 'custom 0.5 bytes' dtype are all still there
     # (Scaling's dtype input has no 'custom', so it does not overwrite the score page's choice)
-    _expect_metric(page, "0.50 GiB")
+    _expect_metric(page, "512.00 MiB")
 
 
 def test_dark_theme_is_readable(server: str, browser_page: Page) -> None:

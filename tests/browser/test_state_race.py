@@ -77,8 +77,7 @@ _READ_INPUTS = """() => {
       v = on ? on.innerText.trim() : null;
     } else if (kind === 'stCheckbox') v = input.checked;
     else if (kind === 'stMultiSelect')
-      v = [...w.querySelectorAll('[data-baseweb="tag"], [data-testid="stMultiSelectTag"]')]
-            .map(t => t.innerText.trim()).filter(Boolean);
+      v = [...w.querySelectorAll('[data-tag-index]')].map(t => t.getAttribute('aria-label'));
     else v = input ? input.value : null;
     out[label] = v;
   }
