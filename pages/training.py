@@ -220,6 +220,19 @@ def needed(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
     return train_gpus_needed(CHOICES[choice], gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
 
 
+MANY_GPUS = 1 << 20  # calc's largest count: every sharded term is ~0 there
+
+
+@c.cached(max_entries=256)
+def never_fits(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bool:
+    """True when no number of GPUs fits: at 2^20 GPUs the sharded states are next to nothing,
+    so what is left is one replica's activations, which more GPUs of this layout never split."""
+    k = dict(kw)
+    t = k.pop("tp")
+    return training_step(CHOICES[choice], batch, s, gpus=MANY_GPUS // t * t, tp=t,
+                         **k).peak_bytes > gpu_bytes
+
+
 def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
     """Which attention trains a Llama-2-7B / Llama-3-8B at s = 32,768, B = 1, bf16 on one
     H200 or H100: predicted peak (with and without checkpointing) and, where bundled, the
@@ -399,14 +412,19 @@ fit_rows = []
 for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
     s_max = longest(choice, gpu_bytes, batch, ka)
-    n_need = needed(choice, gpu_bytes, batch, seq_len,
-                    tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt,
-                                      optimizer=opt, sharding="zero3" if shard == "none" else shard,
-                                      tp=tp).items())))
+    ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
+                                sharding="zero3" if shard == "none" else shard, tp=tp).items()))
+    n_need = needed(choice, gpu_bytes, batch, seq_len, ka_need)
+    if n_need:
+        need_text = f"{n_need:,}"
+    elif never_fits(choice, gpu_bytes, batch, seq_len, ka_need):
+        need_text = "never fits: one replica's activations alone exceed the GPU"
+    else:
+        need_text = "more than 1,024"
     fit_rows.append({"attention": TRAIN_ATTENTION_LABELS[a],
                      "longest trainable context on this layout": f"{s_max:,}" if s_max else "none",
                      f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
-                         f"{n_need:,}" if n_need else "more than 1,024"})
+                         need_text})
 st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
 c.table(pd.DataFrame(fit_rows), hide_index=True)
 
