@@ -96,6 +96,10 @@ m3.metric("Longest context of one request (tokens)", f"{cap.max_context:,}",
           help=f"{c.COMPUTED}: exact search, as vLLM's estimate_max_model_len.")
 if cap.kv_pool_bytes == 0:
     st.error("Nothing is left for the KV cache: weights, activations and overheads exceed the budget.", icon=":material/cancel:")
+elif cap.concurrent_sequences == 0:  # a pool, but not one whole request of s tokens in it
+    st.error(f"Not one request of {seq_len:,} tokens fits: it needs {c.fmt(cap.bytes_per_sequence, unit)} "
+             f"of KV cache and the pool holds {c.fmt(cap.kv_pool_bytes, unit)}. The longest request "
+             f"that fits is {cap.max_context:,} tokens.", icon=":material/cancel:")
 if cap.headroom_bytes < 0:
     st.warning("CUDA graphs do not fit in the memory left outside the budget: lower gpu_memory_utilization.")
 
