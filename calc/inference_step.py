@@ -113,6 +113,7 @@ PHASES: tuple[str, ...] = (
     "prefill: final norm",
     "decode: cache update of the last layer",
     "decode: attention of the last layer",
+    "decode: logits of the step",
 )
 _GEMMA = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 #: MoE routers whose top-k weights stay fp32 (modeling_deepseek_v2.py / _v3.py: the gate's
@@ -246,7 +247,7 @@ def inference_step(
                 int(dtype_bytes(act)), dtype_bytes(dtype_name(kv_dtype)))
     weights = weight_bytes(model, weight_dtype)
     static = cache == "static"
-    total = s + n  # generate's max_length: a static cache's size
+    total = s + n - 1  # a static cache's slots: the last new token is never fed back
     fixed = CUBLAS_WORKSPACE_BYTES
 
     phases: dict[str, list[tuple[str, str, int]]] = {}
@@ -544,10 +545,13 @@ def _decode_moments(model: ModelConfig, sh: _Shape, attention: str, s: int, n: i
     tokens = s + n - 1
     kv = _cache_state(model, sh, tokens - 1, total, static, decoding=True)
     t = sh.b
-    logits = [("logits", "last-position logits (e) and generate's fp32 copy and scores",
-               sh.b * model.vocab_size * (sh.e + 4 + 4))]
+    bv = sh.b * model.vocab_size
+    # generate()'s loop (generation/utils.py _sample) keeps the previous step's fp32 copy of
+    # the logits and the processed scores (a logits processor clones them: min_new_tokens'
+    # does, as the measurement uses) in its locals until the new ones replace them.
+    prev = [("logits", "previous step's fp32 logits copy and processed scores", 8 * bv)]
     base = [("inputs", "generated ids, attention mask (int64)", 8 * 2 * sh.b * (tokens + 1)),
-            ("hidden states", "hidden states of the step", 3 * t * sh.h * sh.e)] + logits
+            ("hidden states", "hidden states of the step", 3 * t * sh.h * sh.e)] + prev
     full, sliding = _layers(model)
     layer_new = _layer_cache(model, sh, total if static else tokens)
     cache = [("KV cache", "KV cache of every layer", sum(kv.values()))]
@@ -558,6 +562,12 @@ def _decode_moments(model: ModelConfig, sh: _Shape, attention: str, s: int, n: i
         upd = [("KV cache", "the last layer's new cache tensors beside the old ones",
                 layer_new // 2 + grow)]
     out = [(PHASES[4], base + cache + upd)]
+    # The step's logits: the bf16 last-position logits, the new fp32 copy and scores beside the
+    # previous ones; every layer's cache at its new length.
+    full_cache = [("KV cache", "KV cache of every layer after the step",
+                   sum(_cache_state(model, sh, tokens, total, static, decoding=True).values()))]
+    out.append((PHASES[6], base + full_cache + [
+        ("logits", "the step's logits (e), fp32 copy and processed scores", bv * (sh.e + 8))]))
     masked = static  # a static cache's decode passes a mask
     keys = total if static else tokens
     att = (_attention_side(model, sh, attention, t, 1, keys, masked)
