@@ -86,7 +86,7 @@ def test_moments_and_parts() -> None:
     decode = inference_step(calc.MODELS["Llama 3.2 1B"], 64, 128, 512, attention="sdpa")
     assert decode.peak_phase.startswith("decode") and decode.decode_peak_bytes == decode.peak_bytes
     static = inference_step(LLAMA, 1, 4096, 512, attention="sdpa", cache="static")
-    assert static.kv_cache_bytes == calc.kv_cache_bytes(LLAMA, 1, 4096 + 512, "bf16")
+    assert static.kv_cache_bytes == calc.kv_cache_bytes(LLAMA, 1, 4096 + 512 - 1, "bf16")
 
 
 def test_longest_prompt_is_exact() -> None:
