@@ -78,12 +78,21 @@ def _memory(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
            "active_params": calc.active_param_count(model), "batch": a.batch,
            "seq_len": a.seq_len, "impl": a.impl, "weights_bytes": mm.weights_bytes,
            "kv_cache_bytes": mm.kv_cache_bytes, "attention_bytes": mm.attention_bytes,
+           "prefill_bytes": mm.prefill_bytes, "peak_phase": mm.peak_phase,
+           "peak_parts": dict(mm.inference.parts) if mm.inference else {},
+           "total_is_lower_bound": mm.total_is_lower_bound, "not_modelled": mm.not_modelled,
            "state_bytes": state,
            "total_bytes": total, "gpu": a.gpu, "gpu_bytes": gpu,
            "fits": total <= gpu, "gpus_needed": calc.gpus_needed(total, gpu),
            "longest_context": calc.model_max_seq_len(model, max(gpu - state, 0), a.batch,
                                                      a.weight_dtype, a.kv_dtype, a.act_dtype,
                                                      a.impl)}
+    # The total is generate()'s prefill peak (calc.inference_step); a length past the context
+    # the model was trained for is flagged, not silently offered.
+    trained = model.max_position_embeddings
+    out["trained_context"] = trained
+    out["seq_len_past_trained_context"] = bool(trained and a.seq_len > trained)
+    out["longest_context_past_trained_context"] = bool(trained and out["longest_context"] > trained)
     if model.is_mla:
         out["kv_cache_expanded_bytes"] = mla_expanded_kv_bytes(model, a.batch, a.seq_len,
                                                                a.kv_dtype)

@@ -319,8 +319,13 @@ def predict(cfg: InferConfig, config_dict: dict[str, Any]) -> tuple[dict[str, An
         m = fn(model, cfg.batch, cfg.prompt_len, cfg.new_tokens, attention=cfg.attention,
                weight_dtype="bf16", kv_dtype="bf16", cache=cfg.cache,
                prefill_chunk=cfg.prefill_chunk)
+        # The prefill run (step 4) makes one token: its own prediction (a static cache is
+        # sized by the tokens asked for, so N matters even before the first decode step).
+        one = m if cfg.new_tokens == 1 else fn(
+            model, cfg.batch, cfg.prompt_len, 1, attention=cfg.attention, weight_dtype="bf16",
+            kv_dtype="bf16", cache=cfg.cache, prefill_chunk=cfg.prefill_chunk)
         return {"predicted_peak_bytes": int(m.peak_bytes),
-                "predicted_prefill_peak_bytes": int(m.prefill_peak_bytes),
+                "predicted_prefill_peak_bytes": int(one.peak_bytes),
                 "predicted_cache_bytes": int(m.kv_cache_bytes),
                 "predicted_peak_phase": str(m.peak_phase)}, ""
     except Exception as exc:  # noqa: BLE001 - a failed prediction never costs the measurement
@@ -959,6 +964,41 @@ REFERENCE_BLOCKS: tuple[tuple[str, tuple[str, ...], tuple[int, ...], int, int, s
 )
 
 
+#: Added after the first H200 run (session of 2026-12-01): torch's own SDPA choice where a
+#: forced backend found no kernel (every mask: static caches, prefill chunks after the first,
+#: windows shorter than the prompt; the memory-efficient backend under enable_gqa), the
+#: decode-dominated shapes, and our kernel's first row again with its full-shape warm-up.
+SDPA_BLOCKS: tuple[tuple[str, tuple[str, ...], tuple[int, ...], int, int, str, int | None],
+                   ...] = (
+    ("llama3.1-8b", ("sdpa",), (4096, 16384), 1, 8, "static", None),
+    ("llama3.1-8b", ("sdpa",), (8192, 32000), 1, 8, "dynamic", 2048),
+    ("llama3.1-8b", ("sdpa",), (32000,), 1, 8, "static", 2048),
+    ("llama3.1-8b", ("sdpa",), (5000,), 2, 32, "dynamic", None),
+    ("mistral-7b", ("sdpa",), (12000,), 1, 8, "dynamic", None),
+    ("mistral-7b", ("sdpa",), (12000,), 1, 8, "static", None),
+    ("mistral-7b", ("sdpa",), (12000,), 1, 8, "dynamic", 2048),
+    ("gemma3-27b-12l", ("sdpa",), (4096, 16384), 1, 8, "dynamic", None),
+    ("gemma3-27b-12l", ("sdpa",), (3000,), 2, 8, "dynamic", None),
+    ("gemma3-27b-12l", ("sdpa",), (4096,), 1, 8, "static", None),
+    ("gemma3-27b-12l", ("sdpa",), (16384,), 1, 8, "dynamic", 2048),
+    ("qwen3-30b-a3b-8l", ("sdpa",), (6000,), 2, 16, "dynamic", None),
+    ("deepseek-v2-lite", ("sdpa",), (8192,), 1, 8, "dynamic", None),
+    ("qwen2.5-7b", ("sdpa",), (7777,), 3, 8, "dynamic", None),
+    ("llama3.2-1b", ("triton",), (1000,), 1, 8, "dynamic", None),
+    ("llama3.2-1b", ("sdpa", "eager"), (128,), 64, 512, "dynamic", None),
+    ("llama3.2-1b", ("sdpa",), (128,), 64, 512, "static", None),
+)
+
+
+def sdpa_plan() -> list[InferConfig]:
+    """``SDPA_BLOCKS`` alone (about 3 minutes of an H200)."""
+    plan: list[InferConfig] = []
+    for model, attentions, lens, batch, new, cache, chunk in SDPA_BLOCKS:
+        plan += expand([model], lens, attentions, caches=[cache], prefill_chunks=[chunk],
+                       batch=batch, new_tokens=new)
+    return plan
+
+
 def reference_plan() -> list[InferConfig]:
     """The H200 reference sweep (issue 29, item 5): ``REFERENCE_BLOCKS`` in order, each block's
     prompts short to long; about 7 minutes of an H200 (estimated: two prefills per row at about
@@ -972,10 +1012,11 @@ def reference_plan() -> list[InferConfig]:
     for model, attentions, lens, batch, new, cache, chunk in REFERENCE_BLOCKS:
         plan += expand([model], lens, attentions, caches=[cache], prefill_chunks=[chunk],
                        batch=batch, new_tokens=new)
-    return plan
+    return plan + sdpa_plan()
 
 
-PLANS: dict[str, Callable[[], list[InferConfig]]] = {"h200": reference_plan}
+PLANS: dict[str, Callable[[], list[InferConfig]]] = {"h200": reference_plan,
+                                                      "h200-sdpa": sdpa_plan}
 
 
 # --------------------------------------------------------------------------------------------
