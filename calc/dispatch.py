@@ -25,7 +25,10 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   programs for 132 SMs). The rules stay GPU-free: on other GPUs, or where the Gluon kernel
   cannot take the inputs (layouts, s_q % 4, a sliding window), the Triton backward runs the same
   path (atomic dQ, no split), so the buffers, and the peak model, are the same everywhere; the
-  Triton backward's speed there is not measured.
+  Triton backward's speed there is not measured. One difference: the Gluon kernel's fp32 dQ
+  buffer holds s_q rounded up to its query block (`sm90_dq_rows`: 64 rows at d = 128, 128 at
+  d = 64), which calc.peak counts in this region; where the Triton backward runs there instead
+  it allocates s_q rows, less by under B·H·128·d·4 bytes (none when s_q is a multiple).
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ SM90_MIN_SEQ = 4096
 SM90_MIN_PROGRAMS = 256
 #: The Gluon backward's key block (bwd_sm90.BLOCK_N).
 SM90_KEY_BLOCK = 128
+#: The Gluon backward's query block per head dim (bwd_sm90.TILES): its flat fp32 dQ buffer
+#: holds s_q rounded up to it (`sm90_dq_rows`).
+SM90_QUERY_BLOCK = {64: 128, 128: 64}
 
 
 def sm90_region(batch: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
@@ -63,6 +69,14 @@ def sm90_region(batch: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
     docstring). 16-bit, d = 64 or 128, s_q ≥ 4,096 and B·H_kv·⌈s_k/128⌉ ≥ 256."""
     return (elem_bytes == 2 and head_dim in ATOMIC_HEAD_DIMS and s_q >= SM90_MIN_SEQ
             and batch * kv_heads * _cdiv(s_k, SM90_KEY_BLOCK) >= SM90_MIN_PROGRAMS)
+
+
+def sm90_dq_rows(s_q: int, head_dim: int) -> int:
+    """Query rows per (batch, head) of the Gluon backward's flat fp32 dQ buffer: s_q rounded up
+    to its query block (bwd_sm90.dq_buffer_rows), since each block's partials take whole
+    4,096-float tiles (FA4's dQ staging, kernels/flash/NOTES.md step 14)."""
+    bm = SM90_QUERY_BLOCK[head_dim]
+    return _cdiv(s_q, bm) * bm
 
 
 def _triton_split(batch: int, heads: int, kv_heads: int, s_k: int) -> int:

@@ -458,10 +458,15 @@ def _triton(sh: _Shape) -> list[Step]:
     if split > 1:
         steps.append(_a(f"partial dk, dv of the GQA group split over {split} programs "
                         "(B·H_kv·⌈s/128⌉ < 1,024)", split * sh.kv_bytes(), split * sh.kv_bytes()))
-    if dispatch.atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, dtype_bytes(sh.dtype)):
-        steps.append(_a("fp32 dq buffer of the atomic-dQ backward (d = 64 or 128: s ≥ 4,096 "
-                        "with B·H_kv·⌈s/128⌉ ≥ 256, or s > 2,048 with B·H_kv·S·⌈s/d⌉ ≥ 2,048)",
-                        sh.out_bytes(4)))
+    e = dtype_bytes(sh.dtype)
+    if dispatch.sm90_region(sh.b, sh.h_kv, sh.s, sh.s, sh.d, e):
+        rows = dispatch.sm90_dq_rows(sh.s, sh.d)
+        steps.append(_a(f"fp32 dq buffer of the Hopper backward (s rounded up to "
+                        f"{dispatch.SM90_QUERY_BLOCK[sh.d]}: s ≥ 4,096 with B·H_kv·⌈s/128⌉ ≥ 256)",
+                        ceil_bytes(sh.b * sh.h * rows * sh.d * 4)))
+    elif dispatch.atomic_dq(sh.b, sh.h, sh.h_kv, sh.s, sh.s, sh.d, e):
+        steps.append(_a("fp32 dq buffer of the atomic-dQ backward (d = 64 or 128: s > 2,048 "
+                        "with B·H_kv·S·⌈s/d⌉ ≥ 2,048)", sh.out_bytes(4)))
     steps.append(_a("dq", sh.out_bytes()))
     return steps
 
@@ -765,7 +770,9 @@ def attention_peak_bytes(
       128 (flash_api.cpp mha_bwd), GQA + 2·O.
     - triton (ours): forward O + LSE; forward+backward O + dq + dk + dv + 2·LSE, + fp32 dq
       (B·H·s·d·4) for 16-bit inputs at d = 64 or 128 with s > 2,048 and B·H_kv·S·⌈s/d⌉ ≥
-      2,048, where its backward adds dQ with atomics (kernels/flash/bwd.py), + partial
+      2,048, where its backward adds dQ with atomics (kernels/flash/bwd.py); in the Hopper
+      region (`calc.dispatch.sm90_region`) that buffer holds s rounded up to the Gluon
+      backward's query block (`calc.dispatch.sm90_dq_rows`: 64 at d = 128, 128 at d = 64), + partial
       dk, dv 2·S·B·H_kv·s·d·e where GQA splits each group over S > 1 programs
       (`calc.dispatch.kv_split`).
     - fa4 (FlashAttention-4, sm90): forward O; forward+backward O + LSE + dq + dk + dv +

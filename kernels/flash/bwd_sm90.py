@@ -35,9 +35,10 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
       dK_w += dS^T Q                             (dS^T from registers; issued after dQ's
                                                    product, it runs while the warpgroup stores
                                                    dQ^T: FA3's and FA4's order)
-      dQ^T half -> shared memory (fp32) -> one bulk reduce-add into an fp32 buffer of dQ^T
-                                                  (B, H, d, s_q), scaled, cast and transposed
-                                                  at the end
+      dQ^T half -> shared memory (fp32, in register order) -> one bulk reduce-add into
+                                                  the block's 4,096 floats of an fp32 buffer
+                                                  (`flat_tile`), decoded, scaled and cast at
+                                                  the end (`_flat_cast_kernel`)
 
   The dQ product runs with M = d or d / 2 (``dQ^T``, FA3's "dQ_swapAB") so that the two
   warpgroups can split its output without the 64-row minimum of a warpgroup MMA: at d = 128
@@ -53,13 +54,15 @@ diagonal run with the mask ``query >= key``; a key block that crosses the end of
 masks ``key < s_k`` on every step (the copy engine fills rows past s_k with zeros, whose
 scores 0 would otherwise get probability exp2(-lse2)). Query rows past s_q need no mask:
 the copy engine reads their Q, dO, lse2 and delta as zeros, so P = 1 there but dV gains
-P^T dO = 0 and dS = P (dP - delta) = 0, and it drops their dQ.
+P^T dO = 0 and dS = P (dP - delta) = 0, so their share of dQ is zero (it lands in the
+buffer's padding past s_q, which the final cast does not read).
 
-Two settings are compiled and tested but not yet the default, because they have not been
-timed on the GPU (NOTES.md steps 12e and 13; `kernels.bench.ab_bwd` times them): EARLY_STATS
-(lse2 and delta read before the MMA waits that precede their use, FA4's order) and DQ_FLAT
-(the dQ^T partial stored in register order into a buffer of its own layout, FA4's staging,
-with a small decoding cast at the end).
+dQ staging is FA4's (NOTES.md steps 13c and 14): each warpgroup's 64 x 64 fp32 partial goes
+to an unswizzled shared tile in register order (16-byte stores, no bank conflicts) and one
+bulk reduce-add per partial into a flat buffer, B * H * ceil(s_q / BLOCK_M) * BLOCK_M * d
+floats (s_q rounded up to the query block, `dq_buffer_rows`); 1.05-1.23x the backward alone
+against the swizzled dQ^T tile it replaced (H200, step 14). FA4's early lse/delta reads
+(EARLY_STATS) and a polynomial exp2 in the forward measured slower and are gone (step 14).
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
@@ -119,7 +122,7 @@ CONSUMER_REGS = gl.constexpr(240)  # registers per thread of the second consumer
 LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # (BLOCK_M, STAGES) per head dim: query rows per step and ring slots of Q and dO each.
 # Shared memory at d = 128: K, V 64 KiB; ring 2 * (16 + 16 + 0.5) KiB; dS 2 * 2 * 8 KiB;
-# dQ staging 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
+# dQ staging (flat) 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
 # 226 KiB, no faster: NOTES.md step 11). At d = 64 BLOCK_M = 128 (as FA3 and FA4 take it):
 # the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64: 113 KiB, 3-17% slower on
 # the H200, step 11), though it then spilled 100-240 bytes under Triton 3.6 where 64 spilled
@@ -134,19 +137,6 @@ KEY_MAJOR = {False: False, True: True}
 # N = BLOCK_M: 4 KiB per 16 keys for twice the work, a third less shared-memory traffic; its
 # staging tile's 256-byte rows go out as two copy-engine boxes). NOTES.md step 11.
 DQ_SPLIT_D = {64: False, 128: True}
-# Whether lse2 and delta are read from shared memory before the MMA waits that precede their
-# use (EARLY_STATS, FA4's order), by head dim. Compiled for sm_90 (MHA, Triton 3.6) it holds no
-# local memory in any loop at d = 128 and puts 80-96 local loads per step into the loops at
-# d = 64; not yet timed on the GPU (NOTES.md step 12e), so off until it is.
-EARLY_STATS = {64: False, 128: False}
-# Whether each warpgroup's dQ^T partial goes to the fp32 buffer in register order (DQ_FLAT,
-# FA4's dQ staging: 16-byte stores without bank conflicts into an unswizzled tile, one
-# bulk reduce-add per partial into 4,096 floats of its own, decoded by the final cast) instead
-# of through the swizzled dQ^T tile. Needs the 64 x 64 partial of the defaults (d = 128 split
-# by rows of d with BLOCK_M = 64; d = 64 split by queries with BLOCK_M = 128) and s_q a
-# multiple of BLOCK_M (else the tile form runs: same buffer, same bytes). Compiled for sm_90,
-# not yet timed (NOTES.md step 13), so off until it is.
-DQ_FLAT = {64: False, 128: False}
 
 
 @gluon.jit
@@ -189,14 +179,13 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
 
 @gluon.jit
 def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem,
-            delta_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, b, h, keys, s_k, qk_scale,
+            delta_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, keys, s_k, qk_scale,
             HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr,
-            DQ_FLAT: gl.constexpr):
+            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring).
-    ``dq_tile``: ((b * H + h) * n_m + m) * 2, the block's first partial in DQ_FLAT's buffer."""
+    ``dq_tile``: ((b * H + h) * n_m + m) * 2, the block's first partial in the flat dQ buffer."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HALF_M: gl.constexpr = BLOCK_M // 2
     DTYPE: gl.constexpr = q_smem.dtype
@@ -223,15 +212,10 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
     # The block's lse2 and delta per query column come from shared memory, (1, BLOCK_M) each,
     # broadcast over the keys. Rows past s_q read as zeros (lse2 = 0 makes P = 1 there), and
     # so do their Q and dO rows: S = dP = 0, so they add nothing to dV (dO = 0) or dS
-    # (P (dP - delta) = 0), and the copy engine drops their dQ. EARLY_STATS reads each while
-    # the products before its use are in flight (the first exp2 then need not wait for lse2:
-    # NOTES.md step 12e; 16 registers more are held across the S^T wait); otherwise each is
-    # read right where it is used.
-    if EARLY_STATS:
-        lse = lse_smem.index(slot).load(st_layout)
+    # (P (dP - delta) = 0), and their dQ is zero. Each is read right where it is used (read
+    # before the MMA waits, FA4's order, it measured 0.28x at d = 64: NOTES.md step 14).
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
-    if not EARLY_STATS:
-        lse = lse_smem.index(slot).load(st_layout)
+    lse = lse_smem.index(slot).load(st_layout)
 
     # ---- P^T, then dV_w += P^T dO (asynchronous; P^T from registers) ----------------------------
     pt = gl.exp2(st * qk_scale - lse)
@@ -242,12 +226,9 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
             visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
         pt = gl.where(visible, pt, 0.0)
     p16 = gl.convert_layout(pt.to(DTYPE), pa_layout)  # P^T as the A operand from registers
-    if EARLY_STATS:
-        delta = delta_smem.index(slot).load(st_layout)
     dv = warpgroup_mma(p16, do_t, dv, is_async=True)
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))  # dP^T landed; dV may still run
-    if not EARLY_STATS:
-        delta = delta_smem.index(slot).load(st_layout)
+    delta = delta_smem.index(slot).load(st_layout)
 
     # ---- dS^T = P^T (dP^T - delta), to shared memory (for dQ, both warpgroups' halves) ----------
     dst = (pt * (dpt - delta)).to(DTYPE)
@@ -287,34 +268,20 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
 
     # ---- dQ half -> shared memory -> one bulk reduce-add into the fp32 buffer ---------------------
     tma.store_wait(pendings=0)  # the previous block's reduce has read the staging tile
-    if DQ_FLAT:
-        # The (64, 64) accumulator goes out in register order (FA4's dQ staging): thread t of
-        # the warpgroup writes its 32 values as 8 chunks of 4, chunk c at float (128 c + t) * 4,
-        # so every store is a 16-byte vector and a warp's 32 stores fill 512 contiguous bytes
-        # (no bank conflict), and the buffer holds each (query block, half) as those 4,096
-        # floats (`flat_tile`; the final cast reads them back). In the accumulator's layout
-        # row r = 16 w + 8 h + i and column c = 8 j + 2 a + e, where w is the warp, i = lane
-        # // 4, a = lane % 4, and (j, h, e) the register: the reshape and permute below only
-        # rename those bits, so they move no data.
-        gl.static_assert(dqt.shape[0] == 64 and dqt.shape[1] == 64)
-        flat = dqt.reshape([4, 2, 8, 8, 4, 2]).permute((3, 0, 2, 4, 1, 5)).reshape([128, 32])
-        dq_t = dq_smem.index(HALF_ID)  # (128, 32) fp32, unswizzled
-        dq_t.store(flat)  # unscaled: the host's final cast multiplies by the softmax scale
-        fence_async_shared()
-        _tma_reduce_add(dq_desc, [(dq_tile + HALF_ID) * 128, 0], dq_t)
-    else:
-        # The buffer holds dQ^T, (B, H, d, s_q): the accumulator goes to shared memory as it lies
-        # in registers (vector stores into the swizzled tile; storing it transposed took one
-        # scalar store per element); a row of the tile is 128 bytes (one swizzle atom) split by
-        # queries, 256 split by rows of d (two atoms: two copy-engine boxes).
-        dq_t = dq_smem.index(HALF_ID)
-        dq_2d = dq_t.reshape([dq_t.shape[2], dq_t.shape[3]])  # (d, HALF_M) or (d / 2, BLOCK_M)
-        dq_2d.store(dqt)  # unscaled: the host's final cast multiplies by the softmax scale
-        fence_async_shared()
-        if DQ_SPLIT_D:
-            _tma_reduce_add(dq_desc, [b, h, HALF_ID * (HEAD_D // 2), start_m], dq_t)
-        else:
-            _tma_reduce_add(dq_desc, [b, h, 0, start_m + HALF_ID * HALF_M], dq_t)
+    # The (64, 64) accumulator goes out in register order (FA4's dQ staging): thread t of
+    # the warpgroup writes its 32 values as 8 chunks of 4, chunk c at float (128 c + t) * 4,
+    # so every store is a 16-byte vector and a warp's 32 stores fill 512 contiguous bytes
+    # (no bank conflict), and the buffer holds each (query block, half) as those 4,096
+    # floats (`flat_tile`; the final cast reads them back). In the accumulator's layout
+    # row r = 16 w + 8 h + i and column c = 8 j + 2 a + e, where w is the warp, i = lane
+    # // 4, a = lane % 4, and (j, h, e) the register: the reshape and permute below only
+    # rename those bits, so they move no data.
+    gl.static_assert(dqt.shape[0] == 64 and dqt.shape[1] == 64)
+    flat = dqt.reshape([4, 2, 8, 8, 4, 2]).permute((3, 0, 2, 4, 1, 5)).reshape([128, 32])
+    dq_t = dq_smem.index(HALF_ID)  # (128, 32) fp32, unswizzled
+    dq_t.store(flat)  # unscaled: the host's final cast multiplies by the softmax scale
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [(dq_tile + HALF_ID) * 128, 0], dq_t)
     dk, dsa = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dsa))
     mbarrier.arrive(empty.index(slot), count=1)  # this warpgroup is done with Q_i, dO_i
     return dk, dv
@@ -325,8 +292,7 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
               ds_smem,
               dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
               start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr, EARLY_STATS: gl.constexpr,
-              DQ_FLAT: gl.constexpr):
+              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
     (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
@@ -357,19 +323,18 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
                              zero, k_smem, v_smem, q_smem, do_smem,
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
-                             dq_desc, b, h,
+                             dq_desc,
                              keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, EARLY_STATS, DQ_FLAT)
+                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D)
             it += 1
         for m in range(mid, n_m):  # every key of the block visible to every row
             dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk, dv,
                              zero, k_smem, v_smem, q_smem, do_smem,
                              lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
                              ds_bar,
-                             dq_desc, b, h,
+                             dq_desc,
                              keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, EARLY_STATS,
-                             DQ_FLAT)
+                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D)
             it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
@@ -386,9 +351,8 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
 @gluon.jit(do_not_specialize=["s_q", "s_k"])
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
-    dq_desc,  # the zeroed fp32 buffer of dQ^T, (B, H, d, s_q) contiguous; tiles
-    # [1, 1, d, BLOCK_M / 2] (or [1, 1, d / 2, BLOCK_M] with DQ_SPLIT_D); with DQ_FLAT the same
-    # bytes as (B * H * n_m * 2 * 128, 32), tiles [128, 32] unswizzled (`flat_tile`)
+    dq_desc,  # the zeroed flat fp32 dQ buffer as (B * H * n_m * 2 * 128, 32), tiles [128, 32]
+    # unswizzled: partial u of query block m of (b, h) at rows ((b H + h) n_m + m) 2 + u (`flat_tile`)
     lse_desc, delta_desc,  # (B * H, s_q) fp32: the forward's lse2, and delta (`_stats_kernel`);
     # tiles [1, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
@@ -400,8 +364,6 @@ def attn_bwd_sm90_kernel(
     STAGES: gl.constexpr,  # ring slots of Q and of dO
     KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
-    EARLY_STATS: gl.constexpr,  # lse2 and delta read before the waits that precede their use
-    DQ_FLAT: gl.constexpr,  # dQ partials in register order into a flat buffer (`flat_tile`)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -463,12 +425,12 @@ def attn_bwd_sm90_kernel(
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D, EARLY_STATS, DQ_FLAT)),
+                      DQ_SPLIT_D)),
          (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
                       start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D, EARLY_STATS, DQ_FLAT)),
+                      DQ_SPLIT_D)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
                     k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
                     GROUP, start_n, lo, n_m, STAGES))],
@@ -477,14 +439,16 @@ def attn_bwd_sm90_kernel(
 
 # ---- delta = rowsum(dO * O) and the dQ buffer's zeroing: one small launch ------------------
 
-@triton.jit(do_not_specialize=["s_q"])
+@triton.jit(do_not_specialize=["s_q", "s_pad"])
 def _stats_kernel(Out, DO, DELTA, DQ_ACC,
                   stride_ob, stride_oh, stride_om,
                   stride_dob, stride_doh, stride_dom,
-                  H, s_q, HEAD_D: tl.constexpr, BLOCK: tl.constexpr):
+                  H, s_q, s_pad, HEAD_D: tl.constexpr, BLOCK: tl.constexpr):
     """For BLOCK rows of one (batch, head): DELTA[bh, row] = rowsum(dO * O) in fp32, (B * H, s_q),
-    and zeros into the same rows of the fp32 buffer of dQ^T, (B, H, d, s_q), which the backward
-    adds into (one launch, not two)."""
+    and zeros into BLOCK x d floats of (batch, head)'s share of the flat fp32 dQ buffer,
+    s_pad x d floats from bh * s_pad * d (s_pad = s_q rounded up to the backward's query
+    block, a multiple of BLOCK; the grid covers s_pad rows), which the backward adds into
+    (one launch, not two)."""
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -498,8 +462,8 @@ def _stats_kernel(Out, DO, DELTA, DQ_ACC,
                  + rows[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh.to(tl.int64) * s_q + rows, delta, mask=inside)
-    tl.store(DQ_ACC + (bh.to(tl.int64) * HEAD_D + offs_d[None, :]) * s_q + rows[:, None],
-             tl.zeros([BLOCK, HEAD_D], tl.float32), mask=mask)
+    tl.store(DQ_ACC + (bh.to(tl.int64) * s_pad + rows[:, None]) * HEAD_D + offs_d[None, :],
+             tl.zeros([BLOCK, HEAD_D], tl.float32))
 
 
 # ---- host side ------------------------------------------------------------------------------
@@ -507,14 +471,14 @@ def _stats_kernel(Out, DO, DELTA, DQ_ACC,
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 STATS_ROWS = 64
 # lse2/delta tiles [2, BLOCK_M] fp32 come unswizzled: they are read row by row, never by a MMA;
-# so do DQ_FLAT's [128, 32] staging tiles (a flat run of 16 KiB in register order)
+# so do the [128, 32] dQ staging tiles (a flat run of 16 KiB in register order)
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-FLAT_ROWS = 128  # a DQ_FLAT partial, 4,096 floats, as the copy engine's [128, 32] box
+FLAT_ROWS = 128  # a dQ partial, 4,096 floats, as the copy engine's [128, 32] box
 
 
 def flat_tile(part: torch.Tensor) -> torch.Tensor:
     """A warpgroup's 64 x 64 dQ^T partial (rows: its rows of d, or every row of d at d = 64;
-    columns: its queries) as DQ_FLAT stores it, (128, 32): the kernel's reshape and permute in
+    columns: its queries) as the kernel stores it, (128, 32): the kernel's reshape and permute in
     torch's (row-major) terms, which Gluon's follow. Tests build the flat buffer with it."""
     return part.reshape(4, 2, 8, 8, 4, 2).permute(3, 0, 2, 4, 1, 5).reshape(FLAT_ROWS, 32)
 
@@ -522,14 +486,15 @@ def flat_tile(part: torch.Tensor) -> torch.Tensor:
 @triton.jit(do_not_specialize=["s_q"])
 def _flat_cast_kernel(ACC, DQ, scale, s_q, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       SPLIT_D: tl.constexpr):
-    """dQ (B, H, s_q, d), contiguous, in DQ's dtype = scale x the DQ_FLAT buffer: program
+    """dQ (B, H, s_q, d), contiguous, in DQ's dtype = scale x the flat dQ buffer: program
     (m, bh) decodes the two 4,096-float partials of query block m of (batch, head) bh, tile
     (bh * n_m + m) * 2 + u (`flat_tile`: element (r, c) of a partial is float 512 (c // 8) +
     128 (r // 16) + 16 (r % 8) + 4 (c // 2 % 4) + 2 (r // 8 % 2) + c % 2). u is the half of
-    d (SPLIT_D, d = 128) or of the block's queries (d = 64). s_q is a multiple of BLOCK_M."""
+    d (SPLIT_D, d = 128) or of the block's queries (d = 64). n_m = ceil(s_q / BLOCK_M): rows
+    of the last block past s_q (the buffer's padding) are not written."""
     m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    n_m = s_q // BLOCK_M
+    n_m = (s_q + BLOCK_M - 1) // BLOCK_M
     qi = tl.arange(0, BLOCK_M)[:, None]  # query within the block
     dd = tl.arange(0, HEAD_D)[None, :]
     if SPLIT_D:
@@ -540,7 +505,8 @@ def _flat_cast_kernel(ACC, DQ, scale, s_q, HEAD_D: tl.constexpr, BLOCK_M: tl.con
              + 2 * (r // 8 % 2) + c % 2)
     acc = tl.load(ACC + ((bh * n_m + m) * 2 + u) * 4096 + inner)
     rows = m * BLOCK_M + qi
-    tl.store(DQ + (bh * s_q + rows) * HEAD_D + dd, (acc * scale).to(DQ.dtype.element_ty))
+    tl.store(DQ + (bh * s_q + rows) * HEAD_D + dd, (acc * scale).to(DQ.dtype.element_ty),
+             mask=rows < s_q)
 
 
 def _strides(t: torch.Tensor) -> list[int]:
@@ -571,7 +537,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor |
         return False
     if q.shape[0] * k.shape[1] >= 65536 or k.shape[2] > 65535 * BLOCK_N:
         return False
-    if q.shape[2] % 4:  # lse2, delta and dQ^T rows of s_q fp32: 16-byte strides for the copy engine
+    if q.shape[2] % 4:  # lse2 and delta rows of s_q fp32: 16-byte strides for the copy engine
         return False
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(idx)[0] != 9:
@@ -617,26 +583,31 @@ def _int_spec(x: int) -> tuple[bool, bool]:
     return x == 1, x % 16 == 0
 
 
+def dq_buffer_rows(s_q: int, d: int) -> int:
+    """Query rows of the flat fp32 dQ buffer per (batch, head): s_q rounded up to the query
+    block (TILES), as calc.dispatch.sm90_dq_rows counts them."""
+    bm = TILES[d][0]
+    return -(-s_q // bm) * bm
+
+
 def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
                             stages: int | None = None, block_m: int | None = None,
                             key_major: bool | None = None,
-                            dq_split_d: bool | None = None,
-                            early_stats: bool | None = None,
-                            dq_flat: bool | None = None):
+                            dq_split_d: bool | None = None):
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
     forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
 
-    Allocates what the Triton backward's atomic-dQ path allocates (bwd.attention_backward),
-    in its order, so that calc's peak model holds for either: delta (B * H, s_q) fp32, dK and
-    dV (contiguous), the fp32 buffer dQ is added into (here dQ^T, (B, H, d, s_q), zeroed by the
-    delta kernel; alive until the cast), then dQ. dQ is nondeterministic in its last bits (the
-    adds land in any order), as in FA2, FA3 and cuDNN.
+    Allocates in the order of the Triton backward's atomic-dQ path (bwd.attention_backward),
+    so that calc's peak model holds: delta (B * H, s_q) fp32, dK and dV (contiguous), the flat
+    fp32 buffer dQ is added into (B * H * `dq_buffer_rows` * d floats: s_q rounded up to the
+    query block, which calc.peak counts in the Hopper region; zeroed by the delta kernel; alive
+    until the cast), then dQ. dQ is nondeterministic in its last bits (the adds land in any
+    order), as in FA2, FA3 and cuDNN.
 
-    ``stages``, ``block_m``, ``key_major``, ``dq_split_d``, ``early_stats``, ``dq_flat``
-    override TILES, KEY_MAJOR, DQ_SPLIT_D, EARLY_STATS and DQ_FLAT (kernels.bench.ab_bwd
-    times the alternatives); ``dq_flat`` asked for with another partial than 64 x 64 is
-    refused (ValueError), and with s_q not a multiple of BLOCK_M takes the tile form.
+    ``stages``, ``block_m``, ``key_major``, ``dq_split_d`` override TILES, KEY_MAJOR and
+    DQ_SPLIT_D (kernels.bench.ab_bwd times the alternatives); a choice whose dQ^T partial per
+    warpgroup is not 64 x 64 (the flat staging's) is refused (ValueError).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
@@ -645,31 +616,30 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     st = stages or st
     km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
     sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
-    es = EARLY_STATS[d] if early_stats is None else bool(early_stats)
     part = (d // 2, bm) if sd else (d, bm // 2)  # a warpgroup's dQ^T partial
-    if dq_flat and part != (64, 64):
-        raise ValueError(f"dq_flat needs a 64 x 64 dQ^T partial per warpgroup (d = 128 split by "
-                         f"rows of d with block_m 64, or d = 64 split by queries with block_m "
-                         f"128); got d = {d}, block_m = {bm}, dq_split_d = {sd}")
-    fl = (DQ_FLAT[d] if dq_flat is None else bool(dq_flat)) and part == (64, 64) \
-        and s_q % bm == 0
+    if part != (64, 64):
+        raise ValueError(f"the Hopper backward's dQ staging needs a 64 x 64 dQ^T partial per "
+                         f"warpgroup (d = 128 split by rows of d with block_m 64, or d = 64 split "
+                         f"by queries with block_m 128); got d = {d}, block_m = {bm}, "
+                         f"dq_split_d = {sd}")
     if not _descriptor_ok(do):  # e.g. the expanded (stride-0) gradient of a sum()
         do = do.contiguous()
     if o.stride(3) != 1:  # the stats kernel reads rows of O with unit stride
         o = o.contiguous()
     lse2 = lse2.contiguous()
+    n_m = -(-s_q // bm)
+    s_pad = n_m * bm
     delta = common.empty(q, (B * H, s_q), torch.float32)
     dk = common.empty(k, k.shape)  # contiguous
     dv = common.empty(v, v.shape)
-    dq_acc = common.empty(q, (B, H, d, s_q), torch.float32)  # dQ^T
+    dq_acc = common.empty(q, (B * H * s_pad * d // 32, 32), torch.float32)  # flat partials
     so, sdo = o.stride(), do.stride()
     h_spec = _int_spec(H)
     STATS_LAUNCHER(
-        (-(-s_q // STATS_ROWS), B * H),
+        (s_pad // STATS_ROWS, B * H),
         ("stats", q.dtype, d, so[:3], sdo[:3], h_spec, o.data_ptr() % 16, do.data_ptr() % 16),
-        (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q),
+        (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad),
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
-    dq_block = (1, 1) + part
     n_kb = -(-s_k // BLOCK_N)
     grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
     gdt = _GL_DTYPES[q.dtype]
@@ -677,23 +647,19 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
     group = H // H_kv
     args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
             (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
-            ((dq_acc.view(-1, 32), (FLAT_ROWS, 32), STATS_LAYOUT) if fl
-             else (dq_acc, dq_block, _layout(gl.float32, dq_block))),
+            (dq_acc, (FLAT_ROWS, 32), STATS_LAYOUT),
             (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km,
-              "DQ_SPLIT_D": sd, "EARLY_STATS": es, "DQ_FLAT": fl, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, es, fl, h_spec, _int_spec(H_kv),
+              "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, h_spec, _int_spec(H_kv),
            _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
-    # the kernel adds K^T dS^T unscaled: one scale-cast (and transpose, or DQ_FLAT's decode) in
-    # fp32, written in the inputs' dtype, no temporary
-    if fl:
-        FLAT_CAST_LAUNCHER((s_q // bm, B * H), ("flat", q.dtype, d, bm, sd),
-                           (dq_acc, dq, scale, s_q),
-                           {"HEAD_D": d, "BLOCK_M": bm, "SPLIT_D": sd, "num_warps": 4})
-    else:
-        torch.mul(dq_acc.transpose(2, 3), scale, out=dq)
+    # the kernel adds K^T dS^T unscaled: one decode-scale-cast in fp32, written in the inputs'
+    # dtype, no temporary
+    FLAT_CAST_LAUNCHER((n_m, B * H), ("flat", q.dtype, d, bm, sd),
+                       (dq_acc, dq, scale, s_q),
+                       {"HEAD_D": d, "BLOCK_M": bm, "SPLIT_D": sd, "num_warps": 4})
     return dq, dk, dv
