@@ -4,8 +4,7 @@ against the kernel file as it was at another commit, in one process, on a GPU.
     python -m kernels.bench.ab_bwd [--variant NAME:KEY=VAL[,KEY=VAL...]]... [--against COMMIT]
         [--shapes H/H_KV/S/D/CAUSAL ...] [--rounds 3] [--fa4] [--skip-check]
 
-    e.g.  --variant early:early_stats=1            (NOTES.md step 12e)
-          --variant flat:dq_flat=1 --variant both:early_stats=1,dq_flat=1   (step 13)
+    e.g.  --variant s3:stages=3 --variant km:key_major=0
           --against HEAD~1                         (the committed kernel against the working tree)
 
 KEY is a keyword of `kernels.flash.bwd_sm90.attention_backward_sm90` that overrides one of its
@@ -42,7 +41,7 @@ import tempfile
 
 # The keywords a variant may set (attention_backward_sm90's overrides) and what each takes.
 SETTINGS = {"block_m": (64, 128), "stages": (2, 3, 4), "key_major": (0, 1),
-            "dq_split_d": (0, 1), "early_stats": (0, 1), "dq_flat": (0, 1)}
+            "dq_split_d": (0, 1)}
 # bf16, B = 1: issue 18's timing shapes, the ones NOTES.md step 12 measured.
 DEFAULT_SHAPES = ["32/32/4096/128/0", "32/32/4096/128/1", "32/32/16384/128/0",
                   "32/32/16384/128/1", "32/8/8192/128/1", "32/32/8192/64/1", "32/32/8192/64/0",
@@ -57,7 +56,7 @@ def parse_variant(text: str, settings: dict | None = None) -> tuple[str, dict[st
     name, sep, body = text.partition(":")
     if not sep or not name or not body:
         raise argparse.ArgumentTypeError(
-            f"variant must be NAME:KEY=VAL[,KEY=VAL...], e.g. early:early_stats=1; got {text!r}")
+            f"variant must be NAME:KEY=VAL[,KEY=VAL...], e.g. s3:stages=3; got {text!r}")
     if name in ("base", "tree", "fa4"):
         raise argparse.ArgumentTypeError(f"variant name {name!r} is taken (base, tree, fa4)")
     opts: dict[str, int] = {}

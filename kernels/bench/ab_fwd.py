@@ -4,7 +4,7 @@ process, on a GPU (the forward's twin of kernels.bench.ab_bwd).
     python -m kernels.bench.ab_fwd --variant NAME:KEY=VAL[,KEY=VAL...] [--variant ...]
         [--shapes B/H/H_KV/S/D/CAUSAL ...] [--rounds 3] [--fa4] [--skip-check]
 
-    e.g.  --variant emu1:exp2_emu=1 --variant emu2:exp2_emu=2      (NOTES.md step 13d)
+    e.g.  --variant s3:stages=3 --variant wg2:consumers=2
 
 KEY is a keyword of `kernels.flash.fwd_sm90.attention_forward_sm90` (`SETTINGS`), VAL a whole
 number. "base" is the forward as `kernels.flash.fwd.attention_forward` runs it by default at
@@ -35,7 +35,7 @@ from kernels.bench.ab_bwd import (
     summary,
 )
 
-SETTINGS = {"exp2_emu": (0, 1, 2, 3), "stages": (2, 3), "consumers": (2, 3)}
+SETTINGS = {"stages": (2, 3), "consumers": (2, 3)}
 # B/H/H_KV/S/D/CAUSAL, bf16: issue 18's forward shapes (d = 64 at 8,192, d = 128, B = 8 at 1,024)
 DEFAULT_SHAPES = ["1/32/32/8192/64/1", "1/32/32/8192/64/0", "1/32/32/4096/128/0",
                   "1/32/32/4096/128/1", "1/32/32/16384/128/0", "8/32/32/1024/128/1",

@@ -30,32 +30,24 @@ def _desc_type(dtype: str, gdt, rows: int, d: int) -> str:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
-                    dq_split_d: bool | None = None, mha: bool = False,
-                    early_stats: bool | None = None, dq_flat: bool | None = None):
+                    dq_split_d: bool | None = None, mha: bool = False):
     """The compiled kernel for one variant, with the signature the host side launches; ``mha``:
     GROUP = 1 as a constant, as the JIT specialises an integer argument equal to 1 (no GQA)."""
     gdt = _DT[dtype]
     dm = _desc_type(dtype, gdt, block_m, d)
     dn = _desc_type(dtype, gdt, b90.HALF_N, d)
     split_d = b90.DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
-    rows, cols = (d // 2, block_m) if split_d else (d, block_m // 2)
-    lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], b90.gl.float32)
-    dq = f"tensordesc<fp32[1, 1, {rows}, {cols}],{lay!r}>"  # the dQ^T buffer's tiles
-    flat = b90.DQ_FLAT[d] if dq_flat is None else bool(dq_flat)
-    if flat:  # the same buffer as (rows, 32) in register order (bwd_sm90.flat_tile)
-        dq = f"tensordesc<fp32[{b90.FLAT_ROWS}, 32],{b90.STATS_LAYOUT!r}>"
+    # the flat dQ buffer as (rows, 32) in register order (bwd_sm90.flat_tile)
+    dq = f"tensordesc<fp32[{b90.FLAT_ROWS}, 32],{b90.STATS_LAYOUT!r}>"
     ptr = f"*{dtype}"
     st = f"tensordesc<fp32[1, {block_m}],{b90.STATS_LAYOUT!r}>"  # lse2 and delta rows
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "DQ_SPLIT_D": "constexpr", "EARLY_STATS": "constexpr", "DQ_FLAT": "constexpr",
-           "num_warps": "constexpr"}
-    early = b90.EARLY_STATS[d] if early_stats is None else bool(early_stats)
+           "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
-              "DQ_SPLIT_D": split_d, "EARLY_STATS": early, "DQ_FLAT": flat,
-              "num_warps": b90.NUM_WARPS}
+              "DQ_SPLIT_D": split_d, "num_warps": b90.NUM_WARPS}
     if mha:
         sig["GROUP"], consts["GROUP"] = "constexpr", 1
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
@@ -63,13 +55,12 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
                           options={"num_warps": b90.NUM_WARPS})
 
 
-def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False,
-                early_stats: bool | None = None, dq_flat: bool | None = None) -> list:
+def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False) -> list:
     """The innermost loops of the default variant's SASS with their local loads and stores
     (kernels.bench.sass_loops.Loop), compiled as `run` does; raises if it does not compile."""
     loops: dict = {}
     (row,) = run(dims=(d,), dtypes=(dtype,), causals=(causal,), verbose=False, mha=mha,
-                 loops=loops, early_stats=early_stats, dq_flat=dq_flat)
+                 loops=loops)
     if row[-1] is not None:
         raise RuntimeError(row[-1])
     return loops[(dtype, d, causal)]
@@ -78,11 +69,10 @@ def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False,
 def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         causals=(False, True), block_m: int | None = None, stages: int | None = None,
         verbose: bool = True, dq_split_d: bool | None = None,
-        mha: bool = False, loops: dict | None = None,
-        early_stats: bool | None = None, dq_flat: bool | None = None) -> list[tuple]:
+        mha: bool = False, loops: dict | None = None) -> list[tuple]:
     """Compile every variant; returns rows (dtype, d, causal, BLOCK_M, stages, regs, spill
-    bytes, shared KiB, error or None). ``dq_split_d``, ``early_stats``, ``dq_flat`` None:
-    bwd_sm90.DQ_SPLIT_D's, EARLY_STATS's and DQ_FLAT's choice per d;
+    bytes, shared KiB, error or None). ``dq_split_d`` None: bwd_sm90.DQ_SPLIT_D's choice per d
+    (the flat dQ staging needs a 64 x 64 partial: other choices fail to compile);
     ``mha``: compiled for GROUP = 1 (compile_variant); ``loops``, when given, receives per
     (dtype, d, causal) the innermost loops of that kernel's SASS (kernels.bench.sass_loops)."""
     rows = []
@@ -92,8 +82,7 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
         for dtype in dtypes:
             for causal in causals:
                 try:
-                    ck = compile_variant(dtype, d, causal, bm, st, dq_split_d, mha,
-                                         early_stats, dq_flat)
+                    ck = compile_variant(dtype, d, causal, bm, st, dq_split_d, mha)
                 except Exception as e:  # report and go on with the next variant
                     rows.append((dtype, d, causal, bm, st, None, None, None,
                                  f"{type(e).__name__}: {str(e)[:3000]}"))
@@ -125,12 +114,6 @@ def main() -> int:
     ap.add_argument("--dq-split-d", type=int, choices=(0, 1), default=None,
                     help="dQ^T split between the warpgroups by rows of d (1) or by queries (0); "
                          "default: bwd_sm90.DQ_SPLIT_D per head dim")
-    ap.add_argument("--early-stats", type=int, choices=(0, 1), default=None,
-                    help="lse2 and delta read before the waits that precede their use (1) or "
-                         "where they are used (0); default: bwd_sm90.EARLY_STATS per head dim")
-    ap.add_argument("--dq-flat", type=int, choices=(0, 1), default=None,
-                    help="dQ^T partials stored in register order into a flat buffer (1) or "
-                         "through the swizzled tile (0); default: bwd_sm90.DQ_FLAT per head dim")
     ap.add_argument("--mha", action="store_true",
                     help="compile for GROUP = 1, as the JIT does when there is no GQA")
     ap.add_argument("--loops", action="store_true",
@@ -142,9 +125,7 @@ def main() -> int:
     split_d = None if args.dq_split_d is None else bool(args.dq_split_d)
     loops: dict | None = {} if args.loops else None
     rows = run(args.dims, args.dump, block_m=args.block_m, stages=args.stages,
-               dq_split_d=split_d, mha=args.mha, loops=loops,
-               early_stats=None if args.early_stats is None else bool(args.early_stats),
-               dq_flat=None if args.dq_flat is None else bool(args.dq_flat))
+               dq_split_d=split_d, mha=args.mha, loops=loops)
     if loops:
         print("dtype d causal loop_offset instructions HGMMA local_loads local_stores")
         for (dtype, d, causal), found in loops.items():

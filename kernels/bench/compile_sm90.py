@@ -1,7 +1,7 @@
 """Compile the Hopper (Gluon) forward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_sm90 [--dims 64 128] [--consumers 2|3] [--exp2-emu 0-3]
+    python -m kernels.bench.compile_sm90 [--dims 64 128] [--consumers 2|3]
         [--loops] [--dump DIR]
 
 Triton's compiler and ptxas run on the CPU; only launching needs the GPU. Spills or shared
@@ -44,7 +44,7 @@ def _ptxas_usage(ptx: str) -> tuple[str, str]:
 
 
 def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
-                    consumers: int = 2, exp2_emu: int = 0):
+                    consumers: int = 2):
     """The Gluon forward compiled for sm_90 as a launch with these settings compiles it."""
     lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.HALF_M, d], _DT[dtype])
     lay_n = k90.gl.NVMMASharedLayout.get_default_for([1, 1, block_n, d], _DT[dtype])
@@ -53,9 +53,9 @@ def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
     sig = {"q_desc": desc_m, "k_desc": desc_n, "v_desc": desc_n, "o_desc": desc_m,
            "LSE2": "*fp32", "H": "i32", "GROUP": "i32", "s_q": "i32", "s_k": "i32",
            "qk_scale": "fp32", "CAUSAL": "constexpr", "STAGES": "constexpr",
-           "num_warps": "constexpr", "CONSUMERS": "constexpr", "EXP2_EMU": "constexpr"}
+           "num_warps": "constexpr", "CONSUMERS": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": k90.NUM_WARPS,
-              "CONSUMERS": consumers, "EXP2_EMU": exp2_emu}
+              "CONSUMERS": consumers}
     src = GluonASTSource(k90.attn_fwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": k90.NUM_WARPS})
@@ -68,8 +68,6 @@ def main() -> int:
     ap.add_argument("--stages", type=int, nargs="+", default=None)
     ap.add_argument("--consumers", type=int, default=None, choices=[2, 3],
                     help="consumer warpgroups (default: the kernel's choice per head dim)")
-    ap.add_argument("--exp2-emu", type=int, default=None, choices=[0, 1, 2, 3],
-                    help="quarters of P by polynomial (default: fwd_sm90.EXP2_EMU per head dim)")
     ap.add_argument("--loops", action="store_true",
                     help="also print each innermost MMA loop of the SASS: instructions, HGMMA, "
                          "MUFU, local loads and stores (kernels.bench.sass_loops)")
@@ -83,9 +81,8 @@ def main() -> int:
             for dtype in ("fp16", "bf16"):
                 for causal in (False, True):
                     try:
-                        emu = k90.EXP2_EMU[d] if args.exp2_emu is None else args.exp2_emu
                         ck = compile_variant(dtype, d, causal, bn, st,
-                                             args.consumers or k90.CONSUMERS[d], emu)
+                                             args.consumers or k90.CONSUMERS[d])
                     except Exception as e:  # report and go on with the next variant
                         print(f"{dtype} {d} {causal} {bn} {st} FAILED: {type(e).__name__}: "
                               f"{str(e)[:2000]}")

@@ -55,10 +55,9 @@ each K/V block loaded serves 192 query rows instead of 128. ``flash_attention`` 
 default at d = 64 once both lengths exceed 2,048 (4,096 causal; `default_schedule`);
 ``KernelConfig(sm90=True, sm90_consumers=3)`` selects it at any length.
 
-A setting compiled and tested but not yet the default, because it has not been timed on the
-GPU (NOTES.md step 13d; `kernels.bench.ab_fwd` times it): EXP2_EMU, a quarter or more of each
-unmasked step's probabilities computed by a polynomial on the FMA units (`_exp2_poly`) instead
-of the exp2 unit, which at d = 64 is as busy as the tensor cores.
+Computing part of each step's probabilities by a polynomial on the FMA units instead of the
+exp2 unit (FA4's Blackwell exp2 emulation) measured 0.93-0.98x this forward with a quarter of
+them, 0.78-0.92x with half, on the H200, and is gone (NOTES.md steps 13d and 14).
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
 default at d = 128, and at d = 64 for long sequences). Everything else (and every other GPU)
@@ -116,18 +115,6 @@ CONSUMERS = {64: 2, 128: 2}
 # which keeps them (NOTES steps 6f and 7a).
 THREE_WG_MIN_LEN = {False: 2049, True: 4097}  # by causal
 THREE_WG_SCHEDULE = (3, 2)  # (consumer warpgroups, stages)
-# How many of the four 32-column quarters of each 128-key block's probabilities the unmasked
-# steps compute with a polynomial on the FMA units instead of the exp2 unit (`_exp2_poly`;
-# FA4 does this on Blackwell, `ex2_emulation`), by head dim. At d = 64 the exp2 unit's work per
-# step (64 exp2 per thread, 16 lanes per clock per SM) is as long as the tensor cores' (NOTES.md
-# step 13d), and the FMA units have room: 1 moves 16 of the 64 there. Compiled for sm_90, not
-# yet timed, so 0 until it is.
-EXP2_EMU = {64: 0, 128: 0}
-# 2^f on [-1/2, 1/2], degree 3, minimax in relative error (7.5e-5; bf16 and fp16 round P at
-# 3.9e-3 and 4.9e-4): coefficients of f^0 .. f^3, fitted here by the Remez exchange (NOTES.md
-# step 13d has the fit).
-EXP2_POLY = (0.9999280735404956, 0.6932609854573364, 0.24261112219433045, 0.05517166907486297)
-_P0, _P1, _P2, _P3 = (gl.constexpr(c) for c in EXP2_POLY)  # as the kernels read them
 
 
 def default_schedule(d: int, s_q: int, s_k: int, causal: bool) -> tuple[int, int] | None:
@@ -176,49 +163,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_r
 
 
 @gluon.jit
-def _exp2_poly(x):
-    """2^x for x <= 0 on the FMA and integer units: x = j + f with j = round(x) (the
-    1.5 * 2^23 shifter: adding it leaves j in the low mantissa bits), 2^f by the degree-3
-    polynomial EXP2_POLY, 2^j added into the exponent bits. Relative error below 1e-4 for
-    x >= -125; smaller x (far below any probability bf16 or fp16 keeps) give 2^-125."""
-    x = gl.maximum(x, -125.0)
-    t = x + 12582912.0
-    f = x - (t - 12582912.0)
-    p = _P3 * f + _P2
-    p = p * f + _P1
-    p = p * f + _P0
-    bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _exp2_mixed(x, EMU: gl.constexpr):
-    """exp2 of a (rows, 128) tile of the warpgroup-MMA layout, its last EMU 32-column quarters
-    by `_exp2_poly`, the rest by the exp2 unit. Columns 32 and 64 are register bits of that
-    layout (every thread holds columns c, c + 32, c + 64, c + 96), so the reshape, permute,
-    split and join below only rename registers (convert_layout asserts it)."""
-    gl.static_assert(x.shape[1] == 128)
-    ROWS: gl.constexpr = x.shape[0]
-    q = x.reshape([ROWS, 2, 2, 32]).permute((0, 3, 2, 1))  # (row, col % 32, col 32s, col 64s)
-    lo, hi = gl.split(q)  # columns 0-63 | 64-127
-    hi0, hi1 = gl.split(hi)  # 64-95 | 96-127
-    if EMU == 1:
-        hi = gl.join(gl.exp2(hi0), _exp2_poly(hi1))
-    else:
-        hi = gl.join(_exp2_poly(hi0), _exp2_poly(hi1))
-    if EMU == 3:
-        lo0, lo1 = gl.split(lo)
-        lo = gl.join(gl.exp2(lo0), _exp2_poly(lo1))
-    else:
-        lo = gl.exp2(lo)
-    y = gl.join(lo, hi).permute((0, 3, 2, 1)).reshape([ROWS, 128])
-    return gl.convert_layout(y, x.type.layout, assert_trivial=True)
-
-
-@gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr,
-                  DTYPE: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                  EXP2_EMU: gl.constexpr):
+                  DTYPE: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """One online-softmax step on raw scores s (rows, BLOCK_N) of key columns ``cols``.
 
     Returns P (input dtype, in the register layout the P.V product reads), the new row max,
@@ -235,10 +181,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr
     else:
         # max(scale * x) == scale * max(x) for scale > 0; scale * x - m is one FMA per score
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        if EXP2_EMU == 0:
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-        else:  # the masked steps above keep the exp2 unit: their -inf scores must give 0
-            p = _exp2_mixed(s * qk_scale - gl.expand_dims(m_new, 1), EXP2_EMU)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
     return gl.convert_layout(p.to(DTYPE), p_layout), m_new, l_i, alpha
@@ -248,7 +191,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout: gl.constexpr
 def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
               qk_scale, rows, cols, s_k, o_row: gl.constexpr, p_layout: gl.constexpr,
               DTYPE: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-              CAUSAL: gl.constexpr, EXP2_EMU: gl.constexpr):
+              CAUSAL: gl.constexpr):
     """Step j of a consumer's key loop: S_{j+1} and O += P_j V_j in flight together."""
     BLOCK_N: gl.constexpr = k_smem.shape[3]
     nxt = j + 1
@@ -261,7 +204,7 @@ def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_emp
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
     mbarrier.arrive(k_empty.index(nxt % STAGES), count=1)  # this warpgroup is done with K_{j+1}
     p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, nxt * BLOCK_N + cols,
-                                            s_k, p_layout, DTYPE, MASKED, CAUSAL, EXP2_EMU)
+                                            s_k, p_layout, DTYPE, MASKED, CAUSAL)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
     mbarrier.arrive(v_empty.index(j % STAGES), count=1)  # ... and with V_j
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row), 1)
@@ -271,7 +214,7 @@ def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_emp
 @gluon.jit
 def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
               v_empty, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-              CAUSAL: gl.constexpr, STAGES: gl.constexpr, EXP2_EMU: gl.constexpr):
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup: 64 query rows of the program's tile, over the key blocks the loader
     brings (module docstring). Stores its rows of O and lse2."""
     HALF: gl.constexpr = q_smem.shape[3]
@@ -316,20 +259,20 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
     mbarrier.arrive(k_empty.index(0), count=1)
     if n_full > 0:
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
-                                           DTYPE, False, CAUSAL, EXP2_EMU)
+                                           DTYPE, False, CAUSAL)
     else:
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, rows, cols, s_k, p_layout,
-                                           DTYPE, True, CAUSAL, EXP2_EMU)
+                                           DTYPE, True, CAUSAL)
 
     # ---- steps 0 .. n-2: unmasked next blocks first, then the diagonal / tail ones -------------
     for j in range(0, n_full - 1):
         s, p, acc, m_i, l_i = _key_step(
             j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, False, CAUSAL, EXP2_EMU)
+            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, False, CAUSAL)
     for j in range(gl.maximum(n_full - 1, 0), n_blocks - 1):
         s, p, acc, m_i, l_i = _key_step(
             j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, True, CAUSAL, EXP2_EMU)
+            qk_scale, rows, cols, s_k, o_row, p_layout, DTYPE, STAGES, True, CAUSAL)
 
     # ---- the last block's P.V, then normalise and store ----------------------------------------
     last = n_blocks - 1
@@ -358,18 +301,15 @@ def attn_fwd_sm90_kernel(
     STAGES: gl.constexpr,  # K and V buffers each
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
     CONSUMERS: gl.constexpr = 2,  # consumer warpgroups of 64 query rows (2, or 3 at d = 64)
-    EXP2_EMU: gl.constexpr = 0,  # 32-column quarters of P by polynomial, unmasked steps (0-3)
 ):
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
-    gl.static_assert(EXP2_EMU >= 0 and EXP2_EMU <= 3)
     _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale, CAUSAL,
-              STAGES, CONSUMERS, EXP2_EMU)
+              STAGES, CONSUMERS)
 
 
 @gluon.jit
 def _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale,
-              CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-              EXP2_EMU: gl.constexpr):
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
     """One program per (query tile, batch, head), the grid's two dims: the shared memory, the
     barriers, and the warp-specialised partitions."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
@@ -413,10 +353,10 @@ def _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale
         gl.warp_specialize(
             [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES, EXP2_EMU)),
+                          CAUSAL, STAGES)),
              (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES, EXP2_EMU)),
+                          CAUSAL, STAGES)),
              (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
                         v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
                         CONSUMERS))],
@@ -425,13 +365,13 @@ def _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale
         gl.warp_specialize(
             [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES, EXP2_EMU)),
+                          CAUSAL, STAGES)),
              (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES, EXP2_EMU)),
+                          CAUSAL, STAGES)),
              (_consumer, (2, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES, EXP2_EMU)),
+                          CAUSAL, STAGES)),
              (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
                         v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
                         CONSUMERS))],
@@ -527,13 +467,11 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 
 
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
-                           block_n: int | None = None, consumers: int | None = None,
-                           exp2_emu: int | None = None):
+                           block_n: int | None = None, consumers: int | None = None):
     """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as fwd.attention_forward returns them.
     ``qk_scale`` is the softmax scale times log2(e). Check `usable` first. ``stages`` and
     ``block_n`` default to `TILES`; ``consumers``: 2 (default, `CONSUMERS`) or 3 consumer
-    warpgroups of 64 query rows (3 only at d = 64); ``exp2_emu``: 0-3 quarters of P by
-    polynomial in the unmasked steps (default `EXP2_EMU`; above 0 only with block_n 128)."""
+    warpgroups of 64 query rows (3 only at d = 64)."""
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     bn, st = TILES[d]
@@ -542,18 +480,13 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     nc = CONSUMERS[d] if consumers is None else consumers
     if nc not in (2, 3) or (nc == 3 and d != 64):
         raise ValueError(f"sm90_consumers must be 2, or 3 at d = 64; got {nc} at d = {d}")
-    emu = EXP2_EMU[d] if exp2_emu is None else exp2_emu
-    if emu not in (0, 1, 2, 3) or (emu and bn != 128):
-        raise ValueError(f"exp2_emu must be 0, 1, 2 or 3 (quarters of a 128-key block), and 0 "
-                         f"unless block_n is 128; got {exp2_emu!r} with block_n = {bn}")
     o = common.empty(q, (B, H, s_q, d))  # q's dtype and device, contiguous
     lse2 = common.empty(q, (B, H, s_q), torch.float32)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
     group = H // H_kv
     args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), lse2,
             H, group, s_q, s_k, qk_scale)
-    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc,
-              "EXP2_EMU": emu}
-    key = (q.dtype, d, bn, st, bool(causal), nc, emu, _int_spec(H), _int_spec(group))
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc}
+    key = (q.dtype, d, bn, st, bool(causal), nc, _int_spec(H), _int_spec(group))
     LAUNCHER((-(-s_q // (nc * HALF_M)), B * H), key, args, consts)
     return o, lse2
