@@ -12,15 +12,15 @@ from kernels.bench import ab_bwd as ab
 
 
 def test_parses_a_variant() -> None:
-    assert ab.parse_variant("e:early_stats=1,stages=3") == ("e", {"early_stats": 1, "stages": 3})
+    assert ab.parse_variant("e:key_major=1,stages=3") == ("e", {"key_major": 1, "stages": 3})
 
 
 @pytest.mark.parametrize("bad, says", [
-    ("early_stats=1", "NAME:KEY=VAL"),  # no name
+    ("stages=3", "NAME:KEY=VAL"),  # no name
     ("e:", "NAME:KEY=VAL"),
     ("e:foo=1", "unknown setting 'foo'"),
     ("e:stages=9", "stages='9'"),
-    ("e:early_stats=yes", "early_stats='yes'"),
+    ("e:key_major=yes", "key_major='yes'"),
     ("e:block_m", "block_m=''"),
     ("base:stages=3", "taken"),
     ("fa4:stages=3", "taken"),
@@ -46,7 +46,7 @@ def test_needs_something_to_compare() -> None:
 
 
 def test_default_shapes_parse() -> None:
-    args = ab.parse_args(["--variant", "e:early_stats=1"])
+    args = ab.parse_args(["--variant", "e:stages=3"])
     assert len(args.shapes) == len(ab.DEFAULT_SHAPES)
     assert args.shapes[0] == (32, 32, 4096, 128, False) and args.rounds == 3
 
@@ -56,7 +56,7 @@ def test_loads_the_kernel_file_of_a_commit_as_its_own_module() -> None:
     mod = ab.load_at("HEAD")
     assert mod is not b90 and mod.attention_backward_sm90 is not b90.attention_backward_sm90
     assert mod.HEAD_DIMS == b90.HEAD_DIMS
-    cands = ab.candidates([("e", {"early_stats": 1})], mod)
+    cands = ab.candidates([("e", {"stages": 3})], mod)
     assert list(cands) == ["base", "tree", "e"]
     assert cands["base"] is mod.attention_backward_sm90
 
@@ -81,4 +81,4 @@ def test_refuses_to_run_without_a_gpu(monkeypatch) -> None:
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device"):
-        ab.main(["--variant", "e:early_stats=1"])
+        ab.main(["--variant", "e:stages=3"])

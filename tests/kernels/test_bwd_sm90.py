@@ -107,53 +107,6 @@ def test_gradients_match_reference(case, dtype):
         assert err <= 2 * base + FLOOR[dtype], f"{name}: max error {err:.3g}, eager {base:.3g}"
 
 
-# Settings not yet the default (NOTES.md steps 12e and 13), each against the reference. The
-# queries are multiples of BLOCK_M where DQ_FLAT should run (it takes the tile form otherwise:
-# the ragged case checks that fallback).
-SETTINGS = [{"early_stats": True}, {"dq_flat": True}, {"early_stats": True, "dq_flat": True}]
-SETTING_CASES = [
-    (2, 3, 3, 1024, 1024, 128, False),
-    (1, 4, 1, 1024, 1000, 128, True),  # GQA 4:1, ragged keys
-    (1, 2, 2, 2048, 2048, 128, True),
-    (2, 2, 2, 1024, 1024, 64, False),
-    (1, 8, 2, 1024, 1025, 64, True),  # GQA 4:1
-    (1, 4, 4, 1000, 1000, 128, True),  # queries not a multiple of 64: DQ_FLAT's fallback
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda o: "+".join(o))
-@pytest.mark.parametrize("case", SETTING_CASES,
-                         ids=lambda c: "B{}H{}kv{}q{}k{}d{}{}".format(*c[:6], "c" if c[6] else ""))
-def test_settings_match_reference(case, setting):
-    """A setting of the backward that is not its default gives the gradients within the same
-    rule as the default, bf16."""
-    reason = hopper_reason()
-    if reason:
-        pytest.skip(reason)
-    b90 = _sm90()
-    from kernels.flash.fwd import attention_forward
-
-    B, H, H_kv, s_q, s_k, d, causal = case
-    dtype = torch.bfloat16
-    torch.manual_seed(hash(case) % 2**31)
-    q = torch.randn(B, H, s_q, d, device="cuda", dtype=dtype)
-    k = torch.randn(B, H_kv, s_k, d, device="cuda", dtype=dtype)
-    v = torch.randn(B, H_kv, s_k, d, device="cuda", dtype=dtype)
-    do = torch.randn(B, H, s_q, d, device="cuda", dtype=dtype)
-    scale = 1.0 / math.sqrt(d)
-    o, lse2 = attention_forward(q, k, v, causal, scale)
-    with _poisoned_new_empty():
-        got = b90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale, **setting)
-    ref = _grads(q.double(), k.double(), v.double(), do.double(), causal, scale)
-    low = _grads(q, k, v, do, causal, scale)
-    for name, g, r, lo in zip(("dq", "dk", "dv"), got, ref, low, strict=True):
-        err = (g.double() - r).abs().max().item()
-        base = (lo.double() - r).abs().max().item()
-        assert math.isfinite(err), f"{name}: non-finite values (an unwritten element?)"
-        assert err <= 2 * base + FLOOR[dtype], f"{name}: max error {err:.3g}, eager {base:.3g}"
-
-
 def test_flat_tile_puts_each_element_where_the_cast_reads_it():
     """`flat_tile` (the kernel's reshape and permute, in torch) places element (r, c) of a
     64 x 64 partial at the float the final cast decodes: 512 (c // 8) + 128 (r // 16) +
@@ -181,10 +134,12 @@ _FLAT_CAST_CHILD = """
 import json, sys, torch
 from kernels.flash import bwd_sm90 as b90
 out = []
-for B, H, s_q, d, bm, split_d in [(1, 2, 128, 128, 64, True), (2, 1, 256, 64, 128, False)]:
+for B, H, s_q, d, bm, split_d in [(1, 2, 128, 128, 64, True), (2, 1, 256, 64, 128, False),
+                                  (1, 2, 100, 128, 64, True), (2, 1, 200, 64, 128, False)]:
     torch.manual_seed(0)
-    n_m = s_q // bm
-    dq_true = torch.randn(B * H, s_q, d)
+    n_m = -(-s_q // bm)
+    assert n_m * bm == b90.dq_buffer_rows(s_q, d)
+    dq_true = torch.randn(B * H, n_m * bm, d)  # rows past s_q: the buffer's padding
     acc = torch.empty(B * H * n_m * 2, b90.FLAT_ROWS, 32)
     for bh in range(B * H):
         for m in range(n_m):
@@ -195,16 +150,17 @@ for B, H, s_q, d, bm, split_d in [(1, 2, 128, 128, 64, True), (2, 1, 256, 64, 12
     dq = torch.empty(B, H, s_q, d, dtype=torch.float16)
     b90._flat_cast_kernel[(n_m, B * H)](acc, dq, 0.5, s_q, HEAD_D=d, BLOCK_M=bm,
                                         SPLIT_D=split_d)
-    want = (0.5 * dq_true).half().view(B, H, s_q, d)
+    want = (0.5 * dq_true[:, :s_q]).half().view(B, H, s_q, d)
     out.append([d, bool(torch.equal(dq, want))])
 print(json.dumps(out))
 """
 
 
 def test_flat_cast_decodes_the_flat_buffer_under_the_interpreter():
-    """The final cast of DQ_FLAT (`_flat_cast_kernel`, Triton's CPU interpreter in a child
-    process) returns scale x dQ in (B, H, s_q, d) from a buffer laid out by `flat_tile`, at
-    d = 128 (partials: halves of d) and d = 64 (partials: halves of the queries)."""
+    """The final cast (`_flat_cast_kernel`, Triton's CPU interpreter in a child process)
+    returns scale x dQ in (B, H, s_q, d) from a buffer laid out by `flat_tile`, at d = 128
+    (partials: halves of d) and d = 64 (partials: halves of the queries), with s_q a multiple
+    of the query block and not (the last block's padding rows are not written)."""
     _sm90()
     import json
     import subprocess
@@ -215,20 +171,33 @@ def test_flat_cast_decodes_the_flat_buffer_under_the_interpreter():
     res = subprocess.run([sys.executable, "-c", _FLAT_CAST_CHILD], capture_output=True,
                          text=True, env=env, cwd=root, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == [[128, True], [64, True]]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [
+        [128, True], [64, True], [128, True], [64, True]]
 
 
-def test_dq_flat_with_another_partial_is_refused_before_anything_runs():
-    """dq_flat asked for where a warpgroup's dQ^T partial is not 64 x 64 (here d = 128 split
-    by queries) is refused with the values named, before any allocation or launch (CPU tensors
-    get that far)."""
+def test_another_dq_partial_is_refused_before_anything_runs():
+    """Overrides that give a warpgroup a dQ^T partial other than the flat staging's 64 x 64
+    (here d = 128 split by queries) are refused with the values named, before any allocation
+    or launch (CPU tensors get that far)."""
     b90 = _sm90()
     q = torch.zeros(1, 1, 64, 128, dtype=torch.float16)
     lse2 = torch.zeros(1, 1, 64)
-    with pytest.raises(ValueError, match=r"dq_flat needs a 64 x 64.*d = 128, block_m = 64, "
+    with pytest.raises(ValueError, match=r"needs a 64 x 64.*d = 128, block_m = 64, "
                                          r"dq_split_d = False"):
-        b90.attention_backward_sm90(q, q, q, q, q, lse2, False, 0.1, dq_split_d=False,
-                                    dq_flat=True)
+        b90.attention_backward_sm90(q, q, q, q, q, lse2, False, 0.1, dq_split_d=False)
+
+
+def test_dq_buffer_rows_match_calc():
+    """The flat dQ buffer's rows per (batch, head) are what calc.peak counts in the Hopper
+    region (calc.dispatch.sm90_dq_rows): s_q rounded up to the query block of TILES."""
+    b90 = _sm90()
+    from calc import dispatch
+
+    for d in b90.HEAD_DIMS:
+        assert dispatch.SM90_QUERY_BLOCK[d] == b90.TILES[d][0]
+        for s_q in (4096, 4097, 4100, 4160, 8191, 16384):
+            assert b90.dq_buffer_rows(s_q, d) == dispatch.sm90_dq_rows(s_q, d)
+            assert dispatch.sm90_dq_rows(s_q, d) % b90.TILES[d][0] == 0
 
 
 @pytest.mark.gpu
@@ -299,27 +268,6 @@ def test_mha_specialisation_compiles_within_shared_memory():
     for _dtype, d, _causal, _bm, _st, _regs, _spills, shared, err in rows:
         assert err is None, f"d={d}: {err}"
         assert shared <= 227, f"d={d}: {shared:.1f} KiB of shared memory"
-
-
-@pytest.mark.parametrize("setting", ["early_stats", "dq_flat"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_settings_compile_within_shared_memory(d, setting):
-    """The settings not yet the default (EARLY_STATS, DQ_FLAT), as the JIT builds them without
-    GQA, compile for sm_90 within the 227 KiB a block may use, so that kernels.bench.ab_bwd can
-    time them. Spills are not asserted: EARLY_STATS with Triton 3.6 holds none in any loop at
-    d = 128 and 80-96 local loads per step at d = 64, with 3.9 16 in one masked loop at
-    d = 128 (NOTES.md step 12e); DQ_FLAT spills no more than the default (step 13)."""
-    _sm90()
-    from kernels.bench import compile_bwd_sm90 as cb
-
-    try:
-        rows = cb.run(dims=(d,), verbose=False, dtypes=("bf16",), causals=(True,), mha=True,
-                      **{setting: True})
-    except Exception as e:  # no ptxas / no sm_90 backend in this Triton: nothing to check
-        pytest.skip(f"sm_90 compile unavailable here: {type(e).__name__}: {e}")
-    ((_dtype, _d, _causal, _bm, _st, _regs, _spills, shared, err),) = rows
-    assert err is None, f"d={d}: {err}"
-    assert shared <= 227, f"d={d}: {shared:.1f} KiB of shared memory"
 
 
 @pytest.mark.gpu
