@@ -135,16 +135,24 @@ def breakdown(model: ModelConfig, mode: str, batch: int, seq_len: int, wd: str, 
     parts: dict[str, dict[str, int]] = {}
     if mode == "inference":
         state = state_bytes(model, batch, ad)
+        lower = ""
         for impl in runs:
             mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
+            # generate()'s prefill peak beyond weights and cache (calc.inference_step), or, where
+            # that is not modelled, one attention call (the total is then a lower bound).
             parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
-                           "attention": mm.attention_bytes}
+                           "attention": mm.total_bytes - mm.weights_bytes - mm.kv_cache_bytes}
+            lower = lower or mm.not_modelled
             if state:
                 parts[impl][STATE] = state
         return parts, {
             "weights": "parameter count × bytes per parameter",
             "KV cache": kv_formula(model),
-            "attention": "extra peak of one layer's attention call (calc.attention_peak_bytes)",
+            "attention": ("extra peak of one layer's attention call (calc.attention_peak_bytes); "
+                          f"a lower bound: {lower}") if lower else
+            ("the prompt's prefill peak beyond weights and cache: MLP intermediates, hidden "
+             "states, masks, one attention call, cuBLAS workspace (calc.inference_step, "
+             "generate() measured within 1% on an H200)"),
             STATE: state_formula(model),
         }
     for impl in runs:
@@ -252,8 +260,18 @@ with summary:
                     longest = None
                 shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
                 st.metric("Longest context (tokens)", shown,
-                          help="Exact integer search over s of weights + KV cache + attention"
+                          help="Exact integer search over s of generate()'s prefill peak"
                           + (" + recurrent state" if state else "") + " ≤ GPU memory (computed).")
+                trained = model.max_position_embeddings
+                if longest and trained and longest > trained:
+                    st.info(f"Past the {trained:,} tokens this model was trained for: the "
+                            "memory fits, the model may not work that far.",
+                            icon=":material/warning:")
+                elif longest == 0:
+                    st.info("Nothing fits: " + (
+                        "the weights alone exceed the GPU." if parts[impl]["weights"] > gpu_bytes
+                        else "the weights fit, but not a prompt of one token."),
+                        icon=":material/block:")
 
 fig = go.Figure()
 names = list(parts[NAIVE])
