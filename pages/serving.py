@@ -100,6 +100,12 @@ elif cap.concurrent_sequences == 0:  # a pool, but not one whole request of s to
     st.error(f"Not one request of {seq_len:,} tokens fits: it needs {c.fmt(cap.bytes_per_sequence, unit)} "
              f"of KV cache and the pool holds {c.fmt(cap.kv_pool_bytes, unit)}. The longest request "
              f"that fits is {cap.max_context:,} tokens.", icon=":material/cancel:")
+trained = model.max_position_embeddings
+if trained and cap.max_context > trained:  # vLLM itself refuses max_model_len past the config's
+    st.info(f"The KV pool holds {cap.max_context:,} tokens for one request, past the "
+            f"{trained:,} this model was trained for: vLLM caps max_model_len at the trained "
+            "context unless told otherwise, and the model may not work past it.",
+            icon=":material/warning:")
 if cap.headroom_bytes < 0:
     st.warning("CUDA graphs do not fit in the memory left outside the budget: lower gpu_memory_utilization.")
 
