@@ -1012,7 +1012,11 @@ def reference_plan() -> list[InferConfig]:
     for model, attentions, lens, batch, new, cache, chunk in REFERENCE_BLOCKS:
         plan += expand([model], lens, attentions, caches=[cache], prefill_chunks=[chunk],
                        batch=batch, new_tokens=new)
-    return plan + sdpa_plan()
+    # SDPA_BLOCKS' rows join their model's build (each model built once per attention, in the
+    # order of first appearance); a row in both lists runs once.
+    rows = {c.label(): c for c in plan + sdpa_plan()}
+    order = {k: i for i, k in reversed(list(enumerate(c.build_key() for c in rows.values())))}
+    return sorted(rows.values(), key=lambda c: order[c.build_key()])
 
 
 PLANS: dict[str, Callable[[], list[InferConfig]]] = {"h200": reference_plan,
