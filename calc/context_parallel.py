@@ -305,7 +305,12 @@ def _triton_kernel_bwd(rp: _Replay, sh: _Shape, len_q: int, len_k: int) -> None:
         rp.alloc("dk_out", lab, split * keys * e)
         rp.alloc("dv_out", lab, split * keys * e)
     if dispatch.atomic_dq(b, h, h_kv, len_q, len_k, d, e):
-        rp.alloc("dq32", "kernel backward: fp32 dq buffer of the atomic-dQ backward", rows * d * 4)
+        # The Hopper (Gluon) backward pads its flat fp32 dQ buffer to whole query blocks
+        # (calc.dispatch.sm90_dq_rows); the Triton atomic-dQ backward holds s_q rows.
+        dq_rows = (b * h * dispatch.sm90_dq_rows(len_q, d)
+                   if dispatch.sm90_region(b, h_kv, len_q, len_k, d, e) else rows)
+        rp.alloc("dq32", "kernel backward: fp32 dq buffer of the atomic-dQ backward",
+                 dq_rows * d * 4)
         rp.alloc("dq_b", "kernel backward: this step's dq", rows * d * e)
         rp.free("dq32")
     else:
