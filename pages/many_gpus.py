@@ -201,6 +201,15 @@ m2.metric(f"Longest trainable context on {world} × {gpu.split(' ')[1] if ' ' in
           help=f"{c.COMPUTED}: {model.name}, causal, batch 1, bf16, AdamW; calc.training_step "
                "on s/c tokens per GPU (FSDP over the c GPUs when sharded) with the ring's "
                "attention peaks in place of a plain call's (calc.max_context_parallel_seq_len).")
+trained = model.max_position_embeddings
+if trained and not pd.isna(ts) and int(ts) > trained:
+    st.info(f"The longest trainable context, {int(ts):,} tokens, is past the {trained:,} "
+            f"{model.name} was trained for: training that far also needs its positions "
+            "extended (e.g. a larger RoPE base), which the memory figure does not include.",
+            icon=":material/warning:")
+if trained and s > trained:
+    st.info(f"s = {s:,} is past the {trained:,} tokens {model.name} was trained for.",
+            icon=":material/warning:")
 m3.metric("Sent per GPU per attention call", c.fmt(comm.total_bytes, unit),
           help=f"{c.COMPUTED}: forward (c−1)·2·B·H_kv·(s/c)·d·e = {c.fmt(comm.forward_bytes, unit)}"
                f"; backward the same plus c·2·B·H_kv·(s/c)·d·4 (fp32 dK, dV) = "
