@@ -65,9 +65,13 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 #: vLLM's default max_num_seqs (requests scheduled at once) on large GPUs.
 DEFAULT_MAX_NUM_SEQS = 256
-#: Start-up log figures, see the module docstring.
-DEFAULT_NON_TORCH_BYTES = ceil_bytes(Fraction(33, 100) * GIB)
-DEFAULT_CUDA_GRAPH_BYTES = ceil_bytes(Fraction(36, 100) * GIB)
+_MIB = 2**20
+#: Start-up log figures, see the module docstring, rounded up to whole MiB: the Serving page
+#: takes both overheads in MiB and the command line in bytes, so a default that is not a whole
+#: number of MiB gave the two different numbers (0.33 GiB = 337.92 MiB: the page used 337 MiB,
+#: `attnmem serve` 354,334,802 bytes; issue 32). One default, the same on both.
+DEFAULT_NON_TORCH_BYTES = math.ceil(Fraction(33, 100) * GIB / _MIB) * _MIB  # 338 MiB
+DEFAULT_CUDA_GRAPH_BYTES = math.ceil(Fraction(36, 100) * GIB / _MIB) * _MIB  # 369 MiB
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 
