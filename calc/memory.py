@@ -22,7 +22,7 @@ from calc.fit import largest_fitting
 from calc.inference_step import InferenceMemory, inference_step
 from calc.kv import kv_cache_bytes
 from calc.models import ModelConfig, check_model
-from calc.params import weight_bytes
+from calc.params import CHECKPOINT, weight_bytes
 from calc.peak import attention_peak_bytes
 from calc.scores import score_matrix_bytes
 from calc.units import dtype_name
@@ -69,13 +69,18 @@ def model_memory(
 ) -> MemoryBreakdown:
     """Weights, KV cache and one layer's attention peak for a causal prefill of seq_len.
 
-    The three dtypes are names (calc.units.DTYPES or torch spellings), not byte counts.
+    The three dtypes are names (calc.units.DTYPES or torch spellings), not byte counts;
+    weight_dtype may also be "checkpoint": the weights as the checkpoint stores them
+    (calc.weight_bytes(model, "checkpoint"), which refuses a config that says neither a
+    quantization_config nor a torch_dtype).
     """
     check_model(model)
     for arg, value in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype),
                        ("act_dtype", act_dtype)):
         if not isinstance(value, str):
             raise ValueError(f"{arg} must be a dtype name such as 'bf16', got {value!r:.60}")
+        if arg == "weight_dtype" and value == CHECKPOINT:  # as stored: calc.weight_bytes says
+            continue
         try:
             dtype_name(value)
         except ValueError as err:
