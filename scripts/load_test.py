@@ -58,8 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from calc import format_gb, score_matrix_bytes  # noqa: E402
-from calc.units import short_len  # noqa: E402  (the sliders' labels, as the pages draw them)
+from calc import score_matrix_bytes  # noqa: E402
+from calc.units import format_bytes, short_len  # noqa: E402  (short_len: the sliders' labels)
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
@@ -124,8 +124,9 @@ def nearest_pow2(n: int) -> int:
 
 
 def expected_text(batch: int, heads: int, seq_len: int) -> str:
-    """The headline number of the score-matrix page (fp16, unit GB) for these inputs."""
-    return format_gb(score_matrix_bytes(batch, heads, seq_len, "fp16"))
+    """The headline number of the score-matrix page (fp16, unit GB) for these inputs: MB or KB
+    below 1 GB, as the page prints it (pages.common.fmt)."""
+    return format_bytes(score_matrix_bytes(batch, heads, seq_len, "fp16"), "GB")
 
 
 @dataclass
