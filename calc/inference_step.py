@@ -224,9 +224,10 @@ def inference_step(
     b = check_int("batch", batch, 1, MAX_BATCH)
     s = check_int("prompt_len", prompt_len, 1, MAX_SEQ_LEN)
     n = check_int("new_tokens", new_tokens, 1, MAX_SEQ_LEN)
-    if s + n > MAX_SEQ_LEN:
-        raise ValueError(f"prompt_len + new_tokens must be at most {MAX_SEQ_LEN:,}, got {s + n:,}")
     _check(model, attention, cache)
+    if act_dtype is not None and not (isinstance(act_dtype, str) and act_dtype):
+        raise ValueError(f"act_dtype must be None or a dtype name such as 'bf16', got "
+                         f"{act_dtype!r:.60}")
     checkpoint = weight_dtype == "checkpoint"  # as the checkpoint stores them (calc.quant)
     for name, value in (("weight_dtype", "bf16" if checkpoint else weight_dtype),
                         ("kv_dtype", kv_dtype), ("act_dtype", act_dtype or "bf16")):
