@@ -13,6 +13,7 @@ from pages.common import unit_switch
 st.set_page_config(page_title="Attention memory", page_icon=":material/grid_on:", layout="wide")
 
 PAGES = [
+    st.Page("pages/will_it_fit.py", title="Will it fit?", icon=":material/check_circle:", url_path="will_it_fit"),
     st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score_matrix", default=True),
     st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model_memory"),
     st.Page("pages/inference.py", title="Inference", icon=":material/output:", url_path="inference"),

@@ -1,0 +1,219 @@
+"""Will it fit? The one question most users bring, answered in one view.
+
+Thin page: model (a preset or a Hugging Face Hub id, pages/hub_model.py), GPU, task, context
+and batch -> pages/ui/fit.py, which asks the one calc function that answers the task
+everywhere else (inference: calc.inference_step; serving: calc.serving_capacity; training:
+calc.training_step) -> a verdict, the peak's parts and where it occurs, the longest context
+that fits, the GPUs needed, and links to the pages that explain each part.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from typing import Any  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+from streamlit.errors import StreamlitAPIException  # noqa: E402
+
+from calc import DEFAULT_GPU, DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from calc.units import DTYPE_ALIASES  # noqa: E402
+from pages import common as c  # noqa: E402
+from pages import hub_model as hub  # noqa: E402
+from pages.ui import fit  # noqa: E402
+from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+
+# The same specs as the pages that explain each task, so that values carry over between them.
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB)),
+    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "task": ChoiceParam("inference", fit.TASKS),
+    "b": IntParam(1, 1, 65_536),
+    "s": IntParam(8192, 1, MAX_SEQ_LEN),
+    "new": IntParam(128, 1, MAX_SEQ_LEN),
+    "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+}
+#: Pages that explain each task's parts: (file, title, icon, what it explains).
+LINKS: dict[str, list[tuple[str, str, str, str]]] = {
+    "inference": [
+        ("pages/inference.py", "Inference", ":material/output:",
+         "every part of generate()'s peak, prefill against decode, chunked prefill, measured rows"),
+        ("pages/model_memory.py", "Model memory", ":material/memory:",
+         "weights + KV cache + the prefill peak, eager against FlashAttention"),
+    ],
+    "serving": [
+        ("pages/serving.py", "Serving", ":material/dns:",
+         "vLLM's budget, KV blocks, concurrency and every setting"),
+        ("pages/many_gpus.py", "Many GPUs", ":material/hub:",
+         "a context longer than one GPU holds, split over a ring of GPUs"),
+    ],
+    "training": [
+        ("pages/training.py", "Training step", ":material/model_training:",
+         "every activation, each moment of the step, checkpointing, sharding, measured rows"),
+        ("pages/many_gpus.py", "Many GPUs", ":material/hub:",
+         "context parallelism: a training context split over a ring of GPUs"),
+    ],
+}
+ATTENTION_LINKS = [
+    ("pages/score_matrix.py", "Score matrix", ":material/grid_on:",
+     "why standard attention's s × s scores grow quadratically"),
+    ("pages/flash_explainer.py", "How FlashAttention works", ":material/bolt:",
+     "why FlashAttention needs so little memory"),
+]
+UNITS_LABEL = {"inference": "Prompt length s (tokens)", "serving": "Context per request s (tokens)",
+               "training": "Sequence length s (tokens)"}
+BATCH_LABEL = {"inference": "Batch (sequences)", "serving": "Concurrent requests",
+               "training": "Batch (sequences per step)"}
+
+
+def link(path: str, title: str, icon: str, what: str, query: dict[str, str]) -> None:
+    """st.page_link to another page of the app with this view's inputs; a plain link where
+    the page runs without the app's router (a page run on its own, as in AppTest)."""
+    try:
+        st.page_link(path, label=f"{title}: {what}", icon=icon, query_params=query)
+    except StreamlitAPIException:
+        st.markdown(f"[{title}](/{Path(path).stem}): " + c.md_escape(what))
+
+
+c.page_setup("will_it_fit")
+st.title("Will it fit?")
+st.markdown("**Does this model run this task at this context length on this GPU?** One answer, "
+            "from the same function the task's own page uses.")
+
+top = st.columns([2, 2, 2])
+choice = c.select("Model", "model", SPECS["model"], where=top[0])
+used: dict[str, Any] = dict(SPECS)
+if choice == hub.HUB:
+    model = hub.hub_model(where=top[0])
+    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
+        used[hub.KEY] = hub.SPEC
+    if model is None:
+        model = hub.fallback(MODELS[SPECS["model"].default])
+else:
+    model = MODELS[choice]
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+task = c.select("Task", "task", SPECS["task"], where=top[2], format_func=fit.TASK_LABELS.get,
+                help=fit.NOT_MODELLED)
+row = st.columns(3)
+batch = c.int_input(BATCH_LABEL[task], "b", SPECS["b"], where=row[0])
+new_tokens = 1
+if task == "inference":
+    new_tokens = c.int_input("New tokens", "new", SPECS["new"], where=row[1])
+else:
+    del used["new"]
+if task in ("inference", "serving"):
+    wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=row[2])
+else:
+    del used["wdtype"]
+    wd = "bf16"
+seq_len = c.seq_len_input(UNITS_LABEL[task], "s", SPECS["s"], hi_pow2=1 << 24)
+st.caption(fit.NOT_MODELLED)
+
+unit = c.get_unit()
+gpu_bytes = GPUS[gpu]
+trained = model.max_position_embeddings
+st.caption(f"**{c.md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
+           f"{model.num_kv_heads} KV heads, trained context "
+           f"{f'{trained:,} tokens' if trained else 'not stated'}; shapes from "
+           f"{c.md_escape(hub.source(model))}.")
+c.trained_context_note(model, seq_len)
+if trained and seq_len <= trained < seq_len + new_tokens - 1:  # the prompt fits, the answer not
+    st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
+            f"{trained:,} tokens this model was trained for.")
+
+if task == "inference":
+    v = fit.inference(model, gpu_bytes, batch, seq_len, new_tokens, wd)
+elif task == "serving":
+    v = fit.serving(model, gpu_bytes, batch, seq_len, wd)
+else:
+    v = fit.training(model, gpu_bytes, batch, seq_len)
+
+query = {"model": choice, "gpu": gpu, "s": str(seq_len), "b": str(batch)}
+if choice == hub.HUB and st.session_state.get(hub.KEY):
+    query[hub.KEY] = st.session_state[hub.KEY]
+if task == "inference":
+    query |= {"new": str(new_tokens), "wdtype": wd}
+elif task == "serving":
+    query = {k: x for k, x in query.items() if k != "b"} | {"wdtype": wd}
+elif choice not in MODELS or v.refused:  # the Training page offers the models it can count
+    del query["model"]
+
+if v.refused:  # calc does not model this model for this task: its reason, no numbers
+    st.error(c.md_escape(f"{fit.TASK_LABELS[task]} is not modelled for {model.name}: "
+                         f"{v.refused}"), icon=":material/block:")
+else:
+    for note in v.notes:
+        st.caption(c.md_escape(note))
+    limit_name = gpu if v.limit_bytes == gpu_bytes else f"vLLM's budget on the {gpu}"
+    if v.fits:
+        free = v.limit_bytes - v.peak_bytes
+        st.success(f"**Fits** on one {gpu}: peak {c.fmt(v.peak_bytes, unit)} of "
+                   f"{c.fmt(v.limit_bytes, unit)} ({limit_name}), {c.fmt(free, unit)} free. "
+                   f"Computed by {v.source}.", icon=":material/check_circle:")
+    else:
+        st.error(f"**Does not fit** on one {gpu}: peak {c.fmt(v.peak_bytes, unit)} against "
+                 f"{c.fmt(v.limit_bytes, unit)} ({limit_name}), "
+                 f"{c.fmt(v.peak_bytes - v.limit_bytes, unit)} over. Computed by {v.source}.",
+                 icon=":material/cancel:")
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Peak", c.fmt(v.peak_bytes, unit),
+              help=f"{c.COMPUTED}: {v.source}" + (f", attention {v.attention}" if v.attention else "")
+              + f"; at {v.where}.")
+    longest = ("none" if v.longest == 0 else
+               f"≥ {v.longest:,}" if v.longest_at_bound else f"{v.longest:,}")
+    m2.metric("Longest context that fits (tokens)", longest,
+              help=f"{c.COMPUTED}: {v.longest_source}, an exact integer search"
+              + (f" (it stops at {MAX_SEQ_LEN:,}, the longest calc accepts)" if v.longest_at_bound else "")
+              + ".")
+    if v.gpus is None:
+        shown = "not modelled"
+    elif v.gpus == 0:
+        shown = "never fits"
+    else:
+        shown = f"{v.gpus:,}"
+    m3.metric(f"{gpu.removeprefix('NVIDIA ')} GPUs needed at s = {seq_len:,}", shown,
+              help=f"{c.COMPUTED}: {v.gpus_how}.")
+    st.caption(f"Peak at **{c.md_escape(v.where)}** (computed, {v.source}).")
+    if v.longest == 0:
+        st.error(f"Nothing fits: {v.nothing_fits}.", icon=":material/block:")
+    elif trained and v.longest + new_tokens - 1 > trained:
+        st.info(f"The longest context that fits, {v.longest:,} tokens"
+                + (f" + {new_tokens - 1:,} new" if new_tokens > 1 else "")
+                + f", passes the {trained:,} tokens this model was trained for: the memory "
+                "fits, the model may not work that far.", icon=":material/warning:")
+    if v.gpus == 0:
+        why = ("not one request of this length fits one GPU's KV pool, and serving_capacity "
+               "does not split a model over GPUs" if task == "serving" else
+               f"even over {fit.MANY_GPUS:,} GPUs one replica's activations exceed the GPU")
+        st.error(f"Never fits at any number of {gpu} GPUs: {why}.", icon=":material/block:")
+
+    total = max(v.peak_bytes, 1)
+    table = pd.DataFrame([{"part of the peak": p, "size (computed)": c.fmt(x, unit),
+                           "share": f"{x / total:.0%}", "bytes": f"{x:,}"}
+                          for p, x in v.parts.items()]
+                         + [{"part of the peak": "peak", "size (computed)": c.fmt(v.peak_bytes, unit),
+                             "share": "100%", "bytes": f"{v.peak_bytes:,}"}])
+    c.table(table, hide_index=True)
+    st.caption(f"{c.COMPUTED}: {v.source}. " + {
+        "inference": "transformers' generate() with a dynamic cache (bf16 KV cache), SDPA "
+                     "attention with torch choosing its backend; measured within about 1% on "
+                     "an H200.",
+        "serving": "vLLM's accounting: the budget is 0.9 × the GPU; weights, the profiling "
+                   "run's activations, non-torch memory and CUDA graphs come off it first; "
+                   "the KV pool holds the requests (block size 16, bf16 cache).",
+        "training": "bf16 parameters, gradients and AdamW's two moments, SDPA's "
+                    "FlashAttention-2, no activation checkpointing, one GPU; the Training step "
+                    "page changes each of these.",
+    }[task])
+
+st.markdown("**What each part is, and what changes it**")
+for path, title, icon, what in LINKS[task] + ATTENTION_LINKS:
+    link(path, title, icon, what,
+         query if path in (LINKS[task][0][0], "pages/model_memory.py") else {})
+
+c.sync_url(used)
