@@ -29,6 +29,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
+from kernels.bench import training
 from kernels.measure import registry
 from kernels.measure.speed_results import OURS, PEERS, Row, ratios, read_rows
 from kernels.measure.store import neutralise
@@ -70,36 +71,40 @@ class Shape:
     seq_len: int  # s (queries = keys)
     causal: bool
     kv_heads: int | None = None  # H_kv (GQA when < heads); None: the run's --kv-heads or heads
+    batch: int | None = None  # B; None: the run's --batch
 
     def spec(self) -> str:
         """The --shapes spelling of this shape."""
-        extra = ("/causal" if self.causal else "") + (f"/kv={self.kv_heads}" if self.kv_heads else "")
+        extra = (("/causal" if self.causal else "") + (f"/kv={self.kv_heads}" if self.kv_heads else "")
+                 + (f"/b={self.batch}" if self.batch else ""))
         return f"{self.dtype}/{self.head_dim}/{self.seq_len}{extra}"
 
 
 def parse_shape(text: str) -> Shape:
-    """``DTYPE/D/S[/causal][/kv=H_KV]``, e.g. ``bf16/128/8192/causal/kv=8``; argparse error
-    naming the value and the form otherwise."""
-    form = "DTYPE/D/S[/causal][/kv=H_KV], e.g. bf16/128/8192/causal/kv=8"
+    """``DTYPE/D/S[/causal][/kv=H_KV][/b=B]``, e.g. ``bf16/128/8192/causal/kv=8/b=2``;
+    argparse error naming the value and the form otherwise."""
+    form = "DTYPE/D/S[/causal][/kv=H_KV][/b=B], e.g. bf16/128/8192/causal/kv=8/b=2"
     parts = [p.strip() for p in str(text).split("/")]
     try:
         if len(parts) < 3 or parts[0] not in ("fp16", "bf16"):
             raise ValueError
         d, s = int(parts[1]), int(parts[2])
-        causal, kv = False, None
+        causal, kv, b = False, None, None
         for extra in parts[3:]:
             if extra == "causal" and not causal:
                 causal = True
             elif extra.startswith("kv=") and kv is None:
                 kv = int(extra[3:])
+            elif extra.startswith("b=") and b is None:
+                b = int(extra[2:])
             else:
                 raise ValueError
-        if d < 1 or s < 1 or (kv is not None and kv < 1):
+        if d < 1 or s < 1 or (kv is not None and kv < 1) or (b is not None and b < 1):
             raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(f"shape must be {form} (dtype fp16 or bf16, whole "
                                          f"numbers >= 1), got {text!r}") from None
-    return Shape(parts[0], d, s, causal, kv)
+    return Shape(parts[0], d, s, causal, kv, b)
 
 
 #: Named shape lists. "anchors": the attention-kernel table of ../shared/ANCHORS.md (bf16,
@@ -116,6 +121,9 @@ PRESETS: dict[str, tuple[Shape, ...]] = {
     "targets": tuple(parse_shape(f"{dt}/{d}/{s}{'/causal' if c else ''}{kv}")
                      for dt in ("bf16", "fp16") for d in (128, 64) for s in (4096, 16384)
                      for c in (False, True) for kv in ("", "/kv=8")),
+    # "training": issue 31's grid (kernels.bench.training): 36 dense shapes with their own
+    # batch, and (not listed here) its 4 packed batches, training.PACKED
+    "training": tuple(parse_shape(x) for x in training.DENSE),
 }
 
 
@@ -165,12 +173,13 @@ def _impl_fn(name: str):
     raise KeyError(f"unknown bench implementation {name!r}; known: {', '.join(IMPLS)}")
 
 
-def measure(name, q, k, v, do, causal, mode, ref):
-    """(median_ms, rel_err, status) of one implementation on one shape."""
+def measure(name, q, k, v, do, causal, mode, ref, fn=None):
+    """(median_ms, rel_err, status) of one implementation on one shape; ``fn(q, k, v, causal)``
+    instead of the implementation's dense call where given (the packed batches')."""
     import torch
     from triton.testing import do_bench
 
-    fn = _impl_fn(name)
+    fn = _impl_fn(name) if fn is None else fn
     try:
         with torch.no_grad():
             out = fn(q, k, v, causal)
@@ -274,12 +283,16 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
     if note:
         print(note, file=sys.stderr, flush=True)
     versions = {"fa4": registry.fa4_version()}  # per implementation, beyond torch and triton
+    packed = getattr(args, "packed", None) or []
     sink = open(args.csv, "w", newline="")  # rows are written as they come: a cut run keeps them
-    writer = csv.DictWriter(sink, fieldnames=list(Row.__dataclass_fields__))
+    # packed batches add a column of their lengths (training.run_packed); read_rows ignores it
+    writer = csv.DictWriter(sink, fieldnames=list(Row.__dataclass_fields__)
+                            + (["packed_lengths"] if packed else []), restval="")
     writer.writeheader()
     for shape in shapes_of(args):
         dname, d, s, causal = shape.dtype, shape.head_dim, shape.seq_len, shape.causal
         H_kv = shape.kv_heads or H
+        B = shape.batch or args.batch
         gen = torch.Generator(device=device).manual_seed(s * 1000 + d)
         q, k, v, do = (torch.randn(B, heads, s, d, device=device, generator=gen,
                                    dtype=registry.torch_dtype(dname))
@@ -313,9 +326,12 @@ def run_grid(args, device: str = "cuda") -> list[Row]:
                 writer.writerow({col: neutralise(val) for col, val in asdict(rows[-1]).items()})
                 sink.flush()
                 print(f"{name:15s} {dname} d={d:3d} H_kv={H_kv:3d} causal={int(causal)} "
-                      f"{mode:7s} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}", flush=True)
+                      f"{mode:7s} B={B:3d} s={s:6d} {ms:9.4f} ms {tf:7.1f} TFLOP/s {status}",
+                      flush=True)
         del q, k, v, do, ref, bshd
         torch.cuda.empty_cache()
+    if packed:
+        rows += training.run_packed(args, writer, sink, stamp, versions, device)
     sink.close()
     return rows
 
@@ -327,18 +343,21 @@ def table(rows: list[Row]) -> str:
     impls = [i for i in IMPLS if any(r.impl == i for r in rows)]
     peers = [p for p in PEERS if p != "fa4" or "fa4" in impls]
     gqa = any(r.key[2] != r.heads for r in rows)
+    batches = {r.key: r.batch for r in rows}  # a B column when the shapes have their own
+    show_b = len(set(batches.values())) > 1
     # (dtype, head_dim, kv_heads, causal, mode, seq_len), ordered dtype, d, H_kv, pass, causal, s
     keys = sorted({r.key for r in rows}, key=lambda k: (k[0], k[1], -k[2], k[4], k[3], k[5]))
     by = {(r.impl, *r.key): r for r in rows}
     ratio = ratios(rows, OURS, peers)
     short = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash", "fa4": "fa4"}
-    head = (["dtype", "d"] + (["H_kv"] if gqa else []) + ["causal", "pass", "s"] + impls
-            + [f"{OURS}/{short[p]}" for p in peers])
+    head = (["dtype", "d"] + (["H_kv"] if gqa else []) + ["causal", "pass"]
+            + (["B"] if show_b else []) + ["s"] + impls + [f"{OURS}/{short[p]}" for p in peers])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for key in keys:
         dname, d, kv, causal, mode, s = key
         cells = ([dname, str(d)] + ([str(kv)] if gqa else [])
-                 + ["yes" if causal else "no", "fwd+bwd" if mode == "fwd_bwd" else "fwd", str(s)])
+                 + ["yes" if causal else "no", "fwd+bwd" if mode == "fwd_bwd" else "fwd"]
+                 + ([str(batches[key])] if show_b else []) + [str(s)])
         for i in impls:
             r = by.get((i, *key))
             cells.append("-" if r is None else (f"{r.tflops:.0f}" if r.status == "ok"
@@ -418,6 +437,17 @@ def _positive_int(text: str) -> int:
     return n
 
 
+def _parse_part(text: str, p: argparse.ArgumentParser) -> tuple[int, int]:
+    """(K, N) of ``--part K/N`` with 1 <= K <= N; a parser error naming the value otherwise."""
+    try:
+        k, n = (int(x) for x in str(text).split("/"))
+        if not 1 <= k <= n:
+            raise ValueError
+    except ValueError:
+        p.error(f"--part must be K/N with whole numbers 1 <= K <= N (e.g. 1/2), got {text!r}")
+    return k, n
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -439,7 +469,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "[/kv=H_KV], e.g. bf16/128/8192/causal/kv=8")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="a named list of shapes (anchors: the kernel table of "
-                        "shared/ANCHORS.md plus fp16 at d=128, s=4096)")
+                        "shared/ANCHORS.md plus fp16 at d=128, s=4096; targets: the backward's "
+                        "32 target shapes; training: issue 31's 36 dense shapes with their own "
+                        "batch and 4 packed batches, then the summary over the grid)")
+    p.add_argument("--part", default=None, metavar="K/N",
+                   help="run only part K of N of the shapes (every N-th, from the K-th; packed "
+                        "batches alike), e.g. 1/2 and 2/2 in two calls; --summarize joins them")
+    p.add_argument("--summarize", nargs="+", default=None, metavar="CSV",
+                   help="print the tables and the summary over the grid from CSVs this bench "
+                        "wrote (the parts of one run), without timing anything")
     p.add_argument("--csv", default="bench_flash_attn.csv", help="where to write the rows")
     p.add_argument("--markdown", default=None, help="also write the table to this file")
     p.add_argument("--tuned-json", default=None, help="write the autotuner's choices here")
@@ -458,8 +496,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--batch and --heads must be whole numbers >= 1, got {args.batch} and {args.heads}")
     if args.shapes and args.preset:
         p.error("--shapes and --preset both name the shapes: give one of them")
+    args.packed = []
     if args.preset:
         args.shapes = list(PRESETS[args.preset])
+        if args.preset == "training":
+            args.packed = list(training.PACKED)
+    if args.part is not None:
+        k, n = _parse_part(args.part, p)
+        if not args.shapes:
+            p.error("--part K/N splits a --preset or --shapes list: give one of them")
+        args.shapes = args.shapes[k - 1::n]
+        args.packed = args.packed[k - 1::n]
+        if not args.shapes and not args.packed:
+            p.error(f"--part {args.part}: no shape falls in that part; N is larger than the list")
+    if any(sh.batch for sh in args.shapes or ()) and args.batch != p.get_default("batch"):
+        p.error(f"--batch {args.batch}: these shapes give their own batch (b=...); drop --batch")
     if args.shapes:
         crossed = [f"--{n.replace('_', '-')}" for n in ("dtypes", "dims", "seqs", "causal",
                                                         "kv_heads", "quick")
@@ -469,6 +520,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for sh in args.shapes:
             if sh.kv_heads is not None and args.heads % sh.kv_heads:
                 p.error(f"shape {sh.spec()}: kv={sh.kv_heads} must divide --heads {args.heads}")
+        for b in args.packed:
+            if b.kv_heads is not None and args.heads % b.kv_heads:
+                p.error(f"packed batch {b.name}: kv={b.kv_heads} must divide --heads {args.heads}")
     if args.quick:
         args.dtypes, args.dims, args.seqs = ["fp16"], [128], [1024, 4096, 16384]
     return args
@@ -478,16 +532,64 @@ def header(rows: list[Row], args) -> str:
     """The line above the table: where and how it was measured."""
     r0 = rows[0]
     kvs = ", ".join(str(x) for x in sorted({r.key[2] for r in rows}, reverse=True))
+    bs = sorted({r.batch for r in rows})
+    b_text = f"B={bs[0]}" if len(bs) == 1 else f"B={bs[0]}..{bs[-1]} (per shape)"
     fa4 = sorted({r.impl_version for r in rows if r.impl == "fa4" and r.impl_version})
     fa4_text = f", flash-attn-4 {', '.join(fa4)}" if fa4 else ""
     return (f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}{fa4_text}, "
-            f"{r0.timestamp}, B={r0.batch}, H={r0.heads}, H_kv={kvs}; "
+            f"{r0.timestamp}, {b_text}, H={r0.heads}, H_kv={kvs}; "
             f"{'CUDA-graph replays' if args.graphs else 'eager calls'}, "
             f"{args.rounds} round(s) (median); TFLOP/s (fwd 4BHs^2d, /2 causal; fwd+bwd x3.5)")
 
 
+def report(rows: list[Row], packed_ids: set[tuple], head: str) -> str:
+    """What a run prints at its end: the header, the dense table, the packed table (rows of
+    ``packed_ids``, ``training._shape_id``: B = sequences, s = packed total) and, when the run
+    has packed batches or more than one batch size (the training preset), the summary over
+    the grid last (``training.summary_lines``)."""
+    dense = [r for r in rows if training._shape_id(r) not in packed_ids]
+    packed = [r for r in rows if training._shape_id(r) in packed_ids]
+    parts = [head]
+    if dense:
+        parts.append(table(dense))
+    if packed:
+        parts.append("Packed batches (B = sequences, s = tokens in the batch; TFLOP/s from "
+                     "each sequence's FLOPs):\n\n" + table(packed))
+    if packed or len({r.batch for r in rows}) > 1:
+        impls = {r.impl for r in rows}
+        peers = [p for p in PEERS if p in impls]
+        parts.append("\n".join(training.summary_lines(rows, packed_ids, peers)))
+    return "\n\n".join(parts)
+
+
+def summarize_csvs(paths: list[str]) -> str:
+    """``report`` of the rows of bench CSVs (the parts of one run), packed rows told by their
+    ``packed_lengths`` column. Raises ValueError naming a file that is not a bench CSV."""
+    rows: list[Row] = []
+    ids: set[tuple] = set()
+    for path in paths:
+        got = read_rows(path)
+        for r, lengths in zip(got, training.read_packed_column(path), strict=True):
+            if lengths:
+                ids.add(training._shape_id(r))
+        rows += got
+    if not rows:
+        raise ValueError(f"no rows in {', '.join(paths)}")
+    r0 = rows[0]
+    head = f"{r0.gpu}, torch {r0.torch_version}, triton {r0.triton_version}, {r0.timestamp}; " \
+           f"{len(rows)} rows from {len(paths)} CSV(s)"
+    return report(rows, ids, head)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        try:
+            print(summarize_csvs(args.summarize))
+        except (OSError, ValueError) as exc:
+            print(f"--summarize: {exc}", file=sys.stderr)
+            return 2
+        return 0
     import torch
 
     if not torch.cuda.is_available():
@@ -500,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
         print("host us/call:", {k: round(v, 1) for k, v in cpu_overhead_us().items()})
     import time
 
+    est = training.estimate_seconds(shapes_of(args), args.packed, args.impls, args.modes,
+                                    args.rounds, args.heads)
+    print(f"estimate: about {est:.0f} s ({len(shapes_of(args))} dense shapes, "
+          f"{len(args.packed)} packed batches, {len(args.impls)} implementations, "
+          f"{args.rounds} round(s); {training.EST_TFLOPS:.0f} TFLOP/s, do_bench's fixed cost "
+          "and compiles: kernels.bench.training.estimate_seconds)", flush=True)
     t0 = time.perf_counter()
     rows = run_grid(args)
     wall_s = time.perf_counter() - t0
@@ -508,13 +616,13 @@ def main(argv: list[str] | None = None) -> int:
 
         with open(args.tuned_json, "w") as f:
             json.dump(tuned_configs(), f, indent=1)
-    md = table(rows)
-    head = header(rows, args)
+    text = report(rows, training.packed_ids(args.packed, args.heads), header(rows, args))
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(head + "\n\n" + md + "\n")
-    print("\n" + head + "\n\n" + md)
-    print(f"\n{len(rows)} rows in {wall_s:.0f} s; CSV: {args.csv}")
+            f.write(text + "\n")
+    # the summary (a table) stays last: the count of rows goes above it
+    print(f"\n{len(rows)} rows in {wall_s:.0f} s (estimated {est:.0f} s); CSV: {args.csv}")
+    print("\n" + text)
     return 0
 
 

@@ -32,7 +32,7 @@ from kernels.measure.schema import DTYPES, canonical_dtype
 
 __all__ = ["NAMES", "SDPA_BACKENDS", "TORCH_DTYPES", "Implementation", "available",
            "canonical_dtype", "fa4_attention", "fa4_installed_reason", "fa4_native",
-           "fa4_shape_reason", "fa4_version", "get",
+           "fa4_shape_reason", "fa4_varlen", "fa4_version", "get",
            "gpu_reason", "gqa_note", "implementations", "label", "make_sdpa", "naive",
            "naive_inplace", "torch_dtype", "triton_attention"]
 
@@ -273,6 +273,42 @@ def fa4_native(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None
         raise ValueError(why)
     res = _fa4_func()(q, k, v, softmax_scale=scale, causal=causal)
     return res[0] if isinstance(res, tuple) else res  # (B, s_q, H, d)
+
+
+def _fa4_varlen_func() -> Callable[..., Any]:
+    """``flash_attn.cute.flash_attn_varlen_func``, imported after ``_fa4_func`` (same reasons)."""
+    _fa4_func()
+    if "varlen" not in _FA4_IMPORT:
+        try:
+            from flash_attn.cute import flash_attn_varlen_func
+        except ImportError as exc:
+            raise ImportError(f"flash_attn.cute has no flash_attn_varlen_func: "
+                              f"{_first_line(exc)}") from None
+        _FA4_IMPORT["varlen"] = flash_attn_varlen_func
+    return _FA4_IMPORT["varlen"]
+
+
+def fa4_varlen(q: Any, k: Any, v: Any, cu_seqlens: Any, max_seqlen: int, causal: bool = False,
+               scale: float | None = None) -> Any:
+    """FlashAttention-4 on packed sequences, FlashAttention's varlen layout: q (total, H, d),
+    k and v (total, H_kv, d), ``cu_seqlens`` int32 cumulative starts (n + 1) shared by queries
+    and keys, ``max_seqlen`` the longest sequence; (total, H, d) out, differentiable.
+    ``flash_attn.cute.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k, softmax_scale=, causal=)`` (Dao-AILab/flash-attention,
+    flash_attn/cute/interface.py). With equal query and key lengths per sequence FA4's
+    bottom-right causal mask is the registry's top-left one. Shapes FA4 has no kernel for
+    raise ValueError with the rule, as ``fa4_native``."""
+    h, h_kv = q.shape[1], k.shape[1]
+    if q.dim() != 3 or h % h_kv:
+        raise ValueError(f"FA4 varlen takes q (total, H, d) and k, v (total, H_kv, d) with H a "
+                         f"multiple of H_kv, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    why = _fa4_tensor_reason(q)
+    if why:
+        raise ValueError(why)
+    res = _fa4_varlen_func()(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                             max_seqlen_q=int(max_seqlen), max_seqlen_k=int(max_seqlen),
+                             softmax_scale=scale, causal=causal)
+    return res[0] if isinstance(res, tuple) else res  # (total, H, d)
 
 
 def fa4_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
