@@ -5,40 +5,220 @@
     attnmem serve  --model ... --seq-len S --gpu NAME [--gpu-memory-utilization 0.9 ...]
 
 --model is a preset name (calc.MODELS), a path to a config.json, or a Hub id (owner/name,
-fetched with attnmem.hub). --json prints one JSON object for scripts. Bad input exits with
-status 2 and one line naming the value and what is accepted; no tracebacks.
+fetched with attnmem.hub). Lengths take 131072, 131,072, 131_072, 128k or 1M (K = 1,024 and
+M = 1,048,576 tokens, as the pages' sliders label them). Plain output is a short table;
+--json prints one JSON object for scripts. Bad input exits with status 2 and one line naming
+the value and what is accepted; no tracebacks.
+
+Only argparse is imported before the arguments are parsed: calc pulls in pandas (and a
+config.json path or Hub id more), which made the first `attnmem --help` take seconds. The
+defaults and choices the parser shows are therefore written out here; tests/cli checks that
+they equal calc's.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import sys
-from dataclasses import asdict
-from pathlib import Path
+from typing import Any, NoReturn
 
-import calc
-from attnmem.hub import HubError, fetch_model, looks_like_repo_id
-from calc.kv import mla_expanded_kv_bytes, state_bytes
-from calc.serving import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_CUDA_GRAPH_BYTES,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    DEFAULT_NON_TORCH_BYTES,
-    prefill_decode_attention,
-    serving_capacity,
-)
-from pages.ui.uploads import MAX_CONFIG_BYTES, load_config_json
+# --- calc's defaults and choices, copied so that --help imports nothing (tests/cli checks them)
+
+DEFAULT_GPU = "NVIDIA H100 80GB"  # calc.DEFAULT_GPU
+IMPLEMENTATIONS = ("naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
+                   "sdpa_cudnn", "triton", "fa4")  # calc.IMPLEMENTATIONS
+TRAIN_ATTENTIONS = ("eager", *IMPLEMENTATIONS)  # calc.TRAIN_ATTENTIONS
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # calc.DTYPES
+PRECISIONS = ("bf16", "amp_bf16")  # calc.training_step.PRECISIONS
+MAX_SEQ_LEN = 100_000_000  # calc.units.MAX_SEQ_LEN
+MAX_BATCH = 1_000_000  # calc.units.MAX_BATCH
+# calc.serving's vLLM defaults
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_BLOCK_SIZE = 16
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_NON_TORCH_BYTES = 338 * 2**20
+DEFAULT_CUDA_GRAPH_BYTES = 369 * 2**20
 
 
 class UsageError(ValueError):
     """Bad command-line input: printed as one line, exit status 2."""
 
 
-def resolve_model(spec: str) -> calc.ModelConfig:
+# --- parsing numbers ------------------------------------------------------------------------
+
+_COUNT = re.compile(r"([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+(?:_[0-9]+)*)(?:\.([0-9]+))?\s*([kKmM]?)")
+_SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20}
+_BYTES = re.compile(r"([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+(?:_[0-9]+)*)(?:\.([0-9]+))?\s*([kKmMgG]i?[bB])?")
+_BYTE_UNITS = {"": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _scaled(whole: str, frac: str | None, mult: int) -> int | None:
+    """whole.frac × mult as an integer, or None when that is not a whole number."""
+    digits = whole.replace(",", "").replace("_", "")
+    num = int(digits + (frac or "")) * mult
+    den = 10 ** len(frac or "")
+    return num // den if num % den == 0 else None
+
+
+def count_type(what: str, lo: int, hi: int, unit: str = "tokens") -> Any:
+    """An argparse type for a whole number from lo to hi, written 131072, 131,072, 131_072,
+    128k or 1M (K = 1,024, M = 1,048,576: the pages' slider labels)."""
+    accepted = (f"a whole number of {unit} from {lo:,} to {hi:,}, written like 131072, "
+                "131,072, 131_072, 128k or 1M (k = 1,024, M = 1,048,576)")
+
+    def parse(text: str) -> int:
+        m = _COUNT.fullmatch(text.strip())
+        value = _scaled(m.group(1), m.group(2), _SUFFIX[m.group(3).lower()]) if m else None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not accepted; {what} is "
+                                             f"{accepted}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def bytes_type(text: str) -> int:
+    """A byte count: 354334802, 354,334,802, 338MiB, 0.5GiB, 400MB (GB = 10^9, GiB = 2^30)."""
+    m = _BYTES.fullmatch(text.strip())
+    value = (_scaled(m.group(1), m.group(2), _BYTE_UNITS[(m.group(3) or "").lower()])
+             if m else None)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not accepted; a size is a whole number of bytes, written like "
+            "354334802 or 354,334,802, or with a unit: 338MiB, 0.5GiB, 400MB (KB/MB/GB = "
+            "10^3/10^6/10^9, KiB/MiB/GiB = 2^10/2^20/2^30)")
+    return value
+
+
+def fraction_type(text: str) -> float:
+    """A fraction in (0, 1], e.g. 0.9."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not accepted; give a fraction "
+                                         "above 0 and at most 1, e.g. 0.9")
+    return value
+
+
+# --- the parser -----------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the problem and where to read more, no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="attnmem", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                epilog="Run `attnmem COMMAND --help` for a command's options and defaults.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_Parser)
+    for name, helptext in (
+            ("memory", "inference memory (generate()'s peak), whether it fits, the longest "
+                       "context"),
+            ("train", "a training step's peak per GPU (weights, gradients, optimizer, "
+                      "activations), whether it fits, the longest context"),
+            ("serve", "vLLM-style KV blocks: concurrent requests and the longest request")):
+        s = sub.add_parser(name, help=helptext, description=helptext)
+        s.add_argument("--model", required=True, metavar="NAME|PATH|ORG/NAME",
+                       help="a preset as on the pages (e.g. 'Llama 3.1 8B'; case does not "
+                            "matter; a wrong name lists them), a config.json file, or a "
+                            "Hugging Face Hub id. Required")
+        s.add_argument("--seq-len", required=True, metavar="S",
+                       type=count_type("--seq-len", 1, MAX_SEQ_LEN),
+                       help="context length in tokens: 131072, 131,072, 128k or 1M "
+                            "(k = 1,024, M = 1,048,576). Required"
+                            if name != "serve" else
+                            "context length of each request in tokens: 131072, 131,072, "
+                            "128k or 1M (k = 1,024, M = 1,048,576). Required")
+        if name != "serve":  # serving sizes the concurrent sequences itself
+            s.add_argument("--batch", default=1, metavar="B",
+                           type=count_type("--batch", 1, MAX_BATCH, unit="sequences"),
+                           help="sequences processed together (1,000 and 1k work too; "
+                                "default: %(default)s)")
+        s.add_argument("--gpu", default=DEFAULT_GPU, metavar="NAME",
+                       help="a GPU as on the pages, or a part of its name that matches one "
+                            "(e.g. 'H200', 'H100 80GB'; default: %(default)s)")
+        if name != "train":  # a training step's dtypes all follow --act-dtype (its precision)
+            s.add_argument("--weight-dtype", default="bf16", metavar="DTYPE",
+                           help="weights: " + ", ".join(DTYPES) + ", a torch spelling "
+                                "(bfloat16) or 'checkpoint' (default: %(default)s)")
+            s.add_argument("--kv-dtype", default="bf16", metavar="DTYPE",
+                           help="KV cache: " + ", ".join(DTYPES) + " (fp8_e4m3 halves it; "
+                                "default: %(default)s)")
+        if name == "train":
+            s.add_argument("--act-dtype", default="bf16", choices=PRECISIONS,
+                           help="the step's precision: bf16 (bf16 weights) or amp_bf16 (fp32 "
+                                "weights under autocast; default: %(default)s)")
+        else:
+            s.add_argument("--act-dtype", default="bf16", metavar="DTYPE",
+                           help="activations and attention: " + ", ".join(DTYPES)
+                                + " (default: %(default)s)")
+        impls = TRAIN_ATTENTIONS if name == "train" else IMPLEMENTATIONS
+        s.add_argument("--impl", default="sdpa_flash", choices=impls, metavar="IMPL",
+                       help="attention implementation: " + ", ".join(impls)
+                            + " (default: %(default)s)")
+        if name == "train":
+            s.add_argument("--checkpointing", action="store_true",
+                           help="activation checkpointing: each layer's activations are "
+                                "recomputed in the backward (default: off)")
+        if name == "serve":
+            s.add_argument("--gpu-memory-utilization", type=fraction_type, metavar="F",
+                           default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                           help="fraction of the GPU vLLM may use (default: %(default)s)")
+            s.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+                           choices=BLOCK_SIZES, metavar="TOKENS",
+                           help="tokens per KV block: " + ", ".join(map(str, BLOCK_SIZES))
+                                + " (default: %(default)s)")
+            s.add_argument("--max-num-batched-tokens", metavar="TOKENS",
+                           type=count_type("--max-num-batched-tokens", 1, 1_048_576),
+                           default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                           help="tokens in one scheduler step, which sizes the activation "
+                                "peak (8k works too; default: %(default)s)")
+            s.add_argument("--max-num-seqs", metavar="N", default=DEFAULT_MAX_NUM_SEQS,
+                           type=count_type("--max-num-seqs", 1, 65_536, unit="requests"),
+                           help="requests scheduled at once, a cap on the concurrency "
+                                "(default: %(default)s)")
+            s.add_argument("--cuda-graph-bytes", type=bytes_type, metavar="SIZE",
+                           default=DEFAULT_CUDA_GRAPH_BYTES,
+                           help="CUDA graph memory from vLLM's start-up log; bytes or e.g. "
+                                "369MiB (default: %(default)s bytes = 369 MiB)")
+            s.add_argument("--non-torch-bytes", type=bytes_type, metavar="SIZE",
+                           default=DEFAULT_NON_TORCH_BYTES,
+                           help="non-torch memory from vLLM's start-up log; bytes or e.g. "
+                                "338MiB (default: %(default)s bytes = 338 MiB)")
+            s.add_argument("--activation-bytes", type=bytes_type, default=None,
+                           metavar="SIZE",
+                           help="measured activation peak (vLLM's log); bytes or e.g. 2GiB "
+                                "(default: an estimate)")
+        s.add_argument("--unit", default="GB", choices=("GB", "GiB"),
+                       help="plain output in GB (10^9 bytes) or GiB (2^30); small sizes "
+                            "switch to MB/KB (default: %(default)s)")
+        s.add_argument("--json", action="store_true",
+                       help="print one JSON object (exact byte counts) instead of the table")
+    return p
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def resolve_model(spec: str) -> Any:
     """A preset name (exact or case-insensitive), a config.json path, or a Hub id."""
+    from pathlib import Path
+
+    import calc
+
     if spec in calc.MODELS:
         return calc.MODELS[spec]
     folded = {name.lower(): name for name in calc.MODELS}
@@ -46,9 +226,13 @@ def resolve_model(spec: str) -> calc.ModelConfig:
         return calc.MODELS[folded[spec.lower()]]
     path = Path(spec)
     if path.is_file():
+        from pages.ui.uploads import MAX_CONFIG_BYTES, load_config_json
+
         with open(path, "rb") as f:
             d = load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
         return calc.ModelConfig.from_hf_config(d, name=path.stem[:60])
+    from attnmem.hub import fetch_model, looks_like_repo_id
+
     if looks_like_repo_id(spec):
         return fetch_model(spec)
     raise UsageError(
@@ -56,17 +240,34 @@ def resolve_model(spec: str) -> calc.ModelConfig:
         f"presets: {', '.join(calc.MODELS)}")
 
 
-def resolve_gpu(name: str) -> int:
-    if name in calc.GPUS:
-        return calc.GPUS[name]
-    hits = [g for g in calc.GPUS if name.lower() in g.lower()]
+def gpu_name(spec: str) -> str:
+    """The GPU named exactly, or the one GPU whose name contains `spec` (any case)."""
+    import calc
+
+    if spec in calc.GPUS:
+        return spec
+    hits = [g for g in calc.GPUS if spec.lower() in g.lower()]
     if len(hits) == 1:
-        return calc.GPUS[hits[0]]
-    raise UsageError(f"--gpu {name[:60]!r} matches {len(hits)} GPUs; choose one of: "
+        return hits[0]
+    raise UsageError(f"--gpu {spec[:60]!r} matches {len(hits)} GPUs; choose one of: "
                      f"{', '.join(calc.GPUS)}")
 
 
-def _memory(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
+def resolve_gpu(spec: str) -> int:
+    """The bytes "fits" uses, as the pages do: the total torch can allocate where calc.gpus has
+    it (what torch.cuda.mem_get_info reports), else the spec-sheet figure."""
+    from calc.gpus import torch_total_bytes
+
+    return torch_total_bytes(gpu_name(spec))
+
+
+# --- the three commands -----------------------------------------------------------------------
+
+
+def _memory(a: argparse.Namespace, model: Any) -> dict:
+    import calc
+    from calc.kv import mla_expanded_kv_bytes, state_bytes
+
     gpu = resolve_gpu(a.gpu)
     mm = calc.model_memory(model, a.batch, a.seq_len, a.weight_dtype, a.kv_dtype, a.act_dtype,
                            a.impl)
@@ -99,7 +300,11 @@ def _memory(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
     return out
 
 
-def _train(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
+def _train(a: argparse.Namespace, model: Any) -> dict:
+    from dataclasses import asdict
+
+    import calc
+
     gpu = resolve_gpu(a.gpu)
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing)
     result = calc.training_step(model, a.batch, a.seq_len, **kw)
@@ -109,9 +314,13 @@ def _train(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
             "longest_context": calc.max_train_seq_len(model, gpu, a.batch, **kw)}
 
 
-def _serve(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
+def _serve(a: argparse.Namespace, model: Any) -> dict:
+    from dataclasses import asdict
+
+    from calc.serving import prefill_decode_attention, serving_capacity
+
     cap = serving_capacity(
-        model, resolve_gpu(a.gpu), a.seq_len, weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype,
+        model, resolve_gpu(a.gpu), a.seq_len,  # the torch total, as vLLM and the page take it weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype,
         act_dtype=a.act_dtype, gpu_memory_utilization=a.gpu_memory_utilization,
         block_size=a.block_size, max_num_batched_tokens=a.max_num_batched_tokens,
         max_num_seqs=a.max_num_seqs, cuda_graph_bytes=a.cuda_graph_bytes,
@@ -121,63 +330,161 @@ def _serve(a: argparse.Namespace, model: calc.ModelConfig) -> dict:
             "prefill_attention_bytes": prefill, "decode_attention_bytes": decode}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnmem", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, helptext in (("memory", "inference memory and the longest context"),
-                           ("train", "attention memory of a training step"),
-                           ("serve", "vLLM-style KV blocks, concurrency, longest context")):
-        s = sub.add_parser(name, help=helptext)
-        s.add_argument("--model", required=True)
-        s.add_argument("--seq-len", type=int, required=True)
-        if name != "serve":  # serving sizes the concurrent sequences itself
-            s.add_argument("--batch", type=int, default=1)
-        s.add_argument("--gpu", default=calc.DEFAULT_GPU)
-        if name != "train":  # a training step's dtypes all follow --act-dtype (its precision)
-            s.add_argument("--weight-dtype", default="bf16")
-            s.add_argument("--kv-dtype", default="bf16")
-        s.add_argument("--act-dtype", default="bf16",
-                       help="train: the precision, bf16 or amp_bf16 (fp32 weights under autocast)"
-                       if name == "train" else None)
-        s.add_argument("--impl", default="sdpa_flash",
-                       choices=calc.TRAIN_ATTENTIONS if name == "train" else calc.IMPLEMENTATIONS)
-        s.add_argument("--json", action="store_true", help="one JSON object on stdout")
-        if name == "train":
-            s.add_argument("--checkpointing", action="store_true")
-        if name == "serve":
-            s.add_argument("--gpu-memory-utilization", type=float,
-                           default=DEFAULT_GPU_MEMORY_UTILIZATION)
-            s.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
-            s.add_argument("--max-num-batched-tokens", type=int,
-                           default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-            s.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
-            s.add_argument("--cuda-graph-bytes", type=int, default=DEFAULT_CUDA_GRAPH_BYTES)
-            s.add_argument("--non-torch-bytes", type=int, default=DEFAULT_NON_TORCH_BYTES)
-            s.add_argument("--activation-bytes", type=int, default=None,
-                           help="measured activation peak (vLLM log); default: an estimate")
-    return p
+# --- plain output -------------------------------------------------------------------------------
 
 
-def _text(result: dict) -> str:
-    lines = []
-    for key, value in result.items():
-        if isinstance(value, int) and not isinstance(value, bool) and key.endswith("bytes"):
-            lines.append(f"{key:28} {calc.format_bytes(value)} ({value:,} bytes)")
-        else:
-            lines.append(f"{key:28} {value:,}" if isinstance(value, int)
-                         and not isinstance(value, bool) else f"{key:28} {value}")
+def _table(rows: list[tuple[str, str]]) -> list[str]:
+    """Two columns, the values right-aligned so that their units line up."""
+    if not rows:
+        return []
+    left = max(len(k) for k, _ in rows)
+    right = max(len(v) for _, v in rows)
+    return [f"  {k:<{left}}  {v:>{right}}" for k, v in rows]
+
+
+def _tokens(n: int) -> str:
+    return f"{n:,} token" + ("" if n == 1 else "s")
+
+
+def _trained_note(n: int, trained: int | None) -> str:
+    return (f" (past the {trained:,} tokens this model was trained for)"
+            if trained and n > trained else "")
+
+
+def _verdict(fits: bool, total: int, gpu: int, b: Any, needed: str = "") -> str:
+    if fits:
+        return f"fits: {b(gpu - total)} free ({(gpu - total) / gpu:.0%})"
+    return f"does not fit: {b(total - gpu)} over" + (f"; {needed}" if needed else "")
+
+
+def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
+    trained = r["trained_context"]
+    lines = [f"{r['model']}: inference, batch {r['batch']:,}, s = {_tokens(r['seq_len'])}"
+             f"{_trained_note(r['seq_len'], trained)}, {r['impl']}",
+             f"weights {a.weight_dtype}, KV cache {a.kv_dtype}, activations {a.act_dtype}; "
+             f"{r['params']:,} parameters" + (f" ({r['active_params']:,} active)"
+                                              if r["active_params"] != r["params"] else ""),
+             ""]
+    parts = r["peak_parts"] or {"weights": r["weights_bytes"], "KV cache": r["kv_cache_bytes"],
+                                "attention (one layer)": r["attention_bytes"]}
+    rows = [(name, b(v)) for name, v in parts.items()]
+    if r["state_bytes"]:
+        rows.append(("constant state (hybrid layers)", b(r["state_bytes"])))
+    if "kv_cache_expanded_bytes" in r:
+        rows.append(("(KV cache expanded by MLA, not counted)", b(r["kv_cache_expanded_bytes"])))
+    peak = "at least " if r["total_is_lower_bound"] else ""
+    rows.append((f"peak of generate(), at {r['peak_phase'] or 'prefill'}",
+                 peak + b(r["total_bytes"])))
+    lines += _table(rows) + [""]
+    if r["not_modelled"]:
+        lines.append(f"a lower bound: {r['not_modelled']}")
+    needed = f"needs {r['gpus_needed']:,} GPUs of this size (ideal split)"
+    lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["total_bytes"], r["gpu_bytes"], b, needed))
+    longest = r["longest_context"]
+    if longest:
+        lines.append(f"  longest context that fits: {_tokens(longest)}"
+                     f"{_trained_note(longest, trained)}")
+    else:
+        lines.append("  longest context that fits: none, not even one token "
+                     + ("(the weights alone exceed the GPU)"
+                        if r["weights_bytes"] + r["state_bytes"] > r["gpu_bytes"] else ""))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
+    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}, "
+             f"{r['attention']}, precision {r['precision']}, checkpointing "
+             f"{'on' if r['checkpointing'] else 'off'}", ""]
+    rows = [("weights", b(r["weights_bytes"])), ("gradients", b(r["gradients_bytes"])),
+            ("optimizer states", b(r["optimizer_bytes"]))]
+    if r["buffers_bytes"]:
+        rows.append(("buffers", b(r["buffers_bytes"])))
+    acts = {k: v for k, v in r["activations"].items() if v}
+    rows.append(("activations kept for the backward", b(sum(acts.values()))))
+    rows += [(f"  {k}", b(v)) for k, v in acts.items()]
+    rows.append((f"peak of the step, at {r['peak_phase']}", b(r["peak_bytes"])))
+    lines += _table(rows) + [""]
+    lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["peak_bytes"], r["gpu_bytes"], b))
+    longest = r["longest_context"]
+    lines.append(f"  longest context that fits on one: {_tokens(longest)}" if longest else
+                 "  longest context that fits on one: none, not even one token")
     return "\n".join(lines)
 
 
+def _text_serve(r: dict, a: argparse.Namespace, gpu: str, b: Any, trained: int | None) -> str:
+    lines = [f"{r['model']}: serving requests of {_tokens(r['seq_len'])}"
+             f"{_trained_note(r['seq_len'], trained)}", f"on {gpu}", ""]
+    est = " (estimated)" if r["activation_estimated"] else ""
+    rows = [(f"budget (gpu_memory_utilization {a.gpu_memory_utilization:g})",
+             b(r["budget_bytes"])),
+            ("weights", b(r["weights_bytes"])),
+            (f"activation peak{est}", b(r["activation_bytes"])),
+            ("non-torch memory", b(r["non_torch_bytes"])),
+            ("CUDA graphs" + ("" if r["cuda_graphs_in_budget"] else " (outside the budget)"),
+             b(r["cuda_graph_bytes"])),
+            ("KV cache pool", b(r["kv_pool_bytes"])),
+            (f"one KV block ({r['block_size']} tokens, all layers)", b(r["page_bytes"])),
+            ("KV blocks", f"{r['num_blocks']:,}"),
+            ("one request's KV cache", f"{b(r['bytes_per_sequence'])} = "
+                                       f"{r['blocks_per_sequence']:,} blocks"),
+            ("prefill attention (one layer)", b(r["prefill_attention_bytes"])),
+            ("decode attention (one layer)", b(r["decode_attention_bytes"]))]
+    lines += _table(rows) + [""]
+    capped = (f" (capped by max_num_seqs; {r['max_concurrency']:,} by KV memory)"
+              if r["concurrent_sequences"] < r["max_concurrency"] else "")
+    if r["kv_pool_bytes"] == 0:
+        lines.append("concurrent requests: 0: nothing is left for the KV cache (weights, "
+                     "activations and overheads exceed the budget)")
+    elif r["concurrent_sequences"] == 0:
+        lines.append(f"concurrent requests: 0: one request of {_tokens(r['seq_len'])} needs "
+                     f"{b(r['bytes_per_sequence'])}, the pool holds {b(r['kv_pool_bytes'])}")
+    else:
+        lines.append(f"concurrent requests: {r['concurrent_sequences']:,}{capped}")
+    lines.append(f"longest context of one request: {_tokens(r['max_context'])}"
+                 f"{_trained_note(r['max_context'], trained)}" if r["max_context"] else
+                 "longest context of one request: none, not even one token")
+    return "\n".join(lines)
+
+
+def _text(command: str, result: dict, a: argparse.Namespace, model: Any) -> str:
+    from calc.units import format_bytes
+
+    def b(n: int) -> str:  # MB/KB below 1 GB: never "0.00 GB"
+        return format_bytes(n, a.unit)
+
+    from calc.gpus import GPU_TORCH_TOTAL, GPUS
+
+    name = gpu_name(a.gpu)
+    spec = GPUS[name]
+    gpu = (f"{name} ({b(result['gpu_bytes'])} torch can use, {b(spec)} on the spec sheet)"
+           if GPU_TORCH_TOTAL[name] and result["gpu_bytes"] != spec else
+           f"{name} ({b(spec)}, the spec sheet's figure: no torch total is known)")
+    if command == "memory":
+        return _text_memory(result, a, gpu, b)
+    if command == "train":
+        return _text_train(result, a, gpu, b)
+    return _text_serve(result, a, gpu, b, model.max_position_embeddings)
+
+
+def _fail(command: str, err: BaseException) -> int:
+    print(f"attnmem {command}: error: {err}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)  # argparse exits 2 with a usage line on bad flags
+    args = _parser().parse_args(argv)  # bad flags: one line and exit status 2
+    import json
+
+    from attnmem.hub import HubError  # imports calc: after parsing, so --help stays fast
+
     try:
         model = resolve_model(args.model)
         result = {"memory": _memory, "train": _train, "serve": _serve}[args.command](args, model)
+        text = json.dumps(result, indent=2) if args.json else _text(args.command, result, args,
+                                                                      model)
     except (UsageError, HubError, ValueError, TypeError, OSError) as err:
-        print(f"attnmem {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2) if args.json else _text(result))
+        return _fail(args.command, err)
+    print(text)
     return 0
 
 
