@@ -1,9 +1,10 @@
 """Model memory: weights + KV cache + attention for a real model, and whether it fits a GPU.
 
 Thin page: read widgets (preset, a Hugging Face Hub id, or an uploaded/pasted config.json) ->
-calc.model_memory, calc.model_max_seq_len, calc.training_attention -> verdict, stacked bars,
+calc.model_memory, calc.model_max_seq_len -> verdict, stacked bars,
 table; for MLA models the expanded K/V beside the latent (calc.kv.mla_expanded_kv_bytes), for
-hybrids the constant state of their non-attention layers (calc.kv.state_bytes).
+hybrids the constant state of their non-attention layers (calc.kv.state_bytes). Training memory
+is the Training step page's (calc.training_step), linked from here: one answer per question.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import IO  # noqa: E402
 import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
+from streamlit.errors import StreamlitAPIException  # noqa: E402
 
 from calc import (  # noqa: E402
     DEFAULT_GPU,
@@ -32,15 +34,13 @@ from calc import (  # noqa: E402
     model_max_seq_len,
     model_memory,
     param_count,
-    training_attention,
-    weight_bytes,
 )
 from calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
 from pages.ui.uploads import load_config_json  # noqa: E402
-from pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
+from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
 
 CUSTOM = "Custom config.json"
 MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
@@ -51,14 +51,12 @@ STATE = "recurrent state"
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
-    "mode": ChoiceParam("inference", ("inference", "training")),
     "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
     "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
     "adtype": ChoiceParam("bf16", ACT_DTYPES, aliases=DTYPE_ALIASES),
     "b": IntParam(1, 1, 65_536),
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
     "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
-    "ckpt": BoolParam(False),
 }
 
 
@@ -110,6 +108,24 @@ def custom_model() -> ModelConfig | None:
 
 
 c.page_setup("model")
+
+
+def training_link(where) -> None:
+    """Training memory lives on the Training step page (calc.training_step, as `attnmem train`):
+    this page used to show attention-only training memory, which disagreed with it (issue 32)."""
+    try:
+        where.page_link("pages/training.py", label="Training? The Training step page",
+                        icon=":material/model_training:",
+                        help="Weights, gradients, AdamW state and every activation of a step "
+                             "(calc.training_step).")
+    except StreamlitAPIException:  # the page run without the app's router (AppTest)
+        where.markdown("Training? [The Training step page](/training)")
+    if st.query_params.get("mode") == "training":  # a link from before the view moved
+        st.info("Training memory is on the Training step page (weights, gradients, AdamW "
+                "state and every activation, calc.training_step); this page answers inference.",
+                icon=":material/model_training:")
+
+
 def kv_formula(model: ModelConfig) -> str:
     """The KV cache formula as it applies to this model (calc.kv.kv_cache_bytes)."""
     if model.is_mla:
@@ -127,41 +143,32 @@ def state_formula(model: ModelConfig) -> str:
             "MambaStateShapeCalculator), at the attention dtype")
 
 
-def breakdown(model: ModelConfig, mode: str, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
-              ckpt: bool, runs: tuple[str, ...] = (NAIVE, FLASH)
+def breakdown(model: ModelConfig, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
+              runs: tuple[str, ...] = (NAIVE, FLASH)
               ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
     """Bytes of each part for each implementation of ``runs`` (naive first), and the formula
     of each part."""
     parts: dict[str, dict[str, int]] = {}
-    if mode == "inference":
-        state = state_bytes(model, batch, ad)
-        lower = ""
-        for impl in runs:
-            mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
-            # generate()'s prefill peak beyond weights and cache (calc.inference_step), or, where
-            # that is not modelled, one attention call (the total is then a lower bound).
-            parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
-                           "attention": mm.total_bytes - mm.weights_bytes - mm.kv_cache_bytes}
-            lower = lower or mm.not_modelled
-            if state:
-                parts[impl][STATE] = state
-        return parts, {
-            "weights": "parameter count × bytes per parameter",
-            "KV cache": kv_formula(model),
-            "attention": ("extra peak of one layer's attention call (calc.attention_peak_bytes); "
-                          f"a lower bound: {lower}") if lower else
-            ("the prompt's prefill peak beyond weights and cache: MLP intermediates, hidden "
-             "states, masks, one attention call, cuBLAS workspace (calc.inference_step, "
-             "generate() measured within 1% on an H200)"),
-            STATE: state_formula(model),
-        }
+    state = state_bytes(model, batch, ad)
+    lower = ""
     for impl in runs:
-        ta = training_attention(model, batch, seq_len, ad, impl, ckpt)
-        parts[impl] = {"weights": weight_bytes(model, wd), "attention": ta.total_bytes}
+        mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
+        # generate()'s prefill peak beyond weights and cache (calc.inference_step), or, where
+        # that is not modelled, one attention call (the total is then a lower bound).
+        parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
+                       "attention": mm.total_bytes - mm.weights_bytes - mm.kv_cache_bytes}
+        lower = lower or mm.not_modelled
+        if state:
+            parts[impl][STATE] = state
     return parts, {
         "weights": "parameter count × bytes per parameter",
-        "attention": "(L−1) layers' saved-for-backward + one layer's forward+backward peak"
-        + (" (checkpointing: nothing saved between layers)" if ckpt else ""),
+        "KV cache": kv_formula(model),
+        "attention": ("extra peak of one layer's attention call (calc.attention_peak_bytes); "
+                      f"a lower bound: {lower}") if lower else
+        ("the prompt's prefill peak beyond weights and cache: MLP intermediates, hidden "
+         "states, masks, one attention call, cuBLAS workspace (calc.inference_step, "
+         "generate() measured within 1% on an H200)"),
+        STATE: state_formula(model),
     }
 
 
@@ -173,7 +180,7 @@ st.markdown(
 
 top = st.columns([2, 1, 1])
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
-mode = c.radio("View", "mode", SPECS["mode"], where=top[1])
+training_link(top[1])
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
 used = dict(SPECS)
 
@@ -197,12 +204,7 @@ wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=r
 kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
 ad = c.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
 batch = c.int_input("Batch size", "b", SPECS["b"], where=row[3])
-if mode == "training":
-    ckpt = c.toggle("Activation checkpointing", "ckpt", SPECS["ckpt"], where=row[4])
-else:
-    del used["ckpt"]
-    ckpt = False
-    row[4].caption(" ")
+row[4].caption(" ")
 seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
 unit = c.get_unit()
@@ -228,7 +230,7 @@ if FLASH not in impls:
     st.caption(f"FlashAttention-2 runs fp16 and bf16 inputs only (PyTorch's SDPA flash backend): "
                f"not shown for {ad} attention.")
 try:
-    parts, formulas = breakdown(model, mode, batch, seq_len, wd, kvd, ad, ckpt, tuple(impls))
+    parts, formulas = breakdown(model, batch, seq_len, wd, kvd, ad, tuple(impls))
 except ValueError as err:  # a config that parses but that the model cannot size: say so
     st.error(c.md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
     c.sync_url(used)
@@ -253,25 +255,24 @@ with summary:
                     f"Needs {n} of them (ideal split of the total).",
                     icon=":material/cancel:",
                 )
-            if mode == "inference":
-                try:
-                    longest: int | None = longest_context(model, max(gpu_bytes - state, 0), batch, wd, kvd, ad, impl)
-                except ValueError:
-                    longest = None
-                shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
-                st.metric("Longest context (tokens)", shown,
-                          help="Exact integer search over s of generate()'s prefill peak"
-                          + (" + recurrent state" if state else "") + " ≤ GPU memory (computed).")
-                trained = model.max_position_embeddings
-                if longest and trained and longest > trained:
-                    st.info(f"Past the {trained:,} tokens this model was trained for: the "
-                            "memory fits, the model may not work that far.",
-                            icon=":material/warning:")
-                elif longest == 0:
-                    st.info("Nothing fits: " + (
-                        "the weights alone exceed the GPU." if parts[impl]["weights"] > gpu_bytes
-                        else "the weights fit, but not a prompt of one token."),
-                        icon=":material/block:")
+            try:
+                longest: int | None = longest_context(model, max(gpu_bytes - state, 0), batch, wd, kvd, ad, impl)
+            except ValueError:
+                longest = None
+            shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
+            st.metric("Longest context (tokens)", shown,
+                      help="Exact integer search over s of generate()'s prefill peak"
+                      + (" + recurrent state" if state else "") + " ≤ GPU memory (computed).")
+            trained = model.max_position_embeddings
+            if longest and trained and longest > trained:
+                st.info(f"Past the {trained:,} tokens this model was trained for: the "
+                        "memory fits, the model may not work that far.",
+                        icon=":material/warning:")
+            elif longest == 0:
+                st.info("Nothing fits: " + (
+                    "the weights alone exceed the GPU." if parts[impl]["weights"] > gpu_bytes
+                    else "the weights fit, but not a prompt of one token."),
+                    icon=":material/block:")
 
 fig = go.Figure()
 names = list(parts[NAIVE])
@@ -293,7 +294,7 @@ table = pd.DataFrame(
 )
 with picture:
     c.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
-if mode == "inference" and model.is_mla:
+if model.is_mla:
     latent_col, expanded_col = st.columns(2)
     latent = parts[NAIVE]["KV cache"]
     expanded = mla_expanded_kv_bytes(model, batch, seq_len, kvd)
@@ -309,7 +310,7 @@ if mode == "inference" and model.is_mla:
         f"({model.head_dim}) and V ({model.v_head_dim}) holds {expanded / max(latent, 1):,.1f}× "
         "more. The totals above count the latent."
     )
-if mode == "inference" and state:
+if state:
     st.caption(
         f"{c.COMPUTED}. Hybrid: {model.kv_layers} of {model.num_layers} layers are attention "
         f"with a KV cache; the other {model.state_layers} hold a constant state of "
@@ -321,25 +322,10 @@ with st.container():
     for i in impls:
         shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))
     c.table(shown, hide_index=True)
-    if mode == "training":
-        both = pd.DataFrame([
-            {"checkpointing": "off" if not on else "on",
-             **{impls[i]: c.fmt(training_attention(model, batch, seq_len, ad, i, on).total_bytes, unit)
-                for i in impls}}
-            for on in (False, True)
-        ])
-        st.markdown("**Attention memory of a training step, with and without activation checkpointing**")
-        c.table(both, hide_index=True)
-        st.caption(
-            "Training view counts the attention tensors autograd keeps (naive: the s×s "
-            "probabilities of every layer; FlashAttention: output + fp32 log-sum-exp) and the "
-            "weights. Gradients, optimizer states and the other activations are not included."
-        )
-    else:
-        st.caption(
-            "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
-            "one after another, so only one layer's scores exist at a time."
-        )
+    st.caption(
+        "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
+        "one after another, so only one layer's scores exist at a time."
+    )
 st.caption(f"{c.COMPUTED}. Formulas: the table above (calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
 
 c.sync_url(used)

@@ -179,10 +179,29 @@ def test_model_inputs_change_the_numbers() -> None:
     assert format_bytes(total) in [x.value for x in at.metric]
 
 
-def test_model_training_view() -> None:
+def test_model_memory_gives_training_to_the_training_page() -> None:
+    """One answer per question (issue 32): training memory is the Training step page's
+    (calc.training_step); Model memory links there instead of an attention-only view. An old
+    link with mode=training says where the view went and shows the inference answer."""
     at = run("model", mode="training", ckpt="true")
-    assert at.checkbox(key="ckpt").value is True
-    assert len(at.dataframe) >= 2  # breakdown table + with/without checkpointing table
+    assert not warnings(at)
+    assert not at.radio and not at.checkbox  # no View switch, no checkpointing box
+    assert any("Training step page" in x.value and "calc.training_step" in x.value
+               for x in at.info), [x.value for x in at.info]
+    assert any("(/training)" in x.value for x in at.markdown)  # the link (no router here)
+    assert "mode" not in at.query_params and "ckpt" not in at.query_params
+    m = MODELS["Llama 3.1 8B"]
+    total = model_memory(m, 1, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
+    assert format_bytes(total) in [x.value for x in at.metric]
+    assert not any("checkpointing" in x.value.lower() for x in at.markdown)
+
+
+def test_model_memory_links_the_training_page_through_the_router() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    at.switch_page("pages/model_memory.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    links = [x.proto for x in at.get("page_link")]
+    assert any("Training step" in p.label and p.page.endswith("training") for p in links), links
 
 
 def test_model_custom_config_paste_good_and_bad() -> None:
@@ -465,7 +484,7 @@ def test_kernel_speed_offers_the_bundled_target_grid() -> None:
 
 EXTREMES = {
     "score": {"b": "65536", "h": "100000", "s": "100000000", "dtype": "custom", "e": "64"},
-    "model": {"b": "65536", "s": "100000000", "model": "Llama 3.1 405B", "mode": "training"},
+    "model": {"b": "65536", "s": "100000000", "model": "Llama 3.1 405B"},
     "scaling": {"b": "65536", "h": "100000", "d": "65536", "smax": "16777216", "s2": "100000000",
                 "causal": "true", "bwd": "true", "dtype": "fp32"},
     "flash": {"b": "65536", "h": "100000", "s": "100000000", "d": "65536", "br": "16", "bc": "16",

@@ -125,8 +125,6 @@ def expect_model(i: dict[str, Any], unit: str, page: Page) -> Expect:
     b, s, ad = _int(i["Batch size"]), _int(i["exact"]), i["Attention (activation) dtype"]
     alerts = " ".join(page.locator('[data-testid="stAlert"]').all_inner_texts())
     assert f"one {gpu}" in alerts, f"the verdict is not about the GPU shown ({gpu}): {alerts[:300]}"
-    if i["View"] != "inference":
-        return {}
     mm = model_memory(model, b, s, i["Weights dtype / quantization"], i["KV cache dtype"], ad, "naive")
     state = state_bytes(model, b, ad)
     # the headline is calc's total (generate()'s peak) or, on the page before issue 29 moved
