@@ -22,6 +22,7 @@ import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitAPIException  # noqa: E402
 
 from calc import DEFAULT_GPU, DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from calc.gpus import torch_total_bytes  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
@@ -115,7 +116,13 @@ seq_len = c.seq_len_input(UNITS_LABEL[task], "s", SPECS["s"], hi_pow2=1 << 24)
 st.caption(fit.NOT_MODELLED)
 
 unit = c.get_unit()
-gpu_bytes = GPUS[gpu]
+# "Fits" uses the memory torch can allocate on this GPU where it is sourced (calc.gpus), as the
+# task pages do; the spec-sheet figure is shown beside it.
+gpu_bytes = torch_total_bytes(gpu)
+st.caption(f"{gpu}: \"fits\" uses {c.fmt(gpu_bytes, unit)}"
+           + (f", what torch can allocate (calc.gpus.torch_total_bytes); the spec sheet says "
+              f"{c.fmt(GPUS[gpu], unit)}." if gpu_bytes != GPUS[gpu] else
+              ", the spec sheet's figure (no torch figure sourced for it)."))
 trained = model.max_position_embeddings
 st.caption(f"**{c.md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
            f"{model.num_kv_heads} KV heads, trained context "
