@@ -26,7 +26,8 @@ from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetc
 from calc import ModelConfig  # noqa: E402
 from calc.quant import describe  # noqa: E402
 from pages import common as c  # noqa: E402
-from pages.ui.url_state import TextParam, md_escape, show_raw  # noqa: E402
+from pages.ui.url_state import ChoiceParam, TextParam, md_escape, show_raw  # noqa: E402
+from pages.ui.weights import gpu_caption, weight_label, weight_spec  # noqa: E402
 
 #: The model-selector choice that opens the id box.
 HUB = "Hugging Face Hub id"
@@ -106,6 +107,29 @@ def notes(model: ModelConfig, where: Any = st) -> None:
         where.caption(md_escape(
             f"Checkpoint quantization: {describe(model.quantization)}; 'as stored' weights "
             f"price it (calc.weight_bytes(model, 'checkpoint'))."))
+
+
+def weight_dtype(label: str, model: ModelConfig, where: Any = st, key: str = "wdtype"
+                 ) -> tuple[str, ChoiceParam]:
+    """The weight-dtype selector for this model (pages.ui.weights): "as stored (checkpoint)"
+    offered first and the default for a quantized checkpoint. When the model changes and the
+    value was the previous model's default, it follows the new model's default, so that a
+    quantized checkpoint opens as stored and a plain one at bf16; a value the user picked
+    stays. Returns the value and the spec to put in the page's URL specs."""
+    spec = weight_spec(model)
+    mark = f"_{key}_default@{st.session_state.get('_url_page', '')}"
+    before = st.session_state.get(mark)
+    if before is not None and before != spec.default and st.session_state.get(key) == before:
+        st.session_state[key] = spec.default
+    st.session_state[mark] = spec.default
+    value = c.select(label, key, spec, where=where, format_func=lambda v: weight_label(v, model))
+    return value, spec
+
+
+def gpu_note(gpu: str, unit: str, what: str = "\"Fits\" and the longest context",
+             where: Any = st) -> None:
+    """A caption under the GPU choice: the memory "fits" uses, the spec figure beside it."""
+    where.caption(md_escape(gpu_caption(gpu, unit, what)))
 
 
 def fallback(default: ModelConfig) -> ModelConfig:

@@ -31,6 +31,7 @@ from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
 from pages.ui import inference as inf  # noqa: E402
 from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from pages.ui.weights import usable_bytes  # noqa: E402
 
 MEASURED_PREFIX = "measured shape: "
 MEASURED = ("Measured on one NVIDIA H200 (torch 2.11, transformers 5.17) by "
@@ -96,7 +97,7 @@ attn = c.select("Attention", "attn", SPECS["attn"], where=top[2], format_func=la
 row = st.columns(5)
 batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
 new_tokens = c.int_input("New tokens", "new", SPECS["new"], where=row[1])
-wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=row[2])
+wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
 kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3])
 cache = c.select("Cache", "cache", SPECS["cache"], where=row[4], format_func=CACHE_LABELS.get)
 seq_len = c.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
@@ -106,7 +107,8 @@ chunk_in = c.int_input("Prefill chunk (tokens; 0 = the whole prompt in one forwa
 chunk = chunk_in or None
 
 unit = c.get_unit()
-gpu_bytes = GPUS[gpu]
+gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (calc.gpus), else the spec sheet
+hub.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
 kw = dict(weight_dtype=wd, kv_dtype=kvd, cache=cache, prefill_chunk=chunk)
 steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
 st.caption(

@@ -30,6 +30,7 @@ from calc import (  # noqa: E402
     MAX_SEQ_LEN,
     MODELS,
     ModelConfig,
+    active_param_count,
     gpus_needed,
     model_max_seq_len,
     model_memory,
@@ -41,6 +42,7 @@ from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
 from pages.ui.uploads import load_config_json  # noqa: E402
 from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
 
 CUSTOM = "Custom config.json"
 MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
@@ -48,6 +50,9 @@ NAIVE, FLASH = "naive", "sdpa_flash"
 IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
 ACT_DTYPES = ("bf16", "fp16", "fp32")
 STATE = "recurrent state"
+WEIGHTS_FORMULA = {False: "parameter count × bytes per parameter",
+                   True: "as the checkpoint stores them: quantized modules in their format with "
+                         "scales and zeros, the rest at torch_dtype (calc.weight_bytes, 'checkpoint')"}
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
@@ -161,7 +166,7 @@ def breakdown(model: ModelConfig, batch: int, seq_len: int, wd: str, kvd: str, a
         if state:
             parts[impl][STATE] = state
     return parts, {
-        "weights": "parameter count × bytes per parameter",
+        "weights": WEIGHTS_FORMULA[wd == CHECKPOINT],
         "KV cache": kv_formula(model),
         "attention": ("extra peak of one layer's attention call (calc.attention_peak_bytes); "
                       f"a lower bound: {lower}") if lower else
@@ -200,7 +205,7 @@ elif choice == hub.HUB:
     origin = hub.source(model)
 
 row = st.columns(5)
-wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=row[0])
+wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[0])
 kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
 ad = c.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
 batch = c.int_input("Batch size", "b", SPECS["b"], where=row[3])
@@ -208,7 +213,8 @@ row[4].caption(" ")
 seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
 unit = c.get_unit()
-gpu_bytes = GPUS[gpu]
+gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (calc.gpus), else the spec sheet
+hub.gpu_note(gpu, unit)
 params = param_count(model)
 st.caption(
     f"**{c.md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
@@ -219,6 +225,9 @@ st.caption(
        f"{model.num_kv_heads} KV heads, head dim {model.head_dim}")
     + (f", trained for {model.max_position_embeddings:,} tokens" if model.max_position_embeddings else "")
     + "."
+    + (f" Active per token: {active_param_count(model) / 1e9:,.2f} B with the input embedding "
+       f"(Mixtral card convention), {active_param_count(model, include_embedding=False) / 1e9:,.2f} B "
+       "without it (DeepSeek, gpt-oss card convention)." if model.num_experts > 1 else "")
 )
 c.trained_context_note(model, seq_len)
 

@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from calc import DEFAULT_GPU, DTYPES, GPUS, IMPL_LABELS, IMPLEMENTATIONS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from calc.gpus import GPU_TORCH_TOTAL  # noqa: E402
 from calc.serving import (  # noqa: E402
     BLOCK_SIZES,
     DEFAULT_CUDA_GRAPH_BYTES,
@@ -28,6 +29,7 @@ from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, FloatParam, IntParam  # noqa: E402
+from pages.ui.weights import usable_bytes  # noqa: E402
 
 MIB = 2**20
 SPECS = {
@@ -67,7 +69,7 @@ row = st.columns(5)
 block = c.select("Block size (tokens)", "block", SPECS["block"], where=row[0])
 mnbt = c.int_input("max_num_batched_tokens", "mnbt", SPECS["mnbt"], where=row[1])
 seqs = c.int_input("max_num_seqs", "seqs", SPECS["seqs"], where=row[2])
-wd = c.select("Weights dtype", "wdtype", SPECS["wdtype"], where=row[3])
+wd, used["wdtype"] = hub.weight_dtype("Weights dtype", model, where=row[3])
 kvd = c.select("KV cache dtype (fp8 halves it)", "kvdtype", SPECS["kvdtype"], where=row[4])
 row2 = st.columns(3)
 graphs = c.int_input("CUDA graphs (MiB)", "graphs_mib", SPECS["graphs_mib"], where=row2[0])
@@ -76,8 +78,12 @@ graphs_in = c.toggle("CUDA graphs taken from the budget (vLLM ≥ 0.21)", "graph
 seq_len = c.seq_len_input("Context length per request s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
 unit = c.get_unit()
+# vLLM's budget is gpu_memory_utilization x the total torch reports (torch.cuda.mem_get_info):
+# calc.gpus.torch_total_bytes, the spec-sheet figure only where no torch figure is sourced.
+gpu_bytes = usable_bytes(gpu)
+hub.gpu_note(gpu, unit, what="The budget (× gpu_memory_utilization) and the KV pool")
 try:
-    cap = serving_capacity(model, GPUS[gpu], seq_len, weight_dtype=wd, kv_dtype=kvd,
+    cap = serving_capacity(model, gpu_bytes, seq_len, weight_dtype=wd, kv_dtype=kvd,
                            gpu_memory_utilization=util, block_size=int(block),
                            max_num_batched_tokens=mnbt, max_num_seqs=seqs,
                            cuda_graph_bytes=graphs * MIB, non_torch_bytes=nontorch * MIB,
@@ -109,7 +115,12 @@ if trained and cap.max_context > trained:  # vLLM itself refuses max_model_len p
 if cap.headroom_bytes < 0:
     st.warning("CUDA graphs do not fit in the memory left outside the budget: lower gpu_memory_utilization.")
 
-table = pd.DataFrame([
+# The memory the budget is taken from, and the spec figure beside it where the two differ.
+gpu_rows = ([{"part": "GPU memory torch can use (used)", "bytes": cap.gpu_bytes},
+             {"part": "GPU memory on the spec sheet (not used)", "bytes": GPUS[gpu]}]
+            if GPU_TORCH_TOTAL[gpu] else
+            [{"part": "GPU memory, spec sheet (no torch figure sourced)", "bytes": cap.gpu_bytes}])
+table = pd.DataFrame(gpu_rows + [
     {"part": "budget (GPU × utilization)", "bytes": cap.budget_bytes},
     {"part": "weights", "bytes": cap.weights_bytes},
     {"part": "activation peak of the profiling run" + (" (estimate)" if cap.activation_estimated else ""), "bytes": cap.activation_bytes},

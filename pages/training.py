@@ -37,6 +37,7 @@ from calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages.ui.labels import TRAINING_PART_COLORS  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
+from pages.ui.weights import gpu_caption, usable_bytes  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "training_steps_h200.csv"
 #: Sharded steps (DDP, FSDP2) on several GPUs, one row per rank (kernels.measure.train_dist).
@@ -266,8 +267,8 @@ def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
                     "model": name, "attention": TRAIN_ATTENTION_LABELS[attn],
                     "checkpointing": "on" if ckpt else "off",
                     "peak (computed)": c.fmt(m.peak_bytes, unit),
-                    "fits one H200": "yes" if m.peak_bytes <= GPUS[H200] else "no",
-                    "fits one H100": "yes" if m.peak_bytes <= GPUS[H100] else "no",
+                    "fits one H200": "yes" if m.peak_bytes <= usable_bytes(H200) else "no",
+                    "fits one H100": "yes" if m.peak_bytes <= usable_bytes(H100) else "no",
                     "where": m.peak_phase,
                     "measured step (2 layers, ms)": "—" if ms is None else f"{ms:,.0f}",
                 })
@@ -301,7 +302,8 @@ shard = c.select("Sharding over data-parallel replicas", "shard", SPECS["shard"]
 
 model = CHOICES[choice]
 unit = c.get_unit()
-gpu_bytes = GPUS[gpu]
+gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (calc.gpus), else the spec sheet
+st.caption(c.md_escape(gpu_caption(gpu, unit, what="\"Fits\", the longest context and GPUs needed")))
 c.trained_context_note(model, seq_len)
 kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard)
 try:

@@ -19,13 +19,13 @@ from streamlit.testing.v1 import AppTest
 from attnmem.hub import REPO_ID_RULE
 from calc import (
     DEFAULT_GPU,
-    GPUS,
     MODELS,
     ModelConfig,
     format_bytes,
     model_max_seq_len,
     model_memory,
 )
+from calc.gpus import torch_total_bytes
 from calc.kv import mla_expanded_kv_bytes, state_bytes
 from calc.serving import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, serving_capacity
 from tests.cli.fake_hub import FakeHub
@@ -98,10 +98,13 @@ def test_good_id_renders_that_model_and_stays_in_the_url(hub: FakeHub) -> None:
     assert not refusals(at) and not at.warning
     model = fixture_model("DeepSeek-V3.json", V3)
     values = metrics(at)
-    naive = model_memory(model, 1, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
+    # DeepSeek-V3's checkpoint is fp8 (quantization_config): the weights default to as stored
+    # (issue 30), and "fits" uses the memory torch can use
+    assert at.selectbox(key="wdtype").value == "checkpoint" and url(at, "wdtype") == "checkpoint"
+    naive = model_memory(model, 1, 8192, "checkpoint", "bf16", "bf16", "naive").total_bytes
     assert values["Standard (eager): total"] == format_bytes(naive, "GB")
-    gpu = GPUS[DEFAULT_GPU]
-    longest = model_max_seq_len(model, gpu, 1, "bf16", "bf16", "bf16", "sdpa_flash")
+    gpu = torch_total_bytes(DEFAULT_GPU)
+    longest = model_max_seq_len(model, gpu, 1, "checkpoint", "bf16", "bf16", "sdpa_flash")
     assert (f"{longest:,}" if longest else "none") in values.values()
     assert any(V3 in unescape(cap.value) and "parameters" in cap.value for cap in at.caption)
     assert any(f"{hub.url}/{V3}" in unescape(cap.value) for cap in at.caption)  # cited source
@@ -246,9 +249,9 @@ def test_hybrid_preset_counts_state_in_total_and_longest_context() -> None:
     shown = [m.value for m in at.metric if m.label == "Longest context (tokens)"]
     # fp32 attention: eager alone (FlashAttention-2 takes fp16/bf16 only, and the page says so)
     for impl, value in zip(("naive",), shown, strict=True):
-        longest = model_max_seq_len(model, GPUS[gpu] - state, 1, "bf16", "bf16", "fp32", impl)
+        longest = model_max_seq_len(model, torch_total_bytes(gpu) - state, 1, "bf16", "bf16", "fp32", impl)
         assert longest > 0 and value == f"{longest:,}"
-        assert longest < model_max_seq_len(model, GPUS[gpu], 1, "bf16", "bf16", "fp32", impl)
+        assert longest < model_max_seq_len(model, torch_total_bytes(gpu), 1, "bf16", "bf16", "fp32", impl)
     assert any("FlashAttention-2 runs fp16 and bf16 inputs only" in cap.value
                for cap in at.caption)
     assert any("4 of 32 layers are attention" in unescape(cap.value) for cap in at.caption)
@@ -267,7 +270,7 @@ def test_serving_page_takes_a_hub_id(hub: FakeHub) -> None:
     at = run(SERVING_PAGE, model=HUB, hub=V3, s="16384")
     assert not refusals(at) and not at.warning
     model = fixture_model("DeepSeek-V3.json", V3)
-    cap = serving_capacity(model, GPUS[DEFAULT_GPU], 16384,
+    cap = serving_capacity(model, torch_total_bytes(DEFAULT_GPU), 16384,
                            cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES // MIB * MIB,
                            non_torch_bytes=DEFAULT_NON_TORCH_BYTES // MIB * MIB)
     assert metrics(at)["KV blocks available"] == f"{cap.num_blocks:,}"

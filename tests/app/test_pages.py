@@ -21,6 +21,7 @@ from calc import (
     model_memory,
     score_matrix_bytes,
 )
+from calc.gpus import torch_total_bytes
 from calc.io_model import flash_io, standard_io
 from pages.ui.labels import impl_label
 
@@ -155,7 +156,7 @@ def test_score_repeated_and_other_bad_params() -> None:
 def test_model_defaults_and_verdict() -> None:
     at = run("model")
     m = MODELS["Llama 3.1 8B"]
-    gpu = GPUS["NVIDIA H100 80GB"]
+    gpu = torch_total_bytes("NVIDIA H100 80GB")  # the memory torch can use (issue 30)
     naive = model_memory(m, 1, 8192, "bf16", "bf16", "bf16", "naive").total_bytes
     flash = model_memory(m, 1, 8192, "bf16", "bf16", "bf16", "sdpa_flash").total_bytes
     values = [x.value for x in at.metric]
@@ -463,6 +464,25 @@ def test_kernel_speed_shows_fa4_when_the_data_has_it(tmp_path, monkeypatch) -> N
     t = _kernel_table(at).set_index("s")
     assert not warnings(at) and {OURS_LABEL, fa4} <= set(t.columns)
     assert 4096 in t.index and 300 < t.loc[4096, fa4] < 1000  # FA4 measured, in TFLOP/s
+
+
+def test_kernel_speed_headlines_fa4_from_the_run_that_timed_it(tmp_path, monkeypatch) -> None:
+    """Issue 32 item 7: the default timing ran no FlashAttention-4, yet its headline compares
+    our default with FA4 too, from the bundled run that timed both side by side (named in the
+    metric's help); a choice no run measured FA4 for says so instead of a number."""
+    _peers_csv(tmp_path)
+    monkeypatch.setenv("ATTNMEM_BENCH_DIR", str(tmp_path))
+    fa4 = impl_label("fa4")
+    at = run("kernel")  # eager calls: cuDNN and FA2 only in its own file
+    assert f"default / {fa4}" not in _kernel_table(at).columns
+    got = {m.label: m for m in at.metric}
+    head = got[f"÷ {fa4} at s = 16,384"]
+    assert head.value == f"{600 / 640:.2f}×"
+    assert "eager, 3 rounds, with FlashAttention-4" in head.proto.help
+    assert {"÷ cuDNN at s = 16,384", "÷ FlashAttention-2 at s = 16,384"} <= set(got)
+    at = run("kernel", kdtype="fp16", kd="64", kcausal="true")  # no FA4 row of this shape
+    assert not any(fa4 in m.label for m in at.metric)
+    assert any("FlashAttention-4 was not measured" in c.value for c in at.caption)
 
 
 def test_kernel_speed_offers_the_bundled_target_grid() -> None:

@@ -24,7 +24,7 @@ def test_metrics_are_calc_numbers_from_url_inputs() -> None:
     at = run({"model": "DeepSeek-V2-Lite (MLA, MoE)", "s": "16384", "util": "0.8",
               "kvdtype": "fp8_e4m3"})
     assert not at.exception
-    cap = serving_capacity(calc.MODELS["DeepSeek-V2-Lite (MLA, MoE)"], calc.GPUS[calc.DEFAULT_GPU],
+    cap = serving_capacity(calc.MODELS["DeepSeek-V2-Lite (MLA, MoE)"], calc.DEFAULT_GPU,
                            16384, kv_dtype="fp8_e4m3", gpu_memory_utilization=0.8,
                            cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES // 2**20 * 2**20,
                            non_torch_bytes=DEFAULT_NON_TORCH_BYTES // 2**20 * 2**20)

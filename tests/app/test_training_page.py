@@ -97,8 +97,8 @@ def test_seven_b_at_32k_answer() -> None:
                            checkpointing=True)
     row = table[(table["model"] == "Llama 3.1 8B") & (table["attention"] == "SDPA FlashAttention-2")
                 & (table["checkpointing"] == "on")].iloc[0]
-    assert row["fits one H200"] == ("yes" if m.peak_bytes <= calc.GPUS["NVIDIA H200 141GB"] else "no")
-    assert row["fits one H100"] == ("yes" if m.peak_bytes <= calc.GPUS["NVIDIA H100 80GB"] else "no")
+    assert row["fits one H200"] == ("yes" if m.peak_bytes <= calc.torch_total_bytes("NVIDIA H200 141GB") else "no")
+    assert row["fits one H100"] == ("yes" if m.peak_bytes <= calc.torch_total_bytes("NVIDIA H100 80GB") else "no")
 
 
 def test_measured_rows_get_predictions(tmp_path: Path, monkeypatch) -> None:

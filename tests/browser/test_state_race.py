@@ -137,7 +137,7 @@ def expect_model(i: dict[str, Any], unit: str, page: Page) -> Expect:
 
 def expect_serving(i: dict[str, Any], unit: str, page: Page) -> Expect:
     cap = serving_capacity(
-        MODELS[i["Model"]], GPUS[_gpu(i["GPU"])], _int(i["exact"]), weight_dtype=i["Weights dtype"],
+        MODELS[i["Model"]], _gpu(i["GPU"]), _int(i["exact"]), weight_dtype=i["Weights dtype"],
         kv_dtype=i["KV cache dtype (fp8 halves it)"],
         gpu_memory_utilization=float(i["gpu_memory_utilization"]),
         block_size=_int(i["Block size (tokens)"]),
