@@ -277,6 +277,7 @@ def _memory(a: argparse.Namespace, model: Any) -> dict:
     total = mm.total_bytes + state
     out = {"model": model.name, "params": calc.param_count(model),
            "active_params": calc.active_param_count(model), "batch": a.batch,
+           "active_params_without_input_embedding": calc.active_param_count(model, include_embedding=False),
            "seq_len": a.seq_len, "impl": a.impl, "weights_bytes": mm.weights_bytes,
            "kv_cache_bytes": mm.kv_cache_bytes, "attention_bytes": mm.attention_bytes,
            "prefill_bytes": mm.prefill_bytes, "peak_phase": mm.peak_phase,
