@@ -162,7 +162,9 @@ def test_gptq_awq_int4_by_hand() -> None:
     # q/k/v biases fp16 (torch_dtype float16).
     assert AWQ.quantization.method == "awq" and AWQ.torch_dtype == "fp16"
     stored = weight_bytes(AWQ, "checkpoint")
-    assert 5.5e9 < stored < 5.65e9  # 5.571 GB; the AWQ repo lists two shards of ~5.58 GB
+    # 5.571 GB; a plausibility range, not a published figure (unsourced: none was found,
+    # see test_checkpoint_bytes_match_published_safetensors_sizes)
+    assert 5.5e9 < stored < 5.65e9
 
 
 def test_bitsandbytes_nf4_by_hand() -> None:
@@ -182,7 +184,8 @@ def test_bitsandbytes_nf4_by_hand() -> None:
     # every linear but lm_head is 4-bit; embeddings, lm_head and norms at bf16
     lm_head = 128256 * 4096
     assert quantized_param_count(model) == param_count(model) - 2 * lm_head - 65 * 4096
-    assert 5.5e9 < weight_bytes(model, "checkpoint") < 6.0e9  # bnb-4bit Llama 3.1 8B ~5.7 GB
+    # a plausibility range, not a published figure (unsourced: see the published-sizes test)
+    assert 5.5e9 < weight_bytes(model, "checkpoint") < 6.0e9
 
 
 def test_matrices_and_the_rest_add_up_to_param_count() -> None:
@@ -342,3 +345,45 @@ def test_issue30_functions_refuse_hostile_input(bad: object) -> None:
     if not isinstance(bad, str) or bad.strip().lower() != "checkpoint":
         with pytest.raises((ValueError, TypeError)):
             serving_capacity(OSS20, bad if isinstance(bad, str) else -1, 1024)
+
+
+# ----------------------------------------------- checkpoint bytes against published sizes ----
+
+def test_checkpoint_bytes_match_published_safetensors_sizes() -> None:
+    """weight_bytes(model, "checkpoint") against the published size of real checkpoints
+    (issue 30: within 2%).
+
+    - openai/gpt-oss-20b (Hugging Face Hub), model.safetensors.index.json: metadata.total_size
+      = 13,761,264,768 bytes (the index as quoted verbatim in public copies found through the
+      code search: {"metadata": {"total_size": 13761264768}, ...}). Ours: exactly that.
+    - deepseek-ai/DeepSeek-V3 (Hub, revision afb92e1fa402c2be2a9eb085312bb02e0384d6c7): its
+      safetensors weight files hold 688,586,727,753 bytes (as a public model-artifact dataset
+      records them; DeepSeek-R1, the same architecture, the same figure). The checkpoint also
+      stores the multi-token-prediction module (num_nextn_predict_layers = 1: layer 61, a full
+      MLA + MoE decoder layer, with its own embed_tokens and shared_head.head copies of
+      129,280 x 7,168 in bf16, eh_proj 7,168 x 14,336 and three norms; DeepSeek's
+      README_WEIGHTS.md), which transformers and vLLM do not load for plain decoding, so
+      weight_bytes leaves it out (2.24% under the files) and this test adds it: 0.002% under
+      (eh_proj counted at bf16; at fp8 with block scales 0.017% under). The remaining ~12 MB
+      is of the order of the 163 files' JSON headers.
+    - An AWQ int4 checkpoint (Qwen/Qwen2.5-7B-Instruct-AWQ) and a bitsandbytes 4-bit one
+      (e.g. unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit): no published total size was found
+      in the stored reference material (index.json total_size or file sizes), so they are NOT
+      checked against a published figure here; their formulas are checked by hand against the
+      tensor shapes (test_gptq_awq_int4_by_hand, test_bitsandbytes_nf4_by_hand), and the
+      ranges there are the previous session's, not sourced.
+    """
+    # gpt-oss-20b: exact
+    assert weight_bytes(OSS20, "checkpoint") == 13_761_264_768
+    # DeepSeek-V3: the main model plus the MTP module the files also hold
+    published = 688_586_727_753
+    raw = json.loads((FIXTURES / "DeepSeek-V3.json").read_text())
+    assert raw["num_nextn_predict_layers"] == 1
+    main = weight_bytes(DSV3, "checkpoint")
+    assert close(main, published, 0.025) and not close(main, published, 0.02)  # MTP left out
+    one_more = ModelConfig.from_hf_config({**raw, "num_hidden_layers": 62})
+    mtp_layer = weight_bytes(one_more, "checkpoint") - main  # layer 61: MLA + MoE, fp8
+    h, vocab = DSV3.hidden_size, DSV3.vocab_size
+    mtp = mtp_layer + 2 * (2 * vocab * h) + 2 * (h * 2 * h) + 3 * 2 * h
+    assert close(main + mtp, published, 0.0001)
+    assert close(main + mtp, published, 0.02)  # the issue's bound
