@@ -562,3 +562,18 @@ def test_scaling_at_fp32_names_what_it_does_not_draw() -> None:
     idle = [cap.value for cap in at.caption if cap.value.startswith("Not drawn for fp32")]
     assert idle and all(calc.IMPL_LABELS[i] in idle[0] for i in ("sdpa_flash", "sdpa_cudnn", "fa4"))
     assert calc.IMPL_LABELS["naive"] not in idle[0]
+
+
+def test_model_page_quantized_defaults_as_stored_and_follows_the_model() -> None:
+    """Issue 30: a quantized checkpoint opens 'as stored'; switching to a plain model goes back
+    to bf16 (the previous default, untouched); MoE models show both active conventions."""
+    at = run("model", model="gpt-oss-20b (MoE, MXFP4)")
+    assert at.selectbox(key="wdtype").value == "checkpoint"
+    assert any("Active per token" in c.value and "without it" in c.value for c in at.caption)
+    at.selectbox(key="model").set_value("Llama 3.1 8B").run()
+    assert at.selectbox(key="wdtype").value == "bf16"
+    at.selectbox(key="model").set_value("Qwen2.5 7B Instruct AWQ (int4)").run()
+    assert at.selectbox(key="wdtype").value == "checkpoint"
+    at.selectbox(key="wdtype").set_value("fp16").run()  # a value the user picks stays
+    at.selectbox(key="model").set_value("gpt-oss-20b (MoE, MXFP4)").run()
+    assert at.selectbox(key="wdtype").value == "fp16"
