@@ -108,7 +108,8 @@ if task == "inference":
 else:
     del used["new"]
 if task in ("inference", "serving"):
-    wd = c.select("Weights dtype / quantization", "wdtype", SPECS["wdtype"], where=row[2])
+    # a quantized checkpoint opens "as stored", as on the task pages (pages/hub_model.py)
+    wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
 else:
     del used["wdtype"]
     wd = "bf16"

@@ -1,0 +1,174 @@
+"""pages/will_it_fit.py: each task's verdict is the number of the one calc function that answers
+the task elsewhere (issue 32, item 8); the URL round-trips; hostile URL values are named and
+replaced; a model calc refuses for a task shows calc's reason; the explaining pages are linked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from calc import (
+    MAX_SEQ_LEN,
+    MODELS,
+    format_bytes,
+    gpus_needed,
+    inference_step,
+    max_inference_seq_len,
+    max_train_seq_len,
+    train_gpus_needed,
+    training_step,
+)
+from calc.gpus import torch_total_bytes
+from calc.serving import serving_capacity
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = str(ROOT / "pages" / "will_it_fit.py")
+H100 = "NVIDIA H100 80GB"
+LLAMA = MODELS["Llama 3.1 8B"]
+
+
+def run(**query: str) -> AppTest:
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def url(at: AppTest) -> dict[str, str]:
+    return {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+
+
+def test_inference_default_is_calc_inference_step() -> None:
+    at = run()
+    gpu = torch_total_bytes(H100)
+    m = inference_step(LLAMA, 1, 8192, 128, attention="sdpa")
+    got = metrics(at)
+    assert got["Peak"] == format_bytes(m.peak_bytes)
+    assert got["Longest context that fits (tokens)"] == \
+        f"{max_inference_seq_len(LLAMA, gpu, 1, 128, attention='sdpa'):,}"
+    assert got["H100 80GB GPUs needed at s = 8,192"] == f"{gpus_needed(m.peak_bytes, gpu):,}"
+    assert at.success and "Fits" in at.success[0].value and "calc.inference_step" in at.success[0].value
+    assert any(m.peak_phase.replace(":", "\\:") in c.value for c in at.caption)  # where it peaks
+    # 277k tokens fit, past the 131,072 the model was trained for: flagged
+    assert any("131,072 tokens this model was trained for" in i.value for i in at.info)
+    assert any("Computed" in c.value for c in at.caption)
+    assert any("LoRA" in c.value and "not modelled" in c.value for c in at.caption)
+
+
+def test_serving_is_calc_serving_capacity_and_batch_is_concurrent_requests() -> None:
+    at = run(task="serving", s="32768", b="20", gpu="NVIDIA H200 141GB")
+    gpu = torch_total_bytes("NVIDIA H200 141GB")
+    cap = serving_capacity(LLAMA, gpu, 32768)
+    assert cap.max_concurrency >= 20
+    got = metrics(at)
+    used = cap.budget_bytes - cap.kv_pool_bytes + 20 * cap.bytes_per_sequence
+    assert got["Peak"] == format_bytes(used)
+    assert at.success and "calc.serving_capacity" in at.success[0].value
+    # one request: the longest is serving_capacity's own max_context
+    at = run(task="serving", s="32768", gpu="NVIDIA H200 141GB")
+    assert metrics(at)["Longest context that fits (tokens)"] == f"{cap.max_context:,}"
+
+
+def test_training_is_calc_training_step_and_says_it_does_not_fit() -> None:
+    """The 8k Llama step of issue 32: 113.78 GB, which does not fit one H100 (the old Model
+    memory training view said 18.75 GB and 'Fits')."""
+    at = run(task="training")
+    gpu = torch_total_bytes(H100)
+    m = training_step(LLAMA, 1, 8192, attention="sdpa_flash")
+    got = metrics(at)
+    assert got["Peak"] == format_bytes(m.peak_bytes) == "113.78 GB"
+    assert got["Longest context that fits (tokens)"] == \
+        f"{max_train_seq_len(LLAMA, gpu, 1, attention='sdpa_flash'):,}"
+    n = train_gpus_needed(LLAMA, gpu, 1, 8192, sharding="zero3", max_gpus=1 << 20,
+                          attention="sdpa_flash")
+    assert got["H100 80GB GPUs needed at s = 8,192"] == f"{n:,}" and n > 1
+    assert at.error and "Does not fit" in at.error[0].value
+    assert "wdtype" not in at.query_params and "new" not in at.query_params
+
+
+def test_url_round_trip() -> None:
+    """Every shown input is in the URL; the URL it writes gives the same view again."""
+    q = dict(model="Qwen2.5 7B", gpu="NVIDIA A100 40GB", task="inference", s="4096", b="2",
+             new="64", wdtype="fp8_e4m3")
+    at = run(**q)
+    assert {k: v for k, v in url(at).items() if k != "unit"} == q
+    again = run(**url(at))
+    assert metrics(again) == metrics(at)
+    m = inference_step(MODELS["Qwen2.5 7B"], 2, 4096, 64, attention="sdpa", weight_dtype="fp8_e4m3")
+    assert metrics(at)["Peak"] == format_bytes(m.peak_bytes)
+    at.selectbox(key="task").set_value("training").run()
+    assert url(at)["task"] == "training" and "new" not in at.query_params
+
+
+@pytest.mark.parametrize("key,value,accepted", [
+    ("s", "abc", "whole number"), ("b", "-1", "whole number"), ("task", "lora", "inference, serving, training"),
+    ("gpu", "<b>x</b>", "one of"), ("new", "1e999", "whole number"), ("model", "[x](javascript:1)", "one of"),
+])
+def test_hostile_url_values_are_named_and_replaced(key: str, value: str, accepted: str) -> None:
+    at = run(**{key: value})
+    warned = [w.value for w in at.warning]
+    assert len(warned) == 1 and f"'{key}'" in warned[0].replace("\\", "") and accepted in warned[0].replace("\\", "")
+    assert metrics(at)["Peak"] == format_bytes(inference_step(LLAMA, 1, 8192, 128, attention="sdpa").peak_bytes)
+    assert "javascript" not in "".join(x.value for x in at.markdown)
+
+
+@pytest.mark.parametrize("task,model,says", [
+    ("training", "Mixtral 8x7B", "experts"),
+    ("inference", "Jamba v0.1 (hybrid)", "hybrids"),
+])
+def test_a_model_calc_refuses_shows_the_reason(task: str, model: str, says: str) -> None:
+    at = run(task=task, model=model)
+    assert not at.metric
+    assert at.error and "not modelled" in at.error[0].value and says in at.error[0].value
+
+
+def test_gemma2_inference_falls_back_to_eager_and_says_so() -> None:
+    at = run(model="Gemma 2 9B", s="4096")
+    m = inference_step(MODELS["Gemma 2 9B"], 1, 4096, 128, attention="eager")
+    assert metrics(at)["Peak"] == format_bytes(m.peak_bytes)
+    assert any("eager attention is used instead" in c.value for c in at.caption)
+
+
+def test_nothing_fits_says_why_and_never_fits_is_not_a_bound() -> None:
+    at = run(model="Llama 3.1 405B", gpu="NVIDIA T4 16GB")
+    assert metrics(at)["Longest context that fits (tokens)"] == "none"
+    assert any("Nothing fits" in e.value and "weights alone" in e.value for e in at.error)
+    at = run(task="training", s="2000000")  # activations of one replica exceed any GPU count
+    assert metrics(at)["H100 80GB GPUs needed at s = 2,000,000"] == "never fits"
+    assert any("Never fits at any number" in e.value for e in at.error)
+    assert not any("more than" in v for v in metrics(at).values())
+    at = run(task="serving", s="1000000")  # not one request's KV cache fits the pool
+    assert metrics(at)["H100 80GB GPUs needed at s = 1,000,000"] == "never fits"
+
+
+def test_a_length_past_the_trained_context_is_flagged() -> None:
+    at = run(model="Phi-3 mini (3.8B)", s="8192", new="1")
+    assert any("longer than the 4,096 tokens" in i.value for i in at.info)
+    assert MAX_SEQ_LEN > 8192
+
+
+def test_links_to_the_explaining_pages_through_the_router() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    at.switch_page("pages/will_it_fit.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    links = {x.proto.label.split(":")[0]: x.proto.page for x in at.get("page_link")}
+    # the default page (Score matrix) is the app's root: its link's path is empty
+    assert links == {"Inference": "inference", "Model memory": "model_memory",
+                     "Score matrix": "", "How FlashAttention works": "flash_explainer"}, links
+    at.selectbox(key="task").set_value("training").run()
+    assert any(x.proto.page.endswith("training") for x in at.get("page_link"))
+    at.selectbox(key="task").set_value("serving").run()
+    assert any(x.proto.page.endswith("serving") for x in at.get("page_link"))
+
+
+def test_first_in_the_sidebar() -> None:
+    text = (ROOT / "app.py").read_text()
+    assert text.index("pages/will_it_fit.py") < text.index("pages/score_matrix.py")
