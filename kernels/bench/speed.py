@@ -249,7 +249,7 @@ def _combine(results: list[tuple[float, float, str]]) -> tuple[float, float, str
 def shapes_of(args) -> list[Shape]:
     """The run's shapes: --shapes or --preset as given, else the cross product of --dtypes,
     --dims, --causal and --seqs (in that nesting), each with --kv-heads."""
-    if args.shapes:
+    if args.shapes is not None:
         return list(args.shapes)
     return [Shape(dname, d, s, bool(causal), args.kv_heads)
             for dname in args.dtypes for d in args.dims for causal in args.causal
