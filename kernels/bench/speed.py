@@ -5,6 +5,8 @@
     python -m kernels.bench --dtypes bf16 --dims 64 --seqs 2048 8192 --modes fwd
     python -m kernels.bench --graphs --modes fwd_bwd --kv-heads 8   # GQA 4:1, GPU time only
     python -m kernels.bench --impls triton sdpa_cudnn sdpa_flash fa4 --preset anchors --rounds 3
+    python -m kernels.bench --impls triton sdpa_cudnn sdpa_flash fa4 --preset training --rounds 3
+    python -m kernels.bench --summarize part1.csv part2.csv   # tables + summary, no GPU
 
 For each (dtype, head dim, H_kv, causal, forward | forward+backward, s) every implementation
 runs on the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time
@@ -12,7 +14,8 @@ is the median of ``triton.testing.do_bench`` (CUDA events, after warm-up and aut
 ``--rounds R`` every implementation is timed R times per shape, in turn, and the median of the
 R medians is kept (on a shared host, load that drifts over seconds then hits every backend).
 The shapes are the cross product of --dtypes, --dims, --causal and --seqs (one --kv-heads), or
-a list given with --shapes, or a named list (--preset). TFLOP/s are ``calc.attention_flops``
+a list given with --shapes, or a named list (--preset; "training" adds packed batches and
+ends with the geometric mean and median of our ratio to each peer: kernels.bench.training). TFLOP/s are ``calc.attention_flops``
 over the time: forward = 4*B*H*s^2*d, half when causal; forward+backward = 3.5 x forward
 (DESIGN.md). The table prints TFLOP/s and our kernel's ratio to sdpa_cudnn, sdpa_flash and
 FlashAttention-4 (``fa4``, from the optional flash-attn-4 package, when it ran); a CSV gets one
