@@ -321,6 +321,19 @@ def test_model_within_half_a_percent_of_every_reference_point_from_1024(record_p
     the worst error below s = 1,024 is reported (record_property, -rP), not bounded."""
     big, small = _reference_errors(REFERENCE_FILES)
     assert len(big) > 100
+    # Rows measured before the Hopper backward padded its flat fp32 dQ buffer to whole query
+    # blocks (kernels/flash/NOTES.md step 14): our kernel's backward at an s_q that is not a
+    # multiple of the block, in the Hopper region. calc counts today's kernel; these rows
+    # hold the old one's s_q rows and wait for a re-measurement on a GPU.
+    from calc import dispatch
+
+    stale = big.apply(lambda r: r["impl"] == "triton" and bool(r["backward"]) and
+                      r["seq_len"] % dispatch.SM90_QUERY_BLOCK.get(int(r["head_dim"]), 1) != 0
+                      and dispatch.sm90_region(int(r["batch"]), int(r["kv_heads"]),
+                                               int(r["seq_len"]), int(r["seq_len"]),
+                                               int(r["head_dim"]), 2), axis=1)
+    assert stale.sum() < len(big) // 20, big[stale]  # a few awkward-sweep rows, no more
+    big = big[~stale]
     worst = big.loc[big["model_error"].abs().idxmax()]
     assert big["model_error"].abs().max() <= 0.005, worst.to_dict()
     assert set(big["impl"]) >= {"naive", "naive_inplace", "sdpa_math", "sdpa_efficient",
