@@ -10,7 +10,7 @@ import streamlit as st
 
 from pages.common import unit_switch
 
-st.set_page_config(page_title="Attention memory", page_icon=":material/grid_on:", layout="wide")
+st.set_page_config(page_title="Attention memory", page_icon="🧮", layout="wide")
 
 PAGES = [
     st.Page("pages/will_it_fit.py", title="Will it fit?", icon=":material/check_circle:", url_path="will_it_fit"),

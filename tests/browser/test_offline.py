@@ -51,11 +51,6 @@ def test_off_machine_is_recognised() -> None:
     assert not off_machine("data:image/svg+xml,<svg/>")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "app.py's st.set_page_config(page_icon=':material/grid_on:') makes Streamlit's frontend "
-    "fetch the favicon from fonts.gstatic.com on every page (the only off-machine request "
-    "found); an emoji or a file in the repository as page_icon is served locally. Remove this "
-    "mark with that change to app.py"))
 def test_no_page_requests_another_host() -> None:
     """Load every page; record each request the browser makes; none may leave 127.0.0.1."""
     external: dict[str, set[str]] = {}
