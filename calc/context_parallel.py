@@ -36,8 +36,8 @@ c10/cuda/CUDACachingAllocator.cpp `round_size`):
   follow GQA through the SDPA backends' ring).
 
 What is returned is the EXTRA peak beyond the rank's local inputs (q, k, v of m tokens, and
-dO for forward+backward), the convention of calc.peak (shared/DESIGN.md, "Measurement");
-`context_parallel_memory` adds the inputs. With c = 1 the ring is the plain call:
+dO for forward+backward), the convention of calc.peak (the measurement procedure of
+kernels/measure/harness.py); `context_parallel_memory` adds the inputs. With c = 1 the ring is the plain call:
 calc.peak.attention_peak_bytes.
 """
 

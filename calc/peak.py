@@ -1,6 +1,6 @@
 """Predicted extra peak memory of one attention call, per implementation.
 
-What is predicted is what the measurement harness measures (shared/DESIGN.md, "Measurement"):
+What is predicted is what the measurement harness measures (kernels/measure/harness.py):
 `max_memory_allocated()` during the call minus `memory_allocated()` just before it. Forward:
 q, k, v exist before; the output is computed under no_grad. Forward + backward: q, k, v (with
 requires_grad) and the upstream gradient dO exist before; the call runs the forward and
@@ -241,7 +241,7 @@ def _round_up(x: int, m: int) -> int:
 
 
 def _inputs(sh: _Shape) -> list[int]:
-    """What exists before the call (DESIGN.md): q, k, v; for forward+backward also dO."""
+    """What exists before the call (the harness's procedure): q, k, v; with backward also dO."""
     sizes = [sh.out_bytes(), sh.kv_bytes(), sh.kv_bytes()]
     return sizes + ([sh.out_bytes()] if sh.backward else [])
 
@@ -583,7 +583,7 @@ def check_impl_dtype(impl: str, dtype: str) -> None:
 
 @lru_cache(maxsize=4096)
 def _replay(impl: str, sh: _Shape, expandable: bool, cached_free: int = 0) -> _Replay:
-    """Run the call's allocation sequence through calc.allocator under DESIGN.md's
+    """Run the call's allocation sequence through calc.allocator under the harness's
     procedure: inputs allocated, cache emptied, peaks reset, then the call. The peak terms
     are the tensors alive when "allocated" is highest. `cached_free`: a free block of that
     many bytes that the cache still holds (pinned, so empty_cache() keeps it)."""
@@ -700,7 +700,7 @@ def attention_peak_breakdown(
     bytes sum to attention_peak_bytes. `expandable`: PYTORCH_CUDA_ALLOC_CONF=
     expandable_segments:True (blocks always split: only the 512 B rounding remains).
     `cached_free_bytes`: what the cache holds free just before the call
-    (memory_reserved() - memory_allocated()); 0 under DESIGN.md's procedure (see
+    (memory_reserved() - memory_allocated()); 0 under the harness's procedure (see
     attention_peak_bytes)."""
     sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
     return list(_replay(check_impl(impl), sh, _check_expandable(expandable),
@@ -782,7 +782,7 @@ def attention_peak_bytes(
     `expandable=True` predicts PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     `cached_free_bytes`: free bytes the caching allocator still holds just before the call,
     memory_reserved() - memory_allocated() (the harness's reserved_bytes -
-    reserved_extra_bytes - before_bytes). DESIGN.md's procedure empties the cache, so the
+    reserved_extra_bytes - before_bytes). The harness's procedure empties the cache, so the
     default is 0; but empty_cache() cannot release a segment that a long-lived block pins
     (a cuBLAS workspace created inside a freed s×s segment does), and the call's tensors are
     then cut from that free block: counted at their 512 B-rounded size, not as whole
@@ -812,8 +812,8 @@ def attention_reserved_bytes(
     reserved_extra_bytes: max_memory_reserved() during the call minus memory_reserved()
     before it): the segments cudaMalloc'ed for the call's tensors, temporaries included
     (calc.allocator: get_allocation_size; freed blocks are cached, not returned, so the
-    reservation only grows during a call). Deterministic under DESIGN.md's procedure because
-    the cache is emptied before the call: only the segments holding live inputs remain
+    reservation only grows during a call). Deterministic under the harness's procedure
+    because the cache is emptied before the call: only the segments holding live inputs remain
     (their free tails can serve the call). None where calc does not know every temporary
     (`reserved_predicted`: the math backend, the eager backward, cuDNN's backward, the
     memory-efficient backward with GQA). Assumes no cudaMalloc fails
@@ -838,8 +838,8 @@ def attention_flops(
 ) -> int:
     """FLOPs of one attention call: forward 4·B·H·s²·d (two matmuls of 2·s²·d each per head),
     half of that when causal; forward+backward 3.5 × forward (the backward's five matmuls are
-    2.5 × the forward's two). Convention of FlashAttention-2 (Dao 2023, arXiv 2307.08691, sec. 4)
-    and shared/DESIGN.md.
+    2.5 × the forward's two). Convention of FlashAttention-2 (Dao 2023, arXiv 2307.08691, sec. 4),
+    which the speed benchmark and the harness use too.
     """
     b = check_int("batch", batch, 1, MAX_BATCH)
     h = check_int("heads", heads, 1, MAX_HEADS)

@@ -1,7 +1,7 @@
 """Memory of one training step of a whole model: weights, gradients, AdamW state, activations.
 
-What is predicted is what the training-step measurement records (shared/DESIGN.md,
-"Measurement"): a `transformers` *ForCausalLM built from a config, one warm-up step, then one
+What is predicted is what the training-step measurement records (`python -m kernels.measure
+--train`): a `transformers` *ForCausalLM built from a config, one warm-up step, then one
 measured step (forward, loss, backward, optimizer step, zero_grad(set_to_none=True)).
 before-step = `memory_allocated()` after the warm-up; peak = `max_memory_allocated()` over the
 measured step.

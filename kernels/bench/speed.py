@@ -9,7 +9,7 @@
     python -m kernels.bench --summarize part1.csv part2.csv   # tables + summary, no GPU
 
 For each (dtype, head dim, H_kv, causal, forward | forward+backward, s) every implementation
-runs on the same fresh random inputs (B=1, H=32 by default, as in ../shared/ANCHORS.md); time
+runs on the same fresh random inputs (B=1, H=32 by default, as in the H200 anchor figures); time
 is the median of ``triton.testing.do_bench`` (CUDA events, after warm-up and autotuning); with
 ``--rounds R`` every implementation is timed R times per shape, in turn, and the median of the
 R medians is kept (on a shared host, load that drifts over seconds then hits every backend).
@@ -17,7 +17,7 @@ The shapes are the cross product of --dtypes, --dims, --causal and --seqs (one -
 a list given with --shapes, or a named list (--preset; "training" adds packed batches and
 ends with the geometric mean and median of our ratio to each peer: kernels.bench.training). TFLOP/s are ``calc.attention_flops``
 over the time: forward = 4*B*H*s^2*d, half when causal; forward+backward = 3.5 x forward
-(DESIGN.md). The table prints TFLOP/s and our kernel's ratio to sdpa_cudnn, sdpa_flash and
+(FlashAttention-2's convention). The table prints TFLOP/s and our kernel's ratio to sdpa_cudnn, sdpa_flash and
 FlashAttention-4 (``fa4``, from the optional flash-attn-4 package, when it ran); a CSV gets one
 row per measurement (``kernels.measure.speed_results.Row``), stamped with the GPU name, torch
 and triton versions and the time.
@@ -54,7 +54,7 @@ SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
 DEFAULT_IMPLS = IMPLS
 #: Implementations timed on their own (B, s, H, d) layout: run_grid gives them q, k, v as
 #: contiguous (B, s, H, d) leaves, so their gradients need no copy into a (B, H, s, d) layout
-#: and the time is the kernels' (as shared/ANCHORS.md timed FA4).
+#: and the time is the kernels' (as the H200 anchor figures timed FA4).
 NATIVE_BSHD = ("fa4",)
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
 CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "fa4")
@@ -110,7 +110,7 @@ def parse_shape(text: str) -> Shape:
     return Shape(parts[0], d, s, causal, kv, b)
 
 
-#: Named shape lists. "anchors": the attention-kernel table of ../shared/ANCHORS.md (bf16,
+#: Named shape lists. "anchors": the attention-kernel shapes of the H200 anchor figures (bf16,
 #: d = 128 at s = 4,096 and 16,384 causal and not, d = 64 at 8,192 causal, GQA H_kv = 8 at
 #: d = 128, s = 8,192 causal), plus fp16 at d = 128, s = 4,096 causal and not. "targets": the
 #: backward's whole target grid of the kernel issue (forward+backward >= 1.0x FA4 at d = 64 and
@@ -471,8 +471,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--dims, --causal, --seqs and --kv-heads; each DTYPE/D/S[/causal]"
                         "[/kv=H_KV], e.g. bf16/128/8192/causal/kv=8")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="a named list of shapes (anchors: the kernel table of "
-                        "shared/ANCHORS.md plus fp16 at d=128, s=4096; targets: the backward's "
+                   help="a named list of shapes (anchors: the kernel table of the H200 anchor "
+                        "figures plus fp16 at d=128, s=4096; targets: the backward's "
                         "32 target shapes; training: issue 31's 36 dense shapes with their own "
                         "batch and 4 packed batches, then the summary over the grid)")
     p.add_argument("--part", default=None, metavar="K/N",

@@ -5,7 +5,7 @@ The grid (``DENSE``, 36 shapes, and ``PACKED``, 4 batches) spreads over what a t
 feeds attention: head dim 64 and 128, MHA (H_kv = 32) and GQA 4:1 (H_kv = 8) at H = 32, causal
 and not, bf16 and fp16, s from 512 to 32,768 with B = tokens / s for B*s of 8k to 128k tokens,
 lengths that are not powers of two (1,536, 3,000, 6,000), and the six anchor shapes of the
-issue and ../shared/ANCHORS.md (B = 1, s >= 4,096; two of them 4k tokens, the only shapes
+issue and the H200 anchor figures (B = 1, s >= 4,096; two of them 4k tokens, the only shapes
 under 8k). ``kernels.bench.speed`` parses the dense ones into its ``Shape``; every
 (dtype, d, H_kv, causal, s) appears once, so ``speed_results.Row.key`` (which has no batch)
 names each row's shape alone.
@@ -47,7 +47,7 @@ __all__ = ["ANCHORS", "DENSE", "LENGTH_POOL", "PACKED", "PackedBatch", "estimate
            "packed_flops", "read_packed_column", "summarize", "summary_lines"]
 
 #: The anchor shapes (B = 1), as ``speed.Shape.spec`` writes them: issue 31's table and the
-#: kernel table of ../shared/ANCHORS.md (bf16).
+#: kernel table of the H200 anchor figures (bf16).
 ANCHORS: tuple[str, ...] = (
     "bf16/128/4096/b=1", "bf16/128/4096/causal/b=1", "bf16/128/16384/b=1",
     "bf16/128/16384/causal/b=1", "bf16/64/8192/causal/b=1", "bf16/128/8192/causal/kv=8/b=1")

@@ -9,7 +9,7 @@ The first writes ``<out>/attention_calls_awkward_h200.csv``; ``--expandable`` ru
 child with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and writes
 ``<out>/attention_calls_awkward_expandable_h200.csv`` (each row's message says so). Rows are the
 harness's (``kernels.measure.harness.COLUMNS``): the same procedure as ``python -m
-kernels.measure`` (shared/DESIGN.md), measured in one child process through
+kernels.measure`` (``kernels.measure.harness``), measured in one child process through
 ``kernels.measure.child.run_points``; only the shape list is new. Memory only by default (the
 point of this sweep is the allocator's rounding); ``--time`` also times each call. The child
 first creates the cuBLAS workspaces (``kernels.measure.prewarm``), so that the cache is really

@@ -1,6 +1,6 @@
 """Measure one attention call: peak extra memory, median time, TFLOP/s, and the model's error.
 
-The procedure is shared/DESIGN.md's "Measurement", step by step (``measure_point``):
+The procedure, step by step (``measure_point``); calc's peak model predicts what it measures:
 
 1. Allocate the inputs first, fresh random normal (never zeros): q (B, H, s, d),
    k and v (B, H_kv, s, d); for forward+backward with requires_grad, and the upstream

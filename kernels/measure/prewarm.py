@@ -12,7 +12,8 @@ then never release that segment. Every later point starts with hundreds of MB ca
 free, and its tensors are cut from them (counted at their 512 B-rounded size instead of whole
 segments; measured: data/attention_calls_awkward_h200.csv). Running small products forward
 and backward here, while the cache holds nothing large, gives each workspace a segment of its
-own, so that DESIGN.md's "caches emptied" holds for every point.
+own, so that the harness's "caches emptied" (kernels/measure/harness.py, step 3) holds for every
+point.
 
 The module defines neither make_device nor get_implementation: the child measures with its
 defaults (the registry's implementations on the CUDA device).

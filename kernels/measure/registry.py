@@ -1,6 +1,6 @@
 """The named attention implementations that the harness, the command line and the pages share.
 
-Names follow DESIGN.md ("Names that other parts rely on"): ``naive`` (eager, ``masked_fill``),
+Names that the store, the pages and calc.peak key on: ``naive`` (eager, ``masked_fill``),
 ``naive_inplace`` (eager, ``masked_fill_``), ``sdpa_math``, ``sdpa_efficient``, ``sdpa_flash``,
 ``sdpa_cudnn`` (each forced through ``torch.nn.attention.sdpa_kernel(SDPBackend.X)``, as
 attention-gym's benchmark maps backend names to contexts), ``triton`` (the bundled kernel,
@@ -156,8 +156,9 @@ def _triton_fn() -> Callable[..., Any]:
 
 
 def triton_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
-    """The bundled Triton kernel (``kernels.flash.api.flash_attention``; on a Hopper GPU at
-    d = 128 its forward is the Gluon kernel of ``kernels/flash_attn_fwd_sm90.py``)."""
+    """The bundled kernel (``kernels.flash.api.flash_attention``; on a Hopper GPU at d = 128,
+    and at d = 64 on long sequences, its forward is the Gluon kernel of
+    ``kernels/flash/fwd_sm90.py``)."""
     return _triton_fn()(q, k, v, causal=causal, scale=scale)
 
 
@@ -165,7 +166,9 @@ def triton_attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float 
 # FlashAttention-4 (optional: the flash-attn-4 package, CuTe DSL kernels for sm90 and sm100).
 # --------------------------------------------------------------------------------------------
 
-FA4_INSTALL = "pip install flash-attn-4; see ../shared/tools/fa4/README.md"
+#: How to get FA4: the version the peak model and the bundled measurements use, on a Hopper
+#: (sm90) or Blackwell (sm100) GPU with a CUDA build of torch.
+FA4_INSTALL = "pip install flash-attn-4==4.0.0b36 on a Hopper or Blackwell GPU"
 #: Compute capability majors FA4 has forward and backward kernels for here (Hopper, Blackwell).
 FA4_MAJORS = (9, 10)
 _FA4_IMPORT: dict[str, Any] = {}  # "fn": flash_attn_func, or "reason": why it did not import

@@ -470,7 +470,7 @@ def read_csv_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def cached_free_bytes(row: Any) -> int:
     """What the caching allocator held free just before a row's call: memory_reserved() before
     (``reserved_bytes - reserved_extra_bytes``) minus memory_allocated() before
-    (``before_bytes``). Zero when the cache was really emptied (DESIGN.md's procedure); in a
+    (``before_bytes``). Zero when the cache was really emptied (the harness's procedure); in a
     child serving many points a cuBLAS workspace can pin a freed segment (kernels/measure/
     prewarm.py), and calc's peak model takes that state as ``cached_free_bytes``. Takes a row
     as a mapping or an object with those attributes; a missing value counts as 0."""

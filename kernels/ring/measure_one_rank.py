@@ -11,7 +11,7 @@ rank r allocates: the same tensors as in a real ring, NCCL's own buffers aside.
 For each shape (bf16, B = 1, H = 32, d = 128, causal with zigzag sharding; total lengths of
 16k, 64k and 128k tokens; c = 2, 4, 8; ranks 0 and c-1, the two ends of the schedule) and
 each pass (forward under no_grad; forward + backward with dO allocated before), the peak
-extra memory is measured as the project measures every call (shared/DESIGN.md:
+extra memory is measured as the project measures every call (kernels/measure/harness.py:
 max_memory_allocated during the call minus memory_allocated just before, after a warm-up,
 caches emptied) and compared with calc.context_parallel_peak_bytes for that rank. Each ring
 step's local work is timed with CUDA events (median of the steps past the first over three

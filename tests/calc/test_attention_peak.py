@@ -44,7 +44,7 @@ def test_reproduces_h200_anchor_within_2_percent(impl: str, row: dict) -> None:
     measured = float(row["peak_extra_mib"]) * MIB
     if backward and impl in ("sdpa_flash", "sdpa_cudnn", "sdpa_math"):
         # The anchors allocated dO inside the call; our convention allocates it before
-        # (shared/ANCHORS.md), so their backward peaks are one output-sized tensor higher.
+        # (as the anchors' own notes said), so their backward peaks are one output-sized tensor higher.
         # Not so for the eager path and the memory-efficient backend: the project's harness,
         # with dO allocated before, measured the anchors' very numbers (65,792 and 900 MiB at
         # s=16384; data/attention_calls_h200.csv): dO was not alive at their peak, or a copy of it is.

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flops_convention():
-    """DESIGN.md: forward 4*B*H*s^2*d, half when causal; forward+backward 3.5 x forward, and
+    """FlashAttention-2's convention: forward 4*B*H*s^2*d, half when causal; forward+backward 3.5 x forward, and
     the bench's figure is calc.attention_flops's (one copy of the rule)."""
     import calc
 
