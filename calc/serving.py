@@ -200,37 +200,60 @@ def sequence_bytes(model: ModelConfig, seq_len: int, block_size: int, kv_dtype: 
     return ceil_bytes(total) + state_bytes(model, 1, _dtype("state_dtype", state_dtype))
 
 
-def activation_peak_estimate(model: ModelConfig, max_num_batched_tokens: int,
-                             act_dtype: str = "bf16",
-                             max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int:
-    """An estimate of the torch peak of vLLM's profiling run (one forward over T =
-    max_num_batched_tokens tokens, then the sampler over min(max_num_seqs, T) rows):
-    residual + normed hidden 2·T·h·a, plus the largest of
-    - the dense MLP's gate/up output and activation 3·T·I·a (2·T·I·a without a gate),
-    - a MoE layer's fused-experts caches T·k·(3·I_e + h)·a (vLLM fused_moe intermediate caches),
-    - attention of one T-token prefill with FlashAttention: q, k, v T·(H + 2·H_kv)·d·a plus
-      calc.attention_peak_bytes("sdpa_flash", causal),
-    - the sampler's fp32 logits min(max_num_seqs, T)·V·4 (plus the bf16 copy V·a per row).
-    An estimate, not a measurement: pass the figure of your engine's log when you have it.
+#: The moments of vLLM's profiling forward (`activation_moments`), largest first when equal.
+PROFILE_MOMENTS: tuple[str, ...] = ("MLP of a layer", "MoE of a layer", "attention of a layer",
+                                    "sampler")
+
+
+def activation_moments(model: ModelConfig, max_num_batched_tokens: int,
+                       act_dtype: str = "bf16",
+                       max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> dict[str, int]:
+    """Bytes beyond the weights at each moment of vLLM's profiling run, counted as
+    calc.inference_step counts generate(): the tensors alive at a named moment, here from
+    vLLM's own modules. What the run does (vllm/v1/worker/gpu_model_runner.py profile_run):
+    one forward over T = max_num_batched_tokens dummy tokens (_dummy_run), then the sampler
+    over min(max_num_seqs, T) rows (_dummy_sampler_run); the worker takes the torch peak of
+    that as the activation memory (gpu_worker.py determine_available_memory). The attention
+    backend returns its preallocated output without computing when there is no metadata
+    (vllm/v1/attention/backends/flash_attn.py, "Profiling run."), so no score or log-sum-exp
+    buffer appears. Per layer, with the residual and the normed hidden states alive (vLLM's
+    fused add-RMSNorm works in place: 2·T·h·a):
+    - attention: the fused qkv_proj output T·(H + 2·H_kv)·d·a (rotary in place on its q, k
+      views), the attention output T·H·d·a the layer allocates, o_proj's output T·h·a while
+      qkv is still a live local;
+    - gated MLP: MergedColumnParallelLinear's gate_up output 2·T·I·a and SiluAndMul's output
+      T·I·a (non-gated: up T·I·a and its activation T·I·a);
+    - MoE: fused_moe's intermediate caches T·k·(2·I_e + I_e + h)·a (fused_moe.py
+      intermediate_cache1..3);
+    - the sampler: the logits of each row in a and their fp32 copy, rows·V·(a + 4).
     """
     check_model(model)
     t = check_int("max_num_batched_tokens", max_num_batched_tokens, 1, MAX_SEQ_LEN)
     rows = min(check_int("max_num_seqs", max_num_seqs, 1, MAX_BATCH), t)
     a = dtype_bytes(_dtype("act_dtype", act_dtype))
-    h = model.hidden_size
-    mats = 3 if model.gated_mlp else 2
+    h, d = model.hidden_size, model.head_dim
+    stream = 2 * t * h * a
     dense_width = (model.dense_intermediate_size if model.num_experts > 1
                    else model.intermediate_size)
-    candidates = [t * (mats - 1) * dense_width * a + t * dense_width * a]
+    moments = {"MLP of a layer": stream + (3 if model.gated_mlp else 2) * t * dense_width * a}
     if model.num_experts > 1:
         k = model.experts_per_token
-        candidates.append(t * k * (3 * model.intermediate_size + h) * a)
-    qkv = t * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim * a
-    candidates.append(qkv + attention_peak_bytes(
-        "sdpa_flash", 1, model.num_heads, t, model.head_dim, act_dtype, causal=True,
-        kv_heads=model.num_kv_heads))
-    candidates.append(rows * model.vocab_size * (4 + a))
-    return ceil_bytes(2 * t * h * a + max(candidates))
+        moments["MoE of a layer"] = stream + t * k * (3 * model.intermediate_size + h) * a
+    qkv = t * (model.num_heads + 2 * model.num_kv_heads) * d * a
+    moments["attention of a layer"] = stream + qkv + t * model.num_heads * d * a + t * h * a
+    moments["sampler"] = stream + rows * model.vocab_size * (4 + a)
+    return {k: ceil_bytes(v) for k, v in moments.items()}
+
+
+def activation_peak_estimate(model: ModelConfig, max_num_batched_tokens: int,
+                             act_dtype: str = "bf16",
+                             max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> int:
+    """The torch peak of vLLM's profiling run beyond the weights: the largest of
+    `activation_moments` (its docstring has every term and source). Counted from vLLM's
+    modules, not measured here (no vLLM on our GPU host): pass the figure of your engine's
+    log when you have it."""
+    return max(activation_moments(model, max_num_batched_tokens, act_dtype,
+                                  max_num_seqs).values())
 
 
 def decode_attention_bytes(impl: str, batch: int, heads: int, seq_len: int, head_dim: int,

@@ -118,3 +118,17 @@ def test_unmodelled_architectures_are_refused(name: str) -> None:
 def test_every_attention_is_accepted_for_llama() -> None:
     peaks = {a: inference_step(LLAMA, 1, 4096, 1, attention=a).peak_bytes for a in INFER_ATTENTIONS}
     assert peaks["eager"] == max(peaks.values())
+
+
+def test_vllm_profile_moments_by_hand() -> None:
+    """calc.serving's profiling-run moments for Llama 3.1 8B at vLLM's 8,192 batched tokens:
+    the MLP (gate_up 2·T·I, SiluAndMul T·I beside the residual and normed hidden states) is
+    the peak; attention holds the fused qkv, its output and o_proj's output."""
+    from calc.serving import activation_moments, activation_peak_estimate
+
+    t, h, i, q, k = 8192, 4096, 14336, 4096, 1024
+    m = activation_moments(LLAMA, t)
+    assert m["MLP of a layer"] == 2 * t * h * 2 + 3 * t * i * 2
+    assert m["attention of a layer"] == 2 * t * h * 2 + t * (q + 2 * k) * 2 + t * q * 2 + t * h * 2
+    assert m["sampler"] == 2 * t * h * 2 + 256 * 128_256 * 6
+    assert activation_peak_estimate(LLAMA, t) == max(m.values()) == m["MLP of a layer"]
