@@ -20,8 +20,8 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   (kernels/flash/bwd_sm90.py: one program per 128 keys of a key/value head walks every query
   head of its group, so it needs no GQA split, and adds dQ into the fp32 buffer), so the rules
   say S = 1 and atomic dQ. Timed against the Triton backward's split / two-kernel paths on an
-  H200 (kernels/flash/NOTES.md, step 11), backward alone: 1.0-1.7x from 256 programs on (0.97x
-  at d = 128 causal MHA, 16,384 queries), 0.4-0.9x below with the causal mask (too few long
+  H200 (kernels/flash/NOTES.md, "the Hopper region"), backward alone: 1.0-1.7x from 256
+  programs on (0.97x at d = 128 causal MHA, 16,384 queries), 0.4-0.9x below with the causal mask (too few long
   programs for 132 SMs). The rules stay GPU-free: on other GPUs, or where the Gluon kernel
   cannot take the inputs (layouts, s_q % 4, a sliding window), the Triton backward runs the same
   path (atomic dQ, no split), so the buffers, and the peak model, are the same everywhere; the
@@ -74,7 +74,8 @@ def sm90_region(batch: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
 def sm90_dq_rows(s_q: int, head_dim: int) -> int:
     """Query rows per (batch, head) of the Gluon backward's flat fp32 dQ buffer: s_q rounded up
     to its query block (bwd_sm90.dq_buffer_rows), since each block's partials take whole
-    4,096-float tiles (FA4's dQ staging, kernels/flash/NOTES.md step 14)."""
+    4,096-float tiles (FA4's dQ staging; measured in kernels/flash/NOTES.md,
+    "DQ_FLAT kept, the others deleted")."""
     bm = SM90_QUERY_BLOCK[head_dim]
     return _cdiv(s_q, bm) * bm
 

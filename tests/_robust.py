@@ -1,4 +1,4 @@
-"""Shared pieces of the robustness suite (tests/test_fuzz_*.py, test_uploads_hostile.py, ...).
+"""Shared pieces of the robustness suite (tests/*/test_fuzz_*.py, test_uploads_hostile.py, ...).
 
 - `time_limit(seconds)`: turns a hang into a failure (SIGALRM; main thread, POSIX only).
 - `HOSTILE`: a hypothesis strategy of values nobody should pass: None, bools, huge and

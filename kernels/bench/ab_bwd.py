@@ -20,8 +20,9 @@ is the base.
 2. Time of one backward call per candidate (stats kernel, main kernel, final cast: what
    `attention_backward_sm90` launches), triton.testing.do_bench's median with L2 flushed
    between calls, in ``--rounds`` rounds that interleave the candidates; the best round is
-   kept (the method of NOTES.md step 12d). ``--fa4`` adds FlashAttention-4's backward alone
-   (autograd on its forward's output), where flash_attn.cute imports. bf16, B = 1.
+   kept (the method of kernels/flash/NOTES.md, "K and V descriptors rebuilt every step").
+   ``--fa4`` adds FlashAttention-4's backward alone (autograd on its forward's output), where
+   flash_attn.cute imports. bf16, B = 1.
    TFLOP/s count 2.5 x 4 B H s^2 d (halved when causal): the backward's share of the 3.5 of
    forward+backward. The last lines are each candidate's time against the base per shape and
    their geometric mean.
@@ -42,7 +43,8 @@ import tempfile
 # The keywords a variant may set (attention_backward_sm90's overrides) and what each takes.
 SETTINGS = {"block_m": (64, 128), "stages": (2, 3, 4), "key_major": (0, 1),
             "dq_split_d": (0, 1)}
-# bf16, B = 1: issue 18's timing shapes, the ones NOTES.md step 12 measured.
+# bf16, B = 1: issue 18's timing shapes, the ones kernels/flash/NOTES.md, "where the
+# backward's time goes (ncu)", measured.
 DEFAULT_SHAPES = ["32/32/4096/128/0", "32/32/4096/128/1", "32/32/16384/128/0",
                   "32/32/16384/128/1", "32/8/8192/128/1", "32/32/8192/64/1", "32/32/8192/64/0",
                   "32/8/8192/64/0"]

@@ -12,8 +12,8 @@ Both backward calls are made twice first (compiles, caches), then once each betw
 cudaProfilerStart and cudaProfilerStop, so only those kernels are profiled: ours (the stats
 kernel, the Gluon kernel, the final cast) and FA4's (its preprocess, main and postprocess
 kernels), when ``flash_attn.cute`` imports. ``--clock-control none`` leaves the clocks as the
-timed runs have them (the device tool's METHOD.md). kernels/flash/NOTES.md step 12 is what the
-first such profile found.
+timed runs have them. kernels/flash/NOTES.md, "where the backward's time goes (ncu)", is
+what the first such profile found.
 """
 
 from __future__ import annotations

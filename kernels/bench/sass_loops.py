@@ -5,8 +5,9 @@ decides what they cost. One outside the loops costs once per program, one inside
 query blocks costs every step. This module disassembles a cubin with the ``cuobjdump`` that
 ships with Triton, finds the loops by their backward branches, and counts per innermost loop
 its instructions, warpgroup MMAs (HGMMA), local loads (LDL), local stores (STL) and
-special-function instructions (MUFU: exp2 and the like). No GPU is needed. (kernels/flash/NOTES.md step 12: the Gluon backward's MHA loops held 7-15 local loads
-per step that the byte count did not show.)
+special-function instructions (MUFU: exp2 and the like). No GPU is needed. It found that the
+Gluon backward's MHA loops held 7-15 local loads per step that the byte count did not show
+(kernels/flash/NOTES.md, "where the backward's time goes (ncu)").
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ DKDV = [
     (128, 128, 8, 2), (16, 64, 4, 4), (32, 64, 4, 2),
 ]
 # 16 warps (four warpgroups, half the registers per thread) lose at every key
-# (kernels/flash/NOTES.md, step 8): not candidates.
+# (kernels/flash/NOTES.md, "the atomic-dQ backward, timed"): not candidates.
 DQ = [
     (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 2), (128, 32, 4, 3), (64, 64, 4, 3),
     (64, 64, 4, 4), (128, 128, 8, 2), (64, 128, 4, 2), (64, 32, 4, 3), (128, 64, 4, 3),

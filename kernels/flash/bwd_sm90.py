@@ -44,9 +44,10 @@ Roles, split by ``gl.warp_specialize`` (as in ``fwd_sm90.py``):
   warpgroups can split its output without the 64-row minimum of a warpgroup MMA: at d = 128
   each holds a (d / 2, BLOCK_M) accumulator, 32 registers per thread, next to dK_w and dV_w
   (64 each); split by rows of d its operands take a third less shared-memory traffic than
-  split by queries, and it measured 1.21-1.26x faster (NOTES.md step 11c). dS lives in a double buffer, so a warpgroup may write the next block's half
-  while the other still reads the previous one (it cannot get two blocks ahead: each
-  warpgroup waits for the other's arrival every block).
+  split by queries, and it measured 1.21-1.26x faster (kernels/flash/NOTES.md, "dQ^T split
+  between the warpgroups by rows of d"). dS lives in a double buffer, so a warpgroup may write
+  the next block's half while the other still reads the previous one (it cannot get two
+  blocks ahead: each warpgroup waits for the other's arrival every block).
 
 Masks (top-left causal alignment, as ``bwd.py``): query blocks above the diagonal are never
 visited (the loop starts at the block holding query row start_n); blocks that cross the
@@ -57,12 +58,12 @@ the copy engine reads their Q, dO, lse2 and delta as zeros, so P = 1 there but d
 P^T dO = 0 and dS = P (dP - delta) = 0, so their share of dQ is zero (it lands in the
 buffer's padding past s_q, which the final cast does not read).
 
-dQ staging is FA4's (NOTES.md steps 13c and 14): each warpgroup's 64 x 64 fp32 partial goes
-to an unswizzled shared tile in register order (16-byte stores, no bank conflicts) and one
+dQ staging is FA4's (kernels/flash/NOTES.md, "DQ_FLAT" and "DQ_FLAT kept, the others
+deleted"): each warpgroup's 64 x 64 fp32 partial goes to an unswizzled shared tile in register order (16-byte stores, no bank conflicts) and one
 bulk reduce-add per partial into a flat buffer, B * H * ceil(s_q / BLOCK_M) * BLOCK_M * d
 floats (s_q rounded up to the query block, `dq_buffer_rows`); 1.05-1.23x the backward alone
-against the swizzled dQ^T tile it replaced (H200, step 14). FA4's early lse/delta reads
-(EARLY_STATS) and a polynomial exp2 in the forward measured slower and are gone (step 14).
+against the swizzled dQ^T tile it replaced (H200). FA4's early lse/delta reads
+(EARLY_STATS) and a polynomial exp2 in the forward measured slower and are gone (same section).
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
@@ -70,8 +71,8 @@ descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the 
 Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90). The
 consumers run at 240 registers (the first at 256), dK and dV taking 128 of them; with the K and
 V descriptors rebuilt every step (`_q_step`) ptxas spills nothing at d = 128 and 16-56 bytes
-at d = 64 with Triton 3.6 (3.9: 0-8 and 32-56), almost none of it inside the loops (NOTES.md
-step 12).
+at d = 64 with Triton 3.6 (3.9: 0-8 and 32-56), almost none of it inside the loops (kernels/flash/
+NOTES.md, "where the backward's time goes (ncu)").
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
 test_bwd_sm90.py. Routed from kernels.flash.bwd (`use_sm90_backward`).
 """
@@ -123,10 +124,11 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # (BLOCK_M, STAGES) per head dim: query rows per step and ring slots of Q and dO each.
 # Shared memory at d = 128: K, V 64 KiB; ring 2 * (16 + 16 + 0.5) KiB; dS 2 * 2 * 8 KiB;
 # dQ staging (flat) 2 * 16 KiB; 193 KiB in all as compiled (of the 227 a block may use; 3 stages:
-# 226 KiB, no faster: NOTES.md step 11). At d = 64 BLOCK_M = 128 (as FA3 and FA4 take it):
-# the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64: 113 KiB, 3-17% slower on
-# the H200, step 11), though it then spilled 100-240 bytes under Triton 3.6 where 64 spilled
-# none (16-56 since the descriptors are rebuilt every step, step 12).
+# 226 KiB, no faster: kernels/flash/NOTES.md, "the Hopper region"). At d = 64 BLOCK_M = 128
+# (as FA3 and FA4 take it): the S^T and dP^T products are N = 128 wide; 194 KiB (BLOCK_M = 64:
+# 113 KiB, 3-17% slower on the H200, same section), though it then spilled 100-240 bytes under
+# Triton 3.6 where 64 spilled none (16-56 since the descriptors are rebuilt every step: NOTES.md,
+# "where the backward's time goes (ncu)").
 TILES = {64: (128, 2), 128: (64, 2)}
 # Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
 KEY_MAJOR = {False: False, True: True}
@@ -135,7 +137,8 @@ KEY_MAJOR = {False: False, True: True}
 # products whose shared-memory operands, 3 KiB per 16 keys, take longer to read than the
 # tensor cores take to multiply them); True, each takes half of the rows of d (M = d / 2,
 # N = BLOCK_M: 4 KiB per 16 keys for twice the work, a third less shared-memory traffic; its
-# staging tile's 256-byte rows go out as two copy-engine boxes). NOTES.md step 11.
+# staging tile's 256-byte rows go out as two copy-engine boxes). Measured: NOTES.md, "dQ^T split
+# between the warpgroups by rows of d".
 DQ_SPLIT_D = {64: False, 128: True}
 
 
@@ -197,7 +200,7 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
     # each of K_w, V_w and of K^T for dQ) are then rebuilt every step in uniform registers,
     # not hoisted out of the loop, where ptxas kept them in about 48 vector registers and
     # spilled around them (7-15 local loads per step). 0 spilled bytes at d = 128 since, and
-    # 1.02-1.08x the backward alone (NOTES.md step 12d).
+    # 1.02-1.08x the backward alone (NOTES.md, "K and V descriptors rebuilt every step").
     rz = slot * zero
     k_w = _tile(k_smem, HALF_ID + rz)
     v_w = _tile(v_smem, HALF_ID + rz)
@@ -213,7 +216,7 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
     # broadcast over the keys. Rows past s_q read as zeros (lse2 = 0 makes P = 1 there), and
     # so do their Q and dO rows: S = dP = 0, so they add nothing to dV (dO = 0) or dS
     # (P (dP - delta) = 0), and their dQ is zero. Each is read right where it is used (read
-    # before the MMA waits, FA4's order, it measured 0.28x at d = 64: NOTES.md step 14).
+    # before the MMA waits, FA4's order, it measured 0.28x at d = 64: NOTES.md, "EARLY_STATS").
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))  # groups complete in order
     lse = lse_smem.index(slot).load(st_layout)
 

@@ -32,8 +32,8 @@ class Settings:
     direct_launch: bool  # FLASH_ATTN_DIRECT_LAUNCH=0 sets False: every launch takes the JIT path
     # FLASH_ATTN_SM90_BWD=0 sets False: the Hopper Gluon backward is never the default. On
     # (the default), it runs where `bwd.use_sm90_backward` allows it (the GPU suite passes
-    # through that route: kernels/flash/NOTES.md, step 10f). KernelConfig(sm90_bwd=...)
-    # decides per call.
+    # through that route: kernels/flash/NOTES.md, "the route on by default").
+    # KernelConfig(sm90_bwd=...) decides per call.
     sm90_bwd: bool = True
 
     @classmethod

@@ -93,7 +93,7 @@ __all__ = ["LOG2E", "SMEM_BYTES", "TUNED_H200", "attention_forward", "descriptor
 
 # Below this length bucket the forward loads K/V with pointers even where descriptors work:
 # the host time of encoding two tensor maps per launch costs more than the copy engine saves
-# on short keys (kernels/flash/NOTES.md, step 3).
+# on short keys (kernels/flash/NOTES.md, "accumulate inside tl.dot, tensor descriptors").
 DESC_MIN_BUCKET = 2048
 
 

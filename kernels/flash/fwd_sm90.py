@@ -57,7 +57,8 @@ default at d = 64 once both lengths exceed 2,048 (4,096 causal; `default_schedul
 
 Computing part of each step's probabilities by a polynomial on the FMA units instead of the
 exp2 unit (FA4's Blackwell exp2 emulation) measured 0.93-0.98x this forward with a quarter of
-them, 0.78-0.92x with half, on the H200, and is gone (NOTES.md steps 13d and 14).
+them, 0.78-0.92x with half, on the H200, and is gone (kernels/flash/NOTES.md, "EXP2_EMU in
+the forward" and "DQ_FLAT kept, the others deleted").
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
 default at d = 128, and at d = 64 for long sequences). Everything else (and every other GPU)
@@ -105,14 +106,15 @@ LOADER_REGS = gl.constexpr(24)  # ... and for the loader warp
 CONSUMER3_REGS = gl.constexpr(160)
 # (BLOCK_N, STAGES) per head dim: STAGES slots of K and of V each. Shared memory at d = 128:
 # Q 32 KiB + STAGES * (32 + 32) KiB, 160 KiB with 2 stages (3 fit too: 224 of the 227 KiB a
-# block may use, and are no faster; neither is BLOCK_N = 64: NOTES step 5b).
+# block may use, and are no faster; neither is BLOCK_N = 64: kernels/flash/
+# NOTES.md, "a hand-scheduled Hopper forward in Gluon").
 TILES = {64: (128, 3), 128: (128, 2)}
 # Consumer warpgroups per head dim when a config forces this kernel without saying how many.
 CONSUMERS = {64: 2, 128: 2}
 # Where flash_attention runs this kernel at d = 64 without being asked: with three consumer
 # warpgroups and two stages once both lengths reach these (the 4,096 bucket without a causal
 # mask, the 8,192 bucket with one); shorter calls are as fast or faster on the Triton kernel,
-# which keeps them (NOTES steps 6f and 7a).
+# which keeps them (kernels/flash/NOTES.md, "three warpgroups by default at d = 64").
 THREE_WG_MIN_LEN = {False: 2049, True: 4097}  # by causal
 THREE_WG_SCHEDULE = (3, 2)  # (consumer warpgroups, stages)
 

@@ -3,7 +3,7 @@ not powers of two, GQA; every implementation, fp16 and bf16, forward and forward
 
     python -m kernels.measure.awkward_sweep --out data/awkward        # ~400 points, < 5 min on an H200
     python -m kernels.measure.awkward_sweep --expandable --out data/awkward   # ~64 points
-    python -m kernels.measure.awkward_sweep --check data/awkward/attention_calls_awkward_h200.csv
+    python -m kernels.measure.awkward_sweep --check data/attention_calls_awkward_h200.csv
 
 The first writes ``<out>/attention_calls_awkward_h200.csv``; ``--expandable`` runs a subset in a
 child with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and writes

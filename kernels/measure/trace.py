@@ -7,7 +7,7 @@ distinct kernel name: how many launches, total GPU microseconds, share of the ca
 and the bytes that copies/fills moved (the trace's ``args.bytes``). One summary row
 (``kernel == '(all)'``) per call.
 
-What it shows (see kernels/NOTES_MEASURE.md): the eager path's separate matmul, scale, fill,
+What it shows (see kernels/measure/NOTES.md): the eager path's separate matmul, scale, fill,
 softmax and matmul kernels (``masked_fill`` launches one more elementwise kernel than
 ``masked_fill_`` -- the out-of-place copy); the math backend's fp32 casts (``to``/copy kernels
 around its matmuls); the fused backends' single forward kernel.

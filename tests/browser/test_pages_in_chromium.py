@@ -4,7 +4,7 @@ For each page: load it, check the headline number, change an input, check the ne
 that a plotly chart rendered. With SAVE_SCREENSHOTS=1 each page is saved to
 docs/screenshots/<page>.png (the README shows them). No browser is downloaded: Playwright
 drives /usr/bin/chromium (Debian's `chromium` package). Skipped, with the reason, where either
-is missing. Run: .venv/bin/python -m pytest -m browser tests/test_browser.py
+is missing. Run: .venv/bin/python -m pytest -m browser tests/browser/test_pages_in_chromium.py
 """
 
 from __future__ import annotations

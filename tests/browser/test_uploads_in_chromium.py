@@ -1,7 +1,7 @@
 """Hostile uploads through a real browser: the file chooser of headless Chromium (Playwright,
 Debian's /usr/bin/chromium) on a locally started server, the path a user's file takes.
 
-tests/test_uploads_hostile.py covers the loaders and the pages' handling with a fake uploader;
+tests/app/test_uploads_hostile.py covers the loaders and the pages' handling with a fake uploader;
 this checks the real widget: a 100 MB file is refused before it reaches the server (and the
 server's memory does not move), a 100,000-level JSON and a pickle renamed .json are refused
 with a message, and no exception reaches the page.

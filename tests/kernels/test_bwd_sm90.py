@@ -235,10 +235,11 @@ def test_compiles_for_sm90_without_spills(d):
     for sm_90 and fits the 227 KiB of shared memory; 0 spilled bytes is the goal. Known
     spills (expected failures until they are 0), the causal variant compiled here: at d = 128
     none with Triton 3.6 (the GPU host's) and 8 bytes with 3.9, outside the loops, since the
-    K and V descriptors are rebuilt every step (kernels/flash/NOTES.md step 12d; before, 44-68
+    K and V descriptors are rebuilt every step (kernels/flash/NOTES.md, "K and V descriptors
+    rebuilt every step"; before, 44-68
     and about 350); at d = 64 the BLOCK_M = 128 tile (S^T and dP^T 64 registers each) spills
     16-56 bytes with either, and was 3-17% faster on the H200 than BLOCK_M = 64, which spilled
-    none (step 11)."""
+    none (kernels/flash/NOTES.md, "the Hopper region")."""
     _sm90()
     from kernels.bench import compile_bwd_sm90 as cb
 
@@ -255,8 +256,8 @@ def test_compiles_for_sm90_without_spills(d):
 
 def test_mha_specialisation_compiles_within_shared_memory():
     """The kernel as the JIT builds it without GQA (GROUP = 1 a constant, which changes what
-    ptxas keeps in registers: NOTES.md step 12) compiles for sm_90 at both head dims within the
-    227 KiB a block may use. Its spills are not asserted (a few local loads remain)."""
+    ptxas keeps in registers: kernels/flash/NOTES.md, "where the backward's time goes (ncu)")
+    compiles for sm_90 at both head dims within the 227 KiB a block may use. Its spills are not asserted (a few local loads remain)."""
     _sm90()
     from kernels.bench import compile_bwd_sm90 as cb
 

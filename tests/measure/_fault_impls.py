@@ -1,4 +1,4 @@
-"""Fault-injecting implementations for tests/test_faults.py, run inside the measurement child
+"""Fault-injecting implementations for tests/measure/test_faults.py, run inside the measurement child
 (``run_points(..., impl_module="tests.measure._fault_impls")``).
 
 Every real implementation name is served by one fake whose behaviour depends on the sequence

@@ -1,5 +1,5 @@
 """Exposure: the server listens on localhost by default; on another address the GPU measurement
-is switched off unless the user allows it (kernels/exposure.py, ATTNMEM_DISABLE_MEASURE)."""
+is switched off unless the user allows it (kernels/measure/exposure.py, ATTNMEM_DISABLE_MEASURE)."""
 
 from __future__ import annotations
 

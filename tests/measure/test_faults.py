@@ -9,7 +9,7 @@ Layers:
   past the current size fail with SQLITE_FULL, "database or disk is full", exactly what a
   full disk gives), the parent process killed between rows;
 - the harness with the store (kernels.measure.child.run_points writing each row from on_result, as the
-  page does), with the fault implementations of tests/_fault_impls.py in the real child;
+  page does), with the fault implementations of tests/measure/_fault_impls.py in the real child;
 - the measurement page (AppTest) with the GPU check patched to "present" and run_points
   pointed at those fakes: it must finish, show the statuses and keep the rows.
 
