@@ -28,7 +28,7 @@ TEXT = re.compile(r"(\.(py|md|toml|txt|cfg|sh|yml|yaml|ini)|Makefile)$")
 #: Names of the notes outside the repository, and the relative way up to them.
 EXTERNAL = re.compile(r"\.\./shared|\b(DESIGN|STYLE|ANCHORS|KINDS)\.md\b")
 #: A path inside this repository: a top-level folder, then a file ending .py, .md or .csv.
-PATH = re.compile(r"(?<![\w./-])((?:%s)/[A-Za-z0-9_./*-]*\.(?:py|md|csv))(?!\w)" % "|".join(TOP))
+PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(TOP) + r")/[A-Za-z0-9_./*-]*\.(?:py|md|csv))(?!\w)")
 MD = re.compile(r"(?<![\w./-])([A-Za-z0-9_./*-]*[A-Za-z0-9_-]\.md)\b")
 #: Files whose text states the rule above, so they name the outside notes on purpose.
 STATES_THE_RULE = {"tests/test_self_contained.py", "tests/app/test_page_sources.py"}
@@ -119,5 +119,5 @@ def test_calc_api_lists_every_public_name() -> None:
     api = (ROOT / "calc" / "API.md").read_text(encoding="utf-8")
     names = [n for n in vars(calc) if not n.startswith("_") and n != "annotations"
              and not isinstance(getattr(calc, n), types.ModuleType)]
-    missing = [n for n in names if not re.search(r"`%s[`(]" % re.escape(n), api)]
+    missing = [n for n in names if not re.search("`" + re.escape(n) + "[`(]", api)]
     assert not missing, f"add to calc/API.md: {missing}"
