@@ -185,8 +185,8 @@ def point_key(p: PointConfig | dict[str, Any]) -> tuple:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--train" in argv:  # training steps of whole models: kernels.measure.train_harness
-        from kernels.measure.train_harness import main as train_main
+    if "--train" in argv:  # training steps of whole models: kernels.measure.train
+        from kernels.measure.train.cli import main as train_main
 
         return train_main([a for a in argv if a != "--train"])
     if "--infer" in argv:  # generate() of whole models: kernels.measure.infer_harness

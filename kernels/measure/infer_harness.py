@@ -135,20 +135,20 @@ from pathlib import Path
 from typing import IO, Any
 
 from kernels.measure import infer_models
-from kernels.measure import train_harness as th
+from kernels.measure import model_common as mc
 from kernels.measure.child import WorkerProcess
 
 #: The training harness's attentions plus ``sdpa``: attn_implementation="sdpa" with no backend
 #: forced, torch's own choice per call (what a user of generate() runs; with a mask it cannot
 #: be the flash backend).
-ATTENTIONS = ("sdpa", *th.ATTENTIONS)
-SDPA_BACKENDS = th.SDPA_BACKENDS
+ATTENTIONS = ("sdpa", *mc.ATTENTIONS)
+SDPA_BACKENDS = mc.SDPA_BACKENDS
 CACHES = ("dynamic", "static")
 #: The warm-up's prompt and new tokens (step 3), and its largest prefill chunk.
 WARMUP_PROMPT, WARMUP_NEW, WARMUP_CHUNK = 32, 2, 16
 #: A worker whose allocator holds this much beyond the kept model after cleaning up exits (the
 #: runner starts a fresh one), so one configuration's leftovers never count in the next.
-LEFTOVER_RESTART_BYTES = th.LEFTOVER_RESTART_BYTES
+LEFTOVER_RESTART_BYTES = mc.LEFTOVER_RESTART_BYTES
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def shape_fields(hf: Any) -> dict[str, Any]:
     """The row's shape columns from a transformers config object (the training harness's,
     plus the routed experts: ``num_experts`` (Qwen-MoE), ``n_routed_experts`` (DeepSeek),
     ``num_local_experts`` (Mixtral))."""
-    out = th.shape_fields(hf)
+    out = mc.shape_fields(hf)
     experts = None
     for key in ("num_experts", "n_routed_experts", "num_local_experts"):
         if getattr(hf, key, None):
@@ -313,7 +313,7 @@ def predict(cfg: InferConfig, config_dict: dict[str, Any]) -> tuple[dict[str, An
 
         fn = _inference_step()
     except (ImportError, AttributeError) as exc:
-        return empty, f"no prediction: calc has no inference_step ({th.short_error(exc, 200)})"
+        return empty, f"no prediction: calc has no inference_step ({mc.short_error(exc, 200)})"
     try:
         model = ModelConfig.from_hf_config(config_dict, name=cfg.model)
         m = fn(model, cfg.batch, cfg.prompt_len, cfg.new_tokens, attention=cfg.attention,
@@ -329,7 +329,7 @@ def predict(cfg: InferConfig, config_dict: dict[str, Any]) -> tuple[dict[str, An
                 "predicted_cache_bytes": int(m.kv_cache_bytes),
                 "predicted_peak_phase": str(m.peak_phase)}, ""
     except Exception as exc:  # noqa: BLE001 - a failed prediction never costs the measurement
-        return empty, f"no prediction: {th.short_error(exc, 200)}"
+        return empty, f"no prediction: {mc.short_error(exc, 200)}"
 
 
 def rel_error(predicted: int | None, measured: int | None) -> float | None:
@@ -452,7 +452,7 @@ def measure_infer(cfg: InferConfig, *, device: Any = None, keep_model: bool = Fa
     finally:
         if not keep_model:
             release_model()
-    return replace(res, wall_s=round(time.perf_counter() - t0, 3), timestamp=th.now_utc())
+    return replace(res, wall_s=round(time.perf_counter() - t0, 3), timestamp=mc.now_utc())
 
 
 def _measure(cfg: InferConfig, device: Any, keep_model: bool) -> InferResult:
@@ -467,7 +467,7 @@ def _measure(cfg: InferConfig, device: Any, keep_model: bool) -> InferResult:
     from kernels.measure.harness import default_device, is_oom
 
     device = device or default_device()
-    env = th.environment(device)
+    env = mc.environment(device)
     config_dict = infer_models.hf_config(cfg.model, cfg.layers)
     hf = infer_models.build_config(config_dict)
     predicted, pred_msg = predict(cfg, config_dict)
@@ -582,8 +582,8 @@ def _measure(cfg: InferConfig, device: Any, keep_model: bool) -> InferResult:
             info["decode_ms_per_token"] = round((full_ms - prefill_ms) / (cfg.new_tokens - 1), 4)
     except Exception as exc:  # noqa: BLE001 - OOM and refusals are results; the rest 'error'
         status = ("oom" if is_oom(exc) else
-                  "unavailable" if th.unavailable_error(exc) else "error")
-        message = th.short_error(exc)
+                  "unavailable" if mc.unavailable_error(exc) else "error")
+        message = mc.short_error(exc)
         del exc
         cleanup()
         if status == "error":  # a broken model is not kept for the next configuration
@@ -616,9 +616,9 @@ def _model_for(cfg: InferConfig, hf: Any, dev: str, dtype: Any, device: Any) -> 
     if _HELD.get("key") == key:
         return _HELD["model"]
     release_model()
-    impl = "sdpa" if cfg.attention == "sdpa" else th.attn_implementation(cfg.attention)
+    impl = "sdpa" if cfg.attention == "sdpa" else mc.attn_implementation(cfg.attention)
     with torch.device(dev):
-        model = th.train_models_from_config(hf, dtype, impl)
+        model = mc.model_from_config(hf, dtype, impl)
     if next(model.parameters()).device.type != dev:
         model.to(dev)
     model.eval()
@@ -638,20 +638,11 @@ def _model_for(cfg: InferConfig, hf: Any, dev: str, dtype: Any, device: Any) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def _allocated_now() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - no CUDA state to read
-        return 0
-
-
 def _row_for(cfg: InferConfig, status: str, message: str) -> InferResult:
     return InferResult(model=cfg.model, layers=cfg.layers, batch=cfg.batch,
                        prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens,
                        attention=cfg.attention, cache=cfg.cache, prefill_chunk=cfg.prefill_chunk,
-                       status=status, message=message, timestamp=th.now_utc())
+                       status=status, message=message, timestamp=mc.now_utc())
 
 
 def worker_main(stdin: IO[str], proto: IO[str]) -> None:
@@ -670,8 +661,8 @@ def worker_main(stdin: IO[str], proto: IO[str]) -> None:
             res = measure_infer(cfg, keep_model=True)
         except Exception as exc:  # noqa: BLE001 - keep serving; the row says what broke
             release_model()
-            res = _row_for(cfg, "error", th.short_error(exc))
-        left = _allocated_now() - held_baseline()
+            res = _row_for(cfg, "error", mc.short_error(exc))
+        left = mc.allocated_now() - held_baseline()
         restart = left > LEFTOVER_RESTART_BYTES
         proto.write(json.dumps({"result": res.to_row(), "restart": restart}) + "\n")
         proto.flush()
@@ -733,7 +724,7 @@ def run_infer(configs: Sequence[InferConfig], *,
                         summary.children_started += 1
                     limit = timeout_s + (startup_s if child.done == 0 else 0.0)
                     child.send({"cfg": cfg.to_dict()})
-                    msg = th.next_message(child, limit)
+                    msg = mc.next_message(child, limit)
                     if msg == "timeout":
                         child.kill()
                         child = None
@@ -799,19 +790,13 @@ def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _cell(v: Any) -> Any:
-    from kernels.measure.store import neutralise
-
-    return "" if v is None else neutralise(v)
-
-
 def write_rows(fh: IO[str], rows: Iterable[dict[str, Any]], *, header: bool = True) -> None:
     """CSV rows in INFER_COLUMNS order, formula-like text neutralised (store.neutralise)."""
     w = csv.writer(fh, lineterminator="\r\n")
     if header:
         w.writerow(INFER_COLUMNS)
     for r in rows:
-        w.writerow([_cell(r.get(c)) for c in INFER_COLUMNS])
+        w.writerow([mc.cell(r.get(c)) for c in INFER_COLUMNS])
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -861,7 +846,7 @@ class InferStore:
     def new_run(self, *, gpu: str = "", label: str = "") -> int:
         with self._connect() as con:
             cur = con.execute("INSERT INTO infer_runs (started, gpu, label) VALUES (?, ?, ?)",
-                              (th.now_utc(), gpu, label[:200]))
+                              (mc.now_utc(), gpu, label[:200]))
             return int(cur.lastrowid)
 
     def add_row(self, run_id: int, row: dict[str, Any]) -> None:
@@ -1029,7 +1014,7 @@ PLANS: dict[str, Callable[[], list[InferConfig]]] = {"h200": reference_plan,
 
 
 def _chunks(values: Sequence[str]) -> list[int | None]:
-    words = th.words(values)
+    words = mc.words(values)
     out: list[int | None] = []
     for w in words:
         if w.lower() == "none":
@@ -1092,11 +1077,11 @@ def configs_from_args(args: argparse.Namespace) -> list[InferConfig]:
             raise SystemExit(f"error: {name} must be a whole number >= 1, got {value}")
     if args.layers is not None and args.layers < 1:
         raise SystemExit(f"error: --layers must be a whole number >= 1, got {args.layers}")
-    models = th.choices(args.model, infer_models.NAMES, "model(s)")
-    attentions = th.choices(args.attention, ATTENTIONS, "attention(s)")
-    cache_words = th.choices(args.cache, (*CACHES, "both"), "cache kind(s)")
+    models = mc.choices(args.model, infer_models.NAMES, "model(s)")
+    attentions = mc.choices(args.attention, ATTENTIONS, "attention(s)")
+    cache_words = mc.choices(args.cache, (*CACHES, "both"), "cache kind(s)")
     caches = [c for c in CACHES if c in cache_words or "both" in cache_words]
-    lens = th.ints(args.prompt_len, "--prompt-len", 1)
+    lens = mc.ints(args.prompt_len, "--prompt-len", 1)
     return expand(models, lens, attentions, caches=caches,
                   prefill_chunks=_chunks(args.prefill_chunk), batch=args.batch,
                   new_tokens=args.new_tokens, layers=args.layers)
@@ -1193,16 +1178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _worker_entry() -> None:
-    # The protocol owns the real stdout; anything a library prints goes to stderr.
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    worker_main(sys.stdin, proto)
-
-
 if __name__ == "__main__":
     if "--worker" in sys.argv[1:]:
-        _worker_entry()
+        mc.serve(worker_main)
     else:
         sys.exit(main())

@@ -18,11 +18,11 @@ Backend: NCCL on CUDA, with ``NCCL_NVLS_ENABLE=0`` set before the process group 
 H200 machines require NVLink multicast off); gloo on CPU (tests; memory counters read nothing
 there, the tensor counts below still do). Each rank uses GPU ``LOCAL_RANK``.
 
-Per configuration (``kernels.measure.train_harness.TrainConfig`` plus the sharding), on every
-rank, what the single-GPU harness does (train_harness's docstring), distributed:
+Per configuration (``kernels.measure.train.config.TrainConfig`` plus the sharding), on every
+rank, what the single-GPU harness does (kernels.measure.train.procedure), distributed:
 
 1. ``torch.manual_seed(seed)`` on every rank, then the model from its config
-   (``train_models``; random init, no download) on the rank's device, as train_harness builds
+   (``train_models``; random init, no download) on the rank's device, as the harness builds
    it (same dtype per precision, same attention, checkpointing with use_reentrant=False).
    Sharding ``ddp``: ``DistributedDataParallel(model, gradient_as_bucket_view=False)``
    (default buckets of 25 MiB: calc.parallel's "none" layout with its bucket copy of the
@@ -44,15 +44,15 @@ rank, what the single-GPU harness does (train_harness's docstring), distributed:
    ``steps`` measured steps (>= 3), each started after a barrier and timed with CUDA events;
    ``peak_bytes`` = ``max_memory_allocated()`` over them, ``reserved_bytes`` likewise,
    ``step_ms`` the median. Out of memory is status ``oom``; an attention that cannot run the
-   model is ``unavailable`` (train_harness's rules).
+   model is ``unavailable`` (the harness's rules).
 5. Prediction: ``calc.training_step(model, batch, seq_len, attention=..., precision=...,
    checkpointing=..., gpus=world_size, sharding="none" for ddp | "fsdp")`` per GPU, and
    ``calc.parallel.layout_bytes`` for the weights, gradients, optimizer state and buffers.
 6. Rank 0 gathers every rank's row (``all_gather_object``) and appends them to ``--out`` as
    soon as a configuration is done, so a run cut short keeps what it measured.
 
-Rows: train_harness's ``TRAIN_COLUMNS`` (peak_rel_error against the per-GPU prediction), then
-``DIST_EXTRA``:
+Rows: ``TRAIN_COLUMNS`` (kernels.measure.train.config; peak_rel_error against the per-GPU
+prediction), then ``DIST_EXTRA``:
 
     world_size                 N (processes = GPUs)
     sharding                   ddp | fsdp
@@ -96,7 +96,29 @@ from pathlib import Path
 from typing import Any
 
 from kernels.measure import torchrun, train_models
-from kernels.measure import train_harness as th
+from kernels.measure.model_common import (
+    ATTENTIONS,
+    SDPA_BACKENDS,
+    attn_implementation,
+    cell,
+    environment,
+    kernels_hf_check,
+    model_from_config,
+    now_utc,
+    short_error,
+    unavailable_error,
+    words,
+)
+from kernels.measure.train import store as train_store
+from kernels.measure.train.config import (
+    PRECISIONS,
+    TRAIN_COLUMNS,
+    TrainConfig,
+    check_config,
+    shape_fields,
+)
+from kernels.measure.train.plan import expand
+from kernels.measure.train.procedure import USE_REENTRANT, enable_checkpointing
 
 SHARDINGS = ("ddp", "fsdp")
 #: What each sharding is in calc.parallel's layouts.
@@ -107,7 +129,7 @@ DIST_EXTRA: tuple[str, ...] = (
     "predicted_optimizer_bytes", "predicted_persistent_bytes", "predicted_step_buffers_bytes",
     "losses",
 )
-DIST_COLUMNS: tuple[str, ...] = th.TRAIN_COLUMNS + DIST_EXTRA
+DIST_COLUMNS: tuple[str, ...] = TRAIN_COLUMNS + DIST_EXTRA
 DEFAULT_SEED = 1234
 
 
@@ -119,7 +141,7 @@ class Refusal(ValueError):
 class DistConfig:
     """One sharded configuration: the single-GPU configuration plus the sharding."""
 
-    base: th.TrainConfig
+    base: TrainConfig
     sharding: str
 
     def label(self) -> str:
@@ -171,7 +193,7 @@ def predict(cfg: DistConfig, world_size: int) -> dict[str, Any]:
         out.update(predicted_peak_bytes=int(m.peak_bytes),
                    predicted_before_bytes=int(m.before_step_bytes))
     except ValueError as exc:
-        out["message"] = f"no peak prediction: {th._short(exc, 200)}"
+        out["message"] = f"no peak prediction: {short_error(exc, 200)}"
     return out
 
 
@@ -191,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--global-batch", type=int, default=None,
                     help="sequences over all GPUs (a multiple of N); instead of --batch")
     ap.add_argument("--attention", nargs="+", default=["sdpa_flash"],
-                    help=f"attentions ({', '.join(th.ATTENTIONS)})")
+                    help=f"attentions ({', '.join(ATTENTIONS)})")
     ap.add_argument("--precision", nargs="+", default=["bf16"],
-                    help=f"precisions ({', '.join(th.PRECISIONS)}; fp32: CPU tests, no "
+                    help=f"precisions ({', '.join(PRECISIONS)}; fp32: CPU tests, no "
                          "prediction)")
     ap.add_argument("--checkpointing", nargs="+", default=["off"], help="off, on (or both)")
     ap.add_argument("--steps", type=int, default=3, help="measured steps (median time), >= 3")
@@ -212,12 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _choices(values: Sequence[str], known: Sequence[str], what: str) -> list[str]:
-    words = th._words(values)
-    bad = [w for w in words if w not in known]
-    if bad or not words:
+    got = words(values)
+    bad = [w for w in got if w not in known]
+    if bad or not got:
         raise Refusal(f"unknown {what} {', '.join(repr(b) for b in bad) or '(none)'}; "
                       f"accepted: {', '.join(known)}")
-    return words
+    return got
 
 
 def configs_from_args(args: argparse.Namespace, world_size: int) -> list[DistConfig]:
@@ -228,13 +250,13 @@ def configs_from_args(args: argparse.Namespace, world_size: int) -> list[DistCon
                       "`python -m kernels.measure --train`")
     shardings = _choices(args.sharding, SHARDINGS, "sharding(s)")
     models = _choices(args.model, train_models.NAMES, "model(s)")
-    attentions = _choices(args.attention, th.ATTENTIONS, "attention(s)")
-    precisions = _choices(args.precision, th.PRECISIONS, "precision(s)")
+    attentions = _choices(args.attention, ATTENTIONS, "attention(s)")
+    precisions = _choices(args.precision, PRECISIONS, "precision(s)")
     ck = _choices(args.checkpointing, ("off", "on", "both"), "checkpointing value(s)")
     checkpointings = sorted({c for w in ck for c in {"off": [False], "on": [True],
                                                       "both": [False, True]}[w]})
     try:
-        seq = [int(w) for w in th._words(args.seq_len)]
+        seq = [int(w) for w in words(args.seq_len)]
     except ValueError:
         raise Refusal(f"--seq-len must be whole numbers, got {' '.join(args.seq_len)}") from None
     if not seq or min(seq) < 2:
@@ -261,8 +283,8 @@ def configs_from_args(args: argparse.Namespace, world_size: int) -> list[DistCon
         for s in shardings:
             check_calc_model(m, args.layers, world_size, s)
     return [DistConfig(c, s) for s in shardings
-            for c in th.expand(models, seq, attentions, precisions, checkpointings, batch=batch,
-                               layers=args.layers, steps=args.steps)]
+            for c in expand(models, seq, attentions, precisions, checkpointings, batch=batch,
+                            layers=args.layers, steps=args.steps)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,19 +349,20 @@ def global_ids(vocab: int, global_batch: int, seq_len: int, seed: int) -> Any:
 
 def build_model(hf: Any, precision: str, attention: str, checkpointing: bool, dev: str,
                 seed: int) -> Any:
-    """The model as train_harness builds it, seeded so that every rank starts equal."""
+    """The model as kernels.measure.train.procedure builds it, seeded so that every rank
+    starts equal."""
     import torch
 
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    impl = th._attn_implementation(attention)
+    impl = attn_implementation(attention)
     with torch.device(dev):
-        model = th.train_models_from_config(hf, dtype, impl)
+        model = model_from_config(hf, dtype, impl)
     if next(model.parameters()).device.type != dev:
         model.to(dev)
     model.train()
     if checkpointing:
-        th._enable_checkpointing(model)
+        enable_checkpointing(model)
     return model
 
 
@@ -379,7 +402,7 @@ def measure_rank(cfg: DistConfig, *, rank: int, world_size: int, local_rank: int
     t0 = time.perf_counter()
     row = _measure_rank(cfg, rank, world_size, local_rank, seed, count_buckets, device)
     row["wall_s"] = round(time.perf_counter() - t0, 3)
-    row["timestamp"] = th._now()
+    row["timestamp"] = now_utc()
     return row
 
 
@@ -393,7 +416,7 @@ def _measure_rank(cfg: DistConfig, rank: int, world_size: int, local_rank: int, 
     b = cfg.base
     device = device or default_device()
     dev = "cuda" if device.name == "cuda" else "cpu"
-    env = th._environment(device)
+    env = environment(device)
     if dev == "cuda":
         env["gpu"] = torch.cuda.get_device_name(local_rank)
     config_dict = train_models.hf_config(b.model, b.layers)
@@ -404,11 +427,11 @@ def _measure_rank(cfg: DistConfig, rank: int, world_size: int, local_rank: int, 
         notes.append("fp32: calc predicts bf16 and amp_bf16 only (the layout terms shown are "
                      "amp_bf16's, whose states are fp32 too)")
     if b.checkpointing:
-        notes.append(f"checkpointing: use_reentrant={th.USE_REENTRANT}")
+        notes.append(f"checkpointing: use_reentrant={USE_REENTRANT}")
     row: dict[str, Any] = {c: None for c in DIST_COLUMNS}
     row.update(model=b.model, batch=b.batch, seq_len=b.seq_len, attention=b.attention,
                precision=b.precision, checkpointing=bool(b.checkpointing),
-               **th.shape_fields(hf), **env, **pred, world_size=world_size,
+               **shape_fields(hf), **env, **pred, world_size=world_size,
                sharding=cfg.sharding, rank=rank, global_batch=world_size * b.batch)
 
     def done(status: str, message: str = "") -> dict[str, Any]:
@@ -416,20 +439,20 @@ def _measure_rank(cfg: DistConfig, rank: int, world_size: int, local_rank: int, 
         row["message"] = "; ".join(m for m in [message, *notes] if m)
         return row
 
-    bad = th.check_config(b)
+    bad = check_config(b)
     if bad:
         return done("error", bad)
     if b.attention == "triton":
-        why = th._kernels_hf_check(hf, b.seq_len)
+        why = kernels_hf_check(hf, b.seq_len)
         if why:
             return done("unavailable", "our kernel cannot run this model: " + "; ".join(why))
-    if b.attention in th.SDPA_BACKENDS:
+    if b.attention in SDPA_BACKENDS:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        backend = getattr(SDPBackend, th.SDPA_BACKENDS[b.attention], None)
+        backend = getattr(SDPBackend, SDPA_BACKENDS[b.attention], None)
         if backend is None:
             return done("unavailable", f"torch {torch.__version__} has no SDPBackend."
-                        f"{th.SDPA_BACKENDS[b.attention]}")
+                        f"{SDPA_BACKENDS[b.attention]}")
 
         def attn_ctx() -> Any:
             return sdpa_kernel(backend)
@@ -491,8 +514,8 @@ def _measure_rank(cfg: DistConfig, rank: int, world_size: int, local_rank: int, 
         reserved = device.max_reserved()
     except Exception as exc:  # noqa: BLE001 - OOM and refusals are results; the rest 'error'
         status = ("oom" if is_oom(exc) else
-                  "unavailable" if th._unavailable_error(exc) else "error")
-        message = th._short(exc)
+                  "unavailable" if unavailable_error(exc) else "error")
+        message = short_error(exc)
         del exc
         state.clear()
         gc.collect()
@@ -527,7 +550,7 @@ def _write_rows(path: Path, rows: list[dict[str, Any]], header: bool) -> None:
         if header:
             w.writerow(DIST_COLUMNS)
         for r in rows:
-            w.writerow([th._cell(r.get(c)) for c in DIST_COLUMNS])
+            w.writerow([cell(r.get(c)) for c in DIST_COLUMNS])
 
 
 _DIST_INT = tuple(c for c in DIST_EXTRA if c not in ("sharding", "losses"))
@@ -535,8 +558,9 @@ _DIST_INT = tuple(c for c in DIST_EXTRA if c not in ("sharding", "losses"))
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Rows of a sharded training-step CSV (DIST_COLUMNS), typed: the single-GPU columns as
-    train_harness.read_rows parses them, world_size, rank and the byte counts as integers
-    (empty: None). A file without world_size or sharding raises ValueError naming them."""
+    kernels.measure.train.store.read_rows parses them, world_size, rank and the byte counts as
+    integers (empty: None). A file without world_size or sharding raises ValueError naming
+    them."""
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in ("world_size", "sharding", "rank")
@@ -545,7 +569,7 @@ def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: not a sharded training-step CSV (missing columns "
                              f"{', '.join(missing)})")
         raw = list(reader)
-    rows = th.read_rows(path)
+    rows = train_store.read_rows(path)
     for r, x in zip(rows, raw, strict=True):
         for c in _DIST_INT:
             v = x.get(c)

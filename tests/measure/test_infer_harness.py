@@ -174,7 +174,7 @@ def test_failures_are_rows(monkeypatch, exc, status):
     def fail(*args, **kwargs):
         raise exc()
 
-    monkeypatch.setattr(ih.th, "train_models_from_config", fail)
+    monkeypatch.setattr(ih.mc, "model_from_config", fail)
     r = ih.measure_infer(ih.InferConfig("tiny-llama", 16, "eager"))
     assert r.status == status and r.message.startswith(type(exc()).__name__)
     assert r.peak_bytes is None and r.wall_s is not None

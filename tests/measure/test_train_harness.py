@@ -1,4 +1,4 @@
-"""The training-step harness (kernels.measure.train_harness) and its model list.
+"""The training-step harness (kernels.measure.train) and its model list.
 
 On the CPU: the row schema, the configs (their parameter counts in transformers against calc,
 built on the meta device: no memory, no download), the procedure on a tiny Llama (memory
@@ -18,9 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from kernels.measure import train_harness as th
+from kernels.measure import model_common
 from kernels.measure import train_models as tm
 from kernels.measure.harness import STATUSES
+from kernels.measure.train import cli as tcli
+from kernels.measure.train import config as tconfig
+from kernels.measure.train import plan as tplan
+from kernels.measure.train import predict, procedure, worker
+from kernels.measure.train import store as tstore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,10 +38,10 @@ REQUIRED = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "head_dim"
 
 
 def test_schema_has_every_required_column_and_documents_it():
-    assert set(REQUIRED) <= set(th.TRAIN_COLUMNS)
-    assert len(set(th.TRAIN_COLUMNS)) == len(th.TRAIN_COLUMNS)
-    doc = th.__doc__
-    for col in th.TRAIN_COLUMNS:
+    assert set(REQUIRED) <= set(tconfig.TRAIN_COLUMNS)
+    assert len(set(tconfig.TRAIN_COLUMNS)) == len(tconfig.TRAIN_COLUMNS)
+    doc = tconfig.__doc__
+    for col in tconfig.TRAIN_COLUMNS:
         assert f"\n    {col} " in doc, f"column {col} is not described in the module docstring"
 
 
@@ -46,7 +51,7 @@ def test_statuses_are_the_attention_points_statuses():
 
 
 def test_import_is_light():
-    code = ("import sys, kernels.measure.train_harness, kernels.measure.train_models, "
+    code = ("import sys, kernels.measure.train.cli, kernels.measure.train_models, "
             "kernels.measure.cli, kernels.hf\n"
             "bad = [m for m in ('torch', 'transformers', 'triton', 'streamlit') if m in sys.modules]\n"
             "assert not bad, bad\n")
@@ -75,14 +80,14 @@ def test_param_count_matches_calc_and_shape_fields_match_config(name):
         model = AutoModelForCausalLM.from_config(hf)
     real = sum(p.numel() for p in model.parameters())
     assert real == param_count(ModelConfig.from_hf_config(d, name=name))
-    shape = th.shape_fields(hf)
+    shape = tconfig.shape_fields(hf)
     assert shape["layers"] == tm.MODELS[name][1] == d["num_hidden_layers"]
     assert shape["hidden"] == d["hidden_size"] and shape["vocab"] == d["vocab_size"]
     assert shape["heads"] % shape["kv_heads"] == 0
 
 
 def test_the_model_list_covers_the_issue():
-    shapes = {n: th.shape_fields(tm.build_config(n)) for n in tm.NAMES if n != "tiny-llama"}
+    shapes = {n: tconfig.shape_fields(tm.build_config(n)) for n in tm.NAMES if n != "tiny-llama"}
     archs = {s["arch"] for s in shapes.values()}
     assert {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"} <= archs
     assert any(s["heads"] == s["kv_heads"] for s in shapes.values())  # MHA
@@ -120,7 +125,7 @@ def test_bad_model_names_and_layers_are_refused():
 @pytest.mark.parametrize("attention, precision, ckpt", [
     ("eager", "fp32", False), ("sdpa_math", "bf16", True), ("eager", "amp_bf16", False)])
 def test_tiny_step_on_cpu(attention, precision, ckpt):
-    r = th.measure_train_step(th.TrainConfig("tiny-llama", 32, attention, precision, ckpt))
+    r = procedure.measure_train_step(tconfig.TrainConfig("tiny-llama", 32, attention, precision, ckpt))
     assert r.status == "ok", r.message
     assert r.params == 90432 and r.layers == 2 and r.kv_heads == 2 and r.arch == "llama"
     assert abs(r.loss - math.log(128)) < 0.5  # random init: about ln(vocab)
@@ -134,9 +139,9 @@ def test_tiny_step_on_cpu(attention, precision, ckpt):
 def test_prediction_is_calc_training_step():
     import calc
 
-    cfg = th.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16", False)
+    cfg = tconfig.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16", False)
     hf = tm.hf_config(cfg.model)
-    peak, before, why = th.predict(cfg, hf)
+    peak, before, why = predict.predict(cfg, hf)
     m = calc.training_step(calc.ModelConfig.from_hf_config(hf, name=cfg.model), 1, 1024,
                            attention="sdpa_flash", precision="bf16", checkpointing=False)
     assert why == "" and (peak, before) == (m.peak_bytes, m.before_step_bytes)
@@ -144,8 +149,8 @@ def test_prediction_is_calc_training_step():
 
 def test_triton_refusal_is_unavailable_before_building_anything():
     # a sliding window shorter than s runs through the kernel's own window
-    assert th._kernels_hf_check(tm.build_config("mistral-7b-2l"), 8192) == []
-    g = th.measure_train_step(th.TrainConfig("gemma2-9b-2l", 1000, "triton", "bf16"))
+    assert model_common.kernels_hf_check(tm.build_config("mistral-7b-2l"), 8192) == []
+    g = procedure.measure_train_step(tconfig.TrainConfig("gemma2-9b-2l", 1000, "triton", "bf16"))
     assert g.status == "unavailable" and "soft-capped" in g.message
     assert g.params is None and g.wall_s < 30  # the 9B-wide model was never built
 
@@ -155,30 +160,30 @@ def test_fa4_is_unavailable_where_not_installed():
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash_attn is installed here")
-    r = th.measure_train_step(th.TrainConfig("tiny-llama", 16, "fa4", "bf16"))
+    r = procedure.measure_train_step(tconfig.TrainConfig("tiny-llama", 16, "fa4", "bf16"))
     assert r.status == "unavailable" and "FlashAttention4" in r.message
 
 
 def test_architecture_without_sdpa_is_unavailable():
     """transformers refuses SDPA for Gemma 2 at build time: a result, not an error. (Tiny
     widths: the refusal comes before any weight exists.)"""
-    r = th._unavailable_error(ValueError(
+    r = model_common.unavailable_error(ValueError(
         "Gemma2ForCausalLM does not support an attention implementation through "
         "torch.nn.functional.scaled_dot_product_attention yet."))
     assert r
-    assert th._unavailable_error(RuntimeError("No available kernel. Aborting execution."))
-    assert not th._unavailable_error(RuntimeError("CUDA error: illegal memory access"))
+    assert model_common.unavailable_error(RuntimeError("No available kernel. Aborting execution."))
+    assert not model_common.unavailable_error(RuntimeError("CUDA error: illegal memory access"))
 
 
 @pytest.mark.parametrize("cfg, words", [
-    (th.TrainConfig("nope", 16, "eager", "bf16"), "unknown model"),
-    (th.TrainConfig("tiny-llama", 16, "flashy", "bf16"), "unknown attention"),
-    (th.TrainConfig("tiny-llama", 16, "eager", "fp8"), "unknown precision"),
-    (th.TrainConfig("tiny-llama", 1, "eager", "bf16"), "seq_len"),
-    (th.TrainConfig("tiny-llama", 16, "eager", "bf16", steps=0), "steps"),
+    (tconfig.TrainConfig("nope", 16, "eager", "bf16"), "unknown model"),
+    (tconfig.TrainConfig("tiny-llama", 16, "flashy", "bf16"), "unknown attention"),
+    (tconfig.TrainConfig("tiny-llama", 16, "eager", "fp8"), "unknown precision"),
+    (tconfig.TrainConfig("tiny-llama", 1, "eager", "bf16"), "seq_len"),
+    (tconfig.TrainConfig("tiny-llama", 16, "eager", "bf16", steps=0), "steps"),
 ])
 def test_bad_configs_are_error_rows(cfg, words):
-    r = th.measure_train_step(cfg)
+    r = procedure.measure_train_step(cfg)
     assert r.status == "error" and words in r.message
 
 
@@ -204,9 +209,9 @@ class _FakeChild:
         self.done = 0
 
     def send(self, msg):
-        cfg = th.TrainConfig.from_dict(msg["cfg"])
+        cfg = tconfig.TrainConfig.from_dict(msg["cfg"])
         status = "oom" if cfg.seq_len >= 64 else "ok"
-        row = th.TrainResult(model=cfg.model, seq_len=cfg.seq_len, attention=cfg.attention,
+        row = tconfig.TrainResult(model=cfg.model, seq_len=cfg.seq_len, attention=cfg.attention,
                              precision=cfg.precision, checkpointing=cfg.checkpointing,
                              status=status)
         self.messages.put({"result": row.to_row(), "restart": False})
@@ -219,17 +224,17 @@ class _FakeChild:
 
 
 def test_runner_skips_longer_after_oom_and_after_the_budget(monkeypatch, tmp_path):
-    monkeypatch.setattr(th, "_TrainChild", _FakeChild)
-    cfgs = th.expand(["tiny-llama"], [32, 64, 128], ["eager", "sdpa_math"], ["bf16"], [False])
+    monkeypatch.setattr(worker, "_TrainChild", _FakeChild)
+    cfgs = tplan.expand(["tiny-llama"], [32, 64, 128], ["eager", "sdpa_math"], ["bf16"], [False])
     seen = []
-    s = th.run_train(cfgs, lock_dir=tmp_path, on_result=lambda r, i, n: seen.append((i, n)))
+    s = worker.run_train(cfgs, lock_dir=tmp_path, on_result=lambda r, i, n: seen.append((i, n)))
     got = [(r.attention, r.seq_len, r.status) for r in s.results]
     assert got == [("eager", 32, "ok"), ("eager", 64, "oom"), ("eager", 128, "skipped"),
                    ("sdpa_math", 32, "ok"), ("sdpa_math", 64, "oom"),
                    ("sdpa_math", 128, "skipped")]
     assert "s=64 of the same series" in s.results[2].message
     assert seen[-1] == (5, 6)
-    s = th.run_train(cfgs, lock_dir=tmp_path, budget_s=0)
+    s = worker.run_train(cfgs, lock_dir=tmp_path, budget_s=0)
     assert {r.status for r in s.results} == {"skipped"}
     assert "time budget of 0 s" in s.results[0].message
 
@@ -250,11 +255,11 @@ def test_command_line_writes_the_schema(tmp_path, monkeypatch):
     assert rc == 0
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == list(th.TRAIN_COLUMNS)
-    typed = th.read_rows(out)
+    assert list(rows[0]) == list(tconfig.TRAIN_COLUMNS)
+    typed = tstore.read_rows(out)
     assert typed[0]["checkpointing"] is True and typed[0]["seq_len"] == 16
     assert typed[0]["peak_bytes"] is None and typed[0]["params"] == 90432
-    store = th.TrainStore(db)
+    store = tstore.TrainStore(db)
     (run,) = store.runs()
     assert run["label"] == "tiny" and run["n"] == 2
     assert store.rows(run["id"]) == typed
@@ -267,17 +272,17 @@ def test_command_line_writes_the_schema(tmp_path, monkeypatch):
 
 
 def test_repredict_rewrites_predictions(tmp_path):
-    rows = [th.TrainResult(model="llama3-8b-2l", layers=2, seq_len=1024, attention="sdpa_flash",
+    rows = [tconfig.TrainResult(model="llama3-8b-2l", layers=2, seq_len=1024, attention="sdpa_flash",
                            precision="bf16", status="ok", peak_bytes=10**10).to_row()]
     src, dst = tmp_path / "a.csv", tmp_path / "b.csv"
     with open(src, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(th.TRAIN_COLUMNS)
-        w.writerow(["" if rows[0][c] is None else rows[0][c] for c in th.TRAIN_COLUMNS])
-    assert th.main(["--repredict", str(src), "--out", str(dst)]) == 0
-    (r,) = th.read_rows(dst)
-    cfg = th.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16")
-    peak, before, why = th.predict(cfg, tm.hf_config(cfg.model))
+        w.writerow(tconfig.TRAIN_COLUMNS)
+        w.writerow(["" if rows[0][c] is None else rows[0][c] for c in tconfig.TRAIN_COLUMNS])
+    assert tcli.main(["--repredict", str(src), "--out", str(dst)]) == 0
+    (r,) = tstore.read_rows(dst)
+    cfg = tconfig.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16")
+    peak, before, why = predict.predict(cfg, tm.hf_config(cfg.model))
     assert (r["predicted_peak_bytes"], r["predicted_before_bytes"]) == (peak, before)
     if peak is not None:
         assert r["peak_rel_error"] == pytest.approx((peak - 10**10) / 10**10)
@@ -287,7 +292,7 @@ def test_read_rows_refuses_other_csvs(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("impl,seq_len\nnaive,1024\n")
     with pytest.raises(ValueError, match="not a training-step CSV"):
-        th.read_rows(p)
+        tstore.read_rows(p)
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -299,19 +304,19 @@ def test_read_rows_refuses_other_csvs(tmp_path):
 ])
 def test_command_line_refuses_bad_input(argv, words, capsys):
     with pytest.raises(SystemExit) as info:
-        th.main(argv + ["--list"])
+        tcli.main(argv + ["--list"])
     assert words in str(info.value)
 
 
 def test_command_line_lists_both_spellings_of_lists(capsys):
-    assert th.main(["--model", "tiny-llama", "--seq-len", "16,32", "64", "--attention",
+    assert tcli.main(["--model", "tiny-llama", "--seq-len", "16,32", "64", "--attention",
                     "eager", "triton", "--checkpointing", "both", "--list"]) == 0
     out = capsys.readouterr().out
     assert "12 configurations" in out
 
 
 def test_reference_plan_covers_item_5():
-    plan = th.reference_plan()
+    plan = tplan.reference_plan()
     assert len(plan) == len({(c.model, c.seq_len, c.attention, c.precision, c.checkpointing)
                              for c in plan})  # no duplicates
     assert plan[0].model == "llama3-8b-2l"  # the most important first (a budget cuts the end)
@@ -338,7 +343,7 @@ def test_gpu_before_step_is_linear_in_layers():
     rows = {}
     for model in ("llama3-8b-2l", "llama3-8b-4l"):
         for attention in ("sdpa_flash", "triton"):
-            r = th.measure_train_step(th.TrainConfig(model, 1000, attention, "bf16"))
+            r = procedure.measure_train_step(tconfig.TrainConfig(model, 1000, attention, "bf16"))
             assert r.status == "ok", r.message
             assert r.peak_bytes > r.before_step_bytes > 0
             rows[model, attention] = r

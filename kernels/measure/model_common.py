@@ -1,0 +1,214 @@
+"""What the whole-model harnesses share: training steps (``kernels.measure.train``), sharded
+training steps (``kernels.measure.train_dist``) and inference (``kernels.measure.infer_harness``).
+
+- Attention names and how transformers is asked for them: ``ATTENTIONS``, ``SDPA_BACKENDS``,
+  ``attn_implementation``, ``model_from_config``, ``kernels_hf_check`` (our kernel's refusals),
+  ``shape_fields`` (a row's shape columns from the model's config).
+- The environment columns of a row: ``environment`` (gpu, driver, torch, triton,
+  transformers), ``now_utc`` (the timestamp).
+- Error classification: ``short_error`` (the message), ``unavailable_error`` (an attention that
+  cannot run this call: a result, not a bug; OOM is ``kernels.measure.harness.is_oom``).
+- The worker protocol's two ends (JSON lines on stdin/stdout, ``kernels.measure.child``'s
+  ``WorkerProcess`` on the parent side): ``serve`` (the child's entry: the protocol owns the
+  real stdout), ``next_message`` (the parent's read with a time limit), ``allocated_now`` and
+  ``LEFTOVER_RESTART_BYTES`` (when a worker hands over to a fresh one).
+- CSV cells and command-line lists: ``cell``, ``words``, ``choices``, ``ints``.
+
+No torch or transformers at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import IO, Any
+
+#: Attention names of the whole-model harnesses: ``eager`` (transformers'
+#: eager_attention_forward), ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` /
+#: ``sdpa_math`` (attn_implementation="sdpa" under sdpa_kernel of that one backend), ``triton``
+#: (ours, ``kernels.hf``), ``fa4`` (attn_implementation="flash_attention_4" where installed).
+ATTENTIONS = ("eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton", "fa4")
+#: The SDPBackend member each forced SDPA attention runs under.
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
+                 "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+#: A worker whose allocator still holds this much after a configuration was cleaned up exits
+#: (the runner starts a fresh one), so one configuration's leftovers never count in the next.
+LEFTOVER_RESTART_BYTES = 256 * 2**20
+
+
+# --------------------------------------------------------------------------------------------
+# Attentions in transformers.
+# --------------------------------------------------------------------------------------------
+
+
+def attn_implementation(attention: str) -> str:
+    """transformers' attn_implementation for one of ``ATTENTIONS`` (``triton`` registers ours)."""
+    if attention == "eager":
+        return "eager"
+    if attention in SDPA_BACKENDS:
+        return "sdpa"
+    if attention == "triton":
+        import kernels.hf
+
+        return kernels.hf.register()
+    if attention == "fa4":
+        return "flash_attention_4"
+    raise ValueError(f"unknown attention {attention!r}")
+
+
+def model_from_config(hf: Any, dtype: Any, attn_implementation: str) -> Any:
+    """AutoModelForCausalLM.from_config with our dtype and attention (random init)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(hf, dtype=dtype,
+                                            attn_implementation=attn_implementation)
+
+
+def shape_fields(hf: Any) -> dict[str, Any]:
+    """A row's shape columns (arch, layers, hidden, intermediate, heads, kv_heads, head_dim,
+    vocab, tied, sliding_window) from a transformers config object."""
+    from kernels.measure.train_models import sliding_layers
+
+    heads = int(hf.num_attention_heads)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return {
+        "arch": str(hf.model_type), "layers": int(hf.num_hidden_layers),
+        "hidden": int(hf.hidden_size), "intermediate": int(hf.intermediate_size),
+        "heads": heads, "kv_heads": int(getattr(hf, "num_key_value_heads", None) or heads),
+        "head_dim": int(head_dim), "vocab": int(hf.vocab_size),
+        "tied": bool(getattr(hf, "tie_word_embeddings", False)),
+        "sliding_window": (int(hf.sliding_window) if sliding_layers(hf) else None),
+    }
+
+
+def kernels_hf_check(hf: Any, seq_len: int) -> list[str]:
+    """Why our kernel cannot run this model at seq_len on the GPU: kernels.hf's refusals
+    (sliding windows it runs: the kernel's own window)."""
+    from kernels.hf.attention import check_config as hf_check
+
+    return hf_check(hf, seq_len)
+
+
+# --------------------------------------------------------------------------------------------
+# A row's environment columns.
+# --------------------------------------------------------------------------------------------
+
+
+def now_utc() -> str:
+    """ISO 8601, UTC, to the second (the rows' timestamp)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def versions() -> dict[str, str]:
+    """torch, triton and transformers versions ('' where not installed)."""
+    out = {"torch": "", "triton": "", "transformers": ""}
+    for name in out:
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def environment(device: Any) -> dict[str, str]:
+    """The gpu, driver, torch, triton and transformers columns for ``device``
+    (kernels.measure.harness's device)."""
+    env = device.environment()
+    v = versions()
+    return {"gpu": env.gpu_name, "driver": env.driver, "torch": v["torch"],
+            "triton": v["triton"], "transformers": v["transformers"]}
+
+
+# --------------------------------------------------------------------------------------------
+# Errors.
+# --------------------------------------------------------------------------------------------
+
+
+def short_error(exc: BaseException, limit: int = 400) -> str:
+    """'<Type>: <message>' on one line, the message cut at ``limit`` characters."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}"
+
+
+def unavailable_error(exc: BaseException) -> bool:
+    """An attention that cannot run this call (not a bug, not OOM)."""
+    text = str(exc)
+    return ("No available kernel" in text  # sdpa_kernel forced onto a backend that cannot
+            or text.startswith("triton attention (")  # kernels.hf's refusals
+            or "does not support `softcap`" in text  # transformers' sdpa integration
+            or ("does not support an attention implementation" in text)  # e.g. Gemma 2 + sdpa
+            or isinstance(exc, ImportError))
+
+
+# --------------------------------------------------------------------------------------------
+# The worker protocol.
+# --------------------------------------------------------------------------------------------
+
+
+def allocated_now() -> int:
+    """torch.cuda.memory_allocated(), 0 without CUDA."""
+    try:
+        import torch
+
+        return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no CUDA state to read
+        return 0
+
+
+def next_message(child: Any, timeout_s: float) -> dict[str, Any] | None | str:
+    """The child's next message; None when it died; 'timeout' past ``timeout_s``."""
+    import queue
+
+    try:
+        return child.messages.get(timeout=max(0.0, timeout_s))
+    except queue.Empty:
+        return "timeout"
+
+
+def serve(worker_main: Callable[[IO[str], IO[str]], None]) -> None:
+    """A worker process's entry: ``worker_main(stdin, protocol)``, where the protocol owns the
+    real stdout and anything a library prints goes to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    worker_main(sys.stdin, proto)
+
+
+# --------------------------------------------------------------------------------------------
+# CSV cells and command-line lists.
+# --------------------------------------------------------------------------------------------
+
+
+def cell(v: Any) -> Any:
+    """A CSV cell: None empty, formula-like text neutralised (kernels.measure.store)."""
+    from kernels.measure.store import neutralise
+
+    return "" if v is None else neutralise(v)
+
+
+def words(values: Sequence[str]) -> list[str]:
+    """Space- or comma-separated words (both accepted: --seq-len 1024 4096 or 1024,4096)."""
+    return [w.strip() for v in values for w in v.split(",") if w.strip()]
+
+
+def choices(values: Sequence[str], known: Sequence[str], what: str) -> list[str]:
+    """The words of ``values``, each one of ``known`` (else SystemExit naming both)."""
+    got = words(values)
+    bad = [w for w in got if w not in known]
+    if bad or not got:
+        raise SystemExit(f"error: unknown {what} {', '.join(bad) or '(none)'}; known: "
+                         f"{', '.join(known)}")
+    return got
+
+
+def ints(values: Sequence[str], what: str, lo: int) -> list[int]:
+    """The words of ``values`` as whole numbers >= lo (else SystemExit)."""
+    try:
+        out = [int(w) for w in words(values)]
+    except ValueError:
+        raise SystemExit(f"error: {what} must be whole numbers, got {' '.join(values)}") from None
+    if not out or any(v < lo for v in out):
+        raise SystemExit(f"error: {what} must be whole numbers >= {lo}, got {' '.join(values)}")
+    return out

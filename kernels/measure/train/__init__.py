@@ -1,0 +1,19 @@
+"""Training steps of real transformers models, measured (``python -m kernels.measure --train``);
+the attention side's files, for whole models:
+
+- ``config``: one configuration (``TrainConfig``), one row (``TrainResult``, the CSV's columns,
+  documented there), the precisions, the argument check and the shape columns;
+- ``predict``: calc.training_step's prediction for a configuration;
+- ``procedure``: ``measure_train_step``, one configuration measured in this process;
+- ``worker``: the child process that measures and ``run_train``, the parent that feeds it
+  under the GPU lock (timeouts, crashes, OOM series, time budget);
+- ``store``: typed rows from a CSV (``read_rows``, what pages use; no torch), the SQLite
+  ``TrainStore``, and ``repredict``;
+- ``plan``: ``expand`` (the cross product) and the bundled reference sweep;
+- ``cli``: the command line.
+
+What the training, sharded-training (``kernels.measure.train_dist``) and inference harnesses
+share (attention names, environment columns, error classes, the worker protocol, list
+parsing) is ``kernels.measure.model_common``. Importing any of these imports neither torch nor
+transformers.
+"""

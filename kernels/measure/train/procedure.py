@@ -1,0 +1,195 @@
+"""Measure one training step of a real transformers model in this process: memory before and
+at the peak, time (``measure_train_step``).
+
+The procedure (shared/DESIGN.md, "Measurement", training step):
+
+1. Build the model from its config (``kernels.measure.train_models``: real widths, a few
+   layers), random init, no download: ``AutoModelForCausalLM.from_config(cfg, dtype=...,
+   attn_implementation=...)`` on the GPU; ``model.train()``; checkpointing on:
+   ``gradient_checkpointing_enable`` with ``use_reentrant=False`` (transformers' own default
+   in 5.x, passed explicitly so the row does not depend on it). AdamW
+   (``torch.optim.AdamW(model.parameters(), lr=1e-5)``, foreach: torch's default, i.e. on for
+   CUDA parameters). input_ids (B, s) uniform random token ids; labels = input_ids (the
+   model shifts them inside its loss: ``ForCausalLMLoss``, logits upcast to fp32).
+2. One step = forward + loss, ``loss.backward()``, ``optimizer.step()``,
+   ``optimizer.zero_grad(set_to_none=True)``. Precision ``bf16``: parameters (and so AdamW's
+   two moments) in bf16, no autocast. ``amp_bf16``: fp32 parameters and moments, forward and
+   loss under ``torch.autocast("cuda", dtype=torch.bfloat16)``, backward and step outside it.
+   ``fp32``: everything fp32 (CPU tests; the Triton interpreter has no bf16).
+   The SDPA backends run the whole step (backward and checkpoint recomputation included)
+   inside ``torch.nn.attention.sdpa_kernel(<that backend>)``.
+3. Warm-up: one step (cuBLAS/cuDNN handles, Triton compilation, AdamW's state allocated).
+4. ``gc.collect()``, ``empty_cache()``; ``before_step_bytes = memory_allocated()``: weights,
+   AdamW's moments (and step counters), the inputs; no gradients (set to None).
+5. ``steps`` measured steps (default 3), each between two CUDA events, with
+   ``reset_peak_memory_stats()`` before the first: ``peak_bytes = max_memory_allocated()``
+   over them (absolute, not minus before), ``reserved_bytes = max_memory_reserved()``,
+   ``step_ms`` = median. Allocated memory after each step must come back to before (else the
+   message says by how much).
+6. Prediction: ``kernels.measure.train.predict`` (calc.training_step).
+
+Out of memory is a result (status ``oom``). An attention that cannot run this model (our
+kernel refusing soft-capping or dropout: ``kernels.hf.check_config``; an SDPA backend
+that has no kernel for the call; FlashAttention-4 not installed) is ``unavailable`` with the
+reason (``kernels.measure.model_common.unavailable_error``). The row:
+``kernels.measure.train.config``. No torch or transformers at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+from kernels.measure import train_models
+from kernels.measure.model_common import (
+    SDPA_BACKENDS,
+    attn_implementation,
+    environment,
+    kernels_hf_check,
+    model_from_config,
+    now_utc,
+    short_error,
+    unavailable_error,
+)
+from kernels.measure.train.config import TrainConfig, TrainResult, check_config, shape_fields
+from kernels.measure.train.predict import predict
+
+USE_REENTRANT = False  # what gradient checkpointing is enabled with (transformers' default)
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Gradient (activation) checkpointing with ``use_reentrant=USE_REENTRANT``."""
+    kwargs = {"use_reentrant": USE_REENTRANT}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x: the new name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def measure_train_step(cfg: TrainConfig, *, device: Any = None) -> TrainResult:
+    """Measure cfg in this process (module docstring). Never raises for OOM or a refusal."""
+    t0 = time.perf_counter()
+    res = _measure(cfg, device)
+    return replace(res, wall_s=round(time.perf_counter() - t0, 3), timestamp=now_utc())
+
+
+def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
+    base = {"model": cfg.model, "batch": cfg.batch, "seq_len": cfg.seq_len,
+            "attention": cfg.attention, "precision": cfg.precision,
+            "checkpointing": bool(cfg.checkpointing)}
+    bad = check_config(cfg)
+    if bad:
+        return TrainResult(**base, status="error", message=bad)
+    import torch
+
+    from kernels.measure.harness import default_device, is_oom
+
+    device = device or default_device()
+    env = environment(device)
+    config_dict = train_models.hf_config(cfg.model, cfg.layers)
+    hf = train_models.build_config(config_dict)
+    shape = shape_fields(hf)
+    pred_peak, pred_before, pred_msg = predict(cfg, config_dict)
+    row = {**base, **shape, **env, "predicted_peak_bytes": pred_peak,
+           "predicted_before_bytes": pred_before}
+    notes = [pred_msg] if pred_msg else []
+    if cfg.checkpointing:
+        notes.append(f"checkpointing: use_reentrant={USE_REENTRANT}")
+
+    def result(status: str, message: str = "", **values: Any) -> TrainResult:
+        msg = "; ".join(m for m in [message, *notes] if m)
+        return TrainResult(**row, status=status, message=msg, **values)
+
+    if cfg.attention == "triton":
+        why = kernels_hf_check(hf, cfg.seq_len)
+        if why:
+            return result("unavailable", "our kernel cannot run this model: " + "; ".join(why))
+    if cfg.precision == "amp_bf16" and device.name != "cuda":
+        notes.append("autocast on the CPU")
+    if cfg.attention in SDPA_BACKENDS:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, SDPA_BACKENDS[cfg.attention], None)
+        if backend is None:
+            return result("unavailable", f"torch {torch.__version__} has no SDPBackend."
+                          f"{SDPA_BACKENDS[cfg.attention]}")
+
+        def attn_ctx() -> Any:
+            return sdpa_kernel(backend)
+    else:
+        attn_ctx = contextlib.nullcontext
+    dev = "cuda" if device.name == "cuda" else "cpu"
+    param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    autocast = cfg.precision == "amp_bf16"
+    state: dict[str, Any] = {}
+    params: int | None = None
+    try:
+        impl = attn_implementation(cfg.attention)
+        gc.collect()
+        device.empty_cache()
+        # Only ``state`` holds the model, optimizer and inputs (no local names), so that
+        # clearing it frees them, also after an OOM.
+        with torch.device(dev):
+            state["model"] = model_from_config(hf, param_dtype, impl)
+        if next(state["model"].parameters()).device.type != dev:
+            state["model"].to(dev)
+        state["model"].train()
+        if cfg.checkpointing:
+            enable_checkpointing(state["model"])
+        params = sum(p.numel() for p in state["model"].parameters())
+        state["opt"] = torch.optim.AdamW(state["model"].parameters(), lr=1e-5)
+        state["ids"] = torch.randint(0, shape["vocab"], (cfg.batch, cfg.seq_len), device=dev)
+        s = state
+
+        def step() -> float:
+            with attn_ctx():
+                with torch.autocast(dev, dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                    loss = s["model"](input_ids=s["ids"], labels=s["ids"], use_cache=False).loss
+                loss.backward()
+                s["opt"].step()
+                s["opt"].zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        # Warm-up.
+        losses = [step()]
+        device.sync()
+        gc.collect()
+        device.empty_cache()
+        device.sync()
+        before = device.allocated()
+        device.reset_peak()
+        times: list[float] = []
+        leftover = 0
+        for _ in range(cfg.steps):
+            box: list[float] = []
+            times.append(device.elapsed(lambda box=box: box.append(step())))
+            losses.append(box[0])
+            leftover = max(leftover, device.allocated() - before)
+        peak = device.max_allocated()
+        reserved = device.max_reserved()
+    except Exception as exc:  # noqa: BLE001 - OOM and refusals are results; the rest 'error'
+        status = ("oom" if is_oom(exc) else
+                  "unavailable" if unavailable_error(exc) else "error")
+        message = short_error(exc)
+        del exc
+        state.clear()
+        gc.collect()
+        device.empty_cache()
+        return result(status, message, params=params)
+    state.clear()
+    gc.collect()
+    device.empty_cache()
+    if leftover > 0:
+        notes.append(f"allocated memory grew by {leftover} bytes over a measured step")
+    measured = device.name == "cuda"
+    rel = ((pred_peak - peak) / peak) if (measured and pred_peak is not None and peak) else None
+    return result(
+        "ok", params=params, before_step_bytes=before if measured else None,
+        peak_bytes=peak if measured else None, reserved_bytes=reserved if measured else None,
+        step_ms=round(statistics.median(times), 3), steps=len(times), loss=round(losses[-1], 4),
+        peak_rel_error=rel)
+
