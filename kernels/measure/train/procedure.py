@@ -1,7 +1,7 @@
 """Measure one training step of a real transformers model in this process: memory before and
 at the peak, time (``measure_train_step``).
 
-The procedure (shared/DESIGN.md, "Measurement", training step):
+The procedure, step by step (calc.training_step predicts what it measures):
 
 1. Build the model from its config (``kernels.measure.train_models``: real widths, a few
    layers), random init, no download: ``AutoModelForCausalLM.from_config(cfg, dtype=...,
