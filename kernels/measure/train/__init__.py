@@ -12,6 +12,12 @@ the attention side's files, for whole models:
 - ``plan``: ``expand`` (the cross product) and the bundled reference sweep;
 - ``cli``: the command line.
 
+Fine-tuning (LoRA, QLoRA, MoE; issue 34) extends the same files: its fields in ``TrainConfig``
+and its columns in ``TrainResult`` (config; the readers type a new column from its field's
+type), its model build in ``procedure``, its prediction in ``predict``, its options in
+``cli``; the worker carries configurations and rows whatever their fields (a SQLite file
+made before a new column needs that column added).
+
 What the training, sharded-training (``kernels.measure.train_dist``) and inference harnesses
 share (attention names, environment columns, error classes, the worker protocol, list
 parsing) is ``kernels.measure.model_common``. Importing any of these imports neither torch nor

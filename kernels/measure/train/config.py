@@ -58,8 +58,9 @@ from typing import Any
 from kernels.measure import train_models
 from kernels.measure.model_common import ATTENTIONS, SDPA_BACKENDS, shape_fields
 
-__all__ = ["ATTENTIONS", "PRECISIONS", "SDPA_BACKENDS", "TRAIN_COLUMNS", "TrainConfig",
-           "TrainResult", "check_config", "shape_fields"]
+__all__ = ["ATTENTIONS", "BOOL_COLUMNS", "FLOAT_COLUMNS", "INT_COLUMNS", "PRECISIONS",
+           "SDPA_BACKENDS", "TRAIN_COLUMNS", "TrainConfig", "TrainResult", "check_config",
+           "shape_fields"]
 
 PRECISIONS = ("bf16", "amp_bf16", "fp32")
 
@@ -142,6 +143,17 @@ class TrainResult:
 
 #: Column order of training-step rows (CSV header).
 TRAIN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(TrainResult))
+
+
+def _columns_of(kind: str) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(TrainResult)
+                 if str(f.type).split(" | ")[0] == kind)
+
+
+#: The columns parsed as whole numbers, decimals and booleans (TrainResult's field types; the
+#: rest are text), so that a column added to TrainResult is typed where rows are read.
+INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = (_columns_of("int"), _columns_of("float"),
+                                            _columns_of("bool"))
 
 
 def check_config(cfg: TrainConfig) -> str | None:

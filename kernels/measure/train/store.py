@@ -16,14 +16,16 @@ from typing import IO, Any
 
 from kernels.measure import train_models
 from kernels.measure.model_common import cell, now_utc
-from kernels.measure.train.config import TRAIN_COLUMNS, TrainConfig
+from kernels.measure.train.config import (
+    BOOL_COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    TRAIN_COLUMNS,
+    TrainConfig,
+)
 from kernels.measure.train.predict import predict
 
-_INT = ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
-        "sliding_window", "batch", "seq_len", "params", "before_step_bytes", "peak_bytes",
-        "reserved_bytes", "steps", "predicted_peak_bytes", "predicted_before_bytes")
-_FLOAT = ("step_ms", "loss", "peak_rel_error", "wall_s")
-_BOOL = ("tied", "checkpointing")
+_INT, _FLOAT, _BOOL = INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS
 
 
 def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
