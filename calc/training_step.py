@@ -970,8 +970,9 @@ def _lora_layer_terms(model: ModelConfig, dm: _Dims, impl: str, cache: bool, mas
                 return True
             return ("up_proj" in tg) if label.startswith("act(gate(x)), kept") else \
                 ("gate_proj" in tg)
-        if label.startswith(("act(gate(x))·up(x)", "o_proj input")):
-            return True
+        if label.startswith(("act(gate(x))·up(x)", "o_proj input", "q, k, v input",
+                             "gate, up input")):
+            return True  # the base term is decided, and the adapters' added, by the caller
         # the attention block: rotary q/k, v, the kernel's saved tensors, the mask bias
         if not qkv_grad:
             return False
@@ -997,7 +998,7 @@ def _lora_layer_terms(model: ModelConfig, dm: _Dims, impl: str, cache: bool, mas
         if label.endswith(_FROZEN_NORM_OUT):
             continue
         if label.startswith("q, k, v input"):
-            if bf16_keeps and tg & {"q_proj", "k_proj", "v_proj"}:
+            if bf16_keeps and tg & {"q_proj", "k_proj", "v_proj"} and (qkv_grad or not first):
                 terms.append((part, label, x))
             terms += adapters(("q_proj", "k_proj", "v_proj"))
             continue
@@ -1065,11 +1066,17 @@ def _lora_backward_extra(model: ModelConfig, dm: _Dims, impl: str, layer: list, 
     weights'); QLoRA adds the dequantized weight alive during the input gradient."""
     t, i = dm.t, dm.inter
     shapes = _lora_shapes(model)
-    mlp = 3 * 2 * t * i
+
+    def grads(names: tuple[str, ...]) -> int:  # the adapters' gradients, adapter dtype
+        return sum(lo.e * lo.rank * (shapes[n][0] + shapes[n][1]) for n in names
+                   if n in lo.targets)
+
+    mlp = 3 * 2 * t * i + grads(("down_proj",))
     lora = max((lo.e * t * shapes[n][0] + 2 * t * shapes[n][0] + 2 * t * shapes[n][0]
                 for n in lo.targets), default=0)
-    attn = -_core_saved(layer) + g_layer + _attention_backward_extra(impl, dm)
-    return max(mlp, lora, attn) + deq + g_layer
+    attn = (-_core_saved(layer) + grads(("o_proj", *LORA_MLP_TARGETS))
+            + _attention_backward_extra(impl, dm))
+    return max(mlp, lora, attn) + deq
 
 
 def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, checkpointing: bool,
