@@ -2,7 +2,7 @@
 
 Thin page: widgets -> calc.training_step (one per attention implementation) -> stacked bars,
 the peak and where it occurs, the longest trainable context; the bundled H200 measurements
-(data/training_steps_h200.csv, read through kernels.measure.train_harness.read_rows) beside
+(data/training_steps_h200.csv, read through kernels.measure.train.store.read_rows) beside
 the predictions; and the "7B at 32k" answer.
 """
 
@@ -103,11 +103,11 @@ PART_COLORS = TRAINING_PART_COLORS
 
 def read_measured(path: Path = DATA) -> pd.DataFrame:
     """The bundled training-step rows through the measurement system's reader
-    (kernels.measure.train_harness.read_rows); an empty frame when the file is not there."""
+    (kernels.measure.train.store.read_rows); an empty frame when the file is not there."""
     if not path.exists():
         return pd.DataFrame()
     try:
-        from kernels.measure.train_harness import read_rows
+        from kernels.measure.train.store import read_rows
     except ImportError:  # the reader is the measurement system's; read the CSV plainly
         return pd.read_csv(path)
     return pd.DataFrame(read_rows(path))
