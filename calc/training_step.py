@@ -845,7 +845,7 @@ def _check_lora(lora: object) -> _Lora:
             if n in _LORA_REFUSED:
                 raise ValueError(f"LoRA target {n!r}: {_LORA_REFUSED[n]}")
             if not isinstance(n, str) or n not in allowed:
-                raise ValueError(f"unknown LoRA target module {n!r} (experts, routers and "
+                raise ValueError(f"unknown LoRA target module {n!r} in {t!r} (experts, routers and "
                                  f"other modules are not counted); accepted: {', '.join(allowed)}")
         if len(set(t)) != len(t):
             raise ValueError(f"LoRA targets {t!r} name a module twice")
