@@ -75,14 +75,17 @@ from calc.training import (
     training_attention_bytes,
 )
 from calc.training_step import (
+    BASE_DTYPES,
     PRECISIONS,
     TRAIN_ATTENTION_LABELS,
     TRAIN_ATTENTIONS,
+    LoRA,
     TrainingStepMemory,
     max_train_seq_len,
     train_gpus_needed,
     training_step,
 )
+from calc.training_step import lora_adapter_params as lora_adapter_params
 from calc.units import (
     DTYPE_BYTES,
     DTYPES,
@@ -128,7 +131,7 @@ __all__ += [  # context parallelism (calc/context_parallel.py)
 __all__ += ["ALLOCATOR_NOTE", "CachingAllocator", "PeakTerm", "RESERVED_PREDICTED",
             "attention_peak_breakdown", "attention_reserved_bytes"]
 __all__ += ["Layout", "PRECISIONS", "SHARDINGS", "SHARDING_LABELS", "TRAIN_ATTENTIONS",  # training step
-            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory",
+            "TRAIN_ATTENTION_LABELS", "TrainingStepMemory", "LoRA", "BASE_DTYPES",
             *(f.__name__ for f in TRAINING_STEP_FUNCTIONS)]
 # Issue 30: checkpoint_breakdown, checkpoint_weight_bytes and torch_total_bytes are importable
 # from calc but, like the context-parallel functions, fuzzed in their own file

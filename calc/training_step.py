@@ -82,6 +82,28 @@ tensors alive then:
 AdamW state (Loshchilov & Hutter, arXiv 1711.05101): exp_avg and exp_avg_sq in the parameter
 dtype (torch keeps state like the parameter: bf16 under "bf16", fp32 under "amp_bf16").
 Parallel layouts: calc.parallel.
+
+LoRA and QLoRA (`adapters=LoRA(rank, alpha, targets, dropout, adapter_dtype)`, `base_dtype`):
+a frozen base (peft's get_peft_model freezes every base parameter) with adapters on the named
+linears (peft/tuners/lora/layer.py, LoraLayer.update_layer and Linear.forward). Adapters are
+fp32 by default: get_peft_model's autocast_adapter_dtype=True upcasts them
+(tuners_utils.cast_adapter_dtype); gradients and AdamW state exist for them only, in their
+dtype. What the forward keeps changes where a weight is frozen (derivatives.yaml: mm keeps
+`self` only for mat2's gradient and mat2 only for self's; mul.Tensor likewise): a frozen linear
+keeps its weight, not its input, and a frozen norm weight keeps no normalized input; so the
+norm outputs, o_proj's input, the MLP product and lm_head's input are gone, and each adapted
+linear adds the fp32 cast of its input (peft's _cast_input_dtype, one copy per adapted linear)
+or, with dropout, a bool mask (native_dropout) and the dropped input, kept by lora_A, plus
+lora_A's T×r output kept by lora_B. Layer 0's input does not require grad (the embedding is
+frozen), so what precedes its first adapter keeps nothing (_lora_layer_terms). Checkpointing
+keeps the layer inputs as in full training. QLoRA ("nf4", "nf4_dq"): the decoder's linear
+weights as bitsandbytes' Params4bit (calc.quant.quantized_matrix_bytes), the rest bf16 (as a
+BitsAndBytesConfig load with torch_dtype=bfloat16 leaves them, without
+prepare_model_for_kbit_training's fp32 upcast, which is not modelled), and the bf16 out×in copy
+that MatMul4Bit dequantizes in its forward and backward, one matrix at a time, added to the
+layers' backward moments. Checked: the CPU replays through peft 0.21
+(tests/calc/test_training_lora.py) for the bf16 base; the 4-bit terms are counted from
+bitsandbytes' source and not replayed.
 """
 
 from __future__ import annotations
