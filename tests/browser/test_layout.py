@@ -1,0 +1,131 @@
+"""Layout at a laptop's and a desktop's width (issue 32, item 4): nothing the user reads is cut off.
+
+Every page of app.py is loaded in headless Chromium at 1280×800 and 1920×1080 (every expander
+opened) and the DOM is searched for text that does not fit its box (scrollWidth > clientWidth
++ 1): any element Streamlit ellipsizes (text-overflow: ellipsis: widget labels
+`stWidgetLabel`, metric labels `stMetricLabel`, checkbox labels, page links, multiselect
+chips), a selectbox's shown value (an <input> that clips), and a multiselect's chip row that
+scrolls sideways. st.dataframe draws on a canvas (glide data grid), so its cells cannot be
+read here: the pages give their tables column widths that fit the content instead.
+
+With SAVE_SCREENSHOTS=1 each page is saved, whole, per width to
+docs/screenshots/layout/<page>_<width>.png:
+
+    SAVE_SCREENSHOTS=1 .venv/bin/python -m pytest -m browser tests/browser/test_layout.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.browser.test_pages_in_chromium import CHROMIUM, LAUNCH_ARGS, TIMEOUT_MS, _app_server
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "docs" / "screenshots" / "layout"
+SAVE = os.environ.get("SAVE_SCREENSHOTS") == "1"
+SIZES = ((1280, 800), (1920, 1080))
+
+try:
+    from playwright.sync_api import Page, sync_playwright
+except ImportError:  # pragma: no cover - the import above already skips the module
+    sync_playwright = None
+
+
+def pages() -> list[tuple[str, str]]:
+    """(url path, name) of every page in app.py's st.Page list; the default page is at "/"."""
+    found = re.findall(r'url_path="([^"]+)"(, default=True)?', (ROOT / "app.py").read_text())
+    assert found, "app.py lists no st.Page url_path"
+    return [("" if default else path, path) for path, default in found]
+
+
+#: Text cut off by its box, as [test id of the nearest ancestor that has one, text, widths].
+CUT_OFF_JS = r"""
+() => {
+  const roots = [...document.querySelectorAll('[data-testid="stMain"], [data-testid="stSidebar"]')];
+  const cut = [];
+  const testId = el => { for (let p = el; p; p = p.parentElement) {
+    const t = p.getAttribute && p.getAttribute('data-testid'); if (t) return t; } return ''; };
+  const check = (el, why) => {
+    if (el.clientWidth <= 2 || el.scrollWidth <= el.clientWidth + 1) return;  // fits (or a 1 px a11y node)
+    if (el.closest('.js-plotly-plot, [data-testid="stDataFrame"], .katex')) return;
+    const text = (el.value !== undefined && el.tagName === 'INPUT' ? el.value : el.innerText) || '';
+    cut.push([testId(el), why, text.replace(/\s+/g, ' ').slice(0, 80), el.scrollWidth, el.clientWidth]);
+  };
+  for (const root of roots) {
+    for (const el of root.querySelectorAll('*')) {
+      if (getComputedStyle(el).textOverflow === 'ellipsis') check(el, 'ellipsis');
+    }
+    root.querySelectorAll('[data-testid="stWidgetLabel"] p, [data-testid="stMetricLabel"] p, '
+                          + '[data-testid="stMetricValue"] > div')
+        .forEach(el => check(el, 'label'));
+    root.querySelectorAll('[data-testid="stSelectbox"] input').forEach(el => check(el, 'value'));
+    root.querySelectorAll('[data-testid="stMultiSelectTagsContainer"]')
+        .forEach(el => check(el, 'chips'));
+  }
+  return cut;
+}
+"""
+
+
+def _settle(page: Page) -> None:
+    page.wait_for_selector('[data-testid="stMain"]', timeout=TIMEOUT_MS)
+    page.wait_for_timeout(500)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=TIMEOUT_MS)
+    page.wait_for_timeout(700)  # charts and tables draw after the run ends
+
+
+def _open_expanders(page: Page) -> None:
+    page.evaluate("""() => document.querySelectorAll(
+        '[data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click())""")
+    page.wait_for_timeout(500)
+
+
+def _screenshot(page: Page, name: str, width: int, height: int) -> None:
+    """The whole page: Streamlit scrolls inside stMain, so the viewport is made as tall as it."""
+    tall = page.evaluate(
+        "() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": width, "height": min(max(tall, height), 8000)})
+    page.wait_for_timeout(1000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}_{width}.png"))
+    page.set_viewport_size({"width": width, "height": height})
+
+
+@pytest.fixture(scope="module")
+def browser_page() -> Iterator[tuple[str, Page]]:
+    with _app_server() as url, sync_playwright() as p:
+        exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+        browser = p.chromium.launch(executable_path=exe, args=LAUNCH_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            yield url, page
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}px" for w, _ in SIZES])
+def test_nothing_is_cut_off(browser_page: tuple[str, Page], size: tuple[int, int]) -> None:
+    url, page = browser_page
+    width, height = size
+    page.set_viewport_size({"width": width, "height": height})
+    cut: dict[str, list] = {}
+    for path, name in pages():
+        page.goto(f"{url}/{path}", wait_until="domcontentloaded")
+        _settle(page)
+        _open_expanders(page)
+        found = page.evaluate(CUT_OFF_JS)
+        if found:
+            cut[name] = found
+        if SAVE:
+            _screenshot(page, name, width, height)
+    assert not cut, f"cut off at {width} px ([test id, how, text, needed px, shown px]): {cut}"
