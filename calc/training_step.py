@@ -128,7 +128,7 @@ OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw_fused", "sgd")
 #: Activation parts, in the order the breakdown lists them.
 PARTS: tuple[str, ...] = (
     "attention", "projections", "MLP", "norms", "residuals", "rotary", "embeddings",
-    "logits and loss", "weight copies (autocast)",
+    "logits and loss", "weight copies (autocast)", "MoE",
 )
 PHASES: tuple[str, ...] = (
     "forward: attention of the last layer",
@@ -217,6 +217,9 @@ class _Dims:
 
 
 def _check_supported(model: ModelConfig) -> None:
+    if model.num_experts > 1 and not model.is_mla and model.state_mixer is None:
+        _check_moe_model(model)
+        return
     if model.is_mla or model.state_mixer is not None or model.num_experts > 1:
         raise ValueError(
             f"training_step models dense decoders (Llama, Mistral, Qwen2/3, Gemma 2/3 and their "
@@ -364,7 +367,7 @@ def _input_casts(model: ModelConfig) -> tuple[int, int]:
 
 
 def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: bool,
-                 masked: bool = False) -> list[tuple[str, str, int]]:
+                 masked: bool = False, norm_topk: bool = False) -> list[tuple[str, str, int]]:
     """Every tensor one decoder layer keeps for its backward (no checkpointing). masked: an
     SDPA layer whose sliding window is shorter than s, so transformers passes a mask (module
     docstring of _sliding_masked)."""
@@ -427,6 +430,8 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     else:
         terms.append(("projections", "gate, up input (the norm output)", 2 * t * h))
     i = dm.inter
+    if model.num_experts > 1:
+        return terms + _moe_terms(model, dm, norm_topk)
     terms += [("MLP", "gate(x), kept by the activation", 2 * t * i),
               ("MLP", "act(gate(x)), kept by the product", 2 * t * i),
               ("MLP", "up(x), kept by the product", 2 * t * i),
@@ -493,6 +498,9 @@ def training_step(
     use_cache: bool = False,
     adapters: LoRA | None = None,
     base_dtype: str = "bf16",
+    ep: int = 1,
+    norm_topk_prob: bool | None = None,
+    router_aux_loss: bool = False,
 ) -> TrainingStepMemory:
     """Per-GPU memory of one training step (module docstring: every term and its source).
 
@@ -505,6 +513,10 @@ def training_step(
     adapters: None (full training) or LoRA(rank, alpha, targets, dropout, adapter_dtype): a
     frozen base with peft LoRA adapters (module docstring, "LoRA and QLoRA"); base_dtype:
     BASE_DTYPES, "nf4"/"nf4_dq" (QLoRA) only with adapters.
+    MoE (Mixtral, Qwen2/3-MoE; module docstring "Mixture of experts"): ep, the expert-parallel
+    degree (only 1 is modelled); norm_topk_prob (None: NORM_TOPK_DEFAULT of the model type);
+    router_aux_loss: output_router_logits=True (the load-balancing loss; transformers' configs
+    default it to False).
     Raises ValueError naming the bad value and what is accepted.
     """
     check_model(model)
@@ -515,6 +527,8 @@ def training_step(
     check_bool("checkpointing", checkpointing)
     lay = make_layout(model, gpus, tp, sharding)
     cache = check_bool("use_cache", use_cache)
+    norm_topk, aux = _check_moe_args(model, ep, norm_topk_prob, router_aux_loss, precision,
+                                     tp, adapters)
     if not isinstance(base_dtype, str) or base_dtype not in BASE_DTYPES:
         raise ValueError(f"unknown base_dtype {base_dtype!r}; accepted: {', '.join(BASE_DTYPES)}")
     if adapters is not None:
@@ -530,7 +544,8 @@ def training_step(
     L = model.num_layers
 
     masked = _sliding_masked(model, attention, s)
-    kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk))
+    kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk,
+                                  norm_topk))
              for n, mk in ((masked, True), (L - masked, False)) if n]
     # The moments take the larger kind of layer; the layers' total is exact.
     layer = max((k for _, _, k in kinds), key=lambda k: sum(x for _, _, x in k))
@@ -556,6 +571,8 @@ def training_step(
             what = " with a sliding-window mask" if mk else ""
             terms += [(p, f"{lab} (× {n} layers{what})", n * x) for p, lab, x in kind]
     terms += _model_terms(model, dm, amp, attention)
+    if aux:
+        terms += _aux_loss_terms(model, dm)
 
     pb = param_breakdown(model)
     w = layout_bytes(model, lay, precision)
@@ -707,10 +724,14 @@ def _layer_backward_extra(layer: list[tuple[str, str, int]], impl: str, dm: _Dim
     g_mat = ceil_bytes(g_per_param * h * model.intermediate_size / tp)
     # MLP: d(prod), d(act), d(up) alive, prod freed, down's weight gradient made.
     mlp = 3 * 2 * t * i - 2 * t * i + g_mat
+    g_mlp = 3 * g_mat
+    if model.num_experts > 1:  # the MoE block instead (tp = 1)
+        mlp = _moe_backward_extra(model, dm, g_per_param)
+        g_mlp = sum(_moe_block_grads(model, g_per_param))
     # Attention: the MLP side is freed and its gradients (3 matrices + o_proj) exist; the
     # gradient of the attention output (2Tq) reaches the call.
     freed = _core_saved(layer)
-    g_attn_side = 3 * g_mat + ceil_bytes(g_per_param * h * model.num_heads * model.head_dim / tp)
+    g_attn_side = g_mlp + ceil_bytes(g_per_param * h * model.num_heads * model.head_dim / tp)
     core = _attention_backward_extra(impl, dm)
     attn = -freed + g_attn_side + core
     return max(mlp, attn)
@@ -1197,3 +1218,219 @@ def _adapter_params(model: ModelConfig, lo: _Lora) -> int:
     """lora_adapter_params for a validated LoRA."""
     shapes = _lora_shapes(model)
     return model.num_layers * sum(lo.rank * (shapes[n][0] + shapes[n][1]) for n in lo.targets)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts (issue 34): Mixtral, Qwen2-MoE, Qwen3-MoE through transformers 5's
+# grouped_mm experts (integrations/moe.py grouped_mm_experts_forward).
+# ---------------------------------------------------------------------------------------------
+
+#: MoE model types whose blocks are counted: router (MixtralTopKRouter / Qwen*MoeTopKRouter),
+#: experts decorated with @use_experts_implementation (default "grouped_mm",
+#: modeling_utils.get_correct_experts_implementation), Qwen2-MoE's gated shared expert.
+MOE_MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe")
+#: Released configs' norm_topk_prob where the model type does not fix it: Mixtral's router
+#: always divides by the top-k sum (modeling_mixtral.py MixtralTopKRouter); Qwen3-MoE's
+#: released configs set norm_topk_prob=true, Qwen2-MoE's (Qwen1.5-MoE, Qwen2-57B-A14B) false.
+NORM_TOPK_DEFAULT: dict[str, bool] = {"mixtral": True, "qwen3_moe": True, "qwen2_moe": False}
+
+
+def _check_moe_model(model: ModelConfig) -> None:
+    if model.model_type == "gpt_oss":
+        raise ValueError(
+            f"{model.name!r}: gpt-oss training is not modelled: its experts run a clamped SwiGLU "
+            "with biases (modeling_gpt_oss.py GptOssExperts._apply_gate: clamp, sigmoid·alpha, "
+            "(up + 1)), its router keeps a bias and a softmax over the top-k only, attention "
+            "has learned sinks; none of their saved tensors is counted here")
+    if model.model_type not in MOE_MODEL_TYPES:
+        raise ValueError(
+            f"training_step counts the MoE blocks of {', '.join(MOE_MODEL_TYPES)}; "
+            f"{model.name!r} (model_type {model.model_type!r}) has another MoE block, not counted")
+    if model.dense_mlp_layers or model.mlp_layers is not None:
+        raise ValueError(
+            f"{model.name!r}: MoE with dense MLP layers between the sparse ones (mlp_only_layers, "
+            "decoder_sparse_step) is not modelled; every layer must have the MoE block")
+
+
+def _router_weight_bytes(model: ModelConfig) -> int:
+    """Bytes of a routing weight: Mixtral's router returns the fp32 top-k softmax as it is
+    (MixtralTopKRouter: no cast back), so the experts' weighted outputs are promoted to fp32;
+    Qwen-MoE casts them to the hidden dtype (router_top_value.to(router_logits.dtype))."""
+    return 4 if model.model_type == "mixtral" else 2
+
+
+def _moe_terms(model: ModelConfig, dm: _Dims, norm_topk: bool) -> list[tuple[str, str, int]]:
+    """What one MoE block keeps for its backward, bf16, S = T·k token-expert pairs (the norm
+    output it reads is the caller's "gate, up input" term; the router's linear keeps it):
+    - router (Mixtral/Qwen*MoeTopKRouter.forward): the bf16 logits die (the block drops them);
+      softmax(fp32) keeps its fp32 output (T·E); topk keeps its int64 indices (T·k); with
+      norm_topk_prob the in-place `router_top_value /= sum` keeps the fp32 sum (T) and a clone
+      of the values before the division (T·k, in-place ops save the original self);
+    - experts (integrations/moe.py grouped_mm_experts_forward): `hidden_states[perm // k]`
+      keeps its int64 index (S) and makes the gathered states (S·h), kept by the gate_up
+      grouped_mm with the int32 offsets (E); `sample_weights[perm]` keeps perm (S); gate and up
+      are views of the S·2I output, kept by act (silu keeps its input) and the product; the
+      product keeps act (S·I); the down grouped_mm keeps the product (S·I); the routing-weight
+      product keeps the experts' outputs (S·h) and the sorted weights (S); the un-permuting
+      gather keeps inv_perm (S, int64); the final view/sum keeps nothing
+      (derivatives.yaml: index keeps indices, _grouped_mm keeps self and mat2, mul keeps both,
+      silu keeps self, sum keeps sizes);
+    - Qwen2-MoE's shared expert: a gated MLP of its width (4 tensors of T·I_s) and its gate
+      `sigmoid(Linear(h, 1)(x)) * shared(x)`: sigmoid keeps its output (T), the product keeps
+      it and the shared output (T·h)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    ne, k = model.num_experts, model.experts_per_token
+    s = t * k
+    we = _router_weight_bytes(model)
+    p = "MoE"
+    terms = [(p, "router softmax output (fp32, T×E), kept by softmax", 4 * t * ne),
+             (p, "top-k expert indices (int64, T×k), kept by topk", 8 * t * k)]
+    if norm_topk:
+        terms += [(p, "top-k sum (fp32, T), kept by the in-place division", 4 * t),
+                  (p, "top-k weights before the in-place division (fp32 clone, T×k)", 4 * t * k)]
+    terms += [
+        (p, "pair-to-token index perm // k (int64, S), kept by the gather", 8 * s),
+        (p, "sort permutation (int64, S), kept by the routing weights' gather", 8 * s),
+        (p, "tokens-per-expert offsets (int32, E), kept by grouped_mm", 4 * ne),
+        (p, "gathered hidden states (S×h), kept by the gate_up grouped_mm", 2 * s * h),
+        (p, "gate_up output (S×2I), kept through the gate and up views", 2 * s * 2 * i),
+        (p, "act(gate) (S×I), kept by the product", 2 * s * i),
+        (p, "act(gate)·up (S×I), kept by the down grouped_mm", 2 * s * i),
+        (p, "expert outputs (S×h), kept by the routing-weight product", 2 * s * h),
+        (p, "routing weights sorted by expert (S" + (", fp32)" if we == 4 else ")"), we * s),
+        (p, "inverse permutation (int64, S), kept by the un-permuting gather", 8 * s)]
+    shared = model.shared_expert_intermediate_size
+    if shared:
+        terms.append(("MLP", "shared expert: gate(x), act, up(x), product (4 × T·I_s)",
+                      4 * 2 * t * shared))
+        if model.shared_expert_gate:
+            terms += [("MLP", "shared expert gate: sigmoid output (T), kept by sigmoid and the "
+                       "product", 2 * t),
+                      ("MLP", "shared expert output (T×h), kept by the gate product", 2 * t * h)]
+    return terms
+
+
+def _moe_block_grads(model: ModelConfig, g_per_param: Fraction) -> tuple[int, int, int]:
+    """Gradient bytes of one MoE block: (gate_up of all experts, down of all experts, router
+    and shared expert). Every expert's gradient is made whole by grouped_mm's backward
+    (derivatives.yaml _grouped_mm: mat2's gradient has mat2's shape, E × in × out)."""
+    h, i, ne = model.hidden_size, model.intermediate_size, model.num_experts
+    shared = model.shared_expert_intermediate_size
+    rest = h * ne + (3 * h * shared + (h if model.shared_expert_gate else 0) if shared else 0)
+    return (ceil_bytes(g_per_param * ne * 2 * i * h), ceil_bytes(g_per_param * ne * i * h),
+            ceil_bytes(g_per_param * rest))
+
+
+def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) -> int:
+    """Largest excess over (the block's saved tensors + the incoming T·h gradient) during the
+    MoE block's backward, walked op by op in the order autograd runs them (each node frees
+    its saved tensors and its incoming gradient once it has run):
+    un-permuting gather (zeros S·h + index_put), the routing-weight product (the experts'
+    output gradient, and the weights' gradient through an S·h product summed to S), the down
+    grouped_mm (input gradient S·I, every expert's weight gradient), the product (two S·I),
+    silu (S·I), chunk's backward (cat into S·2I), the gate_up grouped_mm (S·h and every
+    expert's gate_up gradient), the token gather (zeros T·h), the router (topk's zeros and
+    softmax's gradient, T·E fp32). Mixtral's fp32 routing weights make the first three fp32
+    (the fp32 sum's gradient T·h, the zeros and the product's gradient, cast back to bf16 for
+    the bf16 expert outputs)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    ne, k = model.num_experts, model.experts_per_token
+    s = t * k
+    we = _router_weight_bytes(model)
+    g_up, g_down, _ = _moe_block_grads(model, g_per_param)
+    cur = peak = 0
+
+    def alloc(x: int) -> None:
+        nonlocal cur, peak
+        cur += x
+        peak = max(peak, cur)
+
+    def free(x: int) -> None:
+        nonlocal cur
+        cur -= x
+
+    shared = model.shared_expert_intermediate_size
+    if shared and model.shared_expert_gate:  # the add's gradient reaches the gate product first
+        alloc(2 * t * h)  # d(shared output) = g · sigmoid
+        alloc(2 * t)  # d(sigmoid) summed
+        free(2 * t * h + 2 * t)  # saved output and sigmoid output freed
+    if we == 4:
+        alloc(4 * t * h)  # `.to(bf16)` backward: the fp32 gradient of the fp32 sum
+    alloc(we * s * h)  # index backward: zeros + index_put
+    if we == 4:
+        free(4 * t * h)
+    free(8 * s)  # inv_perm
+    if we == 4:
+        alloc(4 * s * h)  # d(expert outputs) in fp32, then cast to bf16
+        alloc(2 * s * h)
+        free(4 * s * h)
+    else:
+        alloc(2 * s * h)
+    alloc(we * s * h)  # g · expert outputs, summed to the weights' gradient
+    alloc(we * s)
+    free(we * s * h)
+    free(we * s * h + 2 * s * h + we * s)  # the gather's gradient, expert outputs, weights
+    alloc(2 * s * i)  # down grouped_mm: input gradient
+    alloc(g_down)  # every expert's down gradient
+    free(2 * s * h + 2 * s * i)  # d(expert outputs), the saved product
+    alloc(2 * 2 * s * i)  # d(act), d(up)
+    free(2 * s * i + 2 * s * i)  # d(product), act
+    alloc(2 * s * i)  # silu backward: d(gate)
+    free(2 * s * i + 2 * 2 * s * i)  # d(act), the gate_up output
+    alloc(2 * 2 * s * i)  # chunk backward: cat
+    free(2 * 2 * s * i)  # d(gate), d(up)
+    alloc(2 * s * h)  # gate_up grouped_mm: input gradient
+    alloc(g_up)
+    free(2 * 2 * s * i + 2 * s * h)  # the cat, the gathered states
+    alloc(2 * t * h)  # the token gather's zeros
+    free(2 * s * h + 8 * s)
+    alloc(4 * t * ne)  # topk backward: zeros (fp32)
+    alloc(4 * t * ne)  # softmax backward
+    return peak
+
+
+def _check_moe_args(model: ModelConfig, ep: int, norm_topk_prob: object, router_aux_loss: object,
+                    precision: str, tp: int, adapters: object) -> tuple[bool, bool]:
+    """Validated (norm_topk, aux) of a MoE step; refusals with the reason."""
+    e = check_int("ep", ep, 1, 1 << 16)
+    aux = check_bool("router_aux_loss", router_aux_loss)
+    if norm_topk_prob is not None:
+        check_bool("norm_topk_prob", norm_topk_prob)
+    if model.num_experts <= 1:
+        if e != 1 or aux or norm_topk_prob is not None:
+            raise ValueError(f"ep, norm_topk_prob and router_aux_loss apply to MoE models; "
+                             f"{model.name!r} is dense")
+        return False, False
+    if e != 1:
+        raise ValueError(
+            f"ep={e}: expert parallelism is not modelled. transformers' own EP (the "
+            "'grouped_gemm'/'ep_router' tp_plan, integrations/moe.py sentinel rows) keeps every "
+            "token on every rank and all-reduces the experts' outputs, unlike the all-to-all "
+            "dispatch of Megatron/DeepSpeed-MoE; neither's buffers are counted yet")
+    if precision != "bf16":
+        raise ValueError(
+            f"precision {precision!r} with MoE: only 'bf16' is modelled; under autocast "
+            "transformers' grouped_mm is not autocast-enabled and runs in the fp32 weights' "
+            "dtype (integrations/moe.py _grouped_mm: input.to(weight.dtype)), not counted")
+    if tp != 1:
+        raise ValueError(f"tp={tp} with MoE: tensor-parallel experts are not modelled (tp=1)")
+    if adapters is not None:
+        raise ValueError("LoRA adapters on a MoE model are not modelled (peft's targeting of "
+                         "3-D expert parameters is not counted)")
+    if model.model_type == "mixtral" and norm_topk_prob is False:
+        raise ValueError("norm_topk_prob=False with Mixtral: its router always normalizes "
+                         "(MixtralTopKRouter)")
+    norm = NORM_TOPK_DEFAULT[model.model_type] if norm_topk_prob is None else norm_topk_prob
+    return norm, aux
+
+
+def _aux_loss_terms(model: ModelConfig, dm: _Dims) -> list[tuple[str, str, int]]:
+    """output_router_logits=True: load_balancing_loss_func (modeling_mixtral.py,
+    modeling_qwen3_moe.py) takes every layer's bf16 router logits (recorded by OutputRecorder)
+    and runs softmax on them in bf16, which keeps its output (T·E per layer); the logits
+    themselves die with the model output; `tokens_per_expert * router_prob_per_expert` keeps
+    the fp32 tokens_per_expert (E)."""
+    n = model.num_layers
+    return [("MoE", f"load-balancing loss: bf16 softmax of the router logits (× {n} layers)",
+             n * 2 * dm.t * model.num_experts),
+            ("MoE", "load-balancing loss: tokens per expert (fp32, E)", 4 * model.num_experts)]
