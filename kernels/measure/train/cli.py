@@ -15,15 +15,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kernels.measure import train_models
-from kernels.measure.model_common import choices, ints
+from kernels.measure.model_common import choices, ints, words
 from kernels.measure.train.config import (
+    ADAPTER_DTYPES,
+    ADAPTERS,
     ATTENTIONS,
+    BASE_DTYPES,
+    LORA_TARGETS,
     PRECISIONS,
     TRAIN_COLUMNS,
     TrainConfig,
     TrainResult,
 )
-from kernels.measure.train.plan import PLANS, expand
+from kernels.measure.train.plan import FULL, PLANS, expand, lora_variants
 from kernels.measure.train.store import TrainStore, csv_writer, repredict, write_row
 from kernels.measure.train.worker import run_train
 
@@ -46,8 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"precisions ({', '.join(PRECISIONS)})")
     ap.add_argument("--checkpointing", nargs="+", default=["off"], help="off, on (or both)")
     ap.add_argument("--steps", type=int, default=3, help="measured steps (median time), >= 3")
+    ap.add_argument("--adapter", nargs="+", default=["none"],
+                    help=f"fine-tuning ({', '.join(ADAPTERS)}; none: full training, lora: peft "
+                         "LoRA on a frozen base; both: none,lora)")
+    ap.add_argument("--rank", nargs="+", default=None, help="LoRA ranks (default 16)")
+    ap.add_argument("--alpha", type=float, default=None,
+                    help="LoRA alpha (default: 2 x rank; no byte depends on it)")
+    ap.add_argument("--targets", nargs="+", default=None,
+                    help=f"LoRA targets ({', '.join(LORA_TARGETS)}; default all-linear)")
+    ap.add_argument("--lora-dropout", type=float, default=None, help="LoRA dropout (default 0)")
+    ap.add_argument("--adapter-dtype", default=None,
+                    help=f"LoRA adapter dtype ({', '.join(ADAPTER_DTYPES)}; default fp32, "
+                         "peft's autocast_adapter_dtype=True)")
+    ap.add_argument("--base-dtype", nargs="+", default=None,
+                    help=f"the frozen base's dtype with --adapter lora ({', '.join(BASE_DTYPES)}; "
+                         "nf4 / nf4_dq: QLoRA through bitsandbytes; default bf16)")
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
-                    help="a bundled sweep instead of the cross product (h200: the reference)")
+                    help="a bundled sweep instead of the cross product (h200: the reference, "
+                         "h200-lora: LoRA and QLoRA)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds: configurations not started by then are recorded as skipped")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds per configuration")
@@ -82,7 +102,44 @@ def configs_from_args(args: argparse.Namespace) -> list[TrainConfig]:
                                                       "both": [False, True]}[w]})
     seq = ints(args.seq_len, "--seq-len", 2)
     return expand(models, seq, attentions, precisions, checkpointings, batch=args.batch,
-                  layers=args.layers, steps=args.steps)
+                  layers=args.layers, steps=args.steps, finetunes=finetunes_from_args(args))
+
+
+def finetunes_from_args(args: argparse.Namespace) -> list[dict]:
+    """The fine-tuning variants of the command line (plan.lora_variants); SystemExit with one
+    line for what calc's LoRA arguments refuse."""
+    adapters = list(dict.fromkeys(choices(args.adapter, ADAPTERS, "adapter(s)")))
+    lora_opts = {"--rank": args.rank, "--alpha": args.alpha, "--targets": args.targets,
+                 "--lora-dropout": args.lora_dropout, "--adapter-dtype": args.adapter_dtype,
+                 "--base-dtype": args.base_dtype}
+    if "lora" not in adapters:
+        given = [k for k, v in lora_opts.items() if v is not None]
+        if args.base_dtype is not None and set(words(args.base_dtype)) - {"bf16"}:
+            raise SystemExit("error: --base-dtype nf4/nf4_dq needs --adapter lora (QLoRA: a "
+                             "4-bit base has no trainable weights)")
+        if given and given != ["--base-dtype"]:
+            raise SystemExit(f"error: {', '.join(given)} need(s) --adapter lora")
+        return [FULL]
+    ranks = ints(args.rank or ["16"], "--rank", 1)
+    if any(r > 1 << 16 for r in ranks):
+        raise SystemExit(f"error: --rank must be at most 65536, got {max(ranks)}")
+    targets = list(dict.fromkeys(choices(args.targets or ["all-linear"], LORA_TARGETS,
+                                         "LoRA target(s)")))
+    bases = list(dict.fromkeys(choices(args.base_dtype or ["bf16"], BASE_DTYPES,
+                                       "base dtype(s)")))
+    alpha = args.alpha
+    if alpha is not None and not 0 < alpha < float("inf"):
+        raise SystemExit(f"error: --alpha must be a positive finite number, got {alpha}")
+    dropout = 0.0 if args.lora_dropout is None else args.lora_dropout
+    if not 0 <= dropout < 1:
+        raise SystemExit(f"error: --lora-dropout must be in [0, 1), got {dropout}")
+    dtype = args.adapter_dtype or "fp32"
+    if dtype not in ADAPTER_DTYPES:
+        raise SystemExit(f"error: unknown adapter dtype {dtype}; known: "
+                         f"{', '.join(ADAPTER_DTYPES)}")
+    out: list[dict] = [FULL] if "none" in adapters else []
+    return out + lora_variants(ranks, targets, bases, alpha=alpha, dropout=dropout,
+                               adapter_dtype=dtype)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,7 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             peak = f"peak {res.peak_bytes / 2**30:.2f} GiB" if res.peak_bytes else ""
             ms = f"{res.step_ms:.1f} ms" if res.step_ms else ""
-            print(f"[{i + 1}/{n} {time.monotonic() - t0:6.1f}s] {res.model} {res.attention} "
+            lora = (f" lora r={res.lora_rank} {res.lora_targets} {res.base_dtype}"
+                    if res.adapter == "lora" else "")
+            print(f"[{i + 1}/{n} {time.monotonic() - t0:6.1f}s] {res.model}{lora} {res.attention} "
                   f"{res.precision} ckpt={'on' if res.checkpointing else 'off'} s={res.seq_len}: "
                   f"{res.status} {peak} {ms} {res.message[:120] if res.status != 'ok' else ''}",
                   file=sys.stderr, flush=True)

@@ -46,6 +46,19 @@ when not measured):
     triton             triton.__version__
     transformers       transformers.__version__
     timestamp          ISO 8601, UTC
+    adapter            none (full training) | lora (peft LoRA on a frozen base; issue 34)
+    lora_rank          LoRA r (empty without adapters)
+    lora_alpha         LoRA alpha (scaling = alpha / r; no byte depends on it)
+    lora_targets       attention (q, k, v, o) | all-linear (those and gate, up, down)
+    lora_dropout       LoRA dropout probability
+    adapter_dtype      fp32 (peft's default autocast_adapter_dtype=True) | bf16
+    base_dtype         bf16 | nf4 | nf4_dq (QLoRA: bitsandbytes 4-bit base, with double
+                       quantization for nf4_dq); bf16 for full training
+    trainable_params   parameters that get gradients and AdamW state (all of them in full
+                       training, the adapters' with LoRA)
+
+The adapter columns come last so that CSVs written before them still read: a missing
+column is full training (``COLUMN_DEFAULTS``: adapter none, base_dtype bf16, the rest empty).
 
 No torch or transformers at import time.
 """
@@ -58,11 +71,23 @@ from typing import Any
 from kernels.measure import train_models
 from kernels.measure.model_common import ATTENTIONS, SDPA_BACKENDS, shape_fields
 
-__all__ = ["ATTENTIONS", "BOOL_COLUMNS", "FLOAT_COLUMNS", "INT_COLUMNS", "PRECISIONS",
-           "SDPA_BACKENDS", "TRAIN_COLUMNS", "TrainConfig", "TrainResult", "check_config",
+__all__ = ["ADAPTERS", "ADAPTER_DTYPES", "ATTENTIONS", "BASE_DTYPES", "BOOL_COLUMNS",
+           "COLUMN_DEFAULTS", "FLOAT_COLUMNS", "INT_COLUMNS", "LORA_TARGETS", "PRECISIONS",
+           "SDPA_BACKENDS", "TRAIN_COLUMNS", "TrainConfig", "TrainResult", "check_adapter", "check_config",
            "shape_fields"]
 
 PRECISIONS = ("bf16", "amp_bf16", "fp32")
+#: Fine-tuning (issue 34): "none" is full training, "lora" peft LoRA adapters on a frozen base.
+ADAPTERS = ("none", "lora")
+#: peft target_modules: "attention" = q/k/v/o_proj (a list), "all-linear" = peft's shorthand
+#: (every nn.Linear but the output layer). calc.training_step.LORA_TARGET_SETS, same names.
+LORA_TARGETS = ("attention", "all-linear")
+#: The base's storage: bf16, or QLoRA's bitsandbytes NF4 without / with double quantization
+#: (calc.training_step.BASE_DTYPES).
+BASE_DTYPES = ("bf16", "nf4", "nf4_dq")
+#: The adapters' dtype: fp32 (get_peft_model's autocast_adapter_dtype=True, its default) or
+#: bf16 (autocast_adapter_dtype=False) (calc.training_step.ADAPTER_DTYPES).
+ADAPTER_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -77,16 +102,74 @@ class TrainConfig:
     batch: int = 1
     layers: int | None = None  # None: the model's own (few) layers
     steps: int = 3  # measured steps (the median time is kept)
+    # Fine-tuning (issue 34); ignored (and left empty in the row) when adapter is "none".
+    adapter: str = "none"  # ADAPTERS
+    rank: int = 16  # LoRA r
+    alpha: float = 16.0  # LoRA alpha (calc.training_step.LoRA's default)
+    targets: str = "all-linear"  # LORA_TARGETS
+    lora_dropout: float = 0.0
+    adapter_dtype: str = "fp32"  # ADAPTER_DTYPES
+    base_dtype: str = "bf16"  # BASE_DTYPES; nf4 / nf4_dq only with adapters (QLoRA)
+
+    @property
+    def lora(self) -> bool:
+        return self.adapter == "lora"
+
+    def adapter_label(self) -> str:
+        """'' for full training, else e.g. 'lora r=16 a=16 all-linear nf4'."""
+        if not self.lora:
+            return ""
+        extra = "".join([f" dropout={self.lora_dropout:g}" if self.lora_dropout else "",
+                         f" {self.adapter_dtype}-adapters" if self.adapter_dtype != "fp32" else "",
+                         f" {self.base_dtype}" if self.base_dtype != "bf16" else ""])
+        return f"lora r={self.rank} a={self.alpha:g} {self.targets}{extra}"
 
     def label(self) -> str:
         layers = f" L={self.layers}" if self.layers else ""
-        return (f"{self.model}{layers} {self.attention} {self.precision} "
+        adapter = f" {self.adapter_label()}" if self.lora else ""
+        return (f"{self.model}{layers}{adapter} {self.attention} {self.precision} "
                 f"{'ckpt' if self.checkpointing else 'no-ckpt'} B={self.batch} s={self.seq_len}")
 
     def series(self) -> tuple:
         """Everything but the length (an OOM skips the longer lengths of its series)."""
         return (self.model, self.layers, self.attention, self.precision, self.checkpointing,
-                self.batch)
+                self.batch, *self.adapter_key())
+
+    def adapter_key(self) -> tuple:
+        """The fine-tuning fields that matter: () for full training."""
+        if not self.lora:
+            return ()
+        return (self.adapter, self.rank, self.alpha, self.targets, self.lora_dropout,
+                self.adapter_dtype, self.base_dtype)
+
+    def row_identity(self) -> dict[str, Any]:
+        """The row's columns that name this configuration (TrainResult's keywords): the same
+        in measured, skipped, timed-out and crashed rows."""
+        lora = self.lora
+        return {"model": self.model, "layers": self.layers, "batch": self.batch,
+                "seq_len": self.seq_len, "attention": self.attention,
+                "precision": self.precision, "checkpointing": bool(self.checkpointing),
+                "adapter": self.adapter, "lora_rank": self.rank if lora else None,
+                "lora_alpha": float(self.alpha) if lora else None,
+                "lora_targets": self.targets if lora else "",
+                "lora_dropout": float(self.lora_dropout) if lora else None,
+                "adapter_dtype": self.adapter_dtype if lora else "",
+                "base_dtype": self.base_dtype}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TrainConfig:
+        """The configuration of a typed row (kernels.measure.train.store.typed_row); a row
+        without the adapter columns is full training."""
+        lora = row.get("adapter") == "lora"
+        kw: dict[str, Any] = {}
+        if lora:
+            kw = {"adapter": "lora", "rank": row.get("lora_rank"),
+                  "alpha": row.get("lora_alpha"), "targets": row.get("lora_targets"),
+                  "lora_dropout": row.get("lora_dropout") or 0.0,
+                  "adapter_dtype": row.get("adapter_dtype") or "fp32"}
+        return cls(row["model"], row["seq_len"], row["attention"], row["precision"],
+                   bool(row["checkpointing"]), row.get("batch") or 1, row.get("layers"),
+                   base_dtype=row.get("base_dtype") or "bf16", **kw)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +219,14 @@ class TrainResult:
     triton: str = ""
     transformers: str = ""
     timestamp: str = ""
+    adapter: str = "none"
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str = ""
+    lora_dropout: float | None = None
+    adapter_dtype: str = ""
+    base_dtype: str = "bf16"
+    trainable_params: int | None = None
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,6 +245,39 @@ def _columns_of(kind: str) -> tuple[str, ...]:
 #: rest are text), so that a column added to TrainResult is typed where rows are read.
 INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = (_columns_of("int"), _columns_of("float"),
                                             _columns_of("bool"))
+#: What an empty or missing text cell means (CSVs written before the adapter columns).
+COLUMN_DEFAULTS: dict[str, str] = {"adapter": "none", "base_dtype": "bf16"}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_adapter(cfg: TrainConfig) -> str | None:
+    """What is wrong with cfg's fine-tuning fields (one line), or None. Mirrors the argument
+    checks of calc.training_step.LoRA and base_dtype; what calc refuses to model (autocast
+    or a fused architecture with adapters) is the procedure's 'unavailable' row instead."""
+    if cfg.adapter not in ADAPTERS:
+        return f"unknown adapter {cfg.adapter!r}; known: {', '.join(ADAPTERS)}"
+    if cfg.base_dtype not in BASE_DTYPES:
+        return f"unknown base dtype {cfg.base_dtype!r}; known: {', '.join(BASE_DTYPES)}"
+    if not cfg.lora:
+        if cfg.base_dtype != "bf16":
+            return (f"base dtype {cfg.base_dtype} without adapters: a 4-bit base has no "
+                    "trainable weights; use adapter lora (QLoRA)")
+        return None
+    if not isinstance(cfg.rank, int) or isinstance(cfg.rank, bool) or not 1 <= cfg.rank <= 1 << 16:
+        return f"LoRA rank must be a whole number in 1..65536, got {cfg.rank!r}"
+    if not _number(cfg.alpha) or not 0 < cfg.alpha < float("inf"):
+        return f"LoRA alpha must be a positive finite number, got {cfg.alpha!r}"
+    if cfg.targets not in LORA_TARGETS:
+        return f"unknown LoRA targets {cfg.targets!r}; known: {', '.join(LORA_TARGETS)}"
+    if not _number(cfg.lora_dropout) or not 0 <= cfg.lora_dropout < 1:
+        return f"LoRA dropout must be a number in [0, 1), got {cfg.lora_dropout!r}"
+    if cfg.adapter_dtype not in ADAPTER_DTYPES:
+        return (f"unknown adapter dtype {cfg.adapter_dtype!r}; known: "
+                f"{', '.join(ADAPTER_DTYPES)}")
+    return None
 
 
 def check_config(cfg: TrainConfig) -> str | None:
@@ -170,4 +294,4 @@ def check_config(cfg: TrainConfig) -> str | None:
             return f"{name} must be a whole number >= {lo}, got {v!r}"
     if cfg.layers is not None and (not isinstance(cfg.layers, int) or cfg.layers < 1):
         return f"layers must be a whole number >= 1, got {cfg.layers!r}"
-    return None
+    return check_adapter(cfg)

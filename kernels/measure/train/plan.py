@@ -1,22 +1,41 @@
-"""Plans: the cross product of the command line (``expand``), and the bundled H200 reference
-sweep (``reference_plan``, ``--plan h200``). No torch or transformers at import time.
+"""Plans: the cross product of the command line (``expand``, with ``lora_variants`` for
+fine-tuning), the bundled H200 reference sweep (``reference_plan``, ``--plan h200``) and the
+LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``). No torch or transformers at import
+time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from kernels.measure.train.config import TrainConfig
+
+FULL: dict[str, Any] = {}  # full training: TrainConfig's defaults
 
 
 def expand(models: Iterable[str], seq_lens: Iterable[int], attentions: Iterable[str],
            precisions: Iterable[str], checkpointings: Iterable[bool], *, batch: int = 1,
-           layers: int | None = None, steps: int = 3) -> list[TrainConfig]:
-    """The cross product; each series runs short to long (so an OOM skips the longer ones)."""
+           layers: int | None = None, steps: int = 3,
+           finetunes: Sequence[dict[str, Any]] = (FULL,)) -> list[TrainConfig]:
+    """The cross product; each series runs short to long (so an OOM skips the longer ones).
+    ``finetunes``: TrainConfig keywords of each fine-tuning variant (``lora_variants``);
+    full training by default."""
     seq = sorted(set(int(s) for s in seq_lens))
-    return [TrainConfig(m, s, a, p, bool(c), batch, layers, steps)
-            for m in models for p in precisions for c in checkpointings for a in attentions
-            for s in seq]
+    return [TrainConfig(m, s, a, p, bool(c), batch, layers, steps, **ft)
+            for m in models for ft in finetunes for p in precisions for c in checkpointings
+            for a in attentions for s in seq]
+
+
+def lora_variants(ranks: Iterable[int], targets: Iterable[str], base_dtypes: Iterable[str], *,
+                  alpha: float | None = None, dropout: float = 0.0,
+                  adapter_dtype: str = "fp32") -> list[dict[str, Any]]:
+    """TrainConfig keywords of each LoRA variant: ranks × targets × base dtypes (bf16: LoRA,
+    nf4 / nf4_dq: QLoRA). ``alpha`` None: 2 × rank (a common choice; no byte depends on it)."""
+    return [{"adapter": "lora", "rank": int(r), "alpha": float(2 * r if alpha is None else alpha),
+             "targets": t, "lora_dropout": float(dropout), "adapter_dtype": adapter_dtype,
+             "base_dtype": b}
+            for b in base_dtypes for t in targets for r in ranks]
 
 
 #: Lengths of the reference sweep: non-powers of two among them (1,000, 3,000, 12,000).
@@ -68,4 +87,58 @@ def reference_plan() -> list[TrainConfig]:
     return first + [c for c in plan if key(c) not in seen]
 
 
-PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan}
+#: Lengths of the LoRA sweep: 1,000 to 16,384, non-powers of two among them.
+LORA_LENGTHS = (1000, 3000, 6000, 8192, 12000, 16384)
+
+
+def lora_plan() -> list[TrainConfig]:
+    """The H200 LoRA / QLoRA sweep (issue 34, item 3; ``--plan h200-lora``), most important
+    first so that ``--budget`` cuts the least important rows. bf16 with sdpa_flash throughout
+    (calc models LoRA without autocast only); rows where bitsandbytes is not installed are
+    'unavailable' in no time. About 5 minutes on an H200 (a row: a few seconds at 1k, ~10 s
+    at 16k tokens).
+
+    0. Coverage first: llama3-8b-2l (8B widths, 128k vocab) and qwen2.5-7b-2l (152k vocab,
+       q/k/v bias), LoRA and QLoRA (nf4), r 16, all-linear and attention, checkpointing off,
+       at 1,000 and 8,192 tokens.
+    1. llama3-8b-2l: r 8 and 64 × attention / all-linear × bf16 / nf4 × checkpointing
+       off / on × 1,000 ... 16,384 (LORA_LENGTHS).
+    2. qwen2.5-7b-2l: r 8 and 64 × all-linear / attention × bf16 / nf4, checkpointing
+       off / on, at 1,000, 3,000, 8,192, 16,384.
+    3. Double quantization (nf4_dq) and bf16 adapters on llama3-8b-2l, r 16, all-linear,
+       checkpointing off / on, at 1,000, 6,000, 16,384; dropout 0.05 (its bool masks) at
+       1,000 and 8,192.
+    4. llama3-8b-4l (per-layer cost = 4l - 2l): LoRA and QLoRA r 16 all-linear, checkpointing
+       off / on, at 1,000 and 8,192; eager and triton attention at 1,000 and 8,192 (LoRA r 16
+       all-linear, checkpointing off).
+    """
+    a = ("sdpa_flash",)
+    plan: list[TrainConfig] = []
+    both = ("all-linear", "attention")
+    plan += expand(["llama3-8b-2l", "qwen2.5-7b-2l"], (1000, 8192), a, ["bf16"], [False],
+                   finetunes=lora_variants([16], both, ["bf16", "nf4"]))
+    plan += expand(["llama3-8b-2l"], LORA_LENGTHS, a, ["bf16"], [False, True],
+                   finetunes=lora_variants([8, 64], both, ["bf16", "nf4"]))
+    plan += expand(["qwen2.5-7b-2l"], (1000, 3000, 8192, 16384), a, ["bf16"], [False, True],
+                   finetunes=lora_variants([8, 64], both, ["bf16", "nf4"]))
+    plan += expand(["llama3-8b-2l"], (1000, 6000, 16384), a, ["bf16"], [False, True],
+                   finetunes=lora_variants([16], ["all-linear"], ["nf4_dq"])
+                   + lora_variants([16], ["all-linear"], ["bf16", "nf4"], adapter_dtype="bf16"))
+    plan += expand(["llama3-8b-2l"], (1000, 8192), a, ["bf16"], [False],
+                   finetunes=lora_variants([16], ["all-linear"], ["bf16", "nf4"], dropout=0.05))
+    plan += expand(["llama3-8b-4l"], (1000, 8192), a, ["bf16"], [False, True],
+                   finetunes=lora_variants([16], ["all-linear"], ["bf16", "nf4"]))
+    plan += expand(["llama3-8b-2l"], (1000, 8192), ("eager", "triton"), ["bf16"], [False],
+                   finetunes=lora_variants([16], ["all-linear"], ["bf16", "nf4"]))
+    seen: set[tuple] = set()
+    out: list[TrainConfig] = []
+    for c in plan:
+        k = (*c.series(), c.seq_len)
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out
+
+
+PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan,
+                                                      "h200-lora": lora_plan}

@@ -1,28 +1,61 @@
 """calc's prediction for a training-step configuration: ``calc.training_step(
 ModelConfig.from_hf_config(config), batch, seq_len, attention=..., precision=...,
-checkpointing=...)`` when calc has it (else empty, and the message says why).
+checkpointing=..., adapters=..., base_dtype=...)`` when calc has it (else empty, and the
+message says why). With adapter lora, ``adapters=calc.LoRA(rank, alpha, targets, dropout,
+adapter_dtype)`` (``calc_lora``) and the configuration's base_dtype; a ValueError from calc for
+such a configuration is a refusal (``Prediction.refused``: what calc does not model, e.g.
+autocast or Phi-3's fused projections with adapters), which the procedure records as
+'unavailable' with calc's reason instead of measuring.
 
 No torch or transformers at import time (calc is imported when asked).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernels.measure.model_common import short_error
 from kernels.measure.train.config import TrainConfig
 
 
-def predict(cfg: TrainConfig, config_dict: dict[str, Any]) -> tuple[int | None, int | None, str]:
-    """calc.training_step's (peak, before-step) bytes for cfg, or (None, None, why)."""
+class Prediction(NamedTuple):
+    peak: int | None
+    before: int | None
+    message: str  # '' when predicted
+    refused: str | None = None  # calc's ValueError for a fine-tuning configuration
+
+
+def calc_lora(cfg: TrainConfig) -> Any:
+    """calc.training_step.LoRA for cfg's adapter fields, None for full training."""
+    if not cfg.lora:
+        return None
+    from calc.training_step import LoRA
+
+    return LoRA(cfg.rank, cfg.alpha, cfg.targets, cfg.lora_dropout, cfg.adapter_dtype)
+
+
+def prediction(cfg: TrainConfig, config_dict: dict[str, Any]) -> Prediction:
+    """calc.training_step for cfg (module docstring)."""
     try:
         from calc import ModelConfig, training_step
     except ImportError as exc:
-        return None, None, f"no prediction: calc did not import ({exc})"
+        return Prediction(None, None, f"no prediction: calc did not import ({exc})")
     try:
         model = ModelConfig.from_hf_config(config_dict, name=cfg.model)
+        kw: dict[str, Any] = {}
+        if cfg.lora or cfg.base_dtype != "bf16":
+            kw = {"adapters": calc_lora(cfg), "base_dtype": cfg.base_dtype}
         m = training_step(model, cfg.batch, cfg.seq_len, attention=cfg.attention,
-                          precision=cfg.precision, checkpointing=cfg.checkpointing)
-        return int(m.peak_bytes), int(m.before_step_bytes), ""
+                          precision=cfg.precision, checkpointing=cfg.checkpointing, **kw)
+        return Prediction(int(m.peak_bytes), int(m.before_step_bytes), "")
     except Exception as exc:  # noqa: BLE001 - a failed prediction never costs the measurement
-        return None, None, f"no prediction: {short_error(exc, 200)}"
+        why = short_error(exc, 200)
+        refused = (" ".join(str(exc).split())[:300] if cfg.lora and isinstance(exc, ValueError)
+                   else None)
+        return Prediction(None, None, f"no prediction: {why}", refused)
+
+
+def predict(cfg: TrainConfig, config_dict: dict[str, Any]) -> tuple[int | None, int | None, str]:
+    """calc.training_step's (peak, before-step) bytes for cfg, or (None, None, why)."""
+    p = prediction(cfg, config_dict)
+    return p.peak, p.before, p.message

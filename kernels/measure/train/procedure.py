@@ -28,6 +28,15 @@ The procedure, step by step (calc.training_step predicts what it measures):
    message says by how much).
 6. Prediction: ``kernels.measure.train.predict`` (calc.training_step).
 
+LoRA and QLoRA (adapter ``lora``; issue 34): step 1 builds the base in bf16 as above, then
+(``kernels.measure.train.finetune``) quantizes its linears to NF4 through bitsandbytes for
+base_dtype nf4 / nf4_dq (no ``prepare_model_for_kbit_training``: its fp32 upcast is not
+modelled), enables checkpointing, wraps it with ``peft.get_peft_model`` (fp32 adapters by
+default), and AdamW takes the trainable (adapter) parameters only. ``params`` is the base's
+parameter count, ``trainable_params`` the adapters'. A configuration calc refuses to model
+(autocast or fp32 with adapters, fused projections) is 'unavailable' with calc's reason and is
+not run; peft or bitsandbytes missing is 'unavailable' too.
+
 Out of memory is a result (status ``oom``). An attention that cannot run this model (our
 kernel refusing soft-capping or dropout: ``kernels.hf.check_config``; an SDPA backend
 that has no kernel for the call; FlashAttention-4 not installed) is ``unavailable`` with the
@@ -56,7 +65,16 @@ from kernels.measure.model_common import (
     unavailable_error,
 )
 from kernels.measure.train.config import TrainConfig, TrainResult, check_config, shape_fields
-from kernels.measure.train.predict import predict
+from kernels.measure.train.finetune import (
+    NO_KBIT_PREPARE,
+    Unavailable,
+    adapter_dtype_note,
+    add_lora,
+    import_bitsandbytes,
+    import_peft,
+    quantize_base,
+)
+from kernels.measure.train.predict import prediction
 
 USE_REENTRANT = False  # what gradient checkpointing is enabled with (transformers' default)
 
@@ -78,9 +96,7 @@ def measure_train_step(cfg: TrainConfig, *, device: Any = None) -> TrainResult:
 
 
 def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
-    base = {"model": cfg.model, "batch": cfg.batch, "seq_len": cfg.seq_len,
-            "attention": cfg.attention, "precision": cfg.precision,
-            "checkpointing": bool(cfg.checkpointing)}
+    base = cfg.row_identity()
     bad = check_config(cfg)
     if bad:
         return TrainResult(**base, status="error", message=bad)
@@ -93,17 +109,29 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
     config_dict = train_models.hf_config(cfg.model, cfg.layers)
     hf = train_models.build_config(config_dict)
     shape = shape_fields(hf)
-    pred_peak, pred_before, pred_msg = predict(cfg, config_dict)
+    pred = prediction(cfg, config_dict)
+    pred_peak, pred_before = pred.peak, pred.before
     row = {**base, **shape, **env, "predicted_peak_bytes": pred_peak,
            "predicted_before_bytes": pred_before}
-    notes = [pred_msg] if pred_msg else []
+    notes = [pred.message] if pred.message and not pred.refused else []
     if cfg.checkpointing:
         notes.append(f"checkpointing: use_reentrant={USE_REENTRANT}")
+    if cfg.base_dtype != "bf16":
+        notes.append(NO_KBIT_PREPARE)
 
     def result(status: str, message: str = "", **values: Any) -> TrainResult:
         msg = "; ".join(m for m in [message, *notes] if m)
         return TrainResult(**row, status=status, message=msg, **values)
 
+    if pred.refused:
+        return result("unavailable", f"calc does not model this: {pred.refused}")
+    try:
+        if cfg.lora:
+            import_peft()
+        if cfg.base_dtype != "bf16":
+            import_bitsandbytes()
+    except Unavailable as exc:
+        return result("unavailable", str(exc))
     if cfg.attention == "triton":
         why = kernels_hf_check(hf, cfg.seq_len)
         if why:
@@ -127,6 +155,7 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
     autocast = cfg.precision == "amp_bf16"
     state: dict[str, Any] = {}
     params: int | None = None
+    trainable_params: int | None = None
     try:
         impl = attn_implementation(cfg.attention)
         gc.collect()
@@ -138,10 +167,22 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
         if next(state["model"].parameters()).device.type != dev:
             state["model"].to(dev)
         state["model"].train()
+        params = sum(p.numel() for p in state["model"].parameters())
+        if cfg.base_dtype != "bf16":
+            quantize_base(state["model"], cfg.base_dtype)
         if cfg.checkpointing:
             enable_checkpointing(state["model"])
-        params = sum(p.numel() for p in state["model"].parameters())
-        state["opt"] = torch.optim.AdamW(state["model"].parameters(), lr=1e-5)
+        if cfg.lora:
+            state["model"] = add_lora(state["model"], cfg)
+            state["model"].train()
+        trainable = [p for p in state["model"].parameters() if p.requires_grad]
+        trainable_params = sum(p.numel() for p in trainable)
+        if cfg.lora:
+            note = adapter_dtype_note(trainable, cfg)
+            if note:
+                notes.append(note)
+        state["opt"] = torch.optim.AdamW(trainable, lr=1e-5)
+        del trainable
         state["ids"] = torch.randint(0, shape["vocab"], (cfg.batch, cfg.seq_len), device=dev)
         s = state
 
@@ -173,13 +214,14 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
         reserved = device.max_reserved()
     except Exception as exc:  # noqa: BLE001 - OOM and refusals are results; the rest 'error'
         status = ("oom" if is_oom(exc) else
-                  "unavailable" if unavailable_error(exc) else "error")
+                  "unavailable" if isinstance(exc, Unavailable) or unavailable_error(exc)
+                  else "error")
         message = short_error(exc)
         del exc
         state.clear()
         gc.collect()
         device.empty_cache()
-        return result(status, message, params=params)
+        return result(status, message, params=params, trainable_params=trainable_params)
     state.clear()
     gc.collect()
     device.empty_cache()
@@ -188,7 +230,8 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
     measured = device.name == "cuda"
     rel = ((pred_peak - peak) / peak) if (measured and pred_peak is not None and peak) else None
     return result(
-        "ok", params=params, before_step_bytes=before if measured else None,
+        "ok", params=params, trainable_params=trainable_params,
+        before_step_bytes=before if measured else None,
         peak_bytes=peak if measured else None, reserved_bytes=reserved if measured else None,
         step_ms=round(statistics.median(times), 3), steps=len(times), loss=round(losses[-1], 4),
         peak_rel_error=rel)

@@ -18,6 +18,7 @@ from kernels.measure import train_models
 from kernels.measure.model_common import cell, now_utc
 from kernels.measure.train.config import (
     BOOL_COLUMNS,
+    COLUMN_DEFAULTS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
     TRAIN_COLUMNS,
@@ -34,7 +35,7 @@ def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
     for c in TRAIN_COLUMNS:
         v = raw.get(c)
         if v is None or v == "":
-            out[c] = None if c in _INT + _FLOAT + _BOOL else ""
+            out[c] = None if c in _INT + _FLOAT + _BOOL else COLUMN_DEFAULTS.get(c, "")
         elif c in _INT:
             out[c] = int(float(v))
         elif c in _FLOAT:
@@ -48,7 +49,8 @@ def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Rows of a training-step CSV (this module's TRAIN_COLUMNS), typed. A file without the
-    columns raises ValueError naming the missing ones."""
+    columns raises ValueError naming the missing ones; a file written before the adapter
+    columns reads as full training (config.COLUMN_DEFAULTS)."""
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in ("model", "seq_len", "attention", "precision", "checkpointing",
@@ -78,6 +80,10 @@ class TrainStore:
                 "CREATE TABLE IF NOT EXISTS train_rows (id INTEGER PRIMARY KEY AUTOINCREMENT, "
                 "run_id INTEGER NOT NULL REFERENCES train_runs(id) ON DELETE CASCADE, "
                 + ", ".join(f"{c} {k}" for c, k in kinds.items()) + ");")
+            have = {r["name"] for r in con.execute("PRAGMA table_info(train_rows)")}
+            for c, k in kinds.items():  # a file made before a column was added (issue 34's)
+                if c not in have:
+                    con.execute(f"ALTER TABLE train_rows ADD COLUMN {c} {k}")
 
     @contextlib.contextmanager
     def _connect(self) -> Any:
@@ -131,10 +137,9 @@ def repredict(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> int:
     """Rewrite a training-step CSV's predictions from the current calc; returns the rows."""
     rows = read_rows(src)
     for r in rows:
-        cfg = TrainConfig(r["model"], r["seq_len"], r["attention"], r["precision"],
-                          bool(r["checkpointing"]), r["batch"] or 1, None)
-        if cfg.model not in train_models.MODELS:
+        if r["model"] not in train_models.MODELS:
             continue
+        cfg = TrainConfig.from_row({**r, "layers": None})
         d = train_models.hf_config(cfg.model, r["layers"])
         peak, before, _ = predict(cfg, d)
         r["predicted_peak_bytes"], r["predicted_before_bytes"] = peak, before

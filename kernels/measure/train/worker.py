@@ -51,10 +51,8 @@ def worker_main(stdin: IO[str], proto: IO[str]) -> None:
         try:
             res = measure_train_step(cfg)
         except Exception as exc:  # noqa: BLE001 - keep serving; the row says what broke
-            res = TrainResult(model=cfg.model, batch=cfg.batch, seq_len=cfg.seq_len,
-                              attention=cfg.attention, precision=cfg.precision,
-                              checkpointing=bool(cfg.checkpointing), status="error",
-                              message=short_error(exc), timestamp=now_utc())
+            res = TrainResult(**cfg.row_identity(), status="error", message=short_error(exc),
+                              timestamp=now_utc())
         left = allocated_now()
         restart = left > LEFTOVER_RESTART_BYTES
         proto.write(json.dumps({"result": res.to_row(), "restart": restart}) + "\n")
@@ -74,9 +72,7 @@ class _TrainChild(WorkerProcess):
 
 
 def _row_for(cfg: TrainConfig, status: str, message: str) -> TrainResult:
-    return TrainResult(model=cfg.model, layers=cfg.layers, batch=cfg.batch, seq_len=cfg.seq_len,
-                       attention=cfg.attention, precision=cfg.precision,
-                       checkpointing=bool(cfg.checkpointing), status=status, message=message,
+    return TrainResult(**cfg.row_identity(), status=status, message=message,
                        timestamp=now_utc())
 
 
