@@ -85,6 +85,7 @@ from calc.training_step import (
     train_gpus_needed,
     training_step,
 )
+from calc.training_step import MOE_MODEL_TYPES as MOE_MODEL_TYPES
 from calc.training_step import lora_adapter_params as lora_adapter_params
 from calc.units import (
     DTYPE_BYTES,

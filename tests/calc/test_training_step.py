@@ -149,8 +149,8 @@ def test_bad_input_names_the_value(kwargs: dict, word: str) -> None:
 
 
 def test_refuses_models_it_does_not_count() -> None:
-    with pytest.raises(ValueError, match="experts"):
-        training_step(MODELS["Mixtral 8x7B"], 1, 1024, attention="sdpa_flash")
+    with pytest.raises(ValueError, match="latent"):  # MoE is counted (test_training_moe.py)
+        training_step(MODELS["DeepSeek-V3 (MLA, MoE)"], 1, 1024, attention="sdpa_flash")
     with pytest.raises(ValueError, match="seq_len"):
         training_step(TINY, 1, 0, attention="sdpa_flash")
 
