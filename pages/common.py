@@ -213,11 +213,13 @@ def radio(label: str, key: str, spec: ChoiceParam, where: Any = st, **kw: Any) -
 
 def multiselect(label: str, key: str, spec: MultiChoiceParam, where: Any = st, **kw: Any) -> list[str]:
     init(key, spec)
+    kw.setdefault("wrap", True)  # chips on more rows, not scrolled out of a narrow column's view
     return list(where.multiselect(label, spec.choices, key=key, **kw))
 
 
 def toggle(label: str, key: str, spec: BoolParam, where: Any = st, **kw: Any) -> bool:
     init(key, spec)
+    kw.setdefault("wrap", True)  # a long label wraps; in a column Streamlit would cut it off with …
     return bool(where.checkbox(label, key=key, **kw))
 
 
@@ -380,10 +382,35 @@ def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.Data
 MISSING = "—"
 
 
+#: Pixels per character and per cell's padding (and a header's sort icon) in st.dataframe's grid.
+CHAR_PX, CELL_PAD_PX, MAX_COL_PX = 7.5, 24, 640
+
+
+def fit_widths(data: pd.DataFrame, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A pixel width per column that holds its longest cell and its header (issue 32: a grid
+    sized by its first data cut "1,099,511,627,776" to "1,099,511,627,77" when the numbers
+    grew; the grid draws on a canvas, so nothing in the DOM shows the cut). Columns `given`
+    a config keep theirs."""
+    cfg: dict[str, Any] = dict(given or {})
+    for col in data.columns:
+        if col in cfg or not isinstance(col, str):
+            continue
+        cells = data[col].head(2000)
+        longest = int(cells.map(lambda v: len(MISSING if v is None or v != v else
+                                              f"{v:,}" if isinstance(v, int) else str(v))).max()
+                      if len(cells) else 0)
+        chars = max(longest, len(col))
+        cfg[col] = st.column_config.Column(width=min(MAX_COL_PX, round(CELL_PAD_PX + CHAR_PX * chars)))
+    return cfg
+
+
 def table(data: Any, where: Any = st, **kw: Any) -> Any:
     """st.dataframe with missing cells shown as a dash instead of "None" (measured tables
-    have columns a row does not fill: a failed run has no time, an old row no version)."""
+    have columns a row does not fill: a failed run has no time, an old row no version), and
+    every column as wide as its content (fit_widths)."""
     kw.setdefault("placeholder", MISSING)
+    if isinstance(data, pd.DataFrame):
+        kw["column_config"] = fit_widths(data, kw.get("column_config"))
     return where.dataframe(data, **kw)
 
 

@@ -55,8 +55,8 @@ SPECS = {
     "cache": ChoiceParam("dynamic", CACHES),
     "chunk": IntParam(0, 0, MAX_SEQ_LEN),  # 0: the prompt in one forward
 }
-CACHE_LABELS = {"dynamic": "dynamic (DynamicCache, grows by concatenation)",
-                "static": "static (StaticCache, allocated whole for prompt + new tokens)"}
+CACHE_HELP = ("dynamic: transformers' DynamicCache, grows by concatenation; static: StaticCache, "
+              "allocated whole for prompt + new tokens.")
 
 
 def label(a: str) -> str:
@@ -81,7 +81,7 @@ st.markdown("**What does `generate()` hold at its peak, where, and what would ch
             "Weights, the KV cache and everything the prompt's prefill and each decode step "
             "allocate, per attention implementation, as transformers runs them.")
 
-top = st.columns([2, 1, 1])
+top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
 used = dict(SPECS)
 if choice == hub.HUB:
@@ -99,7 +99,7 @@ batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
 new_tokens = c.int_input("New tokens", "new", SPECS["new"], where=row[1])
 wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
 kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3])
-cache = c.select("Cache", "cache", SPECS["cache"], where=row[4], format_func=CACHE_LABELS.get)
+cache = c.select("Cache", "cache", SPECS["cache"], where=row[4], help=CACHE_HELP)
 seq_len = c.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 chunk_in = c.int_input("Prefill chunk (tokens; 0 = the whole prompt in one forward)", "chunk",
                        SPECS["chunk"], help="generate(prefill_chunk_size=C): the prompt is fed "
@@ -181,10 +181,10 @@ for part in parts:
         customdata=[c.fmt(y, unit) for y in ys],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
 traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
-                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})",
+                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
                    hovertemplate=f"{gpu}: {c.fmt(gpu_bytes, unit)}<extra></extra>"))
 fig = c.figure(traces, "", f"memory at the peak ({unit})", 460, barmode="stack", shapes=[dict(
-    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash)])
+    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
 parts_table = pd.DataFrame([{"attention": a, **{p: m.parts.get(p, 0) for p in parts},
                              "peak": m.peak_bytes, "peak phase": m.peak_phase}
                             for a, m in steps.items()])
@@ -211,7 +211,7 @@ pd_traces = [
          marker=dict(color=color), hovertemplate="%{x}<br>" + phase + ": %{customdata}<extra></extra>")
     for phase, key, color in (("prefill peak", "prefill", "#E69F00"), ("decode peak", "decode", "#0072B2"))]
 pd_traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
-                      name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", hoverinfo="skip"))
+                      name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
 st.markdown("**Prefill peak against decode peak** (computed)")
 c.chart(c.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"), "inference_phases",
         "inference-prefill-decode",

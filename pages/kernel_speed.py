@@ -105,6 +105,12 @@ def short(impl: str) -> str:
     return c.impl_label(impl).removeprefix("SDPA ")
 
 
+def headline(impl: str) -> str:
+    """short() without a parenthesis ('FlashAttention-4', not 'FlashAttention-4 (CuTe)'): a
+    metric label fits a quarter of a 1280 px wide page."""
+    return short(impl).split(" (")[0]
+
+
 def ratio_at_top(wide: pd.DataFrame, ref: str) -> tuple[int, float] | None:
     """(s, ours / ref) at the longest s where both were measured in this run; None if never."""
     if DEFAULT_IMPL not in wide or ref not in wide:
@@ -241,20 +247,20 @@ if default in wide:
     # ran. FlashAttention-4, the fastest peer, is headlined even when this timing did not run
     # it, from the bundled run that timed it beside ours (named in the label).
     top = int(wide[default].dropna().index.max())
-    heads = [(f"÷ {short(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
+    heads = [(f"÷ {headline(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
              for ref in refs if (r := ratio_at_top(wide, ref))]
     fa4_note = ""
     if "fa4" not in refs:
         other = fa4_elsewhere(dtype, d, causal, want, kv_heads)
         if other:
             run_name, s_fa4, ratio = other
-            heads.append((f"÷ {short('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
+            heads.append((f"÷ {headline('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
                           f"From the run '{run_name}', which timed FlashAttention-4 and our "
                           "default side by side; this timing did not run FlashAttention-4."))
         else:
             fa4_note = ("FlashAttention-4 was not measured for this dtype, head dim, mask, pass "
                         "and key/value heads.")
-    mcols = st.columns(1 + len(heads))
+    mcols = st.columns([1] + [1.15 if why else 1 for _, _, why in heads])  # room for a help icon
     mcols[0].metric(f"default at s = {top:,} (measured)", f"{wide.loc[top, default]:.0f} TFLOP/s")
     for col, (label, value, why) in zip(mcols[1:], heads, strict=True):
         col.metric(label, value, help=why)

@@ -139,7 +139,7 @@ st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?**
             "attention splits the sequence over c GPUs and passes the key/value blocks around "
             "a ring (causal: zigzag load balancing, rank r holds chunks r and 2c−1−r).")
 
-top = st.columns([2, 2, 2])
+top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
 model_name = c.select("Model", "model", SPECS["model"], where=top[0])
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1],
                format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
@@ -196,9 +196,9 @@ m1.metric("Per GPU: one attention call", c.fmt(mem.total_bytes, unit),
                f"{', dO' if backward else ''} ({c.fmt(mem.inputs_bytes, unit)}) plus its extra "
                f"peak ({c.fmt(mem.peak_extra_bytes, unit)}), calc.context_parallel_memory.")
 ts = here["training_seq_len"]
-m2.metric(f"Longest trainable context on {world} × {gpu.split(' ')[1] if ' ' in gpu else gpu}",
+m2.metric(f"Longest context on {world} × {gpu.split(' ')[1] if ' ' in gpu else gpu}",
           "—" if pd.isna(ts) else f"{int(ts):,}",
-          help=f"{c.COMPUTED}: {model.name}, causal, batch 1, bf16, AdamW; calc.training_step "
+          help=f"{c.COMPUTED}: the longest trainable context; {model.name}, causal, batch 1, bf16, AdamW; calc.training_step "
                "on s/c tokens per GPU (FSDP over the c GPUs when sharded) with the ring's "
                "attention peaks in place of a plain call's (calc.max_context_parallel_seq_len).")
 trained = model.max_position_embeddings
@@ -210,14 +210,14 @@ if trained and not pd.isna(ts) and int(ts) > trained:
 if trained and s > trained:
     st.info(f"s = {s:,} is past the {trained:,} tokens {model.name} was trained for.",
             icon=":material/warning:")
-m3.metric("Sent per GPU per attention call", c.fmt(comm.total_bytes, unit),
+m3.metric("Sent per GPU per call", c.fmt(comm.total_bytes, unit),
           help=f"{c.COMPUTED}: forward (c−1)·2·B·H_kv·(s/c)·d·e = {c.fmt(comm.forward_bytes, unit)}"
                f"; backward the same plus c·2·B·H_kv·(s/c)·d·4 (fp32 dK, dV) = "
                f"{c.fmt(comm.backward_bytes, unit)} (Liu et al. 2023, arXiv 2310.01889).")
 step_layers = model.num_layers * (2 if ckpt else 1)
 per_step = model.num_layers * comm.total_bytes + (
     model.num_layers * comm.forward_bytes if ckpt else 0)
-m4.metric("Sent per GPU per training step", c.fmt(per_step, unit),
+m4.metric("Sent per GPU per step", c.fmt(per_step, unit),
           help=f"{c.COMPUTED}: {model.num_layers} layers × (forward + backward)"
                f"{' + the recomputed forward of checkpointing' if ckpt else ''}.")
 if world == 2:

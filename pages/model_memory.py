@@ -183,7 +183,7 @@ st.markdown(
     "scores of one layer, for standard (eager) attention and for FlashAttention."
 )
 
-top = st.columns([2, 1, 1])
+top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
 training_link(top[1])
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
@@ -292,7 +292,7 @@ for part in names:
         customdata=[c.fmt(parts[i][part], unit) for i in impls],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
     ))
-fig.add_hline(y=c.in_unit(gpu_bytes, unit), line_dash="dash",
+fig.add_hline(y=c.in_unit(gpu_bytes, unit), line_dash="dash", layer="above",
               annotation_text=f"{gpu}: {c.fmt(gpu_bytes, unit)}", annotation_position="top left")
 fig.update_layout(barmode="stack")
 c.style(fig, "", f"memory ({unit})", 420)

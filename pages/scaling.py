@@ -114,7 +114,7 @@ st.markdown(
     "FlashAttention-style kernels keep only the output and a log-sum-exp per row: slope 1."
 )
 
-controls, main = st.columns([1, 2.8])
+controls, main = st.columns([1.4, 2.8])  # wide enough for an implementation's chip at 1280 px
 with controls:
     impls = c.multiselect(
         "Implementations", "impls", SPECS["impls"], format_func=lambda i: IMPL_LABELS.get(i, i)
@@ -152,14 +152,26 @@ with main:
     df = seq_sweep(tuple(impls), s_hi, b, h, d, dtype, causal, bwd)
     oom = oom_table(tuple(impls), tuple(gpus), b, h, d, dtype, causal, bwd)
     traces = []
+    drawn: list[list[int]] = []  # curves already drawn (masked_fill and masked_fill_ often coincide)
+
+    def overlaps(a: list[int], b: list[int]) -> bool:
+        """Within 3% at every s: one curve would hide the other on these log axes."""
+        return len(a) == len(b) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(a, b, strict=True))
+
     for impl, part in df.groupby("impl", sort=False):
         label = IMPL_LABELS.get(impl, impl)
+        ys = part["peak_bytes"].tolist()
+        under = any(overlaps(ys, other) for other in drawn)  # dashed, open markers: both show
+        drawn.append(ys)
+        dash = "solid" if IMPL_KIND[impl] == "quadratic" else "dot"
         traces.append(dict(
             type="scatter", x=part["seq_len"].tolist(),
-            y=[c.in_unit(v, unit) for v in part["peak_bytes"].tolist()],
+            y=[c.in_unit(v, unit) for v in ys],
             mode="lines+markers", name=label,
-            line=dict(color=c.impl_color(impl), dash="solid" if IMPL_KIND[impl] == "quadratic" else "dot"),
-            customdata=[f"{v:,}" for v in part["peak_bytes"].tolist()],
+            line=dict(color=c.impl_color(impl), dash=("dash" if dash == "solid" else "dashdot") if under else dash,
+                      width=2),
+            marker=dict(symbol="circle-open", size=9) if under else {},
+            customdata=[f"{v:,}" for v in ys],
             hovertemplate=f"<b>{label}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<br>%{{customdata}} bytes<extra></extra>",
         ))
     for gpu in gpus:
@@ -195,7 +207,7 @@ with main:
     if gpus:
         gpu0 = gpus[-1]
         st.markdown(f"**On one {gpu0}** (the attention call alone)")
-        mcols = st.columns(3)
+        mcols = st.columns(2)  # two to a row: "SDPA memory-efficient: longest s" fits at 1280 px
         found = {}
         for col, group in zip(mcols, (quad, lin), strict=False):
             if group:
@@ -204,7 +216,7 @@ with main:
                 col.metric(f"{IMPL_LABELS.get(impl, impl)}: longest s", f"{found[impl]:,}",
                            help="Computed: exact integer search of calc.attention_peak_bytes ≤ GPU memory.")
         if quad and lin and found[quad[0]]:
-            mcols[2].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
+            mcols[0].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
 
     if len(oom):
         table = oom.assign(

@@ -127,7 +127,7 @@ for factor in (0.5, 1, 2, 4):
         b = score_matrix_bytes(batch, heads, s, e)
         rows.append({"seq_len": s, "bytes": b, "GB": b / 1e9, "GiB": b / 2**30, "× memory": b / n_bytes})
 table = pd.DataFrame(rows)
-left, right = st.columns([1, 1.6])
+left, right = st.columns([1.3, 1.2])  # the table's columns (common.fit_widths) fit at 1280 px
 with left:
     st.markdown("**Double the length, quadruple the memory**")
     c.table(  # as text: byte counts can exceed 64-bit integers (B = 10^6, s = 10^8)

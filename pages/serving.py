@@ -52,7 +52,7 @@ st.title("Serving")
 st.markdown("**How many requests of length s fit on my GPU, and what is the longest context one "
             "request can have?** KV blocks as vLLM allocates them.")
 
-top = st.columns([2, 1, 1])
+top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
 used = dict(SPECS)
 if choice == hub.HUB:

@@ -281,15 +281,15 @@ st.markdown("**How much memory does one training step take, where is its peak, a
             "fit?** Weights, gradients, AdamW's two moments and every activation autograd "
             "keeps, per attention implementation, per GPU.")
 
-top = st.columns([2, 1, 1, 1])
+top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
 prec = c.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
-opt = c.select("Optimizer", "opt", SPECS["opt"], where=top[3])
-row = st.columns([1, 1, 3])
+row = st.columns([1, 1, 1, 3])
+opt = c.select("Optimizer", "opt", SPECS["opt"], where=row[1])
 batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
-ckpt = c.toggle("Activation checkpointing (every layer)", "ckpt", SPECS["ckpt"], where=row[1])
-attns = c.multiselect("Attention implementations", "attns", SPECS["attns"], where=row[2],
+ckpt = c.toggle("Activation checkpointing (every layer)", "ckpt", SPECS["ckpt"], where=row[2])
+attns = c.multiselect("Attention implementations", "attns", SPECS["attns"], where=row[3],
                       format_func=lambda a: TRAIN_ATTENTION_LABELS.get(a, a))
 if not attns:
     attns = list(DEFAULT_ATTNS)
@@ -324,8 +324,8 @@ st.caption(
 cols = st.columns(len(steps))
 for col, (a, m) in zip(cols, steps.items(), strict=True):
     with col:
-        st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak per GPU", c.fmt(m.peak_bytes, unit),
-                  help=f"{c.COMPUTED}: calc.training_step, at '{m.peak_phase}'.")
+        st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak", c.fmt(m.peak_bytes, unit),
+                  help=f"{c.COMPUTED}: the peak per GPU, calc.training_step, at '{m.peak_phase}'.")
         st.caption(f"Peak at **{m.peak_phase}**; before the step {c.fmt(m.before_step_bytes, unit)}.")
         if m.peak_bytes <= gpu_bytes:
             st.success(f"Fits one {gpu} ({c.fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
@@ -385,10 +385,10 @@ if shape and len(hits) and gpus == 1:  # the H200's measured peak beside each pr
 cap = c.in_unit(gpu_bytes, unit)  # the GPU as a line across the whole (categorical) axis
 dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
 traces.append(dict(type="scatter", mode="lines", x=labels, y=[cap] * len(labels), line=dash,
-                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})",
+                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
                    hovertemplate=f"{gpu}: {c.fmt(gpu_bytes, unit)}<extra></extra>"))
 fig = c.figure(traces, "", f"memory per GPU ({unit})", 460, barmode="stack", shapes=[dict(
-    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash)])
+    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
 table = pd.DataFrame([{"attention": a, **{p: part_bytes(m, p) for p in parts},
                        "gradients": m.gradients_bytes, "peak": m.peak_bytes,
                        "peak phase": m.peak_phase} for a, m in steps.items()])

@@ -86,7 +86,7 @@ st.title("Will it fit?")
 st.markdown("**Does this model run this task at this context length on this GPU?** One answer, "
             "from the same function the task's own page uses.")
 
-top = st.columns([2, 2, 2])
+top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
 used: dict[str, Any] = dict(SPECS)
 if choice == hub.HUB:

@@ -452,7 +452,7 @@ def test_kernel_speed_shows_fa4_when_the_data_has_it(tmp_path, monkeypatch) -> N
     fa4 = impl_label("fa4")
     assert t.loc[16384, f"default / {fa4}"] == round(600 / 640, 2)
     assert t.loc[16384, "default / cuDNN"] == round(600 / 500, 2)
-    assert metrics(at)[f"÷ {fa4} at s = 16,384"] == f"{600 / 640:.2f}×"
+    assert metrics(at)["÷ FlashAttention-4 at s = 16,384"] == f"{600 / 640:.2f}×"  # no "(CuTe)": fits 1280 px
     assert any("flash-attn-4 4.0.0b36" in c.value and "test GPU" in c.value for c in at.caption)
     at = run("kernel", ktiming=timing, kkv="8", kpass="fwd+bwd", kcausal="true")
     t = _kernel_table(at).set_index("s")
@@ -476,7 +476,7 @@ def test_kernel_speed_headlines_fa4_from_the_run_that_timed_it(tmp_path, monkeyp
     at = run("kernel")  # eager calls: cuDNN and FA2 only in its own file
     assert f"default / {fa4}" not in _kernel_table(at).columns
     got = {m.label: m for m in at.metric}
-    head = got[f"÷ {fa4} at s = 16,384"]
+    head = got["÷ FlashAttention-4 at s = 16,384"]
     assert head.value == f"{600 / 640:.2f}×"
     assert "eager, 3 rounds, with FlashAttention-4" in head.proto.help
     assert {"÷ cuDNN at s = 16,384", "÷ FlashAttention-2 at s = 16,384"} <= set(got)
@@ -486,7 +486,7 @@ def test_kernel_speed_headlines_fa4_from_the_run_that_timed_it(tmp_path, monkeyp
         (bare / name).write_bytes((ROOT / "data" / name).read_bytes())
     monkeypatch.setenv("ATTNMEM_BENCH_DIR", str(bare))
     at = run("kernel")
-    assert not any(fa4 in m.label for m in at.metric) and "÷ cuDNN at s = 16,384" in metrics(at)
+    assert not any("FlashAttention-4" in m.label for m in at.metric) and "÷ cuDNN at s = 16,384" in metrics(at)
     assert any("FlashAttention-4 was not measured" in c.value for c in at.caption)
 
 

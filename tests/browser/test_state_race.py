@@ -156,7 +156,7 @@ def expect_training(i: dict[str, Any], unit: str, page: Page) -> Expect:
         optimizer=i["Optimizer"], gpus=_int(i["GPUs N (= tensor parallel × data parallel)"]),
         tp=_int(i["Tensor-parallel degree t"]),
         sharding=_reverse(SHARDING_LABELS, i["Sharding over data-parallel replicas"]))
-    return {f"{TRAIN_ATTENTION_LABELS[attn]}: peak per GPU": format_bytes(m.peak_bytes, unit)}
+    return {f"{TRAIN_ATTENTION_LABELS[attn]}: peak": format_bytes(m.peak_bytes, unit)}
 
 
 def expect_scaling(i: dict[str, Any], unit: str, page: Page) -> Expect:
