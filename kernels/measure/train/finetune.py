@@ -15,8 +15,10 @@ LoRA model and its CPU replays (tests/calc/test_training_lora.py) assume:
    device, as transformers' ``Bnb4bitQuantize`` does while loading (blocksize 64, the
    default). Biases stay bf16 parameters. The model is marked ``is_loaded_in_4bit`` as
    transformers' bnb quantizer marks it, so that peft dispatches its bnb ``Linear4bit``
-   adapters (and, like for a loaded 4-bit model, does not make the embedding's output
-   require grad under checkpointing). Embeddings, norms and lm_head stay bf16.
+   adapters. (peft then skips its own enable_input_require_grads, as for a loaded 4-bit
+   model; with checkpointing on, transformers' checkpointing enable (5.24) has already made
+   the input embeddings' output require grad for every causal LM, LoRA and QLoRA alike.)
+   Embeddings, norms and lm_head stay bf16.
    ``peft.prepare_model_for_kbit_training`` is NOT called: it upcasts every non-quantized
    parameter (embeddings, norms, lm_head) to fp32 and makes the input embeddings' output
    require grad, which calc.training_step does not model; a row here is the QLoRA set-up
