@@ -242,3 +242,46 @@ def test_lora_plan_covers_item_3():
         assert tconfig.check_config(c) is None, c
         p = predict.prediction(c, tm.hf_config(c.model, c.layers))
         assert p.peak and not p.refused, (c.label(), p.message)
+
+
+@pytest.mark.parametrize("base", ["nf4", "nf4_dq"])
+def test_qlora_base_bytes_match_calc(base):
+    """The 4-bit base as quantize_base builds it (tiny Llama, on the CPU where bitsandbytes
+    quantizes): packed weights, absmax and codes (and the nested state) against calc's
+    weights_bytes less the adapters. NF4 is exact; double quantization keeps one more fp32
+    scalar per matrix (QuantState.offset), not counted by calc: 4 bytes x 14 matrices."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    from kernels.measure.model_common import model_from_config
+    from kernels.measure.train.finetune import quantize_base
+
+    model = model_from_config(tm.build_config(tm.hf_config("tiny-llama")), torch.bfloat16,
+                              "eager")
+    try:
+        assert quantize_base(model, base) == 14  # 7 linears x 2 layers, not lm_head
+    except (RuntimeError, NotImplementedError) as exc:  # no CPU backend in this build
+        pytest.skip(f"bitsandbytes cannot quantize on the CPU here: {exc}")
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: object) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+
+    for p in model.parameters():
+        add(p)
+    for m in model.modules():
+        qs = getattr(getattr(m, "weight", None), "quant_state", None)
+        if qs is not None:
+            for t in (qs.absmax, qs.code, getattr(qs, "offset", None)):
+                add(t)
+            if qs.state2 is not None:
+                add(qs.state2.absmax)
+                add(qs.state2.code)
+    mc = ModelConfig.from_hf_config(tm.hf_config("tiny-llama"))
+    lora = LoRA(4)
+    want = (training_step(mc, 1, 16, attention="eager", adapters=lora, base_dtype=base)
+            .weights_bytes - 4 * lora_adapter_params(mc, lora))
+    assert total - want == (0 if base == "nf4" else 4 * 14)
