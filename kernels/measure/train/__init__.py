@@ -5,11 +5,14 @@ the attention side's files, for whole models:
   documented there), the precisions, the argument check and the shape columns;
 - ``predict``: calc.training_step's prediction for a configuration;
 - ``procedure``: ``measure_train_step``, one configuration measured in this process;
+- ``finetune``: LoRA through peft and QLoRA's 4-bit base through bitsandbytes, set up as
+  calc.training_step's LoRA replays assume (issue 34);
 - ``worker``: the child process that measures and ``run_train``, the parent that feeds it
   under the GPU lock (timeouts, crashes, OOM series, time budget);
 - ``store``: typed rows from a CSV (``read_rows``, what pages use; no torch), the SQLite
   ``TrainStore``, and ``repredict``;
-- ``plan``: ``expand`` (the cross product) and the bundled reference sweep;
+- ``plan``: ``expand`` (the cross product, ``lora_variants``) and the bundled sweeps (``h200``,
+  ``h200-lora``);
 - ``cli``: the command line.
 
 Fine-tuning (LoRA, QLoRA, MoE; issue 34) extends the same files: its fields in ``TrainConfig``
