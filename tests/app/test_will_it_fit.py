@@ -121,7 +121,7 @@ def test_hostile_url_values_are_named_and_replaced(key: str, value: str, accepte
 
 
 @pytest.mark.parametrize("task,model,says", [
-    ("training", "Mixtral 8x7B", "experts"),
+    ("training", "DeepSeek-V3 (MLA, MoE)", "latent"),
     ("inference", "Jamba v0.1 (hybrid)", "hybrids"),
 ])
 def test_a_model_calc_refuses_shows_the_reason(task: str, model: str, says: str) -> None:
