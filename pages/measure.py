@@ -234,7 +234,7 @@ except ImportError:  # older checkout without the exposure setting
 store = open_store()
 unit = c.get_unit()
 
-controls, main = st.columns([1, 2.8])
+controls, main = st.columns([1.4, 2.6])
 with controls:
     impls = c.multiselect("Implementations", "impls", SPECS["impls"], format_func=label)
     lens = [int(x) for x in c.multiselect("Sequence lengths", "lens", SPECS["lens"],

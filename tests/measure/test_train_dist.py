@@ -90,7 +90,7 @@ def test_a_model_calc_refuses_is_refused(monkeypatch) -> None:
                         lambda name, layers: dataclasses.replace(real(name, layers),
                                                                  num_experts=8))
     with pytest.raises(td.Refusal, match=r"calc refuses model 'tiny-llama' on 2 GPUs with "
-                                         r"sharding 'fsdp': .*dense decoders"):
+                                         r"sharding 'fsdp': .*not counted"):
         td.configs_from_args(_args(sharding=["fsdp"]), 2)
 
 
