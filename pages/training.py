@@ -33,8 +33,10 @@ from calc import (  # noqa: E402
     train_gpus_needed,
     training_step,
 )
-from calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
+from calc.training_step import LORA_PART, OPTIMIZERS, PHASES  # noqa: E402
+from calc.training_step import LoRA as calc_lora  # noqa: E402
 from pages import common as c  # noqa: E402
+from pages.ui import finetune as ft_  # noqa: E402
 from pages.ui.labels import TRAINING_PART_COLORS  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 from pages.ui.weights import gpu_caption, usable_bytes  # noqa: E402
@@ -51,12 +53,13 @@ PRECISION_LABELS = {"bf16": "bf16 parameters and AdamW state",
 DEFAULT_ATTNS = ("eager", "sdpa_flash", "sdpa_cudnn", "triton")
 
 
-def _supported(model: ModelConfig) -> bool:
+def _refusal(model: ModelConfig) -> str | None:
+    """calc's reason for not counting a full training step of model, None when it does."""
     try:
         training_step(model, 1, 1, attention="sdpa_flash")
-    except ValueError:
-        return False
-    return True
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _train_models() -> dict[str, dict[str, Any]]:
@@ -77,7 +80,10 @@ def _train_models() -> dict[str, dict[str, Any]]:
 
 
 TRAIN_SHAPES = _train_models()
-CHOICES = {name: m for name, m in MODELS.items() if _supported(m)}
+# Every preset is offered (MoE models are counted now, issue 34); one calc still refuses
+# (MLA, gpt-oss, hybrids) shows calc's reason on the page instead of numbers.
+CHOICES = dict(MODELS)
+REFUSED = {name: why for name, m in MODELS.items() if (why := _refusal(m))}
 for _name, _cfg in TRAIN_SHAPES.items():
     try:
         CHOICES[MEASURED_PREFIX + _name] = ModelConfig.from_hf_config(_cfg, name=_name)
@@ -96,9 +102,16 @@ SPECS = {
     "tp": IntParam(1, 1, 1024),
     "shard": ChoiceParam("none", SHARDINGS),
     "gpu": ChoiceParam(H100, c.gpu_options(GPUS)),
+    # Fine-tuning method (issue 34): full training, LoRA on a bf16 base, QLoRA on a 4-bit base.
+    "ft": ChoiceParam("full", ft_.METHODS),
+    "rank": IntParam(ft_.DEFAULT_RANK, 1, 1 << 16),
+    "targets": ChoiceParam(ft_.DEFAULT_TARGETS, ft_.TARGETS),
+    "adt": ChoiceParam(ft_.DEFAULT_ADAPTER_DTYPE, ft_.ADAPTER_DTYPE_CHOICES),
+    "dq": BoolParam(False),
 }
 #: Colours of the stacked parts (Okabe & Ito, as pages.common).
-PART_COLORS = TRAINING_PART_COLORS
+PART_COLORS = {**TRAINING_PART_COLORS, "MoE": "#117733",  # green
+               LORA_PART: "#332288"}  # indigo (issue 34's parts)
 
 
 def read_measured(path: Path = DATA) -> pd.DataFrame:
@@ -125,23 +138,43 @@ def _row_model(row: pd.Series) -> ModelConfig | None:
         return None
 
 
+def _row_method(r: pd.Series) -> tuple[str, dict[str, Any]]:
+    """A measured row's method (full, lora, qlora) and its adapter keywords for calc (the
+    harness's adapter columns; a row without them is full training)."""
+    adapter = r.get("adapter")
+    if adapter is None or pd.isna(adapter) or adapter in ("", "none"):
+        return "full", {}
+    base = r.get("base_dtype")
+    base = "bf16" if base is None or pd.isna(base) or not base else str(base)
+    try:
+        lora = calc_lora(rank=int(r["lora_rank"]), alpha=float(r.get("lora_alpha") or 16.0),
+                         targets=str(r.get("lora_targets") or ft_.DEFAULT_TARGETS),
+                         dropout=float(r.get("lora_dropout") or 0.0),
+                         adapter_dtype=str(r.get("adapter_dtype") or "fp32"))
+    except (TypeError, ValueError, KeyError):
+        return "lora" if base == "bf16" else "qlora", {"adapters": "unreadable"}
+    return "lora" if base == "bf16" else "qlora", {"adapters": lora, "base_dtype": base}
+
+
 def _compared(r: pd.Series, layout: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
     """One measured row beside calc.training_step's prediction for it (``layout``: the
     gpus/sharding keywords, empty for one GPU, None for a layout calc does not know): the
     shared columns, and the prediction (None where calc cannot make one)."""
     model, m = _row_model(r), None
+    method, ft_kw = _row_method(r)
     if layout is not None and model is not None and r.get("precision") in PRECISIONS:
         try:
             m = training_step(model, int(r["batch"]), int(r["seq_len"]),
                               attention=str(r["attention"]), precision=str(r["precision"]),
-                              checkpointing=bool(r["checkpointing"]), **layout)
-        except ValueError:
+                              checkpointing=bool(r["checkpointing"]), **layout, **ft_kw)
+        except (ValueError, TypeError):
             pass
     pred = None if m is None else m.peak_bytes
     before = None if m is None else m.before_step_bytes
     peak, mb = int(r["peak_bytes"]), r.get("before_step_bytes")
     return {
-        "model": r["model"], "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
+        "model": r["model"], "method": method,
+        "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
         "attention": r["attention"], "precision": r["precision"],
         "checkpointing": bool(r["checkpointing"]),
         "measured peak": peak, "predicted peak": pred,
@@ -199,6 +232,36 @@ def predicted_dist_rows(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def side_by_side_table(rows: list[dict[str, Any]], unit: str,
+                       measured_peak: dict[str, int] | None = None,
+                       measured_methods: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """pages.ui.finetune.side_by_side's rows for display: sizes in `unit`, "—" where a method
+    has no such number, calc's reason where it refuses the method. measured_peak: the H200's
+    measured peak of a bundled row at exactly these inputs, by method; measured_methods: the
+    methods the bundled CSV has rows of at all."""
+    measured_peak = measured_peak or {}
+    out = []
+    for r in rows:
+        ok = r["refused"] is None
+        gpus_cell = "—" if r["method"] != "full" else (
+            "—" if not ok else f"{r['gpus_needed']:,}" if r["gpus_needed"] else
+            f"none up to {ft_.MAX_GPUS:,}" if r["gpus_needed"] == 0 else "—")
+        out.append({
+            "method": ft_.METHOD_LABELS[r["method"]],
+            "peak (computed)": c.fmt(r["peak_bytes"], unit) if ok else "—",
+            "fits (computed)": ("yes" if r["fits"] else "no") if ok else "—",
+            "longest context that fits (computed)":
+                ((f"{r['longest_context']:,}" if r["longest_context"] else "none") if ok else "—"),
+            "GPUs for full training (computed)": gpus_cell,
+            "measured peak (H200)":
+                c.fmt(measured_peak[r["method"]], unit) if r["method"] in measured_peak else
+                "no bundled row at these inputs" if r["method"] in measured_methods else
+                "not measured yet",
+            "calc's reason (not computed)": "" if ok else r["refused"],
+        })
+    return pd.DataFrame(out)
+
+
 def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     """df for display: byte columns in ``unit``, errors as signed percentages, "—" for none."""
     shown = df.copy()
@@ -210,10 +273,12 @@ def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
 
 
 @c.cached(max_entries=256)
-def longest(choice: str, gpu_bytes: int, batch: int, kw: tuple) -> int:
+def longest(choice: str, gpu_bytes: int, batch: int, kw: tuple, ft: tuple = ()) -> int:
     """Exact search over s (calc.max_train_seq_len); cached by the model's name (hashing a
-    ModelConfig costs more than the search)."""
-    return max_train_seq_len(CHOICES[choice], gpu_bytes, batch, **dict(kw))
+    ModelConfig costs more than the search). ft: the fine-tuning settings (method, rank,
+    targets, adapter dtype, double quantization; empty: full training)."""
+    return max_train_seq_len(CHOICES[choice], gpu_bytes, batch, **dict(kw),
+                             **ft_.calc_kwargs(*ft) if ft else {})
 
 
 @c.cached(max_entries=256)
@@ -285,6 +350,24 @@ top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and 
 choice = c.select("Model", "model", SPECS["model"], where=top[0])
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
 prec = c.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
+tune = st.columns([2.2, 1, 1.6, 1, 1.4])
+method = c.radio("What is trained", "ft", SPECS["ft"], where=tune[0],
+                 format_func=lambda m: ft_.METHOD_LABELS[m],
+                 help="Full training: every weight gets a gradient and AdamW state. LoRA (peft): "
+                      "the base is frozen; only rank-r adapters train. QLoRA: LoRA on a base "
+                      "stored in bitsandbytes 4-bit NF4.")
+full = method == "full"
+rank = c.int_input("LoRA rank r", "rank", SPECS["rank"], where=tune[1], disabled=full)
+targets = c.select("LoRA targets", "targets", SPECS["targets"], where=tune[2], disabled=full,
+                   format_func=lambda t: ft_.TARGET_LABELS[t])
+adt = c.select("Adapter dtype", "adt", SPECS["adt"], where=tune[3], disabled=full,
+               help="fp32: peft's default (autocast_adapter_dtype=True); bf16: "
+                    "autocast_adapter_dtype=False")
+dq = c.toggle("Double quantization (QLoRA)", "dq", SPECS["dq"], where=tune[4],
+              disabled=method != "qlora",
+              help="bnb_4bit_use_double_quant: the absmax constants in 8 bits")
+ft_settings = (rank, targets, adt, dq)
+ft_kw = ft_.calc_kwargs(method, *ft_settings)
 row = st.columns([1, 1, 1, 3])
 opt = c.select("Optimizer", "opt", SPECS["opt"], where=row[1])
 batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
@@ -306,10 +389,47 @@ gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (calc.gpus), e
 st.caption(c.md_escape(gpu_caption(gpu, unit, what="\"Fits\", the longest context and GPUs needed")))
 c.trained_context_note(model, seq_len)
 kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard)
+
+
+def side_by_side_section() -> None:
+    """Full, LoRA and QLoRA side by side for this model, batch, length and GPU (first attention
+    selected), every number computed; a method calc refuses shows the reason."""
+    rows = ft_.side_by_side(model, gpu_bytes, batch, seq_len, dict(kw, attention=attns[0]),
+                            *ft_settings)
+    st.markdown("### Which of these fits on my GPU, at what length?")
+    st.markdown(f"{c.md_escape(model.name)}, batch {batch:,}, s = {seq_len:,}, "
+                f"{TRAIN_ATTENTION_LABELS[attns[0]]}, on {c.md_escape(gpu)}; LoRA rank {rank}, "
+                f"{targets}, {adt} adapters; QLoRA double quantization {'on' if dq else 'off'}.")
+    methods = set(compared["method"]) if not compared.empty else set()
+    peaks = {}
+    if shape and gpus == 1 and not compared.empty:
+        at = compared[(compared["model"] == shape) & (compared["batch"] == batch)
+                      & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
+                      & (compared["checkpointing"] == ckpt) & (compared["attention"] == attns[0])]
+        peaks = {r["method"]: int(r["measured peak"]) for _, r in at.iterrows()}
+    fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
+    st.markdown(f"**On one {c.md_escape(gpu)} at s = {seq_len:,}**: "
+                + (f"fits with {', '.join(fit_names)} (computed)." if fit_names else
+                   "none of full training, LoRA or QLoRA fits (computed)."))
+    c.table(side_by_side_table(rows, unit, peaks, methods), hide_index=True)
+    lora_measured = len(methods - {"full"})
+    st.caption(f"{c.COMPUTED}: calc.training_step, calc.max_train_seq_len with the same "
+               "keywords, and calc.train_gpus_needed for full training (LoRA is modelled on "
+               "one GPU). Measured: the bundled H200 steps (data/training_steps_h200.csv) "
+               + ("are full training only; LoRA and QLoRA steps are not measured yet (the "
+                  "harness `python -m kernels.measure --train --plan h200-lora` exists and has "
+                  "not run on a GPU yet)." if not lora_measured else
+                  "include LoRA/QLoRA rows (below, with their predictions)."))
+
+
+measured = read_measured()
+compared = predicted_rows(measured) if not measured.empty else pd.DataFrame()
+shape = choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
 try:
-    steps = {a: training_step(model, batch, seq_len, attention=a, **kw) for a in attns}
+    steps = {a: training_step(model, batch, seq_len, attention=a, **kw, **ft_kw) for a in attns}
 except ValueError as err:
     st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+    side_by_side_section()
     c.sync_url(SPECS)
     st.stop()
 
@@ -349,10 +469,7 @@ def part_bytes(m: Any, part: str) -> int:
     return m.part(part)
 
 
-measured = read_measured()
-compared = predicted_rows(measured) if not measured.empty else pd.DataFrame()
-shape = choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
-hits = compared[(compared["model"] == shape) & (compared["batch"] == batch)
+hits = compared[(compared["model"] == shape) & (compared["method"] == method) & (compared["batch"] == batch)
                 & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
                 & (compared["checkpointing"] == ckpt) & compared["attention"].isin(attns)] \
     if not compared.empty else compared
@@ -413,11 +530,13 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]])
 fit_rows = []
 for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
-    s_max = longest(choice, gpu_bytes, batch, ka)
+    s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
     ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
                                 sharding="zero3" if shard == "none" else shard, tp=tp).items()))
-    n_need = needed(choice, gpu_bytes, batch, seq_len, ka_need)
-    if n_need:
+    n_need = 0 if not full else needed(choice, gpu_bytes, batch, seq_len, ka_need)
+    if not full:
+        need_text = "— (LoRA and QLoRA are modelled on one GPU)"
+    elif n_need:
         need_text = f"{n_need:,}"
     elif never_fits(choice, gpu_bytes, batch, seq_len, ka_need):
         need_text = "never fits: one replica's activations alone exceed the GPU"
@@ -429,6 +548,8 @@ for a in steps:
                          need_text})
 st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
 c.table(pd.DataFrame(fit_rows), hide_index=True)
+
+side_by_side_section()
 
 st.markdown("### Measured on an H200 against the prediction")
 if measured.empty:
