@@ -2,6 +2,7 @@
 
     attnmem memory --model NAME|PATH|ORG/NAME --seq-len S --batch B --gpu NAME
     attnmem train  --model ... --seq-len S --batch B [--checkpointing]
+                   [--adapter none|lora|qlora --rank R --targets attention|all-linear ...]
     attnmem serve  --model ... --seq-len S --gpu NAME [--gpu-memory-utilization 0.9 ...]
 
 --model is a preset name (calc.MODELS), a path to a config.json, or a Hub id (owner/name,
@@ -31,6 +32,15 @@ IMPLEMENTATIONS = ("naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdp
 TRAIN_ATTENTIONS = ("eager", *IMPLEMENTATIONS)  # calc.TRAIN_ATTENTIONS
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # calc.DTYPES
 PRECISIONS = ("bf16", "amp_bf16")  # calc.training_step.PRECISIONS
+# fine-tuning (issue 34): pages.ui.finetune's methods ("none" is the page's "full"), targets,
+# adapter dtypes and default rank
+ADAPTERS = ("none", "lora", "qlora")
+LORA_TARGETS = ("attention", "all-linear")  # calc.training_step.LORA_TARGET_SETS
+ADAPTER_DTYPES = ("fp32", "bf16")  # calc.training_step.ADAPTER_DTYPES
+DEFAULT_LORA_RANK = 16  # pages.ui.finetune.DEFAULT_RANK
+DEFAULT_LORA_TARGETS = "all-linear"
+DEFAULT_ADAPTER_DTYPE = "fp32"
+MAX_LORA_RANK = 65_536
 MAX_SEQ_LEN = 100_000_000  # calc.units.MAX_SEQ_LEN
 MAX_BATCH = 1_000_000  # calc.units.MAX_BATCH
 # calc.serving's vLLM defaults
@@ -80,6 +90,15 @@ def count_type(what: str, lo: int, hi: int, unit: str = "tokens") -> Any:
 
     parse.__name__ = what  # argparse names the type in some messages
     return parse
+
+
+def rank_type(text: str) -> int:
+    """A LoRA rank: a whole number from 1 to MAX_LORA_RANK."""
+    t = text.strip().replace(",", "").replace("_", "")
+    if not (t.isascii() and t.isdigit() and 1 <= int(t) <= MAX_LORA_RANK):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not accepted; a LoRA rank is a "
+                                         f"whole number from 1 to {MAX_LORA_RANK:,}, e.g. 16")
+    return int(t)
 
 
 def bytes_type(text: str) -> int:
@@ -173,6 +192,26 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--checkpointing", action="store_true",
                            help="activation checkpointing: each layer's activations are "
                                 "recomputed in the backward (default: off)")
+            s.add_argument("--adapter", default="none", choices=ADAPTERS, metavar="METHOD",
+                           help="what is trained: none (full training), lora (peft LoRA "
+                                "adapters on a frozen bf16 base) or qlora (LoRA on a frozen "
+                                "4-bit NF4 base) (default: %(default)s)")
+            s.add_argument("--rank", default=None, metavar="R",
+                           type=rank_type,
+                           help=f"LoRA rank r, with --adapter lora|qlora (default: "
+                                f"{DEFAULT_LORA_RANK})")
+            s.add_argument("--targets", default=None, choices=LORA_TARGETS, metavar="TARGETS",
+                           help="the linears LoRA adapts, with --adapter lora|qlora: attention "
+                                "(q, k, v, o) or all-linear (q, k, v, o, gate, up, down) "
+                                f"(default: {DEFAULT_LORA_TARGETS})")
+            s.add_argument("--adapter-dtype", default=None, choices=ADAPTER_DTYPES,
+                           metavar="DTYPE",
+                           help="the adapters' dtype, with --adapter lora|qlora: fp32 (peft's "
+                                "default autocast_adapter_dtype=True) or bf16 (default: "
+                                f"{DEFAULT_ADAPTER_DTYPE})")
+            s.add_argument("--double-quant", action="store_true",
+                           help="QLoRA's double quantization (bnb_4bit_use_double_quant: 8-bit "
+                                "absmax constants), with --adapter qlora (default: off)")
         if name == "serve":
             s.add_argument("--gpu-memory-utilization", type=fraction_type, metavar="F",
                            default=DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -305,14 +344,49 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     from dataclasses import asdict
 
     import calc
+    from calc.training_step import lora_adapter_params
+    from pages.ui.finetune import calc_kwargs
 
+    ft = _adapter_settings(a)
     gpu = resolve_gpu(a.gpu)
-    kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing)
+    # the Training page's call: its method, rank, targets, adapter dtype and double quantization
+    # become the same adapters/base_dtype keywords (pages.ui.finetune.calc_kwargs)
+    kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
+              **calc_kwargs(**ft))
     result = calc.training_step(model, a.batch, a.seq_len, **kw)
+    lora = kw.get("adapters")
+    adapter = {"adapter": "none" if ft["method"] == "full" else ft["method"],
+               "lora_rank": lora.rank if lora else None,
+               "lora_targets": lora.targets if lora else None,
+               "adapter_dtype": lora.adapter_dtype if lora else None,
+               "base_dtype": kw.get("base_dtype", "bf16"),
+               "double_quant": kw.get("base_dtype") == "nf4_dq",
+               "trainable_params": lora_adapter_params(model, lora) if lora else
+               calc.param_count(model)}
     # the Training page's answers for one GPU: does the step fit, and the longest s that does
-    return {"model": model.name, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
+    return {"model": model.name, **adapter, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
             "fits": result.peak_bytes <= gpu,
             "longest_context": calc.max_train_seq_len(model, gpu, a.batch, **kw)}
+
+
+def _adapter_settings(a: argparse.Namespace) -> dict[str, Any]:
+    """pages.ui.finetune.calc_kwargs's arguments from --adapter, --rank, --targets,
+    --adapter-dtype and --double-quant; an adapter option that would be ignored is refused."""
+    if a.adapter == "none":
+        given = [flag for flag, v in (("--rank", a.rank), ("--targets", a.targets),
+                                      ("--adapter-dtype", a.adapter_dtype),
+                                      ("--double-quant", a.double_quant or None)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
+                             "to --adapter lora or qlora; with "
+                             "--adapter none (full training) every weight is trained")
+    elif a.adapter == "lora" and a.double_quant:
+        raise UsageError("--double-quant applies to --adapter qlora (a 4-bit base); "
+                         "--adapter lora keeps the base in bf16")
+    return {"method": "full" if a.adapter == "none" else a.adapter,
+            "rank": a.rank or DEFAULT_LORA_RANK, "targets": a.targets or DEFAULT_LORA_TARGETS,
+            "adapter_dtype": a.adapter_dtype or DEFAULT_ADAPTER_DTYPE,
+            "double_quant": a.double_quant}
 
 
 def _serve(a: argparse.Namespace, model: Any) -> dict:
@@ -395,7 +469,16 @@ def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
 def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}, "
              f"{r['attention']}, precision {r['precision']}, checkpointing "
-             f"{'on' if r['checkpointing'] else 'off'}", ""]
+             f"{'on' if r['checkpointing'] else 'off'}"]
+    if r["adapter"] == "none":
+        lines.append(f"full training: {r['trainable_params']:,} trainable parameters")
+    else:
+        base = {"bf16": "bf16", "nf4": "4-bit NF4", "nf4_dq": "4-bit NF4, double quantization"}
+        lines.append(f"{'LoRA' if r['adapter'] == 'lora' else 'QLoRA'}: rank {r['lora_rank']}, "
+                     f"targets {r['lora_targets']}, {r['adapter_dtype']} adapters "
+                     f"({r['trainable_params']:,} trainable parameters), frozen base "
+                     f"{base[r['base_dtype']]}")
+    lines.append("")
     rows = [("weights", b(r["weights_bytes"])), ("gradients", b(r["gradients_bytes"])),
             ("optimizer states", b(r["optimizer_bytes"]))]
     if r["buffers_bytes"]:
