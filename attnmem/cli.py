@@ -372,17 +372,16 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
 def _adapter_settings(a: argparse.Namespace) -> dict[str, Any]:
     """pages.ui.finetune.calc_kwargs's arguments from --adapter, --rank, --targets,
     --adapter-dtype and --double-quant; an adapter option that would be ignored is refused."""
+    if a.double_quant and a.adapter != "qlora":
+        raise UsageError(f"--double-quant applies to --adapter qlora (a 4-bit base), not "
+                         f"--adapter {a.adapter}")
     if a.adapter == "none":
         given = [flag for flag, v in (("--rank", a.rank), ("--targets", a.targets),
-                                      ("--adapter-dtype", a.adapter_dtype),
-                                      ("--double-quant", a.double_quant or None)) if v is not None]
+                                      ("--adapter-dtype", a.adapter_dtype)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
                              "to --adapter lora or qlora; with "
                              "--adapter none (full training) every weight is trained")
-    elif a.adapter == "lora" and a.double_quant:
-        raise UsageError("--double-quant applies to --adapter qlora (a 4-bit base); "
-                         "--adapter lora keeps the base in bf16")
     return {"method": "full" if a.adapter == "none" else a.adapter,
             "rank": a.rank or DEFAULT_LORA_RANK, "targets": a.targets or DEFAULT_LORA_TARGETS,
             "adapter_dtype": a.adapter_dtype or DEFAULT_ADAPTER_DTYPE,
