@@ -229,3 +229,111 @@ def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch
     at = run({})
     assert not at.exception
     assert any("kernels.measure.train_dist" in x.value for x in at.caption)
+
+
+# --- issue 34, item 4: full / LoRA / QLoRA, MoE models ---------------------------------------
+
+
+def _side_by_side(at: AppTest) -> pd.DataFrame:
+    return next(d.value for d in at.dataframe if "calc's reason (not computed)" in d.value.columns)
+
+
+def test_fine_tuning_keys_round_trip_through_the_url() -> None:
+    params = {"ft": "qlora", "rank": "64", "targets": "attention", "adt": "bf16", "dq": "true",
+              "model": "Llama 3.1 70B", "s": "2048", "ckpt": "true", "attns": "sdpa_flash"}
+    at = run(params)
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
+    for key, value in params.items():
+        if key != "attns":
+            assert at.query_params[key] == value, (key, at.query_params[key])
+    m = calc.training_step(calc.MODELS["Llama 3.1 70B"], 1, 2048, attention="sdpa_flash",
+                           checkpointing=True,
+                           adapters=_lora(64, targets="attention", adapter_dtype="bf16"),
+                           base_dtype="nf4_dq")
+    values = {x.label: x.value for x in at.metric}
+    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    at = run({"ft": "dora", "rank": "0", "targets": "mlp", "adt": "fp8", "dq": "maybe"})
+    assert not at.exception and len(at.warning) >= 5  # each bad value refused, defaults used
+    assert at.query_params["ft"] == "full"
+
+
+def _lora(*args, **kw):
+    from calc.training_step import LoRA
+
+    return LoRA(*args, **kw)
+
+
+def test_side_by_side_table_equals_calc() -> None:
+    from pages.ui.finetune import calc_kwargs
+
+    at = run({"model": "Llama 3.1 8B", "s": "4096", "b": "2", "gpu": "NVIDIA H100 80GB",
+              "attns": "sdpa_flash", "rank": "32", "targets": "all-linear", "dq": "1"})
+    assert not at.exception
+    table = _side_by_side(at)
+    assert list(table["method"]) == ["full training", "LoRA (frozen bf16 base)",
+                                     "QLoRA (frozen 4-bit NF4 base)"]
+    model, gpu = calc.MODELS["Llama 3.1 8B"], calc.torch_total_bytes("NVIDIA H100 80GB")
+    for (_, row), method in zip(table.iterrows(), ("full", "lora", "qlora"), strict=True):
+        kw = dict(attention="sdpa_flash", **calc_kwargs(method, 32, "all-linear", "fp32", True))
+        m = calc.training_step(model, 2, 4096, **kw)
+        assert row["peak (computed)"] == calc.format_bytes(m.peak_bytes, "GB")
+        assert row["fits (computed)"] == ("yes" if m.peak_bytes <= gpu else "no")
+        s_max = calc.max_train_seq_len(model, gpu, 2, **kw)
+        assert row["longest context that fits (computed)"] == (f"{s_max:,}" if s_max else "none")
+        assert row["calc's reason (not computed)"] == ""
+        if method == "full":
+            n = calc.train_gpus_needed(model, gpu, 2, 4096, attention="sdpa_flash",
+                                       sharding="zero3", tp=1, max_gpus=1024)
+            assert row["GPUs for full training (computed)"] == f"{n:,}"
+        else:
+            assert row["GPUs for full training (computed)"] == "—"
+            assert row["measured peak (H200)"] == "not measured yet"
+    assert any("not measured yet" in x.value and "h200-lora" in x.value for x in at.caption)
+
+
+def test_lora_chosen_gives_the_lora_step_and_no_multi_gpu_search() -> None:
+    at = run({"ft": "lora", "model": "Qwen2.5 7B", "s": "8192", "attns": "sdpa_flash,triton"})
+    assert not at.exception
+    m = calc.training_step(calc.MODELS["Qwen2.5 7B"], 1, 8192, attention="triton",
+                           adapters=_lora(16), base_dtype="bf16")
+    values = {x.label: x.value for x in at.metric}
+    assert values[calc.TRAIN_ATTENTION_LABELS["triton"] + ": peak"] == \
+        calc.format_bytes(m.peak_bytes, "GB")
+    assert any("modelled on one GPU" in str(v) for d in at.dataframe
+               for col in d.value.columns if str(col).startswith("GPUs needed")
+               for v in d.value[col])
+
+
+def test_a_refusal_shows_calcs_reason() -> None:
+    """LoRA on a MoE model, amp_bf16 with LoRA and a multi-GPU layout with LoRA: calc's reason
+    in the side-by-side table (and as the page's message when that method is chosen)."""
+    at = run({"model": "Mixtral 8x7B", "s": "1024", "attns": "sdpa_flash"})
+    assert not at.exception
+    table = _side_by_side(at)
+    assert table.loc[0, "calc's reason (not computed)"] == ""  # full training of a MoE: counted
+    assert "LoRA adapters on a MoE model are not modelled" in table.loc[1, "calc's reason (not computed)"]
+    at = run({"ft": "lora", "prec": "amp_bf16", "attns": "sdpa_flash"})
+    assert not at.exception
+    assert any("amp\\_bf16" in e.value or "amp_bf16" in e.value for e in at.error)
+    table = _side_by_side(at)
+    assert "with adapters" in table.loc[1, "calc's reason (not computed)"]
+    at = run({"ft": "qlora", "gpus": "8", "attns": "sdpa_flash"})
+    assert not at.exception
+    assert any("one GPU" in e.value for e in at.error)
+    assert _side_by_side(at).loc[0, "calc's reason (not computed)"] == ""
+
+
+def test_moe_models_are_offered_and_refused_ones_say_why() -> None:
+    import pages.training as page
+
+    for name in ("Mixtral 8x7B", "Qwen3 30B-A3B (MoE)", "DeepSeek-V3 (MLA, MoE)"):
+        assert name in page.CHOICES
+    at = run({"model": "Qwen3 30B-A3B (MoE)", "s": "2048", "attns": "sdpa_flash"})
+    assert not at.exception and not at.warning
+    m = calc.training_step(calc.MODELS["Qwen3 30B-A3B (MoE)"], 1, 2048, attention="sdpa_flash")
+    values = {x.label: x.value for x in at.metric}
+    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    at = run({"model": "gpt-oss-20b (MoE, MXFP4)"})
+    assert not at.exception
+    assert any("training is not modelled" in e.value for e in at.error)  # markdown-escaped
+    assert "gpt-oss" in _side_by_side(at).loc[0, "calc's reason (not computed)"]
