@@ -408,7 +408,8 @@ def side_by_side_section() -> None:
                       & (compared["checkpointing"] == ckpt) & (compared["attention"] == attns[0])]
         peaks = {r["method"]: int(r["measured peak"]) for _, r in at.iterrows()}
     fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
-    st.markdown(f"**On one {c.md_escape(gpu)} at s = {seq_len:,}**: "
+    where = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
+    st.markdown(f"**On {c.md_escape(where)} at s = {seq_len:,}**: "
                 + (f"fits with {', '.join(fit_names)} (computed)." if fit_names else
                    "none of full training, LoRA or QLoRA fits (computed)."))
     c.table(side_by_side_table(rows, unit, peaks, methods), hide_index=True)
