@@ -53,15 +53,6 @@ PRECISION_LABELS = {"bf16": "bf16 parameters and AdamW state",
 DEFAULT_ATTNS = ("eager", "sdpa_flash", "sdpa_cudnn", "triton")
 
 
-def _refusal(model: ModelConfig) -> str | None:
-    """calc's reason for not counting a full training step of model, None when it does."""
-    try:
-        training_step(model, 1, 1, attention="sdpa_flash")
-    except ValueError as err:
-        return str(err)
-    return None
-
-
 def _train_models() -> dict[str, dict[str, Any]]:
     """The measured training shapes (kernels.measure.train_models), when that module is here."""
     try:
@@ -83,7 +74,6 @@ TRAIN_SHAPES = _train_models()
 # Every preset is offered (MoE models are counted now, issue 34); one calc still refuses
 # (MLA, gpt-oss, hybrids) shows calc's reason on the page instead of numbers.
 CHOICES = dict(MODELS)
-REFUSED = {name: why for name, m in MODELS.items() if (why := _refusal(m))}
 for _name, _cfg in TRAIN_SHAPES.items():
     try:
         CHOICES[MEASURED_PREFIX + _name] = ModelConfig.from_hf_config(_cfg, name=_name)
