@@ -349,7 +349,9 @@ method = c.radio("What is trained", "ft", SPECS["ft"], where=tune[0],
 full = method == "full"
 rank = c.int_input("LoRA rank r", "rank", SPECS["rank"], where=tune[1], disabled=full)
 targets = c.select("LoRA targets", "targets", SPECS["targets"], where=tune[2], disabled=full,
-                   format_func=lambda t: ft_.TARGET_LABELS[t])
+                   format_func=lambda t: ft_.TARGET_LABELS[t],
+                   help="attention: q, k, v, o; all-linear: q, k, v, o, gate, up, down "
+                        "(never lm_head, as peft's all-linear)")
 adt = c.select("Adapter dtype", "adt", SPECS["adt"], where=tune[3], disabled=full,
                help="fp32: peft's default (autocast_adapter_dtype=True); bf16: "
                     "autocast_adapter_dtype=False")
