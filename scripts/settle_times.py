@@ -26,8 +26,8 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 def page_paths() -> list[str]:
-    """The URL path of every page app.py registers (st.Page("pages/x.py") -> "/x"); the
-    default page (default=True) is "/"."""
+    """The URL path of every page app.py registers (a page file NAME.py is served at /NAME);
+    the default page (default=True) is "/"."""
     text = (ROOT / "app.py").read_text()
     paths = []
     for m in re.finditer(r'st\.Page\(\s*"pages/(\w+)\.py"([^)]*)\)', text):
