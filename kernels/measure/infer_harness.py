@@ -122,21 +122,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import gc
-import json
 import os
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
 from kernels.measure import infer_models
 from kernels.measure import model_common as mc
-from kernels.measure.child import WorkerProcess
+from kernels.measure import run_common as rc
 
 #: The training harness's attentions plus ``sdpa``: attn_implementation="sdpa" with no backend
 #: forced, torch's own choice per call (what a user of generate() runs; with a mask it cannot
@@ -479,9 +476,7 @@ def _measure(cfg: InferConfig, device: Any, keep_model: bool) -> InferResult:
         return InferResult(**row, status=status, message=msg, **values)
 
     if cfg.attention == "triton":
-        from kernels.hf.attention import check_config as hf_check
-
-        why = hf_check(hf, cfg.prompt_len)
+        why = mc.kernels_hf_check(hf, cfg.prompt_len)
         if why:
             return result("unavailable", "our kernel cannot run this model: " + "; ".join(why))
     if cfg.prefill_chunk is not None and not _has_prefill_chunking():
@@ -489,18 +484,9 @@ def _measure(cfg: InferConfig, device: Any, keep_model: bool) -> InferResult:
 
         return result("unavailable", f"transformers {transformers.__version__}'s "
                       "GenerationConfig has no prefill_chunk_size (chunked prefill)")
-    if cfg.attention in SDPA_BACKENDS:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[cfg.attention], None)
-        if backend is None:
-            return result("unavailable", f"torch {torch.__version__} has no SDPBackend."
-                          f"{SDPA_BACKENDS[cfg.attention]}")
-
-        def attn_ctx() -> Any:
-            return sdpa_kernel(backend)
-    else:
-        attn_ctx = contextlib.nullcontext
+    attn_ctx, why_not = mc.attention_context(cfg.attention)
+    if attn_ctx is None:
+        return result("unavailable", why_not)
     on_gpu = device.name == "cuda"
     dev = "cuda" if on_gpu else "cpu"
     dtype = torch.bfloat16 if on_gpu else torch.float32  # the CPU tests: fp32
@@ -649,42 +635,22 @@ def worker_main(stdin: IO[str], proto: IO[str]) -> None:
     """Serve {"cfg": {...}} lines until EOF or {"cmd": "exit"}; answer {"result": row,
     "restart": bool}. The built model is kept for the next configuration of the same build
     key; memory held beyond it after cleanup (> LEFTOVER_RESTART_BYTES) ends this worker."""
-    for line in stdin:
-        line = line.strip()
-        if not line:
-            continue
-        msg = json.loads(line)
-        if msg.get("cmd") == "exit":
-            break
-        cfg = InferConfig.from_dict(msg["cfg"])
-        try:
-            res = measure_infer(cfg, keep_model=True)
-        except Exception as exc:  # noqa: BLE001 - keep serving; the row says what broke
-            release_model()
-            res = _row_for(cfg, "error", mc.short_error(exc))
-        left = mc.allocated_now() - held_baseline()
-        restart = left > LEFTOVER_RESTART_BYTES
-        proto.write(json.dumps({"result": res.to_row(), "restart": restart}) + "\n")
-        proto.flush()
-        if restart:  # something kept GPU memory alive: the next configuration gets a fresh child
-            print(f"infer worker: {left} bytes allocated beyond the kept model after "
-                  f"{cfg.label()}; exiting", file=sys.stderr, flush=True)
-            break
+    rc.serve_configs(stdin, proto, parse=InferConfig.from_dict,
+                     measure=lambda cfg: measure_infer(cfg, keep_model=True),
+                     error_row=lambda cfg, message: _row_for(cfg, "error", message),
+                     name="infer", held="allocated beyond the kept model",
+                     baseline=held_baseline, on_error=release_model)
 
 
-class _InferChild(WorkerProcess):
+class _InferChild(rc.ConfigChild):
     """One ``python -m kernels.measure.infer_harness --worker`` process."""
 
     def __init__(self, env: dict[str, str] | None) -> None:
         super().__init__(["kernels.measure.infer_harness", "--worker"], env)
-        self.done = 0
 
 
-@dataclass
-class InferRunSummary:
-    results: list[InferResult] = field(default_factory=list)
-    wall_s: float = 0.0
-    children_started: int = 0
+#: A run's rows, its time and the child processes it started (run_common.RunSummary).
+InferRunSummary = rc.RunSummary
 
 
 def run_infer(configs: Sequence[InferConfig], *,
@@ -700,63 +666,12 @@ def run_infer(configs: Sequence[InferConfig], *,
     recorded as ``skipped``. ``timeout_s`` limits each configuration (plus ``startup_s`` for a
     fresh child's first). An OOM skips the longer prompts of the same series.
     """
-    from kernels.measure.child import gpu_lock
-
-    summary = InferRunSummary()
-    t0 = time.monotonic()
-    oom_at: dict[tuple, int] = {}
-    with gpu_lock(gpu_index, wait_s=lock_wait_s, lock_dir=lock_dir):
-        child: _InferChild | None = None
-        try:
-            for i, cfg in enumerate(configs):
-                series = cfg.series()
-                if budget_s is not None and time.monotonic() - t0 > budget_s:
-                    res = _row_for(cfg, "skipped",
-                                   f"not run: the run's time budget of {budget_s:g} s was spent")
-                elif skip_longer_after_oom and series in oom_at and cfg.prompt_len >= oom_at[series]:
-                    res = _row_for(cfg, "skipped", f"not run: prompt {oom_at[series]} of the "
-                                   "same series already ran out of memory")
-                else:
-                    if child is None or child.proc.poll() is not None:
-                        if child is not None:
-                            child.kill()
-                        child = _InferChild(env)
-                        summary.children_started += 1
-                    limit = timeout_s + (startup_s if child.done == 0 else 0.0)
-                    child.send({"cfg": cfg.to_dict()})
-                    msg = mc.next_message(child, limit)
-                    if msg == "timeout":
-                        child.kill()
-                        child = None
-                        res = _row_for(cfg, "timeout", f"no result within {limit:.0f} s: the "
-                                       "child was killed and a fresh one takes the next")
-                    elif not isinstance(msg, dict) or "result" not in msg:
-                        code = (child.proc.wait(timeout=10) if child.proc.poll() is None
-                                else child.proc.returncode)
-                        tail = child.stderr_tail()
-                        child.kill()
-                        child = None
-                        res = _row_for(cfg, "crashed", f"the child process died (exit code "
-                                       f"{code}); stderr ends: {tail[-300:]}")
-                    else:
-                        res = InferResult(**msg["result"])
-                        child.done += 1
-                        if msg.get("restart"):
-                            child.close()
-                            child = None
-                if res.status == "oom":
-                    oom_at[series] = min(cfg.prompt_len, oom_at.get(series, cfg.prompt_len))
-                summary.results.append(res)
-                if on_result is not None:
-                    on_result(res, i, len(configs))
-        finally:
-            if child is not None:
-                if sys.exc_info()[0] is not None:
-                    child.kill()
-                else:
-                    child.close()
-    summary.wall_s = time.monotonic() - t0
-    return summary
+    return rc.run_configs(configs, new_child=lambda e: _InferChild(e), result=InferResult,
+                          row_for=_row_for, length="prompt_len", length_label="prompt ",
+                          on_result=on_result, timeout_s=timeout_s, startup_s=startup_s,
+                          budget_s=budget_s, skip_longer_after_oom=skip_longer_after_oom,
+                          gpu_index=gpu_index, lock_wait_s=lock_wait_s, lock_dir=lock_dir,
+                          env=env)
 
 
 # --------------------------------------------------------------------------------------------
@@ -774,99 +689,33 @@ _BOOL = ("tied",)
 
 def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
     """A CSV or database row with its numbers and booleans parsed (empty cells: None)."""
-    out: dict[str, Any] = {}
-    for c in INFER_COLUMNS:
-        v = raw.get(c)
-        if v is None or v == "":
-            out[c] = None if c in _INT + _FLOAT + _BOOL else ""
-        elif c in _INT:
-            out[c] = int(float(v))
-        elif c in _FLOAT:
-            out[c] = float(v)
-        elif c in _BOOL:
-            out[c] = v if isinstance(v, bool) else str(v).strip().lower() in ("true", "1")
-        else:
-            out[c] = str(v)
-    return out
+    return rc.typed_row(raw, INFER_COLUMNS, _INT, _FLOAT, _BOOL)
 
 
 def write_rows(fh: IO[str], rows: Iterable[dict[str, Any]], *, header: bool = True) -> None:
     """CSV rows in INFER_COLUMNS order, formula-like text neutralised (store.neutralise)."""
-    w = csv.writer(fh, lineterminator="\r\n")
+    w = rc.csv_writer(fh)
     if header:
         w.writerow(INFER_COLUMNS)
     for r in rows:
-        w.writerow([mc.cell(r.get(c)) for c in INFER_COLUMNS])
+        rc.write_cells(w, r, INFER_COLUMNS)
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Rows of an inference CSV (INFER_COLUMNS), typed. A file without the key columns raises
     ValueError naming the missing ones."""
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in ("model", "prompt_len", "new_tokens", "attention", "cache",
-                               "status", "peak_bytes") if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"{path}: not an inference CSV (missing columns "
-                             f"{', '.join(missing)})")
-        return [typed_row(r) for r in reader]
+    return rc.read_typed_csv(path, ("model", "prompt_len", "new_tokens", "attention", "cache",
+                                    "status", "peak_bytes"), "an inference CSV", typed_row)
 
 
-class InferStore:
+class InferStore(rc.RowStore):
     """Inference runs in the attention points' SQLite file (kernels.measure.store's
     default_db_path), in tables of their own: ``infer_runs`` and ``infer_rows``."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        from kernels.measure.store import default_db_path
+    prefix, columns, ints, floats, bools = "infer", INFER_COLUMNS, _INT, _FLOAT, _BOOL
 
-        self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        kinds = {c: "INTEGER" if c in _INT + _BOOL else "REAL" if c in _FLOAT else "TEXT"
-                 for c in INFER_COLUMNS}
-        with self._connect() as con:
-            con.executescript(
-                "CREATE TABLE IF NOT EXISTS infer_runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-                "started TEXT NOT NULL, gpu TEXT NOT NULL DEFAULT '', label TEXT NOT NULL "
-                "DEFAULT '');\n"
-                "CREATE TABLE IF NOT EXISTS infer_rows (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-                "run_id INTEGER NOT NULL REFERENCES infer_runs(id) ON DELETE CASCADE, "
-                + ", ".join(f"{c} {k}" for c, k in kinds.items()) + ");")
-
-    @contextlib.contextmanager
-    def _connect(self) -> Any:
-        con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA foreign_keys=ON")
-            con.row_factory = sqlite3.Row
-            yield con
-        finally:
-            con.close()
-
-    def new_run(self, *, gpu: str = "", label: str = "") -> int:
-        with self._connect() as con:
-            cur = con.execute("INSERT INTO infer_runs (started, gpu, label) VALUES (?, ?, ?)",
-                              (mc.now_utc(), gpu, label[:200]))
-            return int(cur.lastrowid)
-
-    def add_row(self, run_id: int, row: dict[str, Any]) -> None:
-        t = typed_row(row)
-        vals = [int(t[c]) if c in _BOOL and t[c] is not None else t[c] for c in INFER_COLUMNS]
-        with self._connect() as con:
-            con.execute(f"INSERT INTO infer_rows (run_id, {', '.join(INFER_COLUMNS)}) VALUES "
-                        f"(?, {', '.join('?' * len(INFER_COLUMNS))})", [run_id, *vals])
-
-    def runs(self) -> list[dict[str, Any]]:
-        with self._connect() as con:
-            cur = con.execute("SELECT infer_runs.*, (SELECT COUNT(*) FROM infer_rows WHERE "
-                              "run_id = infer_runs.id) AS n FROM infer_runs ORDER BY id DESC")
-            return [dict(r) for r in cur]
-
-    def rows(self, run_id: int) -> list[dict[str, Any]]:
-        with self._connect() as con:
-            cur = con.execute(f"SELECT {', '.join(INFER_COLUMNS)} FROM infer_rows WHERE "
-                              "run_id = ? ORDER BY id", (run_id,))
-            return [typed_row(dict(r)) for r in cur]
+    def typed(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return typed_row(raw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1052,20 +901,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt tokens per prefill forward: 'none' (whole prompt) or numbers")
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
                     help="a bundled sweep instead of the cross product (h200: the reference)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds: configurations not started by then are recorded as skipped")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per configuration")
-    ap.add_argument("--lock-wait", type=float, default=0.0,
-                    help="seconds to wait for a busy GPU")
-    ap.add_argument("--out", type=Path, default=Path("inference.csv"), help="CSV to write")
-    ap.add_argument("--db", type=Path, default=None,
-                    help="also store the run in this SQLite file (tables infer_runs, infer_rows)")
-    ap.add_argument("--label", default="", help="label of the stored run")
-    ap.add_argument("--list", action="store_true", help="print the configurations and exit")
-    ap.add_argument("--repredict", type=Path, default=None, metavar="CSV",
-                    help="measure nothing: recompute the predicted_* columns and errors of "
-                         "CSV's rows from the current calc and write --out")
-    ap.add_argument("--quiet", action="store_true")
+    rc.add_run_options(ap, timeout=300.0, out="inference.csv", prefix="infer",
+                       repredict_help="measure nothing: recompute the predicted_* columns and "
+                                      "errors of CSV's rows from the current calc and write "
+                                      "--out")
     return ap
 
 
@@ -1116,67 +955,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(f"{n} inference rows re-predicted from calc into {args.out}")
         return 0
-    configs = configs_from_args(args)
-    if args.list:
-        for c in configs:
-            print(c.label())
-        print(f"{len(configs)} configurations")
-        return 0
-    from kernels.measure.child import GpuBusy
+    return rc.measure_to_csv(args, configs_from_args(args), run=run_infer,
+                             columns=INFER_COLUMNS, store=InferStore, describe=_describe)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(args.out, "w", newline="")  # noqa: SIM115 - closed in finally
-    write_rows(fh, [])
-    fh.flush()
-    t0 = time.monotonic()
-    store = InferStore(args.db) if args.db else None
-    run_id: int | None = None
 
-    def on_result(res: InferResult, i: int, n: int) -> None:
-        nonlocal run_id
-        row = res.to_row()
-        write_rows(fh, [row], header=False)
-        fh.flush()
-        if store is not None:
-            if run_id is None:
-                run_id = store.new_run(gpu=res.gpu, label=args.label or "command line")
-            store.add_row(run_id, row)
-        if not args.quiet:
-            peak = f"peak {res.peak_bytes / 2**30:.2f} GiB" if res.peak_bytes else ""
-            err = (f"err {100 * res.peak_rel_error:+.1f}%" if res.peak_rel_error is not None
-                   else "")
-            print(f"[{i + 1}/{n} {time.monotonic() - t0:6.1f}s] {res.model} {res.attention} "
-                  f"{res.cache} B={res.batch} prompt={res.prompt_len}"
-                  f"{f' chunk={res.prefill_chunk}' if res.prefill_chunk else ''}: "
-                  f"{res.status} {peak} {err} {res.message[:120] if res.status != 'ok' else ''}",
-                  file=sys.stderr, flush=True)
-
-    try:
-        summary = run_infer(configs, on_result=on_result, timeout_s=args.timeout,
-                            budget_s=args.budget, lock_wait_s=args.lock_wait)
-    except GpuBusy as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: the rows measured so far are in {args.out}", file=sys.stderr)
-        return 130
-    except (sqlite3.Error, OSError) as exc:  # database locked or full, disk full, ...
-        where = f"{args.db} (database)" if isinstance(exc, sqlite3.Error) else str(args.out)
-        print(f"error: could not save a result to {where}: {exc}. The run stopped; the rows "
-              f"saved before it are in {args.out}", file=sys.stderr)
-        return 3
-    finally:
-        with contextlib.suppress(OSError):
-            fh.close()
-    counts: dict[str, int] = {}
-    for r in summary.results:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    print(f"{len(summary.results)} configurations in {summary.wall_s:.1f} s "
-          f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; "
-          f"{summary.children_started} child process(es)); rows in {args.out}"
-          + (f"; run {run_id} in {args.db}" if run_id is not None else ""))
-    return 0
-
+def _describe(res: InferResult) -> str:
+    """A progress line (after its count and time)."""
+    peak = f"peak {res.peak_bytes / 2**30:.2f} GiB" if res.peak_bytes else ""
+    err = f"err {100 * res.peak_rel_error:+.1f}%" if res.peak_rel_error is not None else ""
+    return (f"{res.model} {res.attention} {res.cache} B={res.batch} prompt={res.prompt_len}"
+            f"{f' chunk={res.prefill_chunk}' if res.prefill_chunk else ''}: "
+            f"{res.status} {peak} {err} {rc.status_note(res)}")
 
 if __name__ == "__main__":
     if "--worker" in sys.argv[1:]:

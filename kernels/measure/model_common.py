@@ -2,7 +2,8 @@
 training steps (``kernels.measure.train_dist``) and inference (``kernels.measure.infer_harness``).
 
 - Attention names and how transformers is asked for them: ``ATTENTIONS``, ``SDPA_BACKENDS``,
-  ``attn_implementation``, ``model_from_config``, ``kernels_hf_check`` (our kernel's refusals),
+  ``attn_implementation``, ``model_from_config``, ``attention_context`` (a forced SDPA
+  backend's ``sdpa_kernel``), ``kernels_hf_check`` (our kernel's refusals),
   ``shape_fields`` (a row's shape columns from the model's config).
 - The environment columns of a row: ``environment`` (gpu, driver, torch, triton,
   transformers), ``now_utc`` (the timestamp).
@@ -19,6 +20,7 @@ No torch or transformers at import time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -81,6 +83,25 @@ def shape_fields(hf: Any) -> dict[str, Any]:
         "tied": bool(getattr(hf, "tie_word_embeddings", False)),
         "sliding_window": (int(hf.sliding_window) if sliding_layers(hf) else None),
     }
+
+
+def attention_context(attention: str) -> tuple[Callable[[], Any] | None, str]:
+    """The context every call of ``attention`` runs under: ``sdpa_kernel(<its backend>)`` for
+    a forced SDPA backend (``SDPA_BACKENDS``), else a null context; ``(None, why)`` when this
+    torch has no such SDPBackend member (the row is then ``unavailable``)."""
+    if attention not in SDPA_BACKENDS:
+        return contextlib.nullcontext, ""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[attention], None)
+    if backend is None:
+        return None, f"torch {torch.__version__} has no SDPBackend.{SDPA_BACKENDS[attention]}"
+
+    def attn_ctx() -> Any:
+        return sdpa_kernel(backend)
+
+    return attn_ctx, ""
 
 
 def kernels_hf_check(hf: Any, seq_len: int) -> list[str]:

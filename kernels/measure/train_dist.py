@@ -98,7 +98,7 @@ from typing import Any
 from kernels.measure import torchrun, train_models
 from kernels.measure.model_common import (
     ATTENTIONS,
-    SDPA_BACKENDS,
+    attention_context,
     attn_implementation,
     cell,
     environment,
@@ -446,18 +446,9 @@ def _measure_rank(cfg: DistConfig, rank: int, world_size: int, local_rank: int, 
         why = kernels_hf_check(hf, b.seq_len)
         if why:
             return done("unavailable", "our kernel cannot run this model: " + "; ".join(why))
-    if b.attention in SDPA_BACKENDS:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[b.attention], None)
-        if backend is None:
-            return done("unavailable", f"torch {torch.__version__} has no SDPBackend."
-                        f"{SDPA_BACKENDS[b.attention]}")
-
-        def attn_ctx() -> Any:
-            return sdpa_kernel(backend)
-    else:
-        attn_ctx = contextlib.nullcontext
+    attn_ctx, why_not = attention_context(b.attention)
+    if attn_ctx is None:
+        return done("unavailable", why_not)
     autocast = b.precision == "amp_bf16"
     if autocast and dev != "cuda":
         notes.append("autocast on the CPU")

@@ -7,15 +7,11 @@ transformers at import time.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sqlite3
-import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from kernels.measure import train_models
 from kernels.measure.model_common import choices, ints, words
+from kernels.measure.run_common import add_run_options, measure_to_csv, status_note
 from kernels.measure.train.config import (
     ADAPTER_DTYPES,
     ADAPTERS,
@@ -28,7 +24,7 @@ from kernels.measure.train.config import (
     TrainResult,
 )
 from kernels.measure.train.plan import FULL, PLANS, expand, lora_variants
-from kernels.measure.train.store import TrainStore, csv_writer, repredict, write_row
+from kernels.measure.train.store import TrainStore, repredict
 from kernels.measure.train.worker import run_train
 
 
@@ -68,20 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
                     help="a bundled sweep instead of the cross product (h200: the reference, "
                          "h200-lora: LoRA and QLoRA)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds: configurations not started by then are recorded as skipped")
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per configuration")
-    ap.add_argument("--lock-wait", type=float, default=0.0,
-                    help="seconds to wait for a busy GPU")
-    ap.add_argument("--out", type=Path, default=Path("training_steps.csv"), help="CSV to write")
-    ap.add_argument("--db", type=Path, default=None,
-                    help="also store the run in this SQLite file (tables train_runs, train_rows)")
-    ap.add_argument("--label", default="", help="label of the stored run")
-    ap.add_argument("--list", action="store_true", help="print the configurations and exit")
-    ap.add_argument("--repredict", type=Path, default=None, metavar="CSV",
-                    help="measure nothing: recompute the predicted_* columns and "
-                         "peak_rel_error of CSV's rows from the current calc and write --out")
-    ap.add_argument("--quiet", action="store_true")
+    add_run_options(ap, timeout=180.0, out="training_steps.csv", prefix="train",
+                    repredict_help="measure nothing: recompute the predicted_* columns and "
+                                   "peak_rel_error of CSV's rows from the current calc and "
+                                   "write --out")
     return ap
 
 
@@ -148,64 +134,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = repredict(args.repredict, args.out)
         print(f"{n} training-step rows re-predicted from calc into {args.out}")
         return 0
-    configs = configs_from_args(args)
-    if args.list:
-        for c in configs:
-            print(c.label())
-        print(f"{len(configs)} configurations")
-        return 0
-    from kernels.measure.child import GpuBusy
+    return measure_to_csv(args, configs_from_args(args), run=run_train, columns=TRAIN_COLUMNS,
+                          store=TrainStore, describe=_describe)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(args.out, "w", newline="")  # noqa: SIM115 - closed in finally
-    writer = csv_writer(fh)
-    writer.writerow(TRAIN_COLUMNS)
-    fh.flush()
-    t0 = time.monotonic()
-    store = TrainStore(args.db) if args.db else None
-    run_id: int | None = None
 
-    def on_result(res: TrainResult, i: int, n: int) -> None:
-        nonlocal run_id
-        row = res.to_row()
-        write_row(writer, row)
-        fh.flush()
-        if store is not None:
-            if run_id is None:
-                run_id = store.new_run(gpu=res.gpu, label=args.label or "command line")
-            store.add_row(run_id, row)
-        if not args.quiet:
-            peak = f"peak {res.peak_bytes / 2**30:.2f} GiB" if res.peak_bytes else ""
-            ms = f"{res.step_ms:.1f} ms" if res.step_ms else ""
-            lora = (f" lora r={res.lora_rank} {res.lora_targets} {res.base_dtype}"
-                    if res.adapter == "lora" else "")
-            print(f"[{i + 1}/{n} {time.monotonic() - t0:6.1f}s] {res.model}{lora} {res.attention} "
-                  f"{res.precision} ckpt={'on' if res.checkpointing else 'off'} s={res.seq_len}: "
-                  f"{res.status} {peak} {ms} {res.message[:120] if res.status != 'ok' else ''}",
-                  file=sys.stderr, flush=True)
-
-    try:
-        summary = run_train(configs, on_result=on_result, timeout_s=args.timeout,
-                            budget_s=args.budget, lock_wait_s=args.lock_wait)
-    except GpuBusy as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: the rows measured so far are in {args.out}", file=sys.stderr)
-        return 130
-    except (sqlite3.Error, OSError) as exc:  # database locked or full, disk full, ...
-        where = f"{args.db} (database)" if isinstance(exc, sqlite3.Error) else str(args.out)
-        print(f"error: could not save a result to {where}: {exc}. The run stopped; the rows "
-              f"saved before it are in {args.out}", file=sys.stderr)
-        return 3
-    finally:
-        with contextlib.suppress(OSError):
-            fh.close()
-    counts: dict[str, int] = {}
-    for r in summary.results:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    print(f"{len(summary.results)} configurations in {summary.wall_s:.1f} s "
-          f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}; "
-          f"{summary.children_started} child process(es)); rows in {args.out}"
-          + (f"; run {run_id} in {args.db}" if run_id is not None else ""))
-    return 0
+def _describe(res: TrainResult) -> str:
+    """A progress line (after its count and time)."""
+    peak = f"peak {res.peak_bytes / 2**30:.2f} GiB" if res.peak_bytes else ""
+    ms = f"{res.step_ms:.1f} ms" if res.step_ms else ""
+    lora = (f" lora r={res.lora_rank} {res.lora_targets} {res.base_dtype}"
+            if res.adapter == "lora" else "")
+    return (f"{res.model}{lora} {res.attention} {res.precision} "
+            f"ckpt={'on' if res.checkpointing else 'off'} s={res.seq_len}: "
+            f"{res.status} {peak} {ms} {status_note(res)}")

@@ -55,7 +55,7 @@ from typing import Any
 
 from kernels.measure import train_models
 from kernels.measure.model_common import (
-    SDPA_BACKENDS,
+    attention_context,
     attn_implementation,
     environment,
     kernels_hf_check,
@@ -138,18 +138,9 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
             return result("unavailable", "our kernel cannot run this model: " + "; ".join(why))
     if cfg.precision == "amp_bf16" and device.name != "cuda":
         notes.append("autocast on the CPU")
-    if cfg.attention in SDPA_BACKENDS:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[cfg.attention], None)
-        if backend is None:
-            return result("unavailable", f"torch {torch.__version__} has no SDPBackend."
-                          f"{SDPA_BACKENDS[cfg.attention]}")
-
-        def attn_ctx() -> Any:
-            return sdpa_kernel(backend)
-    else:
-        attn_ctx = contextlib.nullcontext
+    attn_ctx, why_not = attention_context(cfg.attention)
+    if attn_ctx is None:
+        return result("unavailable", why_not)
     dev = "cuda" if device.name == "cuda" else "cpu"
     param_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
     autocast = cfg.precision == "amp_bf16"
