@@ -127,13 +127,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
 from kernels.measure import infer_models
 from kernels.measure import model_common as mc
 from kernels.measure import run_common as rc
+from kernels.measure.model_common import DictConfig, ModelRow
 
 #: The training harness's attentions plus ``sdpa``: attn_implementation="sdpa" with no backend
 #: forced, torch's own choice per call (what a user of generate() runs; with a mask it cannot
@@ -149,7 +150,7 @@ LEFTOVER_RESTART_BYTES = mc.LEFTOVER_RESTART_BYTES
 
 
 @dataclass(frozen=True)
-class InferConfig:
+class InferConfig(DictConfig):
     """One inference configuration."""
 
     model: str  # kernels.measure.infer_models name
@@ -178,30 +179,12 @@ class InferConfig:
             else self.attention
         return (self.model, self.layers, impl)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> InferConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
 
 @dataclass(frozen=True)
-class InferResult:
-    """One row (module docstring: the schema)."""
+class InferResult(ModelRow):
+    """One row (module docstring: the schema): ModelRow's model and shape columns, then
+    these."""
 
-    model: str
-    arch: str = ""
-    layers: int | None = None
-    hidden: int | None = None
-    intermediate: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    vocab: int | None = None
-    tied: bool | None = None
-    sliding_window: int | None = None
     experts: int | None = None
     batch: int = 1
     prompt_len: int = 0
@@ -234,9 +217,6 @@ class InferResult:
     triton: str = ""
     transformers: str = ""
     timestamp: str = ""
-
-    def to_row(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: Column order of inference rows (CSV header).

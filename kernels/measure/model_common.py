@@ -13,6 +13,9 @@ training steps (``kernels.measure.train_dist``) and inference (``kernels.measure
   ``WorkerProcess`` on the parent side): ``serve`` (the child's entry: the protocol owns the
   real stdout), ``next_message`` (the parent's read with a time limit), ``allocated_now`` and
   ``LEFTOVER_RESTART_BYTES`` (when a worker hands over to a fresh one).
+- Configurations and rows: ``DictConfig`` (a configuration's ``to_dict`` / ``from_dict``, what
+  the worker protocol carries), ``ModelRow`` (a row's first columns: the model and its shape,
+  ``shape_fields``; ``to_row``).
 - CSV cells and command-line lists: ``cell``, ``words``, ``choices``, ``ints``.
 
 No torch or transformers at import time.
@@ -24,6 +27,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import IO, Any
 
@@ -38,6 +42,45 @@ SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION
 #: A worker whose allocator still holds this much after a configuration was cleaned up exits
 #: (the runner starts a fresh one), so one configuration's leftovers never count in the next.
 LEFTOVER_RESTART_BYTES = 256 * 2**20
+
+
+# --------------------------------------------------------------------------------------------
+# Configurations and rows.
+# --------------------------------------------------------------------------------------------
+
+
+class DictConfig:
+    """``to_dict`` / ``from_dict`` of a configuration dataclass (a dict's unknown keys are
+    ignored)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """A whole-model row's first columns: the model's name and its shape (``shape_fields``);
+    a harness's row dataclass adds its own after these."""
+
+    model: str
+    arch: str = ""
+    layers: int | None = None
+    hidden: int | None = None
+    intermediate: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab: int | None = None
+    tied: bool | None = None
+    sliding_window: int | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,11 +65,17 @@ No torch or transformers at import time.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from kernels.measure import train_models
-from kernels.measure.model_common import ATTENTIONS, SDPA_BACKENDS, shape_fields
+from kernels.measure.model_common import (
+    ATTENTIONS,
+    SDPA_BACKENDS,
+    DictConfig,
+    ModelRow,
+    shape_fields,
+)
 
 __all__ = ["ADAPTERS", "ADAPTER_DTYPES", "ATTENTIONS", "BASE_DTYPES", "BOOL_COLUMNS",
            "COLUMN_DEFAULTS", "FLOAT_COLUMNS", "INT_COLUMNS", "LORA_TARGETS", "PRECISIONS",
@@ -91,7 +97,7 @@ ADAPTER_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(DictConfig):
     """One training-step configuration."""
 
     model: str  # kernels.measure.train_models name
@@ -171,30 +177,13 @@ class TrainConfig:
                    bool(row["checkpointing"]), row.get("batch") or 1, row.get("layers"),
                    base_dtype=row.get("base_dtype") or "bf16", **kw)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass(frozen=True)
-class TrainResult:
-    """One row (module docstring: the schema)."""
+class TrainResult(ModelRow):
+    """One row (module docstring: the schema): ModelRow's model and shape columns, then
+    these."""
 
-    model: str
-    arch: str = ""
-    layers: int | None = None
-    hidden: int | None = None
-    intermediate: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    vocab: int | None = None
-    tied: bool | None = None
-    sliding_window: int | None = None
     batch: int = 1
     seq_len: int = 0
     attention: str = ""
@@ -227,9 +216,6 @@ class TrainResult:
     adapter_dtype: str = ""
     base_dtype: str = "bf16"
     trainable_params: int | None = None
-
-    def to_row(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: Column order of training-step rows (CSV header).
