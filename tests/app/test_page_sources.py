@@ -1,7 +1,8 @@
 """What the pages' sources promise a reader (issue 32, item 9).
 
 - Every file a page or app.py names (a `*.md` name, a relative path) exists in this
-  repository: a caption that sends the user to DESIGN.md or ../shared/... sends them nowhere.
+  repository: a caption that sends the user to notes kept beside the repository sends them
+  nowhere.
 - Tables go through pages.common.table, which shows a missing cell as a dash; a bare
   st.dataframe shows the text "None".
 """
