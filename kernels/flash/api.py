@@ -189,15 +189,14 @@ def flash_attention(
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``fwd_sm90`` (same outputs, faster; see its docstring) at
     d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when causal; with three
-    consumer warpgroups: 192 query rows per program). FLASH_ATTN_SM90=0 turns it off;
+    consumer warpgroups: 192 query rows per program). ``KernelConfig(sm90=False)`` turns it off;
     ``KernelConfig(sm90=True)`` selects it for d = 64 at any length,
     ``KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)`` with three warpgroups,
     ``sm90=False`` the portable Triton forward. Elsewhere, on a Hopper GPU (Triton >= 3.4)
     the Triton forward reads K and V through tensor descriptors (the TMA copy engine) for
     16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into rows (the contiguous
-    layout), and through pointers otherwise; FLASH_ATTN_DESC=0 turns the descriptors off,
-    FLASH_ATTN_TUNE=1 re-tunes instead of using the stored H200 choices. The environment is
-    read once, at import (`config.SETTINGS`).
+    layout), and through pointers otherwise (``KernelConfig(use_desc=...)`` forces either).
+    No environment variable changes any of this: `KernelConfig` is the only way to choose.
 
     Packed sequences (variable length, ``cu_seqlens``): several sequences concatenated along
     the sequence axis, attention (with ``causal`` and ``window``) running inside each one

@@ -582,8 +582,8 @@ def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool,
     ``config.sm90_bwd`` True forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
     run; such a call allocates the fp32 dQ buffer where the default backward would not, which
     calc's model of the default does not count), False keeps the Triton backward; by default
-    it runs where it can (config.SETTINGS.sm90_bwd; FLASH_ATTN_SM90_BWD=0 turns that off),
-    unless the config picks something of the Triton backward or FLASH_ATTN_SM90=0. Timed
+    it runs where it can (config.SETTINGS.sm90_bwd, on), unless the config picks something of
+    the Triton backward or SETTINGS.sm90 is off (tests). Timed
     against the Triton backward on the H200 in kernels/flash/NOTES.md ("the host path", "the
     route on by default", "the Hopper region, BLOCK_M = 128 at d = 64, dQ^T split by rows of d")."""
     forced = None if config is None else config.sm90_bwd

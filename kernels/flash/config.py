@@ -1,5 +1,9 @@
-"""What the caller may choose about a kernel call (`KernelConfig`), and the process settings
-read once from the environment (`SETTINGS`).
+"""What the caller may choose about a kernel call (`KernelConfig`), and the process-wide
+defaults of the kernel's own rules (`SETTINGS`).
+
+No environment variable changes what the kernel runs: a caller chooses per call with
+`KernelConfig`. `SETTINGS` holds the defaults those rules fall back to; only tests and the
+bench tools set its attributes (e.g. `retune` for a tuning run).
 
 Every field of `KernelConfig` is optional: None means "the kernel's own rule decides" (the
 stored H200 tiles or the autotuner, the dispatch rules of ``calc.dispatch``, the Hopper
@@ -13,7 +17,6 @@ compiling anything.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
 TILE_SIZES = (16, 32, 64, 128, 256)  # BLOCK_M / BLOCK_N values the kernels compile for
@@ -23,30 +26,20 @@ SM90_CONSUMERS = (2, 3)  # consumer warpgroups of the Hopper forward (3 only at 
 
 @dataclass
 class Settings:
-    """Process-wide switches, read from the environment once, when this module is imported.
-    Tests change them by patching the attributes of `SETTINGS`, never the environment."""
+    """Process-wide defaults of the kernel's rules. Never read from the environment; tests and
+    bench tools patch the attributes of `SETTINGS`, callers use `KernelConfig`."""
 
-    retune: bool  # FLASH_ATTN_TUNE=1: tune every key instead of using the stored H200 tiles
-    descriptors: bool  # FLASH_ATTN_DESC=0 sets False: the Triton forward loads K/V by pointer
-    sm90: bool  # FLASH_ATTN_SM90=0 sets False: the Hopper Gluon kernels are never the default
-    direct_launch: bool  # FLASH_ATTN_DIRECT_LAUNCH=0 sets False: every launch takes the JIT path
-    # FLASH_ATTN_SM90_BWD=0 sets False: the Hopper Gluon backward is never the default. On
-    # (the default), it runs where `bwd.use_sm90_backward` allows it (the GPU suite passes
-    # through that route: kernels/flash/NOTES.md, "the route on by default").
+    retune: bool = False  # True: tune every key instead of using the stored H200 tiles
+    descriptors: bool = True  # False: the Triton forward loads K/V by pointer
+    sm90: bool = True  # False: the Hopper Gluon kernels are never the default
+    direct_launch: bool = True  # False: every launch takes the JIT path
+    # True: the Hopper Gluon backward runs where `bwd.use_sm90_backward` allows it (the GPU
+    # suite passes through that route: kernels/flash/NOTES.md, "the route on by default");
     # KernelConfig(sm90_bwd=...) decides per call.
     sm90_bwd: bool = True
 
-    @classmethod
-    def from_environ(cls, env=None) -> Settings:
-        env = os.environ if env is None else env
-        return cls(retune=env.get("FLASH_ATTN_TUNE") == "1",
-                   descriptors=env.get("FLASH_ATTN_DESC") != "0",
-                   sm90=env.get("FLASH_ATTN_SM90") != "0",
-                   direct_launch=env.get("FLASH_ATTN_DIRECT_LAUNCH") != "0",
-                   sm90_bwd=env.get("FLASH_ATTN_SM90_BWD") != "0")
 
-
-SETTINGS = Settings.from_environ()
+SETTINGS = Settings()
 
 
 def _check_int(name: str, value, allowed=None, positive: bool = False) -> None:
@@ -148,7 +141,7 @@ class KernelConfig:
     dkdv_tiles: Tiles | None = None
     # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
     # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: unless
-    # FLASH_ATTN_SM90_BWD=0, in calc.dispatch's Hopper region, where the rules give atomic dQ
+    # SETTINGS.sm90_bwd is off, in calc.dispatch's Hopper region, where the rules give atomic dQ
     # and no GQA split, and only when no field above picks something of the Triton backward).
     sm90_bwd: bool | None = None
 

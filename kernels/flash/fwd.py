@@ -354,7 +354,7 @@ def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | N
 
     ``force`` True/False overrides the choice (tests, tuning); otherwise descriptors are used
     on GPUs with a tensor-memory copy engine (compute capability 9.0 and newer) unless
-    ``SETTINGS.descriptors`` is off (FLASH_ATTN_DESC=0), for 16-bit inputs and key lengths of
+    ``SETTINGS.descriptors`` is off (tests), for 16-bit inputs and key lengths of
     DESC_MIN_BUCKET and more. Either way the layout must allow the (rows, d) view.
     """
     if TensorDescriptor is None or force is False or d != block_d(d) or d * k.element_size() < 16:
@@ -406,7 +406,7 @@ def use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: KernelCo
     Otherwise (None) the rule: on compute capability 9.x, for fp16/bf16 with d = 128 at any
     length and d = 64 when both lengths exceed 2,048 (4,096 when causal;
     `fwd_sm90.default_schedule`), and layouts the copy engine can read, unless
-    ``SETTINGS.sm90`` is off (FLASH_ATTN_SM90=0).
+    ``SETTINGS.sm90`` is off (tests).
     """
     forced = None if config is None else config.sm90
     if forced is False:

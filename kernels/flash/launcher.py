@@ -12,7 +12,7 @@ from then on calls its launcher the way ``JITFunction.run`` does at its end (sam
 no launch metadata, no hooks). The caller's key must determine everything the JIT
 specialises on for the arguments it passes: each kernel's host code documents why its key
 does. When launch hooks are installed (profilers, proton) or ``SETTINGS.direct_launch`` is off
-(FLASH_ATTN_DIRECT_LAUNCH=0), every call takes the normal path.
+(tests), every call takes the normal path.
 
 Two more host costs go on Triton 3.6, whose launcher this module knows (`raw_launch`): the
 compiled kernel's ``run`` object allocates no scratch for these kernels and, for

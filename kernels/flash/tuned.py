@@ -40,7 +40,7 @@ DQ_SPACE = [
 # element bytes 2 covers fp16 and bf16 (same tiles, same tensor-core rate, same shared
 # memory). Timed with fp16, B = 1, H = 32; the forward's from the 2,048 bucket up with tensor
 # descriptors. On a Hopper GPU a hit skips tuning, so a fresh process starts at full speed
-# (SETTINGS.retune, FLASH_ATTN_TUNE=1, tunes anyway); other GPUs always tune.
+# (SETTINGS.retune, set by the tuning tools, tunes anyway); other GPUs always tune.
 TUNED_H200: dict[tuple[str, int, int, bool, int], tuple[int, int, int, int]] = {
     ("fwd", 2, 64, False, 1024): (128, 64, 8, 5),
     ("fwd", 2, 64, False, 2048): (128, 64, 8, 3),

@@ -351,7 +351,7 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     from kernels.flash.bwd import use_sm90_backward
     from kernels.flash.config import SETTINGS, KernelConfig
 
-    assert SETTINGS.sm90_bwd is (os.environ.get("FLASH_ATTN_SM90_BWD") != "0")
+    assert SETTINGS.sm90_bwd is True  # the default; no environment variable changes it
     x = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
     assert not use_sm90_backward(x, x, x, x, x, None, True, 1, None)
     assert not use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=False), True, 1, None)
@@ -374,7 +374,7 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
 def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
     """With SETTINGS.sm90_bwd on (the default) flash_attention's default backward takes the
     Gluon kernel exactly where the rule says, and its gradients match the Triton backward's
-    (sm90_bwd=False); with the setting off (FLASH_ATTN_SM90_BWD=0) it never does."""
+    (sm90_bwd=False); with the setting off (SETTINGS.sm90_bwd patched False) it never does."""
     reason = hopper_reason()
     if reason:
         pytest.skip(reason)

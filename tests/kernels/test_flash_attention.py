@@ -318,19 +318,23 @@ def test_dict_config_keeps_its_meaning():
     assert KernelConfig.of(None) is None and KernelConfig.of(c) is c
 
 
-def test_settings_are_read_once_from_the_environment(monkeypatch):
-    """FLASH_ATTN_* are read into SETTINGS at import; changing the environment later changes
-    nothing (tests patch SETTINGS instead)."""
+def test_the_environment_configures_nothing():
+    """KernelConfig is the only way to choose: the switches the kernel once read from the
+    environment change nothing now, even when set before the import (a fresh process)."""
+    import subprocess
+    import sys
+
     from kernels.flash import config
 
-    s = config.Settings.from_environ({"FLASH_ATTN_TUNE": "1", "FLASH_ATTN_DESC": "0",
-                                      "FLASH_ATTN_SM90": "0", "FLASH_ATTN_DIRECT_LAUNCH": "0"})
-    assert (s.retune, s.descriptors, s.sm90, s.direct_launch) == (True, False, False, False)
-    s = config.Settings.from_environ({})
-    assert (s.retune, s.descriptors, s.sm90, s.direct_launch) == (False, True, True, True)
-    before = dataclasses.asdict(config.SETTINGS)
-    monkeypatch.setenv("FLASH_ATTN_TUNE", "0" if before["retune"] else "1")
-    assert dataclasses.asdict(config.SETTINGS) == before
+    assert dataclasses.asdict(config.SETTINGS) == dataclasses.asdict(config.Settings())
+    env = {**os.environ, "FLASH_ATTN_TUNE": "1", "FLASH_ATTN_DESC": "0", "FLASH_ATTN_SM90": "0",
+           "FLASH_ATTN_DIRECT_LAUNCH": "0", "FLASH_ATTN_SM90_BWD": "0"}
+    code = ("import dataclasses; from kernels.flash import config; "
+            "print(dataclasses.asdict(config.SETTINGS) == dataclasses.asdict(config.Settings()))")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
 def test_stored_h200_tiles_apply_on_hopper_16bit_only(fa, monkeypatch):

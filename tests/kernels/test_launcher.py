@@ -79,7 +79,7 @@ def test_other_keys_hooks_and_no_key_take_the_jit_path(monkeypatch):
     lau((1,), ("a",), ("x", 1), {"BLOCK": 16})
     assert [e[0] for e in fn.log] == ["jit", "jit"] and not lau.cache
     fn, lau = _launcher()
-    monkeypatch.setattr(direct.SETTINGS, "direct_launch", False)  # FLASH_ATTN_DIRECT_LAUNCH=0
+    monkeypatch.setattr(direct.SETTINGS, "direct_launch", False)
     lau((1,), ("a",), ("x", 1), {"BLOCK": 16})
     lau((1,), ("a",), ("x", 1), {"BLOCK": 16})
     assert [e[0] for e in fn.log] == ["jit", "jit"]
