@@ -260,7 +260,7 @@ def inference_step(
         candidates.add((s - last - chunk, chunk))
     best: dict[str, tuple[int, list]] = {}
     for past, c in sorted(candidates):
-        for name, terms in _prefill_moments(model, sh, attention, past, c, s, total, static):
+        for name, terms in _prefill_moments(model, sh, attention, past, c, total, static):
             tot = sum(x for _, _, x in terms)
             if name not in best or tot > best[name][0]:
                 best[name] = (tot, terms)
@@ -310,7 +310,7 @@ def _mask_layers(model: ModelConfig, attention: str, c: int, keys: int, static: 
         return full, sliding
     if attention in ("triton", "fa4"):
         return 0, 0  # no mask tensor: causal and the window are kernel arguments
-    aligned = c == keys or (static and keys == c)  # the first forward over a prompt
+    aligned = c == keys  # the first forward over a prompt (a static cache's is sliced to it)
     full_masked = full if not aligned and c > 1 else 0
     w = model.sliding_window or 0
     slide_masked = sliding if sliding and (keys > w or not aligned) and c > 1 else 0
@@ -480,7 +480,7 @@ def _attention_side(model: ModelConfig, sh: _Shape, attention: str, t: int, c: i
 
 
 def _prefill_moments(model: ModelConfig, sh: _Shape, attention: str, past: int, c: int,
-                     s: int, total: int, static: bool):
+                     total: int, static: bool):
     # A static cache hands the attention all its slots; SDPA's unmasked causal path slices them
     # to the prompt (sdpa_attention.py), eager attends over them all behind its mask.
     keys = total if static and attention == "eager" else c + past
