@@ -67,6 +67,13 @@ MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
                      "sliding (4,096), layer 1 global, 256k vocab, tied"),
     "gemma3-27b-2l": ("gemma-3-27b-it", 2, "Gemma 3 27B text widths, GQA 32/16, both layers "
                       "sliding (1,024; the 6th layer is the first global one), 262k vocab, tied"),
+    # Mixture of experts (issue 34): every layer keeps the real model's experts.
+    "mixtral-8x7b-2l": ("Mixtral-8x7B-v0.1", 2, "Mixtral 8x7B widths, 8 experts of 14,336, top 2, "
+                        "GQA 32/8, 32k vocab"),
+    "qwen3-30b-a3b-4l": ("Qwen3-30B-A3B", 4, "Qwen3-30B-A3B widths, 128 experts of 768, top 8, "
+                         "GQA 32/4, q/k norm, 152k vocab"),
+    "gpt-oss-20b-2l": ("gpt-oss-20b", 2, "gpt-oss-20b in bf16 (no MXFP4), 32 experts of 2,880, "
+                       "top 4, GQA 64/8, d = 64, sinks, layer 0 sliding (128), 201k vocab"),
     "tiny-llama": (_TINY_LLAMA, 2, "CPU tests only: hidden 64, 4 heads, 2 KV heads, vocab 128"),
 }
 
@@ -100,6 +107,9 @@ def hf_config(name: str, layers: int | None = None) -> dict[str, Any]:
         d.setdefault(key, value)
     d["num_hidden_layers"] = n
     d["use_cache"] = False  # training: no KV cache
+    # A training step builds bf16 weights from the config (from_config): the checkpoint's
+    # quantization (gpt-oss's MXFP4 experts) does not apply.
+    d.pop("quantization_config", None)
     d.pop("layer_types", None)  # re-derived by the config class for the new depth
     return d
 

@@ -1,6 +1,7 @@
 """Plans: the cross product of the command line (``expand``, with ``lora_variants`` for
 fine-tuning), the bundled H200 reference sweep (``reference_plan``, ``--plan h200``) and the
-LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``). No torch or transformers at import
+LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``) and the MoE sweep (``moe_plan``,
+``--plan h200-moe``). No torch or transformers at import
 time.
 """
 
@@ -140,5 +141,42 @@ def lora_plan() -> list[TrainConfig]:
     return out
 
 
+#: Lengths of the MoE sweep with a linear-memory attention: the experts' weights, gradients
+#: and AdamW state make the optimizer step the peak up to several thousand tokens, so the
+#: sweep runs long enough for the activations to set it (non-powers of two among them).
+MOE_LENGTHS = (1000, 6000, 12000, 24000, 32768)
+#: ... and with eager attention (its s² probabilities leave the H200 past about 8k tokens).
+MOE_EAGER_LENGTHS = (1000, 3000, 6000)
+
+
+def moe_plan() -> list[TrainConfig]:
+    """The H200 MoE full-training sweep (issue 34, item 3; ``--plan h200-moe``), bf16, most
+    important first. Few layers with every expert of the real model, so the expert weights,
+    their gradients and AdamW state are the real per-layer sizes.
+
+    0. Coverage: mixtral-8x7b-2l and qwen3-30b-a3b-4l with sdpa_flash, checkpointing off and
+       on, at 1,000 and 24,000 tokens; gpt-oss-20b-2l (attention sinks: eager attention) at
+       1,000 and 3,000 tokens, checkpointing off and on.
+    1. Both with sdpa_flash and triton at MOE_LENGTHS, checkpointing off and on.
+    2. Both with eager attention at MOE_EAGER_LENGTHS, checkpointing off and on.
+    3. gpt-oss-20b-2l, eager, at 6,000 tokens.
+    """
+    moe = ["mixtral-8x7b-2l", "qwen3-30b-a3b-4l"]
+    plan = expand(moe, (1000, 24000), ("sdpa_flash",), ["bf16"], [False, True])
+    plan += expand(["gpt-oss-20b-2l"], (1000, 3000), ("eager",), ["bf16"], [False, True])
+    plan += expand(moe, MOE_LENGTHS, ("sdpa_flash", "triton"), ["bf16"], [False, True])
+    plan += expand(moe, MOE_EAGER_LENGTHS, ("eager",), ["bf16"], [False, True])
+    plan += expand(["gpt-oss-20b-2l"], (6000,), ("eager",), ["bf16"], [False, True])
+    seen: set[tuple] = set()
+    out: list[TrainConfig] = []
+    for c in plan:
+        k = (*c.series(), c.seq_len)
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out
+
+
 PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan,
-                                                      "h200-lora": lora_plan}
+                                                      "h200-lora": lora_plan,
+                                                      "h200-moe": moe_plan}
