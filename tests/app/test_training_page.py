@@ -287,8 +287,9 @@ def test_side_by_side_table_equals_calc() -> None:
             assert row["GPUs for full training (computed)"] == f"{n:,}"
         else:
             assert row["GPUs for full training (computed)"] == "—"
-            assert row["measured peak (H200)"] == "not measured yet"
-    assert any("not measured yet" in x.value and "h200-lora" in x.value for x in at.caption)
+            # LoRA / QLoRA rows are bundled (the h200-lora plan), none at this 8B-full-depth shape
+            assert row["measured peak (H200)"] == "no bundled row at these inputs"
+    assert any("include LoRA/QLoRA rows" in x.value for x in at.caption)
 
 
 def test_lora_chosen_gives_the_lora_step_and_no_multi_gpu_search() -> None:
