@@ -15,14 +15,22 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   separate dQ kernel's recomputation. Short calls and small grids keep the two-kernel,
   deterministic backward. The thresholds come from a sweep of both backwards on an H200
   (kernels/flash/NOTES.md, "atomic-dQ threshold").
-- The Hopper region (`sm90_region`): 16-bit inputs, d = 64 or 128, at least 4,096 queries and
-  B·H_kv·⌈s_k/128⌉ ≥ 256 programs. There the backward runs the Gluon kernel
+- The Hopper region (`sm90_region`): 16-bit inputs, d = 64 or 128, and B·H_kv·⌈s_k/128⌉ ≥ 256
+  dK/dV programs from 4,096 queries on; from 512 to 4,095 queries, ≥ 512 programs over at
+  least 8,192 queries in the call (B·s_q). There the backward runs the Gluon kernel
   (kernels/flash/bwd_sm90.py: one program per 128 keys of a key/value head walks every query
   head of its group, so it needs no GQA split, and adds dQ into the fp32 buffer), so the rules
   say S = 1 and atomic dQ. Timed against the Triton backward's split / two-kernel paths on an
   H200 (kernels/flash/NOTES.md, "the Hopper region"), backward alone: 1.0-1.7x from 256
   programs on (0.97x at d = 128 causal MHA, 16,384 queries), 0.4-0.9x below with the causal mask (too few long
-  programs for 132 SMs). The rules stay GPU-free: on other GPUs, or where the Gluon kernel
+  programs for 132 SMs). The region first began at 4,096 queries; on the 36 dense shapes of
+  the training grid (`python -m kernels.bench --preset training`, H200, 2026-12-02) the Gluon
+  backward forced at 512 to 3,000 queries (B = 8 to 256, 512 to 32,768 programs) ran forward +
+  backward at 1.02-1.35x the Triton backward's rate at all 19 such shapes, so the region now
+  begins at 512 queries (the shortest length measured) on grids of at least 512 programs and
+  calls of at least 8,192 queries (the smallest grid and call measured there). Held-out calls
+  of 2,048 queries (B = 1 and 2) ran both backwards at 0.3-0.7x cuDNN, so they stay with the
+  Triton rules (kernels/flash/NOTES.md, "the Hopper region"). The rules stay GPU-free: on other GPUs, or where the Gluon kernel
   cannot take the inputs (layouts, s_q % 4, a sliding window), the Triton backward runs the same
   path (atomic dQ, no split), so the buffers, and the peak model, are the same everywhere; the
   Triton backward's speed there is not measured. One difference: the Gluon kernel's fp32 dQ
@@ -52,10 +60,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-#: The Hopper region: at least this many queries ...
-SM90_MIN_SEQ = 4096
-#: ... and at least this many dK/dV programs of 128 keys of one key/value head, B·H_kv·⌈s_k/128⌉.
+#: The Hopper region: at least this many queries (the shortest length timed there) ...
+SM90_MIN_SEQ = 512
+#: ... and at least this many dK/dV programs of 128 keys of one key/value head, B·H_kv·⌈s_k/128⌉,
+#: from SM90_LONG_SEQ queries on (the region as first timed) ...
 SM90_MIN_PROGRAMS = 256
+SM90_LONG_SEQ = 4096
+#: ... and below that length at least this many (the smallest grid timed there: shorter
+#: programs need more of them to fill 132 SMs) ...
+SM90_MIN_PROGRAMS_SHORT = 512
+#: ... over at least this many queries in the call, B·s_q (the fewest the training grid timed
+#: there; at 2,048 both backwards ran at 0.3-0.7x cuDNN, fixed per-call costs dominating).
+SM90_MIN_TOKENS_SHORT = 8192
 #: The Gluon backward's key block (bwd_sm90.BLOCK_N).
 SM90_KEY_BLOCK = 128
 #: The Gluon backward's query block per head dim (bwd_sm90.TILES): its flat fp32 dQ buffer
@@ -66,9 +82,14 @@ SM90_QUERY_BLOCK = {64: 128, 128: 64}
 def sm90_region(batch: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
                 elem_bytes: int) -> bool:
     """Whether the default backward takes the Hopper path: no GQA split, atomic dQ (module
-    docstring). 16-bit, d = 64 or 128, s_q ≥ 4,096 and B·H_kv·⌈s_k/128⌉ ≥ 256."""
-    return (elem_bytes == 2 and head_dim in ATOMIC_HEAD_DIMS and s_q >= SM90_MIN_SEQ
-            and batch * kv_heads * _cdiv(s_k, SM90_KEY_BLOCK) >= SM90_MIN_PROGRAMS)
+    docstring). 16-bit, d = 64 or 128, and B·H_kv·⌈s_k/128⌉ ≥ 256 programs from s_q = 4,096;
+    at 512 ≤ s_q < 4,096, ≥ 512 programs and B·s_q ≥ 8,192 queries."""
+    if elem_bytes != 2 or head_dim not in ATOMIC_HEAD_DIMS or s_q < SM90_MIN_SEQ:
+        return False
+    programs = batch * kv_heads * _cdiv(s_k, SM90_KEY_BLOCK)
+    if s_q >= SM90_LONG_SEQ:
+        return programs >= SM90_MIN_PROGRAMS
+    return programs >= SM90_MIN_PROGRAMS_SHORT and batch * s_q >= SM90_MIN_TOKENS_SHORT
 
 
 def sm90_dq_rows(s_q: int, head_dim: int) -> int:

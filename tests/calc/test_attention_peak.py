@@ -270,7 +270,8 @@ def test_gqa_split_is_the_smallest_divisor_reaching_1024_programs() -> None:
 
 
 def test_hopper_region_has_no_split_and_atomic_dq() -> None:
-    """The Hopper region (16-bit, d = 64 or 128, s_q >= 4,096, B*H_kv*ceil(s_k/128) >= 256): no
+    """The Hopper region (16-bit, d = 64 or 128, B*H_kv*ceil(s_k/128) >= 256 from s_q = 4,096,
+    >= 512 and B*s_q >= 8,192 from s_q = 512): no
     GQA split and the fp32 dQ buffer, where the Triton rules would split or run two kernels;
     its edges."""
     from calc.dispatch import atomic_dq, kv_split, sm90_region
@@ -279,7 +280,12 @@ def test_hopper_region_has_no_split_and_atomic_dq() -> None:
     assert kv_split(1, 32, 8, 4096, 4096, 128, 2) == 1  # the Triton rule: 4
     assert atomic_dq(1, 32, 8, 4096, 4096, 128, 2)  # the Triton rule: 1,024 < 2,048 programs
     assert atomic_dq(1, 32, 32, 4096, 4096, 128, 2)  # MHA: 1,024 programs, Triton's two kernels
-    assert not sm90_region(1, 8, 4092, 4092, 128, 2)  # fewer than 4,096 queries
+    assert not sm90_region(64, 8, 508, 508, 128, 2)  # fewer than 512 queries
+    assert sm90_region(16, 8, 512, 512, 128, 2)  # 16 x 8 x 4 = 512 programs, 8,192 queries
+    assert not sm90_region(8, 8, 512, 512, 128, 2)  # 256 programs are enough from 4,096 only
+    assert not sm90_region(1, 32, 2048, 2048, 128, 2)  # 512 programs but 2,048 queries
+    assert not sm90_region(15, 32, 512, 512, 128, 2)  # 1,920 programs, 7,680 queries
+    assert not sm90_region(1, 8, 4092, 4092, 128, 2)  # 8 x 32 = 256 programs at 4,092 queries
     assert not sm90_region(1, 7, 4096, 4096, 128, 2)  # 224 programs
     assert sm90_region(2, 4, 4096, 4096, 64, 2)  # batch counts: 2 x 4 x 32
     assert not sm90_region(1, 8, 4096, 4096, 96, 2)  # no Gluon tile for d = 96

@@ -368,7 +368,8 @@ def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     ((1, 28, 4, 4096, 128, True), False),  # 128 programs: Triton, split 7
     ((1, 8, 2, 4096, 128, True), False),  # 64 programs: Triton, split 4
     ((1, 4, 4, 1024, 64, True), False),  # short: the two-kernel Triton backward
-    ((4, 32, 32, 3072, 128, True), False),  # atomic (3,072 programs), below 4,096: Triton
+    ((4, 32, 32, 3072, 128, True), True),  # 3,072 programs over 12,288 queries
+    ((1, 32, 32, 2048, 128, True), False),  # 512 programs but 2,048 queries: Triton
     ((1, 32, 32, 4098, 64, True), False),  # queries not a multiple of 4
 ])
 def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
