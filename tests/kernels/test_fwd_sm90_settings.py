@@ -1,7 +1,7 @@
 """The A/B tool of the Hopper (Gluon) forward (kernels.bench.ab_fwd): its settings are
 keywords of `fwd_sm90.attention_forward_sm90`, its arguments parse and refuse, and it refuses
 to run without a GPU. (EXP2_EMU, the setting this file first tested, measured slower on the
-H200 and is gone: kernels/flash/NOTES.md, "EXP2_EMU in the forward".)
+H200 and is gone: kernels/flash/NOTES.md, "DQ_FLAT kept, the others deleted".)
 """
 
 from __future__ import annotations
