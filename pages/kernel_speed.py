@@ -71,8 +71,9 @@ offer("eager, 3 rounds, with FlashAttention-4", BENCH / "kernel_speed_peers_eage
 offer("eager, 3 rounds, FA4 target grid", BENCH / "kernel_speed_targets_eager_h200.csv", (
     "Eager calls, each implementation timed three times per shape, in turn, in one process "
     "per dtype (`python -m kernels.bench --impls triton sdpa_cudnn fa4 --rounds 3` over the "
-    "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), one backward step "
-    "before the anchors run (kernels/flash/NOTES.md step 12)."))
+    "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), before the anchors "
+    "run's Hopper backward rebuilt its K and V descriptors every step (1.00-1.08x the "
+    "backward alone; kernels/flash/NOTES.md)."))
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
 PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path

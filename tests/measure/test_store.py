@@ -322,7 +322,7 @@ def test_model_within_half_a_percent_of_every_reference_point_from_1024(record_p
     big, small = _reference_errors(REFERENCE_FILES)
     assert len(big) > 100
     # Rows measured before the Hopper backward padded its flat fp32 dQ buffer to whole query
-    # blocks (the flat dQ staging, kernels/flash/NOTES.md): our kernel's backward at an s_q that is not a
+    # blocks (kernels/flash/NOTES.md, "DQ_FLAT"): our kernel's backward at an s_q that is not a
     # multiple of the block, in the Hopper region. calc counts today's kernel; these rows
     # hold the old one's s_q rows and wait for a re-measurement on a GPU.
     from calc import dispatch
