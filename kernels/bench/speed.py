@@ -33,6 +33,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from kernels.bench import training
+from kernels.flash.config import KernelConfig
 from kernels.measure import registry
 from kernels.measure.speed_results import OURS, PEERS, Row, ratios, read_rows
 from kernels.measure.store import neutralise
@@ -42,7 +43,7 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "pars
 
 # "triton" is what flash_attention runs by default (on Hopper: the Gluon forward at d = 128,
 # and at d = 64 past 2,048/4,096 with three warpgroups; the Gluon backward where
-# bwd.use_sm90_backward routes it, else the Triton backward);
+# kernels.flash.route.backward_route picks it, else the Triton backward);
 # "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
 # three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_bwd" the default
 # forward with the Hopper Gluon backward forced (KernelConfig(sm90_bwd=True): where it cannot
@@ -50,7 +51,10 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "pars
 # (FlashAttention-4) are the registry's implementations (kernels.measure.registry).
 IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "sdpa_cudnn",
          "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
-SM90_3WG = {"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2}
+#: "triton_sm90_3wg": the Hopper forward forced, with three consumer warpgroups and two stages.
+SM90_3WG = KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)
+#: "triton_generic": the portable Triton forward.
+GENERIC = KernelConfig(sm90=False)
 DEFAULT_IMPLS = IMPLS
 #: Implementations timed on their own (B, s, H, d) layout: run_grid gives them q, k, v as
 #: contiguous (B, s, H, d) leaves, so their gradients need no copy into a (B, H, s, d) layout
@@ -155,8 +159,7 @@ def _impl_fn(name: str):
     if name == "triton_generic":
         from kernels.flash.api import flash_attention
 
-        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal,
-                                                       config={"SM90": False})
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=GENERIC)
     if name == "triton_sm90_3wg":
         from kernels.flash.api import flash_attention
 
@@ -169,7 +172,6 @@ def _impl_fn(name: str):
         return three
     if name == "triton_sm90_bwd":
         from kernels.flash.api import flash_attention
-        from kernels.flash.config import KernelConfig
 
         forced = KernelConfig(sm90_bwd=True)
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=forced)

@@ -161,9 +161,10 @@ def packed_fn(name: str, cu, lengths: Sequence[int], device: str = "cuda"):
 
     longest = max(lengths)
     if name in ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd"):
+        from kernels.bench.speed import GENERIC
         from kernels.flash.api import flash_attention
 
-        config = {"triton": None, "triton_generic": {"SM90": False}}.get(name, False)
+        config = {"triton": None, "triton_generic": GENERIC}.get(name, False)
         if config is False:  # the Hopper-only variants: a packed call runs the portable kernels
             def refused(q, k, v, causal, name=name):
                 raise ValueError(f"{name}: packed sequences run the portable Triton kernels "

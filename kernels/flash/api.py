@@ -1,11 +1,12 @@
 """The bundled Triton FlashAttention: input checks, the autograd Function, the public call.
 
-The kernels live one job per file: ``fwd.py`` (the portable forward), ``fwd_sm90.py`` (the
-forward hand-scheduled for Hopper, in Gluon) and ``bwd.py`` (the backward); ``common.py`` holds
-what they share, ``config.py`` the call's choices (`KernelConfig`) and the process settings,
-``tuned.py`` the stored tiles. This module only checks inputs and wires the two directions into
-autograd. Importing it imports triton and torch but touches no GPU driver: nothing runs until
-the first call.
+A call goes `flash_attention` (here: input checks, autograd) -> ``route.py`` (which kernel
+runs, forward and backward: `route.forward_route`, `route.backward_route`) -> the kernel files,
+one job each: ``fwd.py`` (the portable forward), ``fwd_sm90.py`` (the forward hand-scheduled
+for Hopper, in Gluon), ``bwd.py`` (the portable backward), ``bwd_sm90.py`` (the Hopper
+backward); ``common.py`` holds what they share, ``config.py`` the call's choices
+(`KernelConfig`) and the process settings, ``tuned.py`` the stored tiles. Importing it
+imports triton and torch but touches no GPU driver: nothing runs until the first call.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from dataclasses import replace
 
 import torch
 
-from kernels.flash.bwd import atomic_by_default, attention_backward, kv_split
 from kernels.flash.common import Packed
 from kernels.flash.config import KernelConfig, Tiles
-from kernels.flash.fwd import attention_forward, fwd_kernel
+from kernels.flash.fwd import fwd_kernel
+from kernels.flash.route import (
+    atomic_by_default,
+    attention_backward,
+    attention_forward,
+    check_window,
+    kv_split,
+)
 
 __all__ = ["KernelConfig", "Tiles", "flash_attention", "forward_backward_bytes",
            "forward_bytes", "interpreting", "varlen_bytes"]
@@ -78,24 +85,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
             "only under Triton's interpreter (TRITON_INTERPRET=1 set before importing triton)")
 
 
-def _check_window(window, causal: bool, s_q: int) -> int | None:
-    """The window to run: None (no window) or an int from 1 to s_q - 1.
-
-    A window must be a positive int (not a bool) and needs causal=True; a window of s_q keys
-    or more hides no key from any query (query i sees at most i + 1 <= s_q keys), so it is
-    dropped and the call takes the unwindowed path exactly."""
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int (keys each query sees, itself "
-                         f"included) or None, got {window!r}")
-    if not causal:
-        raise ValueError(f"window={window} was given with causal=False; the sliding window is "
-                         "causal only (query i sees keys i - window + 1 .. i): pass "
-                         "causal=True, or window=None for full attention")
-    return None if window >= s_q else int(window)
-
-
 class FlashAttentionFunction(torch.autograd.Function):
     """Forward saves q, k, v (the caller's own tensors), O and lse2; backward recomputes P."""
 
@@ -123,7 +112,7 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     *,
-    config: KernelConfig | dict | None = None,
+    config: KernelConfig | None = None,
     window: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
@@ -165,12 +154,12 @@ def flash_attention(
                           s_q >= 4,096 and B*H_kv*ceil(s_k/128) >= 256 (the Hopper region,
                           `calc.dispatch.sm90_region`, where Hopper runs the Gluon backward),
                           or max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
-                          (BLOCK_N = d; kernels/flash/bwd.py, `atomic_by_default`),
+                          (BLOCK_N = d; kernels/flash/route.py, `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the
                           atomic adds make dQ nondeterministic in its last bits)
                           + 2*B*H_kv*S*s_k*d*e with GQA where the backward splits each group
                           over S programs (partial dK, dV sums; outside the Hopper region,
-                          S > 1 when B*H_kv*ceil(s_k/128) < 1,024: `bwd.kv_split`)
+                          S > 1 when B*H_kv*ceil(s_k/128) < 1,024: `route.kv_split`)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: a `KernelConfig` (every field None by default: the kernels' own rules) to
@@ -180,11 +169,10 @@ def flash_attention(
     adds dQ into an fp32 buffer with atomic adds (5 tile products instead of 7,
     nondeterministic dQ, B*H*s_q*d*4 bytes more; the default for long sequences, see Memory)
     or the two-kernel one, ``kv_split`` = S (a divisor of H / H_kv) to split each GQA group
-    over S dK/dV programs instead of the default `bwd.kv_split` (see Memory). A dict of the
-    older keys ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_DESC", "SM90",
-    "SM90_STAGES", "SM90_BLOCK_N", "SM90_CONSUMERS", "BWD_ATOMIC_DQ", "BWD_DQ_TMA",
-    "BWD_KV_SPLIT") is accepted and converted once (`KernelConfig.from_dict`, which says what
-    a missing key means); an unknown key or a bad value raises ValueError naming it.
+    over S dK/dV programs instead of the default `route.kv_split` (see Memory). A bad value
+    raises ValueError naming the field when the KernelConfig is built; anything but a
+    KernelConfig or None raises ValueError here. Which kernel runs the call, forward and
+    backward, is decided in one place: `route.forward_route`, `route.backward_route`.
 
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``fwd_sm90`` (same outputs, faster; see its docstring) at
@@ -224,11 +212,7 @@ def flash_attention(
         return _packed_call(q, k, v, bool(causal), scale, config, window, cu_seqlens,
                             cu_seqlens_k)
     _check_inputs(q, k, v, scale)
-    window = _check_window(window, bool(causal), q.shape[2])
-    if window is not None and config is not None and config.sm90:
-        raise ValueError(f"config sm90=True was given with window={window}; the Hopper Gluon "
-                         "forward has no sliding window (windowed calls run the portable "
-                         "Triton forward): leave sm90 unset or False")
+    window = check_window(window, bool(causal), q.shape[2])
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if interpreting() and (config is None or config.tiles is None):
@@ -252,8 +236,8 @@ def forward_backward_bytes(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int
     O + lse2 + delta + dQ + dK + dV, all alive at once at the end of the backward, plus the
     atomic-dQ backward's fp32 buffer (B*H*s_q*d*4, alive while dQ is cast from it) when that
     backward runs: ``atomic`` None means where it runs by default
-    (`bwd.atomic_by_default`, and not in deterministic mode); plus, with GQA where
-    the backward splits each group over S programs (`bwd.kv_split`, S > 1), the
+    (`route.atomic_by_default`, and not in deterministic mode); plus, with GQA where
+    the backward splits each group over S programs (`route.kv_split`, S > 1), the
     partial dK, dV sums 2*B*H_kv*S*s_k*d*e, alive until they are summed into dK, dV (``split``
     None means the default split; a config's ``kv_split`` gives another)."""
     if atomic is None:
@@ -347,7 +331,7 @@ def _packed_call(q, k, v, causal: bool, scale, config, window, cu_seqlens, cu_se
                              f"{len(starts_q) - 1} and {len(starts_k) - 1}")
     max_q = max(b - a for a, b in zip(starts_q[:-1], starts_q[1:], strict=True))
     max_k = max(b - a for a, b in zip(starts_k[:-1], starts_k[1:], strict=True))
-    window = _check_window(window, causal, max_q)  # a window of the longest sequence: none
+    window = check_window(window, causal, max_q)  # a window of the longest sequence: none
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if interpreting() and (config is None or config.tiles is None):

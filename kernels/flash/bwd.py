@@ -33,7 +33,7 @@ Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q 
 dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
 dQ buffer, and the result is deterministic.
 
-Longer sequences (`atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
+Longer sequences (`route.atomic_by_default`: 16-bit, d = 64 or 128, the longer length above 2,048,
 at least 2,048 dK/dV programs, or calc.dispatch's Hopper region, s_q >= 4,096 with at least 256
 programs of 128 keys, where a Hopper GPU runs the Gluon backward, bwd_sm90.py, instead;
 ``KernelConfig.atomic_dq`` True/False forces either): a small
@@ -68,7 +68,7 @@ allocated, chosen by the same shape rules (`calc.dispatch`), whatever W is.
 Extra memory of the backward: delta (B * H * s_q * 4 bytes) and the three gradients, in the
 inputs' dtype: dQ (B * H * s_q * d * e), dK and dV (B * H_kv * s_k * d * e each); with atomic
 dQ also the fp32 buffer (B * H * s_q * d * 4), alive until the cast to dQ; with a GQA group
-split over S dK/dV programs (`kv_split`, small grids) also the partial dK, dV sums
+split over S dK/dV programs (`route.kv_split`, small grids) also the partial dK, dV sums
 (2 * S * B * H_kv * s_k * d * e), alive until they are summed into dK, dV.
 """
 
@@ -78,7 +78,6 @@ import torch
 import triton
 import triton.language as tl
 
-from calc import dispatch
 from kernels.flash import common
 from kernels.flash.common import (
     LOG2E,
@@ -101,18 +100,11 @@ from kernels.flash.common import (
     varlen_rows,
     window_key_range,
 )
-from kernels.flash.config import SETTINGS, KernelConfig
 from kernels.flash.launcher import DirectLauncher
 from kernels.flash.tuned import ATOMIC_TILES, DKDV_SPACE, DQ_SPACE
 
-try:  # the Hopper Gluon backward (`use_sm90_backward`)
-    from kernels.flash import bwd_sm90
-except Exception:  # Triton without Gluon's Hopper API (or an API this code does not know)
-    bwd_sm90 = None
-
-__all__ = ["ATOMIC_TILES", "atomic_by_default", "atomic_tiles", "attention_backward",
-           "bwd_dkdv_kernel", "bwd_dq_kernel", "dkdv_tuned", "dq_tma_usable", "dq_tuned",
-           "kv_split"]
+__all__ = ["ATOMIC_TILES", "atomic_tiles", "bwd_dkdv_kernel", "bwd_dq_kernel", "dkdv_tuned",
+           "dq_tuned", "packed_backward", "triton_backward"]
 
 
 def prune_bwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -522,92 +514,16 @@ dq_tuned = triton.autotune(
 _dkdv_tuned, _dq_tuned = dkdv_tuned, dq_tuned
 
 
-# Which backward runs, and whether the GQA group is split, are decided by calc.dispatch (one
-# copy, read by calc.peak too, so that the buffers are predictable). The kernel adds the one
-# input the pure rule cannot see: PyTorch's deterministic-mode flag keeps the two-kernel
-# backward.
-
-
-def atomic_by_default(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int, elem: int) -> bool:
-    """Whether the backward adds dQ with atomics when no config says otherwise
-    (`calc.dispatch.atomic_dq`); never under ``torch.use_deterministic_algorithms(True)``."""
-    return (dispatch.atomic_dq(B, H, H_kv, s_q, s_k, d, elem)
-            and not torch.are_deterministic_algorithms_enabled())
-
-
 def atomic_tiles(d: int) -> dict:
     """The atomic-dQ backward's dK/dV tiles for head dim d when none are given."""
     return ATOMIC_TILES[max(64, block_d(d))]
-
-
-kv_split = dispatch.kv_split
-
-
-def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int,
-              elem: int) -> int:
-    """The config's ``kv_split`` (checked: a divisor of the group H / H_kv), else `kv_split`."""
-    if config is None or config.kv_split is None:
-        return kv_split(B, H, H_kv, s_q, s_k, d, elem)
-    split, group = config.kv_split, H // H_kv
-    if group % split:
-        raise ValueError(f"kv_split must be a positive divisor of the GQA group "
-                         f"H / H_kv = {H} / {H_kv} = {group}, got {split!r}")
-    return split
 
 
 DELTA_ROWS = 64
 DELTA_LAUNCHER = DirectLauncher(bwd_delta_kernel)
 
 
-def dq_tma_usable(q: torch.Tensor, d: int, force: bool | None = None) -> bool:
-    """Whether the atomic-dQ backward adds its dQ tiles with the copy engine's bulk reduce-add
-    (a tensor descriptor over the fp32 buffer) rather than element-wise atomics: on compute
-    capability 9.0 and newer with a Triton that has tensor descriptors, for head dims that
-    are powers of two (the tile is then the row, no padded columns). ``force`` False
-    (``KernelConfig(dq_tma=False)``) keeps the element-wise adds."""
-    if force is False or TensorDescriptor is None or q.device.type != "cuda" or block_d(d) != d:
-        return False
-    return torch.cuda.get_device_capability(q.device)[0] >= 9
-
-
-def use_sm90_backward(q, k, v, do, o, config: KernelConfig | None, atomic: bool, split: int,
-                      window: int | None) -> bool:
-    """Whether the Hopper Gluon backward (bwd_sm90) runs instead of the Triton one.
-
-    By default it runs in calc.dispatch's Hopper region (`dispatch.sm90_region`: 16-bit,
-    d = 64 or 128, s_q >= 4,096, B*H_kv*ceil(s_k/128) >= 256 programs), where the rules give the
-    atomic-dQ path with no GQA split, so that both backwards allocate the same buffers and
-    calc's peak model holds either way; with no window shorter than the queries, on inputs
-    `bwd_sm90.usable` accepts (Hopper, queries a multiple of 4, layouts the copy engine reads).
-    ``config.sm90_bwd`` True forces it wherever those inputs allow, atomic-dQ shape or not (ValueError where it cannot
-    run; such a call allocates the fp32 dQ buffer where the default backward would not, which
-    calc's model of the default does not count), False keeps the Triton backward; by default
-    it runs where it can (config.SETTINGS.sm90_bwd, on), unless the config picks something of
-    the Triton backward or SETTINGS.sm90 is off (tests). Timed
-    against the Triton backward on the H200 in kernels/flash/NOTES.md ("the host path", "the
-    route on by default", "the Hopper region, BLOCK_M = 128 at d = 64, dQ^T split by rows of d")."""
-    forced = None if config is None else config.sm90_bwd
-    if forced is False:
-        return False
-    if forced is None and (not SETTINGS.sm90 or not SETTINGS.sm90_bwd
-                           or (config is not None and config.triton_backward_chosen())):
-        return False
-    windowed = window is not None and window < q.shape[2]
-    can = bwd_sm90 is not None and not windowed and bwd_sm90.usable(q, k, v, do, o)
-    if forced:
-        if not can:
-            raise ValueError(
-                "sm90_bwd=True: the Hopper backward needs 16-bit inputs with d = 64 or 128 on "
-                "a compute-capability-9 GPU, queries a multiple of 4, layouts the copy engine "
-                f"reads and no sliding window; got q {tuple(q.shape)} {q.dtype} on {q.device}, "
-                f"window={window}")
-        return True
-    B, H_kv, s_q, s_k, d = q.shape[0], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
-    return (can and atomic and split == 1
-            and dispatch.sm90_region(B, H_kv, s_q, s_k, d, q.element_size()))
-
-
-def attention_backward(
+def triton_backward(
     do: torch.Tensor,  # (B, H, s_q, d) upstream gradient, any strides
     q: torch.Tensor,  # (B, H, s_q, d)
     k: torch.Tensor,  # (B, H_kv, s_k, d)
@@ -616,53 +532,33 @@ def attention_backward(
     lse2: torch.Tensor,  # (B, H, s_q) fp32
     causal: bool,
     scale: float,
-    config: KernelConfig | dict | None = None,
-    window: int | None = None,
-    packed: Packed | None = None,
+    atomic: bool,
+    split: int,
+    dq_tiles: dict | None,
+    dkdv_tiles: dict | None,
+    dq_tma: bool,
+    window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients (dq, dk, dv) in the inputs' dtype and shapes.
+    """Gradients (dq, dk, dv) in the inputs' dtype and shapes, from the kernels above; which
+    backward runs, and with what, is `route.backward_route`'s decision.
 
-    ``packed`` (`common.Packed`): the forward's packed sequences (`fwd.attention_forward`);
-    such a backward always runs the two-kernel Triton backward with no GQA split
-    (`_packed_backward`).
-
-    ``window``: the forward's causal sliding window (None, or s_q or more: none). It changes
-    which tiles are visited, never which backward runs or what it allocates.
-
-    Which backward runs: ``config.atomic_dq`` True/False forces the atomic-dQ one (module
-    docstring: delta kernel, dK/dV kernel adding dQ into a zeroed fp32 buffer, cast) or the
-    two-kernel one (deterministic); None leaves it to `atomic_by_default` (never under
-    ``torch.use_deterministic_algorithms(True)``). The two-kernel backward's launches take
-    ``config.dq_tiles`` / ``config.dkdv_tiles``, else ``config.tiles``, else the stored or
-    autotuned choice; the atomic one takes ``dkdv_tiles``, else ``tiles``, else
-    `atomic_tiles`. ``config.dq_tma`` False keeps its element-wise adds on Hopper. Where the
-    atomic-dQ backward would run with no GQA split, on Hopper, the Gluon backward
-    (bwd_sm90) can run instead (`use_sm90_backward`; it allocates the same buffers).
+    ``atomic``: the atomic-dQ backward (module docstring: delta kernel, dK/dV kernel adding dQ
+    into a zeroed fp32 buffer, cast; with ``dq_tma`` each tile added by the copy engine's bulk
+    reduce-add) instead of the two-kernel one (deterministic). ``split``: dK/dV programs per
+    GQA group (a divisor of H / H_kv). ``dq_tiles`` / ``dkdv_tiles`` (`config.Tiles.meta()`):
+    the launches' tiles, None for the stored or autotuned choice (the atomic backward:
+    `atomic_tiles`). ``window``: the forward's causal sliding window (1 <= window < s_q, or
+    None); it changes which tiles are visited, never what is allocated.
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
-    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with GQA
-    on a small grid (`kv_split` S > 1; ``config.kv_split`` forces another divisor of the
-    group) also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK, dV.
+    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with
+    ``split`` S > 1 also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK,
+    dV.
     """
-    config = KernelConfig.of(config)
-    if packed is not None:
-        return _packed_backward(do, q, k, v, o, lse2, causal, scale, config, window, packed)
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     group = H // H_kv
     bd = block_d(d)
-    split = split_for(config, B, H, H_kv, s_q, s_k, d, q.element_size())
-    if config is not None and config.atomic_dq is not None:
-        atomic = config.atomic_dq
-    else:
-        atomic = atomic_by_default(B, H, H_kv, s_q, s_k, d, q.element_size())
-    if use_sm90_backward(q, k, v, do, o, config, atomic, split, window):
-        return bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
-    tiles = dq_tiles = dkdv_tiles = None
-    if config is not None:
-        tiles = None if config.tiles is None else config.tiles.meta()
-        dq_tiles = tiles if config.dq_tiles is None else config.dq_tiles.meta()
-        dkdv_tiles = tiles if config.dkdv_tiles is None else config.dkdv_tiles.meta()
     delta = common.empty(q, (B, H, s_q), torch.float32)  # (B, H, s_q)
     dk = common.empty(k, k.shape)  # (B, H_kv, s_k, d), contiguous
     dv = common.empty(v, v.shape)  # (B, H_kv, s_k, d), contiguous
@@ -675,9 +571,7 @@ def attention_backward(
         dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
     else:
         dq = common.empty(q, q.shape)  # (B, H, s_q, d), contiguous
-    windowed = window is not None and window < s_q
-    if windowed and not causal:
-        raise ValueError(f"window={window} needs causal=True (the window is causal only)")
+    windowed = window is not None
     win = int(window) if windowed else 0
     meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
                 IEEE=q.dtype == torch.float32, WINDOW=windowed)
@@ -688,7 +582,7 @@ def attention_backward(
     dq_desc = None  # the fp32 buffer as a tensor descriptor, for bulk reduce-adds
     if atomic:
         dkdv_tiles = dkdv_tiles or atomic_tiles(d)
-        if dq_tma_usable(q, d, None if config is None else config.dq_tma):
+        if dq_tma:
             # seen per (batch, head): a tile never reaches the next head's rows
             dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
                                        [1, dkdv_tiles["BLOCK_M"], d])
@@ -730,37 +624,22 @@ def attention_backward(
     return dq, dk, dv
 
 
-def _packed_backward(do, q, k, v, o, lse2, causal: bool, scale: float,
-                     config: KernelConfig | None, window: int | None,
-                     packed: Packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`attention_backward` for packed sequences: the two-kernel backward (dQ kernel, which
-    also writes delta, then the dK/dV kernel) with VARLEN, grids (ceil(max_q / BLOCK_M),
-    n_seq * H) and (ceil(max_k / BLOCK_N), n_seq * H_kv), no GQA split: each dK/dV program
-    walks every query head of its group. It allocates delta (1, H, total_q) fp32, dQ, dK and
-    dV, nothing else, whatever the lengths (`calc.peak.varlen_peak_bytes`): no atomic-dQ
-    buffer and no partial sums, so a config that forces either (``atomic_dq=True``,
-    ``kv_split`` > 1) or the Hopper backward (``sm90_bwd=True``) is refused."""
-    if config is not None and (config.atomic_dq or (config.kv_split or 1) > 1
-                               or config.sm90_bwd):
-        raise ValueError("packed sequences (cu_seqlens) run the two-kernel Triton backward "
-                         f"without a GQA split; got atomic_dq={config.atomic_dq}, "
-                         f"kv_split={config.kv_split}, sm90_bwd={config.sm90_bwd}: leave them "
-                         "unset (None), False or 1")
+def packed_backward(do, q, k, v, o, lse2, causal: bool, scale: float, dq_tiles: dict | None,
+                    dkdv_tiles: dict | None, window: int | None,
+                    packed: Packed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of packed sequences (`fwd.packed_forward`'s): the two-kernel backward (dQ
+    kernel, which also writes delta, then the dK/dV kernel) with VARLEN, grids (ceil(max_q /
+    BLOCK_M), n_seq * H) and (ceil(max_k / BLOCK_N), n_seq * H_kv), no GQA split: each dK/dV
+    program walks every query head of its group. It allocates delta (1, H, total_q) fp32, dQ,
+    dK and dV, nothing else, whatever the lengths (`calc.peak.varlen_peak_bytes`)."""
     _, H, total_q, d = q.shape
     H_kv, total_k = k.shape[1], k.shape[2]
     bd = block_d(d)
-    tiles = dq_tiles = dkdv_tiles = None
-    if config is not None:
-        tiles = None if config.tiles is None else config.tiles.meta()
-        dq_tiles = tiles if config.dq_tiles is None else config.dq_tiles.meta()
-        dkdv_tiles = tiles if config.dkdv_tiles is None else config.dkdv_tiles.meta()
     delta = common.empty(q, (1, H, total_q), torch.float32)  # (1, H, total_q)
     dk = common.empty(k, k.shape)  # (1, H_kv, total_k, d), contiguous
     dv = common.empty(v, v.shape)
     dq = common.empty(q, q.shape)  # (1, H, total_q, d), contiguous
     windowed = window is not None
-    if windowed and not causal:
-        raise ValueError(f"window={window} needs causal=True (the window is causal only)")
     win = int(window) if windowed else 0
     meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
                 IEEE=q.dtype == torch.float32, WINDOW=windowed, VARLEN=True)

@@ -74,7 +74,7 @@ V descriptors rebuilt every step (`_q_step`) ptxas spills nothing at d = 128 and
 at d = 64 with Triton 3.6 (3.9: 0-8 and 32-56), almost none of it inside the loops (kernels/flash/
 NOTES.md, "where the backward's time goes (ncu)").
 Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
-test_bwd_sm90.py. Routed from kernels.flash.bwd (`use_sm90_backward`).
+test_bwd_sm90.py. Chosen by kernels.flash.route (`backward_route`).
 """
 
 from __future__ import annotations
@@ -101,19 +101,33 @@ LOG2E = 1.4426950408889634
 # The copy-engine calls were renamed after Triton 3.6 (as in fwd_sm90.py).
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
-if hasattr(tma, "async_atomic_add"):  # Triton >= 3.7: the bulk reduce-add is public
-    _tma_reduce_add = tma.async_atomic_add
-else:  # Triton 3.6: the op exists (ttng.async_tma_reduce) but Gluon has no wrapper for it
-    from triton._C.libtriton import ir as _ir
-    from triton.experimental.gluon.language._core import builtin as _builtin
 
-    @_builtin
-    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-        """Add the shared-memory tile ``src`` into global memory at ``coord`` of
-        ``tensor_desc`` with one bulk reduce-add of the copy engine (cp.reduce.async.bulk)."""
+
+def _bulk_reduce_add():
+    """The copy engine's bulk reduce-add (cp.reduce.async.bulk .add: add a shared-memory tile
+    into global memory at a descriptor's coordinates) as a Gluon call
+    ``(tensor_desc, coord, src)``.
+
+    Triton 3.7 and newer export it (``tma.async_atomic_add``). Triton 3.6 has the operation in
+    its IR (ttng.async_tma_reduce) but no Gluon function that emits it, and no public way to
+    reach it; there the call is built from Triton's private builtin decorator and IR builder.
+    This is the only use of private Triton internals in the kernels: delete the fallback once
+    3.6 is no longer supported."""
+    if hasattr(tma, "async_atomic_add"):
+        return tma.async_atomic_add
+    from triton._C.libtriton import ir
+    from triton.experimental.gluon.language._core import builtin
+
+    @builtin
+    def reduce_add(tensor_desc, coord, src, _semantic=None):
         coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD,
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD,
                                                   tensor_desc.handle, coord, src.handle)
+
+    return reduce_add
+
+
+_tma_reduce_add = _bulk_reduce_add()
 
 HEAD_DIMS = (64, 128)
 BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
@@ -130,8 +144,6 @@ LOADER_REGS = gl.constexpr(24)  # ... and of the loader warp
 # Triton 3.6 where 64 spilled none (16-56 since the descriptors are rebuilt every step: NOTES.md,
 # "where the backward's time goes (ncu)").
 TILES = {64: (128, 2), 128: (64, 2)}
-# Grid order by causal flag (see the kernel): key-major puts the longest causal programs first.
-KEY_MAJOR = {False: False, True: True}
 # How the two warpgroups share dQ^T = K^T dS^T (d x BLOCK_M, over the 128 keys), by head dim:
 # False, each takes half of the query columns (M = d, N = BLOCK_M / 2: at d = 128 two m64n32
 # products whose shared-memory operands, 3 KiB per 16 keys, take longer to read than the
@@ -365,7 +377,6 @@ def attn_bwd_sm90_kernel(
     sm_scale,  # scale
     CAUSAL: gl.constexpr,
     STAGES: gl.constexpr,  # ring slots of Q and of dO
-    KEY_MAJOR: gl.constexpr,  # grid (B * H_kv, key blocks): heaviest causal blocks first
     DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
 ):
@@ -374,12 +385,12 @@ def attn_bwd_sm90_kernel(
     DTYPE: gl.constexpr = q_desc.dtype
     gl.static_assert(2 * HALF == 128)
 
-    # Grid order. Head-major (grid (key blocks, B * H_kv)): the programs running side by side
-    # share their heads' Q and dO in L2. Key-major (grid (B * H_kv, key blocks)): with the
-    # causal mask, key block j has n_m - j // 2 query blocks of work, and launching every
-    # head's block 0, then every head's block 1, ... runs the longest programs first, so that
-    # the short ones fill the last wave (the longest-first order of the forward).
-    if KEY_MAJOR:
+    # Grid order. Without the mask, head-major (grid (key blocks, B * H_kv)): the programs
+    # running side by side share their heads' Q and dO in L2. With the causal mask, key-major
+    # (grid (B * H_kv, key blocks)): key block j has n_m - j // 2 query blocks of work, and
+    # launching every head's block 0, then every head's block 1, ... runs the longest programs
+    # first, so that the short ones fill the last wave (the longest-first order of the forward).
+    if CAUSAL:
         start_n = gl.program_id(1) * (2 * HALF)
         bhk = gl.program_id(0)
     else:
@@ -593,38 +604,25 @@ def dq_buffer_rows(s_q: int, d: int) -> int:
     return -(-s_q // bm) * bm
 
 
-def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
-                            stages: int | None = None, block_m: int | None = None,
-                            key_major: bool | None = None,
-                            dq_split_d: bool | None = None):
-    """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.attention_backward
+def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float):
+    """Gradients (dq, dk, dv) in the inputs' dtype and shapes, as bwd.triton_backward
     returns them: q, o, do (B, H, s_q, d), k, v (B, H_kv, s_k, d), lse2 (B, H, s_q) fp32 the
-    forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first.
+    forward's base-2 log-sum-exp, ``scale`` the softmax scale. Check `usable` first. The
+    schedule is this module's: TILES and DQ_SPLIT_D by head dim, the grid order by the causal
+    flag.
 
-    Allocates in the order of the Triton backward's atomic-dQ path (bwd.attention_backward),
+    Allocates in the order of the Triton backward's atomic-dQ path (bwd.triton_backward),
     so that calc's peak model holds: delta (B * H, s_q) fp32, dK and dV (contiguous), the flat
     fp32 buffer dQ is added into (B * H * `dq_buffer_rows` * d floats: s_q rounded up to the
     query block, which calc.peak counts in the Hopper region; zeroed by the delta kernel; alive
     until the cast), then dQ. dQ is nondeterministic in its last bits (the adds land in any
     order), as in FA2, FA3 and cuDNN.
-
-    ``stages``, ``block_m``, ``key_major``, ``dq_split_d`` override TILES, KEY_MAJOR and
-    DQ_SPLIT_D (kernels.bench.ab_bwd times the alternatives); a choice whose dQ^T partial per
-    warpgroup is not 64 x 64 (the flat staging's) is refused (ValueError).
     """
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
     bm, st = TILES[d]
-    bm = block_m or bm
-    st = stages or st
-    km = KEY_MAJOR[bool(causal)] if key_major is None else bool(key_major)
-    sd = DQ_SPLIT_D[d] if dq_split_d is None else bool(dq_split_d)
-    part = (d // 2, bm) if sd else (d, bm // 2)  # a warpgroup's dQ^T partial
-    if part != (64, 64):
-        raise ValueError(f"the Hopper backward's dQ staging needs a 64 x 64 dQ^T partial per "
-                         f"warpgroup (d = 128 split by rows of d with block_m 64, or d = 64 split "
-                         f"by queries with block_m 128); got d = {d}, block_m = {bm}, "
-                         f"dq_split_d = {sd}")
+    sd = DQ_SPLIT_D[d]
+    causal = bool(causal)
     if not _descriptor_ok(do):  # e.g. the expanded (stride-0) gradient of a sum()
         do = do.contiguous()
     if o.stride(3) != 1:  # the stats kernel reads rows of O with unit stride
@@ -644,7 +642,7 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
         (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad),
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     n_kb = -(-s_k // BLOCK_N)
-    grid = (B * H_kv, n_kb) if km else (n_kb, B * H_kv)
+    grid = (B * H_kv, n_kb) if causal else (n_kb, B * H_kv)  # the kernel's grid order
     gdt = _GL_DTYPES[q.dtype]
     lay_m, lay_n = _layout(gdt, (1, 1, bm, d)), _layout(gdt, (1, 1, HALF_N, d))
     group = H // H_kv
@@ -654,10 +652,8 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float,
             (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
             (delta, (1, bm), STATS_LAYOUT),
             dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
-    consts = {"CAUSAL": bool(causal), "STAGES": st, "KEY_MAJOR": km,
-              "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, bool(causal), km, sd, h_spec, _int_spec(H_kv),
-           _int_spec(group))
+    consts = {"CAUSAL": causal, "STAGES": st, "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
+    key = ("bwd", q.dtype, d, bm, st, causal, sd, h_spec, _int_spec(H_kv), _int_spec(group))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
     # the kernel adds K^T dS^T unscaled: one decode-scale-cast in fp32, written in the inputs'

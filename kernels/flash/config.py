@@ -33,7 +33,7 @@ class Settings:
     descriptors: bool = True  # False: the Triton forward loads K/V by pointer
     sm90: bool = True  # False: the Hopper Gluon kernels are never the default
     direct_launch: bool = True  # False: every launch takes the JIT path
-    # True: the Hopper Gluon backward runs where `bwd.use_sm90_backward` allows it (the GPU
+    # True: the Hopper Gluon backward runs where `route.backward_route` allows it (the GPU
     # suite passes through that route: kernels/flash/NOTES.md, "the route on by default");
     # KernelConfig(sm90_bwd=...) decides per call.
     sm90_bwd: bool = True
@@ -86,23 +86,13 @@ class Tiles:
 
     @classmethod
     def of(cls, value) -> Tiles | None:
-        """Tiles from Tiles, a (BLOCK_M, BLOCK_N, num_warps, num_stages) tuple, a dict with
-        those four keys, or None."""
+        """Tiles from Tiles, a (BLOCK_M, BLOCK_N, num_warps, num_stages) tuple, or None."""
         if value is None or isinstance(value, Tiles):
             return value
         if isinstance(value, tuple) and len(value) == 4:
             return cls(*value)
-        if isinstance(value, dict):
-            missing = [k for k in _TILE_KEYS if k not in value]
-            if missing:
-                raise ValueError(f"tiles need all of {', '.join(_TILE_KEYS)}; missing "
-                                 f"{', '.join(missing)} in {value!r}")
-            return cls(*(value[k] for k in _TILE_KEYS))
         raise ValueError("tiles must be Tiles, a (BLOCK_M, BLOCK_N, num_warps, num_stages) "
-                         f"tuple, a dict with those keys, or None; got {value!r}")
-
-
-_TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+                         f"tuple, or None; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -114,10 +104,10 @@ class KernelConfig:
     tiles: Tiles | None = None
     # The portable forward loads its unmasked K/V tiles through tensor descriptors (TMA):
     # True forces it (ValueError where the layout or Triton cannot), False keeps pointer
-    # loads, None lets `fwd.descriptors_usable` decide (Hopper, 16-bit, s_k >= 2,048).
+    # loads, None lets `route.forward_route` decide (Hopper, 16-bit, s_k >= 2,048).
     use_desc: bool | None = None
     # The Hopper Gluon forward (fwd_sm90): True runs it (ValueError where it cannot run),
-    # False runs the portable Triton forward, None the default rule (`fwd.use_sm90`).
+    # False runs the portable Triton forward, None the default rule (`route.forward_route`).
     sm90: bool | None = None
     # Hopper forward: K/V ring slots (None: its table `fwd_sm90.TILES`, or the default schedule).
     sm90_stages: int | None = None
@@ -126,13 +116,13 @@ class KernelConfig:
     # Hopper forward: consumer warpgroups of 64 query rows, 2 or 3 (3 at d = 64 only).
     sm90_consumers: int | None = None
     # The backward adds dQ with atomics into an fp32 buffer (True) or runs the deterministic
-    # two-kernel backward (False); None: `bwd.atomic_by_default`.
+    # two-kernel backward (False); None: `route.atomic_by_default`.
     atomic_dq: bool | None = None
     # Atomic dQ on Hopper: False keeps element-wise atomic adds where the copy engine's bulk
-    # reduce-add would run; None (or True): bulk adds where `bwd.dq_tma_usable`.
+    # reduce-add would run; None (or True): bulk adds where `route.dq_tma_usable`.
     dq_tma: bool | None = None
     # dK/dV programs per GQA group (a divisor of H / H_kv, checked at the call); None:
-    # `bwd.kv_split`.
+    # `route.kv_split`.
     kv_split: int | None = None
     # The two-kernel backward's dQ launch tiles (None: `tiles`, else stored/autotuned).
     dq_tiles: Tiles | None = None
@@ -140,7 +130,7 @@ class KernelConfig:
     # `bwd.atomic_tiles` for the atomic backward and stored/autotuned for the two-kernel one).
     dkdv_tiles: Tiles | None = None
     # The Hopper Gluon backward (bwd_sm90): True runs it (ValueError where it cannot), False
-    # keeps the Triton backward, None the default rule (`bwd.use_sm90_backward`: unless
+    # keeps the Triton backward, None the default rule (`route.backward_route`: unless
     # SETTINGS.sm90_bwd is off, in calc.dispatch's Hopper region, where the rules give atomic dQ
     # and no GQA split, and only when no field above picks something of the Triton backward).
     sm90_bwd: bool | None = None
@@ -168,49 +158,14 @@ class KernelConfig:
 
     @classmethod
     def of(cls, value) -> KernelConfig | None:
-        """KernelConfig from a KernelConfig, None, or a dict of the legacy keys (`from_dict`)."""
+        """``value`` itself when it is a KernelConfig or None; ValueError otherwise."""
         if value is None or isinstance(value, KernelConfig):
             return value
-        if isinstance(value, dict):
-            return cls.from_dict(value)
-        raise ValueError(f"config must be a KernelConfig, a dict or None, got {value!r}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> KernelConfig:
-        """The dict form: "BLOCK_M", "BLOCK_N", "num_warps", "num_stages" (all four or none),
-        "USE_DESC", "SM90", "SM90_STAGES", "SM90_BLOCK_N", "SM90_CONSUMERS", "BWD_ATOMIC_DQ",
-        "BWD_DQ_TMA", "BWD_KV_SPLIT", "BWD_SM90". Where a key is left out, the dict means what
-        it always meant: a dict with any forward key ("USE_DESC" or tiles) but without "SM90"
-        runs the portable forward (sm90=False), a dict with tiles but without "BWD_ATOMIC_DQ"
-        runs the two-kernel backward (atomic_dq=False), and a dict with tiles or any other
-        backward key but without "BWD_SM90" runs the Triton backward (sm90_bwd=False)."""
-        unknown = sorted(set(d) - set(_DICT_KEYS) - set(_TILE_KEYS))
-        if unknown:
-            raise ValueError(f"unknown config keys {', '.join(map(repr, unknown))}; accepted: "
-                             f"{', '.join(_TILE_KEYS + tuple(_DICT_KEYS))}")
-        given = [k for k in _TILE_KEYS if k in d]
-        tiles = Tiles.of({k: d[k] for k in given}) if given else None
-        kw = {field: d[key] for key, field in _DICT_KEYS.items() if key in d}
-        if "SM90" not in d and (tiles is not None or "USE_DESC" in d):
-            kw["sm90"] = False
-        if "BWD_ATOMIC_DQ" not in d and tiles is not None:
-            kw["atomic_dq"] = False
-        if "BWD_SM90" not in d and (tiles is not None or any(k.startswith("BWD_") for k in d)):
-            kw["sm90_bwd"] = False
-        try:
-            return cls(tiles=tiles, **kw)
-        except ValueError as e:  # name the dict's key beside the field's
-            key = _FIELD_KEYS.get(str(e).split()[0])
-            raise ValueError(f"config {key}: {e}" if key else str(e)) from None
+        raise ValueError(f"config must be a KernelConfig or None, got {value!r}")
 
 
 _SM90_FIELDS = ("sm90_stages", "sm90_block_n", "sm90_consumers")
-_DICT_KEYS = {"USE_DESC": "use_desc", "SM90": "sm90", "SM90_STAGES": "sm90_stages",
-              "SM90_BLOCK_N": "sm90_block_n", "SM90_CONSUMERS": "sm90_consumers",
-              "BWD_ATOMIC_DQ": "atomic_dq", "BWD_DQ_TMA": "dq_tma",
-              "BWD_KV_SPLIT": "kv_split", "BWD_SM90": "sm90_bwd"}
 _TRITON_BWD_FIELDS = ("tiles", "dq_tiles", "dkdv_tiles", "atomic_dq", "dq_tma", "kv_split")
-_FIELD_KEYS = {field: key for key, field in _DICT_KEYS.items()}
 
 
 def _named(name: str, fn, *args):

@@ -53,9 +53,9 @@ inside the kernel: the padded columns are loaded as zeros, which leave every dot
 unchanged, and are never stored.
 
 On Hopper the unmasked K/V tiles can come through tensor descriptors (the copy engine, TMA)
-instead of pointer loads (`descriptors_usable`); and for fp16/bf16 at d = 128 (and d = 64 on
-long sequences) `attention_forward` hands the call to the hand-scheduled Gluon kernel of
-``fwd_sm90.py`` instead (`use_sm90`), which returns the same O and lse2.
+instead of pointer loads; for fp16/bf16 at d = 128 (and d = 64 on long sequences) the
+hand-scheduled Gluon kernel of ``fwd_sm90.py`` runs instead, with the same O and lse2. Both
+choices are `route.forward_route`'s.
 """
 
 from __future__ import annotations
@@ -85,17 +85,10 @@ from kernels.flash.common import (
     varlen_rows,
     window_key_range,
 )
-from kernels.flash.config import SETTINGS, KernelConfig
 from kernels.flash.tuned import FWD_SPACE, TUNED_H200
 
-__all__ = ["LOG2E", "SMEM_BYTES", "TUNED_H200", "attention_forward", "descriptors_usable",
-           "fwd_kernel", "fwd_kernel_tuned", "seq_bucket", "use_sm90"]
-
-# Below this length bucket the forward loads K/V with pointers even where descriptors work:
-# the host time of encoding two tensor maps per launch costs more than the copy engine saves
-# on short keys (kernels/flash/NOTES.md, "accumulate inside tl.dot, tensor descriptors").
-DESC_MIN_BUCKET = 2048
-
+__all__ = ["LOG2E", "SMEM_BYTES", "TUNED_H200", "fwd_kernel", "fwd_kernel_tuned",
+           "packed_forward", "rows_view", "seq_bucket", "triton_forward"]
 
 def prune_fwd(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Autotuner hook: the stored H200 choice where there is one; else drop configs whose
@@ -349,28 +342,6 @@ def rows_view(t: torch.Tensor) -> tuple[int, int] | None:
     return (rows, sn) if rows < 2**31 else None
 
 
-def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | None) -> bool:
-    """Whether the forward may load K/V through tensor descriptors.
-
-    ``force`` True/False overrides the choice (tests, tuning); otherwise descriptors are used
-    on GPUs with a tensor-memory copy engine (compute capability 9.0 and newer) unless
-    ``SETTINGS.descriptors`` is off (tests), for 16-bit inputs and key lengths of
-    DESC_MIN_BUCKET and more. Either way the layout must allow the (rows, d) view.
-    """
-    if TensorDescriptor is None or force is False or d != block_d(d) or d * k.element_size() < 16:
-        return False
-    if force is None:
-        if not SETTINGS.descriptors or k.device.type != "cuda":
-            return False
-        if seq_bucket(k.shape[2]) < DESC_MIN_BUCKET:
-            return False
-        if k.element_size() != 2:  # fp32 (the exact, slow path) keeps the pointer loads that
-            return False  # its GPU tests cover; descriptors are tuned and tested on 16-bit
-        if torch.cuda.get_device_capability(k.device)[0] < 9:
-            return False
-    return rows_view(k) is not None and rows_view(v) is not None
-
-
 def _make_descriptors(k: torch.Tensor, v: torch.Tensor, d: int):
     (rows_k, sk), (rows_v, sv) = rows_view(k), rows_view(v)
     # block_shape is a placeholder: set from the chosen BLOCK_N before any launch.
@@ -390,97 +361,29 @@ for _c in fwd_kernel_tuned.configs:
     _c.pre_hook = set_tiles
 
 
-# ---- the hand-scheduled Hopper forward (Gluon) -----------------------------------------------
-try:
-    from kernels.flash import fwd_sm90
-except Exception:  # Triton without Gluon's Hopper API (or an API this code does not know)
-    fwd_sm90 = None
-
-
-def use_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: KernelConfig | None,
-             causal: bool = False) -> bool:
-    """Whether the forward runs `fwd_sm90` instead of the Triton kernel above (for a call
-    without a sliding window: `attention_forward` never asks for a windowed one).
-
-    ``config.sm90`` True/False forces the choice (True raises where the kernel cannot run).
-    Otherwise (None) the rule: on compute capability 9.x, for fp16/bf16 with d = 128 at any
-    length and d = 64 when both lengths exceed 2,048 (4,096 when causal;
-    `fwd_sm90.default_schedule`), and layouts the copy engine can read, unless
-    ``SETTINGS.sm90`` is off (tests).
-    """
-    forced = None if config is None else config.sm90
-    if forced is False:
-        return False
-    ok = fwd_sm90 is not None and fwd_sm90.usable(q, k, v)  # CUDA tensors only: never interpreted
-    if forced and not ok:
-        raise ValueError("sm90=True was asked for, but the Hopper forward cannot run here (it "
-                         "needs Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, "
-                         f"head dim in {fwd_sm90.HEAD_DIMS if fwd_sm90 else (64, 128)} and "
-                         "16-byte aligned strides with unit last stride)")
-    if forced:
-        return True
-    return (ok and SETTINGS.sm90
-            and fwd_sm90.default_schedule(q.shape[3], q.shape[2], k.shape[2], causal) is not None)
-
-
-def attention_forward(
+def triton_forward(
     q: torch.Tensor,  # (B, H, s_q, d)
     k: torch.Tensor,  # (B, H_kv, s_k, d)
     v: torch.Tensor,  # (B, H_kv, s_k, d)
     causal: bool,
     scale: float,
-    config: KernelConfig | dict | None = None,
-    window: int | None = None,
-    packed: Packed | None = None,
+    tiles: dict | None,
+    use_desc: bool,
+    window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel; returns O (B, H, s_q, d) in q's dtype and lse2 (B, H, s_q) fp32.
+    """Run the forward kernel above; returns O (B, H, s_q, d) in q's dtype and lse2 (B, H, s_q)
+    fp32. Which forward runs, and with what, is `route.forward_route`'s decision.
 
-    ``packed`` (`common.Packed`, checked by `api.flash_attention`): q is (1, H, total_q, d),
-    k and v (1, H_kv, total_k, d), sequence i owning query rows cu_q[i] .. cu_q[i+1] - 1 and
-    key rows cu_k[i] .. cu_k[i+1] - 1; attention (causal, window) runs within each sequence.
-    Such a call always runs the Triton kernel above, with pointer loads: one program per
-    BLOCK_M query rows of one sequence and head, on a grid sized for the longest sequence
-    (programs past a shorter sequence's end return at once, as FlashAttention-2's varlen
-    kernels do). O is (1, H, total_q, d), lse2 (1, H, total_q).
-
-    ``config`` (`KernelConfig`, or its dict form) may force the kernel (``sm90``), the Triton
-    kernel's tiles (skipping the autotuner; the interpreter and the tests give them) and its
-    K/V loads (``use_desc``), or the Hopper kernel's schedule. Inputs are read through their
-    strides: nothing is copied.
-
-    ``window``: a causal sliding window of that many keys (`api.flash_attention` checks it:
-    causal, 1 <= window < s_q; None, or a window of s_q or more, is plain causal). A windowed
-    call always runs the Triton kernel above: the Hopper kernel has no window (its loader
-    streams key blocks from 0 and its consumers mask only the diagonal), so ``sm90=True``
-    with a window raises. Rows of a windowed call that see no key (s_q >= s_k + window) get
-    O = 0 and lse2 = +inf.
+    ``tiles`` (`config.Tiles.meta()`) skip the autotuner (the interpreter and the tests give
+    them); ``use_desc`` loads the unmasked K/V tiles through tensor descriptors (the route
+    checked that the layout allows it). Inputs are read through their strides: nothing is
+    copied. ``window``: a causal sliding window of that many keys, 1 <= window < s_q
+    (`route.check_window`), or None; rows that see no key (s_q >= s_k + window) get O = 0
+    and lse2 = +inf.
     """
-    config = KernelConfig.of(config)
-    if packed is not None:
-        return _packed_forward(q, k, v, causal, scale, config, window, packed)
-    windowed = window is not None and window < q.shape[2]
-    if windowed:
-        if not causal:
-            raise ValueError(f"window={window} needs causal=True (the window is causal only)")
-        if config is not None and config.sm90:
-            raise ValueError(f"sm90=True was asked for with window={window}; the Hopper "
-                             "forward has no sliding window: leave sm90 unset (None) or False")
-    if not windowed and use_sm90(q, k, v, config, causal):
-        if config is None or config.sm90 is None:  # the default schedule for these lengths
-            nc, st = fwd_sm90.default_schedule(q.shape[3], q.shape[2], k.shape[2], causal)
-            return fwd_sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E, st, None, nc)
-        return fwd_sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
-                                               config.sm90_stages, config.sm90_block_n,
-                                               config.sm90_consumers)
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
-    tiles = None if config is None or config.tiles is None else config.tiles.meta()
-    force = None if config is None else config.use_desc
-    use_desc = descriptors_usable(k, v, d, force)
-    if force and not use_desc:
-        raise ValueError("use_desc=True was asked for, but tensor descriptors are not usable "
-                         "here (Triton without them, d not a power of two, or a K/V layout "
-                         "whose (batch, head, seq) do not flatten into rows)")
+    windowed = window is not None
     desc_k, desc_v = _make_descriptors(k, v, d) if use_desc else (None, None)
     o = common.empty(q, (B, H, s_q, d))  # (B, H, s_q, d), contiguous
     lse2 = common.empty(q, (B, H, s_q), torch.float32)  # (B, H, s_q)
@@ -509,21 +412,19 @@ def attention_forward(
     return o, lse2
 
 
-def _packed_forward(q, k, v, causal: bool, scale: float, config: KernelConfig | None,
-                    window: int | None, packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
-    """`attention_forward` for packed sequences: the Triton kernel with VARLEN, pointer loads
-    (the descriptors' row view would run into the next sequence), grid (ceil(max_q /
-    BLOCK_M), n_seq * H)."""
-    if config is not None and (config.sm90 or config.use_desc):
-        raise ValueError("packed sequences (cu_seqlens) run the portable Triton forward with "
-                         f"pointer loads; got sm90={config.sm90}, use_desc={config.use_desc}: "
-                         "leave them unset (None) or False")
+def packed_forward(q, k, v, causal: bool, scale: float, tiles: dict | None,
+                   window: int | None, packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of packed sequences (`common.Packed`, checked by `api.flash_attention`): q
+    is (1, H, total_q, d), k and v (1, H_kv, total_k, d), sequence i owning query rows
+    cu_q[i] .. cu_q[i+1] - 1 and key rows cu_k[i] .. cu_k[i+1] - 1; attention (causal, window)
+    runs within each sequence. The kernel above with VARLEN and pointer loads (the
+    descriptors' row view would run into the next sequence), one program per BLOCK_M query
+    rows of one sequence and head, grid (ceil(max_q / BLOCK_M), n_seq * H): programs past a
+    shorter sequence's end return at once, as FlashAttention-2's varlen kernels do. O is
+    (1, H, total_q, d), lse2 (1, H, total_q)."""
     _, H, total_q, d = q.shape
     H_kv, total_k = k.shape[1], k.shape[2]
     windowed = window is not None
-    if windowed and not causal:
-        raise ValueError(f"window={window} needs causal=True (the window is causal only)")
-    tiles = None if config is None or config.tiles is None else config.tiles.meta()
     o = common.empty(q, (1, H, total_q, d))  # (1, H, total_q, d), contiguous
     lse2 = common.empty(q, (1, H, total_q), torch.float32)  # (1, H, total_q)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()

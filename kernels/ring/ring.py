@@ -141,23 +141,22 @@ class P2PRing:
 # ---- the passes -----------------------------------------------------------------------------
 
 def _kernels():
-    """attention_forward, attention_backward of the bundled kernel (imported on first use:
-    triton reads TRITON_INTERPRET when it is first imported)."""
-    try:
-        from kernels.flash.fwd import attention_forward
-    except ImportError:  # pragma: no cover - a refactor may move it
-        from kernels.flash.common import attention_forward  # type: ignore
-    try:
-        from kernels.flash.bwd import attention_backward
-    except ImportError:  # pragma: no cover
-        from kernels.flash.common import attention_backward  # type: ignore
+    """attention_forward, attention_backward of the bundled kernel, as routed by
+    kernels.flash.route (imported on first use: triton reads TRITON_INTERPRET when it is
+    first imported)."""
+    from kernels.flash.route import attention_backward, attention_forward
+
     return attention_forward, attention_backward
 
 
-def _config(q: torch.Tensor) -> dict | None:
-    # Triton's interpreter (CPU tensors) runs one small fixed tile, as flash_attention does.
+def _config(q: torch.Tensor):
+    """The KernelConfig of a ring step: on CPU tensors (Triton's interpreter) one small fixed
+    tile with the portable forward and the two-kernel backward, as flash_attention runs
+    there; None (the kernel's own rules) on a GPU."""
     if q.device.type == "cpu":
-        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+        from kernels.flash.config import KernelConfig, Tiles
+
+        return KernelConfig(tiles=Tiles(32, 32, 4, 1), sm90=False, atomic_dq=False)
     return None
 
 
