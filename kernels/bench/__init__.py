@@ -1,4 +1,4 @@
-"""Benchmark and tuning tools for the bundled kernels. Only their own command lines import
-them: ``python -m kernels.bench`` (the speed grid, ``speed``), ``python -m kernels.bench.tune_fwd``
-and ``python -m kernels.bench.tune_bwd`` (tile searches), and the probes beside them (host-time
-profiles, register and PTX checks, threshold sweeps), each ``python -m kernels.bench.<name>``."""
+"""The speed benchmark of the bundled kernels: ``python -m kernels.bench`` (the grid, ``speed``;
+``--preset training`` adds the training shapes of ``training``). Only its own command line
+imports it. The one-off probes and tuning searches that set the kernels' tables live in the
+top-level ``tools/`` folder, outside the tested product."""

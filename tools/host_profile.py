@@ -1,6 +1,7 @@
+# Measured: cProfile of the host time of short calls (H200).
 """Where the host time of one short forward call goes (cProfile, tiny shape, GPU mostly idle).
 
-    python -m kernels.bench.host_profile [--calls 3000] [--backward] [--d 64]
+    python -m tools.host_profile [--calls 3000] [--backward] [--d 64]
 """
 import argparse
 import cProfile

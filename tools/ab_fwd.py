@@ -1,13 +1,14 @@
+# Measured: Hopper Gluon forward time, default vs stage/key-block/warpgroup variants (H200).
 """A/B timing of the Hopper (Gluon) forward: its default against settings of it, in one
-process, on a GPU (the forward's twin of kernels.bench.ab_bwd).
+process, on a GPU (the forward's twin of tools.ab_bwd).
 
-    python -m kernels.bench.ab_fwd --variant NAME:KEY=VAL[,KEY=VAL...] [--variant ...]
+    python -m tools.ab_fwd --variant NAME:KEY=VAL[,KEY=VAL...] [--variant ...]
         [--shapes B/H/H_KV/S/D/CAUSAL ...] [--rounds 3] [--fa4] [--skip-check]
 
     e.g.  --variant s3:stages=3 --variant wg2:consumers=2
 
 KEY is a keyword of `kernels.flash.fwd_sm90.attention_forward_sm90` (`SETTINGS`), VAL a whole
-number. "base" is the forward as `kernels.flash.fwd.attention_forward` runs it by default at
+number. "base" is the forward as `kernels.flash.route.attention_forward` runs it by default at
 that shape's head dim in this kernel (`fwd_sm90.default_schedule`: at d = 64 three consumer
 warpgroups, two stages), and each variant is that schedule with its settings on top.
 
@@ -18,7 +19,7 @@ warpgroups, two stages), and each variant is that schedule with its settings on 
 2. Time of one forward call per candidate, triton.testing.do_bench's median with L2 flushed,
    ``--rounds`` interleaved rounds, the best kept; ``--fa4`` adds FlashAttention-4's forward.
    TFLOP/s count 4 B H s^2 d (halved when causal). Then each candidate against the base (and
-   FA4) per shape, with the geometric mean (kernels.bench.ab_bwd.summary).
+   FA4) per shape, with the geometric mean (tools.ab_bwd.summary).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import argparse
 import functools
 import math
 
-from kernels.bench.ab_bwd import (
+from tools.ab_bwd import (
     add_timing_args,
     best_of_rounds,
     parse_variant,
@@ -88,8 +89,8 @@ def candidates(variants: list[tuple[str, dict]]) -> dict:
 def check(cands: dict) -> bool:
     import torch
 
-    from kernels.bench.bwd_sm90_check import FLOOR
     from kernels.flash.reference import attention_reference
+    from tools.bwd_sm90_check import FLOOR
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     ok = True

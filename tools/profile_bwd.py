@@ -1,8 +1,9 @@
+# Measured: one Gluon backward and one FA4 backward call, for Nsight Compute (H200).
 """One backward call of ours (the Hopper Gluon backward) and one of FlashAttention-4's, for
 Nsight Compute, on a GPU.
 
     ncu --profile-from-start off --set full --clock-control none -o REPORT \\
-        python -m kernels.bench.profile_bwd H/H_KV/S/D/CAUSAL [...]
+        python -m tools.profile_bwd H/H_KV/S/D/CAUSAL [...]
 
     e.g. 32/32/4096/128/0 (bf16, B = 1). Then:
     ncu -i REPORT.ncu-rep --page details                        # sections per kernel
@@ -44,7 +45,7 @@ def calls(h: int, hk: int, s: int, d: int, causal: bool):
     import torch
 
     from kernels.flash import bwd_sm90
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)

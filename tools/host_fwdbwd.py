@@ -1,7 +1,8 @@
+# Measured: host microseconds per short forward+backward call, by part (H200).
 """Host microseconds per forward+backward call on a tiny shape, by part, next to SDPA's
 FlashAttention-2 and cuDNN (the GPU work is a few microseconds: what is left is host time).
 
-    python -m kernels.bench.host_fwdbwd [--d 128] [--calls 1000]
+    python -m tools.host_fwdbwd [--d 128] [--calls 1000]
 """
 import argparse
 
@@ -11,9 +12,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.bench.speed import host_us_per_call
 from kernels.flash.api import flash_attention
-from kernels.flash.bwd import attention_backward
 from kernels.flash.config import SETTINGS
-from kernels.flash.fwd import attention_forward
+from kernels.flash.route import attention_backward, attention_forward
 
 
 class _Identity(torch.autograd.Function):

@@ -1,3 +1,4 @@
+# Measured: spills (local loads/stores) inside each loop of a kernel's SASS (no GPU).
 """The loops of a compiled kernel's machine code (SASS) and what each one holds.
 
 ptxas reports a kernel's spilled bytes as one number; where the local loads and stores sit

@@ -1,7 +1,8 @@
+# Measured: registers, spills, shared memory of the Gluon forward (sm_90, no GPU).
 """Compile the Hopper (Gluon) forward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_sm90 [--dims 64 128] [--consumers 2|3]
+    python -m tools.compile_sm90 [--dims 64 128] [--consumers 2|3]
         [--loops] [--dump DIR]
 
 Triton's compiler and ptxas run on the CPU; only launching needs the GPU. Spills or shared
@@ -20,8 +21,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from kernels.bench import sass_loops  # noqa: E402
 from kernels.flash import fwd_sm90 as k90  # noqa: E402
+from tools import sass_loops  # noqa: E402
 
 _DT = {"fp16": k90.gl.float16, "bf16": k90.gl.bfloat16}
 
@@ -70,7 +71,7 @@ def main() -> int:
                     help="consumer warpgroups (default: the kernel's choice per head dim)")
     ap.add_argument("--loops", action="store_true",
                     help="also print each innermost MMA loop of the SASS: instructions, HGMMA, "
-                         "MUFU, local loads and stores (kernels.bench.sass_loops)")
+                         "MUFU, local loads and stores (tools.sass_loops)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_N stages regs spill_bytes shared_KiB")

@@ -1,19 +1,21 @@
+# Measured: Hopper Gluon backward time, default vs tile/stage/dQ-split variants (H200).
 """A/B timing of the Hopper (Gluon) backward alone: its default against settings of it, or
 against the kernel file as it was at another commit, in one process, on a GPU.
 
-    python -m kernels.bench.ab_bwd [--variant NAME:KEY=VAL[,KEY=VAL...]]... [--against COMMIT]
+    python -m tools.ab_bwd [--variant NAME:KEY=VAL[,KEY=VAL...]]... [--against COMMIT]
         [--shapes H/H_KV/S/D/CAUSAL ...] [--rounds 3] [--fa4] [--skip-check]
 
-    e.g.  --variant s3:stages=3 --variant km:key_major=0
+    e.g.  --variant s3:stages=3 --variant qs:dq_split_d=0
           --against HEAD~1                         (the committed kernel against the working tree)
 
-KEY is a keyword of `kernels.flash.bwd_sm90.attention_backward_sm90` that overrides one of its
-tables (`SETTINGS`), VAL a whole number (0/1 for the switches). ``--against`` loads
+KEY is one of `SETTINGS`: ``block_m`` and ``stages`` replace the kernel module's TILES entry for
+the call's head dim, ``dq_split_d`` its DQ_SPLIT_D entry, for the variant's calls only
+(`schedule`); VAL a whole number (0/1 for the switch). ``--against`` loads
 kernels/flash/bwd_sm90.py from that commit (``git show``) as a module of its own, with its own
 compiled kernels, and times it as candidate "base"; without it the default of the working tree
 is the base.
 
-1. Correctness of every candidate on kernels.bench.bwd_sm90_check's CHECK_SHAPES (ragged,
+1. Correctness of every candidate on tools.bwd_sm90_check's CHECK_SHAPES (ragged,
    causal and not, GQA, fp16 and bf16, d = 64 and 128): max |grad - fp32 reference| of dQ, dK,
    dV; PASS where each is at most twice plain PyTorch's low-precision error plus a floor (the
    rule of tests/kernels/test_flash_attention.py). Timing runs only if every candidate passes.
@@ -31,6 +33,7 @@ is the base.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import math
@@ -40,9 +43,9 @@ import subprocess
 import sys
 import tempfile
 
-# The keywords a variant may set (attention_backward_sm90's overrides) and what each takes.
-SETTINGS = {"block_m": (64, 128), "stages": (2, 3, 4), "key_major": (0, 1),
-            "dq_split_d": (0, 1)}
+# What a variant may set (entries of bwd_sm90's TILES and DQ_SPLIT_D tables, `schedule`) and
+# the values each takes.
+SETTINGS = {"block_m": (64, 128), "stages": (2, 3, 4), "dq_split_d": (0, 1)}
 # bf16, B = 1: issue 18's timing shapes, the ones kernels/flash/NOTES.md, "where the
 # backward's time goes (ncu)", measured.
 DEFAULT_SHAPES = ["32/32/4096/128/0", "32/32/4096/128/1", "32/32/16384/128/0",
@@ -99,6 +102,39 @@ def load_at(commit: str, root: str | None = None):
     return mod
 
 
+@contextlib.contextmanager
+def schedule(module, d: int, block_m: int | None = None, stages: int | None = None,
+             dq_split_d: int | None = None):
+    """Inside the block, ``module`` (kernels.flash.bwd_sm90) runs head dim ``d`` with these
+    settings: its TILES[d] = (BLOCK_M, STAGES) and DQ_SPLIT_D[d] entries are replaced, and put
+    back on the way out. The kernel's launch key holds them, so each variant compiles its own
+    kernel. A choice whose dQ^T partial per warpgroup is not the 64 x 64 of the kernel's flat
+    dQ staging is refused (ValueError) before anything runs."""
+    tiles, split = module.TILES[d], module.DQ_SPLIT_D[d]
+    bm = block_m or tiles[0]
+    st = stages or tiles[1]
+    sd = split if dq_split_d is None else bool(dq_split_d)
+    part = (d // 2, bm) if sd else (d, bm // 2)
+    if part != (64, 64):
+        raise ValueError(f"the Hopper backward's dQ staging needs a 64 x 64 dQ^T partial per "
+                         f"warpgroup (d = 128 split by rows of d with block_m 64, or d = 64 split "
+                         f"by queries with block_m 128); got d = {d}, block_m = {bm}, "
+                         f"dq_split_d = {sd}")
+    module.TILES[d], module.DQ_SPLIT_D[d] = (bm, st), sd
+    try:
+        yield
+    finally:
+        module.TILES[d], module.DQ_SPLIT_D[d] = tiles, split
+
+
+def variant(module, opts: dict):
+    """f(do, q, k, v, o, lse2, causal, scale): ``module``'s backward under `schedule`."""
+    def run(do, q, *rest):
+        with schedule(module, q.shape[3], **opts):
+            return module.attention_backward_sm90(do, q, *rest)
+    return run
+
+
 def candidates(variants: list[tuple[str, dict]], base_module=None) -> dict:
     """name -> f(do, q, k, v, o, lse2, causal, scale) -> (dq, dk, dv): "base" (the default of
     the working tree, or ``base_module``'s, and then "tree", the working tree's default), then
@@ -112,7 +148,7 @@ def candidates(variants: list[tuple[str, dict]], base_module=None) -> dict:
     for name, opts in variants:
         if name in out:
             raise SystemExit(f"variant name {name!r} given twice")
-        out[name] = (lambda o: lambda *a: bwd_sm90.attention_backward_sm90(*a, **o))(opts)
+        out[name] = variant(bwd_sm90, opts)
     return out
 
 
@@ -120,8 +156,8 @@ def check(cands: dict) -> bool:
     """Step 1 of the module docstring; prints one line per shape."""
     import torch
 
-    from kernels.bench.bwd_sm90_check import CHECK_SHAPES, FLOOR, _grads
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
+    from tools.bwd_sm90_check import CHECK_SHAPES, FLOOR, _grads
 
     ok = True
     print("== correctness: max |grad - fp32 reference| per candidate (dq/dk/dv), eager low "
@@ -158,8 +194,8 @@ def timing(cands: dict, shapes: list, rounds: int, fa4: bool) -> dict:
     """Step 2: {shape: {name: best-of-rounds ms}}, printing a line per shape."""
     import torch
 
-    from kernels.bench.profile_bwd import fa4_backward
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
+    from tools.profile_bwd import fa4_backward
 
     results = {}
     for h, hk, s, d, causal in shapes:
@@ -242,7 +278,7 @@ def add_timing_args(ap: argparse.ArgumentParser, what: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from kernels.bench.profile_bwd import parse as parse_shape
+    from tools.profile_bwd import parse as parse_shape
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", type=parse_variant, action="append", default=[],

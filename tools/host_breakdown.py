@@ -1,8 +1,9 @@
+# Measured: host microseconds per step of a short no-grad forward call (H200).
 """Host microseconds of each step of one no-grad forward call, by path, on a small shape
 (B = 1, H = 2, s = 128: the GPU work is a few microseconds, what is measured is host time),
 next to SDPA's cuDNN and FlashAttention-2 forwards measured in the same process.
 
-    python -m kernels.bench.host_breakdown [--d 128] [--calls 3000] [--profile]
+    python -m tools.host_breakdown [--d 128] [--calls 3000] [--profile]
 
 Each row times one step alone, back to back (``kernels.bench.speed.host_us_per_call``); the steps
 of a path add up to about its whole call. ``--profile`` also prints cProfile's top entries of
@@ -18,8 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels.flash.api as fa
 from kernels.bench.speed import host_us_per_call
-from kernels.flash import fwd as fwd
-from kernels.flash.config import SETTINGS
+from kernels.flash import route
+from kernels.flash.config import SETTINGS, KernelConfig
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     n, d = args.calls, args.d
     q, k, v = (torch.randn(1, 2, 128, d, device="cuda", dtype=torch.float16) for _ in range(3))
     scale = d ** -0.5
-    k90 = fwd.fwd_sm90
+    k90 = route.fwd_sm90
     rows: list[tuple[str, float]] = []
 
     def row(name, call):
@@ -52,7 +53,7 @@ def main() -> None:
     row("flash_attention (default path), JIT dispatch", lambda: fa.flash_attention(q, k, v))
     SETTINGS.direct_launch = True
     row("flash_attention, Triton kernel", lambda: fa.flash_attention(q, k, v,
-                                                                      config={"SM90": False}))
+                                                                      config=KernelConfig(sm90=False)))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         row("sdpa cuDNN", lambda: F.scaled_dot_product_attention(q, k, v))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -60,8 +61,9 @@ def main() -> None:
     row("  _check_inputs", lambda: fa._check_inputs(q, k, v, None))
     row("  grad checks", lambda: torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                              or v.requires_grad))
-    row("  attention_forward", lambda: fwd.attention_forward(q, k, v, False, scale, None))
-    row("  use_sm90", lambda: fwd.use_sm90(q, k, v, None))
+    row("  route.attention_forward", lambda: route.attention_forward(q, k, v, False, scale))
+    row("  route.forward_route", lambda: route.forward_route(
+        route.Call.of(q, k, False, None), None, route.probe(q, k, v)))
     row("  torch.empty x2", lambda: (torch.empty((1, 2, 128, d), dtype=q.dtype, device=q.device),
                                      torch.empty((1, 2, 128), dtype=torch.float32,
                                                  device=q.device)))

@@ -1,10 +1,11 @@
+# Measured: registers, spills, shared memory of the Gluon backward (sm_90, no GPU).
 """Compile the Hopper (Gluon) backward for sm_90 on a machine without a GPU and print, per
 variant, what the compiler made of it: registers per thread, spilled bytes, shared memory.
 
-    python -m kernels.bench.compile_bwd_sm90 [--dims 64 128] [--mha] [--loops] [--dump DIR]
+    python -m tools.compile_bwd_sm90 [--dims 64 128] [--mha] [--loops] [--dump DIR]
         [--block-m N] [--stages N] [--dq-split-d 0|1] [--early-stats 0|1] [--dq-flat 0|1]
 
-Triton's compiler and ptxas run on the CPU (as kernels.bench.compile_sm90 does for the
+Triton's compiler and ptxas run on the CPU (as tools.compile_sm90 does for the
 forward); only launching needs the GPU. Exit status 1 if a variant fails to compile or spills.
 """
 
@@ -17,9 +18,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from kernels.bench import sass_loops
-from kernels.bench.compile_sm90 import _ptxas_usage
 from kernels.flash import bwd_sm90 as b90
+from tools import sass_loops
+from tools.compile_sm90 import _ptxas_usage
 
 _DT = {"fp16": b90.gl.float16, "bf16": b90.gl.bfloat16}
 
@@ -44,10 +45,10 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
            "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
-           "CAUSAL": "constexpr", "STAGES": "constexpr", "KEY_MAJOR": "constexpr",
-           "DQ_SPLIT_D": "constexpr", "num_warps": "constexpr"}
-    consts = {"CAUSAL": causal, "STAGES": stages, "KEY_MAJOR": b90.KEY_MAJOR[causal],
-              "DQ_SPLIT_D": split_d, "num_warps": b90.NUM_WARPS}
+           "CAUSAL": "constexpr", "STAGES": "constexpr", "DQ_SPLIT_D": "constexpr",
+           "num_warps": "constexpr"}
+    consts = {"CAUSAL": causal, "STAGES": stages, "DQ_SPLIT_D": split_d,
+              "num_warps": b90.NUM_WARPS}
     if mha:
         sig["GROUP"], consts["GROUP"] = "constexpr", 1
     src = GluonASTSource(b90.attn_bwd_sm90_kernel, sig, constexprs=consts)
@@ -57,7 +58,7 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
 
 def loop_counts(dtype: str, d: int, causal: bool, mha: bool = False) -> list:
     """The innermost loops of the default variant's SASS with their local loads and stores
-    (kernels.bench.sass_loops.Loop), compiled as `run` does; raises if it does not compile."""
+    (tools.sass_loops.Loop), compiled as `run` does; raises if it does not compile."""
     loops: dict = {}
     (row,) = run(dims=(d,), dtypes=(dtype,), causals=(causal,), verbose=False, mha=mha,
                  loops=loops)
@@ -74,7 +75,7 @@ def run(dims=b90.HEAD_DIMS, dump: str | None = None, dtypes=("fp16", "bf16"),
     bytes, shared KiB, error or None). ``dq_split_d`` None: bwd_sm90.DQ_SPLIT_D's choice per d
     (the flat dQ staging needs a 64 x 64 partial: other choices fail to compile);
     ``mha``: compiled for GROUP = 1 (compile_variant); ``loops``, when given, receives per
-    (dtype, d, causal) the innermost loops of that kernel's SASS (kernels.bench.sass_loops)."""
+    (dtype, d, causal) the innermost loops of that kernel's SASS (tools.sass_loops)."""
     rows = []
     for d in dims:
         bm, st = b90.TILES[d]
@@ -118,7 +119,7 @@ def main() -> int:
                     help="compile for GROUP = 1, as the JIT does when there is no GQA")
     ap.add_argument("--loops", action="store_true",
                     help="also print each innermost loop of every variant's SASS with its "
-                         "local loads and stores (kernels.bench.sass_loops)")
+                         "local loads and stores (tools.sass_loops)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}")
     print("dtype d causal BLOCK_M stages regs spill_bytes shared_KiB")

@@ -1,9 +1,10 @@
+# Measured: backward tile configs' time per key, the source of tuned.py (H200).
 """Sweep the backward kernels' configs by hand, next to sdpa_flash, and print the best per key.
 
-    python -m kernels.bench.tune_bwd --out tune_bwd.csv          # d 64/128, causal or not, fp16
-    python -m kernels.bench.tune_bwd --dims 64 --seqs 2048 --jobs 8
-    python -m kernels.bench.tune_bwd --atomic ...    # also the atomic-dQ backward's dK/dV tiles
-    python -m kernels.bench.tune_bwd --atomic --kv-heads 8 --batch 2 ...   # GQA, other grids
+    python -m tools.tune_bwd --out tune_bwd.csv          # d 64/128, causal or not, fp16
+    python -m tools.tune_bwd --dims 64 --seqs 2048 --jobs 8
+    python -m tools.tune_bwd --atomic ...    # also the atomic-dQ backward's dK/dV tiles
+    python -m tools.tune_bwd --atomic --kv-heads 8 --batch 2 ...   # GQA, other grids
 
 The backward is two launches (dQ, which also writes delta; then dK/dV). Each candidate of one
 kernel is timed as the whole backward with the other kernel held at a fixed config, so the
@@ -17,7 +18,7 @@ call, as the autotuner does. The last lines printed are TUNED_H200 entries, read
 ``--atomic`` adds the atomic-dQ backward (``KernelConfig(atomic_dq=True)``: delta kernel,
 dK/dV kernel that also adds dQ, cast) with each dK/dV candidate, timed whole, and prints its
 best next to the best pair of the default backward. On Hopper its dQ tiles go through the copy
-engine's bulk reduce-add (``kernels.flash.bwd.dq_tma_usable``); ``--atomic-elementwise`` times
+engine's bulk reduce-add (``kernels.flash.route.dq_tma_usable``); ``--atomic-elementwise`` times
 the element-wise atomic adds instead.
 """
 
@@ -28,7 +29,7 @@ import csv
 import itertools
 import sys
 
-from kernels.bench.tune_fwd import compile_all
+from tools.tune_fwd import compile_all
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). dK/dV programs own BLOCK_N keys and stream
 # BLOCK_M query rows; dQ programs own BLOCK_M rows and stream BLOCK_N keys.
@@ -86,7 +87,7 @@ def _inputs(s: int, d: int, dtype, causal: bool, B: int = 1, H: int = 32,
             H_kv: int | None = None):
     import torch
 
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     gen = torch.Generator(device="cuda").manual_seed(s + d)
     heads = (H, H_kv or H, H_kv or H, H)
@@ -97,7 +98,7 @@ def _inputs(s: int, d: int, dtype, causal: bool, B: int = 1, H: int = 32,
 
 
 def _run(inp, causal, kern, c):
-    from kernels.flash.bwd import attention_backward
+    from kernels.flash.route import attention_backward
 
     q, k, v, do, o, lse2 = inp
     return attention_backward(do, q, k, v, o, lse2, causal, q.shape[-1] ** -0.5, _cfg(kern, c))

@@ -1,8 +1,9 @@
+# Measured: atomic-dQ vs two-kernel backward time by grid size (H200).
 """Time the two backwards (atomic-dQ and two-kernel) over grids of different sizes, to set
 `calc.dispatch`'s atomic-dQ program threshold from measurements rather than two samples.
 
-    python -m kernels.bench.atomic_threshold --out atomic_threshold.csv
-    python -m kernels.bench.atomic_threshold --dims 128 --seqs 4096 --kv-heads 4 8 --batches 1 2
+    python -m tools.atomic_threshold --out atomic_threshold.csv
+    python -m tools.atomic_threshold --dims 128 --seqs 4096 --kv-heads 4 8 --batches 1 2
 
 For every (d, s, causal, B, H, H_kv) both backwards run on the same inputs with their default
 tiles (``KernelConfig(atomic_dq=True)`` and False); each is timed as the median of
@@ -41,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from triton.testing import do_bench
 
-    from kernels.flash.bwd import atomic_tiles, attention_backward, kv_split
+    from kernels.flash.bwd import atomic_tiles
     from kernels.flash.config import KernelConfig
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_backward, attention_forward, kv_split
 
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)

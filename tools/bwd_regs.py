@@ -1,7 +1,8 @@
+# Measured: registers and spills of the Triton dK/dV kernel for sm_90 (ptxas, no GPU).
 """Registers and spills of the dK/dV kernel (default and atomic-dQ variants) as ptxas reports
 them for sm_90, compiled on the CPU (no GPU needed), per head dim, causal flag and tile.
 
-    python -m kernels.bench.bwd_regs [--dims 64 128]
+    python -m tools.bwd_regs [--dims 64 128]
 
 The last-dim strides are specialised to 1 as the JIT does for contiguous inputs; the other
 strides stay plain integers (the JIT would also mark them divisible by 16), so the figures
@@ -17,9 +18,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels.bench.compile_sm90 import _ptxas_usage  # noqa: E402
-from kernels.bench.ptx_fingerprint import _signature  # noqa: E402
 from kernels.flash import bwd as bwd  # noqa: E402
+from tools.compile_sm90 import _ptxas_usage  # noqa: E402
+from tools.ptx_fingerprint import _signature  # noqa: E402
 
 TILES = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (64, 64, 4, 2), (32, 128, 4, 3)]
 UNIT_STRIDES = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dkd", "stride_dvd")

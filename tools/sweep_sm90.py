@@ -1,6 +1,7 @@
+# Measured: Hopper Gluon forward tile/stage variants' time beside cuDNN (H200).
 """Time the Gluon Hopper forward's tile/stage variants next to cuDNN, same process, same inputs.
 
-    python -m kernels.bench.sweep_sm90 [--seqs 4096 16384] [--dims 64 128]
+    python -m tools.sweep_sm90 [--seqs 4096 16384] [--dims 64 128]
 
 Prints TFLOP/s (4*B*H*s^2*d, half when causal; B=1, H=32) per variant and the relative error of
 each variant's output against cuDNN's (a variant off by more than 2e-2 is reported, not timed).

@@ -1,6 +1,7 @@
+# Measured: host microseconds per short forward call, Gluon vs Triton path (H200).
 """Host microseconds per forward call on a tiny shape, by path (the GPU work is ~5 us):
 
-    python -m kernels.bench.host_sm90
+    python -m tools.host_sm90
 """
 import torch
 import torch.nn.functional as F
@@ -9,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from kernels.bench.speed import host_us_per_call
 from kernels.flash import fwd_sm90 as k90
 from kernels.flash.api import flash_attention
-from kernels.flash.config import SETTINGS
+from kernels.flash.config import SETTINGS, KernelConfig
 
 
 def per_call(fn, n=2000):
@@ -19,7 +20,7 @@ def per_call(fn, n=2000):
 q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
 print("sm90 via flash_attention  ", round(per_call(lambda: flash_attention(q, k, v)), 1))
 print("generic via flash_attention", round(per_call(
-    lambda: flash_attention(q, k, v, config={"SM90": False})), 1))
+    lambda: flash_attention(q, k, v, config=KernelConfig(sm90=False))), 1))
 print("sm90 forward only          ", round(per_call(
     lambda: k90.attention_forward_sm90(q, k, v, False, 0.18)), 1))
 SETTINGS.direct_launch = False

@@ -1,7 +1,8 @@
+# Measured: forward tile configs' time per key, the source of tuned.py (H200).
 """Sweep the forward kernel's configs by hand, next to sdpa_cudnn, and print the best per key.
 
-    python -m kernels.bench.tune_fwd --out tune.csv            # d 64/128, causal or not, fp16
-    python -m kernels.bench.tune_fwd --dims 128 --seqs 4096 16384 --jobs 8
+    python -m tools.tune_fwd --out tune.csv            # d 64/128, causal or not, fp16
+    python -m tools.tune_fwd --dims 128 --seqs 4096 16384 --jobs 8
 
 The autotuner keeps only its winner; this keeps every candidate's time, so a tuning step in
 kernels/flash/NOTES.md can say what each choice (tile shape, warps, pipeline depth, tensor
@@ -66,7 +67,7 @@ def _compile(work: list[tuple]) -> list[str]:
     """Worker: launch each variant once on a small input so that it is compiled and cached."""
     import torch
 
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     errors = []
     for d, causal, c, desc in work:
@@ -98,7 +99,7 @@ def _time_shape(d: int, causal: bool, s: int, dtype, variants: list[tuple]) -> l
     from triton.testing import do_bench
 
     from calc import attention_flops
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     q, k, v = _inputs(s, d, dtype)
     flop = attention_flops(1, 32, s, d, causal)

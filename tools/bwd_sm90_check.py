@@ -1,6 +1,7 @@
+# Measured: Hopper Gluon backward gradients and time vs reference and Triton (H200).
 """GPU check of the Hopper (Gluon) backward, kernels.flash.bwd_sm90: correctness, then speed.
 
-    python -m kernels.bench.bwd_sm90_check [--quick] [--skip-check] [--reps N]
+    python -m tools.bwd_sm90_check [--quick] [--skip-check] [--reps N]
 
 1. Correctness on a handful of shapes (ragged lengths, causal and not, GQA, fp16 and bf16,
    d = 64 and 128): the max abs error of dQ, dK, dV against the fp32 eager reference
@@ -48,11 +49,11 @@ from calc import attention_flops
 
 
 class SM90Attention(torch.autograd.Function):
-    """Our forward (kernels.flash.fwd.attention_forward) and the Gluon backward."""
+    """Our forward (kernels.flash.route.attention_forward) and the Gluon backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float):
-        from kernels.flash.fwd import attention_forward
+        from kernels.flash.route import attention_forward
 
         o, lse2 = attention_forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse2)
@@ -146,10 +147,10 @@ def check(quick: bool = False) -> bool:
     ("eager"). PASS where the new error is at most twice the eager one plus a floor (the rule
     of tests/kernels/test_flash_attention.py)."""
     from kernels.flash import bwd_sm90
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     try:
-        from kernels.flash.bwd import attention_backward
+        from kernels.flash.route import attention_backward
     except Exception as e:  # the current backward is only a point of comparison here
         print(f"(current backward unavailable: {type(e).__name__}: {e})")
         attention_backward = None
@@ -277,10 +278,10 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
                 quick: bool = False) -> str:
     """Two lines of the timing table: TFLOP/s and ratios; the milliseconds of each part."""
     from kernels.flash import bwd_sm90
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     try:
-        from kernels.flash.bwd import attention_backward
+        from kernels.flash.route import attention_backward
     except Exception:  # reported below, where it is called
         attention_backward = None
     B, dt = 1, torch.bfloat16

@@ -1,6 +1,7 @@
+# Measured: causal sliding window time vs full causal attention (H200).
 """Time of our kernel's causal sliding window against full causal attention, on the GPU.
 
-    python -m kernels.bench.window_speed [--seq 8192] [--windows 512 1024 4096] [--heads 8]
+    python -m tools.window_speed [--seq 8192] [--windows 512 1024 4096] [--heads 8]
 
 For each window W (and None, plain causal) it times ``flash_attention(q, k, v, causal=True,
 window=W)`` forward, and forward + backward (``torch.autograd.grad``), B = 1, bf16, d = 128,

@@ -1,11 +1,12 @@
+# Measured: a hash of each kernel variant's PTX for sm_90 (no GPU).
 """Compile the kernels (Triton forward, dQ, dK/dV, and the Gluon Hopper forward) for sm_90
 without a GPU and print a short hash of each variant's PTX, with source line records removed.
 
-    python -m kernels.bench.ptx_fingerprint > before.txt   # edit the kernels' source
-    python -m kernels.bench.ptx_fingerprint > after.txt; diff before.txt after.txt
-    python -m kernels.bench.ptx_fingerprint --atomic   # also the atomic-dQ dK/dV variants
-    python -m kernels.bench.ptx_fingerprint --varlen   # also the packed-sequence variants
-    python -m kernels.bench.ptx_fingerprint --dump DIR  # also write each variant's PTX there
+    python -m tools.ptx_fingerprint > before.txt   # edit the kernels' source
+    python -m tools.ptx_fingerprint > after.txt; diff before.txt after.txt
+    python -m tools.ptx_fingerprint --atomic   # also the atomic-dQ dK/dV variants
+    python -m tools.ptx_fingerprint --varlen   # also the packed-sequence variants
+    python -m tools.ptx_fingerprint --dump DIR  # also write each variant's PTX there
 
 Each variant is compiled the way a launch compiles it: constexpr parameters that the host
 leaves at their defaults take those defaults, arguments the host passes as None are
