@@ -320,12 +320,12 @@ def test_kernel_uses_calc_dispatch_rules() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     from calc import dispatch
-    from kernels.flash import bwd
+    from kernels.flash import route
 
-    assert bwd.kv_split is dispatch.kv_split
+    assert route.kv_split is dispatch.kv_split
     for s in (1, 2048, 2049, 4096, 70000):
         for b, h_kv in ((1, 32), (1, 8), (64, 16)):
-            assert bwd.atomic_by_default(b, 32, h_kv, s, s, 64, 2) == dispatch.atomic_dq(
+            assert route.atomic_by_default(b, 32, h_kv, s, s, 64, 2) == dispatch.atomic_dq(
                 b, 32, h_kv, s, s, 64, 2)
 
 

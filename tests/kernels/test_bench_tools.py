@@ -1,5 +1,5 @@
-"""The benchmark and tuning scripts' own logic, on the CPU: FLOP convention, the table, the
-refusal to time a wrong result, and which variants a tuning sweep builds."""
+"""The speed benchmark's own logic, on the CPU: FLOP convention, the table, the refusal to
+time a wrong result, the rows it writes and reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from kernels.bench import speed as bench  # noqa: E402
-from kernels.bench import tune_bwd, tune_fwd  # noqa: E402
 from kernels.measure import speed_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,70 +159,6 @@ def test_measure_refuses_a_wrong_result(monkeypatch, factor, expect_ok):
         assert status.startswith("wrong: rel err") and math.isnan(ms) and rel == pytest.approx(2)
 
 
-def test_tune_fwd_variants_drop_configs_that_overflow_shared_memory():
-    """Every fitting config with and without descriptors; configs that overflow shared memory
-    dropped; each variant runs the portable forward with exactly its tiles and loads."""
-    from kernels.flash.config import KernelConfig, Tiles
-
-    configs = [(128, 128, 8, 3), (128, 128, 8, 5)]  # the second needs 4 * 64 KiB of K/V
-    got = tune_fwd._variants([128], [False], configs, [False, True])
-    assert {(c, desc) for _, _, c, desc in got} == {
-        ((128, 128, 8, 3), False), ((128, 128, 8, 3), True)}
-    assert tune_fwd._cfg((64, 32, 4, 2), True) == KernelConfig(
-        tiles=Tiles(64, 32, 4, 2), use_desc=True, sm90=False)
-
-
-def test_tune_bwd_configs_name_the_backward_and_its_tiles():
-    """Each backward candidate is a KernelConfig that says which backward runs: the
-    two-kernel one with the candidate for one launch and the held tiles for the other, or the
-    atomic-dQ one with the candidate as its dK/dV tiles (element-wise adds when asked)."""
-    from kernels.flash.config import Tiles
-
-    c = tune_bwd._cfg("dq", (128, 32, 4, 2))
-    assert (c.atomic_dq, c.dq_tiles, c.dkdv_tiles) == (
-        False, Tiles(128, 32, 4, 2), Tiles(*tune_bwd.HELD["dkdv"]))
-    c = tune_bwd._cfg("dkdv_atomic_ew", (64, 64, 4, 3))
-    assert (c.atomic_dq, c.dq_tma, c.dkdv_tiles) == (True, False, Tiles(64, 64, 4, 3))
-    assert tune_bwd._cfg("dkdv_atomic", (64, 64, 4, 3)).dq_tma is None
-
-
-def test_tune_bwd_variants_fit_and_cover_the_stored_choices():
-    """Every backward candidate kept fits in shared memory, the big ones are dropped at
-    d = 256, and every stored H200 backward choice up to 8192 is among the candidates (so a
-    re-run of tune_bwd times what is in use)."""
-    from kernels.flash.common import SMEM_BYTES
-    from kernels.flash.tuned import TUNED_H200
-
-    for d in (64, 128, 256):
-        for _, _, kern, (bm, bn, _, st) in tune_bwd._variants([d], [False]):
-            streamed, resident = (bm, bn) if kern == "dkdv" else (bn, bm)
-            assert (st - 1) * 2 * streamed * d * 2 + 2 * resident * d * 2 <= SMEM_BYTES
-    assert len(tune_bwd._variants([256], [False])) < len(tune_bwd._variants([64], [False]))
-    for (kern, _, d, _, bucket), c in TUNED_H200.items():
-        if kern != "fwd" and bucket <= 8192:
-            assert c in (tune_bwd.DQ if kern == "dq" else tune_bwd.DKDV), (kern, d, bucket, c)
-    # --atomic adds the atomic-dQ backward with every dK/dV candidate, its defaults among them
-    from kernels.flash.tuned import ATOMIC_TILES
-
-    plain = tune_bwd._variants([128], [True])
-    both = tune_bwd._variants([128], [True], atomic=True)
-    extra = [v for v in both if v[2] == "dkdv_atomic"]
-    assert both[:len(plain)] == plain
-    assert [v[3] for v in extra] == [v[3] for v in plain if v[2] == "dkdv"]
-    for tiles in ATOMIC_TILES.values():
-        assert tuple(tiles.values()) in tune_bwd.DKDV
-    # --atomic-elementwise: the same candidates under their own name
-    ew = tune_bwd._variants([128], [True], atomic=True, elementwise=True)
-    assert [v[3] for v in ew if v[2] == "dkdv_atomic_ew"] == [v[3] for v in extra]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
-@pytest.mark.parametrize("tool", [tune_fwd, tune_bwd], ids=["fwd", "bwd"])
-def test_tune_refuses_without_gpu(capsys, tool):
-    assert tool.main(["--dims", "64", "--seqs", "1024"]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
-
-
 def test_read_rows_round_trips_and_refuses_other_files(tmp_path):
     """The measurement system reads the bench's CSVs (the page's path); the bench writes the
     same Row type."""
@@ -255,16 +190,6 @@ def test_rounds_median_worst_error_and_failures():
     for bad in ("0", "x", "-2"):
         with pytest.raises(SystemExit):
             bench.parse_args(["--rounds", bad])
-
-
-@pytest.mark.parametrize("argv", [["--kv-heads", "5"], ["--batch", "0"], ["--heads", "0"]])
-def test_tune_bwd_refuses_bad_head_counts(capsys, argv):
-    """--kv-heads must divide --heads, and both and --batch be positive: refused by name before
-    anything runs (GPU or not)."""
-    with pytest.raises(SystemExit) as info:
-        tune_bwd.main(argv)
-    assert info.value.code == 2
-    assert "--kv-heads must divide --heads" in capsys.readouterr().err
 
 
 def test_run_grid_on_the_cpu(tmp_path, monkeypatch, capsys):

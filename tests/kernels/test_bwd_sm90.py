@@ -83,7 +83,7 @@ def test_gradients_match_reference(case, dtype):
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     B, H, H_kv, s_q, s_k, d, causal = case
     torch.manual_seed(hash(case) % 2**31)
@@ -175,16 +175,15 @@ def test_flat_cast_decodes_the_flat_buffer_under_the_interpreter():
         [128, True], [64, True], [128, True], [64, True]]
 
 
-def test_another_dq_partial_is_refused_before_anything_runs():
-    """Overrides that give a warpgroup a dQ^T partial other than the flat staging's 64 x 64
-    (here d = 128 split by queries) are refused with the values named, before any allocation
-    or launch (CPU tensors get that far)."""
+def test_every_table_entry_gives_the_flat_staging_its_64_by_64_partial():
+    """The schedule tables (TILES, DQ_SPLIT_D) give each warpgroup the 64 x 64 dQ^T partial
+    the flat dQ staging and its cast are written for: d = 128 split by rows of d with
+    BLOCK_M = 64, d = 64 split by queries with BLOCK_M = 128."""
     b90 = _sm90()
-    q = torch.zeros(1, 1, 64, 128, dtype=torch.float16)
-    lse2 = torch.zeros(1, 1, 64)
-    with pytest.raises(ValueError, match=r"needs a 64 x 64.*d = 128, block_m = 64, "
-                                         r"dq_split_d = False"):
-        b90.attention_backward_sm90(q, q, q, q, q, lse2, False, 0.1, dq_split_d=False)
+    for d in b90.HEAD_DIMS:
+        bm = b90.TILES[d][0]
+        part = (d // 2, bm) if b90.DQ_SPLIT_D[d] else (d, bm // 2)
+        assert part == (64, 64), (d, b90.TILES[d], b90.DQ_SPLIT_D[d])
 
 
 def test_dq_buffer_rows_match_calc():
@@ -208,7 +207,7 @@ def test_strided_inputs_and_expanded_gradient():
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_forward
 
     B, H, s, d = 1, 4, 640, 128
     qkv = torch.randn(B, s, 3, H, d, device="cuda", dtype=torch.bfloat16)
@@ -231,7 +230,7 @@ def test_usable_refuses_cpu_tensors():
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_compiles_for_sm90_without_spills(d):
-    """The CPU compile check (kernels.bench.compile_bwd_sm90): the default variant compiles
+    """The CPU compile check (tools/compile_bwd_sm90.py): the default variant compiles
     for sm_90 and fits the 227 KiB of shared memory; 0 spilled bytes is the goal. Known
     spills (expected failures until they are 0), the causal variant compiled here: at d = 128
     none with Triton 3.6 (the GPU host's) and 8 bytes with 3.9, outside the loops, since the
@@ -241,7 +240,7 @@ def test_compiles_for_sm90_without_spills(d):
     16-56 bytes with either, and was 3-17% faster on the H200 than BLOCK_M = 64, which spilled
     none (kernels/flash/NOTES.md, "the Hopper region")."""
     _sm90()
-    from kernels.bench import compile_bwd_sm90 as cb
+    from tools import compile_bwd_sm90 as cb
 
     try:
         rows = cb.run(dims=(d,), verbose=False, dtypes=("bf16",), causals=(True,))
@@ -259,7 +258,7 @@ def test_mha_specialisation_compiles_within_shared_memory():
     ptxas keeps in registers: kernels/flash/NOTES.md, "where the backward's time goes (ncu)")
     compiles for sm_90 at both head dims within the 227 KiB a block may use. Its spills are not asserted (a few local loads remain)."""
     _sm90()
-    from kernels.bench import compile_bwd_sm90 as cb
+    from tools import compile_bwd_sm90 as cb
 
     try:
         rows = cb.run(verbose=False, dtypes=("bf16",), causals=(False,), mha=True)
@@ -275,7 +274,7 @@ def test_mha_specialisation_compiles_within_shared_memory():
 @pytest.mark.parametrize("shape", [(1, 32, 32, 4096, 64), (1, 32, 8, 16384, 64)],
                          ids=["MHA-4k", "GQA4-16k"])
 def test_allocates_what_the_atomic_triton_backward_allocates(shape):
-    """Same buffers, same sizes, same order as bwd.attention_backward's atomic-dQ path (no GQA
+    """Same buffers, same sizes, same order as bwd.triton_backward's atomic-dQ path (no GQA
     split at these shapes), so calc's peak model holds whichever backward runs: the peak
     above the inputs is equal to the byte."""
     reason = hopper_reason()
@@ -283,9 +282,8 @@ def test_allocates_what_the_atomic_triton_backward_allocates(shape):
         pytest.skip(reason)
     b90 = _sm90()
     from calc.dispatch import atomic_dq, kv_split
-    from kernels.flash.bwd import attention_backward
     from kernels.flash.config import KernelConfig
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_backward, attention_forward
 
     B, H, H_kv, s, d = shape
     assert atomic_dq(B, H, H_kv, s, s, d, 2) and kv_split(B, H, H_kv, s, s, d, 2) == 1
@@ -325,7 +323,7 @@ def test_usable_needs_queries_in_multiples_of_four():
     assert not b90.usable(x[:, :, :777], x, x)
 
 
-# ---- routing: when flash_attention's backward is the Gluon one (bwd.use_sm90_backward) -------
+# ---- routing: when flash_attention's backward is the Gluon one (route.backward_route) ---------
 
 def test_configs_that_pick_the_triton_backward_keep_it():
     from kernels.flash.config import KernelConfig, Tiles
@@ -335,12 +333,7 @@ def test_configs_that_pick_the_triton_backward_keep_it():
     assert KernelConfig(kv_split=2).triton_backward_chosen()
     assert KernelConfig(dkdv_tiles=Tiles(64, 64, 4, 3)).triton_backward_chosen()
     assert not KernelConfig(sm90=True).triton_backward_chosen()  # a forward choice only
-    # legacy dicts keep their meaning: any backward key or tiles means the Triton backward
-    assert KernelConfig.from_dict({"BWD_ATOMIC_DQ": True}).sm90_bwd is False
-    assert KernelConfig.from_dict({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4,
-                                   "num_stages": 2}).sm90_bwd is False
-    assert KernelConfig.from_dict({"SM90": True}).sm90_bwd is None
-    assert KernelConfig.from_dict({"BWD_SM90": True, "BWD_ATOMIC_DQ": True}).sm90_bwd is True
+    assert KernelConfig(tiles=Tiles(64, 64, 4, 2)).triton_backward_chosen()
     with pytest.raises(ValueError, match="sm90_bwd must be True, False or None"):
         KernelConfig(sm90_bwd="yes")
 
@@ -348,15 +341,16 @@ def test_configs_that_pick_the_triton_backward_keep_it():
 def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     """CPU tensors (or any call the Gluon backward cannot take): sm90_bwd=True names why;
     the default falls back to the Triton backward silently, as designed."""
-    from kernels.flash.bwd import use_sm90_backward
+    from kernels.flash import route
     from kernels.flash.config import SETTINGS, KernelConfig
 
     assert SETTINGS.sm90_bwd is True  # the default; no environment variable changes it
     x = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
-    assert not use_sm90_backward(x, x, x, x, x, None, True, 1, None)
-    assert not use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=False), True, 1, None)
+    call, can = route.Call.of(x, x, False, None), route.probe(x, x, x, x, x)
+    assert route.backward_route(call, None, can).kernel == "triton"
+    assert route.backward_route(call, KernelConfig(sm90_bwd=False), can).kernel == "triton"
     with pytest.raises(ValueError, match=r"sm90_bwd=True: .*got q \(1, 2, 64, 64\) torch.float16 on cpu"):
-        use_sm90_backward(x, x, x, x, x, KernelConfig(sm90_bwd=True), False, 1, None)
+        route.backward_route(call, KernelConfig(sm90_bwd=True), can)
 
 
 @pytest.mark.gpu

@@ -34,11 +34,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from kernels.flash.config import KernelConfig, Tiles  # noqa: E402
+
 HAS_CUDA = torch.cuda.is_available()
 KERNEL_MODULES = ("kernels.flash.fwd", "kernels.flash.bwd", "kernels.flash.api")
-# Fixed tile configs, so the GPU grid compiles once per (d, causal, dtype) and never autotunes.
-GPU_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-GPU_CONFIG_D256 = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+# Fixed tiles, so the GPU grid compiles once per (d, causal, dtype) and never autotunes: the
+# portable forward and the two-kernel backward with those tiles.
+GPU_CONFIG = KernelConfig(tiles=Tiles(64, 64, 4, 2), sm90=False, atomic_dq=False)
+GPU_CONFIG_D256 = KernelConfig(tiles=Tiles(32, 32, 4, 2), sm90=False, atomic_dq=False)
 # Absolute error floor per dtype, on O(1) outputs and gradients.
 FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -238,12 +241,12 @@ def test_kernels_allocate_only_through_common_empty():
     the kernels' host code allocates nothing another way. Allowed besides: ``new_zeros`` (the
     atomic-dQ buffer must start at zero) and ``.to(dtype)`` (the cast writes every element)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for name in ("api.py", "fwd.py", "bwd.py", "fwd_sm90.py"):
+    for name in ("api.py", "route.py", "fwd.py", "bwd.py", "fwd_sm90.py"):
         with open(os.path.join(root, "kernels", "flash", name)) as f:
             src = f.read()
         for call in ("torch.empty", "empty_like", ".new_empty(", "empty_strided", " empty("):
             assert call not in src, f"kernels/flash/{name} allocates with {call!r}"
-        assert "common.empty(" in src or name == "api.py"
+        assert "common.empty(" in src or name in ("api.py", "route.py")
 
 
 def test_poisoning_fills_every_allocation_path(fa):
@@ -264,8 +267,7 @@ def test_poisoning_fills_every_allocation_path(fa):
 
 def test_kernel_config_is_checked_once_with_named_errors(fa):
     """KernelConfig refuses a bad value when it is built, naming the field, the value and what
-    is accepted; the dict form names its key too, and refuses unknown keys."""
-    from kernels.flash.config import KernelConfig, Tiles
+    is accepted; a call refuses anything else given as its config (a dict among them)."""
 
     cases = [
         (dict(tiles=(128, 100, 8, 3)), "block_n must be one of 16, 32, 64, 128, 256 or None, "
@@ -281,41 +283,18 @@ def test_kernel_config_is_checked_once_with_named_errors(fa):
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words.replace("(", r"\(")):
             KernelConfig(**kwargs)
-    with pytest.raises(ValueError, match="unknown config keys 'SM90_PERSISTENT'"):
-        KernelConfig.from_dict({"SM90": True, "SM90_PERSISTENT": True})
-    with pytest.raises(ValueError, match="tiles need all of BLOCK_M, BLOCK_N, num_warps, "
-                                         "num_stages; missing num_stages"):
-        KernelConfig.from_dict({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4})
-    with pytest.raises(ValueError, match="config BWD_ATOMIC_DQ: atomic_dq must be True"):
-        KernelConfig.from_dict({"BWD_ATOMIC_DQ": 1})
-    with pytest.raises(ValueError, match="config must be a KernelConfig, a dict or None"):
+    with pytest.raises(ValueError, match="tiles: tiles must be Tiles, a .* tuple, or None"):
+        KernelConfig(tiles={"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2})
+    with pytest.raises(ValueError, match=r"config must be a KernelConfig or None, got \[64"):
         KernelConfig.of([64, 64, 4, 2])
+    c = KernelConfig(sm90=True)
+    assert KernelConfig.of(None) is None and KernelConfig.of(c) is c
     assert KernelConfig(tiles=(64, 32, 4, 2)).tiles == Tiles(64, 32, 4, 2)
     assert Tiles(64, 32, 4, 2).meta() == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4,
                                           "num_stages": 2}
     q = torch.zeros(1, 2, 8, 16)
-    with pytest.raises(ValueError, match="unknown config keys 'WS'"):  # before any launch
-        fa.flash_attention(q, q, q, config={"WS": True})
-
-
-def test_dict_config_keeps_its_meaning():
-    """The dict form converts to explicit flags: what a missing key used to select by its
-    absence is now a field set to False."""
-    from kernels.flash.config import KernelConfig
-
-    tiles = dict(GPU_CONFIG)
-    c = KernelConfig.from_dict(tiles)
-    assert (c.sm90, c.atomic_dq, c.use_desc) == (False, False, None)
-    c = KernelConfig.from_dict({**tiles, "BWD_ATOMIC_DQ": True, "USE_DESC": True})
-    assert (c.sm90, c.atomic_dq, c.use_desc) == (False, True, True)
-    c = KernelConfig.from_dict({"USE_DESC": False})  # a forward key without tiles
-    assert (c.tiles, c.sm90, c.atomic_dq) == (None, False, None)
-    c = KernelConfig.from_dict({"BWD_ATOMIC_DQ": True, "BWD_KV_SPLIT": 2})  # backward only
-    assert (c.sm90, c.atomic_dq, c.kv_split) == (None, True, 2)
-    c = KernelConfig.from_dict({"SM90": True, "SM90_CONSUMERS": 3, "SM90_STAGES": 2})
-    assert (c.sm90, c.sm90_consumers, c.sm90_stages, c.atomic_dq) == (True, 3, 2, None)
-    assert KernelConfig.from_dict({}) == KernelConfig()
-    assert KernelConfig.of(None) is None and KernelConfig.of(c) is c
+    with pytest.raises(ValueError, match="config must be a KernelConfig or None, got {'SM90'"):
+        fa.flash_attention(q, q, q, config={"SM90": False})  # before any launch
 
 
 def test_the_environment_configures_nothing():
@@ -383,16 +362,17 @@ def test_descriptors_only_for_layouts_that_flatten_into_rows(fa):
     assert fwd.rows_view(x[:, :, :20]) is None  # heads 40 rows apart, 20 used
     assert fwd.rows_view(x[:1, :1, :20]) == (20, 64)  # one head: any row count
     assert fwd.rows_view(torch.zeros(1, 2, 8, 100, dtype=torch.float16)[..., :36]) is None  # 200 B rows
-    assert fwd.descriptors_usable(x, x, 64, True)
-    assert not fwd.descriptors_usable(x, x, 64, False)
-    assert not fwd.descriptors_usable(x, x, 80, True)  # padded head dim: pointers
-    assert not fwd.descriptors_usable(x, x, 64, None)  # CPU tensor, no forcing: pointers
+    route = importlib.import_module("kernels.flash.route")
+    assert route.descriptors_usable(x, x, 64, True)
+    assert not route.descriptors_usable(x, x, 64, False)
+    assert not route.descriptors_usable(x, x, 80, True)  # padded head dim: pointers
+    assert not route.descriptors_usable(x, x, 64, None)  # CPU tensor, no forcing: pointers
     q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)
     kt = torch.zeros(1, 16, 2, 64, dtype=torch.float16).transpose(1, 2)
     with pytest.raises(ValueError, match="use_desc=True"):
-        fwd.attention_forward(q, kt, kt, False, 0.125, {"BLOCK_M": 16, "BLOCK_N": 16,
-                                                          "num_warps": 4, "num_stages": 1,
-                                                          "USE_DESC": True})
+        route.attention_forward(q, kt, kt, False, 0.125,
+                                KernelConfig(tiles=Tiles(16, 16, 4, 1), use_desc=True,
+                                             sm90=False, atomic_dq=False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +414,7 @@ def _stride0_grad_case(fa):
 
 # The same cases with K/V read through tensor descriptors (TMA on a GPU; emulated by the
 # interpreter): head dims that are powers of two, contiguous layouts, ragged tails and GQA.
-INTERP_DESC = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "USE_DESC": True}
+INTERP_DESC = KernelConfig(tiles=Tiles(32, 32, 4, 1), use_desc=True, sm90=False, atomic_dq=False)
 INTERP_DESC_CASES = [
     (1, 4, 2, 97, 97, 64, True, torch.float16),
     (2, 2, 2, 70, 70, 32, False, torch.float32),
@@ -442,10 +422,9 @@ INTERP_DESC_CASES = [
     (1, 2, 2, 130, 33, 16, False, torch.float16),
 ]
 
-# The atomic-dQ backward (config BWD_ATOMIC_DQ; kernels/flash/bwd.py): causal and not,
+# The atomic-dQ backward (KernelConfig.atomic_dq; kernels/flash/bwd.py): causal and not,
 # ragged tails, s_q != s_k, GQA, a padded head dim.
-INTERP_ATOMIC = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1,
-                 "BWD_ATOMIC_DQ": True}
+INTERP_ATOMIC = KernelConfig(tiles=Tiles(32, 32, 4, 1), sm90=False, atomic_dq=True)
 INTERP_ATOMIC_CASES = [
     (1, 4, 2, 97, 97, 32, True, torch.float16),
     (2, 2, 2, 70, 40, 16, False, torch.float32),
@@ -454,11 +433,11 @@ INTERP_ATOMIC_CASES = [
 # GQA groups split over dK/dV programs by a config (the default splits small grids by the whole
 # group, which the GQA cases above run): a share of 2 of 4 query heads, two-kernel and atomic
 INTERP_SPLIT_CASES = [
-    ({"BWD_KV_SPLIT": 2}, (1, 8, 2, 97, 60, 32, True, torch.float16)),
-    ({"BWD_KV_SPLIT": 2, "BWD_ATOMIC_DQ": True}, (2, 4, 1, 33, 70, 16, False, torch.float32)),
+    (KernelConfig(kv_split=2), (1, 8, 2, 97, 60, 32, True, torch.float16)),
+    (KernelConfig(kv_split=2, atomic_dq=True), (2, 4, 1, 33, 70, 16, False, torch.float32)),
 ]
 
-# The same cases given as a KernelConfig instead of the dict form.
+# Cases whose KernelConfig is built in the child process, from these fields.
 INTERP_TYPED_CASES = [
     (dict(tiles=(32, 32, 4, 1), use_desc=True), (1, 4, 2, 97, 97, 64, True, torch.float16)),
     (dict(atomic_dq=True, kv_split=2), (2, 4, 1, 33, 70, 16, False, torch.float32)),
@@ -486,7 +465,8 @@ class SkipOneTile:
 # (kernel whose launches skip a tile, config, case): each must FAIL the poisoned check with NaN
 BROKEN_CASES = {
     "broken_fwd": ("fwd", None, (1, 2, 2, 97, 97, 16, False, torch.float32)),
-    "broken_dkdv_split": ("dkdv", {"BWD_KV_SPLIT": 2}, (1, 4, 1, 33, 97, 16, True, torch.float32)),
+    "broken_dkdv_split": ("dkdv", KernelConfig(kv_split=2),
+                          (1, 4, 1, 33, 97, 16, True, torch.float32)),
     "broken_dq": ("dq", None, (1, 2, 2, 97, 97, 16, True, torch.float16)),
 }
 
@@ -623,7 +603,7 @@ def test_gpu_strided_views_and_fp32_match_reference(fa, poisoned, layout, dtype)
                                      (1000, 130)])
 def test_gpu_descriptor_loads_match_reference(fa, poisoned, s_q, s_k, d, causal, dtype):
     """K/V through tensor descriptors (TMA), forced on, GQA 4: ragged tails and diagonals."""
-    config = dict(GPU_CONFIG_D256 if d > 128 else GPU_CONFIG, USE_DESC=True)
+    config = dataclasses.replace(GPU_CONFIG_D256 if d > 128 else GPU_CONFIG, use_desc=True)
     check_against_reference(fa, 2, 8, 2, s_q, s_k, d, causal, dtype, "cuda", config=config)
 
 
@@ -643,7 +623,7 @@ def test_gpu_sm90_forward_matches_reference(fa, poisoned, s_q, s_k, group, d, ca
     """The hand-scheduled Hopper forward (fwd_sm90), forced on: ragged tails,
     diagonals, s_q != s_k, GQA; gradients through the Triton backward on its O and lse2."""
     check_against_reference(fa, 2, 8, 8 // group, s_q, s_k, d, causal, dtype, "cuda",
-                            config={"SM90": True})
+                            config=KernelConfig(sm90=True))
 
 
 @pytest.mark.gpu
@@ -669,7 +649,7 @@ def test_gpu_sm90_three_warpgroups_match_reference(fa, poisoned, s_q, s_k, group
     """Three consumer warpgroups (BLOCK_M = 192) at d = 64: tile edges at 192-row steps,
     ragged tails, s_q != s_k, GQA; forward and every gradient against the reference."""
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, 64, causal, dtype, "cuda",
-                            config={"SM90": True, "SM90_CONSUMERS": 3})
+                            config=KernelConfig(sm90=True, sm90_consumers=3))
 
 
 @pytest.mark.gpu
@@ -678,24 +658,24 @@ def test_gpu_sm90_three_warpgroups_match_reference(fa, poisoned, s_q, s_k, group
 @pytest.mark.parametrize("s_q,s_k,d,group", [(1, 1, 64, 1), (97, 1000, 128, 4), (1025, 1025, 64, 1),
                                              (1000, 300, 80, 2), (2048, 2048, 128, 1)])
 def test_gpu_atomic_dq_backward_matches_reference(fa, poisoned, s_q, s_k, d, group, causal, dtype):
-    """The atomic-dQ backward (config BWD_ATOMIC_DQ, default tiles): every gradient against
+    """The atomic-dQ backward (KernelConfig(atomic_dq=True), default tiles): every gradient against
     the reference, as the default backward is checked. On Hopper, d = 64 and 128 add dQ with
     the copy engine's bulk reduce-add (d = 80 with element-wise atomics)."""
-    from kernels.flash.bwd import dq_tma_usable
+    from kernels.flash.route import dq_tma_usable
 
     q = torch.empty(1, 1, 1, d, device="cuda", dtype=dtype)
     assert dq_tma_usable(q, d) == (HOPPER and d in (64, 128))
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, dtype, "cuda",
-                            config={"BWD_ATOMIC_DQ": True})
+                            config=KernelConfig(atomic_dq=True))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("s_q,s_k,d,group", [(97, 1000, 128, 4), (1025, 1025, 64, 1)])
 def test_gpu_elementwise_atomic_dq_matches_reference(fa, poisoned, s_q, s_k, d, group, causal):
-    """{"BWD_DQ_TMA": False}: the element-wise atomic adds where bulk reduce-adds would run."""
+    """dq_tma=False: the element-wise atomic adds where bulk reduce-adds would run."""
     check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, torch.float16, "cuda",
-                            config={"BWD_ATOMIC_DQ": True, "BWD_DQ_TMA": False})
+                            config=KernelConfig(atomic_dq=True, dq_tma=False))
 
 
 @pytest.mark.gpu
@@ -704,11 +684,11 @@ def test_gpu_sm90_three_warpgroups_refused_off_d64(fa):
     """Three warpgroups exist at d = 64 only: asked elsewhere, the call says so instead of
     running."""
     q = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
-    for config, words in (({"SM90": True, "SM90_CONSUMERS": 3}, "at d = 128"),
-                          ({"SM90": True, "SM90_CONSUMERS": 4}, "got 4")):
+    for fields, words in ((dict(sm90=True, sm90_consumers=3), "at d = 128"),
+                          (dict(sm90=True, sm90_consumers=4), "got 4")):
         qq = q if "d = 128" in words else q[..., :64].contiguous()
         with pytest.raises(ValueError, match=words):
-            fa.flash_attention(qq, qq, qq, config=config)
+            fa.flash_attention(qq, qq, qq, config=KernelConfig(**fields))
 
 
 @pytest.mark.gpu
@@ -721,7 +701,7 @@ def test_gpu_sm90_takes_strided_views_without_copies(fa, poisoned, dtype):
     # same pytest worker)
     for _ in range(2):
         check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
-                                config={"SM90": True}, scale=0.2)
+                                config=KernelConfig(sm90=True), scale=0.2)
     # the repeated call went through the direct launch of the compiled kernel, on
     # Triton 3.6 straight to its C launch function with the encoded tensor maps kept
     launcher = importlib.import_module("kernels.flash.fwd_sm90").LAUNCHER
@@ -738,11 +718,10 @@ def test_gpu_direct_launch_never_reuses_a_mismatched_kernel(fa, poisoned, d):
     reuse a kernel compiled for others: the same shapes in turn as contiguous tensors,
     (B, s, H, d) views and another GQA group, each twice, each against the reference; then
     inputs at a 2-byte offset (not 16-byte aligned), against the same inputs aligned."""
-    from kernels.flash import common
-    from kernels.flash import fwd as fwd
+    from kernels.flash import common, route
 
     def direct_calls():
-        sm90 = fwd.fwd_sm90.LAUNCHER.direct_calls if fwd.fwd_sm90 is not None else 0
+        sm90 = route.fwd_sm90.LAUNCHER.direct_calls if route.fwd_sm90 is not None else 0
         return sum(lau.direct_calls for lau in common.LAUNCHERS.values()) + sm90
 
     before = direct_calls()
@@ -772,25 +751,27 @@ def test_gpu_direct_launch_never_reuses_a_mismatched_kernel(fa, poisoned, d):
 
 
 def test_forward_choice_rules():
-    """Which forward runs: sm90=False picks the Triton kernel, and so does a dict config with
-    tiles but without "SM90"; sm90=True where the Gluon kernel cannot run says why instead of
-    running something else."""
-    from kernels.flash.config import KernelConfig
-
-    fwd = importlib.import_module("kernels.flash.fwd")
+    """Which forward runs real CPU tensors: the Triton kernel whatever the config says, except
+    that sm90=True, where the Gluon kernel cannot run, says why instead of running something
+    else."""
+    route = importlib.import_module("kernels.flash.route")
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-    assert fwd.use_sm90(q, q, q, KernelConfig(sm90=False)) is False
-    assert KernelConfig.from_dict(GPU_CONFIG).sm90 is False
-    assert fwd.use_sm90(q, q, q, None) is False  # CPU tensors
-    assert fwd.use_sm90(q, q, q, KernelConfig()) is False
+
+    def kernel(config):
+        return route.forward_route(route.Call.of(q, q, False, None), config,
+                                   route.probe(q, q, q)).kernel
+
+    assert kernel(KernelConfig(sm90=False)) == "triton"
+    assert kernel(None) == "triton"  # CPU tensors
+    assert kernel(KernelConfig()) == "triton"
     with pytest.raises(ValueError, match="sm90=True"):
-        fwd.use_sm90(q, q, q, KernelConfig(sm90=True))
+        kernel(KernelConfig(sm90=True))
 
 
 def test_bulk_dq_adds_need_cuda_and_pow2_head_dim():
     """Bulk reduce-adds of dQ need a CUDA tensor (never under the interpreter), a head dim that
     is a power of two, and are refused when a config turns them off."""
-    from kernels.flash.bwd import dq_tma_usable
+    from kernels.flash.route import dq_tma_usable
 
     cpu = torch.empty(1, 1, 1, 64)
     assert not dq_tma_usable(cpu, 64)
@@ -802,12 +783,11 @@ def test_bulk_dq_adds_need_cuda_and_pow2_head_dim():
 
 
 def test_backward_choice_rules(monkeypatch):
-    """Which backward attention_backward launches, with the launches recorded instead of run
-    (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's atomic_dq
-    first; the dict form's tiles without "BWD_ATOMIC_DQ" select the two-kernel one, a
-    KernelConfig's tiles leave the choice to the rule."""
+    """Which backward route.attention_backward launches, with the launches recorded instead of
+    run (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's
+    atomic_dq first; tiles alone leave the choice to the rule."""
     from kernels.flash import bwd as bwd
-    from kernels.flash.config import KernelConfig
+    from kernels.flash import route
 
     launched = []
     monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, *a, **k: launched.append(name))
@@ -818,7 +798,7 @@ def test_backward_choice_rules(monkeypatch):
         k, v = (torch.zeros(B, H_kv, s, d, dtype=dtype) for _ in range(2))
         lse2 = torch.zeros(B, H, s)
         launched.clear()
-        dq, dk, dv = bwd.attention_backward(do, q, k, v, o, lse2, False, 0.1, config, **kw)
+        dq, dk, dv = route.attention_backward(do, q, k, v, o, lse2, False, 0.1, config, **kw)
         assert dq.dtype == dtype and dq.shape == q.shape and dk.shape == k.shape
         return launched[:]
 
@@ -833,27 +813,28 @@ def test_backward_choice_rules(monkeypatch):
     assert names(1, 32, 4, 4096, 128) == two  # 4 x 32 = 128: Triton's split 8, two kernels
     assert names(1, 32, 32, 4096, 80) == two  # head dim
     assert names(1, 32, 32, 4096, 64, torch.float32) == two  # dtype
-    assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": False}) == two
-    assert names(1, 2, 2, 100, 64, config={"BWD_ATOMIC_DQ": True}) == atomic
-    assert names(1, 32, 32, 4096, 64, config=dict(GPU_CONFIG)) == two  # tiles, no switch
-    tiles = KernelConfig.from_dict(GPU_CONFIG).tiles
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(atomic_dq=False)) == two
+    assert names(1, 2, 2, 100, 64, config=KernelConfig(atomic_dq=True)) == atomic
+    assert names(1, 32, 32, 4096, 64, config=GPU_CONFIG) == two  # tiles, atomic_dq=False
+    tiles = GPU_CONFIG.tiles
     assert names(1, 32, 32, 4096, 64, config=KernelConfig(tiles=tiles)) == atomic
     assert names(1, 32, 32, 4096, 64, config=KernelConfig(dkdv_tiles=tiles,
                                                           atomic_dq=False)) == two
-    assert names(1, 32, 32, 4096, 64, config={"SM90": True}) == atomic  # forward-only keys
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(sm90=True)) == atomic  # forward only
     # deterministic mode keeps the deterministic backward (a config's switch still wins)
     torch.use_deterministic_algorithms(True)
     try:
         assert names(1, 32, 32, 4096, 64) == two
-        assert names(1, 32, 32, 4096, 64, config={"BWD_ATOMIC_DQ": True}) == atomic
+        assert names(1, 32, 32, 4096, 64, config=KernelConfig(atomic_dq=True)) == atomic
     finally:
         torch.use_deterministic_algorithms(False)
 
 
 def test_gqa_split_of_the_dkdv_grid(monkeypatch):
-    """The GQA split of the dK/dV grid (`kv_split`, a config's BWD_KV_SPLIT), with the launches
+    """The GQA split of the dK/dV grid (`kv_split`, a config's kv_split), with the launches
     recorded instead of run: the third grid axis, the partial sums' shape, the refusals."""
     from kernels.flash import bwd as bwd
+    from kernels.flash import route
 
     grids = []
     monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, meta, bucket, cfg, args, grid,
@@ -865,7 +846,7 @@ def test_gqa_split_of_the_dkdv_grid(monkeypatch):
         q, do, o = (torch.zeros(B, H, s, 64, dtype=torch.float16) for _ in range(3))
         k, v = (torch.zeros(B, H_kv, s, 64, dtype=torch.float16) for _ in range(2))
         grids.clear()
-        dq, dk, dv = bwd.attention_backward(do, q, k, v, o, torch.zeros(B, H, s), True, 0.1,
+        dq, dk, dv = route.attention_backward(do, q, k, v, o, torch.zeros(B, H, s), True, 0.1,
                                             config)
         assert dk.shape == k.shape and dv.shape == v.shape
         return [g[1:] for g in grids if g[0].startswith("dkdv")][0]
@@ -875,22 +856,22 @@ def test_gqa_split_of_the_dkdv_grid(monkeypatch):
     assert dkdv(1, 32, 8, 3072) == ((24, 8, 4), (1, 32, 3072, 64))  # 8 x 24 blocks: x4
     assert dkdv(1, 32, 8, 4096) == ((32, 8, 1), (1, 8, 4096, 64))  # the Hopper region: none
     assert dkdv(1, 32, 8, 16384) == ((128, 8, 1), (1, 8, 16384, 64))  # 1,024 blocks already
-    assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 2}) == ((32, 8, 2), (1, 16, 4096, 64))
-    assert dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": 1}) == ((32, 8, 1), (1, 8, 4096, 64))
+    assert dkdv(1, 32, 8, 4096, KernelConfig(kv_split=2)) == ((32, 8, 2), (1, 16, 4096, 64))
+    assert dkdv(1, 32, 8, 4096, KernelConfig(kv_split=1)) == ((32, 8, 1), (1, 8, 4096, 64))
     for bad in (3, 8):  # not a divisor of the group: refused at the call, which knows it
         with pytest.raises(ValueError, match=f"kv_split must be a positive divisor of the "
                                              f"GQA group H / H_kv = 32 / 8 = 4, got {bad!r}"):
-            dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": bad})
+            dkdv(1, 32, 8, 4096, KernelConfig(kv_split=bad))
     for bad in (0, 2.0, True, "2"):  # not a positive int: refused when the config is built
-        with pytest.raises(ValueError, match=r"config BWD_KV_SPLIT: kv_split must be a "):
-            dkdv(1, 32, 8, 4096, {"BWD_KV_SPLIT": bad})
+        with pytest.raises(ValueError, match=r"kv_split must be a positive int or None"):
+            dkdv(1, 32, 8, 4096, KernelConfig(kv_split=bad))
 
 
 def test_where_the_sm90_forward_is_the_default():
     """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
     stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
     warpgroups, two stages)."""
-    k90 = importlib.import_module("kernels.flash.fwd").fwd_sm90
+    k90 = importlib.import_module("kernels.flash.route").fwd_sm90
     if k90 is None:
         pytest.skip("this Triton has no Gluon Hopper API")
     for causal in (False, True):
@@ -922,7 +903,7 @@ def test_sm90_forward_compiles_without_spills():
     and ptxas run on the CPU), without register spills and within the 227 KiB of shared
     memory one block may use."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from kernels.bench import compile_sm90 as mod
+    from tools import compile_sm90 as mod
     for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3)):
         ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
         regs, spills = mod._ptxas_usage(ck.asm["ptx"])
@@ -967,9 +948,9 @@ def test_gpu_peak_memory_matches_formula(fa, backward, forward, s):
         pytest.skip("the Gluon forward runs on compute capability 9.x only")
     B, H, H_kv, d = 16, 8, 4, 128
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
-    cfg = GPU_CONFIG if forward == "triton" else {"SM90": True}
+    cfg = GPU_CONFIG if forward == "triton" else KernelConfig(sm90=True)
     atomic = forward == "sm90" and s > 2048
-    from kernels.flash.bwd import atomic_by_default
+    from kernels.flash.route import atomic_by_default
 
     assert atomic_by_default(B, H, H_kv, s, s, d, 2) == (s > 2048)
 
@@ -992,7 +973,7 @@ def test_gpu_peak_memory_with_gqa_split_matches_formula(fa, s):
     """Peak extra bytes of forward + backward with a GQA group of 8 split over programs equal
     the formula: at s = 2,048 the partial dK, dV sums (S = 8), at 4,096 also the atomic
     backward's fp32 buffer (S = 8: 4 x 8 x 64 = 2,048 dK/dV programs)."""
-    from kernels.flash.bwd import atomic_by_default, kv_split
+    from kernels.flash.route import atomic_by_default, kv_split
 
     B, H, H_kv, d = 1, 32, 4, 64
     assert kv_split(B, H, H_kv, s, s, d, 2) == 8  # 4 x 32 = 128 programs: not the Hopper region

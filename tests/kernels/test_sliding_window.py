@@ -172,8 +172,7 @@ def _skip_case(which: str, atomic: bool, window: int | None) -> dict:
     below n + 63 only, so dK and dV of keys 0..191 stay finite and equal the clean run's.
     ``window=None`` runs the same poisoning without a window: the control, which must NOT
     stay finite (the check would otherwise prove nothing)."""
-    from kernels.flash.bwd import attention_backward
-    from kernels.flash.fwd import attention_forward
+    from kernels.flash.route import attention_backward, attention_forward
 
     sh = SKIP_SHAPE
     cfg = _config(dict(atomic_dq=atomic))

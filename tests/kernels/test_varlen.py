@@ -326,19 +326,19 @@ def test_bad_cu_seqlens_are_refused_with_the_value(monkeypatch):
         fa.flash_attention(q, kv, kv, window=3, cu_seqlens=cu)
     with pytest.raises(ValueError, match="all alike"):
         fa.flash_attention(q, kv[0].transpose(0, 1), kv[0].transpose(0, 1), cu_seqlens=cu)
-    fwd, bwd = sys.modules["kernels.flash.fwd"], sys.modules["kernels.flash.bwd"]
+    route = importlib.import_module("kernels.flash.route")
     from kernels.flash.common import Packed
     from kernels.flash.config import KernelConfig
 
     packed = Packed(cu, cu, 6, 6)
     with pytest.raises(ValueError, match="sm90=True"):
-        fwd.attention_forward(q, kv, kv, True, 0.25, KernelConfig(sm90=True), None, packed)
+        route.attention_forward(q, kv, kv, True, 0.25, KernelConfig(sm90=True), None, packed)
     with pytest.raises(ValueError, match="atomic_dq=True"):
-        bwd.attention_backward(q, q, kv, kv, q, q[..., 0], True, 0.25,
-                               KernelConfig(atomic_dq=True), None, packed)
+        route.attention_backward(q, q, kv, kv, q, q[..., 0], True, 0.25,
+                                 KernelConfig(atomic_dq=True), None, packed)
     with pytest.raises(ValueError, match="kv_split=2"):
-        bwd.attention_backward(q, q, kv, kv, q, q[..., 0], True, 0.25,
-                               KernelConfig(kv_split=2), None, packed)
+        route.attention_backward(q, q, kv, kv, q, q[..., 0], True, 0.25,
+                                 KernelConfig(kv_split=2), None, packed)
 
 
 def test_host_starts_are_read_once_per_tensor_and_version():
