@@ -871,8 +871,8 @@ def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads) -> tuple
 
 
 def _triton_varlen(sh: _Shape) -> list[Step]:
-    """Our kernel on packed sequences (kernels/flash/fwd.py _packed_forward, bwd.py
-    _packed_backward), in allocation order: o, lse2; delta, dk, dv, dq. No fp32 dQ buffer
+    """Our kernel on packed sequences (kernels/flash/fwd.py packed_forward, bwd.py
+    packed_backward), in allocation order: o, lse2; delta, dk, dv, dq. No fp32 dQ buffer
     and no GQA partial sums: the packed backward is always the two-kernel one."""
     steps: list[Step] = [
         _a("output" if not sh.backward else "output (saved for backward)", sh.out_bytes()),
@@ -922,7 +922,7 @@ def varlen_peak_bytes(
     row (H·T·4); forward + backward also the row sums of dO·O (H·T·4) and dq, dk, dv
     (H·T·d·e + 2·H_kv·T·d·e), the terms of `attention_peak_bytes("triton", 1, H, T, ...)`
     without its fp32 dq buffer and GQA partial sums: the packed backward is always the
-    two-kernel one with no split (kernels/flash/bwd.py, _packed_backward). So the peak
+    two-kernel one with no split (kernels/flash/bwd.py, packed_backward). So the peak
     depends on the lengths only through T, whatever the mix, causal mask or window; the
     lengths are checked (each >= 1) and count only in T. Each tensor is counted as the caching
     allocator's block (calc.allocator, `ALLOCATOR_NOTE`). The int32 cu_seqlens exist before

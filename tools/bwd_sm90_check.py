@@ -19,9 +19,9 @@
    check where the reference is too large to run. A second line per shape splits ours
    (new, current) into milliseconds: the autograd forward, autograd's backward of a saved
    graph, their sum against the measured fwd+bwd, the backward called directly, and the host
-   time of one backward call (kernels queued, not waited for). One alternative of the new
-   backward per head dim (`ALTERNATIVE`: the other dQ^T split at d = 128, BLOCK_M = 64 at
-   d = 64) is checked and timed beside its default.
+   time of one backward call (kernels queued, not waited for). An alternative schedule of the
+   new backward (`ALTERNATIVE`: three stages at d = 128; run through tools.ab_bwd.variant) is
+   checked and timed beside its default.
 
 --quick: four correctness shapes (bf16, H = 32: the kernels compiled there serve the timing
 too), and d = 128 s = 4096 full and causal, d = 64 s = 8192 causal timed with only
@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from calc import attention_flops
+from tools.ab_bwd import variant
 
 # ---- the new backward behind autograd ---------------------------------------------------------
 
@@ -136,9 +137,10 @@ def _grads(q, k, v, do, causal, scale):
     return torch.autograd.grad(o, (q, k, v), do)
 
 
-# One other setting of the new backward per head dim, checked and timed beside its default.
-# (The flat dQ staging takes only the 64 x 64 partial of the default block_m and dq_split_d.)
-ALTERNATIVE = {128: {"stages": 3}, 64: {"key_major": True}}
+# Another schedule of the new backward by head dim, checked and timed beside its default
+# (tools.ab_bwd.schedule; the flat dQ staging takes only the 64 x 64 partial of the default
+# block_m and dq_split_d). None at d = 64: a third stage does not fit in shared memory there.
+ALTERNATIVE = {128: {"stages": 3}}
 
 
 def check(quick: bool = False) -> bool:
@@ -174,8 +176,8 @@ def check(quick: bool = False) -> bool:
                 continue
             o, lse2 = attention_forward(q, k, v, causal, scale)
             new = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
-            alt = bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale,
-                                                   **ALTERNATIVE[d])
+            alt = variant(bwd_sm90, ALTERNATIVE.get(d, {}))(do, q, k, v, o, lse2, causal,
+                                                             scale)
             torch.cuda.synchronize()
         except Exception as e:
             print(f"{name}: ERROR {type(e).__name__}: {str(e)[:1500]}")
@@ -191,7 +193,7 @@ def check(quick: bool = False) -> bool:
         ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
         low = _grads(q, k, v, do, causal, scale)
         parts = []
-        tag = "/".join(f"{TAGS[key]}{int(val)}" for key, val in ALTERNATIVE[d].items())
+        tag = "/".join(f"{TAGS[key]}{int(val)}" for key, val in ALTERNATIVE.get(d, {}).items())
         for i, gname in enumerate(("dq", "dk", "dv")):
             ea = (new[i].float() - ref[i]).abs().max().item()
             eb = (alt[i].float() - ref[i]).abs().max().item()
@@ -220,12 +222,12 @@ TIME_SHAPES = [
 ]
 QUICK_TIME = (0, 1, 4)  # --quick: d = 128 s = 4096 full and causal, d = 64 s = 8192 causal
 # Further settings of the new backward timed alone at each shape, by head dim (the defaults
-# are bwd_sm90.TILES and bwd_sm90.KEY_MAJOR; causal shapes also time the other grid order).
-# Tags in the output: b = block_m, s = stages, k = key_major, x = dq_split_d.
+# are bwd_sm90.TILES and bwd_sm90.DQ_SPLIT_D).
+# Tags in the output: b = block_m, s = stages, x = dq_split_d.
 # `ALTERNATIVE` is timed at every shape, --quick included; these only without --quick.
 # All compile for sm_90 within the shared-memory limit.
-EXTRA_VARIANTS = {64: [], 128: [{"key_major": True}]}
-TAGS = {"block_m": "b", "stages": "s", "key_major": "k", "dq_split_d": "x"}
+EXTRA_VARIANTS = {64: [], 128: []}
+TAGS = {"block_m": "b", "stages": "s", "dq_split_d": "x"}
 # The issue's numbers (TFLOP/s, fwd+bwd) for the first five shapes and the GQA one, for the eye.
 ISSUE = {"ours": [400, 329, 425, 421, 334, None, 379], "cuDNN": [530, 448, 545, 544, 407, None,
          499], "FA4": [588, 509, 632, 607, 493, None, 564]}
@@ -337,15 +339,13 @@ def _time_shape(impls: dict, H: int, H_kv: int, s: int, d: int, causal: bool, re
 
     # other (BLOCK_M, stages) of the new backward, the backward alone (they compile on first use)
     others = []
-    variants = [ALTERNATIVE[d]]
+    variants = [ALTERNATIVE[d]] if d in ALTERNATIVE else []
     if not quick:
         variants += EXTRA_VARIANTS.get(d, [])
-    if causal and not quick:
-        variants.append({"key_major": not bwd_sm90.KEY_MAJOR[True]})
     for kw in variants:
         tag = "/".join(f"{TAGS[key]}{int(val)}" for key, val in kw.items())
         try:
-            t = _median_ms(lambda kw=kw: bwd_sm90.attention_backward_sm90(*args, **kw), reps)
+            t = _median_ms(lambda kw=kw: variant(bwd_sm90, kw)(*args), reps)
             others.append(f"{tag} {t:.2f}")
         except Exception as e:
             others.append(f"{tag} {type(e).__name__}")

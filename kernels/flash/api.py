@@ -348,7 +348,7 @@ def varlen_bytes(H: int, H_kv: int, total_q: int, total_k: int, d: int, e: int,
                  backward: bool = False) -> int:
     """Extra bytes of one packed call (``cu_seqlens``), tensor bytes without the allocator's
     rounding: forward O and lse2, H*total_q*(d*e + 4); forward + backward also delta, dQ, dK,
-    dV (`bwd._packed_backward`: no fp32 dQ buffer, no partial sums), whatever the lengths."""
+    dV (`bwd.packed_backward`: no fp32 dQ buffer, no partial sums), whatever the lengths."""
     fwd = H * total_q * (d * e + 4)
     if not backward:
         return fwd

@@ -68,12 +68,12 @@ against the swizzled dQ^T tile it replaced (H200). FA4's early lse/delta reads
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
 
-Status: compiles for sm_90 with Triton 3.6 and 3.9 (kernels.bench.compile_bwd_sm90). The
+Status: compiles for sm_90 with Triton 3.6 and 3.9 (tools/compile_bwd_sm90.py). The
 consumers run at 240 registers (the first at 256), dK and dV taking 128 of them; with the K and
 V descriptors rebuilt every step (`_q_step`) ptxas spills nothing at d = 128 and 16-56 bytes
 at d = 64 with Triton 3.6 (3.9: 0-8 and 32-56), almost none of it inside the loops (kernels/flash/
 NOTES.md, "where the backward's time goes (ncu)").
-Correctness and speed on the H200: kernels.bench.bwd_sm90_check and tests/kernels/
+Correctness and speed on the H200: tools/bwd_sm90_check.py and tests/kernels/
 test_bwd_sm90.py. Chosen by kernels.flash.route (`backward_route`).
 """
 

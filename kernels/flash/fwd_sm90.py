@@ -66,7 +66,7 @@ uses ``fwd.py``. So does a causal sliding window (``flash_attention(..., window=
 kernel's loader streams key blocks from 0 and its consumers mask only the diagonal and the
 tail; skipping the blocks below the window and masking its edge would change the loader's
 ring indexing and add a third consumer loop, which has not been run on a GPU, so
-`fwd.attention_forward` sends windowed calls to the Triton forward (which skips them).
+`route.forward_route` sends windowed calls to the Triton forward (which skips them).
 """
 
 from __future__ import annotations
@@ -470,7 +470,7 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
                            block_n: int | None = None, consumers: int | None = None):
-    """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as fwd.attention_forward returns them.
+    """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as fwd.triton_forward returns them.
     ``qk_scale`` is the softmax scale times log2(e). Check `usable` first. ``stages`` and
     ``block_n`` default to `TILES`; ``consumers``: 2 (default, `CONSUMERS`) or 3 consumer
     warpgroups of 64 query rows (3 only at d = 64)."""

@@ -4,7 +4,7 @@
 kernel (dtype, 16-byte alignment, integers equal to 1 or divisible by 16), turns that into a
 cache key with the options, finds the compiled kernel, builds launch metadata for hooks and
 only then launches. That costs tens of microseconds per launch on the host
-(``kernels/bench/host_sm90.py`` measures it), more than the GPU work of a short attention
+(``tools/host_sm90.py`` measures it), more than the GPU work of a short attention
 call; a forward and a backward make three launches.
 
 `DirectLauncher` does the dispatch once per caller-given key, keeps the compiled kernel, and

@@ -1,5 +1,5 @@
 """The kernels' tuning data: the search spaces the autotuner tries, and the choices stored for
-an H200 (timed by kernels.bench.tune_fwd / tune_bwd; the measurements are in
+an H200 (timed by tools/tune_fwd.py / tune_bwd; the measurements are in
 kernels/flash/NOTES.md). Plain data: no triton, no torch.
 
 Every tile entry is (BLOCK_M, BLOCK_N, num_warps, num_stages).

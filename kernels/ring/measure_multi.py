@@ -73,18 +73,10 @@ SDPA_BACKEND = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_AT
                 "sdpa_cudnn": "CUDNN_ATTENTION"}
 #: Granularity of the longest-context search: multiples of 2c x this.
 SEARCH_UNIT = 128
-#: Environment hook for the CPU tests: "rank:phase:step[:from_seq_len]" makes that rank's calls
-#: (of at least from_seq_len tokens) fail with an out-of-memory error where that ring step
-#: begins (phase fwd or bwd), so that the drain and the search are tested without a GPU.
-INJECT_ENV = "RING_MEASURE_INJECT_OOM"
 
 
 class Refusal(ValueError):
     """Bad arguments: the message names the value and what is accepted."""
-
-
-class InjectedOOM(RuntimeError):
-    """Stands in for CUDA's out-of-memory error in tests (INJECT_ENV)."""
 
 
 # ---- pure helpers ---------------------------------------------------------------------------
@@ -147,17 +139,10 @@ def _p2p_ring_class() -> type:
         """kernels.ring's P2PRing that records what it started, so that a rank whose call
         failed can complete the ring's sequence (``drain``) and its neighbours finish."""
 
-        def __init__(self, group: Any = None, inject: tuple[int, str, int] | None = None):
+        def __init__(self, group: Any = None):
             super().__init__(group)
             self.issued = 0
             self.pending: list[Any] = []
-            self.inject = inject
-
-        def mark(self, phase: str, step: int, where: str) -> None:
-            if (self.inject is not None and where == "begin"
-                    and self.inject == (self.rank, phase, step)):
-                raise InjectedOOM(f"injected out of memory (rank {self.rank}, {phase} step "
-                                  f"{step})")
 
         def start(self, tensors, kind):
             handle = super().start(tensors, kind)
@@ -186,17 +171,6 @@ def _p2p_ring_class() -> type:
                 self.issued += 1
 
     return DrainingRing
-
-
-def _injected() -> tuple[int, str, int, int] | None:
-    """(rank, phase, step, from_seq_len) of INJECT_ENV ("rank:phase:step[:from_seq_len]")."""
-    v = os.environ.get(INJECT_ENV, "")
-    if not v:
-        return None
-    parts = v.split(":")
-    if len(parts) not in (3, 4) or parts[1] not in ("fwd", "bwd"):
-        raise Refusal(f"{INJECT_ENV}={v!r}: accepted rank:fwd|bwd:step[:from_seq_len]")
-    return int(parts[0]), parts[1], int(parts[2]), int(parts[3]) if len(parts) == 4 else 0
 
 
 # ---- one call on every rank -------------------------------------------------------------------
@@ -231,8 +205,6 @@ class Ctx:
             self.torch.cuda.empty_cache()
 
     def is_oom(self, exc: BaseException) -> bool:
-        if isinstance(exc, InjectedOOM):
-            return True
         from kernels.measure.harness import is_oom
 
         return is_oom(exc)
@@ -263,8 +235,6 @@ class Caller:
         self.ctx, self.impl, self.s, self.backward = ctx, impl, s, backward
         self.comm = None
         self.mesh = ctx.mesh() if impl != "triton" else None
-        inject = _injected()
-        self.inject = inject[:3] if inject is not None and s >= inject[3] else None
 
     def inputs(self) -> tuple[Any, ...]:
         t, c = self.ctx.torch, self.ctx
@@ -284,7 +254,7 @@ class Caller:
         if self.impl == "triton":
             from kernels.ring import ring_attention_with
 
-            self.comm = _p2p_ring_class()(None, self.inject)
+            self.comm = _p2p_ring_class()(None)
             fn = lambda: ring_attention_with(self.comm, q, k, v, True)  # noqa: E731
         else:
             import torch.nn.functional as F
@@ -318,7 +288,7 @@ class Caller:
             return
         c = self.ctx
         if self.comm is None:  # failed before the call began: the whole sequence is left
-            self.comm = _p2p_ring_class()(None, None)
+            self.comm = _p2p_ring_class()(None)
         kv_like = c.torch.empty(c.B, c.H_kv, self.s // c.world, c.d, dtype=c.dtype,
                                 device=c.dev)
         self.comm.drain(self.backward, kv_like)

@@ -9,9 +9,10 @@ the child processes only) on tiny shapes (B = 1, H = 2, d = 16, fp32):
    rank, pass and length, calc's per-rank prediction beside it, the call time and the one-GPU
    time with the scaling efficiency; torch's context_parallel rows say why they cannot run on
    the CPU;
-2. an out-of-memory error on ONE rank in the middle of the backward (injected through
-   RING_MEASURE_INJECT_OOM from a given length on) is survived: that rank drains the ring,
-   every rank records ``oom``, and the run goes on;
+2. an out-of-memory error on ONE rank in the middle of the backward (injected from a given
+   length on by the rank script tests/kernels/ring_oom_rank.py, which patches measure_multi in
+   its own process) is survived: that rank drains the ring, every rank records ``oom``, and
+   the run goes on;
 3. the longest-context search (doubling, then bisecting, over multiples of 2c x unit) finds
    the longest length that ran, with that injected limit, and the forward's search runs to
    its limit;
@@ -138,13 +139,14 @@ INJECT_FROM = 96  # rank 1 runs out of memory at its backward's first step from 
 def ring_run(tmp_path_factory) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     out = tmp_path_factory.mktemp("ring_multi")
     pytest.importorskip("triton")
-    res = run_in_session([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
+    rank_script = str(Path(__file__).with_name("ring_oom_rank.py"))
+    res = run_in_session([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", rank_script, f"1:bwd:0:{INJECT_FROM}",
                 "--out", str(out), "--seq-lens", "64", "128", "--heads", "2", "--head-dim",
                 "16", "--dtype", "fp32", "--repeats", "1", "--find-longest",
                 "--search-start", "32", "--search-unit", "8", "--search-limit", "256",
                 "--collective-timeout", "120"],
-               timeout=300, env={"TRITON_INTERPRET": "1",
-                                 mm.INJECT_ENV: f"1:bwd:0:{INJECT_FROM}"})
+               timeout=300, env={"TRITON_INTERPRET": "1"})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return _csv(out / "ring_multi_h200.csv"), _csv(out / "ring_longest_h200.csv")
 
