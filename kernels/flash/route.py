@@ -55,7 +55,7 @@ class Call(NamedTuple):
     """What the route reads of a call: q (B, H, s_q, d), k and v (B, H_kv, s_k, d), bytes per
     element, the causal flag, the window that applies (None, or 1 <= window < s_q: see
     `check_window`), whether the sequences are packed (``cu_seqlens``), and q's dtype and
-    device as text for the messages."""
+    device (read only by the messages)."""
 
     B: int
     H: int
@@ -67,15 +67,17 @@ class Call(NamedTuple):
     causal: bool
     window: int | None = None
     packed: bool = False
-    dtype: str = ""
-    device: str = ""
+    dtype: object = ""
+    device: object = ""
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool, window: int | None,
            packed: Packed | None = None) -> Call:
         B, H, s_q, d = q.shape
-        return cls(B, H, k.shape[1], s_q, k.shape[2], d, q.element_size(), bool(causal),
-                   window, packed is not None, str(q.dtype), str(q.device))
+        ks = k.shape
+        # tuple.__new__ directly: the generated __new__ costs as much again, on every call
+        return tuple.__new__(cls, (B, H, ks[1], s_q, ks[2], d, q.element_size(), bool(causal),
+                                   window, packed is not None, q.dtype, q.device))
 
 
 class Abilities(NamedTuple):
@@ -91,44 +93,48 @@ class Abilities(NamedTuple):
 
 
 class _Probe:
-    """`Abilities` of real tensors, each looked up when a decision first reads it (a routed
-    call pays only for the checks its route needs)."""
+    """`Abilities` of real tensors, each looked up when a decision reads it (a routed call pays
+    only for the checks its route needs; each decision reads a field at most once)."""
+
+    __slots__ = ("q", "k", "v", "do", "o")
 
     def __init__(self, q, k, v, do=None, o=None):
         self.q, self.k, self.v, self.do, self.o = q, k, v, do, o
-        self._seen: dict[str, bool] = {}
 
-    def __getattr__(self, name: str) -> bool:
-        seen = self.__dict__.get("_seen")
-        if seen is None or name not in Abilities._fields:
-            raise AttributeError(name)
-        if name not in seen:
-            seen[name] = bool(getattr(self, "_" + name)())
-        return seen[name]
-
-    def _sm90_fwd(self):
+    @property
+    def sm90_fwd(self) -> bool:
         return fwd_sm90 is not None and fwd_sm90.usable(self.q, self.k, self.v)
 
-    def _sm90_bwd(self):
+    @property
+    def sm90_bwd(self) -> bool:
         return bwd_sm90 is not None and bwd_sm90.usable(self.q, self.k, self.v, self.do, self.o)
 
-    def _hopper(self):
+    @property
+    def hopper(self) -> bool:
         return (self.k.device.type == "cuda"
                 and torch.cuda.get_device_capability(self.k.device)[0] >= 9)
 
-    def _desc_layout(self):
-        d = self.q.shape[3]
-        return (TensorDescriptor is not None and d == block_d(d)
-                and d * self.k.element_size() >= 16
-                and fwd.rows_view(self.k) is not None and fwd.rows_view(self.v) is not None)
+    @property
+    def desc_layout(self) -> bool:
+        return _desc_layout(self.k, self.v, self.q.shape[3])
 
-    def _dq_tma(self):
+    @property
+    def dq_tma(self) -> bool:
         d = self.q.shape[3]
         return (TensorDescriptor is not None and self.q.device.type == "cuda"
                 and block_d(d) == d and torch.cuda.get_device_capability(self.q.device)[0] >= 9)
 
-    def _deterministic(self):
+    @property
+    def deterministic(self) -> bool:
         return torch.are_deterministic_algorithms_enabled()
+
+
+def _desc_layout(k: torch.Tensor, v: torch.Tensor, d: int) -> bool:
+    """Whether K and V (head dim d) can be read as (rows, d) tensor descriptors: a Triton with
+    them, d a power of two of at least 16 bytes, and (batch, head, seq) flattening into rows
+    (`fwd.rows_view`)."""
+    return (TensorDescriptor is not None and d == block_d(d) and d * k.element_size() >= 16
+            and fwd.rows_view(k) is not None and fwd.rows_view(v) is not None)
 
 
 def probe(q, k, v, do=None, o=None) -> Abilities:
@@ -232,12 +238,13 @@ def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> Fo
 
 
 def descriptors_usable(k: torch.Tensor, v: torch.Tensor, d: int, force: bool | None) -> bool:
-    """Whether the Triton forward reads these K, V through tensor descriptors (`_use_desc`),
-    False instead of an error where ``force`` is True and they cannot."""
+    """Whether the Triton forward reads these K, V (head dim d) through tensor descriptors
+    (`_use_desc`), False instead of an error where ``force`` is True and they cannot."""
     call = Call(k.shape[0], k.shape[1], k.shape[1], k.shape[2], k.shape[2], d, k.element_size(),
                 False)
+    can = Abilities(hopper=_Probe(k, k, v).hopper, desc_layout=_desc_layout(k, v, d))
     try:
-        return _use_desc(call, force, probe(k, k, v))
+        return _use_desc(call, force, can)
     except ValueError:
         return False
 
