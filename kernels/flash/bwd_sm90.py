@@ -101,33 +101,26 @@ LOG2E = 1.4426950408889634
 # The copy-engine calls were renamed after Triton 3.6 (as in fwd_sm90.py).
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
+# The copy engine's bulk reduce-add, `_tma_reduce_add(tensor_desc, coord, src)`: Triton 3.7 and
+# newer export it; on Triton 3.6 it takes private Triton internals, the only kernel code that
+# does (the host side's other private use is launcher.py's direct launch, for host time).
+if hasattr(tma, "async_atomic_add"):
+    _tma_reduce_add = tma.async_atomic_add
+else:
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
 
-
-def _bulk_reduce_add():
-    """The copy engine's bulk reduce-add (cp.reduce.async.bulk .add: add a shared-memory tile
-    into global memory at a descriptor's coordinates) as a Gluon call
-    ``(tensor_desc, coord, src)``.
-
-    Triton 3.7 and newer export it (``tma.async_atomic_add``). Triton 3.6 has the operation in
-    its IR (ttng.async_tma_reduce) but no Gluon function that emits it, and no public way to
-    reach it; there the call is built from Triton's private builtin decorator and IR builder.
-    This is the only use of private Triton internals in the kernels: delete the fallback once
-    3.6 is no longer supported."""
-    if hasattr(tma, "async_atomic_add"):
-        return tma.async_atomic_add
-    from triton._C.libtriton import ir
-    from triton.experimental.gluon.language._core import builtin
-
-    @builtin
-    def reduce_add(tensor_desc, coord, src, _semantic=None):
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """Add the shared-memory tile ``src`` into global memory at ``coord`` of
+        ``tensor_desc`` with one bulk reduce-add of the copy engine (cp.reduce.async.bulk
+        .add). Triton 3.6 has the operation in its IR (ttng.async_tma_reduce) but no Gluon
+        function that emits it, and no public way to reach it, so this one emits it through
+        Triton's private builtin decorator and IR builder (Triton 3.7's
+        ``tma.async_atomic_add`` is the same call). Delete it with Triton 3.6."""
         coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD,
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD,
                                                   tensor_desc.handle, coord, src.handle)
-
-    return reduce_add
-
-
-_tma_reduce_add = _bulk_reduce_add()
 
 HEAD_DIMS = (64, 128)
 BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
