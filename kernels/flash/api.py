@@ -150,9 +150,10 @@ def flash_attention(
       forward + backward: 2*B*H*s_q*d*e + 2*B*H_kv*s_k*d*e + 8*B*H*s_q
                           (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
-                          buffer: by default for fp16/bf16 at d = 64 and 128 once
-                          s_q >= 4,096 and B*H_kv*ceil(s_k/128) >= 256 (the Hopper region,
-                          `calc.dispatch.sm90_region`, where Hopper runs the Gluon backward),
+                          buffer: by default for fp16/bf16 at d = 64 and 128 in the Hopper
+                          region (B*H_kv*ceil(s_k/128) >= 256 from s_q = 4,096; >= 512 and
+                          B*s_q >= 8,192 from s_q = 512; `calc.dispatch.sm90_region`, where
+                          Hopper runs the Gluon backward),
                           or max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
                           (BLOCK_N = d; kernels/flash/route.py, `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the

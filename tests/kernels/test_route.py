@@ -95,7 +95,8 @@ def test_forward_settings_turn_the_defaults_off(monkeypatch):
     (dict(H=32, H_kv=32, s_q=4096, d=64), CPU, ("triton", True, 1)),  # same buffers elsewhere
     (dict(H=28, H_kv=4, s_q=4096, d=128), HOPPER, ("triton", False, 7)),  # 128 programs: split
     (dict(H=4, H_kv=4, s_q=1024, d=64), HOPPER, ("triton", False, 1)),  # short: two kernels
-    (dict(B=4, H=32, H_kv=32, s_q=3072, d=128), HOPPER, ("triton", True, 1)),  # below 4,096
+    (dict(B=4, H=32, H_kv=32, s_q=3072, d=128), HOPPER, ("sm90", True, 1)),  # 3,072 programs
+    (dict(H=32, H_kv=32, s_q=2048, d=128), HOPPER, ("triton", False, 1)),  # 2,048 queries
     (dict(H=32, H_kv=32, s_q=4096, d=64, window=512), HOPPER, ("triton", True, 1)),
     (dict(H=32, H_kv=32, s_q=4096, d=64), HOPPER._replace(deterministic=True),
      ("triton", False, 1)),
