@@ -223,7 +223,14 @@ def test_memory_formulas_match_the_docstring(fa):
     assert fa.forward_backward_bytes(16, 32, 8, 3072, 3072, 128, 2) == 16 * two_kernel + buffer
     assert fa.forward_backward_bytes(16, 32, 8, 3072, 3072, 128, 2, atomic=False) == (
         16 * two_kernel)
-    assert fa.forward_backward_bytes(8, 32, 8, 3072, 3072, 128, 2) == 8 * two_kernel  # 1,536
+    # 1,536 dK/dV programs: below 2,048, and outside the Hopper region (2 x 3,072 = 6,144
+    # queries per call, under its 8,192): the two-kernel backward, no buffer
+    mha = 4 * 32 * 3072 * 128 * 2 + 8 * 32 * 3072
+    assert fa.forward_backward_bytes(2, 32, 32, 3072, 3072, 128, 2) == 2 * mha
+    # the same 1,536 programs over 8 x 3,072 queries: the Hopper region (from s = 512 on at least
+    # 512 programs and 8,192 queries), its fp32 buffer and no split
+    assert fa.forward_backward_bytes(8, 32, 8, 3072, 3072, 128, 2) == (
+        8 * two_kernel + 8 * 32 * 3072 * 128 * 4)
     # so does the Hopper region (s >= 4,096 and 8 x 32 = 256 programs), with no split
     four = 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2 + 8 * 32 * 4096
     assert fa.forward_backward_bytes(1, 32, 8, 4096, 4096, 128, 2) == four + 32 * 4096 * 128 * 4
