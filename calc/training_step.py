@@ -105,8 +105,9 @@ layers' backward moments. Checked: the CPU replays through peft 0.21
 (tests/calc/test_training_lora.py) for the bf16 base; the 4-bit terms are counted from
 bitsandbytes' source and not replayed.
 
-Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; `_moe_terms`, `_moe_backward_extra`): the
-MoE block as transformers 5 runs it in training, the router (Mixtral/Qwen*MoeTopKRouter) and
+Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss; `_moe_terms`,
+`_moe_backward_extra`): the MoE block as transformers 5.17 (the device image) runs it in
+training, the router (Mixtral/Qwen*MoeTopKRouter) and
 the experts through integrations/moe.py grouped_mm_experts_forward (the default
 experts_implementation where torch has grouped_mm: CUDA sm80+ on torch >= 2.10, and CPU on
 torch > 2.10, so the CPU replays run the same path). Per layer, S = T·k token-expert pairs:
@@ -122,8 +123,21 @@ softmax of every layer's logits (L·T·E). Checked: CPU replays (tests/calc/test
 of tiny Qwen3-MoE, Qwen2-MoE and Mixtral, eager and SDPA, checkpointing on and off, with and
 without the auxiliary loss: the activations at the end of the forward equal to the byte; the
 step's peak within 6% (-5.3% Mixtral under checkpointing, at an index_put of the recomputed
-layer's experts' backward, not explained yet). Refused with the reason: ep > 1, amp_bf16,
-tp > 1, LoRA on MoE, gpt-oss, MLA (DeepSeek), dense layers between MoE layers.
+layer's experts' backward, not explained yet). transformers 5.17's grouped_mm path also builds
+the expert-parallel sentinel mask (bool, S) on every step and masks both grouped_mm outputs
+out of place with it (later releases only under EP): counted (its backward copies too).
+gpt-oss in bf16 (`_gpt_oss_layer_terms`, `_gpt_oss_moe_backward_extra`): the released
+checkpoints store the experts in MXFP4; training needs them dequantized to bf16, which is what
+from_config builds, so weights, gradients and AdamW state are bf16 here. GptOssRMSNorm keeps
+an fp32 normalized input (its `weight * x` is promoted to fp32); eager attention only
+(GPT_OSS_ATTENTIONS: 5.17 refuses SDPA for gpt-oss) with the sink column in the saved bf16
+probabilities (B·H·s·(s+1)) and max's int64 indices; the router's softmax over the top-k
+(bf16, T·k); the experts' biases (the sorted expert ids kept by the bias gathers) and the
+clamped SwiGLU's four S·I tensors; alternating sliding/full layers change only the additive
+masks (one per type, alive through the forward, kept by the checkpoints). Checked: CPU replays
+of a tiny gpt-oss (2 layers, one sliding), forward within 8 bytes per layer, peak within 3%.
+Refused with the reason: ep > 1, amp_bf16, tp > 1, LoRA on MoE, gpt-oss with another attention
+or a KV cache or the auxiliary loss, MLA (DeepSeek), dense layers between MoE layers.
 """
 
 from __future__ import annotations
@@ -393,6 +407,8 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     docstring of _sliding_masked)."""
     if _is_gpt2(model):
         return _gpt2_layer_terms(model, dm, impl, amp)
+    if model.model_type == "gpt_oss":
+        return _gpt_oss_layer_terms(model, dm)
     gemma = model.model_type in _GEMMA
     t, h = dm.t, dm.h
     terms = _norm_terms("input norm", h, t, amp, gemma)
@@ -468,7 +484,9 @@ def _model_terms(model: ModelConfig, dm: _Dims, amp: bool, impl: str,
     t, v = dm.t, dm.vocab
     terms = [("embeddings", "embedding output: not kept (its backward needs the ids only; "
               "Gemma's × sqrt(h) keeps a 0-d scale)", 0)]
-    if _is_gpt2(model):
+    if model.model_type == "gpt_oss":
+        terms += _gpt_oss_norm_terms("final norm", t, dm.h)
+    elif _is_gpt2(model):
         terms += [("embeddings", "embedding dropout mask (bool)", t * dm.h),
                   ("norms", "final norm (ln_f): its input, kept by layer_norm",
                    (4 if amp else 2) * t * dm.h),
@@ -478,7 +496,10 @@ def _model_terms(model: ModelConfig, dm: _Dims, amp: bool, impl: str,
     terms.append(("logits and loss", "lm_head input" + (" (bf16 cast)" if amp else ""),
                   2 * t * dm.h))
     cs = 4 if amp else 2  # cos, sin of shape (1, s, d) in the hidden states' dtype
-    if not _is_gpt2(model):  # GPT-2: learned positions, no rotary
+    if model.model_type == "gpt_oss":  # GptOssRotaryEmbedding: emb = freqs, (1, s, d/2)
+        terms.append(("rotary", "cos and sin of d/2 columns (shared by all layers)",
+                      2 * cs * dm.s * (dm.d // 2)))
+    elif not _is_gpt2(model):  # GPT-2: learned positions, no rotary
         terms.append(("rotary", "cos and sin (shared by all layers)", 2 * cs * dm.s * dm.d))
     if model.model_type == "gemma2":  # final_logit_softcapping: tanh keeps its output
         terms.append(("logits and loss", "tanh of the soft-capped logits (bf16)", 2 * t * v))
@@ -560,6 +581,8 @@ def training_step(
         raise ValueError(f"base_dtype {base_dtype!r} without adapters: a 4-bit base has no "
                          "trainable weights; pass adapters=LoRA(...) (QLoRA)")
     amp = precision == "amp_bf16"
+    if model.model_type == "gpt_oss":
+        _check_gpt_oss_args(attention, cache)
     dm = _dims(model, b, s, lay.tp)
     L = model.num_layers
 
@@ -634,13 +657,14 @@ def training_step(
                      or p == "logits and loss")
     shared = sum(x for _, lab, x in terms if lab.startswith("cos and sin"))
     masks = _mask_count(model) * stream * dm.b * dm.s * dm.s if attention == "eager" else 0
+    oss = model.model_type == "gpt_oss"
     # Forward, the last layer's attention call: L - 1 layers saved, the last one up to its
     # attention, the residual input, the model's masks (eager), and the call's transient
     # (eager: the masked scores (2N), softmax(dtype=float32)'s fp32 copy of them (4N) and its
     # output (4N, saved) before P exists).
     kept = (L - 1) * a_layer if not checkpointing else L * stream * dm.t * dm.h
     partial = a_layer - _core_saved(layer)
-    fwd = _attention_forward_extra(attention, dm)
+    fwd = _gpt_oss_attention_forward_extra(dm) if oss else _attention_forward_extra(attention, dm)
     phases[PHASES[0]] = base + shared + masks + kept + partial + fwd + stream * dm.t * dm.h
     # Forward, the final norm: every layer saved, the norm's input, its fp32 copy (saved), the
     # fp32 x·rsqrt product and its bf16 cast alive at once.
@@ -648,6 +672,8 @@ def training_step(
     final_norm = stream * dm.t * dm.h + (4 + 4 + 2) * dm.t * dm.h + 4 * dm.t
     if amp:  # x is fp32 already (saved as it is): x, x·rsqrt (saved), the weight product
         final_norm = (4 + 4 + 4) * dm.t * dm.h + 4 * dm.t
+    if oss:  # the fp32 weight product and its bf16 cast beside the two saved fp32 copies
+        final_norm = (2 + 4 + 4 + 4 + 2) * dm.t * dm.h + 4 * dm.t
     phases[PHASES[1]] = base + shared + masks + layers_kept + final_norm
     # Loss backward: nll_loss's gradient and log_softmax's gradient (fp32, T×V each) beside
     # every saved tensor (the bf16 logits died with the model output: `.loss` is all the
@@ -752,7 +778,8 @@ def _layer_backward_extra(layer: list[tuple[str, str, int]], impl: str, dm: _Dim
     # gradient of the attention output (2Tq) reaches the call.
     freed = _core_saved(layer)
     g_attn_side = g_mlp + ceil_bytes(g_per_param * h * model.num_heads * model.head_dim / tp)
-    core = _attention_backward_extra(impl, dm)
+    core = _gpt_oss_attention_backward_extra(dm) if model.model_type == "gpt_oss" else \
+        _attention_backward_extra(impl, dm)
     attn = -freed + g_attn_side + core
     return max(mlp, attn)
 
@@ -1248,20 +1275,21 @@ def _adapter_params(model: ModelConfig, lo: _Lora) -> int:
 #: MoE model types whose blocks are counted: router (MixtralTopKRouter / Qwen*MoeTopKRouter),
 #: experts decorated with @use_experts_implementation (default "grouped_mm",
 #: modeling_utils.get_correct_experts_implementation), Qwen2-MoE's gated shared expert.
-MOE_MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES: tuple[str, ...] = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 #: Released configs' norm_topk_prob where the model type does not fix it: Mixtral's router
 #: always divides by the top-k sum (modeling_mixtral.py MixtralTopKRouter); Qwen3-MoE's
 #: released configs set norm_topk_prob=true, Qwen2-MoE's (Qwen1.5-MoE, Qwen2-57B-A14B) false.
-NORM_TOPK_DEFAULT: dict[str, bool] = {"mixtral": True, "qwen3_moe": True, "qwen2_moe": False}
+NORM_TOPK_DEFAULT: dict[str, bool] = {"mixtral": True, "qwen3_moe": True, "qwen2_moe": False,
+                                      "gpt_oss": False}
+#: Attention implementations a gpt-oss training step accepts. transformers 5.17's
+#: GptOssPreTrainedModel sets _supports_sdpa = False (an explicit "sdpa" raises, the default
+#: falls back to eager: modeling_utils.get_correct_attn_implementation), and its flash entries
+#: are hub kernels with sinks (_compatible_flash_implementations: vllm-flash-attn3, FA4) or
+#: flex_attention, none of whose saved tensors is counted here: eager only.
+GPT_OSS_ATTENTIONS: tuple[str, ...] = ("eager",)
 
 
 def _check_moe_model(model: ModelConfig) -> None:
-    if model.model_type == "gpt_oss":
-        raise ValueError(
-            f"{model.name!r}: gpt-oss training is not modelled: its experts run a clamped SwiGLU "
-            "with biases (modeling_gpt_oss.py GptOssExperts._apply_gate: clamp, sigmoid·alpha, "
-            "(up + 1)), its router keeps a bias and a softmax over the top-k only, attention "
-            "has learned sinks; none of their saved tensors is counted here")
     if model.model_type not in MOE_MODEL_TYPES:
         raise ValueError(
             f"training_step counts the MoE blocks of {', '.join(MOE_MODEL_TYPES)}; "
@@ -1294,10 +1322,15 @@ def _moe_terms(model: ModelConfig, dm: _Dims, norm_topk: bool) -> list[tuple[str
       product keeps the experts' outputs (S·h) and the sorted weights (S); the un-permuting
       gather keeps inv_perm (S, int64); the final view/sum keeps nothing
       (derivatives.yaml: index keeps indices, _grouped_mm keeps self and mat2, mul keeps both,
-      silu keeps self, sum keeps sizes);
+      silu keeps self, sum keeps sizes); transformers 5.17 (the device image) also builds the
+      expert-parallel sentinel mask `(expert_ids_g >= num_experts).unsqueeze(-1)` (bool, S)
+      on every step and masks the gathered states in place and both grouped_mm outputs out of
+      place with it (masked_fill keeps the mask); later releases do this under EP only;
     - Qwen2-MoE's shared expert: a gated MLP of its width (4 tensors of T·I_s) and its gate
       `sigmoid(Linear(h, 1)(x)) * shared(x)`: sigmoid keeps its output (T), the product keeps
       it and the shared output (T·h)."""
+    if model.model_type == "gpt_oss":
+        return _gpt_oss_moe_terms(model, dm)
     t, h, i = dm.t, dm.h, dm.inter
     ne, k = model.num_experts, model.experts_per_token
     s = t * k
@@ -1311,6 +1344,7 @@ def _moe_terms(model: ModelConfig, dm: _Dims, norm_topk: bool) -> list[tuple[str
     terms += [
         (p, "pair-to-token index perm // k (int64, S), kept by the gather", 8 * s),
         (p, "sort permutation (int64, S), kept by the routing weights' gather", 8 * s),
+        (p, SENTINEL_LABEL, s),
         (p, "tokens-per-expert offsets (int32, E), kept by grouped_mm", 4 * ne),
         (p, "gathered hidden states (S×h), kept by the gate_up grouped_mm", 2 * s * h),
         (p, "gate_up output (S×2I), kept through the gate and up views", 2 * s * 2 * i),
@@ -1337,6 +1371,8 @@ def _moe_block_grads(model: ModelConfig, g_per_param: Fraction) -> tuple[int, in
     h, i, ne = model.hidden_size, model.intermediate_size, model.num_experts
     shared = model.shared_expert_intermediate_size
     rest = h * ne + (3 * h * shared + (h if model.shared_expert_gate else 0) if shared else 0)
+    if model.model_type == "gpt_oss":  # router bias, gate_up and down biases of every expert
+        rest = h * ne + ne + ne * (2 * i + h)
     return (ceil_bytes(g_per_param * ne * 2 * i * h), ceil_bytes(g_per_param * ne * i * h),
             ceil_bytes(g_per_param * rest))
 
@@ -1353,6 +1389,8 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) ->
     softmax's gradient, T·E fp32). Mixtral's fp32 routing weights make the first three fp32
     (the fp32 sum's gradient T·h, the zeros and the product's gradient, cast back to bf16 for
     the bf16 expert outputs)."""
+    if model.model_type == "gpt_oss":
+        return _gpt_oss_moe_backward_extra(model, dm, g_per_param)
     t, h, i = dm.t, dm.h, dm.inter
     ne, k = model.num_experts, model.experts_per_token
     s = t * k
@@ -1390,6 +1428,8 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) ->
     alloc(we * s)
     free(we * s * h)
     free(we * s * h + 2 * s * h + we * s)  # the gather's gradient, expert outputs, weights
+    alloc(2 * s * h)  # 5.17's sentinel masked_fill: its backward copies the gradient
+    free(2 * s * h)
     alloc(2 * s * i)  # down grouped_mm: input gradient
     alloc(g_down)  # every expert's down gradient
     free(2 * s * h + 2 * s * i)  # d(expert outputs), the saved product
@@ -1399,9 +1439,13 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) ->
     free(2 * s * i + 2 * 2 * s * i)  # d(act), the gate_up output
     alloc(2 * 2 * s * i)  # chunk backward: cat
     free(2 * 2 * s * i)  # d(gate), d(up)
+    alloc(2 * 2 * s * i)  # 5.17's masked_fill of the gate_up output: a copy of the gradient
+    free(2 * 2 * s * i)
     alloc(2 * s * h)  # gate_up grouped_mm: input gradient
     alloc(g_up)
     free(2 * 2 * s * i + 2 * s * h)  # the cat, the gathered states
+    alloc(2 * s * h)  # 5.17's in-place masked_fill_ of the gathered states: a copy
+    free(2 * s * h)
     alloc(2 * t * h)  # the token gather's zeros
     free(2 * s * h + 8 * s)
     alloc(4 * t * ne)  # topk backward: zeros (fp32)
@@ -1437,6 +1481,14 @@ def _check_moe_args(model: ModelConfig, ep: int, norm_topk_prob: object, router_
     if adapters is not None:
         raise ValueError("LoRA adapters on a MoE model are not modelled (peft's targeting of "
                          "experts' 3-D parameters is not counted)")
+    if model.model_type == "gpt_oss":
+        if norm_topk_prob is not None:
+            raise ValueError(f"norm_topk_prob={norm_topk_prob!r} with gpt-oss: its router takes "
+                             "the softmax of the top-k logits (GptOssTopKRouter), no such option")
+        if aux:
+            raise ValueError("router_aux_loss=True with gpt-oss is not modelled (the recorded "
+                             "router logits and transformers 5.17's load_balancing_loss_func "
+                             "bincount path are not counted)")
     if model.model_type == "mixtral" and norm_topk_prob is False:
         raise ValueError("norm_topk_prob=False with Mixtral: its router always normalizes "
                          "(MixtralTopKRouter)")
@@ -1454,3 +1506,212 @@ def _aux_loss_terms(model: ModelConfig, dm: _Dims) -> list[tuple[str, str, int]]
     return [("MoE", f"load-balancing loss: bf16 softmax of the router logits (× {n} layers)",
              n * 2 * dm.t * model.num_experts),
             ("MoE", "load-balancing loss: tokens per expert (fp32, E)", 4 * model.num_experts)]
+
+
+# ---------------------------------------------------------------------------------------------
+# gpt-oss in bf16 (transformers 5.17 models/gpt_oss/modeling_gpt_oss.py, the grouped_mm experts
+# of integrations/moe.py). The released checkpoints store the experts in MXFP4; training needs
+# them dequantized to bf16, which is what from_config (and a bf16 load) builds.
+# ---------------------------------------------------------------------------------------------
+
+#: Label of the sentinel mask term (module docstring of _moe_terms); tests find it by label.
+SENTINEL_LABEL = "expert-parallel sentinel mask (bool, S), kept by the masked_fills"
+
+
+def _gpt_oss_norm_terms(where: str, rows: int, width: int) -> list[tuple[str, str, int]]:
+    """GptOssRMSNorm: `x.to(float32)`, `x.pow(2).mean`, `x * rsqrt(var + eps)`, then
+    `(self.weight * x).to(input_dtype)`: unlike Llama's `weight * x.to(bf16)`, the bf16 weight
+    times the fp32 normalized input is fp32 (type promotion), so that mul keeps the fp32
+    normalized input (4 bytes per element) for the weight's gradient; pow keeps the fp32
+    copy, the rsqrt product keeps the fp32 rsqrt."""
+    return [("norms", f"{where}: fp32 copy of the input (pow)", 4 * rows * width),
+            ("norms", f"{where}: rsqrt of the mean square (fp32)", 4 * rows),
+            ("norms", f"{where}: fp32 normalized input (weight ×, promoted to fp32)",
+             4 * rows * width)]
+
+
+def _gpt_oss_attention_sizes(dm: _Dims) -> tuple[int, int]:
+    """(N, N'): score elements B·H·s² and, with the sink column, B·H·s·(s + 1)."""
+    return dm.n, dm.b * dm.heads * dm.s * (dm.s + 1)
+
+
+def _gpt_oss_layer_terms(model: ModelConfig, dm: _Dims) -> list[tuple[str, str, int]]:
+    """One GptOssDecoderLayer under eager attention (modeling_gpt_oss.py
+    eager_attention_forward), bf16:
+    - input and post-attention norms: _gpt_oss_norm_terms;
+    - q, k, v linears (with bias: addmm keeps the input, the norm output, 2·T·h);
+    - rotary (`_apply_rotary_emb`: chunk, `first * cos - second * sin`, cat): the muls keep
+      cos and sin only (model level); the cat makes the rotated q and k;
+    - `matmul(q, repeat_kv(k)ᵀ)` keeps q and the repeated k (H heads; repeat_kv copies when
+      H_kv < H); `* scaling` and `+ mask` keep nothing; `cat([scores, sinks])` keeps sizes;
+      `combined - combined.max(-1, keepdim).values`: max keeps its int64 indices (B·H·s);
+      `softmax(dtype=bf16)` keeps its bf16 output over s + 1 columns; `probs[..., :-1]` is a
+      view and dropout(p=0) returns it, so P·V keeps the same storage and the repeated v;
+    - o_proj keeps the attention output made contiguous (2·T·q);
+    - the MoE block: _gpt_oss_moe_terms."""
+    t, h = dm.t, dm.h
+    _, n_sink = _gpt_oss_attention_sizes(dm)
+    kv = dm.q if dm.kv_heads != dm.heads else dm.k
+    rep = " repeated to H heads (repeat_kv)" if dm.kv_heads != dm.heads else ""
+    terms = _gpt_oss_norm_terms("input norm", t, h)
+    terms += [
+        ("projections", "q, k, v input (the norm output)", 2 * t * h),
+        ("rotary", "q after rotary (saved by q·kᵀ)", 2 * t * dm.q),
+        ("rotary", "k after rotary" + rep + ", saved by q·kᵀ", 2 * t * kv),
+        ("attention", "v" + rep + ", saved by P·V", 2 * t * kv),
+        ("attention", "row-max indices of the scores with the sink column (int64, B·H·s), "
+         "kept by max", 8 * dm.b * dm.heads * dm.s),
+        ("attention", "probabilities with the sink column (bf16, B·H·s·(s+1)), kept by softmax "
+         "and P·V", 2 * n_sink),
+        ("projections", "o_proj input (attention output made contiguous)", 2 * t * dm.q)]
+    terms += _gpt_oss_norm_terms("post-attention norm", t, h)
+    terms.append(("projections", "gate, up input (the norm output), kept by the router's "
+                  "linear", 2 * t * h))
+    return terms + _gpt_oss_moe_terms(model, dm)
+
+
+def _gpt_oss_moe_terms(model: ModelConfig, dm: _Dims) -> list[tuple[str, str, int]]:
+    """What GptOssMLP keeps for its backward, bf16, S = T·k pairs:
+    - GptOssTopKRouter: `F.linear(x, W, b)` keeps x (the caller's term); topk over the bf16
+      logits keeps its int64 indices (T·k); `softmax(top_values, dtype=bf16)` keeps its output
+      (T·k), the routing weights;
+    - grouped_mm_experts_forward (has_bias, is_transposed, interleaved gate_up): the token
+      gather keeps `perm // k` (int64, S), the weights' gather `perm` (S), the two bias
+      gathers `gate_up_proj_bias[expert_ids_g]` and `down_proj_bias[expert_ids_g]` keep the
+      sorted expert ids (int64, S; the biased gathers themselves are added in place and die);
+      the sentinel mask (bool, S); the offsets (int32, E); the gate_up grouped_mm keeps the
+      gathered states (S·h); the masked gate_up output (S·2I) is kept through its strided
+      gate/up views by the two clamps;
+    - GptOssExperts._apply_gate: `gate.clamp(max=limit)` and `up.clamp(±limit)` keep the
+      views; `gate * alpha` keeps nothing; sigmoid keeps its output; `gate * sigmoid` keeps
+      the clamped gate and the sigmoid; `(up + 1) * glu` keeps up + 1 and glu: 4 × S·I; the
+      down grouped_mm keeps the gated product (S·I);
+    - the routing-weight product keeps the masked expert outputs (S·h) and the sorted weights
+      (bf16, S); the un-permuting gather keeps inv_perm (int64, S)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    ne, k = model.num_experts, model.experts_per_token
+    s = t * k
+    p = "MoE"
+    return [
+        (p, "top-k expert indices (int64, T×k), kept by topk", 8 * t * k),
+        (p, "routing weights: softmax of the top-k logits (bf16, T×k), kept by softmax",
+         2 * t * k),
+        (p, "pair-to-token index perm // k (int64, S), kept by the gather", 8 * s),
+        (p, "sort permutation (int64, S), kept by the routing weights' gather", 8 * s),
+        (p, "sorted expert ids (int64, S), kept by the two bias gathers", 8 * s),
+        (p, SENTINEL_LABEL, s),
+        (p, "tokens-per-expert offsets (int32, E), kept by grouped_mm", 4 * ne),
+        (p, "gathered hidden states (S×h), kept by the gate_up grouped_mm", 2 * s * h),
+        (p, "gate_up output + bias, masked (S×2I), kept by the clamps through its views",
+         2 * s * 2 * i),
+        (p, "clamped gate, sigmoid(alpha·gate), glu, up + 1 (4 × S×I)", 4 * 2 * s * i),
+        (p, "(up + 1)·glu (S×I), kept by the down grouped_mm", 2 * s * i),
+        (p, "expert outputs + bias, masked (S×h), kept by the routing-weight product",
+         2 * s * h),
+        (p, "routing weights sorted by expert (bf16, S)", 2 * s),
+        (p, "inverse permutation (int64, S), kept by the un-permuting gather", 8 * s)]
+
+
+def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) -> int:
+    """Largest excess over (the block's saved tensors + the incoming T·h gradient) during
+    GptOssMLP's backward, op by op in autograd's order (the later-made node first among those
+    ready): the un-permuting gather (zeros S·h + index_put); the routing-weight product (the
+    outputs' gradient S·h, the weights' through an S·h product summed to S); the sentinel
+    masked_fill's copy (S·h); the down grouped_mm (S·I and every expert's down gradient);
+    `(up + 1)·glu` (two S·I); up's clamp (S·I); `gate·sigmoid` (two S·I); sigmoid (S·I);
+    `·alpha` (S·I, summed in place into the clamped gate's gradient); gate's clamp (S·I); the
+    strided views' backward (slice_backward: zeros S·2I + copy, one per view, summed in
+    place); the masked_fill's copy (S·2I); the gate_up grouped_mm (S·h and every expert's
+    gate_up gradient); the in-place masked_fill_'s copy (S·h); the token gather (zeros T·h);
+    the router (topk's zeros T·E, bf16, and the linear's input gradient T·h)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    ne, k = model.num_experts, model.experts_per_token
+    s = t * k
+    g_up, g_down, _ = _moe_block_grads(model, g_per_param)
+    cur = peak = 0
+
+    def alloc(x: int) -> None:
+        nonlocal cur, peak
+        cur += x
+        peak = max(peak, cur)
+
+    def free(x: int) -> None:
+        nonlocal cur
+        cur -= x
+
+    si = 2 * s * i  # one S×I bf16 tensor
+    alloc(2 * s * h)  # index backward: zeros + index_put
+    free(8 * s)  # inv_perm
+    alloc(2 * s * h)  # d(expert outputs) = g · w
+    alloc(2 * s * h)  # g · outputs, summed to the weights' gradient
+    alloc(2 * s)
+    free(2 * s * h)
+    free(2 * s * h + 2 * s * h + 2 * s)  # the gather's gradient, expert outputs, weights
+    alloc(2 * s * h)  # sentinel masked_fill backward: a copy
+    free(2 * s * h)
+    alloc(si)  # down grouped_mm: input gradient
+    alloc(g_down)
+    free(2 * s * h + si)  # d(outputs), the gated product
+    alloc(2 * si)  # (up + 1)·glu: d(up + 1), d(glu)
+    free(si + 2 * si)  # d(gated), up + 1, glu
+    alloc(si)  # up's clamp backward
+    free(si)  # d(up + 1)
+    alloc(2 * si)  # gate·sigmoid: d(gate), d(sigmoid)
+    free(si + si)  # d(glu), the clamped gate
+    alloc(si)  # sigmoid backward
+    free(2 * si)  # d(sigmoid), the sigmoid output
+    alloc(si)  # ·alpha backward
+    free(si)  # d(·alpha) input
+    free(si)  # summed in place into the clamped gate's gradient
+    alloc(si)  # gate's clamp backward
+    free(si + 2 * s * 2 * i)  # d(clamped gate); the gate_up output, its last saver done
+    alloc(2 * s * 2 * i)  # up view: slice_backward zeros + copy
+    free(si)
+    alloc(2 * s * 2 * i)  # gate view
+    free(si)
+    free(2 * s * 2 * i)  # summed in place
+    alloc(2 * s * 2 * i)  # sentinel masked_fill backward: a copy
+    free(2 * s * 2 * i)
+    alloc(2 * s * h)  # gate_up grouped_mm: input gradient
+    alloc(g_up)
+    free(2 * s * 2 * i + 2 * s * h)  # its gradient, the gathered states
+    alloc(2 * s * h)  # in-place masked_fill_ backward: a copy
+    free(2 * s * h)
+    alloc(2 * t * h)  # the token gather's zeros
+    free(2 * s * h + 8 * s)
+    alloc(2 * t * ne)  # topk backward: zeros (bf16 logits)
+    alloc(2 * t * h)  # the router linear's input gradient
+    return peak
+
+
+def _gpt_oss_attention_backward_extra(dm: _Dims) -> int:
+    """Eager attention with sinks, backward beyond its saved tensors, at softmax's backward:
+    the gradient of the probabilities widened back to s + 1 columns (slice_backward: zeros +
+    copy, N'), softmax's bf16 result (N'), CUDA's `tmp = grad * output` (N', the grad dtype:
+    aten/src/ATen/native/cuda/SoftMax.cu softmax_backward_cuda_out) and dV (repeated, 2·T·q),
+    waiting for repeat_kv's backward. The later max backward (zeros N' + scatter) runs after
+    the probabilities are freed and is smaller."""
+    _, n_sink = _gpt_oss_attention_sizes(dm)
+    return 3 * 2 * n_sink + 2 * dm.t * dm.q
+
+
+def _gpt_oss_attention_forward_extra(dm: _Dims) -> int:
+    """The forward's largest moment beyond the saved tensors: at the subtraction of the row
+    maxima, the masked scores (N, still bound to `attn_weights` until dropout rebinds it), the
+    concatenated logits (N') and their shifted copy (N') are alive, the probabilities (saved,
+    N') not yet; at softmax the shifted copy and the probabilities: 2·N + 2·N' either way."""
+    n, n_sink = _gpt_oss_attention_sizes(dm)
+    return 2 * n + 2 * n_sink
+
+
+def _check_gpt_oss_args(attention: str, cache: bool) -> None:
+    if attention not in GPT_OSS_ATTENTIONS:
+        raise ValueError(
+            f"attention {attention!r} with gpt-oss: only {', '.join(GPT_OSS_ATTENTIONS)} is "
+            "modelled. transformers 5.17 refuses 'sdpa' for gpt-oss (_supports_sdpa = False: "
+            "SDPA has no sink logits); its flash paths are hub kernels with sinks "
+            "(vllm-flash-attn3, flash_attention_4) and flex_attention, not counted here")
+    if cache:
+        raise ValueError("use_cache=True with gpt-oss is not modelled (the DynamicCache's "
+                         "sliding-window layers keep only the window; the training step "
+                         "passes use_cache=False)")
