@@ -136,18 +136,31 @@ probabilities (B·H·s·(s+1)) and max's int64 indices; the router's softmax ove
 clamped SwiGLU's four S·I tensors; alternating sliding/full layers change only the additive
 masks (one per type, alive through the forward, kept by the checkpoints). Checked: CPU replays
 of a tiny gpt-oss (2 layers, one sliding), forward within 8 bytes per layer, peak within 3%.
-Refused with the reason: ep > 1, amp_bf16, tp > 1, LoRA on MoE, gpt-oss with another attention
-or a KV cache or the auxiliary loss, MLA (DeepSeek), dense layers between MoE layers.
+Refused with the reason: amp_bf16, tp > 1, LoRA on MoE, gpt-oss with another attention or a
+KV cache or the auxiliary loss, MLA (DeepSeek), dense layers between MoE layers.
+
+Expert parallelism (`ep`, calc.parallel for the weights, gradients, optimizer state and
+buffers): each of ep ranks holds E/ep experts of every layer; the rest is data-parallel as the
+layout says. Tokens reach their experts by all-to-all (GShard, arXiv 2006.16668; DeepSpeed-MoE,
+arXiv 2201.05596; Megatron-LM's MoEAlltoAllTokenDispatcher): assumed balanced routing and no
+capacity factor, so each rank's experts process S = T·k pairs as without EP (`_ep_terms`), plus
+two int64 sort indices per layer (saved), and in the backward the all-to-all receive buffers
+and the sort gathers' zeros (S·h each, `_ep_combine_backward`, `_ep_dispatch_backward`); the
+experts' gradients are those of the local experts. NCCL's own all-to-all staging is outside the
+caching allocator and not counted. Counted, not measured (one GPU here); transformers' own EP
+(its 'ep_router' plan keeps every token on every rank and all-reduces the outputs) is another
+scheme, not modelled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from calc.fit import largest_fitting
 from calc.models import ModelConfig, check_model
-from calc.parallel import Layout, layout_bytes, make_layout
+from calc.parallel import Layout, expert_params, layout_bytes, make_layout
 from calc.params import param_breakdown
 from calc.peak import IMPL_LABELS, IMPLEMENTATIONS, attention_peak_terms
 from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bool, check_int
@@ -232,6 +245,7 @@ class _Dims:
     d: int
     inter: int
     vocab: int
+    ep: int = 1  # expert-parallel degree (MoE)
 
     @property
     def t(self) -> int:
@@ -554,8 +568,10 @@ def training_step(
     adapters: None (full training) or LoRA(rank, alpha, targets, dropout, adapter_dtype): a
     frozen base with peft LoRA adapters (module docstring, "LoRA and QLoRA"); base_dtype:
     BASE_DTYPES, "nf4"/"nf4_dq" (QLoRA) only with adapters.
-    MoE (Mixtral, Qwen2/3-MoE; module docstring "Mixture of experts"): ep, the expert-parallel
-    degree (only 1 is modelled); norm_topk_prob (None: NORM_TOPK_DEFAULT of the model type);
+    MoE (Mixtral, Qwen2/3-MoE, gpt-oss; module docstring "Mixture of experts"): ep, the
+    expert-parallel degree (a divisor of gpus / tp and of the experts per layer: each rank
+    holds E/ep experts, tokens go to them by all-to-all; module docstring "Expert
+    parallelism"); norm_topk_prob (None: NORM_TOPK_DEFAULT of the model type);
     router_aux_loss: output_router_logits=True (the load-balancing loss; transformers' configs
     default it to False).
     Raises ValueError naming the bad value and what is accepted.
@@ -566,10 +582,10 @@ def training_step(
     s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
     _check_args(attention, precision, optimizer)
     check_bool("checkpointing", checkpointing)
-    lay = make_layout(model, gpus, tp, sharding)
-    cache = check_bool("use_cache", use_cache)
     norm_topk, aux = _check_moe_args(model, ep, norm_topk_prob, router_aux_loss, precision,
                                      tp, adapters)
+    lay = make_layout(model, gpus, tp, sharding, ep)
+    cache = check_bool("use_cache", use_cache)
     if not isinstance(base_dtype, str) or base_dtype not in BASE_DTYPES:
         raise ValueError(f"unknown base_dtype {base_dtype!r}; accepted: {', '.join(BASE_DTYPES)}")
     if adapters is not None:
@@ -583,7 +599,7 @@ def training_step(
     amp = precision == "amp_bf16"
     if model.model_type == "gpt_oss":
         _check_gpt_oss_args(attention, cache)
-    dm = _dims(model, b, s, lay.tp)
+    dm = dataclasses.replace(_dims(model, b, s, lay.tp), ep=lay.ep)
     L = model.num_layers
 
     masked = _sliding_masked(model, attention, s)
@@ -643,8 +659,14 @@ def training_step(
     before = weights + opt + w["persistent_buffers"] + fixed
     base = before + w["step_buffers"]
     g_per_param = Fraction(grads, sum(pb.values()))
-    g_layer = ceil_bytes(g_per_param * (pb["attention"] + pb["mlp"]
-                                        + pb["norms"] - model.hidden_size) / L)
+    g_expert = g_per_param  # per-GPU gradient bytes per parameter of the routed experts
+    px = expert_params(model)
+    if lay.ep > 1:  # the experts' gradients follow their own group (calc.parallel)
+        g_per_param = Fraction(grads - w["expert_gradients"], sum(pb.values()) - px)
+        g_expert = Fraction(w["expert_gradients"], px)
+    g_layer = ceil_bytes((g_per_param * (pb["attention"] + pb["mlp"] - px
+                                         + pb["norms"] - model.hidden_size)
+                          + g_expert * px) / L)
     # lm_head's weight gradient (tied: the embedding's .grad, made by lm_head's backward).
     head_params = pb["embeddings"] if model.tie_embeddings else pb["lm_head"]
     g_head = ceil_bytes(g_per_param * (head_params + model.hidden_size))
@@ -693,7 +715,7 @@ def training_step(
     # Backward of a layer: what it saved (recomputed under checkpointing), the gradient of the
     # residual stream, the gradients already made, and the larger of its MLP backward and its
     # attention call's backward. By then the loss, lm_head and final norm have freed theirs.
-    extra = _layer_backward_extra(layer, attention, dm, model, g_per_param, lay.tp)
+    extra = _layer_backward_extra(layer, attention, dm, model, g_per_param, lay.tp, g_expert)
     after_loss = acts - head_saved
     dh = stream * dm.t * dm.h
     top = base + after_loss + g_head + dh + extra + (a_layer if checkpointing else 0)
@@ -763,17 +785,21 @@ def _attention_forward_extra(impl: str, dm: _Dims) -> int:
 
 
 def _layer_backward_extra(layer: list[tuple[str, str, int]], impl: str, dm: _Dims,
-                          model: ModelConfig, g_per_param: Fraction, tp: int) -> int:
+                          model: ModelConfig, g_per_param: Fraction, tp: int,
+                          g_expert: Fraction | None = None) -> int:
     """Largest excess over (the layer's saved tensors + the incoming gradient) during its
-    backward: the MLP's product backward or the attention call's backward."""
+    backward: the MLP's product backward or the attention call's backward. g_expert: gradient
+    bytes per routed-expert parameter (default g_per_param; differs under expert
+    parallelism)."""
+    g_x = g_per_param if g_expert is None else g_expert
     t, h, i = dm.t, dm.h, dm.inter
     g_mat = ceil_bytes(g_per_param * h * model.intermediate_size / tp)
     # MLP: d(prod), d(act), d(up) alive, prod freed, down's weight gradient made.
     mlp = 3 * 2 * t * i - 2 * t * i + g_mat
     g_mlp = 3 * g_mat
     if model.num_experts > 1:  # the MoE block instead (tp = 1)
-        mlp = _moe_backward_extra(model, dm, g_per_param)
-        g_mlp = sum(_moe_block_grads(model, g_per_param))
+        mlp = _moe_backward_extra(model, dm, g_x, g_per_param)
+        g_mlp = sum(_moe_block_grads(model, g_x, g_per_param))
     # Attention: the MLP side is freed and its gradients (3 matrices + o_proj) exist; the
     # gradient of the attention output (2Tq) reaches the call.
     freed = _core_saved(layer)
@@ -1353,6 +1379,7 @@ def _moe_terms(model: ModelConfig, dm: _Dims, norm_topk: bool) -> list[tuple[str
         (p, "expert outputs (S×h), kept by the routing-weight product", 2 * s * h),
         (p, "routing weights sorted by expert (S" + (", fp32)" if we == 4 else ")"), we * s),
         (p, "inverse permutation (int64, S), kept by the un-permuting gather", 8 * s)]
+    terms += _ep_terms(model, dm)
     shared = model.shared_expert_intermediate_size
     if shared:
         terms.append(("MLP", "shared expert: gate(x), act, up(x), product (4 × T·I_s)",
@@ -1364,20 +1391,27 @@ def _moe_terms(model: ModelConfig, dm: _Dims, norm_topk: bool) -> list[tuple[str
     return terms
 
 
-def _moe_block_grads(model: ModelConfig, g_per_param: Fraction) -> tuple[int, int, int]:
+def _moe_block_grads(model: ModelConfig, g_expert: Fraction, g_rest: Fraction | None = None,
+                     ) -> tuple[int, int, int]:
     """Gradient bytes of one MoE block: (gate_up of all experts, down of all experts, router
     and shared expert). Every expert's gradient is made whole by grouped_mm's backward
-    (derivatives.yaml _grouped_mm: mat2's gradient has mat2's shape, E × in × out)."""
+    (derivatives.yaml _grouped_mm: mat2's gradient has mat2's shape, E × in × out). g_expert:
+    per-GPU gradient bytes per expert parameter of the model (under expert parallelism it
+    covers only the E/ep local experts); g_rest: the same for the router and shared expert
+    (default g_expert)."""
+    g_rest = g_expert if g_rest is None else g_rest
     h, i, ne = model.hidden_size, model.intermediate_size, model.num_experts
     shared = model.shared_expert_intermediate_size
     rest = h * ne + (3 * h * shared + (h if model.shared_expert_gate else 0) if shared else 0)
     if model.model_type == "gpt_oss":  # router bias, gate_up and down biases of every expert
         rest = h * ne + ne + ne * (2 * i + h)
-    return (ceil_bytes(g_per_param * ne * 2 * i * h), ceil_bytes(g_per_param * ne * i * h),
-            ceil_bytes(g_per_param * rest))
+    # gpt-oss: the experts' biases are a few E-wide rows, counted with the rest
+    return (ceil_bytes(g_expert * ne * 2 * i * h), ceil_bytes(g_expert * ne * i * h),
+            ceil_bytes(g_rest * rest))
 
 
-def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) -> int:
+def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction,
+                        g_rest: Fraction | None = None) -> int:
     """Largest excess over (the block's saved tensors + the incoming T·h gradient) during the
     MoE block's backward, walked op by op in the order autograd runs them (each node frees
     its saved tensors and its incoming gradient once it has run):
@@ -1390,12 +1424,13 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) ->
     (the fp32 sum's gradient T·h, the zeros and the product's gradient, cast back to bf16 for
     the bf16 expert outputs)."""
     if model.model_type == "gpt_oss":
-        return _gpt_oss_moe_backward_extra(model, dm, g_per_param)
+        return _gpt_oss_moe_backward_extra(model, dm, g_per_param, g_rest)
     t, h, i = dm.t, dm.h, dm.inter
     ne, k = model.num_experts, model.experts_per_token
     s = t * k
     we = _router_weight_bytes(model)
-    g_up, g_down, _ = _moe_block_grads(model, g_per_param)
+    g_up, g_down, _ = _moe_block_grads(model, g_per_param, g_rest)
+    a2a = dm.ep > 1
     cur = peak = 0
 
     def alloc(x: int) -> None:
@@ -1428,6 +1463,8 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) ->
     alloc(we * s)
     free(we * s * h)
     free(we * s * h + 2 * s * h + we * s)  # the gather's gradient, expert outputs, weights
+    if a2a:
+        _ep_combine_backward(alloc, free, s, h)
     alloc(2 * s * h)  # 5.17's sentinel masked_fill: its backward copies the gradient
     free(2 * s * h)
     alloc(2 * s * i)  # down grouped_mm: input gradient
@@ -1446,6 +1483,8 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) ->
     free(2 * 2 * s * i + 2 * s * h)  # the cat, the gathered states
     alloc(2 * s * h)  # 5.17's in-place masked_fill_ of the gathered states: a copy
     free(2 * s * h)
+    if a2a:
+        _ep_dispatch_backward(alloc, free, s, h)
     alloc(2 * t * h)  # the token gather's zeros
     free(2 * s * h + 8 * s)
     alloc(4 * t * ne)  # topk backward: zeros (fp32)
@@ -1465,12 +1504,6 @@ def _check_moe_args(model: ModelConfig, ep: int, norm_topk_prob: object, router_
             raise ValueError(f"ep, norm_topk_prob and router_aux_loss apply to MoE models; "
                              f"{model.name!r} is dense")
         return False, False
-    if e != 1:
-        raise ValueError(
-            f"ep={e}: expert parallelism is not modelled. transformers' own EP (the "
-            "'grouped_gemm'/'ep_router' tp_plan, integrations/moe.py sentinel rows) keeps every "
-            "token on every rank and all-reduces the experts' outputs, unlike the all-to-all "
-            "dispatch of Megatron/DeepSpeed-MoE; neither's buffers are counted yet")
     if precision != "bf16":
         raise ValueError(
             f"precision {precision!r} with MoE: only 'bf16' is modelled; under autocast "
@@ -1609,10 +1642,12 @@ def _gpt_oss_moe_terms(model: ModelConfig, dm: _Dims) -> list[tuple[str, str, in
         (p, "expert outputs + bias, masked (S×h), kept by the routing-weight product",
          2 * s * h),
         (p, "routing weights sorted by expert (bf16, S)", 2 * s),
-        (p, "inverse permutation (int64, S), kept by the un-permuting gather", 8 * s)]
+        (p, "inverse permutation (int64, S), kept by the un-permuting gather", 8 * s),
+        *_ep_terms(model, dm)]
 
 
-def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction) -> int:
+def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction,
+                                g_rest: Fraction | None = None) -> int:
     """Largest excess over (the block's saved tensors + the incoming T·h gradient) during
     GptOssMLP's backward, op by op in autograd's order (the later-made node first among those
     ready): the un-permuting gather (zeros S·h + index_put); the routing-weight product (the
@@ -1627,7 +1662,8 @@ def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Frac
     t, h, i = dm.t, dm.h, dm.inter
     ne, k = model.num_experts, model.experts_per_token
     s = t * k
-    g_up, g_down, _ = _moe_block_grads(model, g_per_param)
+    g_up, g_down, _ = _moe_block_grads(model, g_per_param, g_rest)
+    a2a = dm.ep > 1
     cur = peak = 0
 
     def alloc(x: int) -> None:
@@ -1647,6 +1683,8 @@ def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Frac
     alloc(2 * s)
     free(2 * s * h)
     free(2 * s * h + 2 * s * h + 2 * s)  # the gather's gradient, expert outputs, weights
+    if a2a:
+        _ep_combine_backward(alloc, free, s, h)
     alloc(2 * s * h)  # sentinel masked_fill backward: a copy
     free(2 * s * h)
     alloc(si)  # down grouped_mm: input gradient
@@ -1677,6 +1715,8 @@ def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Frac
     free(2 * s * 2 * i + 2 * s * h)  # its gradient, the gathered states
     alloc(2 * s * h)  # in-place masked_fill_ backward: a copy
     free(2 * s * h)
+    if a2a:
+        _ep_dispatch_backward(alloc, free, s, h)
     alloc(2 * t * h)  # the token gather's zeros
     free(2 * s * h + 8 * s)
     alloc(2 * t * ne)  # topk backward: zeros (bf16 logits)
@@ -1715,3 +1755,52 @@ def _check_gpt_oss_args(attention: str, cache: bool) -> None:
         raise ValueError("use_cache=True with gpt-oss is not modelled (the DynamicCache's "
                          "sliding-window layers keep only the window; the training step "
                          "passes use_cache=False)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Expert parallelism (ep > 1): all-to-all token dispatch around the local experts.
+# ---------------------------------------------------------------------------------------------
+
+def _ep_terms(model: ModelConfig, dm: _Dims) -> list[tuple[str, str, int]]:
+    """What the all-to-all dispatch adds to a MoE block's saved tensors (ep > 1), under
+    balanced routing. The S = T·k pairs sorted by expert are also sorted by the rank that owns
+    the expert, so they go out in one all_to_all (Lepikhin et al. 2020, GShard, arXiv
+    2006.16668, sec. 3.1: dispatch and combine by all-to-all; Megatron-LM
+    core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher: permute, all-to-all,
+    sort the received chunks by local expert; the combine in reverse). Each rank receives the
+    pairs routed to its E/ep experts from all ep ranks: with balanced routing T·k/ep from each,
+    S in all, the count its experts would process without EP, so the experts' intermediates
+    are those of the block without EP. The all-to-all keeps nothing (its backward is the
+    reverse all-to-all); the received pairs are sorted by local expert with a gather, which
+    keeps its int64 index (S), and the experts' outputs are un-sorted before the return
+    all-to-all by another (S). The gathered states the gate_up grouped_mm keeps and the
+    returned outputs the routing-weight product keeps replace the local ones one for one. No
+    capacity factor (dropless, as transformers' blocks are): a skewed routing sends a rank up
+    to ep·S pairs, which this does not count."""
+    if dm.ep <= 1:
+        return []
+    s = dm.t * model.experts_per_token
+    return [("MoE", "expert parallelism: sort of the received pairs by local expert (int64, "
+             "S), kept by its gather", 8 * s),
+            ("MoE", "expert parallelism: un-sort before the return all-to-all (int64, S), "
+             "kept by its gather", 8 * s)]
+
+
+def _ep_combine_backward(alloc, free, s: int, h: int) -> None:  # noqa: ANN001
+    """The combine's backward (ep > 1): the gradient of the returned outputs goes back by
+    all-to-all (its receive buffer, S·h, beside the sent one), then the un-sorting gather's
+    backward (zeros S·h + index_put) beside the received one; its index (S) is freed."""
+    alloc(2 * s * h)
+    free(2 * s * h)
+    alloc(2 * s * h)
+    free(2 * s * h + 8 * s)
+
+
+def _ep_dispatch_backward(alloc, free, s: int, h: int) -> None:  # noqa: ANN001
+    """The dispatch's backward (ep > 1): the sort gather's backward (zeros S·h + index_put)
+    beside the gathered states' gradient, then the reverse all-to-all's receive buffer (S·h)
+    beside the sent one; the sort index (S) is freed."""
+    alloc(2 * s * h)
+    free(2 * s * h + 8 * s)
+    alloc(2 * s * h)
+    free(2 * s * h)

@@ -18,6 +18,7 @@ backward that the op-by-op walk does not have; eager rows take out CUDA's softma
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import pytest
 
@@ -69,7 +70,9 @@ def test_all_experts_have_gradients_and_state() -> None:
     ("gpt-oss-20b (MoE, MXFP4)", {"router_aux_loss": True}, "router_aux_loss"),
     ("DeepSeek-V3 (MLA, MoE)", {}, "latent"),
     ("Jamba v0.1 (hybrid)", {}, "non-attention mixer"),
-    ("Mixtral 8x7B", {"ep": 2}, "expert parallelism is not modelled"),
+    ("Mixtral 8x7B", {"ep": 2}, "ep \\(2\\) must divide the data-parallel ranks"),
+    ("Mixtral 8x7B", {"ep": 3, "gpus": 6}, "ep \\(3\\) must divide the experts"),
+    ("Mixtral 8x7B", {"ep": 3, "gpus": 8}, "must divide the data-parallel ranks gpus / tp \\(8\\)"),
     ("Mixtral 8x7B", {"precision": "amp_bf16"}, "grouped_mm is not autocast"),
     ("Mixtral 8x7B", {"gpus": 2, "tp": 2}, "tensor-parallel experts"),
     ("Mixtral 8x7B", {"adapters": LoRA(8)}, "LoRA adapters on a MoE"),
@@ -241,3 +244,62 @@ def test_cpu_replay_peak(kind: str, attention: str, ckpt: bool, s: int) -> None:
     elif attention == "eager":
         cpu -= 4 * 2 * 4 * 256 * 256  # CUDA softmax backward's fp32 tmp, not made on CPU
     assert abs(cpu - peak) <= 0.06 * peak, (cpu, peak, want.peak_phase)
+
+
+# --- Expert parallelism (counted, not measured: one GPU) -----------------------------------
+
+def test_ep_layout_by_hand() -> None:
+    """Mixtral 8x7B on 8 GPUs, ep = 8: each GPU holds one expert per layer; the rest is
+    replicated (DDP) or sharded over the 8 ranks; the experts' group has one rank, so no DDP
+    bucket for their gradients; under ZeRO-3 the expert weights per GPU are experts / 8 with or
+    without EP, and only the gathered buffers shrink."""
+    from calc.parallel import expert_params
+
+    m = MODELS["Mixtral 8x7B"]
+    n, px = param_count(m), expert_params(m)
+    assert px == 32 * 8 * 3 * 4096 * 14336
+    kw = dict(attention="sdpa_flash", checkpointing=True, gpus=8)
+    ddp = training_step(m, 1, 4096, sharding="none", ep=8, **kw)
+    assert ddp.weights_bytes == 2 * (n - px) + 2 * px // 8 == ddp.gradients_bytes
+    assert ddp.optimizer_bytes == 2 * ddp.weights_bytes
+    assert ddp.buffers_bytes == 2 * (n - px)  # DDP buckets of the replicated part only
+    two = training_step(m, 1, 4096, sharding="none", ep=2, gpus=8, attention="sdpa_flash",
+                        checkpointing=True)
+    assert two.buffers_bytes == 2 * (n - px) + 2 * px // 2  # experts on 4 ranks each
+    z3 = {ep: training_step(m, 1, 4096, sharding="zero3", ep=ep, **kw) for ep in (1, 8)}
+    assert z3[1].weights_bytes == z3[8].weights_bytes == -(-2 * n // 8)
+    assert z3[8].buffers_bytes < z3[1].buffers_bytes
+    z2 = training_step(m, 1, 4096, sharding="zero2", ep=8, **kw)
+    assert z2.gradients_bytes == -(-2 * (n - px) // 8) + 2 * px // 8
+    assert training_step(m, 1, 4096, sharding="zero3", ep=1, **kw) == z3[1]
+
+
+def test_ep_activations_and_backward() -> None:
+    """ep = 2 on 2 GPUs: the same S pairs per rank (balanced routing) and two int64 sort
+    indices per layer more; each all-to-all's backward holds two S×h buffers at once and frees
+    its index; the local experts' gradients are half of all experts'."""
+    from calc.training_step import _ep_combine_backward, _ep_dispatch_backward, _moe_block_grads
+
+    b, s, h = 2, 128, 64
+    pairs = b * s * 2
+    one = training_step(QWEN3, b, s, attention="sdpa_flash", gpus=2)
+    ep = training_step(QWEN3, b, s, attention="sdpa_flash", gpus=2, ep=2)
+    assert ep.part("MoE") - one.part("MoE") == QWEN3.num_layers * 2 * 8 * pairs
+    assert one.weights_bytes - ep.weights_bytes == 2 * 8 * 3 * 48 * 64 * QWEN3.num_layers // 2
+    for walk in (_ep_combine_backward, _ep_dispatch_backward):
+        cur = [0, 0]
+
+        def alloc(x: int, cur: list = cur) -> None:
+            cur[0] += x
+            cur[1] = max(cur)
+
+        def free(x: int, cur: list = cur) -> None:
+            cur[0] -= x
+
+        walk(alloc, free, pairs, h)
+        assert cur == [-8 * pairs, 2 * pairs * h]  # one S×h beside the one it replaces
+    g = Fraction(2)
+    assert [2 * x for x in _moe_block_grads(QWEN3, g / 2, g)[:2]] == \
+        list(_moe_block_grads(QWEN3, g)[:2])
+    with pytest.raises(ValueError, match="dense"):
+        training_step(MODELS["Llama 3.1 8B"], 1, 128, attention="sdpa_flash", gpus=2, ep=2)
