@@ -212,6 +212,19 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--double-quant", action="store_true",
                            help="QLoRA's double quantization (bnb_4bit_use_double_quant: 8-bit "
                                 "absmax constants), with --adapter qlora (default: off)")
+            s.add_argument("--gpus", default=None, metavar="N",
+                           type=count_type("--gpus", 1, 1 << 20, unit="GPUs"),
+                           help="GPUs N, all data-parallel (default: --ep)")
+            s.add_argument("--sharding", default="none",
+                           choices=("none", "zero1", "zero2", "zero3", "fsdp"),
+                           help="sharding over the data-parallel ranks: none (DDP), zero1, "
+                                "zero2, zero3 or fsdp (default: %(default)s)")
+            s.add_argument("--ep", default=1, metavar="E",
+                           type=count_type("--ep", 1, 1 << 20, unit="ranks"),
+                           help="expert-parallel degree of a MoE model: each of E ranks holds "
+                                "1/E of every layer's experts, tokens reach them by all-to-all "
+                                "(balanced routing assumed); it divides --gpus and the experts "
+                                "(default: 1)")
         if name == "serve":
             s.add_argument("--gpu-memory-utilization", type=fraction_type, metavar="F",
                            default=DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -352,7 +365,7 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     # the Training page's call: its method, rank, targets, adapter dtype and double quantization
     # become the same adapters/base_dtype keywords (pages.ui.finetune.calc_kwargs)
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
-              **calc_kwargs(**ft))
+              gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft))
     result = calc.training_step(model, a.batch, a.seq_len, **kw)
     lora = kw.get("adapters")
     adapter = {"adapter": "none" if ft["method"] == "full" else ft["method"],
@@ -477,6 +490,10 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
                      f"targets {r['lora_targets']}, {r['adapter_dtype']} adapters "
                      f"({r['trainable_params']:,} trainable parameters), frozen base "
                      f"{base[r['base_dtype']]}")
+    lay = r["layout"]
+    if lay and lay["gpus"] > 1:
+        lines.append(f"per GPU of {lay['gpus']:,}: sharding {lay['sharding']}"
+                     + (f", expert parallel over {lay['ep']:,} ranks" if lay["ep"] > 1 else ""))
     lines.append("")
     rows = [("weights", b(r["weights_bytes"])), ("gradients", b(r["gradients_bytes"])),
             ("optimizer states", b(r["optimizer_bytes"]))]

@@ -839,24 +839,28 @@ def max_train_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1, **kwar
 def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int, *,
                       sharding: str = "zero3", tp: int = 1, max_gpus: int = 4096,
                       **kwargs) -> int:
-    """Fewest GPUs (a multiple of tp, at most max_gpus) whose per-GPU peak fits gpu_bytes
-    under `sharding`; 0 if none does (one replica's activations alone do not fit).
+    """Fewest GPUs (a multiple of tp × ep, at most max_gpus) whose per-GPU peak fits
+    gpu_bytes under `sharding`; 0 if none does (one replica's activations alone do not fit).
+    kwargs may carry ep (MoE expert parallelism), which must divide the data-parallel ranks:
+    the search steps in units of tp × ep GPUs.
 
     The per-GPU peak falls with N (every sharded term is a total over N; the FSDP gather term
     grows by less than one layer's parameters), so the search doubles, then bisects, then
     steps down while one fewer replica still fits: a handful of evaluations, not N."""
     check_int("max_gpus", max_gpus, 1, 1 << 20)
     t = check_int("tp", tp, 1, max_gpus)
+    ep = check_int("ep", kwargs.get("ep", 1), 1, max_gpus)
+    unit = t * ep
 
     def fits(replicas: int) -> bool:
-        return training_step(model, batch, seq_len, gpus=replicas * t, tp=t, sharding=sharding,
-                             **kwargs).peak_bytes <= gpu_bytes
+        return training_step(model, batch, seq_len, gpus=replicas * unit, tp=t,
+                             sharding=sharding, **kwargs).peak_bytes <= gpu_bytes
 
-    top = max_gpus // t
+    top = max_gpus // unit
     if top < 1 or (sharding == "none" and not fits(1)):
         return 0
     if sharding == "none":
-        return t
+        return unit
     if not fits(top):
         return 0
     hi = 1
@@ -871,7 +875,7 @@ def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: i
             lo = mid
     while hi > 1 and fits(hi - 1):
         hi -= 1
-    return hi * t
+    return hi * unit
 
 
 # ---------------------------------------------------------------------------------------------

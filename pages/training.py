@@ -91,6 +91,7 @@ SPECS = {
     "gpus": IntParam(1, 1, 65_536),
     "tp": IntParam(1, 1, 1024),
     "shard": ChoiceParam("none", SHARDINGS),
+    "ep": IntParam(1, 1, 65_536),  # expert-parallel degree (MoE models only)
     "gpu": ChoiceParam(H100, c.gpu_options(GPUS)),
     # Fine-tuning method (issue 34): full training, LoRA on a bf16 base, QLoRA on a 4-bit base.
     "ft": ChoiceParam("full", ft_.METHODS),
@@ -285,7 +286,8 @@ def never_fits(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bo
     so what is left is one replica's activations, which more GPUs of this layout never split."""
     k = dict(kw)
     t = k.pop("tp")
-    return training_step(CHOICES[choice], batch, s, gpus=MANY_GPUS // t * t, tp=t,
+    unit = t * k.get("ep", 1)  # the GPU count must be a multiple of tp × ep
+    return training_step(CHOICES[choice], batch, s, gpus=MANY_GPUS // unit * unit, tp=t,
                          **k).peak_bytes > gpu_bytes
 
 
@@ -369,18 +371,25 @@ attns = c.multiselect("Attention implementations", "attns", SPECS["attns"], wher
 if not attns:
     attns = list(DEFAULT_ATTNS)
 seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 20)
-lay = st.columns(3)
+lay = st.columns(4)
 gpus = c.int_input("GPUs N (= tensor parallel × data parallel)", "gpus", SPECS["gpus"], where=lay[0])
 tp = c.int_input("Tensor-parallel degree t", "tp", SPECS["tp"], where=lay[1])
 shard = c.select("Sharding over data-parallel replicas", "shard", SPECS["shard"], where=lay[2],
                  format_func=lambda s: SHARDING_LABELS[s])
-
 model = CHOICES[choice]
+ep = c.int_input("Expert-parallel degree (MoE)", "ep", SPECS["ep"], where=lay[3],
+                 disabled=model.num_experts <= 1,
+                 help="Each of ep data-parallel ranks holds 1/ep of every layer's experts; "
+                      "tokens reach them by all-to-all, balanced routing assumed (counted, not "
+                      "measured). It divides N / t and the experts per layer.")
+ep = ep if model.num_experts > 1 else 1
+
 unit = c.get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (calc.gpus), else the spec sheet
 st.caption(c.md_escape(gpu_caption(gpu, unit, what="\"Fits\", the longest context and GPUs needed")))
 c.trained_context_note(model, seq_len)
-kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard)
+kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard,
+          ep=ep)
 
 
 def side_by_side_section() -> None:
@@ -432,7 +441,8 @@ st.caption(
     f"**{c.md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
     f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, MLP "
     f"{model.intermediate_size:,}, vocabulary {model.vocab_size:,}. Per GPU: {gpus:,} GPU(s) = "
-    f"tensor parallel {tp} × data parallel {dp}, sharding {SHARDING_LABELS[shard]}.")
+    f"tensor parallel {tp} × data parallel {dp}, sharding {SHARDING_LABELS[shard]}"
+    + (f", experts split over {ep} ranks (all-to-all, balanced routing)." if ep > 1 else "."))
 
 cols = st.columns(len(steps))
 for col, (a, m) in zip(cols, steps.items(), strict=True):
@@ -525,7 +535,8 @@ for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
     s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
     ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
-                                sharding="zero3" if shard == "none" else shard, tp=tp).items()))
+                                sharding="zero3" if shard == "none" else shard, tp=tp,
+                                ep=ep).items()))
     n_need = 0 if not full else needed(choice, gpu_bytes, batch, seq_len, ka_need)
     if not full:
         need_text = "— (LoRA and QLoRA are modelled on one GPU)"

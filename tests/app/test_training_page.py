@@ -334,7 +334,34 @@ def test_moe_models_are_offered_and_refused_ones_say_why() -> None:
     m = calc.training_step(calc.MODELS["Qwen3 30B-A3B (MoE)"], 1, 2048, attention="sdpa_flash")
     values = {x.label: x.value for x in at.metric}
     assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
-    at = run({"model": "gpt-oss-20b (MoE, MXFP4)"})
+    at = run({"model": "gpt-oss-20b (MoE, MXFP4)"})  # the default attentions include SDPA
     assert not at.exception
-    assert any("training is not modelled" in e.value for e in at.error)  # markdown-escaped
-    assert "gpt-oss" in _side_by_side(at).loc[0, "calc's reason (not computed)"]
+    assert any("only eager" in e.value for e in at.error)
+    table = _side_by_side(at)  # its first attention, eager, is counted
+    assert table.loc[0, "calc's reason (not computed)"] == ""
+    assert "LoRA adapters on a MoE" in table.loc[1, "calc's reason (not computed)"]
+    at = run({"model": "gpt-oss-20b (MoE, MXFP4)", "attns": "eager", "s": "2048"})
+    assert not at.exception
+    m = calc.training_step(calc.MODELS["gpt-oss-20b (MoE, MXFP4)"], 1, 2048, attention="eager")
+    values = {x.label: x.value for x in at.metric}
+    assert values["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+
+
+def test_expert_parallel_degree_is_a_url_kept_input() -> None:
+    """ep on the page: the numbers are calc's for that layout, the key stays in the URL, a
+    dense model ignores it, and one that does not divide the experts gets calc's reason."""
+    q = {"model": "Mixtral 8x7B", "s": "4096", "gpus": "8", "ep": "8", "shard": "zero1",
+         "attns": "sdpa_flash", "ckpt": "1"}
+    at = run(q)
+    assert not at.exception, [e.value for e in at.exception]
+    m = calc.training_step(calc.MODELS["Mixtral 8x7B"], 1, 4096, attention="sdpa_flash",
+                           checkpointing=True, gpus=8, sharding="zero1", ep=8)
+    values = {x.label: x.value for x in at.metric}
+    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert at.query_params["ep"] == ["8"] or at.query_params["ep"] == "8"
+    assert any("experts split over 8 ranks" in x.value for x in at.caption)
+    at = run(dict(q, model="Llama 3.1 8B"))
+    assert not at.exception and not at.error
+    at = run(dict(q, gpus="6", ep="3"))
+    assert not at.exception
+    assert any("must divide the experts" in e.value for e in at.error)
