@@ -122,8 +122,8 @@ whole gradient) and AdamW state. The experts' backward is walked op by op. outpu
 softmax of every layer's logits (L·T·E). Checked: CPU replays (tests/calc/test_training_moe.py)
 of tiny Qwen3-MoE, Qwen2-MoE and Mixtral, eager and SDPA, checkpointing on and off, with and
 without the auxiliary loss: the activations at the end of the forward equal to the byte; the
-step's peak within 6% (-5.3% Mixtral under checkpointing, at an index_put of the recomputed
-layer's experts' backward, not explained yet). transformers 5.17's grouped_mm path also builds
+step's peak within 3% (Mixtral's routing-weight product keeps both fp32 products of its
+backward alive before the cast back to bf16: counted). transformers 5.17's grouped_mm path also builds
 the expert-parallel sentinel mask (bool, S) on every step and masks both grouped_mm outputs
 out of place with it (later releases only under EP): counted (its backward copies too).
 gpt-oss in bf16 (`_gpt_oss_layer_terms`, `_gpt_oss_moe_backward_extra`): the released
@@ -135,7 +135,9 @@ probabilities (B·H·s·(s+1)) and max's int64 indices; the router's softmax ove
 (bf16, T·k); the experts' biases (the sorted expert ids kept by the bias gathers) and the
 clamped SwiGLU's four S·I tensors; alternating sliding/full layers change only the additive
 masks (one per type, alive through the forward, kept by the checkpoints). Checked: CPU replays
-of a tiny gpt-oss (2 layers, one sliding), forward within 8 bytes per layer, peak within 3%.
+of a tiny gpt-oss (2 layers, one sliding), forward within 8 bytes per layer, peak within 3%
+(the CPU makes no softmax `tmp`, counted on CUDA as for Llama's eager attention: not measured
+for this bf16 softmax over s + 1 columns).
 Refused with the reason: amp_bf16, tp > 1, LoRA on MoE, gpt-oss with another attention or a
 KV cache or the auxiliary loss, MLA (DeepSeek), dense layers between MoE layers.
 
@@ -1457,15 +1459,16 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction,
     if we == 4:
         free(4 * t * h)
     free(8 * s)  # inv_perm
-    if we == 4:
-        alloc(4 * s * h)  # d(expert outputs) in fp32, then cast to bf16
-        alloc(2 * s * h)
-        free(4 * s * h)
-    else:
-        alloc(2 * s * h)
-    alloc(we * s * h)  # g · expert outputs, summed to the weights' gradient
+    # The routing-weight product's backward makes both products before it returns: g · w,
+    # the experts' output gradient in the product's dtype (fp32 for Mixtral), and g · outputs,
+    # summed to the weights' gradient; then Mixtral's is cast back to the bf16 outputs' dtype.
+    alloc(we * s * h)
+    alloc(we * s * h)
     alloc(we * s)
     free(we * s * h)
+    if we == 4:
+        alloc(2 * s * h)
+        free(4 * s * h)
     free(we * s * h + 2 * s * h + we * s)  # the gather's gradient, expert outputs, weights
     if a2a:
         _ep_combine_backward(alloc, free, s, h)

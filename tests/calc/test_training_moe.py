@@ -11,9 +11,13 @@ its sentinel code, not identified).
 The replays count live tensor storages (kernels.measure.live_bytes.LiveBytes) over one step
 after a warm-up. On CPU torch 2.13 transformers 5 runs the same grouped_mm experts path as on
 CUDA (integrations/moe.py _can_use_grouped_mm: torch > 2.10 on CPU has grouped_mm). The bytes
-alive at the end of the forward equal calc's activations exactly; the step's peak is within 6%
-(worst: Mixtral under checkpointing, -5.3%, at an index_put of the recomputed layer's experts'
-backward that the op-by-op walk does not have; eager rows take out CUDA's softmax `tmp`)."""
+alive at the end of the forward equal calc's activations exactly; the step's peak is within
+3.5% (worst: gpt-oss under checkpointing, +3.0%; eager rows take out CUDA's softmax `tmp`).
+LiveBytes runs the step under a TorchDispatchMode, under which index's backward takes the
+out-of-place index_put (ATen's index_backward checks isTensorSubclassLike, true while a
+dispatch mode is active), so a replay holds the zeros and the result of a gather's backward
+at once, where a plain run fills the zeros in place: one gathered-into tensor more for one
+op, 8 KB in these replays, which the 3.5% covers."""
 
 from __future__ import annotations
 
@@ -243,7 +247,7 @@ def test_cpu_replay_peak(kind: str, attention: str, ckpt: bool, s: int) -> None:
                   for ph, x in want.phases.items())
     elif attention == "eager":
         cpu -= 4 * 2 * 4 * 256 * 256  # CUDA softmax backward's fp32 tmp, not made on CPU
-    assert abs(cpu - peak) <= 0.06 * peak, (cpu, peak, want.peak_phase)
+    assert abs(cpu - peak) <= 0.035 * peak, (cpu, peak, want.peak_phase)
 
 
 # --- Expert parallelism (counted, not measured: one GPU) -----------------------------------
