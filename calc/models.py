@@ -314,6 +314,8 @@ def _sliding_layers(r: _Reader, model_type: str, layers: int, window: int | None
         return 0
     if model_type == "gemma2":  # modeling_gemma2.py: even-indexed layers are local
         return (layers + 1) // 2
+    if model_type in _GPT_OSS:  # GptOssConfig.__post_init__: even-indexed layers slide
+        return (layers + 1) // 2
     if model_type in ("gemma3", "gemma3_text"):  # every p-th layer global, the rest local
         pattern = r.get_int("sliding_window_pattern", "_sliding_window_pattern", default=6)
         return layers - layers // pattern

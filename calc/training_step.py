@@ -755,7 +755,10 @@ def _sliding_masked(model: ModelConfig, impl: str, seq_len: int) -> int:
 
 def _mask_count(model: ModelConfig) -> int:
     """Distinct additive masks eager attention gets: one per layer type in use (full,
-    sliding; masking_utils builds one of each)."""
+    sliding; masking_utils builds one of each). GptOssModel.forward builds both whatever the
+    layer types."""
+    if model.model_type == "gpt_oss":
+        return 2
     sliding = model.sliding_window_layers if model.sliding_window else 0
     return (sliding > 0) + (sliding < model.num_layers)
 

@@ -72,7 +72,8 @@ def _train_models() -> dict[str, dict[str, Any]]:
 
 TRAIN_SHAPES = _train_models()
 # Every preset is offered (MoE models are counted now, issue 34); one calc still refuses
-# (MLA, gpt-oss, hybrids) shows calc's reason on the page instead of numbers.
+# (MLA, hybrids, gpt-oss with an attention other than eager) shows calc's reason on the page
+# instead of numbers.
 CHOICES = dict(MODELS)
 for _name, _cfg in TRAIN_SHAPES.items():
     try:

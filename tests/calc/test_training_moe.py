@@ -307,3 +307,22 @@ def test_ep_activations_and_backward() -> None:
         list(_moe_block_grads(QWEN3, g)[:2])
     with pytest.raises(ValueError, match="dense"):
         training_step(MODELS["Llama 3.1 8B"], 1, 128, attention="sdpa_flash", gpus=2, ep=2)
+
+
+def test_gpt_oss_layer_types_default_alternate() -> None:
+    """A gpt-oss config.json without layer_types (cut to fewer layers, as the harness does)
+    slides on the even-indexed layers (GptOssConfig.__post_init__), and eager attention gets
+    both masks whatever the types (GptOssModel.forward builds the full and the sliding one)."""
+    import json
+    from pathlib import Path
+
+    d = json.loads((Path(__file__).parents[1] / "fixtures" / "hf_configs" /
+                    "gpt-oss-20b.json").read_text())
+    d.pop("layer_types")
+    for layers, sliding in ((1, 1), (2, 1), (5, 3)):
+        m = ModelConfig.from_hf_config(dict(d, num_hidden_layers=layers), name="cut")
+        assert m.sliding_window_layers == sliding
+    one = ModelConfig.from_hf_config(dict(d, num_hidden_layers=1), name="cut")
+    step = training_step(one, 1, 256, attention="eager", checkpointing=True)
+    masks = [x for _, lab, x in step.activation_terms if "additive mask" in lab]
+    assert masks == [2 * 2 * 256 * 256]
