@@ -32,12 +32,12 @@ IMPLEMENTATIONS = ("naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdp
 TRAIN_ATTENTIONS = ("eager", *IMPLEMENTATIONS)  # calc.TRAIN_ATTENTIONS
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # calc.DTYPES
 PRECISIONS = ("bf16", "amp_bf16")  # calc.training_step.PRECISIONS
-# fine-tuning (issue 34): pages.ui.finetune's methods ("none" is the page's "full"), targets,
+# fine-tuning: calc.finetune's methods ("none" is the page's "full"), targets,
 # adapter dtypes and default rank
 ADAPTERS = ("none", "lora", "qlora")
 LORA_TARGETS = ("attention", "all-linear")  # calc.training_step.LORA_TARGET_SETS
 ADAPTER_DTYPES = ("fp32", "bf16")  # calc.training_step.ADAPTER_DTYPES
-DEFAULT_LORA_RANK = 16  # pages.ui.finetune.DEFAULT_RANK
+DEFAULT_LORA_RANK = 16  # calc.finetune.DEFAULT_RANK
 DEFAULT_LORA_TARGETS = "all-linear"
 DEFAULT_ADAPTER_DTYPE = "fp32"
 MAX_LORA_RANK = 65_536
@@ -278,7 +278,7 @@ def resolve_model(spec: str) -> Any:
         return calc.MODELS[folded[spec.lower()]]
     path = Path(spec)
     if path.is_file():
-        from pages.ui.uploads import MAX_CONFIG_BYTES, load_config_json
+        from calc.config_json import MAX_CONFIG_BYTES, load_config_json
 
         with open(path, "rb") as f:
             d = load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
@@ -357,13 +357,13 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     from dataclasses import asdict
 
     import calc
+    from calc.finetune import calc_kwargs
     from calc.training_step import lora_adapter_params
-    from pages.ui.finetune import calc_kwargs
 
     ft = _adapter_settings(a)
     gpu = resolve_gpu(a.gpu)
     # the Training page's call: its method, rank, targets, adapter dtype and double quantization
-    # become the same adapters/base_dtype keywords (pages.ui.finetune.calc_kwargs)
+    # become the same adapters/base_dtype keywords (calc.finetune.calc_kwargs)
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
               gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft))
     result = calc.training_step(model, a.batch, a.seq_len, **kw)
@@ -383,7 +383,7 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
 
 
 def _adapter_settings(a: argparse.Namespace) -> dict[str, Any]:
-    """pages.ui.finetune.calc_kwargs's arguments from --adapter, --rank, --targets,
+    """calc.finetune.calc_kwargs's arguments from --adapter, --rank, --targets,
     --adapter-dtype and --double-quant; an adapter option that would be ignored is refused."""
     if a.double_quant and a.adapter != "qlora":
         raise UsageError(f"--double-quant applies to --adapter qlora (a 4-bit base), not "

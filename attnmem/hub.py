@@ -8,7 +8,7 @@ long-running app that changes them is obeyed.
 
 The file is size-checked from its metadata before it is downloaded (a config.json is a few
 kB; a repo could name a huge file config.json) and parsed with the app's bounded JSON loader
-(pages.ui.uploads.load_config_json: size, depth, NaN and duplicate keys refused), then by
+(calc.config_json.load_config_json: size, depth, NaN and duplicate keys refused), then by
 calc's ModelConfig.from_hf_config, which refuses unknown architectures. Every failure is a
 HubError (a ValueError) whose message says what went wrong and what to do.
 """
@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from calc.config_json import MAX_CONFIG_BYTES, load_config_json
 from calc.models import ModelConfig
-from pages.ui.uploads import MAX_CONFIG_BYTES, load_config_json
 
 #: owner/name as the Hub spells repository ids (huggingface_hub validate_repo_id rules).
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

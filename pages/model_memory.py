@@ -36,11 +36,11 @@ from calc import (  # noqa: E402
     model_memory,
     param_count,
 )
+from calc.config_json import load_config_json  # noqa: E402
 from calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
-from pages.ui.uploads import load_config_json  # noqa: E402
 from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
 from pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
 
@@ -76,7 +76,7 @@ def longest_context(
 def parse_config(source: str | bytes | IO[bytes], name: str) -> ModelConfig:
     """config.json (text, bytes or an upload) -> ModelConfig; ValueError says what is wrong.
 
-    pages.ui.uploads reads at most MAX_CONFIG_BYTES + 1 bytes, refuses deep nesting, NaN and
+    calc.config_json reads at most MAX_CONFIG_BYTES + 1 bytes, refuses deep nesting, NaN and
     duplicate keys before json.loads; from_hf_config names any missing or wrong key.
     """
     return ModelConfig.from_hf_config(load_config_json(source, max_bytes=MAX_CONFIG_BYTES), name=name)

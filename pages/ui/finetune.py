@@ -1,9 +1,6 @@
-"""Full training, LoRA and QLoRA as calc.training_step keywords (issue 34, item 4), shared by
-the Training step page and `attnmem train` so that both make the same calc call. Pure Python:
-no streamlit import.
-
-    calc_kwargs("qlora", rank=16, targets="all-linear", adapter_dtype="fp32", double_quant=True)
-      -> {"adapters": LoRA(16, targets="all-linear", adapter_dtype="fp32"), "base_dtype": "nf4_dq"}
+"""The Training step page's fine-tuning pieces: labels for the methods and targets, and the
+side-by-side table. The methods themselves and their calc keywords (calc_kwargs) live in
+calc.finetune, which `attnmem train` shares. Pure Python: no streamlit import.
 
 ``side_by_side`` answers "which of these fits on my GPU, at what length": one row per method
 with calc's peak at the current length, whether it fits, the longest length that fits
@@ -15,42 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from calc.training_step import (
-    ADAPTER_DTYPES,
-    LORA_TARGET_SETS,
-    LoRA,
-    max_train_seq_len,
-    train_gpus_needed,
-    training_step,
+from calc.finetune import (
+    ADAPTER_DTYPE_CHOICES,
+    DEFAULT_ADAPTER_DTYPE,
+    DEFAULT_RANK,
+    DEFAULT_TARGETS,
+    METHODS,
+    TARGETS,
+    calc_kwargs,
 )
+from calc.training_step import max_train_seq_len, train_gpus_needed, training_step
 
-#: The fine-tuning methods, as the page's URL key `ft` and `attnmem train --adapter` spell them
-#: (the CLI's "none" is full training).
-METHODS: tuple[str, ...] = ("full", "lora", "qlora")
+__all__ = ["ADAPTER_DTYPE_CHOICES", "DEFAULT_ADAPTER_DTYPE", "DEFAULT_RANK", "DEFAULT_TARGETS",
+           "MAX_GPUS", "METHODS", "METHOD_LABELS", "TARGETS", "TARGET_LABELS", "calc_kwargs",
+           "side_by_side"]
+
 METHOD_LABELS = {"full": "full training", "lora": "LoRA (frozen bf16 base)",
                  "qlora": "QLoRA (frozen 4-bit NF4 base)"}
-TARGETS: tuple[str, ...] = tuple(LORA_TARGET_SETS)  # "attention", "all-linear"
 #: Short enough for the narrow column at 1280 px; the modules are in the select's help.
 TARGET_LABELS = {"attention": "attention", "all-linear": "all-linear"}
-ADAPTER_DTYPE_CHOICES: tuple[str, ...] = ADAPTER_DTYPES
-DEFAULT_RANK = 16
-DEFAULT_TARGETS = "all-linear"
-DEFAULT_ADAPTER_DTYPE = "fp32"
 MAX_GPUS = 1024  # the GPUs-needed search's bound, as on the page
-
-
-def calc_kwargs(method: str, rank: int = DEFAULT_RANK, targets: str = DEFAULT_TARGETS,
-                adapter_dtype: str = DEFAULT_ADAPTER_DTYPE, double_quant: bool = False,
-                ) -> dict[str, Any]:
-    """calc.training_step's adapters/base_dtype keywords for a method (empty for full)."""
-    if method in ("full", "none"):
-        return {}
-    if method not in METHODS:
-        raise ValueError(f"unknown fine-tuning method {method!r}; accepted: "
-                         f"{', '.join(METHODS)}")
-    base = "bf16" if method == "lora" else ("nf4_dq" if double_quant else "nf4")
-    return {"adapters": LoRA(rank, targets=targets, adapter_dtype=adapter_dtype),
-            "base_dtype": base}
 
 
 def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: dict[str, Any],

@@ -264,7 +264,7 @@ def _lora(*args, **kw):
 
 
 def test_side_by_side_table_equals_calc() -> None:
-    from pages.ui.finetune import calc_kwargs
+    from calc.finetune import calc_kwargs
 
     at = run({"model": "Llama 3.1 8B", "s": "4096", "b": "2", "gpu": "NVIDIA H100 80GB",
               "attns": "sdpa_flash", "rank": "32", "targets": "all-linear", "dq": "1"})

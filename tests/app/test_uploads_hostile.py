@@ -7,7 +7,7 @@ whole file into memory. Result CSVs likewise, and formula-injection cells such a
 upload: a crafted pickle or torch.save file is refused, and no code path uses pickle,
 torch.load, eval or exec.
 
-Two layers are tested: the loaders (pages.ui.uploads, kernels.measure.store.validate_csv,
+Two layers are tested: the loaders (calc.config_json, kernels.measure.store.validate_csv,
 pages.ui.export) directly, and the pages through streamlit.testing.v1.AppTest with the file
 uploader replaced by a fake upload that counts the bytes read and forbids reading it whole.
 """
@@ -30,6 +30,14 @@ from _robust import streamlit_server_option, time_limit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from calc.config_json import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    load_config_json,
+    load_json_bounded,
+    nesting_depth,
+    read_bounded,
+)
 from kernels.measure.store import (
     COLUMNS,
     MAX_UPLOAD_BYTES,
@@ -39,14 +47,6 @@ from kernels.measure.store import (
     validate_csv,
 )
 from pages.ui.export import FORMULA_START, escape_cell, safe_csv_bytes, safe_frame
-from pages.ui.uploads import (
-    MAX_CONFIG_BYTES,
-    MAX_CONFIG_DEPTH,
-    load_config_json,
-    load_json_bounded,
-    nesting_depth,
-    read_bounded,
-)
 
 pytestmark = pytest.mark.robustness
 
@@ -127,7 +127,7 @@ class FakeUpload:
         return self.bytes_read
 
 
-# ------------------------------------------------------------------ pages.ui.uploads ----
+# ------------------------------------------------------------------ calc.config_json ----
 
 def test_config_loader_reads_a_real_config() -> None:
     for path in sorted(FIXTURES.glob("*.json")):

@@ -1,6 +1,6 @@
 """`attnmem train --adapter none|lora|qlora --rank --targets --adapter-dtype --double-quant`
 (issue 34, item 4): the options parse, the numbers equal calc.training_step's (the Training
-page's call, pages.ui.finetune.calc_kwargs), and a bad value is one line naming it."""
+page's call, calc.finetune.calc_kwargs), and a bad value is one line naming it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import calc
 from attnmem import cli
 from attnmem.cli import main
+from calc import finetune
 from calc.gpus import torch_total_bytes
 from calc.training_step import ADAPTER_DTYPES, LORA_TARGET_SETS, LoRA, lora_adapter_params
-from pages.ui import finetune
 
 LLAMA = "Llama 3.1 8B"
 

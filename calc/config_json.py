@@ -1,5 +1,8 @@
 """Loading untrusted JSON (an uploaded or pasted `config.json`) within fixed limits.
 
+Shared by the Model memory page (upload or paste), `attnmem --model PATH` and attnmem.hub (a
+fetched config.json), before calc.models.ModelConfig.from_hf_config reads the dict.
+
 `json.loads` on its own trusts its input: it reads whatever size it is given, recurses once per
 nesting level (100,000 nested brackets raise RecursionError deep inside the parser), accepts
 the non-standard constants NaN and Infinity, turns 1e999 into inf, and keeps the last of two
