@@ -344,3 +344,58 @@ def blocks_of(sizes: list[int], expandable: bool = False) -> list[int]:
     allocator and none is freed (what each counts in "allocated")."""
     a = CachingAllocator(expandable)
     return [a.block_size(a.malloc(n)) for n in sizes]
+
+
+class TensorReplay:
+    """The tensors of one call, by name, allocated and freed through a CachingAllocator, with
+    the set alive when "allocated" is highest: the peak and its terms.
+
+    Shared by calc.peak (one attention call's allocation sequence) and calc.context_parallel
+    (one rank of a ring). `peak` is the most "allocated" grows above its value when the replay
+    starts (tensors already there, such as the call's inputs, are not counted); `at_peak`
+    holds (label, requested bytes, counted bytes, tensors) for every named allocation alive
+    then, in allocation order. Counted bytes are the blocks the allocator hands out
+    (`block_size`): 512 B rounding, and whole segments where `should_split` says no.
+    """
+
+    def __init__(self, allocator: CachingAllocator) -> None:
+        self.allocator = allocator
+        self.base = allocator.allocated
+        #: key -> (label, requested bytes, counted bytes, allocator handles)
+        self.alive: dict[str, tuple[str, int, int, list[int]]] = {}
+        self._best = -1  # so that the first allocation is the peak until another exceeds it
+        self.at_peak: list[tuple[str, int, int, int]] = []
+
+    @property
+    def peak(self) -> int:
+        """Highest "allocated" above the start, in bytes (0 before anything is allocated)."""
+        return max(self._best, 0)
+
+    def alloc(self, key: str, label: str, *sizes: int) -> None:
+        """Allocate tensors of `sizes` bytes under `key` (a size <= 0 allocates nothing)."""
+        if key in self.alive:
+            raise AssertionError(f"replay: {key!r} allocated twice")
+        a = self.allocator
+        handles = [a.malloc(n) for n in sizes if n > 0]
+        self.alive[key] = (label, sum(sizes), sum(a.block_size(h) for h in handles), handles)
+        if a.allocated - self.base > self._best:
+            self._best = a.allocated - self.base
+            self.at_peak = [(lab, n, counted, len(hs)) for lab, n, counted, hs
+                            in self.alive.values()]
+
+    def free(self, *keys: str) -> None:
+        """Free the tensors allocated under each key."""
+        for key in keys:
+            for h in self.alive.pop(key)[3]:
+                self.allocator.free(h)
+
+    def rename(self, old: str, new: str, label: str | None = None) -> None:
+        """The tensors of `old` are now held as `new` (moved to the end of the allocation
+        order), optionally under a new label."""
+        lab, n, counted, hs = self.alive.pop(old)
+        self.alive[new] = (lab if label is None else label, n, counted, hs)
+
+    def relabel(self, key: str, label: str) -> None:
+        """Describe the tensors of `key` by `label` from now on (same place, same bytes)."""
+        _, n, counted, hs = self.alive[key]
+        self.alive[key] = (label, n, counted, hs)

@@ -46,18 +46,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calc import dispatch
+from calc.allocator import CachingAllocator, TensorReplay, round_size
 from calc.models import ModelConfig, check_model
-from calc.peak import attention_peak_bytes, attention_peak_terms, check_impl_dtype
-from calc.units import (
-    MAX_BATCH,
-    MAX_HEAD_DIM,
-    MAX_HEADS,
-    MAX_SEQ_LEN,
-    check_bool,
-    check_int,
-    dtype_bytes,
-    dtype_name,
-)
+from calc.peak import AttentionCall, attention_peak_bytes, attention_peak_terms, call_of
+from calc.units import MAX_BATCH, MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, check_bool, check_int
 
 CP_IMPLEMENTATIONS: tuple[str, ...] = ("triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 CP_IMPL_LABELS: dict[str, str] = {
@@ -68,77 +60,8 @@ CP_IMPL_LABELS: dict[str, str] = {
 }
 #: Largest ring the functions accept (the page draws 1 to 64).
 MAX_WORLD_SIZE = 4096
-#: What the caching allocator rounds every request up to (CUDACachingAllocator.cpp).
-BLOCK_BYTES = 512
 
 Term = tuple[str, int]
-
-
-def _block(nbytes: int) -> int:
-    nbytes = int(nbytes)
-    if nbytes <= 0:
-        return 0
-    return max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
-
-
-class _Replay:
-    """Live tensors of one rank, in allocation order; remembers the set alive at the peak."""
-
-    def __init__(self) -> None:
-        self.alive: dict[str, tuple[str, int]] = {}
-        self.now = 0
-        self.peak = 0
-        self.at_peak: list[tuple[str, int]] = []
-
-    def alloc(self, key: str, label: str, nbytes: int) -> None:
-        if key in self.alive:
-            raise AssertionError(f"replay: {key} allocated twice")
-        size = _block(nbytes)
-        self.alive[key] = (label, size)
-        self.now += size
-        if self.now > self.peak:
-            self.peak = self.now
-            self.at_peak = list(self.alive.values())
-
-    def free(self, *keys: str) -> None:
-        for key in keys:
-            self.now -= self.alive.pop(key)[1]
-
-    def rename(self, old: str, new: str) -> None:
-        self.alive[new] = self.alive.pop(old)
-
-    def terms(self) -> list[Term]:
-        out: dict[str, int] = {}
-        for label, size in self.at_peak:
-            out[label] = out.get(label, 0) + size
-        return list(out.items())
-
-
-@dataclass(frozen=True)
-class _Shape:
-    b: int
-    h: int
-    h_kv: int
-    s: int
-    d: int
-    dtype: str
-    causal: bool
-    backward: bool
-    c: int
-
-    @property
-    def e(self) -> int:
-        return int(dtype_bytes(self.dtype))
-
-    @property
-    def m(self) -> int:  # local tokens per rank
-        return self.s // self.c
-
-    def rows(self, n: int) -> int:  # query rows of n tokens
-        return self.b * self.h * n
-
-    def kv(self, n: int) -> int:  # elements of one key (or value) block of n tokens
-        return self.b * self.h_kv * n * self.d
 
 
 def _check_impl(impl: str) -> str:
@@ -148,36 +71,28 @@ def _check_impl(impl: str) -> str:
     return impl
 
 
-def _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
-           kv_heads) -> _Shape:
-    _check_impl(impl)
-    b = check_int("batch", batch, 1, MAX_BATCH)
-    h = check_int("heads", heads, 1, MAX_HEADS)
-    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
-    d = check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
+def _ring(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
+          kv_heads) -> tuple[AttentionCall, int]:
+    """(the call each rank is part of, over the whole sequence; the number of ranks c),
+    checked: an implementation the ring model covers, a dtype its kernel runs (all of them
+    16- or 32-bit), and a sequence that splits evenly over the ranks."""
+    given = impl.impl if isinstance(impl, AttentionCall) else impl
+    _check_impl(given)
     c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
-    h_kv = h if kv_heads is None else check_int("kv_heads", kv_heads, 1, h)
-    if h % h_kv:
-        raise ValueError(f"heads ({h}) must be a multiple of kv_heads, got kv_heads={kv_heads!r}")
-    check_bool("causal", causal)
-    check_bool("backward", backward)
-    name = dtype_name(dtype)
-    if dtype_bytes(name) not in (2, 4):
-        raise ValueError(f"dtype {dtype!r}: the ring runs 16- and 32-bit attention; accepted: "
-                         "fp16, bf16, fp32, tf32")
-    check_impl_dtype(impl, name)  # the ring's kernel must run it too (FA2, cuDNN: 16-bit only)
-    if impl != "triton" and h_kv != h and c > 1:
-        raise ValueError(f"kv_heads={kv_heads}: the model of torch's context_parallel covers "
-                         f"equal query and key/value heads only; accepted: kv_heads = heads "
-                         f"({h}) or None, or impl='triton'")
+    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    h, s = call.heads, call.seq_len
+    if call.impl != "triton" and call.gqa and c > 1:
+        raise ValueError(f"kv_heads={call.kv_heads}: the model of torch's context_parallel "
+                         f"covers equal query and key/value heads only; accepted: kv_heads = "
+                         f"heads ({h}) or None, or impl='triton'")
     if c > 1:
-        parts = 2 * c if causal else c
+        parts = 2 * c if call.causal else c
         if s % parts:
             what = ("2·world_size chunks for zigzag load balancing (rank r holds chunks r and "
-                    "2c-1-r)") if causal else "world_size equal shards"
+                    "2c-1-r)") if call.causal else "world_size equal shards"
             raise ValueError(f"seq_len {s} must split into {what}: accepted multiples of "
                              f"{parts}, got {s} (world_size={c})")
-    return _Shape(b, h, h_kv, s, d, name, bool(causal), bool(backward), c)
+    return call, c
 
 
 # ---- the ring schedule ------------------------------------------------------------------------
@@ -252,15 +167,17 @@ def _ranks(c: int, causal: bool) -> list[int]:
 
 # ---- our ring (kernels/ring/ring.py), replayed --------------------------------------------------
 
-def _triton_step_fwd(rp: _Replay, sh: _Shape, kind: str, first: bool) -> None:
-    m, n, e, d = sh.m, sh.m // 2, sh.e, sh.d
-    rows = sh.rows(n if kind == "q_half" else m)
+def _triton_step_fwd(rp: TensorReplay, call: AttentionCall, c: int, kind: str,
+                     first: bool) -> None:
+    m = call.seq_len // c  # local tokens per rank
+    n, e, d = m // 2, call.e, call.d
+    rows = call.rows_of(n if kind == "q_half" else m)
     rp.alloc("o_b", "this step's output from the kernel", rows * d * e)
     rp.alloc("lse_b", "this step's log-sum-exp from the kernel (fp32)", rows * 4)
     if first:
-        rp.alloc("acc_o", "running output, fp32", sh.rows(m) * d * 4)
+        rp.alloc("acc_o", "running output, fp32", call.rows_of(m) * d * 4)
         rp.rename("lse_b", "acc_lse")
-        rp.alive["acc_lse"] = ("running log-sum-exp, fp32", rp.alive["acc_lse"][1])
+        rp.relabel("acc_lse", "running log-sum-exp, fp32")
         rp.free("o_b")
         return
     rp.alloc("new", "merge: new log-sum-exp rows (fp32)", rows * 4)
@@ -268,34 +185,34 @@ def _triton_step_fwd(rp: _Replay, sh: _Shape, kind: str, first: bool) -> None:
     rp.free("new", "w", "o_b", "lse_b")
 
 
-def _triton_forward(rp: _Replay, sh: _Shape, rank: int) -> None:
-    kv_bytes = sh.kv(sh.m) * sh.e
+def _triton_forward(rp: TensorReplay, call: AttentionCall, c: int, rank: int) -> None:
+    m = call.seq_len // c
+    kv_bytes = call.kv_elements(m) * call.e
     cur = None  # key of the received pair held, None: the rank's own (an input)
-    for i, (kind, has_next) in enumerate(_steps(rank, sh.c, sh.causal)):
+    for i, (kind, has_next) in enumerate(_steps(rank, c, call.causal)):
         nxt = f"kv{i}"
         if has_next:
             rp.alloc(nxt + "k", "key block received for the next step", kv_bytes)
             rp.alloc(nxt + "v", "value block received for the next step", kv_bytes)
         if cur is not None:  # the pair in use was received: relabel (same bytes)
             for x in "kv":
-                rp.alive[cur + x] = ("key/value block of this step (received)",
-                                     rp.alive[cur + x][1])
-        _triton_step_fwd(rp, sh, kind, i == 0)
+                rp.relabel(cur + x, "key/value block of this step (received)")
+        _triton_step_fwd(rp, call, c, kind, i == 0)
         if has_next:
             if cur is not None:
                 rp.free(cur + "k", cur + "v")
             cur = nxt
     if cur is not None:
         rp.free(cur + "k", cur + "v")
-    rp.alloc("out", "output (input dtype)", sh.rows(sh.m) * sh.d * sh.e)
+    rp.alloc("out", "output (input dtype)", call.rows_of(m) * call.d * call.e)
     rp.free("acc_o")
 
 
-def _triton_kernel_bwd(rp: _Replay, sh: _Shape, len_q: int, len_k: int) -> None:
+def _triton_kernel_bwd(rp: TensorReplay, call: AttentionCall, len_q: int, len_k: int) -> None:
     """attention_backward (kernels/flash/bwd.py): delta, dk, dv, the GQA split's partial sums,
     dq (and the atomic-dQ fp32 buffer), as calc.dispatch decides them."""
-    b, h, h_kv, d, e = sh.b, sh.h, sh.h_kv, sh.d, sh.e
-    rows, keys = sh.rows(len_q), sh.kv(len_k)
+    b, h, h_kv, d, e = call.b, call.h, call.h_kv, call.d, call.e
+    rows, keys = call.rows_of(len_q), call.kv_elements(len_k)
     rp.alloc("delta", "kernel backward: delta = rowsum(dO·O), fp32", rows * 4)
     rp.alloc("dk_b", "kernel backward: this step's dk, dv", keys * e)
     rp.alloc("dv_b", "kernel backward: this step's dk, dv", keys * e)
@@ -320,26 +237,26 @@ def _triton_kernel_bwd(rp: _Replay, sh: _Shape, len_q: int, len_k: int) -> None:
         rp.free("dk_out", "dv_out")
 
 
-def _triton_backward(rp: _Replay, sh: _Shape, rank: int) -> None:
-    m, n, e, d = sh.m, sh.m // 2, sh.e, sh.d
-    kv_bytes, dkv_bytes = sh.kv(m) * e, sh.kv(m) * 4
-    rp.alloc("dq_acc", "dQ accumulator, fp32", sh.rows(m) * d * 4)
-    if sh.causal:
-        rp.alloc("lse_hi", "second half of the log-sum-exp made contiguous", sh.rows(n) * 4)
+def _triton_backward(rp: TensorReplay, call: AttentionCall, c: int, rank: int) -> None:
+    m = call.seq_len // c
+    n, e, d = m // 2, call.e, call.d
+    kv_bytes, dkv_bytes = call.kv_elements(m) * e, call.kv_elements(m) * 4
+    rp.alloc("dq_acc", "dQ accumulator, fp32", call.rows_of(m) * d * 4)
+    if call.causal:
+        rp.alloc("lse_hi", "second half of the log-sum-exp made contiguous", call.rows_of(n) * 4)
     cur = None
     dsend = None  # key of the dK/dV pair being sent (with the one being received, "drecv")
-    for i, (kind, has_next) in enumerate(_steps(rank, sh.c, sh.causal)):
+    for i, (kind, has_next) in enumerate(_steps(rank, c, call.causal)):
         nxt = f"kv{i}"
         if has_next:
             rp.alloc(nxt + "k", "key block received for the next step", kv_bytes)
             rp.alloc(nxt + "v", "value block received for the next step", kv_bytes)
         if cur is not None:
             for x in "kv":
-                rp.alive[cur + x] = ("key/value block of this step (received)",
-                                     rp.alive[cur + x][1])
+                rp.relabel(cur + x, "key/value block of this step (received)")
         len_q = n if kind == "q_half" else m
         len_k = n if kind == "kv_half" else m
-        _triton_kernel_bwd(rp, sh, len_q, len_k)
+        _triton_kernel_bwd(rp, call, len_q, len_k)
         rp.free("dq_b")
         if i == 0:
             rp.alloc("dkv_k", "dK, dV of the block in hand (fp32)", dkv_bytes)
@@ -351,8 +268,7 @@ def _triton_backward(rp: _Replay, sh: _Shape, rank: int) -> None:
         rp.free("dk_b", "dv_b")
         for x in "kv":  # dkv goes out; a pair comes in
             rp.rename("dkv_" + x, f"dsend{i}{x}")
-            rp.alive[f"dsend{i}{x}"] = ("dK, dV being sent to the next rank (fp32)",
-                                         rp.alive[f"dsend{i}{x}"][1])
+            rp.relabel(f"dsend{i}{x}", "dK, dV being sent to the next rank (fp32)")
             rp.alloc("drecv" + x, "dK, dV being received from the previous rank (fp32)",
                      dkv_bytes)
         dsend = f"dsend{i}"
@@ -366,25 +282,26 @@ def _triton_backward(rp: _Replay, sh: _Shape, rank: int) -> None:
     rp.alloc("dk", "dk, dv returned (input dtype)", kv_bytes)
     rp.alloc("dv", "dk, dv returned (input dtype)", kv_bytes)
     rp.free("drecvk", "drecvv")
-    rp.alloc("dq", "dq returned (input dtype)", sh.rows(m) * d * e)
+    rp.alloc("dq", "dq returned (input dtype)", call.rows_of(m) * d * e)
     rp.free("dq_acc")
 
 
 # ---- torch's context_parallel (_context_parallel/_attention.py, torch 2.13), replayed -----------
 
-def _sdpa_fwd_outputs(rp: _Replay, sh: _Shape, impl: str, len_q: int, tag: str) -> None:
-    rp.alloc("o_b" + tag, "SDPA output of a step (input dtype)", sh.rows(len_q) * sh.d * sh.e)
+def _sdpa_fwd_outputs(rp: TensorReplay, call: AttentionCall, len_q: int, tag: str) -> None:
+    rp.alloc("o_b" + tag, "SDPA output of a step (input dtype)", call.rows_of(len_q) * call.d * call.e)
     # the efficient backend pads its log-sum-exp to 32 rows (B, H, ceil(s/32)*32)
-    lse_len = len_q if impl != "sdpa_efficient" else -(-len_q // 32) * 32
-    rp.alloc("lse_b" + tag, "SDPA log-sum-exp of a step (fp32)", sh.rows(lse_len) * 4)
+    lse_len = len_q if call.impl != "sdpa_efficient" else -(-len_q // 32) * 32
+    rp.alloc("lse_b" + tag, "SDPA log-sum-exp of a step (fp32)", call.rows_of(lse_len) * 4)
 
 
-def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
+def _torch_forward(rp: TensorReplay, call: AttentionCall, c: int, rank: int) -> None:
     """_templated_ring_attention with the ALL_GATHER rotater and _SDPAMerger(convert_to_f32)."""
-    m, n, e, d, c = sh.m, sh.m // 2, sh.e, sh.d, sh.c
-    kv2 = 2 * sh.kv(m) * e
+    m = call.seq_len // c
+    n, e, d = m // 2, call.e, call.d
+    kv2 = 2 * call.kv_elements(m) * e
     prev = None  # tag of the previous step's SDPA outputs (held by `out, logsumexp` until
-    for t, kind in _torch_steps(rank, c, sh.causal):  # the next call returns)
+    for t, kind in _torch_steps(rank, c, call.causal):  # the next call returns)
         if t == 1:
             rp.free("cat0")  # the all-gather's input, held until its wait
         if t < c - 1:
@@ -395,9 +312,9 @@ def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
             else:
                 rp.free(f"cat{t}")  # exchange_buffers returns None: dropped at once
         len_q = n if kind == "q_half" else m
-        rows = sh.rows(len_q)
+        rows = call.rows_of(len_q)
         tag = str(t)
-        _sdpa_fwd_outputs(rp, sh, impl, len_q, tag)
+        _sdpa_fwd_outputs(rp, call, len_q, tag)
         if prev is not None:
             rp.free("o_b" + prev)
             if "lse_b" + prev in rp.alive:
@@ -405,9 +322,9 @@ def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
         rp.alloc("o32", "step output cast to fp32 (convert_to_f32)", rows * d * 4)
         if t == 0:  # the merger keeps the first step's fp32 output and log-sum-exp
             rp.rename("o32", "acc_o")
-            rp.alive["acc_o"] = ("running output, fp32", rp.alive["acc_o"][1])
+            rp.relabel("acc_o", "running output, fp32")
             rp.rename("lse_b" + tag, "acc_lse")
-            rp.alive["acc_lse"] = ("running log-sum-exp, fp32", rp.alive["acc_lse"][1])
+            rp.relabel("acc_lse", "running log-sum-exp, fp32")
             prev = tag
             continue
         # out = out - sigmoid(block_lse - lse) * (out - block_out), evaluated left to right
@@ -426,58 +343,59 @@ def _torch_forward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
         rp.alloc("l3", "merged log-sum-exp (fp32 rows)", rows * 4)
         rp.free("l2")
         if kind == "q_half":  # _partial_update: torch.cat into new full tensors
-            rp.alloc("cat_l", "running log-sum-exp, fp32", sh.rows(m) * 4)
+            rp.alloc("cat_l", "running log-sum-exp, fp32", call.rows_of(m) * 4)
             rp.free("acc_lse", "l3")
             rp.rename("cat_l", "acc_lse")
             rp.alloc("cat_o", "merged output re-assembled by torch.cat (fp32)",
-                     sh.rows(m) * d * 4)
+                     call.rows_of(m) * d * 4)
             rp.free("acc_o", "t5")
             rp.rename("cat_o", "acc_o")
         else:
             rp.free("acc_o", "acc_lse")
             rp.rename("t5", "acc_o")
             rp.rename("l3", "acc_lse")
-        rp.alive["acc_o"] = ("running output, fp32", rp.alive["acc_o"][1])
-        rp.alive["acc_lse"] = ("running log-sum-exp, fp32", rp.alive["acc_lse"][1])
+        rp.relabel("acc_o", "running output, fp32")
+        rp.relabel("acc_lse", "running log-sum-exp, fp32")
         rp.free("o32")
         prev = tag
-    rp.alloc("out", "output (input dtype)", sh.rows(m) * d * e)
+    rp.alloc("out", "output (input dtype)", call.rows_of(m) * d * e)
     rp.free("acc_o", "o_b" + prev, "gathered")
     if "lse_b" + prev in rp.alive:
         rp.free("lse_b" + prev)
 
 
-def _sdpa_bwd_internals(rp: _Replay, sh: _Shape, impl: str, len_q: int, len_k: int,
+def _sdpa_bwd_internals(rp: TensorReplay, call: AttentionCall, len_q: int, len_k: int,
                         tag: str) -> None:
     """One SDPA backward call of the ring (calc.peak's terms for that backend, per step)."""
-    rows, keys, d, e = sh.rows(len_q), sh.kv(len_k), sh.d, sh.e
+    rows, keys, d, e = call.rows_of(len_q), call.kv_elements(len_k), call.d, call.e
     rp.alloc("bdelta", "SDPA backward: row sums of dO·O (fp32)", rows * 4)
     rp.alloc("bacc", "SDPA backward: fp32 dq accumulator", rows * d * 4)
-    if impl == "sdpa_flash":
+    if call.impl == "sdpa_flash":
         rp.alloc("bws", "SDPA backward: fp32 output-sized workspace", rows * d * 4)
-    if impl == "sdpa_efficient":
+    if call.impl == "sdpa_efficient":
         rp.alloc("bws", "SDPA backward: dO copied to the kernel's layout", rows * d * e)
     rp.alloc("gq" + tag, "SDPA backward: this step's dq, dk, dv", rows * d * e)
     rp.alloc("gk" + tag, "SDPA backward: this step's dq, dk, dv", 2 * keys * e)
     rp.free("bdelta", "bacc")
-    if impl in ("sdpa_flash", "sdpa_efficient"):
+    if call.impl in ("sdpa_flash", "sdpa_efficient"):
         rp.free("bws")
 
 
-def _torch_backward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
+def _torch_backward(rp: TensorReplay, call: AttentionCall, c: int, rank: int) -> None:
     """_templated_ring_attention_backward: fp32 accumulators, K/V all-gathered again, dK/dV
     concatenated and sent by an all-to-all permute every step."""
-    m, n, e, d, c = sh.m, sh.m // 2, sh.e, sh.d, sh.c
-    kv, kv2 = sh.kv(m), 2 * sh.kv(m) * e
+    m = call.seq_len // c
+    n, e, d = m // 2, call.e, call.d
+    kv, kv2 = call.kv_elements(m), 2 * call.kv_elements(m) * e
     dkv = 2 * kv * 4
-    rp.alloc("gq_acc", "dQ accumulator, fp32 (zeros_like)", sh.rows(m) * d * 4)
+    rp.alloc("gq_acc", "dQ accumulator, fp32 (zeros_like)", call.rows_of(m) * d * 4)
     rp.alloc("gkv0", "dK, dV accumulators, fp32", dkv)
     owner = "gkv0"  # what grad_key, grad_value are (or are views of)
     inbox = None  # the dK, dV received at the previous step
     sent = None  # the dK, dV concatenated and sent at the previous step
     prev = None
     last_cat = None
-    for t, kind in _torch_steps(rank, c, sh.causal):
+    for t, kind in _torch_steps(rank, c, call.causal):
         if t < c - 1:
             rp.alloc(f"bcat{t}", "k, v concatenated to send (torch.cat)", kv2)
             if t == 0:
@@ -488,9 +406,9 @@ def _torch_backward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
             last_cat = f"bcat{t}"
         if kind == "q_half":
             rp.alloc(f"lse{t}", "second half of the log-sum-exp made contiguous",
-                     sh.rows(n) * 4)
+                     call.rows_of(n) * 4)
         tag = str(t)
-        _sdpa_bwd_internals(rp, sh, impl, n if kind == "q_half" else m,
+        _sdpa_bwd_internals(rp, call, n if kind == "q_half" else m,
                             n if kind == "kv_half" else m, tag)
         if prev is not None:
             rp.free("gq" + prev, "gk" + prev)
@@ -510,63 +428,75 @@ def _torch_backward(rp: _Replay, sh: _Shape, impl: str, rank: int) -> None:
             rp.free(inbox)  # neither next_grad_kv nor the rotater holds it any more
         inbox = f"inbox{t + 1}"
         if kind == "q_half":
-            rp.alloc("gq_cat", "dQ re-assembled by torch.cat (fp32)", sh.rows(m) * d * 4)
+            rp.alloc("gq_cat", "dQ re-assembled by torch.cat (fp32)", call.rows_of(m) * d * 4)
             rp.free("gq_acc")
             rp.rename("gq_cat", "gq_acc")
         prev = tag
-    rp.alloc("gq", "dq returned (input dtype)", sh.rows(m) * d * e)
+    rp.alloc("gq", "dq returned (input dtype)", call.rows_of(m) * d * e)
     rp.free("gq_acc")
     rp.alloc("gkv", "dk, dv returned (input dtype)", kv2)
 
 
 # ---- public -----------------------------------------------------------------------------------
 
-def _replay(sh: _Shape, impl: str, rank: int) -> _Replay:
-    rp = _Replay()
-    if impl == "triton":
-        _triton_forward(rp, sh, rank)
-        if sh.backward:
+def _replay(call: AttentionCall, c: int, rank: int) -> TensorReplay:
+    """One rank's tensors, through calc.allocator's caching allocator with expandable
+    segments: every block is split, so each tensor counts its size rounded up to 512 B (the
+    ring's tensors are counted without the whole-segment rounding of calc.peak's replays)."""
+    rp = TensorReplay(CachingAllocator(expandable=True))
+    if call.impl == "triton":
+        _triton_forward(rp, call, c, rank)
+        if call.backward:
             # returned: O and the log-sum-exp are saved for the backward
-            rp.alive["out"] = ("output, saved for the backward", rp.alive["out"][1])
-            rp.alive["acc_lse"] = ("log-sum-exp, saved for the backward (fp32)",
-                                   rp.alive["acc_lse"][1])
-            _triton_backward(rp, sh, rank)
+            rp.relabel("out", "output, saved for the backward")
+            rp.relabel("acc_lse", "log-sum-exp, saved for the backward (fp32)")
+            _triton_backward(rp, call, c, rank)
     else:
-        _torch_forward(rp, sh, impl, rank)
-        if sh.backward:
-            _torch_backward(rp, sh, impl, rank)
+        _torch_forward(rp, call, c, rank)
+        if call.backward:
+            _torch_backward(rp, call, c, rank)
     return rp
 
 
-def _best(sh: _Shape, impl: str, rank: int | None) -> tuple[int, _Replay]:
+def _terms(rp: TensorReplay) -> list[Term]:
+    """The tensors alive at the rank's peak, (label, counted bytes), one entry per label."""
+    out: dict[str, int] = {}
+    for label, _, counted, _ in rp.at_peak:
+        out[label] = out.get(label, 0) + counted
+    return list(out.items())
+
+
+def _best(call: AttentionCall, c: int, rank: int | None) -> tuple[int, TensorReplay]:
     if rank is not None:
-        r = check_int("rank", rank, 0, sh.c - 1)
-        return r, _replay(sh, impl, r)
+        r = check_int("rank", rank, 0, c - 1)
+        return r, _replay(call, c, r)
     best = None
-    for r in _ranks(sh.c, sh.causal):
-        rp = _replay(sh, impl, r)
+    for r in _ranks(c, call.causal):
+        rp = _replay(call, c, r)
         if best is None or rp.peak > best[1].peak:
             best = (r, rp)
     return best
 
 
 def context_parallel_terms(
-    impl: str, batch: int, heads: int, seq_len: int, head_dim: int, dtype: str,
+    impl: str | AttentionCall, batch: int | None = None, heads: int | None = None,
+    seq_len: int | None = None, head_dim: int | None = None, dtype: str | None = None,
     causal: bool = False, backward: bool = False, world_size: int = 1,
     kv_heads: int | None = None, rank: int | None = None,
 ) -> list[Term]:
     """The tensors alive on one rank at its peak, (label, bytes), summing to
-    `context_parallel_peak_bytes`. ``rank`` None: the rank with the largest peak."""
-    sh = _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
-                kv_heads)
-    if sh.c == 1:
-        return attention_peak_terms(impl, batch, heads, seq_len, head_dim, dtype, causal,
-                                    backward, kv_heads)
-    return _best(sh, impl, rank)[1].terms()
+    `context_parallel_peak_bytes`. ``rank`` None: the rank with the largest peak. `impl` may
+    be an AttentionCall given alone (world_size and rank as keywords)."""
+    call, c = _ring(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
+                    kv_heads)
+    if c == 1:
+        return attention_peak_terms(call)
+    return _terms(_best(call, c, rank)[1])
 
 
 def context_parallel_peak_bytes(
-    impl: str, batch: int, heads: int, seq_len: int, head_dim: int, dtype: str,
+    impl: str | AttentionCall, batch: int | None = None, heads: int | None = None,
+    seq_len: int | None = None, head_dim: int | None = None, dtype: str | None = None,
     causal: bool = False, backward: bool = False, world_size: int = 1,
     kv_heads: int | None = None, rank: int | None = None,
 ) -> int:
@@ -574,7 +504,8 @@ def context_parallel_peak_bytes(
     of seq_len tokens (each rank: seq_len/c queries and keys), beyond the rank's local q, k, v
     (and dO): the module docstring says what is counted. ``rank`` None: the largest over the
     ranks (what every GPU must have room for). ValueError for seq_len not divisible by c
-    (2c when causal: zigzag)."""
+    (2c when causal: zigzag). `impl` may be an AttentionCall given alone (world_size and
+    rank as keywords)."""
     return sum(b for _, b in context_parallel_terms(
         impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size, kv_heads,
         rank))
@@ -597,25 +528,27 @@ class ContextParallelMemory:
 
 
 def context_parallel_memory(
-    impl: str, batch: int, heads: int, seq_len: int, head_dim: int, dtype: str,
+    impl: str | AttentionCall, batch: int | None = None, heads: int | None = None,
+    seq_len: int | None = None, head_dim: int | None = None, dtype: str | None = None,
     causal: bool = False, backward: bool = False, world_size: int = 1,
     kv_heads: int | None = None, rank: int | None = None,
 ) -> ContextParallelMemory:
-    """What one GPU holds: its inputs (m = s/c tokens of q, k, v and dO) and the extra peak."""
-    sh = _shape(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
-                kv_heads)
-    m, e = sh.m, sh.e
-    inputs = _block(sh.rows(m) * sh.d * e) + 2 * _block(sh.kv(m) * e)
-    if backward:
-        inputs += _block(sh.rows(m) * sh.d * e)
-    if sh.c == 1:
-        terms = attention_peak_terms(impl, batch, heads, seq_len, head_dim, dtype, causal,
-                                     backward, kv_heads)
+    """What one GPU holds: its inputs (m = s/c tokens of q, k, v and dO) and the extra peak.
+    `impl` may be an AttentionCall given alone (world_size and rank as keywords)."""
+    call, c = _ring(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_size,
+                    kv_heads)
+    m, e = call.seq_len // c, call.e
+    # each input counted as its 512 B-rounded block (calc.allocator.round_size)
+    inputs = round_size(call.rows_of(m) * call.d * e) + 2 * round_size(call.kv_elements(m) * e)
+    if call.backward:
+        inputs += round_size(call.rows_of(m) * call.d * e)
+    if c == 1:
+        terms = attention_peak_terms(call)
         r = 0
     else:
-        r, rp = _best(sh, impl, rank)
-        terms = rp.terms()
-    return ContextParallelMemory(sh.c, r, m, inputs, sum(b for _, b in terms), tuple(terms))
+        r, rp = _best(call, c, rank)
+        terms = _terms(rp)
+    return ContextParallelMemory(c, r, m, inputs, sum(b for _, b in terms), tuple(terms))
 
 
 @dataclass(frozen=True)
@@ -642,11 +575,11 @@ def ring_comm_bytes(
     end on their own rank (kernels/ring/ring.py; torch's backward sends them every step with
     its all-to-all permute, also in fp32). torch's default all-gather moves the same key/value
     bytes per rank as c-1 ring hops (a ring all-gather). Causal or not does not change it."""
-    sh = _shape(impl, batch, heads, seq_len, head_dim, dtype, False, backward, world_size,
-                kv_heads)
-    c, kv = sh.c, sh.kv(sh.m)
-    fwd = (c - 1) * 2 * kv * sh.e
-    bwd = ((c - 1) * 2 * kv * sh.e + c * 2 * kv * 4) if backward and c > 1 else 0
+    call, c = _ring(impl, batch, heads, seq_len, head_dim, dtype, False, backward, world_size,
+                    kv_heads)
+    kv = call.kv_elements(call.seq_len // c)
+    fwd = (c - 1) * 2 * kv * call.e
+    bwd = ((c - 1) * 2 * kv * call.e + c * 2 * kv * 4) if backward and c > 1 else 0
     return CommVolume(fwd, bwd, c)
 
 
@@ -724,14 +657,15 @@ def context_parallel_training(
     b = check_int("batch", batch, 1, MAX_BATCH)
     s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
     check_bool("shard_states", shard_states)
-    ring = [context_parallel_peak_bytes(impl, b, model.num_heads, s, model.head_dim, "bf16",
-                                        True, bw, c, model.num_kv_heads) for bw in (False, True)]
+    # the ring's call over s tokens, forward and forward + backward, checked once
+    calls = [_ring(impl, b, model.num_heads, s, model.head_dim, "bf16", True, bw, c,
+                   model.num_kv_heads)[0] for bw in (False, True)]
+    ring = [context_parallel_peak_bytes(call, world_size=c) for call in calls]
     m = s // c
     step = training_step(model, b, m, attention=impl, precision=precision,
                          checkpointing=checkpointing, gpus=c,
                          sharding="fsdp" if shard_states and c > 1 else "none")
-    plain = [attention_peak_bytes(impl, b, model.num_heads, m, model.head_dim, "bf16", True,
-                                  bw, model.num_kv_heads) for bw in (False, True)]
+    plain = [attention_peak_bytes(call.with_seq_len(m)) for call in calls]
     phases = dict(step.phases)
     if _FWD_PHASE in phases:
         phases[_FWD_PHASE] += ring[0] - plain[0]
@@ -778,9 +712,9 @@ def max_context_parallel_attention_seq_len(
 
     c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
     unit = (2 * c if causal else c) if c > 1 else 1
+    call, _ = _ring(impl, batch, heads, unit, head_dim, dtype, causal, backward, c, kv_heads)
 
-    def cost(k: int) -> int:
-        return context_parallel_memory(impl, batch, heads, k * unit, head_dim, dtype, causal,
-                                       backward, c, kv_heads).total_bytes
+    def cost(k: int) -> int:  # the ring's rules are checked again at each length
+        return context_parallel_memory(call.with_seq_len(k * unit), world_size=c).total_bytes
 
     return unit * largest_fitting(cost, budget_bytes, hi=MAX_SEQ_LEN // unit)

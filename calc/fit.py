@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from numbers import Real
 
-from calc.peak import attention_peak_bytes
+from calc.peak import AttentionCall, attention_peak_bytes, call_of
 from calc.units import MAX_SEQ_LEN, check_int
 
 
@@ -43,21 +43,20 @@ def largest_fitting(cost: Callable[[int], int], budget_bytes: int, hi: int = MAX
 
 
 def max_seq_len(
-    impl: str,
+    impl: str | AttentionCall,
     budget_bytes: int,
-    batch: int,
-    heads: int,
-    head_dim: int,
-    dtype: str,
+    batch: int | None = None,
+    heads: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
 ) -> int:
     """Longest s whose predicted attention peak (calc.peak.attention_peak_bytes) fits
-    budget_bytes; 0 when not even s = 1 fits. Exact integer search (see largest_fitting)."""
-    attention_peak_bytes(impl, batch, heads, 1, head_dim, dtype, causal, backward, kv_heads)
-    return largest_fitting(
-        lambda s: attention_peak_bytes(
-            impl, batch, heads, s, head_dim, dtype, causal, backward, kv_heads),
-        budget_bytes,
-    )
+    budget_bytes; 0 when not even s = 1 fits. Exact integer search (see largest_fitting).
+    `impl` may be an AttentionCall given alone (its seq_len is what is searched): the call
+    is checked once, and each step of the search checks only the new length."""
+    seq_len = None if isinstance(impl, AttentionCall) else 1  # a given call brings its own
+    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    return largest_fitting(lambda s: attention_peak_bytes(call.with_seq_len(s)), budget_bytes)

@@ -152,7 +152,11 @@ class InferenceMemory:
 
 
 @dataclass(frozen=True)
-class _Shape:
+class _StepDims:
+    """The model's sizes one generate() step reads, not one attention call's shape
+    (calc.peak.AttentionCall): batch, hidden size, query and key/value heads, head dim, and
+    the bytes per element of the activations and of the cache."""
+
     b: int
     h: int
     heads: int
@@ -244,7 +248,7 @@ def inference_step(
     if act not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"act_dtype must be one of fp32, fp16, bf16 (what transformers "
                          f"computes in), got {act_dtype!r}")
-    sh = _Shape(b, model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
+    sh = _StepDims(b, model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
                 int(dtype_bytes(act)), dtype_bytes(dtype_name(kv_dtype)))
     weights = weight_bytes(model, weight_dtype)
     static = cache == "static"
@@ -286,7 +290,7 @@ def inference_step(
         parts=parts, attention=attention, cache=cache, prefill_chunk=prefill_chunk)
 
 
-def _cache_state(model: ModelConfig, sh: _Shape, tokens: int, total: int, static: bool,
+def _cache_state(model: ModelConfig, sh: _StepDims, tokens: int, total: int, static: bool,
                  decoding: bool) -> dict[str, int]:
     """Cache bytes by kind holding `tokens` tokens per sequence: full layers hold them all,
     sliding ones their window once a decode step has trimmed them (static: the window)."""
@@ -317,14 +321,14 @@ def _mask_layers(model: ModelConfig, attention: str, c: int, keys: int, static: 
     return full_masked, slide_masked
 
 
-def _rope_terms(model: ModelConfig, sh: _Shape, c: int) -> int:
+def _rope_terms(model: ModelConfig, sh: _StepDims, c: int) -> int:
     if model.is_mla:
         return sh.b * c * (model.qk_rope_head_dim // 2) * 8  # complex64 freqs_cis
     pairs = 2 if model.model_type in ("gemma3", "gemma3_text") else 1  # global + local
     return pairs * 2 * sh.b * c * sh.d * sh.e
 
 
-def _forward_base(model: ModelConfig, sh: _Shape, attention: str, c: int, keys: int,
+def _forward_base(model: ModelConfig, sh: _StepDims, attention: str, c: int, keys: int,
                   static: bool, sliding_keys: int | None = None) -> list[tuple[str, str, int]]:
     """What one forward of c tokens per sequence holds throughout (module docstring);
     sliding_keys: the keys a sliding layer attends to when they differ (a static cache)."""
@@ -343,11 +347,11 @@ def _forward_base(model: ModelConfig, sh: _Shape, attention: str, c: int, keys: 
     return terms
 
 
-def _layer_cache(model: ModelConfig, sh: _Shape, tokens: int) -> int:
+def _layer_cache(model: ModelConfig, sh: _StepDims, tokens: int) -> int:
     return ceil_bytes(_kv_per_token_layer(model, sh.kv_e) * sh.b * tokens)
 
 
-def _prefill_cache(model: ModelConfig, sh: _Shape, past: int, c: int, total: int,
+def _prefill_cache(model: ModelConfig, sh: _StepDims, past: int, c: int, total: int,
                    static: bool) -> int:
     """The cache of every layer after the current one's update (the largest layer last):
     dynamic full layers hold past + c; sliding ones hold the concatenation of their kept
@@ -369,7 +373,7 @@ def _backend(model: ModelConfig, attention: str, masked: bool) -> str:
     return "sdpa_efficient" if masked or model.is_mla else "sdpa_flash"
 
 
-def _attention_call(model: ModelConfig, sh: _Shape, attention: str, c: int, keys: int,
+def _attention_call(model: ModelConfig, sh: _StepDims, attention: str, c: int, keys: int,
                     masked: bool) -> list[tuple[str, str, int]]:
     """The attention call of one layer: its inputs' extra copies and its own transient."""
     attention = _backend(model, attention, masked)
@@ -416,7 +420,7 @@ def _dtype_of(e: int) -> str:
     return {2: "bf16", 4: "fp32"}[e]  # fp16 and bf16 allocate alike
 
 
-def _mlp_moment(model: ModelConfig, sh: _Shape, t: int, moe: bool, decode: bool,
+def _mlp_moment(model: ModelConfig, sh: _StepDims, t: int, moe: bool, decode: bool,
                 ) -> list[tuple[str, str, int]]:
     e, h = sh.e, sh.h
     if not moe:
@@ -456,7 +460,7 @@ def _mlp_moment(model: ModelConfig, sh: _Shape, t: int, moe: bool, decode: bool,
     return best
 
 
-def _attention_side(model: ModelConfig, sh: _Shape, attention: str, t: int, c: int,
+def _attention_side(model: ModelConfig, sh: _StepDims, attention: str, t: int, c: int,
                     keys: int, masked: bool) -> list[tuple[str, str, int]]:
     """q and its relatives alive during the call (the cache is counted separately)."""
     e = sh.e
@@ -479,7 +483,7 @@ def _attention_side(model: ModelConfig, sh: _Shape, attention: str, t: int, c: i
     return terms
 
 
-def _prefill_moments(model: ModelConfig, sh: _Shape, attention: str, past: int, c: int,
+def _prefill_moments(model: ModelConfig, sh: _StepDims, attention: str, past: int, c: int,
                      total: int, static: bool):
     # A static cache hands the attention all its slots; SDPA's unmasked causal path slices them
     # to the prompt (sdpa_attention.py), eager attends over them all behind its mask.
@@ -540,7 +544,7 @@ def _prefill_moments(model: ModelConfig, sh: _Shape, attention: str, past: int, 
     return out
 
 
-def _decode_moments(model: ModelConfig, sh: _Shape, attention: str, s: int, n: int,
+def _decode_moments(model: ModelConfig, sh: _StepDims, attention: str, s: int, n: int,
                     total: int, static: bool):
     """The last decode step (the most cached tokens): one token per sequence."""
     tokens = s + n - 1

@@ -27,13 +27,14 @@ memory-efficient attention, Rabe & Staats 2021 (arXiv 2112.05682), as in xFormer
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from calc import dispatch
-from calc.allocator import K_SMALL_SIZE, CachingAllocator, is_small, round_size
+from calc.allocator import K_SMALL_SIZE, CachingAllocator, TensorReplay, is_small, round_size
 from calc.units import (
     MAX_BATCH,
     MAX_HEAD_DIM,
@@ -197,17 +198,79 @@ def _a(label: str, *sizes: int, key: str = "") -> _A:
 
 
 @dataclass(frozen=True)
-class _Shape:
-    """Validated call shape, all sizes in elements except e (bytes per element)."""
+class AttentionCall:
+    """One attention call: the implementation and the shape, validated once when it is made.
 
-    b: int
-    h: int
-    h_kv: int
-    s: int
-    d: int
+    ``AttentionCall(impl, batch, heads, seq_len, head_dim, dtype, causal=False,
+    backward=False, kv_heads=None)`` takes the arguments of `attention_peak_bytes` in the same
+    order and refuses a bad one with ValueError naming the value and what is accepted (sizes
+    from 1 to calc.units' limits, kv_heads dividing heads, True/False flags, a dtype name, an
+    implementation of IMPLEMENTATIONS that runs that dtype: IMPL_DTYPES). The dtype is kept
+    under its canonical name ("float16" becomes "fp16"). The peak functions here, calc.fit,
+    calc.sweep and calc.context_parallel take it in place of the separate arguments and pass
+    it down without checking it again; `with_seq_len` is the same call at another length (the
+    searches' step), checking only the new length.
+
+    The shape in the notation of the module docstring: b, h, h_kv, s, d; e bytes per input
+    element; sizes of the tensors the implementations make (out_bytes, kv_bytes, sxs)."""
+
+    impl: str
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
     dtype: str
-    causal: bool
-    backward: bool
+    causal: bool = False
+    backward: bool = False
+    kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        # The order of the checks is the order of the arguments, then the implementation and
+        # whether it runs the dtype; each names its value.
+        set_ = object.__setattr__
+        set_(self, "batch", check_int("batch", self.batch, 1, MAX_BATCH))
+        set_(self, "heads", h := check_int("heads", self.heads, 1, MAX_HEADS))
+        set_(self, "seq_len", check_int("seq_len", self.seq_len, 1, MAX_SEQ_LEN))
+        set_(self, "head_dim", check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM))
+        if self.kv_heads is not None:
+            h_kv = check_int("kv_heads", self.kv_heads, 1, h)
+            if h % h_kv:
+                raise ValueError(f"heads ({h}) must be a multiple of kv_heads, got "
+                                 f"kv_heads={self.kv_heads!r}")
+            set_(self, "kv_heads", h_kv)
+        check_bool("causal", self.causal)
+        check_bool("backward", self.backward)
+        set_(self, "dtype", dtype_name(self.dtype))
+        check_impl(self.impl)
+        check_impl_dtype(self.impl, self.dtype)
+
+    def with_seq_len(self, seq_len: int) -> AttentionCall:
+        """The same call at seq_len tokens; only seq_len is checked (the rest already was)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "seq_len", check_int("seq_len", seq_len, 1, MAX_SEQ_LEN))
+        return new
+
+    # ---- the shape in the module docstring's letters ------------------------------------
+
+    @property
+    def b(self) -> int:
+        return self.batch
+
+    @property
+    def h(self) -> int:
+        return self.heads
+
+    @property
+    def h_kv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def s(self) -> int:
+        return self.seq_len
+
+    @property
+    def d(self) -> int:
+        return self.head_dim
 
     @cached_property
     def e(self):  # bytes per input element (an int where whole: faster than a Fraction)
@@ -221,6 +284,12 @@ class _Shape:
     @property
     def rows(self) -> int:  # query rows B·H·s
         return self.b * self.h * self.s
+
+    def rows_of(self, tokens: int) -> int:  # query rows of `tokens` tokens: B·H·tokens
+        return self.b * self.h * tokens
+
+    def kv_elements(self, tokens: int) -> int:  # one key (or value) block: B·H_kv·tokens·d
+        return self.b * self.h_kv * tokens * self.d
 
     def out_bytes(self, e=None) -> int:  # one q/output-sized tensor
         return ceil_bytes(self.rows * self.d * (self.e if e is None else e))
@@ -240,13 +309,13 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _inputs(sh: _Shape) -> list[int]:
+def _inputs(sh: AttentionCall) -> list[int]:
     """What exists before the call (the harness's procedure): q, k, v; with backward also dO."""
     sizes = [sh.out_bytes(), sh.kv_bytes(), sh.kv_bytes()]
     return sizes + ([sh.out_bytes()] if sh.backward else [])
 
 
-def _naive(sh: _Shape, inplace: bool = False) -> list[Step]:
+def _naive(sh: AttentionCall, inplace: bool = False) -> list[Step]:
     """kernels.measure.registry._naive, step by step: (q @ kᵀ) * scale allocates the product
     and then the scaled scores (the product is freed); masked_fill copies the scores (the old
     ones freed), masked_fill_ does not; softmax; probs @ v."""
@@ -282,7 +351,7 @@ def _naive(sh: _Shape, inplace: bool = False) -> list[Step]:
     return steps
 
 
-def _math(sh: _Shape) -> list[Step]:
+def _math(sh: AttentionCall) -> list[Step]:
     c = 4  # the math backend computes in fp32 (16-bit inputs are upcast)
     if sh.backward:
         # Measured: four fp32 s×s tensors and 14 bytes per q element beyond dO in 16-bit:
@@ -310,7 +379,7 @@ def _math(sh: _Shape) -> list[Step]:
     return steps
 
 
-def _efficient(sh: _Shape) -> list[Step]:
+def _efficient(sh: AttentionCall) -> list[Step]:
     """PyTorch's memory-efficient backend (aten/src/ATen/native/transformers/cuda/
     attention.cu, attention_backward.cu): the output in (B, s, H, d); with grad the forward
     also writes the log-sum-exp, padded to a multiple of 32 rows (kAlignLSE); the backward
@@ -345,7 +414,7 @@ def _efficient(sh: _Shape) -> list[Step]:
     return steps
 
 
-def _cudnn(sh: _Shape) -> list[Step]:
+def _cudnn(sh: AttentionCall) -> list[Step]:
     """cuDNN fused attention (aten/src/ATen/native/cudnn/MHA.cpp): the output; with grad the
     forward keeps the fp32 softmax statistics (one per row); the backward the gradients and
     cuDNN's workspace (an fp32 dQ accumulator and the row sums of dO·O); with GQA dk, dv per
@@ -403,7 +472,7 @@ def fa2_num_splits(b: int, h: int, s_q: int, s_k: int, d: int, num_sms: int = FA
     return 1
 
 
-def _flash(sh: _Shape) -> list[Step]:
+def _flash(sh: AttentionCall) -> list[Step]:
     """FlashAttention-2 as PyTorch ships it (aten/src/ATen/native/transformers/cuda/
     flash_attn/flash_api.cpp mha_fwd, mha_bwd; attention_backward.cu
     _flash_attention_backward): the forward makes out, softmax_lse (B, H, s) fp32 and two
@@ -442,7 +511,7 @@ def _flash(sh: _Shape) -> list[Step]:
     return steps
 
 
-def _triton(sh: _Shape) -> list[Step]:
+def _triton(sh: AttentionCall) -> list[Step]:
     """Our kernel (kernels/flash/fwd.py attention_forward, bwd.py attention_backward), in its
     allocation order: o, lse2; delta, dk, dv, the split's partial dk, dv, the fp32 dQ buffer
     (or dq), and dq cast from the buffer."""
@@ -485,7 +554,7 @@ def fa4_tiles_sm90(head_dim: int, causal: bool) -> tuple[int, int]:
     return 64, 64
 
 
-def _fa4(sh: _Shape) -> list[Step]:
+def _fa4(sh: AttentionCall) -> list[Step]:
     """FlashAttention-4 (flash_attn/cute/interface.py, `_flash_attn_fwd`, `_flash_attn_bwd`,
     on sm90): the forward makes out (B, s, H, d) and, only when a gradient is needed, lse
     (B, H, s) fp32; the backward makes dq, dk, dv (empty_like), dq_accum (B, H, s_q rounded
@@ -511,7 +580,7 @@ def _fa4(sh: _Shape) -> list[Step]:
     return steps
 
 
-_MODELS: dict[str, Callable[[_Shape], list[Step]]] = {
+_MODELS: dict[str, Callable[[AttentionCall], list[Step]]] = {
     "naive": _naive,
     "naive_inplace": lambda sh: _naive(sh, inplace=True),
     "sdpa_math": _math,
@@ -548,7 +617,7 @@ def reserved_predicted(impl: str, backward: bool, gqa: bool = False) -> bool:
 
 
 @dataclass(frozen=True)
-class _Replay:
+class _ReplayResult:
     terms: tuple[PeakTerm, ...]
     peak: int
     reserved: int
@@ -582,17 +651,16 @@ def check_impl_dtype(impl: str, dtype: str) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _replay(impl: str, sh: _Shape, expandable: bool, cached_free: int = 0) -> _Replay:
+def _replay(call: AttentionCall, expandable: bool, cached_free: int = 0) -> _ReplayResult:
     """Run the call's allocation sequence through calc.allocator under the harness's
     procedure: inputs allocated, cache emptied, peaks reset, then the call. The peak terms
     are the tensors alive when "allocated" is highest. `cached_free`: a free block of that
     many bytes that the cache still holds (pinned, so empty_cache() keeps it)."""
-    check_impl_dtype(impl, sh.dtype)
-    return _replay_steps(_inputs(sh), _MODELS[impl](sh), expandable, cached_free)
+    return _replay_steps(_inputs(call), _MODELS[call.impl](call), expandable, cached_free)
 
 
 def _replay_steps(inputs: list[int], steps: list[Step], expandable: bool,
-                  cached_free: int = 0) -> _Replay:
+                  cached_free: int = 0) -> _ReplayResult:
     """`_replay` of an allocation sequence ``steps`` after the tensors ``inputs`` (bytes)."""
     a = CachingAllocator(expandable)
     if cached_free and not expandable:
@@ -610,25 +678,15 @@ def _replay_steps(inputs: list[int], steps: list[Step], expandable: bool,
         a.malloc(n)
     a.empty_cache()
     a.reset_peak()
-    before, reserved_before = a.allocated, a.reserved
-    live: dict[int, tuple[str, int, int, list[int]]] = {}  # step -> (label, bytes, counted, handles)
-    keys: dict[str, int] = {}
-    best: list[tuple[str, int, int, list[int]]] = []
-    best_bytes = -1
+    reserved_before = a.reserved
+    rp = TensorReplay(a)
     for i, step in enumerate(steps):
         if type(step) is _F:
-            for h in live.pop(keys.pop(step.key))[3]:
-                a.free(h)
-            continue
-        handles = [a.malloc(n) for n in step.sizes if n > 0]
-        live[i] = (step.label, sum(step.sizes), sum(a.block_size(h) for h in handles), handles)
-        if step.key:
-            keys[step.key] = i
-        if a.allocated - before > best_bytes:
-            best_bytes = a.allocated - before
-            best = list(live.values())
-    terms = tuple(PeakTerm(label, n, counted, len(hs)) for label, n, counted, hs in best)
-    return _Replay(terms, max(best_bytes, 0), a.peak_reserved - reserved_before)
+            rp.free(step.key)
+        else:  # an unnamed step stays alive to the end: a key no _F names
+            rp.alloc(step.key or f"#{i}", step.label, *step.sizes)
+    terms = tuple(PeakTerm(label, n, counted, k) for label, n, counted, k in rp.at_peak)
+    return _ReplayResult(terms, rp.peak, a.peak_reserved - reserved_before)
 
 
 def check_impl(impl: str) -> str:
@@ -640,36 +698,33 @@ def check_impl(impl: str) -> str:
     return impl
 
 
-def _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads) -> _Shape:
-    """Validated shape; remembered for plain hashable arguments (the searches ask often)."""
+def call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads
+            ) -> AttentionCall:
+    """The AttentionCall a public function was given (as `impl`, with no other shape
+    argument), or the one its arguments make; made calls are remembered for plain hashable
+    arguments (the searches and the training and inference models ask often)."""
+    if isinstance(impl, AttentionCall):
+        extra = {k: v for k, v in (("batch", batch), ("heads", heads), ("seq_len", seq_len),
+                                   ("head_dim", head_dim), ("dtype", dtype),
+                                   ("kv_heads", kv_heads)) if v is not None}
+        extra.update({k: v for k, v in (("causal", causal), ("backward", backward))
+                      if v is not False})
+        if extra:
+            raise ValueError(f"give either an AttentionCall or impl, batch, heads, seq_len, "
+                             f"head_dim, dtype, causal, backward, kv_heads, not both: got "
+                             f"{impl!r} and {extra!r:.200}")
+        return impl
+    args = (impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
     try:
-        return _shape_cached(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+        # bool and int compare equal as cache keys (True == 1): keep their types in the key
+        return _call_lru(tuple(type(x) for x in args), *args)
     except TypeError:  # unhashable: validate (and refuse) the long way
-        return _shape_checked(batch, heads, seq_len, head_dim, dtype, causal, backward,
-                              kv_heads)
-
-
-def _shape_cached(*args) -> _Shape:
-    # bool and int compare equal as cache keys (True == 1): keep their types in the key
-    return _shape_lru(tuple(type(a) for a in args), *args)
+        return AttentionCall(*args)
 
 
 @lru_cache(maxsize=65536)
-def _shape_lru(_types, *args) -> _Shape:
-    return _shape_checked(*args)
-
-
-def _shape_checked(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads) -> _Shape:
-    b = check_int("batch", batch, 1, MAX_BATCH)
-    h = check_int("heads", heads, 1, MAX_HEADS)
-    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
-    d = check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
-    h_kv = h if kv_heads is None else check_int("kv_heads", kv_heads, 1, h)
-    if h % h_kv:
-        raise ValueError(f"heads ({h}) must be a multiple of kv_heads, got kv_heads={kv_heads!r}")
-    check_bool("causal", causal)
-    check_bool("backward", backward)
-    return _Shape(b, h, h_kv, s, d, dtype_name(dtype), causal, backward)
+def _call_lru(_types, *args) -> AttentionCall:
+    return AttentionCall(*args)
 
 
 def _check_free(n: object) -> int:
@@ -682,12 +737,12 @@ def _check_expandable(expandable: object) -> bool:
 
 
 def attention_peak_breakdown(
-    impl: str,
-    batch: int,
-    heads: int,
-    seq_len: int,
-    head_dim: int,
-    dtype: str,
+    impl: str | AttentionCall,
+    batch: int | None = None,
+    heads: int | None = None,
+    seq_len: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
@@ -701,19 +756,19 @@ def attention_peak_breakdown(
     expandable_segments:True (blocks always split: only the 512 B rounding remains).
     `cached_free_bytes`: what the cache holds free just before the call
     (memory_reserved() - memory_allocated()); 0 under the harness's procedure (see
-    attention_peak_bytes)."""
-    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
-    return list(_replay(check_impl(impl), sh, _check_expandable(expandable),
+    attention_peak_bytes). `impl` may be an AttentionCall given alone."""
+    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    return list(_replay(call, _check_expandable(expandable),
                         _check_free(cached_free_bytes)).terms)
 
 
 def attention_peak_terms(
-    impl: str,
-    batch: int,
-    heads: int,
-    seq_len: int,
-    head_dim: int,
-    dtype: str,
+    impl: str | AttentionCall,
+    batch: int | None = None,
+    heads: int | None = None,
+    seq_len: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
@@ -723,10 +778,10 @@ def attention_peak_terms(
 ) -> list[tuple[str, int]]:
     """The terms (label, bytes) whose sum is attention_peak_bytes, for tables and tooltips.
     Bytes are what the allocator counts; a label says when that is more than the tensors
-    hold ("+N B allocator rounding")."""
+    hold ("+N B allocator rounding"). `impl` may be an AttentionCall given alone."""
     out = []
-    for t in attention_peak_breakdown(impl, batch, heads, seq_len, head_dim, dtype, causal,
-                                      backward, kv_heads, expandable=expandable,
+    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    for t in attention_peak_breakdown(call, expandable=expandable,
                                       cached_free_bytes=cached_free_bytes):
         label = t.label
         if t.rounding_bytes:
@@ -736,12 +791,12 @@ def attention_peak_terms(
 
 
 def attention_peak_bytes(
-    impl: str,
-    batch: int,
-    heads: int,
-    seq_len: int,
-    head_dim: int,
-    dtype: str,
+    impl: str | AttentionCall,
+    batch: int | None = None,
+    heads: int | None = None,
+    seq_len: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
@@ -787,20 +842,21 @@ def attention_peak_bytes(
     (a cuBLAS workspace created inside a freed s×s segment does), and the call's tensors are
     then cut from that free block: counted at their 512 B-rounded size, not as whole
     segments. Modelled as one such block, there before the inputs.
+    The call may be given as one AttentionCall in place of impl ... kv_heads
+    (``attention_peak_bytes(AttentionCall("triton", 1, 32, 8192, 128, "bf16"))``).
     Returns whole bytes.
     """
-    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
-    return _replay(check_impl(impl), sh, _check_expandable(expandable),
-                   _check_free(cached_free_bytes)).peak
+    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    return _replay(call, _check_expandable(expandable), _check_free(cached_free_bytes)).peak
 
 
 def attention_reserved_bytes(
-    impl: str,
-    batch: int,
-    heads: int,
-    seq_len: int,
-    head_dim: int,
-    dtype: str,
+    impl: str | AttentionCall,
+    batch: int | None = None,
+    heads: int | None = None,
+    seq_len: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
     causal: bool = False,
     backward: bool = False,
     kv_heads: int | None = None,
@@ -823,13 +879,13 @@ def attention_reserved_bytes(
     approximation, since other live blocks (cuBLAS workspaces) share that segment (measured:
     exact on 25 of 35 rows, within one 20 MiB page on 34).
     nvidia-smi shows this plus the CUDA context and any memory outside PyTorch's allocator.
+    `impl` may be an AttentionCall given alone.
     """
-    sh = _shape(batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
-    impl = check_impl(impl)
-    ok = reserved_predicted(impl, sh.backward, sh.gqa)
+    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    ok = reserved_predicted(call.impl, call.backward, call.gqa)
     expandable = _check_expandable(expandable)
     free = _check_free(cached_free_bytes)
-    return _replay(impl, sh, expandable, free).reserved if ok else None
+    return _replay(call, expandable, free).reserved if ok else None
 
 
 def attention_flops(
@@ -853,7 +909,8 @@ def attention_flops(
     return fwd2 * 7 // 4 if backward else fwd2 // 2
 
 
-def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads) -> tuple[_Shape, int]:
+def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads
+                  ) -> tuple[AttentionCall, int]:
     """(the shape of one batch of the packed total, the number of sequences), checked."""
     if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
         raise ValueError(f"seq_lens must be a list of sequence lengths (ints >= 1), got "
@@ -865,12 +922,11 @@ def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads) -> tuple
     if total > MAX_SEQ_LEN:
         raise ValueError(f"the packed total of seq_lens must be at most {MAX_SEQ_LEN:,} tokens, "
                          f"got {total:,}")
-    sh = _shape(1, heads, total, head_dim, dtype, False, backward, kv_heads)
-    check_impl_dtype("triton", sh.dtype)
-    return sh, len(lens)
+    return AttentionCall("triton", 1, heads, total, head_dim, dtype, False, backward,
+                         kv_heads), len(lens)
 
 
-def _triton_varlen(sh: _Shape) -> list[Step]:
+def _triton_varlen(sh: AttentionCall) -> list[Step]:
     """Our kernel on packed sequences (kernels/flash/fwd.py packed_forward, bwd.py
     packed_backward), in allocation order: o, lse2; delta, dk, dv, dq. No fp32 dQ buffer
     and no GQA partial sums: the packed backward is always the two-kernel one."""

@@ -7,10 +7,11 @@ reference, the score-matrix size B·H·s²·e of calc.scores.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import pandas as pd
 
-from calc.peak import IMPL_KIND, attention_peak_bytes, check_impl
+from calc.peak import IMPL_KIND, AttentionCall, attention_peak_bytes, call_of, check_impl
 from calc.scores import score_matrix_bytes
 from calc.units import MAX_BATCH, MAX_HEADS, MAX_SEQ_LEN, check_int
 
@@ -35,6 +36,15 @@ def _int_list(name: str, values: object, hi: int) -> list[int]:
         if len(out) > MAX_SWEEP_POINTS:
             raise ValueError(f"{name} may hold at most {MAX_SWEEP_POINTS:,} values")
     return out
+
+
+def _calls(impls: list[str], *shape: object) -> list[AttentionCall]:
+    """One AttentionCall per implementation with the shape arguments; with no implementation
+    the shape is still checked (as the eager one's, which runs every attention dtype)."""
+    calls = [call_of(impl, *shape) for impl in impls]
+    if not calls:
+        call_of("naive", *shape)
+    return calls
 
 
 def default_seq_lens(lo: int = 128, hi: int = 1_048_576) -> list[int]:
@@ -64,15 +74,15 @@ def sweep_seq_len(
     score_bytes (one row per implementation and length)."""
     impls = _impl_list(impls)
     seq_lens = _int_list("seq_lens", seq_lens, MAX_SEQ_LEN)
-    # Validate the scalar arguments once, even when a list is empty.
-    attention_peak_bytes("naive", batch, heads, 1, head_dim, dtype, causal, backward, kv_heads)
+    # One call per implementation, checked once (even when a list is empty), then moved
+    # along the lengths.
+    calls = _calls(impls, batch, heads, 1, head_dim, dtype, causal, backward, kv_heads)
     rows = []
     for s in seq_lens:
         scores = score_matrix_bytes(batch, heads, s, dtype)
-        for impl in impls:
-            peak = attention_peak_bytes(
-                impl, batch, heads, s, head_dim, dtype, causal, backward, kv_heads)
-            rows.append((impl, IMPL_KIND[impl], int(s), peak, scores))
+        for call in calls:
+            peak = attention_peak_bytes(call.with_seq_len(s))
+            rows.append((call.impl, IMPL_KIND[call.impl], int(s), peak, scores))
     return pd.DataFrame(rows, columns=["impl", "kind", "seq_len", "peak_bytes", "score_bytes"])
 
 
@@ -94,11 +104,10 @@ def sweep_param(
         raise ValueError(f"name must be one of {', '.join(SWEEP_PARAMS)}, got {name!r}")
     impls = _impl_list(impls)
     values = _int_list(name, values, MAX_BATCH if name == "batch" else MAX_HEADS)
-    attention_peak_bytes("naive", batch, heads, seq_len, head_dim, dtype, causal, backward)
+    calls = _calls(impls, batch, heads, seq_len, head_dim, dtype, causal, backward, None)
     rows = []
     for v in values:
-        b, h = (v, heads) if name == "batch" else (batch, v)
-        for impl in impls:
-            peak = attention_peak_bytes(impl, b, h, seq_len, head_dim, dtype, causal, backward)
-            rows.append((impl, IMPL_KIND[impl], int(v), peak))
+        for call in calls:
+            peak = attention_peak_bytes(replace(call, **{name: v}))
+            rows.append((call.impl, IMPL_KIND[call.impl], int(v), peak))
     return pd.DataFrame(rows, columns=["impl", "kind", name, "peak_bytes"])

@@ -276,7 +276,8 @@ def _stand_in_kernels():
 ])
 def test_rank_allocations_match_calc_replay(shape, monkeypatch) -> None:
     import kernels.ring.ring as ring
-    from calc.context_parallel import _block, context_parallel_peak_bytes
+    from calc.allocator import round_size
+    from calc.context_parallel import context_parallel_peak_bytes
     from kernels.ring.simulate import SimulatedRing
 
     B, H, H_kv, s, d, dtype, causal, backward, c = shape
@@ -291,7 +292,7 @@ def test_rank_allocations_match_calc_replay(shape, monkeypatch) -> None:
         q = torch.randn(B, H, m, d, generator=g).to(dtype).requires_grad_(backward)
         k, v = (t.clone().requires_grad_(backward) for t in blocks[r])
         do = torch.randn(B, H, m, d, generator=g).to(dtype)
-        live = _tracker(_block)
+        live = _tracker(round_size)
         for t in [q, k, v, do, full_k, full_v, *[x for bl in blocks for x in bl]]:
             live.seen.add(t.untyped_storage().data_ptr())  # inputs: there before the call
         with live:
