@@ -356,15 +356,27 @@ class TensorReplay:
     holds (label, requested bytes, counted bytes, tensors) for every named allocation alive
     then, in allocation order. Counted bytes are the blocks the allocator hands out
     (`block_size`): 512 B rounding, and whole segments where `should_split` says no.
+
+    With no allocator, every tensor counts `round_size` of its bytes: what a
+    CachingAllocator(expandable=True) hands out, since expandable segments split every block
+    (`should_split`), without the segment bookkeeping that only `reserved` needs (the ring's
+    replays run thousands of tensors in a search; tests/calc/test_attention_call.py checks
+    that both give the same peaks and terms).
     """
 
-    def __init__(self, allocator: CachingAllocator) -> None:
+    def __init__(self, allocator: CachingAllocator | None = None) -> None:
         self.allocator = allocator
-        self.base = allocator.allocated
-        #: key -> (label, requested bytes, counted bytes, allocator handles)
-        self.alive: dict[str, tuple[str, int, int, list[int]]] = {}
+        self._allocated = 0  # without an allocator: the live blocks' bytes
+        self.base = allocator.allocated if allocator is not None else 0
+        #: key -> (label, requested bytes, counted bytes, tensors, allocator handles)
+        self.alive: dict[str, tuple[str, int, int, int, list[int]]] = {}
         self._best = -1  # so that the first allocation is the peak until another exceeds it
         self.at_peak: list[tuple[str, int, int, int]] = []
+
+    @property
+    def allocated(self) -> int:
+        """"allocated" now, in bytes (the allocator's, tensors from before included)."""
+        return self.allocator.allocated if self.allocator is not None else self._allocated
 
     @property
     def peak(self) -> int:
@@ -376,26 +388,40 @@ class TensorReplay:
         if key in self.alive:
             raise AssertionError(f"replay: {key!r} allocated twice")
         a = self.allocator
-        handles = [a.malloc(n) for n in sizes if n > 0]
-        self.alive[key] = (label, sum(sizes), sum(a.block_size(h) for h in handles), handles)
-        if a.allocated - self.base > self._best:
-            self._best = a.allocated - self.base
-            self.at_peak = [(lab, n, counted, len(hs)) for lab, n, counted, hs
-                            in self.alive.values()]
+        if a is None:
+            counted = tensors = 0
+            for n in sizes:
+                if n > 0:
+                    counted += round_size(n)
+                    tensors += 1
+            self._allocated += counted
+            self.alive[key] = (label, sum(sizes), counted, tensors, [])
+            grown = self._allocated
+        else:
+            handles = [a.malloc(n) for n in sizes if n > 0]
+            counted = sum(a.block_size(h) for h in handles)
+            self.alive[key] = (label, sum(sizes), counted, len(handles), handles)
+            grown = a.allocated - self.base
+        if grown > self._best:
+            self._best = grown
+            self.at_peak = [entry[:4] for entry in self.alive.values()]
 
     def free(self, *keys: str) -> None:
         """Free the tensors allocated under each key."""
         for key in keys:
-            for h in self.alive.pop(key)[3]:
+            _, _, counted, _, handles = self.alive.pop(key)
+            if self.allocator is None:
+                self._allocated -= counted
+            for h in handles:
                 self.allocator.free(h)
 
     def rename(self, old: str, new: str, label: str | None = None) -> None:
         """The tensors of `old` are now held as `new` (moved to the end of the allocation
         order), optionally under a new label."""
-        lab, n, counted, hs = self.alive.pop(old)
-        self.alive[new] = (lab if label is None else label, n, counted, hs)
+        lab, *rest = self.alive.pop(old)
+        self.alive[new] = (lab if label is None else label, *rest)
 
     def relabel(self, key: str, label: str) -> None:
         """Describe the tensors of `key` by `label` from now on (same place, same bytes)."""
-        _, n, counted, hs = self.alive[key]
-        self.alive[key] = (label, n, counted, hs)
+        _, *rest = self.alive[key]
+        self.alive[key] = (label, *rest)

@@ -46,10 +46,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calc import dispatch
-from calc.allocator import CachingAllocator, TensorReplay, round_size
+from calc.allocator import TensorReplay, round_size
 from calc.models import ModelConfig, check_model
-from calc.peak import AttentionCall, attention_peak_bytes, attention_peak_terms, call_of
-from calc.units import MAX_BATCH, MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, check_bool, check_int
+from calc.peak import (
+    AttentionCall,
+    DtypeNotRun,
+    attention_peak_bytes,
+    attention_peak_terms,
+    call_of,
+)
+from calc.units import (
+    MAX_BATCH,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_SEQ_LEN,
+    check_bool,
+    check_int,
+    dtype_bytes,
+    dtype_name,
+)
 
 CP_IMPLEMENTATIONS: tuple[str, ...] = ("triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 CP_IMPL_LABELS: dict[str, str] = {
@@ -76,10 +91,16 @@ def _ring(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, world_
     """(the call each rank is part of, over the whole sequence; the number of ranks c),
     checked: an implementation the ring model covers, a dtype its kernel runs (all of them
     16- or 32-bit), and a sequence that splits evenly over the ranks."""
-    given = impl.impl if isinstance(impl, AttentionCall) else impl
-    _check_impl(given)
+    _check_impl(impl.impl if isinstance(impl, AttentionCall) else impl)
     c = check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
-    call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    try:
+        call = call_of(impl, batch, heads, seq_len, head_dim, dtype, causal, backward, kv_heads)
+    except DtypeNotRun:  # the dtype is a known name: say what the ring runs
+        given = impl.dtype if isinstance(impl, AttentionCall) else dtype
+        if dtype_bytes(dtype_name(given)) not in (2, 4):
+            raise ValueError(f"dtype {given!r}: the ring runs 16- and 32-bit attention; "
+                             "accepted: fp16, bf16, fp32, tf32") from None
+        raise
     h, s = call.heads, call.seq_len
     if call.impl != "triton" and call.gqa and c > 1:
         raise ValueError(f"kv_heads={call.kv_heads}: the model of torch's context_parallel "
@@ -440,10 +461,10 @@ def _torch_backward(rp: TensorReplay, call: AttentionCall, c: int, rank: int) ->
 # ---- public -----------------------------------------------------------------------------------
 
 def _replay(call: AttentionCall, c: int, rank: int) -> TensorReplay:
-    """One rank's tensors, through calc.allocator's caching allocator with expandable
-    segments: every block is split, so each tensor counts its size rounded up to 512 B (the
-    ring's tensors are counted without the whole-segment rounding of calc.peak's replays)."""
-    rp = TensorReplay(CachingAllocator(expandable=True))
+    """One rank's tensors, replayed by calc.allocator.TensorReplay as with expandable
+    segments: every block is split, so each tensor counts its size rounded up to 512 B
+    (`round_size`; the ring is counted without the whole-segment rounding of calc.peak)."""
+    rp = TensorReplay()
     if call.impl == "triton":
         _triton_forward(rp, call, c, rank)
         if call.backward:

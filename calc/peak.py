@@ -30,8 +30,9 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
 
 from calc import dispatch
 from calc.allocator import K_SMALL_SIZE, CachingAllocator, TensorReplay, is_small, round_size
@@ -243,39 +244,35 @@ class AttentionCall:
         set_(self, "dtype", dtype_name(self.dtype))
         check_impl(self.impl)
         check_impl_dtype(self.impl, self.dtype)
+        self._letters()
 
     def with_seq_len(self, seq_len: int) -> AttentionCall:
         """The same call at seq_len tokens; only seq_len is checked (the rest already was)."""
         new = copy.copy(self)
-        object.__setattr__(new, "seq_len", check_int("seq_len", seq_len, 1, MAX_SEQ_LEN))
+        s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
+        object.__setattr__(new, "seq_len", s)
+        object.__setattr__(new, "s", s)
         return new
 
-    # ---- the shape in the module docstring's letters ------------------------------------
+    # The shape in the module docstring's letters, b, h, h_kv, s, d and e (bytes per input
+    # element: an int where whole, faster than a Fraction), are plain attributes set with the
+    # fields (`_letters`): the models read them thousands of times in a search.
+    b: int = field(init=False, repr=False, compare=False)
+    h: int = field(init=False, repr=False, compare=False)
+    h_kv: int = field(init=False, repr=False, compare=False)
+    s: int = field(init=False, repr=False, compare=False)
+    d: int = field(init=False, repr=False, compare=False)
+    e: int | Fraction = field(init=False, repr=False, compare=False)
 
-    @property
-    def b(self) -> int:
-        return self.batch
-
-    @property
-    def h(self) -> int:
-        return self.heads
-
-    @property
-    def h_kv(self) -> int:
-        return self.heads if self.kv_heads is None else self.kv_heads
-
-    @property
-    def s(self) -> int:
-        return self.seq_len
-
-    @property
-    def d(self) -> int:
-        return self.head_dim
-
-    @cached_property
-    def e(self):  # bytes per input element (an int where whole: faster than a Fraction)
+    def _letters(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "b", self.batch)
+        set_(self, "h", self.heads)
+        set_(self, "h_kv", self.heads if self.kv_heads is None else self.kv_heads)
+        set_(self, "s", self.seq_len)
+        set_(self, "d", self.head_dim)
         e = dtype_bytes(self.dtype)
-        return int(e) if e.denominator == 1 else e
+        set_(self, "e", int(e) if e.denominator == 1 else e)
 
     @property
     def n(self) -> int:  # score elements B·H·s²
@@ -642,11 +639,15 @@ IMPL_DTYPES: dict[str, tuple[str, ...]] = {
 }
 
 
+class DtypeNotRun(ValueError):
+    """An implementation was given an input dtype it does not run (`check_impl_dtype`)."""
+
+
 def check_impl_dtype(impl: str, dtype: str) -> None:
-    """Refuse (ValueError naming both and what is accepted) an input dtype the implementation
-    does not run (`IMPL_DTYPES`)."""
+    """Refuse (DtypeNotRun, a ValueError naming both and what is accepted) an input dtype the
+    implementation does not run (`IMPL_DTYPES`)."""
     if dtype not in IMPL_DTYPES[impl]:
-        raise ValueError(f"{impl} does not run {dtype} inputs; accepted dtypes for {impl}: "
+        raise DtypeNotRun(f"{impl} does not run {dtype} inputs; accepted dtypes for {impl}: "
                          f"{', '.join(IMPL_DTYPES[impl])}")
 
 

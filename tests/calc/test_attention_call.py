@@ -152,9 +152,37 @@ def test_tensor_replay_counts_blocks_above_its_start_and_keeps_the_peak_set() ->
     assert a.allocated == 10_240
 
 
-def test_the_ring_replays_through_the_caching_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
-    """calc.context_parallel counts its tensors with calc.allocator (a different rounding
-    there changes the ring's numbers)."""
+@pytest.mark.parametrize("impl, kv_heads", [("triton", 2), ("triton", 8), ("sdpa_flash", 8),
+                                             ("sdpa_efficient", 8), ("sdpa_cudnn", 8)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_rings_replay_is_the_expandable_allocators(monkeypatch: pytest.MonkeyPatch,
+                                                       impl: str, kv_heads: int,
+                                                       causal: bool) -> None:
+    """TensorReplay without an allocator (what the ring uses) gives the peak and the tensors
+    at the peak that a CachingAllocator with expandable segments gives, rank by rank."""
+    import calc.context_parallel as cp
+
+    call = AttentionCall(impl, 1, 8, 6 * 1024 + 96, 72, "bf16", causal, True, kv_heads)
+    fast = {r: cp._replay(call, 6, r) for r in range(6)}
+    monkeypatch.setattr(cp, "TensorReplay",
+                        lambda: TensorReplay(CachingAllocator(expandable=True)))
+    for r in range(6):
+        slow = cp._replay(call, 6, r)
+        assert (slow.peak, slow.at_peak) == (fast[r].peak, fast[r].at_peak), r
+
+
+def test_tensor_replay_without_an_allocator_rounds_each_tensor() -> None:
+    rp = TensorReplay()
+    rp.alloc("x", "x", 1000, 1)
+    rp.alloc("y", "y", 0)
+    rp.free("x")
+    rp.alloc("z", "z", 513)
+    assert (rp.peak, rp.at_peak, rp.allocated) == (1536, [("x", 1001, 1536, 2)], 1024)
+
+
+def test_the_ring_counts_with_the_allocators_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """calc.context_parallel counts its tensors with calc.allocator's rule (a different
+    rounding there changes the ring's numbers)."""
     import calc.allocator as allocator
     import calc.context_parallel as cp
 
