@@ -226,8 +226,8 @@ class AttentionCall:
     kv_heads: int | None = None
 
     def __post_init__(self) -> None:
-        # The order of the checks is the order of the arguments, then the implementation and
-        # whether it runs the dtype; each names its value.
+        # Checked in this order, each error naming its value: the sizes, kv_heads, the flags,
+        # the dtype, the implementation, and whether the implementation runs the dtype.
         set_ = object.__setattr__
         set_(self, "batch", check_int("batch", self.batch, 1, MAX_BATCH))
         set_(self, "heads", h := check_int("heads", self.heads, 1, MAX_HEADS))
