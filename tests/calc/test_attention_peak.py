@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 import calc
@@ -135,6 +135,7 @@ dtypes = st.sampled_from(["fp16", "bf16", "fp32", "float16", "bfloat16"])
 
 @given(impls, st.integers(1, 64), st.integers(1, 64), st.integers(1, 200_000),
        st.sampled_from([16, 64, 80, 128, 256]), dtypes, st.booleans(), st.booleans())
+@example("sdpa_flash", 1, 3, 2240, 16, "fp16", False, False)  # fewer splits one token later
 def test_peak_is_a_positive_int_and_grows_with_s(impl, b, h, s, d, dtype, causal, bwd) -> None:
     assume(calc.dtype_name(dtype) in calc.IMPL_DTYPES[impl])  # the pairs the model prices
     p = attention_peak_bytes(impl, b, h, s, d, dtype, causal, bwd)
@@ -142,10 +143,17 @@ def test_peak_is_a_positive_int_and_grows_with_s(impl, b, h, s, d, dtype, causal
     # The tensors grow with s; what the allocator counts for them nearly so: a tensor that fits
     # the free tail (1-2 MiB) of an input's segment counts the whole tail, and one more token
     # can make it miss that tail (calc.allocator). At most 1 MiB per tensor of the peak.
+    # FlashAttention-2's split-KV forward picks its split count from the key blocks, and one
+    # more block can mean fewer splits (5 -> 2 at B = 1, H = 3, d = 16, s = 2,240 -> 2,241), so
+    # its partial buffers are left out of the growth check.
     nxt = attention_peak_breakdown(impl, b, h, s + 1, d, dtype, causal, bwd)
     now = attention_peak_breakdown(impl, b, h, s, d, dtype, causal, bwd)
-    assert sum(t.tensor_bytes for t in nxt) >= sum(t.tensor_bytes for t in now)
-    assert sum(t.counted_bytes for t in nxt) >= p - MIB * sum(t.tensors for t in now)
+    split = [t for t in now if "split-KV" in t.label]
+    nxt = [t for t in nxt if "split-KV" not in t.label]
+    now_rest = [t for t in now if "split-KV" not in t.label]
+    assert sum(t.tensor_bytes for t in nxt) >= sum(t.tensor_bytes for t in now_rest)
+    assert (sum(t.counted_bytes for t in nxt) >= p - sum(t.counted_bytes for t in split)
+            - MIB * sum(t.tensors for t in now_rest))
 
 
 @given(impls, st.integers(1, 16), st.integers(1, 16), st.integers(1, 50_000), st.booleans())
