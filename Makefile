@@ -9,10 +9,14 @@ app:
 	scripts/bootstrap.sh app
 	$(PY) -m streamlit run app.py
 
+# Two pytest-xdist workers (CI has 2 cores). --dist loadfile keeps each test file on one worker,
+# so a file's module-scoped fixture (an app server and browser, a Triton-interpreter child that
+# runs all of the file's kernel cases) starts once, not once per worker that got one of its
+# tests. Each worker and its children run torch on one OpenMP thread (tests/conftest.py).
 test:
 	scripts/bootstrap.sh test
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # Needs an NVIDIA GPU: only the tests marked gpu. Eight worker processes, because on a fresh
 # machine (empty Triton cache) compiling the kernels dominates: about 4 s per test serially,
