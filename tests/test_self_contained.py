@@ -24,17 +24,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = ("calc", "kernels", "pages", "tests", "data", "docs", "scripts", "attnmem")
+TOP = ("calc", "kernels", "pages", "tests", "data", "docs", "scripts", "attnmem", "tools")
 TEXT = re.compile(r"(\.(py|md|toml|txt|cfg|sh|yml|yaml|ini)|Makefile)$")
-#: Names of the notes outside the repository, and the relative way up to them.
-EXTERNAL = re.compile(r"\.\./shared|\b(DESIGN|STYLE|ANCHORS|KINDS)\.md\b")
+#: Names of the notes outside the repository, and the relative way up to them (this
+#: repository's own design note is docs/DESIGN.md, named with its folder).
+EXTERNAL = re.compile(r"\.\./shared|(?<!docs/)\b(DESIGN|STYLE|ANCHORS|KINDS)\.md\b")
 #: A path inside this repository: a top-level folder, then a file ending .py, .md or .csv.
 PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(TOP) + r")/[A-Za-z0-9_./*-]*\.(?:py|md|csv))(?!\w)")
 MD = re.compile(r"(?<![\w./-])([A-Za-z0-9_./*-]*[A-Za-z0-9_-]\.md)\b")
 #: Files whose text states the rule above, so they name the outside notes on purpose.
 STATES_THE_RULE = {"tests/test_self_contained.py", "tests/app/test_page_sources.py"}
 #: Folders whose paths this test checks (pages/ and app.py: tests/app/test_page_sources.py).
-CHECKED = ("calc/", "kernels/", "attnmem/", "scripts/", "tests/", "docs/", "README.md",
+CHECKED = ("calc/", "kernels/", "attnmem/", "scripts/", "tests/", "docs/", "tools/", "README.md",
            "NOTES.md", "Makefile")
 #: `*.md` names that are not files of this repository, each with why that is right.
 ALLOWED_MD = {
@@ -98,6 +99,7 @@ def test_markdown_files_named_exist() -> None:
     # Spelled in pieces so that this file does not itself cite what it forbids.
     ("see " + "../" + "shared/tools/fa4/README.md", True), ("as " + "DESIGN" + ".md says", True),
     ("(shared/" + "ANCHORS" + ".md)", True), ("docs/APP.md", False), ("the design notes", False),
+    ("docs/" + "DESIGN" + ".md", False),
 ])
 def test_the_external_pattern(text: str, external: bool) -> None:
     assert bool(EXTERNAL.search(text)) is external
