@@ -67,6 +67,7 @@ LAUNCH_ARGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 METRIC = '[data-testid="stMetricValue"]'
+PAGE_PATH = "score_matrix"  # the page every session works on (app.py url_path)
 EXCEPTION = '[data-testid="stException"]'
 LOAD_TIMEOUT_S = 180  # opening a page while the others open (before the clock starts)
 RAMP_S = 1.0  # sessions open one per second
@@ -260,7 +261,7 @@ async def run_session(browser, url: str, index: int, seconds: float, timeout_s: 
     page.on("pageerror", lambda e: stats.errors.append(f"page error: {str(e)[:200]}"))
     batch, heads, s_idx = 1, 32, S_STEPS.index(4096)
     try:
-        await page.goto(f"{url}/?b={batch}&h={heads}&s={S_STEPS[s_idx]}&dtype=fp16",
+        await page.goto(f"{url}/{PAGE_PATH}?b={batch}&h={heads}&s={S_STEPS[s_idx]}&dtype=fp16",
                         wait_until="domcontentloaded", timeout=LOAD_TIMEOUT_S * 1000)
         await page.wait_for_function(
             "t => { const e = document.querySelector('[data-testid=\"stMetricValue\"]');"
@@ -347,6 +348,8 @@ class ProtocolSession:
         msg = BackMsg()
         msg.rerun_script.query_string = self.query
         msg.rerun_script.page_script_hash = self.page_hash
+        if not self.page_hash:  # the first run: the page by its URL path, as a browser asks
+            msg.rerun_script.page_name = PAGE_PATH
         for label, value in values.items():
             w = msg.rerun_script.widget_states.widgets.add()
             w.id = self.widgets[label]

@@ -162,9 +162,8 @@ def test_links_to_the_explaining_pages_through_the_router() -> None:
     at.switch_page("pages/will_it_fit.py").run()
     assert not at.exception, [e.value for e in at.exception]
     links = {x.proto.label.split(":")[0]: x.proto.page for x in at.get("page_link")}
-    # the default page (Score matrix) is the app's root: its link's path is empty
     assert links == {"Inference": "inference", "Model memory": "model_memory",
-                     "Score matrix": "", "How FlashAttention works": "flash_explainer"}, links
+                     "Score matrix": "score_matrix", "How FlashAttention works": "flash_explainer"}, links
     at.selectbox(key="task").set_value("training").run()
     assert any(x.proto.page.endswith("training") for x in at.get("page_link"))
     at.selectbox(key="task").set_value("serving").run()

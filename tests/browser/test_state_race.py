@@ -189,7 +189,7 @@ def expect_many(i: dict[str, Any], unit: str, page: Page) -> Expect:
 
 # target: (sidebar title, url path, oracle, the number box edited right after arriving, values)
 TARGETS: dict[str, tuple[str, str, Callable[..., Expect], str, tuple[int, int]]] = {
-    "score": ("Score matrix", "", expect_score, "Attention heads H", (16, 48)),
+    "score": ("Score matrix", "score_matrix", expect_score, "Attention heads H", (16, 48)),
     "model": ("Model memory", "model_memory", expect_model, "Batch size", (2, 3)),
     "serving": ("Serving", "serving", expect_serving, "max_num_seqs", (64, 128)),
     "training": ("Training step", "training", expect_training, "Batch size", (2, 3)),
@@ -200,7 +200,7 @@ TARGETS: dict[str, tuple[str, str, Callable[..., Expect], str, tuple[int, int]]]
 # Where the user comes from, with values that differ from every page's defaults (a stale
 # value that leaked across would show), for the inputs pages share by name (b, s, gpu, ...).
 SOURCES = {
-    "score": "/?b=2&h=8&s=1024&dtype=fp32",
+    "score": "/score_matrix?b=2&h=8&s=1024&dtype=fp32",
     "model": "/model_memory?gpu=NVIDIA%20T4%2016GB&adtype=fp32&s=1&b=2",
     "serving": "/serving?gpu=NVIDIA%20A100%2040GB&s=4096&seqs=32",
     "training": "/training?b=2&s=2048&gpu=NVIDIA%20H200%20141GB",
