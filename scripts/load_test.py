@@ -151,6 +151,9 @@ def _on_console(stats: SessionStats, msg) -> None:
     where = (msg.location or {}).get("url", "")
     if "ERR_NAME_NOT_RESOLVED" in msg.text or (where and not is_loopback(where)):
         return  # an off-machine resource (fonts.gstatic.com icons) on a machine without internet
+    if "404" in msg.text and urlsplit(where).path in (f"/{PAGE_PATH}/_stcore/health",
+                                                      f"/{PAGE_PATH}/_stcore/host-config"):
+        return  # Streamlit's frontend first tries a page's path as the app's base path
     stats.errors.append(f"console: {msg.text[:200]} ({where[:80]})")
 
 
@@ -364,8 +367,10 @@ class ProtocolSession:
             fwd = ForwardMsg()
             fwd.ParseFromString(raw)
             kind = fwd.WhichOneof("type")
-            if kind == "new_session":
+            if kind == "new_session" and not self.page_hash:
                 self.page_hash = fwd.new_session.page_script_hash
+            elif kind == "navigation":  # the page the router chose, as the frontend keeps it
+                self.page_hash = fwd.navigation.page_script_hash
             elif kind == "page_info_changed":
                 self.query = fwd.page_info_changed.query_string
             elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element":
@@ -381,6 +386,8 @@ class ProtocolSession:
                 elif et == "metric" and first_metric is None:
                     first_metric = el.metric.body
             elif kind == "script_finished":
+                if fwd.script_finished == 2:  # FINISHED_EARLY_FOR_RERUN: the rerun follows
+                    continue
                 if fwd.script_finished not in (0, 3):
                     self.stats.errors.append(f"script finished with status {fwd.script_finished}")
                 break
