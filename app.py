@@ -12,9 +12,11 @@ from pages.common import unit_switch
 
 st.set_page_config(page_title="Attention memory", page_icon="🧮", layout="wide")
 
+#: Where Will it fit? was served before it became the root page (links made then use it).
+OLD_WILL_IT_FIT = "will_it_fit"
 PAGES = [
-    st.Page("pages/will_it_fit.py", title="Will it fit?", icon=":material/check_circle:", url_path="will_it_fit"),
-    st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score_matrix", default=True),
+    st.Page("pages/will_it_fit.py", title="Will it fit?", icon=":material/check_circle:", url_path="home", default=True),
+    st.Page("pages/score_matrix.py", title="Score matrix", icon=":material/grid_on:", url_path="score_matrix"),
     st.Page("pages/model_memory.py", title="Model memory", icon=":material/memory:", url_path="model_memory"),
     st.Page("pages/inference.py", title="Inference", icon=":material/output:", url_path="inference"),
     st.Page("pages/serving.py", title="Serving", icon=":material/dns:", url_path="serving"),
@@ -26,9 +28,41 @@ PAGES = [
     st.Page("pages/kernel_speed.py", title="Kernel speed", icon=":material/speed:", url_path="kernel_speed"),
 ]
 
+# The URL parameters of the Score-matrix page (pages/score_matrix.py SPECS; tests/app/
+# test_landing.py checks that they are the same).
+SCORE_KEYS = frozenset({"b", "h", "s", "dtype", "e"})
+_LANDED = "_landed"  # session state: the session's first run is over
+
+
+def score_matrix_link(query: dict[str, str]) -> bool:
+    """True for a link to "/" made while Score matrix was the app's root page: it names at least
+    one input and only Score-matrix inputs (and the unit). A link Will it fit? writes always
+    names its model, GPU and task (pages.common.sync_url writes every input), so it is never
+    taken for one."""
+    keys = set(query) - {"unit"}
+    return bool(keys) and keys <= SCORE_KEYS
+
+
+def _old_will_it_fit_link() -> None:
+    """/will_it_fit, where Will it fit? was served before it became the root page: the same
+    view at "/"."""
+    st.switch_page(PAGES[0], query_params=st.query_params.to_dict())
+
+
 # url_path = file name: a deep link's first run on a fresh server is handed from Streamlit's old
-# multipage mode back to this router by page hash (see pages/common.page_setup).
-page = st.navigation(PAGES, position="sidebar")
+# multipage mode back to this router by page hash (see pages/common.page_setup). Will it fit? is
+# the default page, served at "/"; Streamlit ignores a default page's url_path but reserves it, so
+# it is "home", and its old address /will_it_fit stays valid through a hidden page.
+page = st.navigation(
+    [*PAGES, st.Page(_old_will_it_fit_link, title="Will it fit?", url_path=OLD_WILL_IT_FIT,
+                     visibility="hidden")],
+    position="sidebar")
+if not st.session_state.get(_LANDED):
+    # Only a session's first run (a link being opened): later runs at "/" are Will it fit?'s
+    # own, and a page switched away from mid-run may still write its parameters into the URL.
+    st.session_state[_LANDED] = True
+    if page is PAGES[0] and score_matrix_link(st.query_params.to_dict()):
+        st.switch_page(PAGES[1], query_params=st.query_params.to_dict())
 with st.sidebar:
     unit_switch()
     st.caption(

@@ -15,8 +15,6 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run on its own (AppTest)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from typing import IO  # noqa: E402
-
 import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
@@ -36,16 +34,14 @@ from calc import (  # noqa: E402
     model_memory,
     param_count,
 )
-from calc.config_json import load_config_json  # noqa: E402
 from calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
+from pages.custom_config import CUSTOM, custom_model  # noqa: E402
 from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
 from pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
 
-CUSTOM = "Custom config.json"
-MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few kB
 NAIVE, FLASH = "naive", "sdpa_flash"
 IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
 ACT_DTYPES = ("bf16", "fp16", "fp32")
@@ -71,45 +67,6 @@ def longest_context(
 ) -> int:
     """Exact integer search over s (calc.model_max_seq_len); cached: ~30 model evaluations."""
     return model_max_seq_len(model, gpu_bytes, batch, wd, kvd, ad, impl)
-
-
-def parse_config(source: str | bytes | IO[bytes], name: str) -> ModelConfig:
-    """config.json (text, bytes or an upload) -> ModelConfig; ValueError says what is wrong.
-
-    calc.config_json reads at most MAX_CONFIG_BYTES + 1 bytes, refuses deep nesting, NaN and
-    duplicate keys before json.loads; from_hf_config names any missing or wrong key.
-    """
-    return ModelConfig.from_hf_config(load_config_json(source, max_bytes=MAX_CONFIG_BYTES), name=name)
-
-
-def custom_model() -> ModelConfig | None:
-    """The uploaded or pasted config (the last valid one stays in use after a bad one)."""
-    st.caption(
-        f"Upload or paste a Hugging Face `config.json` (at most {MAX_CONFIG_BYTES // 1000:,} kB). "
-        "It is parsed as JSON only, never executed. It is not stored in the URL."
-    )
-    up_col, paste_col = st.columns(2)
-    uploaded = up_col.file_uploader("config.json", type=["json"], max_upload_size=1, key="cfg_file")
-    pasted = paste_col.text_area("…or paste it here", height=120, max_chars=MAX_CONFIG_BYTES, key="cfg_text")
-    text, name = None, "custom model"
-    try:
-        if uploaded is not None:
-            if uploaded.size > MAX_CONFIG_BYTES:
-                raise ValueError(f"file is {uploaded.size:,} bytes; the limit is {MAX_CONFIG_BYTES:,}")
-            if hasattr(uploaded, "seek"):
-                uploaded.seek(0)  # read from the start on every re-run
-            text, name = uploaded, Path(uploaded.name).stem[:60]
-        elif pasted.strip():
-            text = pasted
-        if text is not None:
-            model = parse_config(text, name)
-            st.session_state["_custom_model"] = model
-            return model
-    except (ValueError, UnicodeDecodeError, TypeError) as err:
-        st.error(c.md_escape(f"Could not use this config: {err}"), icon=":material/block:")
-        if "_custom_model" in st.session_state:
-            st.info("Still showing the last config that was valid.")
-    return st.session_state.get("_custom_model")
 
 
 c.page_setup("model")

@@ -1,6 +1,7 @@
 """Will it fit? The one question most users bring, answered in one view.
 
-Thin page: model (a preset or a Hugging Face Hub id, pages/hub_model.py), GPU, task, context
+Thin page: model (a preset, a Hugging Face Hub id (pages/hub_model.py) or an uploaded or
+pasted config.json (pages/custom_config.py)), GPU, task, context
 and batch -> pages/ui/fit.py, which asks the one calc function that answers the task
 everywhere else (inference: calc.inference_step; serving: calc.serving_capacity; training:
 calc.training_step) -> a verdict, the peak's parts and where it occurs, the longest context
@@ -26,12 +27,13 @@ from calc.gpus import torch_total_bytes  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages import hub_model as hub  # noqa: E402
+from pages.custom_config import CUSTOM, custom_model  # noqa: E402
 from pages.ui import fit  # noqa: E402
 from pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
 
 # The same specs as the pages that explain each task, so that values carry over between them.
 SPECS = {
-    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB)),
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
     "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
     "task": ChoiceParam("inference", fit.TASKS),
     "b": IntParam(1, 1, 65_536),
@@ -95,8 +97,17 @@ if choice == hub.HUB:
         used[hub.KEY] = hub.SPEC
     if model is None:
         model = hub.fallback(MODELS[SPECS["model"].default])
+    origin = hub.source(model)
+elif choice == CUSTOM:
+    model, origin = custom_model(), "the config.json given here"
+    if model is None:
+        st.info("Upload or paste a config.json to see whether it fits; until then, the default "
+                "model is shown.")
+        model = MODELS[SPECS["model"].default]
+        origin = model.source
 else:
     model = MODELS[choice]
+    origin = model.source
 gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
 task = c.select("Task", "task", SPECS["task"], where=top[2], format_func=fit.TASK_LABELS.get,
                 help=fit.NOT_MODELLED)
@@ -128,7 +139,7 @@ trained = model.max_position_embeddings
 st.caption(f"**{c.md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
            f"{model.num_kv_heads} KV heads, trained context "
            f"{f'{trained:,} tokens' if trained else 'not stated'}; shapes from "
-           f"{c.md_escape(hub.source(model))}.")
+           f"{c.md_escape(origin)}.")
 c.trained_context_note(model, seq_len)
 if trained and seq_len <= trained < seq_len + new_tokens - 1:  # the prompt fits, the answer not
     st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
@@ -221,7 +232,12 @@ else:
 
 st.markdown("**What each part is, and what changes it**")
 for path, title, icon, what in LINKS[task] + ATTENTION_LINKS:
-    link(path, title, icon, what,
-         query if path in (LINKS[task][0][0], "pages/model_memory.py") else {})
+    q = query if path in (LINKS[task][0][0], "pages/model_memory.py") else {}
+    if choice == CUSTOM and path != "pages/model_memory.py":  # the others take no config.json
+        q = {k: x for k, x in q.items() if k != "model"}
+    link(path, title, icon, what, q)
+if choice == CUSTOM:
+    st.caption("The config.json given here carries over to Model memory; the other pages take "
+               "a preset or a Hub id, so they open with their own model.")
 
 c.sync_url(used)

@@ -67,6 +67,7 @@ LAUNCH_ARGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 METRIC = '[data-testid="stMetricValue"]'
+PAGE_PATH = "score_matrix"  # the page every session works on (app.py url_path)
 EXCEPTION = '[data-testid="stException"]'
 LOAD_TIMEOUT_S = 180  # opening a page while the others open (before the clock starts)
 RAMP_S = 1.0  # sessions open one per second
@@ -150,6 +151,9 @@ def _on_console(stats: SessionStats, msg) -> None:
     where = (msg.location or {}).get("url", "")
     if "ERR_NAME_NOT_RESOLVED" in msg.text or (where and not is_loopback(where)):
         return  # an off-machine resource (fonts.gstatic.com icons) on a machine without internet
+    if "404" in msg.text and urlsplit(where).path in (f"/{PAGE_PATH}/_stcore/health",
+                                                      f"/{PAGE_PATH}/_stcore/host-config"):
+        return  # Streamlit's frontend first tries a page's path as the app's base path
     stats.errors.append(f"console: {msg.text[:200]} ({where[:80]})")
 
 
@@ -260,7 +264,7 @@ async def run_session(browser, url: str, index: int, seconds: float, timeout_s: 
     page.on("pageerror", lambda e: stats.errors.append(f"page error: {str(e)[:200]}"))
     batch, heads, s_idx = 1, 32, S_STEPS.index(4096)
     try:
-        await page.goto(f"{url}/?b={batch}&h={heads}&s={S_STEPS[s_idx]}&dtype=fp16",
+        await page.goto(f"{url}/{PAGE_PATH}?b={batch}&h={heads}&s={S_STEPS[s_idx]}&dtype=fp16",
                         wait_until="domcontentloaded", timeout=LOAD_TIMEOUT_S * 1000)
         await page.wait_for_function(
             "t => { const e = document.querySelector('[data-testid=\"stMetricValue\"]');"
@@ -347,6 +351,8 @@ class ProtocolSession:
         msg = BackMsg()
         msg.rerun_script.query_string = self.query
         msg.rerun_script.page_script_hash = self.page_hash
+        if not self.page_hash:  # the first run: the page by its URL path, as a browser asks
+            msg.rerun_script.page_name = PAGE_PATH
         for label, value in values.items():
             w = msg.rerun_script.widget_states.widgets.add()
             w.id = self.widgets[label]
@@ -361,8 +367,10 @@ class ProtocolSession:
             fwd = ForwardMsg()
             fwd.ParseFromString(raw)
             kind = fwd.WhichOneof("type")
-            if kind == "new_session":
+            if kind == "new_session" and not self.page_hash:
                 self.page_hash = fwd.new_session.page_script_hash
+            elif kind == "navigation":  # the page the router chose, as the frontend keeps it
+                self.page_hash = fwd.navigation.page_script_hash
             elif kind == "page_info_changed":
                 self.query = fwd.page_info_changed.query_string
             elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element":
@@ -378,6 +386,8 @@ class ProtocolSession:
                 elif et == "metric" and first_metric is None:
                     first_metric = el.metric.body
             elif kind == "script_finished":
+                if fwd.script_finished == 2:  # FINISHED_EARLY_FOR_RERUN: the rerun follows
+                    continue
                 if fwd.script_finished not in (0, 3):
                     self.stats.errors.append(f"script finished with status {fwd.script_finished}")
                 break

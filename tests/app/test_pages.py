@@ -69,8 +69,11 @@ def test_page_runs_without_exception_and_writes_its_url(page: str) -> None:
 def test_router_runs_every_page() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
     assert not at.exception
-    assert "1.07 GB" in metrics(at).values()
+    assert [t.value for t in at.title] == ["Will it fit?"]  # the page a user lands on
     assert at.sidebar.radio(key="unit").value == "GB"
+    at.query_params.clear()  # a sidebar click opens a page without the last page's URL inputs
+    at.switch_page("pages/score_matrix.py").run()
+    assert "1.07 GB" in metrics(at).values()
     for path in ("pages/model_memory.py", "pages/scaling.py", "pages/flash_explainer.py",
                  "pages/measure.py", "pages/kernel_speed.py", "pages/score_matrix.py"):
         at.switch_page(path).run()
@@ -79,6 +82,8 @@ def test_router_runs_every_page() -> None:
 
 def test_unit_is_remembered_across_pages() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    at.query_params.clear()  # a sidebar click opens a page without the last page's URL inputs
+    at.switch_page("pages/score_matrix.py").run()
     at.sidebar.radio(key="unit").set_value("GiB").run()
     assert list(metrics(at).values())[0] == "1.00 GiB"
     at.switch_page("pages/scaling.py").run()

@@ -4,6 +4,7 @@ replaced; a model calc refuses for a task shows calc's reason; the explaining pa
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from calc import (
     MAX_SEQ_LEN,
     MODELS,
+    ModelConfig,
     format_bytes,
     gpus_needed,
     inference_step,
@@ -160,9 +162,8 @@ def test_links_to_the_explaining_pages_through_the_router() -> None:
     at.switch_page("pages/will_it_fit.py").run()
     assert not at.exception, [e.value for e in at.exception]
     links = {x.proto.label.split(":")[0]: x.proto.page for x in at.get("page_link")}
-    # the default page (Score matrix) is the app's root: its link's path is empty
     assert links == {"Inference": "inference", "Model memory": "model_memory",
-                     "Score matrix": "", "How FlashAttention works": "flash_explainer"}, links
+                     "Score matrix": "score_matrix", "How FlashAttention works": "flash_explainer"}, links
     at.selectbox(key="task").set_value("training").run()
     assert any(x.proto.page.endswith("training") for x in at.get("page_link"))
     at.selectbox(key="task").set_value("serving").run()
@@ -172,3 +173,65 @@ def test_links_to_the_explaining_pages_through_the_router() -> None:
 def test_first_in_the_sidebar() -> None:
     text = (ROOT / "app.py").read_text()
     assert text.index("pages/will_it_fit.py") < text.index("pages/score_matrix.py")
+
+
+# --- the model from an uploaded / pasted config.json or a Hub id (issue 32, item 8) ----------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "hf_configs"
+CUSTOM = "Custom config.json"
+
+
+def _fixture(file: str, name: str) -> ModelConfig:
+    return ModelConfig.from_hf_config(json.loads((FIXTURES / file).read_text()), name=name)
+
+
+def test_uploaded_config_is_sized_by_calc_and_not_put_in_the_url() -> None:
+    at = run(model=CUSTOM, s="4096")
+    assert any("Upload or paste a config.json" in i.value for i in at.info)  # nothing given yet
+    at.file_uploader(key="cfg_file").set_value(
+        ("Llama-3.2-1B.json", (FIXTURES / "Llama-3.2-1B.json").read_bytes(), "application/json")).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    model = _fixture("Llama-3.2-1B.json", "Llama-3.2-1B")
+    m = inference_step(model, 1, 4096, 128, attention="sdpa")
+    assert metrics(at)["Peak"] == format_bytes(m.peak_bytes)
+    assert m.peak_bytes != inference_step(LLAMA, 1, 4096, 128, attention="sdpa").peak_bytes
+    assert any("Llama-3.2-1B" in v and "config.json given here" in v
+               for v in (cap.value.replace("\\", "") for cap in at.caption))
+    assert url(at)["model"] == CUSTOM and set(url(at)) <= {"model", "gpu", "task", "b", "s", "new",
+                                                           "wdtype", "unit"}
+    at.selectbox(key="task").set_value("training").run()  # the same config for another task
+    t = training_step(model, 1, 4096, attention="sdpa_flash")
+    assert metrics(at)["Peak"] == format_bytes(t.peak_bytes)
+    # only Model memory takes the config: the other pages' links do not name the choice
+    links = {x.proto.label.split(":")[0]: x.proto.query_string for x in at.get("page_link")}
+    assert all("model=" not in q for q in links.values()), links
+
+
+def test_pasted_bad_config_is_refused_and_the_last_good_one_stays() -> None:
+    at = run(model=CUSTOM)
+    at.text_area(key="cfg_text").input((FIXTURES / "Mistral-7B-v0.1.json").read_text()).run()
+    good = metrics(at)["Peak"]
+    m = inference_step(_fixture("Mistral-7B-v0.1.json", "custom model"), 1, 8192, 128, attention="sdpa")
+    assert good == format_bytes(m.peak_bytes)
+    at.text_area(key="cfg_text").input('{"num_hidden_layers": 2, "num_hidden_layers": 3}').run()
+    assert not at.exception
+    assert any("Could not use this config" in e.value and "twice" in e.value for e in at.error)
+    assert any("last config that was valid" in i.value for i in at.info)
+    assert metrics(at)["Peak"] == good
+
+
+def test_hub_id_without_a_network_says_so_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    at = run(model="Hugging Face Hub id", hub="deepseek-ai/DeepSeek-V3")
+    shown = " ".join(e.value for e in at.error).replace("\\", "")
+    assert "cannot reach http://127.0.0.1:9" in shown and "Traceback" not in shown
+    assert any("default model is shown" in i.value for i in at.info)
+    assert metrics(at)["Peak"] == format_bytes(inference_step(LLAMA, 1, 8192, 128, attention="sdpa").peak_bytes)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline mode with an empty cache
+    at = run(model="Hugging Face Hub id", hub="Qwen/Qwen2.5-7B")
+    shown = " ".join(e.value for e in at.error).replace("\\", "")
+    assert "HF_HUB_OFFLINE" in shown and not at.exception

@@ -40,10 +40,11 @@ except ImportError:  # pragma: no cover - the import above already skips the mod
 
 
 def pages() -> list[tuple[str, str]]:
-    """(url path, name) of every page in app.py's st.Page list; the default page is at "/"."""
-    found = re.findall(r'url_path="([^"]+)"(, default=True)?', (ROOT / "app.py").read_text())
+    """(url path, file name) of every page in app.py's st.Page list; the default page is at "/"."""
+    found = re.findall(r'st\.Page\("pages/(\w+)\.py"[^)]*url_path="([^"]+)"(, default=True)?',
+                       (ROOT / "app.py").read_text())
     assert found, "app.py lists no st.Page url_path"
-    return [("" if default else path, path) for path, default in found]
+    return [("" if default else path, name) for name, path, default in found]
 
 
 #: Text cut off by its box, as [test id of the nearest ancestor that has one, text, widths].

@@ -31,10 +31,11 @@ except ImportError:  # pragma: no cover - the import above already skips the mod
 
 
 def page_paths() -> list[str]:
-    """Every page's URL path, read from app.py's st.Page(..., url_path=...) list."""
-    paths = re.findall(r'url_path="([^"]+)"', (ROOT / "app.py").read_text())
-    assert paths, "app.py lists no st.Page url_path"
-    return paths
+    """Every page's URL path, read from app.py's st.Page(..., url_path=...) list; the default
+    page is served at "/" (its url_path is reserved, not served)."""
+    found = re.findall(r'url_path="([^"]+)"(, default=True)?', (ROOT / "app.py").read_text())
+    assert found, "app.py lists no st.Page url_path"
+    return ["" if default else path for path, default in found]
 
 
 def off_machine(url: str) -> bool:

@@ -17,6 +17,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -135,7 +136,7 @@ def _shot(page: Page, name: str) -> None:
 
 def test_score_matrix_page(browser_page: Page, server: str) -> None:
     page = browser_page
-    _open(page, f"{server}/")
+    _open(page, f"{server}/score_matrix")
     _expect_metric(page, "1.07 GB")
     assert "1.07 GB" in _metrics(page)
     assert page.locator(".js-plotly-plot .main-svg").count() >= 1
@@ -153,13 +154,33 @@ def test_score_matrix_page(browser_page: Page, server: str) -> None:
 
 def test_url_prefills_and_bad_values_warn(browser_page: Page, server: str) -> None:
     page = browser_page
-    _open(page, f"{server}/?s=8192&h=32&b=1&dtype=fp16")
+    _open(page, f"{server}/?s=8192&h=32&b=1&dtype=fp16")  # made when Score matrix was at "/"
     _expect_metric(page, "4.29 GB")
+    page.wait_for_url("**/score_matrix?*")
     _open(page, f"{server}/?s=NaN&h=%5Bx%5D(javascript:alert(1))")
     _expect_metric(page, "1.07 GB")
     alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
     assert any("'s'" in a and "NaN" in a for a in alerts), alerts
     assert page.locator("a[href^='javascript']").count() == 0
+
+
+def test_root_is_will_it_fit_and_its_old_address_still_opens_it(browser_page: Page, server: str) -> None:
+    """ "/" opens Will it fit? (the first page in the sidebar); a link to /will_it_fit, where it
+    was served before, opens the same view at "/" with its inputs and no 'page not found'."""
+    page = browser_page
+    page.goto(f"{server}/", wait_until="domcontentloaded")
+    expect(page.locator("h1", has_text="Will it fit?")).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.locator('[data-testid="stMetricLabel"]', has_text="Peak").first).to_be_visible(
+        timeout=TIMEOUT_MS)
+    page.goto(f"{server}/will_it_fit?task=serving&s=4096&gpu=NVIDIA%20A100%2040GB",
+              wait_until="domcontentloaded")
+    page.wait_for_url(lambda u: urlsplit(u).path == "/" and "task=serving" in u, timeout=TIMEOUT_MS)
+    expect(page.locator("h1", has_text="Will it fit?")).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.get_by_label("Task", exact=True).first).to_have_value(
+        "Serving: vLLM, concurrent requests", timeout=TIMEOUT_MS)
+    expect(page.get_by_label("exact", exact=True).first).to_have_value("4096")
+    assert "s=4096" in page.url and "A100" in unquote(page.url)
+    assert page.get_by_text("Page not found").count() == 0
 
 
 def test_model_memory_page(browser_page: Page, server: str) -> None:
@@ -223,7 +244,7 @@ def test_measurement_page_renders(browser_page: Page, server: str) -> None:
 
 def test_unit_switch_is_remembered_across_pages(browser_page: Page, server: str) -> None:
     page = browser_page
-    _open(page, f"{server}/?dtype=custom&e=0.5")
+    _open(page, f"{server}/score_matrix?dtype=custom&e=0.5")
     page.locator('[data-testid="stSidebar"]').get_by_text("GiB", exact=True).click()
     _wait_idle(page)
     assert "unit=GiB" in page.url

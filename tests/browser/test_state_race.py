@@ -8,6 +8,12 @@ the edit: its inputs are read off the widgets on screen and at least one headlin
 recomputed from calc with exactly those inputs; the number shown must equal it. A page whose
 verdict names a GPU must name the GPU shown in its GPU box.
 
+Every page of the app is a target (all have inputs and numbers): Will it fit?, Score matrix,
+Model memory, Inference, Serving, Training step, Scaling, How FlashAttention works, Many GPUs
+(computed: the number is recomputed with calc), Kernel speed and GPU measurement (measured: the
+number is recomputed from the bundled CSV the page reads, filtered by the choices on screen).
+Each is reached from the page before it and the page after it in SOURCES.
+
 Run: .venv/bin/python -m pytest -m browser tests/browser/test_state_race.py
 Reproduction rate (tries per target, report only, no assertion):
     .venv/bin/python tests/browser/test_state_race.py --tries 10
@@ -22,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -46,10 +53,14 @@ from calc import (  # noqa: E402
     training_step,
 )
 from calc.context_parallel import context_parallel_memory  # noqa: E402
+from calc.inference_step import INFER_ATTENTION_LABELS, inference_step  # noqa: E402
 from calc.io_model import standard_io  # noqa: E402
 from calc.kv import state_bytes  # noqa: E402
 from calc.serving import serving_capacity  # noqa: E402
 from calc.units import dtype_bytes  # noqa: E402
+from kernels.measure.speed_results import OURS, read_rows  # noqa: E402
+from pages.ui.fit import TASK_LABELS  # noqa: E402  (display labels only; the numbers are calc's)
+from pages.ui.labels import IMPL_LABELS as SERIES_LABELS  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -187,21 +198,96 @@ def expect_many(i: dict[str, Any], unit: str, page: Page) -> Expect:
     return {"Per GPU: one attention call": format_bytes(mem.total_bytes, unit)}
 
 
-# target: (sidebar title, url path, oracle, the number box edited right after arriving, values)
-TARGETS: dict[str, tuple[str, str, Callable[..., Expect], str, tuple[int, int]]] = {
-    "score": ("Score matrix", "", expect_score, "Attention heads H", (16, 48)),
+def _verdict_names(page: Page, gpu: str) -> None:
+    alerts = " ".join(page.locator('[data-testid="stAlert"]').all_inner_texts())
+    assert f"one {gpu}" in alerts, f"the verdict is not about the GPU shown ({gpu}): {alerts[:300]}"
+
+
+def expect_fit(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    """Will it fit?: the peak of calc.inference_step or calc.training_step (serving is not
+    reached here: every try starts a fresh session, whose task is the default, inference)."""
+    model, gpu, s = MODELS[i["Model"]], _gpu(i["GPU"]), _int(i["exact"])
+    task = _reverse(TASK_LABELS, i["Task"])
+    _verdict_names(page, gpu)
+    if task == "inference":
+        peak = inference_step(model, _int(i["Batch (sequences)"]), s, _int(i["New tokens"]),
+                              attention="sdpa",
+                              weight_dtype=i["Weights dtype / quantization"]).peak_bytes
+    elif task == "training":
+        peak = training_step(model, _int(i["Batch (sequences per step)"]), s,
+                             attention="sdpa_flash").peak_bytes
+    else:
+        raise AssertionError(f"the oracle covers inference and training, the page shows {task}")
+    return {"Peak": format_bytes(peak, unit)}
+
+
+def expect_inference(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    attn = _reverse(INFER_ATTENTION_LABELS, i["Attention"])
+    _verdict_names(page, _gpu(i["GPU"]))
+    m = inference_step(MODELS[i["Model"]], _int(i["Batch size"]), _int(i["exact"]),
+                       _int(i["New tokens"]), attention=attn,
+                       weight_dtype=i["Weights dtype / quantization"], kv_dtype=i["KV cache dtype"],
+                       cache=i["Cache"],
+                       prefill_chunk=_int(i["Prefill chunk (tokens; 0 = the whole prompt in one forward)"]) or None)
+    return {f"{INFER_ATTENTION_LABELS[attn]}: peak": format_bytes(m.peak_bytes, unit)}
+
+
+def expect_kernel(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    """Kernel speed (measured): our default's TFLOP/s at the longest s it ran, read from the
+    bundled CSV the page names as its source, filtered by the choices on screen."""
+    code = page.locator('[data-testid="stCaptionContainer"] code').all_inner_texts()
+    source = next(t for t in code if t.endswith(".csv"))
+    mode = "fwd_bwd" if i["pass"] == "fwd+bwd" else "fwd"
+    kv = int(i["key/value heads"].split(" ")[0])
+    ours = [r for r in read_rows(str(ROOT / source)) if r.impl == OURS and r.status == "ok"
+            and r.dtype == i["dtype"] and r.head_dim == _int(i["head dim d"]) and r.mode == mode
+            and r.causal == bool(i["Causal mask"]) and r.kv_heads == kv]
+    top = max(r.seq_len for r in ours)
+    at_top = [r.tflops for r in ours if r.seq_len == top]
+    return {f"default at s = {top:,} (measured)": f"{sum(at_top) / len(at_top):.0f} TFLOP/s"}
+
+
+def expect_measure(i: dict[str, Any], unit: str, page: Page) -> Expect:
+    """GPU measurement (no GPU here): the bundled H200 rows for the choices on screen."""
+    import pandas as pd
+
+    assert i["Results to show"].startswith("Bundled reference"), i["Results to show"]
+    df = pd.read_csv(ROOT / "data" / "attention_calls_h200.csv")
+    impls = {_reverse(SERIES_LABELS, x) if x in SERIES_LABELS.values() else x
+             for x in i["Implementations"]}
+    h, hkv = _int(i["Heads H"]), _int(i["KV heads (0 = H)"])
+    kv = hkv if hkv and hkv != h and h % hkv == 0 else h
+    backward = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}[i["Pass"]]
+    sel = df[df["impl"].isin(impls) & (df["batch"] == _int(i["Batch B"])) & (df["heads"] == h)
+             & (df["kv_heads"].fillna(df["heads"]) == kv) & (df["head_dim"] == _int(i["Head dim d"]))
+             & (df["dtype"] == i["dtype"]) & (df["causal"] == bool(i["Causal mask"]))
+             & df["backward"].isin(backward)]
+    measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
+    return {"points shown": f"{len(sel):,}", "measured peaks": f"{len(measured):,}"}
+
+
+# target: (sidebar title, url path, oracle, the input changed right after arriving, values):
+# a number box's label and two numbers, or "radio:" and a radio's label and two of its options.
+TARGETS: dict[str, tuple[str, str, Callable[..., Expect], str, tuple[int | str, int | str]]] = {
+    "fit": ("Will it fit?", "", expect_fit, "Batch (sequences)", (2, 3)),
+    "score": ("Score matrix", "score_matrix", expect_score, "Attention heads H", (16, 48)),
     "model": ("Model memory", "model_memory", expect_model, "Batch size", (2, 3)),
+    "inference": ("Inference", "inference", expect_inference, "Batch size", (3, 5)),
     "serving": ("Serving", "serving", expect_serving, "max_num_seqs", (64, 128)),
     "training": ("Training step", "training", expect_training, "Batch size", (2, 3)),
     "scaling": ("Scaling", "scaling", expect_scaling, "Heads H", (16, 48)),
     "flash": ("How FlashAttention works", "flash_explainer", expect_flash, "heads H", (16, 48)),
     "many": ("Many GPUs", "many_gpus", expect_many, "GPUs in the ring (c)", (4, 2)),
+    "kernel": ("Kernel speed", "kernel_speed", expect_kernel, "radio:head dim d", ("64", "128")),
+    "measure": ("GPU measurement", "measure", expect_measure, "KV heads (0 = H)", (8, 8)),
 }
 # Where the user comes from, with values that differ from every page's defaults (a stale
 # value that leaked across would show), for the inputs pages share by name (b, s, gpu, ...).
 SOURCES = {
-    "score": "/?b=2&h=8&s=1024&dtype=fp32",
+    "fit": "/?model=Qwen2.5%207B&gpu=NVIDIA%20A100%2040GB&task=training&b=2&s=2048",
+    "score": "/score_matrix?b=2&h=8&s=1024&dtype=fp32",
     "model": "/model_memory?gpu=NVIDIA%20T4%2016GB&adtype=fp32&s=1&b=2",
+    "inference": "/inference?gpu=NVIDIA%20L4%2024GB&b=2&s=1024&new=32&attn=eager&cache=static",
     "serving": "/serving?gpu=NVIDIA%20A100%2040GB&s=4096&seqs=32",
     "training": "/training?b=2&s=2048&gpu=NVIDIA%20H200%20141GB",
     "scaling": "/scaling?b=4&h=16&d=64&dtype=bf16",
@@ -238,7 +324,7 @@ def _mismatches(page: Page, target: str, unit: str = "GB") -> list[str]:
             f"{value!r} (inputs {inputs})" for label, value in want.items() if shown.get(label) != value]
 
 
-def race_once(browser: Any, url: str, source: str, target: str, edit: int) -> dict[str, list[str]]:
+def race_once(browser: Any, url: str, source: str, target: str, edit: int | str) -> dict[str, list[str]]:
     """One try: open `source` fresh, click `target` after NAV_AFTER_S, check; edit, check."""
     title, path, _, box, _ = TARGETS[target]
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -249,12 +335,17 @@ def race_once(browser: Any, url: str, source: str, target: str, edit: int) -> di
         page.goto(url + SOURCES[source], wait_until="domcontentloaded")
         page.wait_for_timeout(max(0.0, NAV_AFTER_S - (time.monotonic() - start)) * 1000)
         page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
-        page.wait_for_url(f"**/{path}*" if path else "**/*", timeout=TIMEOUT_MS)
+        page.wait_for_url(lambda u: urlsplit(u).path == f"/{path}", timeout=TIMEOUT_MS)
         _wait_settled(page)
         after_nav = _mismatches(page, target)
-        field = page.get_by_label(box, exact=True).first
-        field.fill(str(edit))
-        field.press("Enter")
+        if box.startswith("radio:"):
+            radio = page.locator('[data-testid="stRadio"]').filter(
+                has=page.get_by_text(box.removeprefix("radio:"), exact=True))
+            radio.get_by_text(str(edit), exact=True).first.click()
+        else:
+            field = page.get_by_label(box, exact=True).first
+            field.fill(str(edit))
+            field.press("Enter")
         _wait_settled(page)
         after_edit = _mismatches(page, target)
         if page.locator('[data-testid="stException"]').count():
