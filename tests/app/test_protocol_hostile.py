@@ -31,12 +31,22 @@ import load_test  # noqa: E402
 websockets = pytest.importorskip("websockets")
 
 
+#: The page each open connection is on (id(websocket) -> Streamlit's page script hash).
+_PAGE_HASH: dict[int, str] = {}
+
+
 async def _rerun(ws: Any, query: str, widgets: tuple = ()) -> dict[str, Any]:
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
     msg = BackMsg()
     msg.rerun_script.query_string = query
+    # Score matrix (the page `/` opens is Will it fit?): by its URL path on the connection's
+    # first run, then by the page hash the router sent back, as the frontend does
+    page_hash = _PAGE_HASH.get(id(ws), "")
+    msg.rerun_script.page_script_hash = page_hash
+    if not page_hash:
+        msg.rerun_script.page_name = load_test.PAGE_PATH
     for wid, kind, value in widgets:
         w = msg.rerun_script.widget_states.widgets.add()
         w.id = wid
@@ -48,7 +58,11 @@ async def _rerun(ws: Any, query: str, widgets: tuple = ()) -> dict[str, Any]:
         fwd = ForwardMsg()
         fwd.ParseFromString(await asyncio.wait_for(ws.recv(), 60))
         kind = fwd.WhichOneof("type")
-        if kind == "delta" and fwd.delta.WhichOneof("type") == "new_element":
+        if kind == "new_session" and not _PAGE_HASH.get(id(ws)):
+            _PAGE_HASH[id(ws)] = fwd.new_session.page_script_hash
+        elif kind == "navigation":
+            _PAGE_HASH[id(ws)] = fwd.navigation.page_script_hash
+        elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element":
             el = fwd.delta.new_element
             et = el.WhichOneof("type")
             if et == "exception":
@@ -58,6 +72,8 @@ async def _rerun(ws: Any, query: str, widgets: tuple = ()) -> dict[str, Any]:
             elif et == "number_input":
                 out["ids"][el.number_input.label] = el.number_input.id
         elif kind == "script_finished":
+            if fwd.script_finished == 2:  # finished early for a rerun, which follows
+                continue
             break
     out["seconds"] = time.perf_counter() - t0
     return out
