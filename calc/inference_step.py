@@ -1,7 +1,7 @@
 """Memory of inference as transformers' `generate()` runs it: the prompt's prefill, then decode.
 
 What is predicted is what the inference measurement records (`python -m kernels.measure
---infer`, kernels/measure/infer_harness.py): a `transformers` *ForCausalLM built from a config
+--infer`, kernels/measure/infer/procedure.py): a `transformers` *ForCausalLM built from a config
 in bf16, one warm-up generate(), then `generate(input_ids, attention_mask, max_new_tokens=N,
 min_new_tokens=N, do_sample=False)` with `max_memory_allocated()` over it. Peaks are absolute:
 weights, cuBLAS's workspace, the inputs, the KV cache and the transients of the moment.

@@ -91,8 +91,9 @@ def gpu_lock(gpu_index: int = 0, *, wait_s: float = 0.0, lock_dir: str | os.Path
 
 class WorkerProcess:
     """One worker process (``python -m <args>``, run from the repository root) and a thread that
-    turns its stdout into a queue of JSON messages; the attention points' worker (`_Child`) and
-    the training steps' worker (kernels.measure.train.worker) both speak this protocol."""
+    turns its stdout into a queue of JSON messages; the attention points' worker (`_Child`),
+    the training steps' worker (kernels.measure.train.worker) and the inference worker
+    (kernels.measure.infer.worker) speak this protocol."""
 
     def __init__(self, args: Sequence[str], env: dict[str, str] | None) -> None:
         cmd = [sys.executable, "-m", *args]

@@ -189,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kernels.measure.train.cli import main as train_main
 
         return train_main([a for a in argv if a != "--train"])
-    if "--infer" in argv:  # generate() of whole models: kernels.measure.infer_harness
-        from kernels.measure.infer_harness import main as infer_main
+    if "--infer" in argv:  # generate() of whole models: kernels.measure.infer
+        from kernels.measure.infer.cli import main as infer_main
 
         return infer_main([a for a in argv if a != "--infer"])
     args = build_parser().parse_args(argv)

@@ -1,5 +1,5 @@
 """What the whole-model harnesses share: training steps (``kernels.measure.train``), sharded
-training steps (``kernels.measure.train_dist``) and inference (``kernels.measure.infer_harness``).
+training steps (``kernels.measure.train_dist``) and inference (``kernels.measure.infer``).
 
 - Attention names and how transformers is asked for them: ``ATTENTIONS``, ``SDPA_BACKENDS``,
   ``attn_implementation``, ``model_from_config``, ``attention_context`` (a forced SDPA

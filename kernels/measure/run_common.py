@@ -1,5 +1,5 @@
 """The run machinery the whole-model harnesses share (training steps, ``kernels.measure.train``;
-inference, ``kernels.measure.infer_harness``); each harness keeps its configuration, row and
+inference, ``kernels.measure.infer``); each harness keeps its configuration, row and
 procedure and hands them to these:
 
 - ``serve_configs``: the worker's loop (``{"cfg": ...}`` lines in, ``{"result": row,

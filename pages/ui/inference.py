@@ -6,7 +6,7 @@ package's torch-free modules; no Streamlit).
 - `chunk_savings`: the peak with the prompt fed whole against fed in chunks;
 - `measured_shapes`, `same_shape`: the model configs the bundled H200 rows were measured on,
   and whether a model has one of their shapes;
-- `read_measured`, `compared_rows`: the bundled rows (kernels.measure.infer_harness.read_rows)
+- `read_measured`, `compared_rows`: the bundled rows (kernels.measure.infer.store.read_rows)
   beside the current calc.inference_step prediction for each and its relative error.
 """
 
@@ -100,10 +100,10 @@ def same_shape(model: ModelConfig, shapes: dict[str, ModelConfig]) -> str | None
 
 def read_measured(path: Path = DATA) -> pd.DataFrame:
     """The bundled inference rows through the measurement system's reader
-    (kernels.measure.infer_harness.read_rows, no torch import); empty when the file is absent."""
+    (kernels.measure.infer.store.read_rows, no torch import); empty when the file is absent."""
     if not path.exists():
         return pd.DataFrame()
-    from kernels.measure.infer_harness import read_rows
+    from kernels.measure.infer.store import read_rows
 
     return pd.DataFrame(read_rows(path))
 

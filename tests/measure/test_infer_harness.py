@@ -1,4 +1,4 @@
-"""The inference harness (kernels.measure.infer_harness) and its model list.
+"""The inference harness (kernels.measure.infer) and its model list.
 
 On the CPU: the row schema, the configs (parameter counts in transformers against calc, built
 on the meta device), the procedure on tiny models (generate() for real; memory counters read
@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from kernels.measure import infer_harness as ih
 from kernels.measure import infer_models as im
 from kernels.measure.harness import STATUSES
+from kernels.measure.infer import cli as icli
+from kernels.measure.infer import config as iconfig
+from kernels.measure.infer import plan as iplan
+from kernels.measure.infer import predict as ipredict
+from kernels.measure.infer import procedure, worker
+from kernels.measure.infer import store as istore
+from kernels.measure.infer.config import InferConfig, InferResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,17 +43,18 @@ _CUDA_ONLY = ("before_bytes", "prefill_peak_bytes", "peak_bytes", "reserved_byte
 
 
 def test_schema_has_every_required_column_and_documents_it():
-    assert set(REQUIRED) <= set(ih.INFER_COLUMNS)
-    assert len(set(ih.INFER_COLUMNS)) == len(ih.INFER_COLUMNS)
-    for col in ih.INFER_COLUMNS:
-        assert f"\n    {col} " in ih.__doc__, f"column {col} is not described in the docstring"
+    assert set(REQUIRED) <= set(iconfig.INFER_COLUMNS)
+    assert len(set(iconfig.INFER_COLUMNS)) == len(iconfig.INFER_COLUMNS)
+    for col in iconfig.INFER_COLUMNS:
+        assert f"\n    {col} " in iconfig.__doc__, (
+            f"column {col} is not described in the docstring")
     for status in ("ok", "oom", "unavailable", "skipped", "error", "timeout", "crashed"):
         assert status in STATUSES
 
 
 def test_import_is_light():
-    code = ("import sys, kernels.measure.infer_harness, kernels.measure.infer_models, "
-            "kernels.measure.cli\n"
+    code = ("import sys, kernels.measure.infer.cli, kernels.measure.infer.procedure, "
+            "kernels.measure.infer_models, kernels.measure.cli\n"
             "bad = [m for m in ('torch', 'transformers', 'triton', 'streamlit') if m in sys.modules]\n"
             "assert not bad, bad\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -84,7 +91,7 @@ def test_param_counts_match_calc_and_models_cover_the_issue():
             model = AutoModelForCausalLM.from_config(hf)
         real = sum(p.numel() for p in model.parameters())
         assert real == param_count(ModelConfig.from_hf_config(d, name=name)), name
-        shapes[name] = ih.shape_fields(hf)
+        shapes[name] = iconfig.shape_fields(hf)
         assert shapes[name]["layers"] == im.MODELS[name][1]
     assert shapes["llama3.1-8b"]["layers"] == 32 and shapes["deepseek-v2-lite"]["layers"] == 27
     assert shapes["qwen2.5-7b"]["vocab"] >= 150_000
@@ -97,7 +104,7 @@ def test_gemma3_cut_keeps_the_five_to_one_pattern():
     hf = im.build_config("gemma3-27b-12l")
     full = [i for i, t in enumerate(hf.layer_types) if t == "full_attention"]
     assert full == [5, 11] and len(hf.layer_types) == 12
-    assert ih.shape_fields(hf)["sliding_window"] == 1024
+    assert iconfig.shape_fields(hf)["sliding_window"] == 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,8 +121,8 @@ def _kv_bytes(name: str, batch: int, tokens: int, elem: int = 4) -> int:
     ("eager", "dynamic", None), ("sdpa_math", "static", None), ("sdpa_math", "dynamic", 8)])
 def test_tiny_llama_generates_on_cpu(attention, cache, chunk):
     prompt, new, batch = 24, 3, 2
-    r = ih.measure_infer(ih.InferConfig("tiny-llama", prompt, attention, batch, new, cache,
-                                        chunk))
+    r = procedure.measure_infer(InferConfig("tiny-llama", prompt, attention, batch, new, cache,
+                                            chunk))
     assert r.status == "ok", r.message
     assert (r.attention, r.cache, r.prefill_chunk) == (attention, cache, chunk)
     assert r.params == 90432 and r.weights_bytes >= 4 * r.params and r.arch == "llama"
@@ -134,7 +141,7 @@ def test_tiny_llama_generates_on_cpu(attention, cache, chunk):
 def test_sliding_window_cache_holds_the_window_storage():
     """Mistral's DynamicSlidingWindowLayer keeps a view of the last W - 1 tokens of a W-token
     tensor (plus an int64 window tensor per layer): the storage is W tokens once decoding ran."""
-    r = ih.measure_infer(ih.InferConfig("tiny-mistral", 40, "sdpa_math", 1, 3))
+    r = procedure.measure_infer(InferConfig("tiny-mistral", 40, "sdpa_math", 1, 3))
     assert r.status == "ok", r.message
     assert r.sliding_window == 16
     assert 0 <= r.cache_bytes - _kv_bytes("tiny-mistral", 1, 16) <= 64
@@ -149,20 +156,20 @@ def test_cache_walk_counts_each_storage_once():
     Layer.__module__ = "transformers.cache_utils"
     layer = Layer()
     layer.keys, layer.values, layer.view = a, torch.ones(2, 8), a[1:]
-    assert ih.cache_storage_bytes([layer, {"x": a}]) == (32 + 16) * 4
+    assert procedure.cache_storage_bytes([layer, {"x": a}]) == (32 + 16) * 4
 
 
 def test_bad_configs_are_refused_naming_the_value():
-    cases = [(ih.InferConfig("nope", 16, "eager"), "unknown model 'nope'"),
-             (ih.InferConfig("tiny-llama", 16, "flashy"), "unknown attention 'flashy'"),
-             (ih.InferConfig("tiny-llama", 16, "eager", cache="paged"), "unknown cache 'paged'"),
-             (ih.InferConfig("tiny-llama", 0, "eager"), "prompt_len must be a whole number "
+    cases = [(InferConfig("nope", 16, "eager"), "unknown model 'nope'"),
+             (InferConfig("tiny-llama", 16, "flashy"), "unknown attention 'flashy'"),
+             (InferConfig("tiny-llama", 16, "eager", cache="paged"), "unknown cache 'paged'"),
+             (InferConfig("tiny-llama", 0, "eager"), "prompt_len must be a whole number "
               ">= 1, got 0"),
-             (ih.InferConfig("tiny-llama", 16, "eager", new_tokens=0), "new_tokens"),
-             (ih.InferConfig("tiny-llama", 16, "eager", prefill_chunk=0), "prefill_chunk"),
-             (ih.InferConfig("tiny-llama", 16, "eager", layers=-1), "got -1")]
+             (InferConfig("tiny-llama", 16, "eager", new_tokens=0), "new_tokens"),
+             (InferConfig("tiny-llama", 16, "eager", prefill_chunk=0), "prefill_chunk"),
+             (InferConfig("tiny-llama", 16, "eager", layers=-1), "got -1")]
     for cfg, words in cases:
-        r = ih.measure_infer(cfg)
+        r = procedure.measure_infer(cfg)
         assert r.status == "error" and words in r.message, (cfg, r.message)
 
 
@@ -174,15 +181,15 @@ def test_failures_are_rows(monkeypatch, exc, status):
     def fail(*args, **kwargs):
         raise exc()
 
-    monkeypatch.setattr(ih.mc, "model_from_config", fail)
-    r = ih.measure_infer(ih.InferConfig("tiny-llama", 16, "eager"))
+    monkeypatch.setattr(procedure, "model_from_config", fail)
+    r = procedure.measure_infer(InferConfig("tiny-llama", 16, "eager"))
     assert r.status == status and r.message.startswith(type(exc()).__name__)
     assert r.peak_bytes is None and r.wall_s is not None
 
 
 def test_missing_prefill_chunking_is_unavailable(monkeypatch):
-    monkeypatch.setattr(ih, "_has_prefill_chunking", lambda: False)
-    r = ih.measure_infer(ih.InferConfig("tiny-llama", 16, "eager", prefill_chunk=8))
+    monkeypatch.setattr(procedure, "_has_prefill_chunking", lambda: False)
+    r = procedure.measure_infer(InferConfig("tiny-llama", 16, "eager", prefill_chunk=8))
     assert r.status == "unavailable" and "prefill_chunk_size" in r.message
 
 
@@ -191,20 +198,20 @@ def test_fa4_is_unavailable_where_not_installed():
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash_attn is installed here")
-    r = ih.measure_infer(ih.InferConfig("tiny-llama", 16, "fa4", new_tokens=2))
+    r = procedure.measure_infer(InferConfig("tiny-llama", 16, "fa4", new_tokens=2))
     assert r.status == "unavailable" and "FlashAttention4" in r.message
 
 
 def test_prediction_is_calc_inference_step_or_says_why(monkeypatch):
-    cfg = ih.InferConfig("llama3.1-8b", 32000, "sdpa_flash", cache="static", prefill_chunk=2048)
+    cfg = InferConfig("llama3.1-8b", 32000, "sdpa_flash", cache="static", prefill_chunk=2048)
     d = im.hf_config(cfg.model)
     try:
         from calc import ModelConfig
 
-        fn = ih._inference_step()
+        fn = ipredict._inference_step()
     except (ImportError, AttributeError):
         fn = None
-    got, why = ih.predict(cfg, d)
+    got, why = ipredict.predict(cfg, d)
     if fn is not None:
         try:
             m = fn(ModelConfig.from_hf_config(d, name=cfg.model), 1, 32000, 8,
@@ -218,24 +225,24 @@ def test_prediction_is_calc_inference_step_or_says_why(monkeypatch):
     def missing():
         raise ImportError("No module named 'calc.inference_step'")
 
-    monkeypatch.setattr(ih, "_inference_step", missing)
-    got, why = ih.predict(cfg, d)
+    monkeypatch.setattr(ipredict, "_inference_step", missing)
+    got, why = ipredict.predict(cfg, d)
     assert got["predicted_peak_bytes"] is None and "no inference_step" in why
 
 
 def test_worker_serves_rows_and_keeps_the_model():
-    lines = "\n".join(json.dumps({"cfg": ih.InferConfig("tiny-llama", s, "sdpa_math", 1, 2)
+    lines = "\n".join(json.dumps({"cfg": InferConfig("tiny-llama", s, "sdpa_math", 1, 2)
                                   .to_dict()}) for s in (16, 20)) + "\n"
     out = io.StringIO()
     try:
-        ih.worker_main(io.StringIO(lines), out)
-        assert ih._HELD.get("key", ())[:3] == ("tiny-llama", None, "sdpa")  # kept
+        worker.worker_main(io.StringIO(lines), out)
+        assert procedure._HELD.get("key", ())[:3] == ("tiny-llama", None, "sdpa")  # kept
     finally:
-        ih.release_model()
+        procedure.release_model()
     msgs = [json.loads(x) for x in out.getvalue().splitlines()]
     assert [m["result"]["prompt_len"] for m in msgs] == [16, 20]
     assert all(m["result"]["status"] == "ok" and m["restart"] is False for m in msgs)
-    assert not ih._HELD
+    assert not procedure._HELD
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,12 +253,12 @@ def _row(**kw):
                 cache="dynamic", status="ok", tied=False, peak_bytes=123, peak_rel_error=-0.25,
                 message="=HYPERLINK(x)", prefill_chunk=None)
     base.update(kw)
-    return ih.InferResult(**base).to_row()
+    return InferResult(**base).to_row()
 
 
 def test_store_and_csv_round_trip(tmp_path):
     rows = [_row(), _row(prompt_len=32, prefill_chunk=8, status="oom", peak_bytes=None)]
-    st = ih.InferStore(tmp_path / "r.sqlite")
+    st = istore.InferStore(tmp_path / "r.sqlite")
     run = st.new_run(gpu="cpu", label="t")
     for r in rows:
         st.add_row(run, r)
@@ -261,33 +268,33 @@ def test_store_and_csv_round_trip(tmp_path):
     assert st.runs()[0]["n"] == 2
     path = tmp_path / "r.csv"
     with open(path, "w", newline="") as fh:
-        ih.write_rows(fh, rows)
+        istore.write_rows(fh, rows)
     text = path.read_text()
-    assert text.splitlines()[0] == ",".join(ih.INFER_COLUMNS)
+    assert text.splitlines()[0] == ",".join(iconfig.INFER_COLUMNS)
     assert "'=HYPERLINK(x)" in text  # spreadsheet formulas neutralised
-    got = ih.read_rows(path)
+    got = istore.read_rows(path)
     assert got[0]["peak_bytes"] == 123 and got[1]["peak_bytes"] is None
     assert got[1]["prefill_chunk"] == 8 and got[0]["prefill_chunk"] is None
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not an inference CSV"):
-        ih.read_rows(bad)
+        istore.read_rows(bad)
 
 
 def test_reference_plan_covers_the_issue_and_builds_each_model_once_per_attention():
-    plan = ih.reference_plan()
+    plan = iplan.reference_plan()
     assert 100 <= len(plan) <= 150
     assert plan[0].model == "llama3.1-8b"  # the most important first: a budget cuts the rest
     assert {c.model for c in plan} >= {"llama3.1-8b", "qwen2.5-7b", "mistral-7b",
                                         "gemma3-27b-12l", "qwen3-30b-a3b-8l", "deepseek-v2-lite"}
     assert {c.attention for c in plan} >= {"eager", "sdpa_flash", "sdpa_efficient", "triton"}
-    assert {c.cache for c in plan} == set(ih.CACHES)
+    assert {c.cache for c in plan} == set(iconfig.CACHES)
     assert {c.prefill_chunk for c in plan} >= {None, 2048}
     assert {c.batch for c in plan} >= {1, 4, 8}
     lens = {c.prompt_len for c in plan}
     assert min(lens) <= 1000 and max(lens) >= 120_000
     assert any(s & (s - 1) for s in lens)  # non-powers of two
-    assert all(ih.check_config(c) is None for c in plan)
+    assert all(iconfig.check_config(c) is None for c in plan)
     assert len({(c.label()) for c in plan}) == len(plan)  # no duplicates
     keys = [c.build_key() for c in plan]
     runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
@@ -310,10 +317,10 @@ class _FakeChild:
         self.done = 0
 
     def send(self, msg):
-        cfg = ih.InferConfig.from_dict(msg["cfg"])
-        row = ih.InferResult(model=cfg.model, prompt_len=cfg.prompt_len,
-                             attention=cfg.attention, status="oom" if cfg.prompt_len >= 64
-                             else "ok")
+        cfg = InferConfig.from_dict(msg["cfg"])
+        row = InferResult(model=cfg.model, prompt_len=cfg.prompt_len,
+                          attention=cfg.attention, status="oom" if cfg.prompt_len >= 64
+                          else "ok")
         self.messages.put({"result": row.to_row(), "restart": False})
 
     def close(self):
@@ -324,15 +331,15 @@ class _FakeChild:
 
 
 def test_runner_skips_longer_after_oom_and_after_the_budget(monkeypatch, tmp_path):
-    monkeypatch.setattr(ih, "_InferChild", _FakeChild)
-    cfgs = ih.expand(["tiny-llama"], [32, 64, 128], ["eager", "sdpa_math"])
-    s = ih.run_infer(cfgs, lock_dir=tmp_path)
+    monkeypatch.setattr(worker, "_InferChild", _FakeChild)
+    cfgs = iplan.expand(["tiny-llama"], [32, 64, 128], ["eager", "sdpa_math"])
+    s = worker.run_infer(cfgs, lock_dir=tmp_path)
     got = [(r.attention, r.prompt_len, r.status) for r in s.results]
     assert got == [("eager", 32, "ok"), ("eager", 64, "oom"), ("eager", 128, "skipped"),
                    ("sdpa_math", 32, "ok"), ("sdpa_math", 64, "oom"),
                    ("sdpa_math", 128, "skipped")]
     assert "prompt 64 of the same series" in s.results[2].message
-    s = ih.run_infer(ih.reference_plan(), lock_dir=tmp_path, budget_s=0)
+    s = worker.run_infer(iplan.reference_plan(), lock_dir=tmp_path, budget_s=0)
     assert {r.status for r in s.results} == {"skipped"}
     assert "time budget of 0 s" in s.results[0].message
 
@@ -347,7 +354,7 @@ def test_runner_skips_longer_after_oom_and_after_the_budget(monkeypatch, tmp_pat
     (["--new-tokens", "0"], "--new-tokens must be a whole number >= 1, got 0")])
 def test_command_line_errors_are_one_line(argv, words):
     with pytest.raises(SystemExit) as e:
-        ih.configs_from_args(ih.build_parser().parse_args(argv))
+        icli.configs_from_args(icli.build_parser().parse_args(argv))
     msg = str(e.value)
     assert msg.startswith("error: ") and words in msg and "\n" not in msg
 
@@ -357,11 +364,11 @@ def test_command_line_lists_the_plan_and_cross_product(capsys):
 
     assert cli.main(["--infer", "--plan", "h200", "--list"]) == 0
     out = capsys.readouterr().out
-    assert out.strip().endswith(f"{len(ih.reference_plan())} configurations")
-    args = ih.build_parser().parse_args(["--model", "tiny-llama", "--prompt-len", "16,32",
-                                         "--attention", "eager", "--cache", "both",
-                                         "--prefill-chunk", "none", "8"])
-    cfgs = ih.configs_from_args(args)
+    assert out.strip().endswith(f"{len(iplan.reference_plan())} configurations")
+    args = icli.build_parser().parse_args(["--model", "tiny-llama", "--prompt-len", "16,32",
+                                           "--attention", "eager", "--cache", "both",
+                                           "--prefill-chunk", "none", "8"])
+    cfgs = icli.configs_from_args(args)
     assert len(cfgs) == 2 * 2 * 2
     assert {(c.cache, c.prefill_chunk) for c in cfgs} == {("dynamic", None), ("dynamic", 8),
                                                           ("static", None), ("static", 8)}
@@ -378,7 +385,7 @@ def test_tiny_row_on_cuda_orders_its_bytes_and_caches_the_formula():
     prompt, new, batch = 64, 4, 2
     # torch's own SDPA choice: forcing the memory-efficient backend finds no kernel under
     # transformers' enable_gqa (H200, torch 2.11), so this row used to be 'unavailable'.
-    r = ih.measure_infer(ih.InferConfig("tiny-llama", prompt, "sdpa", batch, new))
+    r = procedure.measure_infer(InferConfig("tiny-llama", prompt, "sdpa", batch, new))
     assert r.status == "ok", r.message
     assert r.peak_bytes >= r.after_bytes >= r.before_bytes > 0
     assert r.prefill_peak_bytes >= r.before_bytes and r.reserved_bytes >= r.peak_bytes
