@@ -365,9 +365,9 @@ with main:
             m[0].metric("points shown", f"{len(sel):,}")
             m[1].metric("measured peaks", f"{len(measured):,}")
             m[2].metric("out of memory", f"{int((sel['status'] == 'oom').sum()):,}")
-            m[3].metric("max |model error|",
+            m[3].metric("worst model error",
                         f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-",
-                        help="(calc.attention_peak_bytes − measured) / measured, over the points "
+                        help="max |calc.attention_peak_bytes − measured| / measured, over the points "
                              "shown with s ≥ 1,024; the issue's bar is 2%.")
         if not data.empty and sel.empty:
             have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
