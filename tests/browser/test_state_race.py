@@ -12,7 +12,9 @@ Every page of the app is a target (all have inputs and numbers): Will it fit?, S
 Model memory, Inference, Serving, Training step, Scaling, How FlashAttention works, Many GPUs
 (computed: the number is recomputed with calc), Kernel speed and GPU measurement (measured: the
 number is recomputed from the bundled CSV the page reads, filtered by the choices on screen).
-Each is reached from the page before it and the page after it in SOURCES.
+In the suite each is reached once, from the page after it in SOURCES, so every page is also
+a source once (its own values are the stale ones that must not leak); the reproduction run
+below reaches each target from the page before it and the page after it, many times.
 
 Run: .venv/bin/python -m pytest -m browser tests/browser/test_state_race.py
 Reproduction rate (tries per target, report only, no assertion):
@@ -356,11 +358,9 @@ def race_once(browser: Any, url: str, source: str, target: str, edit: int | str)
 
 
 def _pairs() -> list[tuple[str, str]]:
-    pairs = []
-    for target in TARGETS:
-        at = ORDER.index(target)
-        pairs += [(ORDER[at - 1], target), (ORDER[(at + 1) % len(ORDER)], target)]
-    return pairs
+    """(source, target): every page a target once, reached from the page after it, so every
+    page is a source once too; the sources alternate in parity, so both edit values are used."""
+    return [(ORDER[(ORDER.index(target) + 1) % len(ORDER)], target) for target in TARGETS]
 
 
 @contextlib.contextmanager
