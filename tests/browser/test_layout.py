@@ -8,6 +8,10 @@ chips), a selectbox's shown value (an <input> that clips), and a multiselect's c
 scrolls sideways. st.dataframe draws on a canvas (glide data grid), so its cells cannot be
 read here: the pages give their tables column widths that fit the content instead.
 
+The same walk of the pages records every request the browser makes, off-machine ones refused,
+for tests/browser/test_offline.py's check (issue 32, item 5): one app server, one browser and
+one run of each page serve both checks.
+
 With SAVE_SCREENSHOTS=1 each page is saved, whole, per width to
 docs/screenshots/layout/<page>_<width>.png:
 
@@ -19,10 +23,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.browser.test_offline import off_machine
 from tests.browser.test_pages_in_chromium import CHROMIUM, LAUNCH_ARGS, TIMEOUT_MS, _app_server
 
 pytestmark = pytest.mark.browser
@@ -105,23 +111,48 @@ def _relaid_out(page: Page) -> None:
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
+@dataclass
+class Walk:
+    """What one walk over every page saw: the text cut off per size and page, the off-machine
+    requests per page (refused), and how many requests went to this machine."""
+
+    cut: dict[tuple[int, int], dict[str, list]] = field(default_factory=dict)
+    external: dict[str, set[str]] = field(default_factory=dict)
+    loopback_requests: int = 0
+
+
 @pytest.fixture(scope="module")
-def cut_off_by_size() -> dict[tuple[int, int], dict[str, list]]:
+def walk() -> Walk:
     """Each page is loaded and run ONCE, then checked at every size in turn (the viewport is
     resized in place). The pages draw nothing from the window's width on the server (no script
     reads it), so a resize reflows the same DOM exactly as a load at that size would lay it
-    out; loading every page once per size only repeated the script runs and their waits."""
-    found: dict[tuple[int, int], dict[str, list]] = {size: {} for size in SIZES}
+    out. Requests to other hosts are recorded and refused (the test never reaches the
+    network); a page counts as loaded once its run is over and the network is idle."""
+    seen = Walk(cut={size: {} for size in SIZES})
+    current = [""]
+
+    def record(request) -> None:
+        if off_machine(request.url):
+            seen.external.setdefault(current[0], set()).add(request.url[:160])
+        else:
+            seen.loopback_requests += 1
+
     with _app_server() as url, sync_playwright() as p:
         exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
         browser = p.chromium.launch(executable_path=exe, args=LAUNCH_ARGS)
         try:
-            page = browser.new_page()
+            context = browser.new_context(
+                viewport={"width": SIZES[0][0], "height": SIZES[0][1]})
+            context.route(lambda u: off_machine(u), lambda route: route.abort())
+            page = context.new_page()
             page.set_default_timeout(TIMEOUT_MS)
+            page.on("request", record)
             for path, name in pages():
+                current[0] = path
                 page.set_viewport_size({"width": SIZES[0][0], "height": SIZES[0][1]})
                 page.goto(f"{url}/{path}", wait_until="domcontentloaded")
                 _settle(page)
+                page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
                 _open_expanders(page)
                 for width, height in SIZES:
                     page.set_viewport_size({"width": width, "height": height})
@@ -131,15 +162,22 @@ def cut_off_by_size() -> dict[tuple[int, int], dict[str, list]]:
                         _settle(page)
                         cut = page.evaluate(CUT_OFF_JS)
                     if cut:
-                        found[(width, height)][name] = cut
+                        seen.cut[(width, height)][name] = cut
                     if SAVE:
                         _screenshot(page, name, width, height)
         finally:
             browser.close()
-    return found
+    return seen
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}px" for w, _ in SIZES])
-def test_nothing_is_cut_off(cut_off_by_size: dict, size: tuple[int, int]) -> None:
-    cut = cut_off_by_size[size]
+def test_nothing_is_cut_off(walk: Walk, size: tuple[int, int]) -> None:
+    cut = walk.cut[size]
     assert not cut, f"cut off at {size[0]} px ([test id, how, text, needed px, shown px]): {cut}"
+
+
+def test_no_page_requests_another_host(walk: Walk) -> None:
+    """Every page loaded (expanders opened); none of the requests the browser made may leave
+    127.0.0.1 (tests/browser/test_offline.py: why, and what the check counts as off-machine)."""
+    assert walk.loopback_requests > len(pages())  # the recorder saw the app's own requests
+    assert not walk.external, f"requests that left the machine, by page: {walk.external}"
