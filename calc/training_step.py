@@ -1324,6 +1324,21 @@ NORM_TOPK_DEFAULT: dict[str, bool] = {"mixtral": True, "qwen3_moe": True, "qwen2
 GPT_OSS_ATTENTIONS: tuple[str, ...] = ("eager",)
 
 
+class _Walk:
+    """Bytes alive and their high-water mark along a backward walked op by op (raw bytes, as
+    the step's other terms count them)."""
+
+    def __init__(self) -> None:
+        self.cur = self.peak = 0
+
+    def alloc(self, x: int) -> None:
+        self.cur += x
+        self.peak = max(self.peak, self.cur)
+
+    def free(self, x: int) -> None:
+        self.cur -= x
+
+
 def _check_moe_model(model: ModelConfig) -> None:
     if model.model_type not in MOE_MODEL_TYPES:
         raise ValueError(
@@ -1440,16 +1455,8 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction,
     we = _router_weight_bytes(model)
     g_up, g_down, _ = _moe_block_grads(model, g_per_param, g_rest)
     a2a = dm.ep > 1
-    cur = peak = 0
-
-    def alloc(x: int) -> None:
-        nonlocal cur, peak
-        cur += x
-        peak = max(peak, cur)
-
-    def free(x: int) -> None:
-        nonlocal cur
-        cur -= x
+    walk = _Walk()
+    alloc, free = walk.alloc, walk.free
 
     shared = model.shared_expert_intermediate_size
     if shared and model.shared_expert_gate:  # the add's gradient reaches the gate product first
@@ -1499,7 +1506,7 @@ def _moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Fraction,
     free(2 * s * h + 8 * s)
     alloc(4 * t * ne)  # topk backward: zeros (fp32)
     alloc(4 * t * ne)  # softmax backward
-    return peak
+    return walk.peak
 
 
 def _check_moe_args(model: ModelConfig, ep: int, norm_topk_prob: object, router_aux_loss: object,
@@ -1674,16 +1681,8 @@ def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Frac
     s = t * k
     g_up, g_down, _ = _moe_block_grads(model, g_per_param, g_rest)
     a2a = dm.ep > 1
-    cur = peak = 0
-
-    def alloc(x: int) -> None:
-        nonlocal cur, peak
-        cur += x
-        peak = max(peak, cur)
-
-    def free(x: int) -> None:
-        nonlocal cur
-        cur -= x
+    walk = _Walk()
+    alloc, free = walk.alloc, walk.free
 
     si = 2 * s * i  # one S×I bf16 tensor
     alloc(2 * s * h)  # index backward: zeros + index_put
@@ -1731,7 +1730,7 @@ def _gpt_oss_moe_backward_extra(model: ModelConfig, dm: _Dims, g_per_param: Frac
     free(2 * s * h + 8 * s)
     alloc(2 * t * ne)  # topk backward: zeros (bf16 logits)
     alloc(2 * t * h)  # the router linear's input gradient
-    return peak
+    return walk.peak
 
 
 def _gpt_oss_attention_backward_extra(dm: _Dims) -> int:

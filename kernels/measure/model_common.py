@@ -88,6 +88,15 @@ class ModelRow:
 # --------------------------------------------------------------------------------------------
 
 
+def typed_columns(result_cls: type) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The (int, float, bool) columns of a row dataclass, from its fields' declared types (the
+    rest are text), so that a column added to the row is typed where rows are read."""
+    def of(kind: str) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(result_cls) if str(f.type).split(" | ")[0] == kind)
+
+    return of("int"), of("float"), of("bool")
+
+
 def attn_implementation(attention: str) -> str:
     """transformers' attn_implementation for one of ``ATTENTIONS`` (``triton`` registers ours)."""
     if attention == "eager":

@@ -65,7 +65,7 @@ from typing import Any
 
 from kernels.measure import infer_models
 from kernels.measure import model_common as mc
-from kernels.measure.model_common import DictConfig, ModelRow
+from kernels.measure.model_common import DictConfig, ModelRow, typed_columns
 
 __all__ = ["ATTENTIONS", "BOOL_COLUMNS", "CACHES", "FLOAT_COLUMNS", "INFER_COLUMNS",
            "INT_COLUMNS", "SDPA_BACKENDS", "InferConfig", "InferResult", "check_config",
@@ -168,15 +168,9 @@ class InferResult(ModelRow):
 INFER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(InferResult))
 
 
-def _columns_of(kind: str) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(InferResult)
-                 if str(f.type).split(" | ")[0] == kind)
-
-
 #: The columns parsed as whole numbers, decimals and booleans (InferResult's field types; the
 #: rest are text), so that a column added to InferResult is typed where rows are read.
-INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = (_columns_of("int"), _columns_of("float"),
-                                            _columns_of("bool"))
+INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = typed_columns(InferResult)
 
 
 def _whole(v: Any, lo: int) -> bool:

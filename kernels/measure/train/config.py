@@ -75,6 +75,7 @@ from kernels.measure.model_common import (
     DictConfig,
     ModelRow,
     shape_fields,
+    typed_columns,
 )
 
 __all__ = ["ADAPTERS", "ADAPTER_DTYPES", "ATTENTIONS", "BASE_DTYPES", "BOOL_COLUMNS",
@@ -222,15 +223,9 @@ class TrainResult(ModelRow):
 TRAIN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(TrainResult))
 
 
-def _columns_of(kind: str) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(TrainResult)
-                 if str(f.type).split(" | ")[0] == kind)
-
-
 #: The columns parsed as whole numbers, decimals and booleans (TrainResult's field types; the
 #: rest are text), so that a column added to TrainResult is typed where rows are read.
-INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = (_columns_of("int"), _columns_of("float"),
-                                            _columns_of("bool"))
+INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = typed_columns(TrainResult)
 #: What an empty or missing text cell means (CSVs written before the adapter columns).
 COLUMN_DEFAULTS: dict[str, str] = {"adapter": "none", "base_dtype": "bf16"}
 
