@@ -44,7 +44,8 @@ def compile_variant(dtype: str, d: int, causal: bool, block_m: int, stages: int,
     st = f"tensordesc<fp32[1, {block_m}],{b90.STATS_LAYOUT!r}>"  # lse2 and delta rows
     sig = {"q_desc": dm, "k_desc": dn, "v_desc": dn, "do_desc": dm, "dq_desc": dq,
            "lse_desc": st, "delta_desc": st, "DK": ptr, "DV": ptr, "H": "i32", "H_kv": "i32",
-           "GROUP": "i32", "s_q": "i32", "s_k": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
+           "GROUP": "i32", "HEADS_PER_GROUP": "i32", "s_q": "i32", "s_k": "i32",
+           "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "DQ_SPLIT_D": "constexpr",
            "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "DQ_SPLIT_D": split_d,

@@ -365,6 +365,7 @@ def attn_bwd_sm90_kernel(
     # tiles [1, BLOCK_M]
     DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
     H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
+    HEADS_PER_GROUP,  # causal grid order: (batch, key/value head)s launched together (`head_group`)
     s_q, s_k,
     qk_scale,  # scale * log2(e)
     sm_scale,  # scale
@@ -379,13 +380,16 @@ def attn_bwd_sm90_kernel(
     gl.static_assert(2 * HALF == 128)
 
     # Grid order. Without the mask, head-major (grid (key blocks, B * H_kv)): the programs
-    # running side by side share their heads' Q and dO in L2. With the causal mask, key-major
-    # (grid (B * H_kv, key blocks)): key block j has n_m - j // 2 query blocks of work, and
-    # launching every head's block 0, then every head's block 1, ... runs the longest programs
-    # first, so that the short ones fill the last wave (the longest-first order of the forward).
+    # running side by side share their heads' Q and dO in L2. With the causal mask, key block j
+    # has n_m - j // 2 query blocks of work, so each group of HEADS_PER_GROUP heads launches
+    # longest first (every head's block 0, then every head's block 1, ...; grid
+    # (HEADS_PER_GROUP * key blocks, groups)): the short programs fill each group's last wave,
+    # and the programs side by side still share few heads' Q, dO and dQ rows in L2
+    # (`head_group`).
     if CAUSAL:
-        start_n = gl.program_id(1) * (2 * HALF)
-        bhk = gl.program_id(0)
+        i = gl.program_id(0)
+        start_n = (i // HEADS_PER_GROUP) * (2 * HALF)
+        bhk = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
     else:
         start_n = gl.program_id(0) * (2 * HALF)
         bhk = gl.program_id(1)
@@ -590,6 +594,40 @@ def _int_spec(x: int) -> tuple[bool, bool]:
     return x == 1, x % 16 == 0
 
 
+# What the programs of one causal group read and add, per (batch, key/value head), may take
+# this much of the H200's 60 MB L2 (`head_group`).
+GROUP_L2_BYTES = 24 << 20
+
+
+def head_group(heads: int, group: int, s_q: int, s_k: int, d: int, sms: int) -> int:
+    """How many (batch, key/value head)s of a causal backward launch together, longest key
+    block first (the kernel's grid order), among the divisors of ``heads`` (= B * H_kv): the
+    largest whose heads' Q and dO (16-bit) and fp32 dQ rows, 8 * s_q * d bytes per query head
+    of the ``group``, fit in GROUP_L2_BYTES (at least 1); raised, where that group has fewer
+    key-block programs than the GPU has SMs (``sms``), to the smallest that fills them. All
+    heads in one group is the plain longest-first order, which streams every head's Q and dO
+    from memory once a wave holds more heads than L2 holds (kernels/flash/NOTES.md, "Grid
+    order of the causal backward")."""
+    n_kb = -(-s_k // BLOCK_N)
+    divisors = [g for g in range(1, heads + 1) if heads % g == 0]
+    cap = max(1, GROUP_L2_BYTES // (8 * s_q * d * group))
+    best = max(g for g in divisors if g <= cap)
+    if best * n_kb < sms:
+        best = min((g for g in divisors if g * n_kb >= sms), default=heads)
+    return best
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(idx)
+    if n is None:
+        n = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
 def dq_buffer_rows(s_q: int, d: int) -> int:
     """Query rows of the flat fp32 dQ buffer per (batch, head): s_q rounded up to the query
     block (TILES), as calc.dispatch.sm90_dq_rows counts them."""
@@ -635,18 +673,20 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float):
         (o, do, delta, dq_acc, so[0], so[1], so[2], sdo[0], sdo[1], sdo[2], H, s_q, s_pad),
         {"HEAD_D": d, "BLOCK": STATS_ROWS, "num_warps": 4})
     n_kb = -(-s_k // BLOCK_N)
-    grid = (B * H_kv, n_kb) if causal else (n_kb, B * H_kv)  # the kernel's grid order
     gdt = _GL_DTYPES[q.dtype]
     lay_m, lay_n = _layout(gdt, (1, 1, bm, d)), _layout(gdt, (1, 1, HALF_N, d))
     group = H // H_kv
+    hg = head_group(B * H_kv, group, s_q, s_k, d, _sm_count(q.device)) if causal else 1
+    grid = (hg * n_kb, B * H_kv // hg) if causal else (n_kb, B * H_kv)  # the kernel's order
     args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
             (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
             (dq_acc, (FLAT_ROWS, 32), STATS_LAYOUT),
             (lse2.view(B * H, s_q), (1, bm), STATS_LAYOUT),
             (delta, (1, bm), STATS_LAYOUT),
-            dk, dv, H, H_kv, group, s_q, s_k, scale * LOG2E, scale)
+            dk, dv, H, H_kv, group, hg, s_q, s_k, scale * LOG2E, scale)
     consts = {"CAUSAL": causal, "STAGES": st, "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
-    key = ("bwd", q.dtype, d, bm, st, causal, sd, h_spec, _int_spec(H_kv), _int_spec(group))
+    key = ("bwd", q.dtype, d, bm, st, causal, sd, h_spec, _int_spec(H_kv), _int_spec(group),
+           _int_spec(hg))
     LAUNCHER(grid, key, args, consts)
     dq = common.empty(q, (B, H, s_q, d))
     # the kernel adds K^T dS^T unscaled: one decode-scale-cast in fp32, written in the inputs'

@@ -948,18 +948,21 @@ def _peak_extra_bytes(call, leaves) -> int:
 @pytest.mark.parametrize("backward", [False, True])
 def test_gpu_peak_memory_matches_formula(fa, backward, forward, s):
     """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
-    with either forward kernel; at s = 4,096 the sm90 case's backward is the atomic-dQ one
-    (16 x 4 x 32 = 2,048 dK/dV programs; its fp32 buffer counted), the triton case's (tiles
-    given) the two-kernel one."""
+    with either forward kernel; the sm90 case's backward is the Hopper region's (16 x 4 x 16 =
+    1,024 dK/dV programs over 16 x 2,048 queries at s = 2,048, 2,048 programs at 4,096), which
+    adds dQ atomically into the fp32 buffer (counted); the triton case's (tiles given,
+    atomic_dq off) is the two-kernel one."""
     if forward == "sm90" and not HOPPER:
         pytest.skip("the Gluon forward runs on compute capability 9.x only")
     B, H, H_kv, d = 16, 8, 4, 128
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
     cfg = GPU_CONFIG if forward == "triton" else KernelConfig(sm90=True)
-    atomic = forward == "sm90" and s > 2048
+    atomic = forward == "sm90"
+    from calc.dispatch import sm90_region
     from kernels.flash.route import atomic_by_default
 
-    assert atomic_by_default(B, H, H_kv, s, s, d, 2) == (s > 2048)
+    assert atomic_by_default(B, H, H_kv, s, s, d, 2)
+    assert sm90_region(B, H_kv, s, s, d, 2)
 
     def call():
         if backward:
