@@ -30,15 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "data" / "kernel_speed_training_eager_h200.csv"
 README = ROOT / "README.md"
-COMMAND = ("python -m kernels.bench --preset training --impls triton triton_sm90_bwd sdpa_cudnn "
-           "fa4 --rounds 2")
+COMMAND = "python -m kernels.bench --preset training --impls triton sdpa_cudnn fa4 --rounds 2"
 START = "<!-- kernel table: built by scripts/readme_kernel_table.py -->"
 END = "<!-- end of kernel table -->"
 OURS = "triton"
-#: The same kernels with the Hopper backward forced (kernels.bench.speed): where today's route
-#: (calc.dispatch.sm90_region) takes that backward and the run's default did not, this is what
-#: `flash_attention` runs by default now.
-FORCED = "triton_sm90_bwd"
 #: Peers in column order, with their column names.
 PEERS = {"sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2", "fa4": "FA4"}
 #: (dtype, head dim, H_kv, causal, B, s) at H = 32: the six B = 1 anchors' spread (MHA and GQA
@@ -79,20 +74,11 @@ def _key(r: dict) -> tuple:
 
 
 def speeds(rows: list[dict]) -> dict[tuple, dict[str, float]]:
-    """{shape: {impl: TFLOP/s}} of the dense forward+backward rows that ran ("ok"); OURS is
-    today's default path: FORCED's figure below SM90_LONG_SEQ queries where the route now takes
-    the Hopper backward (the runs of 2026-12-02 01:50 UTC and before took it from 4,096
-    queries only), else the run's default."""
-    from calc.dispatch import SM90_LONG_SEQ, sm90_region
-
+    """{shape: {impl: TFLOP/s}} of the dense forward+backward rows that ran ("ok")."""
     out: dict[tuple, dict[str, float]] = {}
     for r in rows:
         if r["mode"] == "fwd_bwd" and r["status"] == "ok" and not r.get("packed_lengths"):
             out.setdefault(_key(r), {})[r["impl"]] = float(r["tflops"])
-    for (dtype, d, kv, _, b, n), have in out.items():
-        if (FORCED in have and n < SM90_LONG_SEQ
-                and sm90_region(b, kv, n, n, d, 2 if dtype in ("fp16", "bf16") else 4)):
-            have[OURS] = have[FORCED]
     return out
 
 
@@ -117,9 +103,7 @@ def table(path: Path = CSV, command: str = COMMAND) -> str:
                f"process, measured {when} on one {r0['gpu']} (torch {r0['torch_version']}, "
                f"triton {r0['triton_version']}): `{command}`, rows in "
                f"`{path.relative_to(ROOT).as_posix()}`. \"ours\" is what `flash_attention` runs "
-               "by default today; below 4,096 queries, where today's route takes the Hopper "
-               f"backward and the run's default did not, it is the run's `{FORCED}` row (the "
-               "same kernels with that backward forced).")
+               "by default.")
     lines = [
         *textwrap.wrap(caption, 100, break_long_words=False, break_on_hyphens=False),
         "",
