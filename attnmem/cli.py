@@ -101,6 +101,17 @@ def rank_type(text: str) -> int:
     return int(t)
 
 
+def packed_type(text: str) -> tuple[int, ...]:
+    """Sequence lengths packed into one row: whole numbers >= 1 separated by commas or '+'
+    (1000,3000,512 or 1000+3000+512; 1k works too)."""
+    one = count_type("each --packed length", 1, MAX_SEQ_LEN)
+    parts = [p for p in text.replace("+", ",").split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not accepted; --packed takes the "
+                                         "sequence lengths, e.g. 1000,3000,512")
+    return tuple(one(p) for p in parts)
+
+
 def bytes_type(text: str) -> int:
     """A byte count: 354334802, 354,334,802, 338MiB, 0.5GiB, 400MB (GB = 10^9, GiB = 2^30)."""
     m = _BYTES.fullmatch(text.strip())
@@ -154,11 +165,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="a preset as on the pages (e.g. 'Llama 3.1 8B'; case does not "
                             "matter; a wrong name lists them), a config.json file, or a "
                             "Hugging Face Hub id. Required")
-        s.add_argument("--seq-len", required=True, metavar="S",
+        s.add_argument("--seq-len", required=name != "train", metavar="S",
                        type=count_type("--seq-len", 1, MAX_SEQ_LEN),
                        help="context length in tokens: 131072, 131,072, 128k or 1M "
                             "(k = 1,024, M = 1,048,576). Required"
-                            if name != "serve" else
+                            if name == "memory" else
+                            "tokens per sequence: 131072, 131,072, 128k or 1M (k = 1,024, "
+                            "M = 1,048,576). Required, except with --packed (default: "
+                            "the packed total)"
+                            if name == "train" else
                             "context length of each request in tokens: 131072, 131,072, "
                             "128k or 1M (k = 1,024, M = 1,048,576). Required")
         if name != "serve":  # serving sizes the concurrent sequences itself
@@ -189,6 +204,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="attention implementation: " + ", ".join(impls)
                             + " (default: %(default)s)")
         if name == "train":
+            s.add_argument("--packed", default=None, metavar="LENGTHS", type=packed_type,
+                           help="padding-free training: the lengths of the sequences packed "
+                                "into one row, e.g. 1000,3000,512 (position ids restart at "
+                                "each; batch 1, --seq-len their sum; default: none, dense "
+                                "rows of --seq-len)")
             s.add_argument("--checkpointing", action="store_true",
                            help="activation checkpointing: each layer's activations are "
                                 "recomputed in the backward (default: off)")
@@ -366,7 +386,11 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     # become the same adapters/base_dtype keywords (calc.finetune.calc_kwargs)
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
               gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft))
-    result = calc.training_step(model, a.batch, a.seq_len, **kw)
+    _packed_settings(a)
+    if a.packed:
+        result = calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
+    else:
+        result = calc.training_step(model, a.batch, a.seq_len, **kw)
     lora = kw.get("adapters")
     adapter = {"adapter": "none" if ft["method"] == "full" else ft["method"],
                "lora_rank": lora.rank if lora else None,
@@ -377,9 +401,29 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
                "trainable_params": lora_adapter_params(model, lora) if lora else
                calc.param_count(model)}
     # the Training page's answers for one GPU: does the step fit, and the longest s that does
+    # (a pack's lengths are given, so there is no longest context to search for it)
     return {"model": model.name, **adapter, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
-            "fits": result.peak_bytes <= gpu,
-            "longest_context": calc.max_train_seq_len(model, gpu, a.batch, **kw)}
+            "fits": result.peak_bytes <= gpu, "packed_lengths": list(a.packed or ()),
+            "longest_context": None if a.packed else
+            calc.max_train_seq_len(model, gpu, a.batch, **kw)}
+
+
+def _packed_settings(a: argparse.Namespace) -> None:
+    """--packed sets batch 1 and --seq-len to the lengths' sum; a --seq-len or --batch that
+    says otherwise is refused, and so is a dense step without --seq-len."""
+    if not a.packed:
+        if a.seq_len is None:
+            raise UsageError("--seq-len is required (or --packed LENGTHS for a packed row)")
+        return
+    total = sum(a.packed)
+    if total > MAX_SEQ_LEN:
+        raise UsageError(f"--packed adds up to {total:,} tokens; at most {MAX_SEQ_LEN:,}")
+    if a.seq_len is not None and a.seq_len != total:
+        raise UsageError(f"--seq-len {a.seq_len:,} is not the --packed total {total:,}; leave "
+                         "--seq-len out")
+    if a.batch != 1:
+        raise UsageError(f"--packed is one row of tokens: --batch must be 1, got {a.batch:,}")
+    a.seq_len = total
 
 
 def _adapter_settings(a: argparse.Namespace) -> dict[str, Any]:
@@ -479,7 +523,9 @@ def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
 
 
 def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
-    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}, "
+    pack = (f" packed from {len(a.packed)} sequences ({', '.join(f'{n:,}' for n in a.packed)})"
+            if a.packed else "")
+    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{pack}, "
              f"{r['attention']}, precision {r['precision']}, checkpointing "
              f"{'on' if r['checkpointing'] else 'off'}"]
     if r["adapter"] == "none":
@@ -506,8 +552,9 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     lines += _table(rows) + [""]
     lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["peak_bytes"], r["gpu_bytes"], b))
     longest = r["longest_context"]
-    lines.append(f"  longest context that fits on one: {_tokens(longest)}" if longest else
-                 "  longest context that fits on one: none, not even one token")
+    if not a.packed:
+        lines.append(f"  longest context that fits on one: {_tokens(longest)}" if longest else
+                     "  longest context that fits on one: none, not even one token")
     return "\n".join(lines)
 
 

@@ -164,7 +164,7 @@ from calc.fit import largest_fitting
 from calc.models import ModelConfig, check_model
 from calc.parallel import Layout, expert_params, layout_bytes, make_layout
 from calc.params import param_breakdown
-from calc.peak import IMPL_LABELS, IMPLEMENTATIONS, attention_peak_terms
+from calc.peak import IMPL_LABELS, IMPLEMENTATIONS, attention_peak_terms, varlen_peak_breakdown
 from calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bool, check_int
 
 #: Attention implementations a training step accepts: the registry names plus "eager"
@@ -248,6 +248,7 @@ class _Dims:
     inter: int
     vocab: int
     ep: int = 1  # expert-parallel degree (MoE)
+    lengths: tuple[int, ...] = ()  # packed sequences of the one row (padding-free); () dense
 
     @property
     def t(self) -> int:
@@ -463,7 +464,8 @@ def _layer_terms(model: ModelConfig, dm: _Dims, impl: str, amp: bool, cache: boo
     terms += _attention_core(impl, dm, model, amp)
     if masked:  # SDPA turns the bool mask into an additive bias of the query dtype and keeps it
         cols = -(-dm.s // 16) * 16 if impl == "sdpa_efficient" else dm.s  # mem-eff pads to 16
-        terms.append(("attention", "sliding-window mask as an additive bias (B×1×s×s, bf16), "
+        what = "packed-sequence" if dm.lengths else "sliding-window"
+        terms.append(("attention", f"{what} mask as an additive bias (B×1×s×s, bf16), "
                       "kept by the kernel", 2 * dm.b * dm.s * cols))
     if impl in ("eager", "naive", "naive_inplace", "sdpa_math", "triton"):
         # eager's P·V output is (B, H, s, d); so is our kernel's (new_empty): transpose(1, 2)
@@ -521,8 +523,16 @@ def _model_terms(model: ModelConfig, dm: _Dims, amp: bool, impl: str,
         terms.append(("logits and loss", "tanh of the soft-capped logits (bf16)", 2 * t * v))
     terms.append(("logits and loss", "log-softmax output (fp32), kept by cross_entropy",
                   4 * t * v))
-    terms.append(("logits and loss", "shifted labels (int64) and the loss", 8 * t + 8))
+    terms.append(("logits and loss", "shifted labels (int64) and the loss", _labels_bytes(dm)))
     return terms
+
+
+def _labels_bytes(dm: _Dims) -> int:
+    """What the loss keeps of the labels, and the loss: loss_utils.ForCausalLMLoss pads the
+    labels to (B, s + 1) and takes `labels[..., 1:].contiguous()`, a copy of B·s int64 for
+    B > 1 but for B = 1 a view that keeps the padded (s + 1) tensor; nll_loss's fp32 loss and
+    total weight (8 bytes)."""
+    return 8 * dm.b * (dm.s + (dm.b == 1)) + 8
 
 
 def _dims(model: ModelConfig, batch: int, seq_len: int, tp: int) -> _Dims:
@@ -558,6 +568,7 @@ def training_step(
     ep: int = 1,
     norm_topk_prob: bool | None = None,
     router_aux_loss: bool = False,
+    packed_lengths: tuple[int, ...] | None = None,
 ) -> TrainingStepMemory:
     """Per-GPU memory of one training step (module docstring: every term and its source).
 
@@ -576,6 +587,10 @@ def training_step(
     parallelism"); norm_topk_prob (None: NORM_TOPK_DEFAULT of the model type);
     router_aux_loss: output_router_logits=True (the load-balancing loss; transformers' configs
     default it to False).
+    packed_lengths: None (dense rows) or the lengths of the sequences packed into one row
+    (padding-free training: batch 1, seq_len = their sum, position_ids restarting at each;
+    module docstring "Packed sequences"; PACKED_ATTENTIONS say which attentions, and why the
+    others are refused).
     Raises ValueError naming the bad value and what is accepted.
     """
     check_model(model)
@@ -588,23 +603,24 @@ def training_step(
                                      tp, adapters)
     lay = make_layout(model, gpus, tp, sharding, ep)
     cache = check_bool("use_cache", use_cache)
+    lengths = check_packed(model, packed_lengths, b, s, attention, cache)
     if not isinstance(base_dtype, str) or base_dtype not in BASE_DTYPES:
         raise ValueError(f"unknown base_dtype {base_dtype!r}; accepted: {', '.join(BASE_DTYPES)}")
     if adapters is not None:
         lo = _check_lora(adapters)
         _check_lora_model(model, precision, gpus, tp, sharding)
         return _training_step_lora(model, b, s, attention, checkpointing, optimizer, cache, lo,
-                                   base_dtype)
+                                   base_dtype, lengths)
     if base_dtype != "bf16":
         raise ValueError(f"base_dtype {base_dtype!r} without adapters: a 4-bit base has no "
                          "trainable weights; pass adapters=LoRA(...) (QLoRA)")
     amp = precision == "amp_bf16"
     if model.model_type == "gpt_oss":
         _check_gpt_oss_args(attention, cache)
-    dm = dataclasses.replace(_dims(model, b, s, lay.tp), ep=lay.ep)
+    dm = dataclasses.replace(_dims(model, b, s, lay.tp), ep=lay.ep, lengths=lengths)
     L = model.num_layers
 
-    masked = _sliding_masked(model, attention, s)
+    masked = _masked_layers(model, attention, dm)
     kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk,
                                   norm_topk))
              for n, mk in ((masked, True), (L - masked, False)) if n]
@@ -618,20 +634,14 @@ def training_step(
     if checkpointing:
         terms.append(("residuals", f"layer inputs kept by the checkpoints ({L} × T·h)",
                       L * stream * dm.t * dm.h))
-        terms.append(("rotary", "position ids kept by the checkpoints", 8 * dm.s))
-        if attention == "eager":  # the model's additive masks are checkpoint inputs too
-            masks = _mask_count(model)
-            terms.append(("attention", f"{masks} additive mask(s) (B×1×s×s, in the hidden "
-                          "states' dtype) kept by the checkpoints",
-                          masks * stream * dm.b * dm.s * dm.s))
-        if masked:  # the bool sliding-window mask (a B-expanded view of 1×1×s×s)
-            terms.append(("attention", "sliding-window mask (bool s×s) kept by the checkpoints",
-                          dm.s * dm.s))
+        terms += _checkpoint_terms(model, dm, attention, masked, stream)
     else:
         for n, mk, kind in kinds:
-            what = " with a sliding-window mask" if mk else ""
+            what = "" if not mk else " with a packed-sequence mask" if lengths else \
+                " with a sliding-window mask"
             terms += [(p, f"{lab} (× {n} layers{what})", n * x) for p, lab, x in kind]
     terms += _model_terms(model, dm, amp, attention)
+    terms += _packed_terms(dm, attention)
     if aux:
         terms += _aux_loss_terms(model, dm)
 
@@ -657,7 +667,7 @@ def training_step(
 
     weights, grads = w["weights"], w["gradients"]
     opt = 0 if optimizer == "sgd" else w["optimizer"]
-    fixed = CUBLAS_WORKSPACE_BYTES + 8 * dm.t  # + the input ids (also the labels), int64
+    fixed = CUBLAS_WORKSPACE_BYTES + _input_bytes(dm)
     before = weights + opt + w["persistent_buffers"] + fixed
     base = before + w["step_buffers"]
     g_per_param = Fraction(grads, sum(pb.values()))
@@ -681,6 +691,7 @@ def training_step(
                      or p == "logits and loss")
     shared = sum(x for _, lab, x in terms if lab.startswith("cos and sin"))
     masks = _mask_count(model) * stream * dm.b * dm.s * dm.s if attention == "eager" else 0
+    masks += _packed_bool_masks(model, dm, attention)
     oss = model.model_type == "gpt_oss"
     # Forward, the last layer's attention call: L - 1 layers saved, the last one up to its
     # attention, the residual input, the model's masks (eager), and the call's transient
@@ -708,7 +719,7 @@ def training_step(
     g_lm = ceil_bytes(g_per_param * pb["lm_head"]) if not model.tie_embeddings else \
         ceil_bytes(g_per_param * pb["embeddings"])
     lm_w = 2 * ceil_bytes(Fraction(pb["lm_head"] or pb["embeddings"], lay.tp))
-    before_lm = acts - lsm - tanh_logits - (8 * dm.t + 8)
+    before_lm = acts - lsm - tanh_logits - _labels_bytes(dm)
     if amp:
         lm = before_lm + 2 * dm.t * dm.h + max(2 * tv + lm_w, lm_w + g_lm)
     else:
@@ -751,6 +762,119 @@ def _sliding_masked(model: ModelConfig, impl: str, seq_len: int) -> int:
     if not impl.startswith("sdpa") or not model.sliding_window or seq_len <= model.sliding_window:
         return 0
     return model.sliding_window_layers
+
+
+#: Attention implementations whose packed (padding-free) step is modelled: ours (transformers
+#: calls it with a PackedSequences marker: kernels/hf/attention.py), eager and the SDPA
+#: backends that take a mask (transformers gives them the block-diagonal mask it builds).
+PACKED_ATTENTIONS: tuple[str, ...] = ("triton", "eager", "sdpa_efficient", "sdpa_cudnn",
+                                      "sdpa_math")
+#: Why the others are refused with packed sequences.
+PACKED_REFUSED: dict[str, str] = {
+    "sdpa_flash": "transformers gives SDPA a materialized block-diagonal bool mask for packed "
+                  "sequences (masking_utils.find_packed_sequence_indices, sdpa_mask with the "
+                  "causal skip off) and SDPA's flash backend takes no mask, so the call has no "
+                  "kernel; use sdpa_efficient, sdpa_cudnn, triton or eager",
+    "fa4": "FlashAttention-4's varlen path (transformers' flash_attention_4 with cu_seq_lens "
+           "from position_ids) pads its backward buffers per sequence, which is not counted "
+           "here; use triton",
+    "naive": "'naive' is not a transformers attention with a packed-sequence path",
+    "naive_inplace": "'naive_inplace' is not a transformers attention with a packed-sequence "
+                     "path",
+}
+
+
+def check_packed(model: ModelConfig, packed_lengths: object, batch: int, seq_len: int,
+                 attention: str, cache: bool) -> tuple[int, ...]:
+    """The checked lengths of a packed row, () for dense rows (packed_lengths None).
+    A packed row is what transformers' DataCollatorWithFlattening makes: batch 1, the
+    sequences concatenated (seq_len their sum), position_ids restarting at 0 for each."""
+    if packed_lengths is None:
+        return ()
+    if isinstance(packed_lengths, (str, bytes)) or not isinstance(packed_lengths, (tuple, list)):
+        raise ValueError(f"packed_lengths must be None or a tuple of sequence lengths (whole "
+                         f"numbers >= 1), got {packed_lengths!r}")
+    if not packed_lengths:
+        raise ValueError("packed_lengths must hold at least one sequence length, got none "
+                         "(pass None for a dense row)")
+    lengths = tuple(check_int(f"packed_lengths[{i}]", n, 1, MAX_SEQ_LEN)
+                    for i, n in enumerate(packed_lengths))
+    if batch != 1:
+        raise ValueError(f"packed sequences are one row of tokens: batch must be 1, got "
+                         f"{batch} (pack every sequence into the one row)")
+    if sum(lengths) != seq_len:
+        raise ValueError(f"seq_len must be the packed total, sum(packed_lengths) = "
+                         f"{sum(lengths):,}, got {seq_len:,}")
+    if attention in PACKED_REFUSED:
+        raise ValueError(f"attention {attention!r} with packed sequences: "
+                         f"{PACKED_REFUSED[attention]}")
+    if cache:
+        raise ValueError("use_cache=True with packed sequences: transformers looks for packed "
+                         "position_ids only without a cache (masking_utils."
+                         "_preprocess_mask_arguments), so eager and SDPA would attend across "
+                         "sequences; pass use_cache=False, as the training step does")
+    if _is_gpt2(model):
+        raise ValueError(f"packed sequences with {model.name!r} (GPT-2, learned positions): "
+                         "not modelled; rotary-position decoders only")
+    return lengths
+
+
+def _masked_layers(model: ModelConfig, impl: str, dm: _Dims) -> int:
+    """How many layers get a materialized mask under SDPA: every layer of a packed row (the
+    block-diagonal mask), else the sliding-window rule (_sliding_masked)."""
+    if dm.lengths:
+        return model.num_layers if impl.startswith("sdpa") else 0
+    return _sliding_masked(model, impl, dm.s)
+
+
+def _checkpoint_terms(model: ModelConfig, dm: _Dims, impl: str, masked: int, stream: int,
+                      ) -> list[tuple[str, str, int]]:
+    """What the checkpoints keep besides the layer inputs: the position ids the model made
+    (a packed row's are an input, counted before the step), eager's additive masks, SDPA's
+    bool mask(s)."""
+    out = []
+    if not dm.lengths:
+        out.append(("rotary", "position ids kept by the checkpoints", 8 * dm.s))
+    if impl == "eager":  # the model's additive masks are checkpoint inputs too
+        masks = _mask_count(model)
+        out.append(("attention", f"{masks} additive mask(s) (B×1×s×s, in the hidden states' "
+                    "dtype) kept by the checkpoints", masks * stream * dm.b * dm.s * dm.s))
+    if masked and dm.lengths:
+        n = _mask_count(model)
+        out.append(("attention", f"{n} packed-sequence mask(s) (bool T×T, block-diagonal "
+                    "causal) kept by the checkpoints", n * dm.b * dm.s * dm.s))
+    elif masked:  # the bool sliding-window mask (a B-expanded view of 1×1×s×s)
+        out.append(("attention", "sliding-window mask (bool s×s) kept by the checkpoints",
+                    dm.s * dm.s))
+    return out
+
+
+def _packed_terms(dm: _Dims, impl: str) -> list[tuple[str, str, int]]:
+    """Our kernel on a packed row: the int32 starts of the sequences (n + 1), which the mask
+    function returns in its PackedSequences marker (kernels/hf/attention.py, _starts) and the
+    attention calls keep for their backward. transformers' own tensors made from position_ids
+    (find_packed_sequence_indices: the diff, its comparison and the cumsum, T each) die with
+    the mask's construction, before the first layer runs."""
+    if not dm.lengths or impl != "triton":
+        return []
+    n = len(dm.lengths)
+    return [("attention", f"cu_seqlens of the {n} packed sequences (int32, n + 1), kept by the "
+             "mask marker", 4 * (n + 1))]
+
+
+def _input_bytes(dm: _Dims) -> int:
+    """The step's int64 inputs, alive from before the step: input ids (dense rows pass them as
+    the labels too); a packed row adds its position ids and its labels, a tensor of its own
+    (DataCollatorWithFlattening puts -100 at each sequence's first label)."""
+    return (3 if dm.lengths else 1) * 8 * dm.t
+
+
+def _packed_bool_masks(model: ModelConfig, dm: _Dims, impl: str) -> int:
+    """SDPA on a packed row: the bool block-diagonal mask(s) (B×1×T×T, one per layer type),
+    alive through the forward (and kept by the checkpoints)."""
+    if not dm.lengths or not impl.startswith("sdpa"):
+        return 0
+    return _mask_count(model) * dm.b * dm.s * dm.s
 
 
 def _mask_count(model: ModelConfig) -> int:
@@ -829,6 +953,9 @@ def _attention_backward_extra(impl: str, dm: _Dims) -> int:
 
 
 def _peak_terms(impl: str, dm: _Dims) -> list[tuple[str, int]]:
+    if dm.lengths and impl == "triton":  # the packed call (calc.peak.varlen_peak_bytes)
+        return [(t.label, t.counted_bytes) for t in varlen_peak_breakdown(
+            dm.heads, list(dm.lengths), dm.d, "bf16", backward=True, kv_heads=dm.kv_heads)]
     return attention_peak_terms(impl, dm.b, dm.heads, dm.s, dm.d, "bf16", causal=True,
                                 backward=True, kv_heads=dm.kv_heads)
 
@@ -1206,13 +1333,13 @@ def _lora_backward_extra(model: ModelConfig, dm: _Dims, impl: str, layer: list, 
 
 def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, checkpointing: bool,
                         optimizer: str, cache: bool, lo: _Lora, base_dtype: str,
-                        ) -> TrainingStepMemory:
+                        lengths: tuple[int, ...] = ()) -> TrainingStepMemory:
     """training_step with a frozen base and LoRA adapters (module docstring, "LoRA")."""
     lay = make_layout(model, 1, 1, "none")
-    dm = _dims(model, b, s, 1)
+    dm = dataclasses.replace(_dims(model, b, s, 1), lengths=lengths)
     L = model.num_layers
     keep_cache = cache and not checkpointing
-    masked = _sliding_masked(model, attention, s)
+    masked = _masked_layers(model, attention, dm)
     if masked not in (0, L):
         raise ValueError(f"{model.name!r}: LoRA with sliding-window layers that get a mask beside "
                          "layers that do not is not modelled")
@@ -1225,20 +1352,13 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
     inputs = L * stream * dm.t * dm.h
     if checkpointing:
         terms.append(("residuals", f"layer inputs kept by the checkpoints ({L} × T·h)", inputs))
-        terms.append(("rotary", "position ids kept by the checkpoints", 8 * dm.s))
-        if attention == "eager":
-            masks = _mask_count(model)
-            terms.append(("attention", f"{masks} additive mask(s) (B×1×s×s, in the hidden "
-                          "states' dtype) kept by the checkpoints",
-                          masks * stream * dm.b * dm.s * dm.s))
-        if masked:
-            terms.append(("attention", "sliding-window mask (bool s×s) kept by the checkpoints",
-                          dm.s * dm.s))
+        terms += _checkpoint_terms(model, dm, attention, masked, stream)
     else:
         terms += [(p, f"{lab} (layer 0)", x) for p, lab, x in first]
         if L > 1:
             terms += [(p, f"{lab} (× {L - 1} layers)", (L - 1) * x) for p, lab, x in rest]
     terms += _lora_model_terms(model, dm, attention)
+    terms += _packed_terms(dm, attention)
     parts = dict.fromkeys((*PARTS, LORA_PART), 0)
     for p, _, x in terms:
         parts[p] += x
@@ -1249,7 +1369,7 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
     weights += lo.e * adapter
     grads = lo.e * adapter  # torch makes .grad in the parameter's dtype
     opt = 0 if optimizer == "sgd" else 2 * lo.e * adapter  # exp_avg, exp_avg_sq like the param
-    fixed = CUBLAS_WORKSPACE_BYTES + 8 * dm.t
+    fixed = CUBLAS_WORKSPACE_BYTES + _input_bytes(dm)
     before = weights + opt + fixed
     base = before
     g_layer = ceil_bytes(Fraction(grads, L))
@@ -1260,6 +1380,7 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
                      or p == "logits and loss")
     shared = sum(x for _, lab, x in terms if lab.startswith("cos and sin"))
     masks = _mask_count(model) * stream * dm.b * dm.s * dm.s if attention == "eager" else 0
+    masks += _packed_bool_masks(model, dm, attention)
     layers_saved = a_first + (L - 1) * a_rest
     phases: dict[str, int] = {}
     last = rest if L > 1 else first
@@ -1275,7 +1396,7 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
     phases[PHASES[2]] = base + acts + 2 * 4 * tv
     # lm_head backward: the bf16 gradient of the logits and of lm_head's input; no weight
     # gradient (frozen: mm's mat2 gradient is not computed).
-    phases[PHASES[3]] = base + acts - lsm - tanh_logits - (8 * dm.t + 8) + 2 * tv + 2 * dm.t * dm.h
+    phases[PHASES[3]] = base + acts - lsm - tanh_logits - _labels_bytes(dm) + 2 * tv + 2 * dm.t * dm.h
     after_loss = acts - head_saved
     dh = stream * dm.t * dm.h
     extra_last = _lora_backward_extra(model, dm, attention, last, lo, g_layer, deq)

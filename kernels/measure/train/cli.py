@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "nf4 / nf4_dq: QLoRA through bitsandbytes; default bf16)")
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
                     help="a bundled sweep instead of the cross product (h200: the reference, "
-                         "h200-lora: LoRA and QLoRA)")
+                         "h200-lora: LoRA and QLoRA, h200-moe: mixture of experts, "
+                         "h200-packed: packed sequences on our kernel beside dense rows)")
     add_run_options(ap, timeout=180.0, out="training_steps.csv", prefix="train",
                     repredict_help="measure nothing: recompute the predicted_* columns and "
                                    "peak_rel_error of CSV's rows from the current calc and "

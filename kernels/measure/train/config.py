@@ -56,9 +56,13 @@ when not measured):
                        quantization for nf4_dq); bf16 for full training
     trainable_params   parameters that get gradients and AdamW state (all of them in full
                        training, the adapters' with LoRA)
+    packed_lengths     padding-free rows: the lengths of the sequences packed into the one
+                       row, joined by '+' (e.g. 1000+3000+96; batch 1, seq_len their sum,
+                       position_ids restarting at each); empty for dense rows
 
-The adapter columns come last so that CSVs written before them still read: a missing
-column is full training (``COLUMN_DEFAULTS``: adapter none, base_dtype bf16, the rest empty).
+The adapter and packing columns come last so that CSVs written before them still read: a
+missing column is full training on dense rows (``COLUMN_DEFAULTS``: adapter none, base_dtype
+bf16, the rest empty).
 
 No torch or transformers at import time.
 """
@@ -117,10 +121,24 @@ class TrainConfig(DictConfig):
     lora_dropout: float = 0.0
     adapter_dtype: str = "fp32"  # ADAPTER_DTYPES
     base_dtype: str = "bf16"  # BASE_DTYPES; nf4 / nf4_dq only with adapters (QLoRA)
+    # Padding-free rows: the packed sequences' lengths joined by '+' ('' = dense rows).
+    packed: str = ""
 
     @property
     def lora(self) -> bool:
         return self.adapter == "lora"
+
+    def packed_lengths(self) -> tuple[int, ...]:
+        """The packed lengths as ints (() for dense rows); ValueError when malformed."""
+        if not self.packed:
+            return ()
+        if not isinstance(self.packed, str):
+            raise ValueError(f"packed must be lengths joined by '+', got {self.packed!r}")
+        parts = self.packed.split("+")
+        if not all(p.isascii() and p.isdigit() and int(p) >= 1 for p in parts):
+            raise ValueError(f"packed must be whole numbers >= 1 joined by '+' (e.g. "
+                             f"1000+3000+96), got {self.packed!r}")
+        return tuple(int(p) for p in parts)
 
     def adapter_label(self) -> str:
         """'' for full training, else e.g. 'lora r=16 a=16 all-linear nf4'."""
@@ -134,13 +152,15 @@ class TrainConfig(DictConfig):
     def label(self) -> str:
         layers = f" L={self.layers}" if self.layers else ""
         adapter = f" {self.adapter_label()}" if self.lora else ""
+        pack = f" packed={self.packed}" if self.packed else ""
         return (f"{self.model}{layers}{adapter} {self.attention} {self.precision} "
-                f"{'ckpt' if self.checkpointing else 'no-ckpt'} B={self.batch} s={self.seq_len}")
+                f"{'ckpt' if self.checkpointing else 'no-ckpt'} B={self.batch} s={self.seq_len}"
+                f"{pack}")
 
     def series(self) -> tuple:
         """Everything but the length (an OOM skips the longer lengths of its series)."""
         return (self.model, self.layers, self.attention, self.precision, self.checkpointing,
-                self.batch, *self.adapter_key())
+                self.batch, bool(self.packed), *self.adapter_key())
 
     def adapter_key(self) -> tuple:
         """The fine-tuning fields that matter: () for full training."""
@@ -161,7 +181,7 @@ class TrainConfig(DictConfig):
                 "lora_targets": self.targets if lora else "",
                 "lora_dropout": float(self.lora_dropout) if lora else None,
                 "adapter_dtype": self.adapter_dtype if lora else "",
-                "base_dtype": self.base_dtype}
+                "base_dtype": self.base_dtype, "packed_lengths": self.packed}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> TrainConfig:
@@ -176,7 +196,8 @@ class TrainConfig(DictConfig):
                   "adapter_dtype": row.get("adapter_dtype") or "fp32"}
         return cls(row["model"], row["seq_len"], row["attention"], row["precision"],
                    bool(row["checkpointing"]), row.get("batch") or 1, row.get("layers"),
-                   base_dtype=row.get("base_dtype") or "bf16", **kw)
+                   base_dtype=row.get("base_dtype") or "bf16",
+                   packed=row.get("packed_lengths") or "", **kw)
 
 
 
@@ -217,6 +238,7 @@ class TrainResult(ModelRow):
     adapter_dtype: str = ""
     base_dtype: str = "bf16"
     trainable_params: int | None = None
+    packed_lengths: str = ""
 
 
 #: Column order of training-step rows (CSV header).
@@ -275,4 +297,20 @@ def check_config(cfg: TrainConfig) -> str | None:
             return f"{name} must be a whole number >= {lo}, got {v!r}"
     if cfg.layers is not None and (not isinstance(cfg.layers, int) or cfg.layers < 1):
         return f"layers must be a whole number >= 1, got {cfg.layers!r}"
-    return check_adapter(cfg)
+    return check_packed(cfg) or check_adapter(cfg)
+
+
+def check_packed(cfg: TrainConfig) -> str | None:
+    """What is wrong with cfg's packed lengths (one line), or None: a packed row is batch 1
+    and seq_len the lengths' sum (calc.training_step's check_packed says the same)."""
+    try:
+        lengths = cfg.packed_lengths()
+    except ValueError as exc:
+        return str(exc)
+    if not lengths:
+        return None
+    if cfg.batch != 1:
+        return f"packed sequences are one row: batch must be 1, got {cfg.batch}"
+    if sum(lengths) != cfg.seq_len:
+        return f"seq_len must be the packed total {sum(lengths)}, got {cfg.seq_len}"
+    return None

@@ -1,8 +1,8 @@
 """Plans: the cross product of the command line (``expand``, with ``lora_variants`` for
 fine-tuning), the bundled H200 reference sweep (``reference_plan``, ``--plan h200``) and the
-LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``) and the MoE sweep (``moe_plan``,
-``--plan h200-moe``). No torch or transformers at import
-time.
+LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``), the MoE sweep (``moe_plan``,
+``--plan h200-moe``) and the packed-sequence sweep (``packed_plan``, ``--plan h200-packed``).
+No torch or transformers at import time.
 """
 
 from __future__ import annotations
@@ -177,6 +177,44 @@ def moe_plan() -> list[TrainConfig]:
     return out
 
 
+#: The packs of the packed-sequence sweep (padding-free rows): T tokens -> the lengths.
+PACKS: dict[int, tuple[int, ...]] = {
+    4096: (1000, 3000, 96),
+    8192: (3000, 2000, 1500, 1000, 692),
+    16384: (4000, 3000, 2500, 2000, 1500, 1200, 1000, 700, 484),
+}
+
+
+def packed_variants(total: int) -> list[dict[str, Any]]:
+    """TrainConfig keywords of the packed row of ``total`` tokens (PACKS) and of the dense
+    row of the same T (batch 1), the packed one first."""
+    return [{"packed": "+".join(map(str, PACKS[total]))}, {}]
+
+
+def packed_plan() -> list[TrainConfig]:
+    """The H200 packed-sequence sweep (issue 31: padding-free fine-tuning on our kernel;
+    ``--plan h200-packed``), bf16, our kernel (triton) throughout, each packed row next to the
+    dense row of the same T (batch 1), most important first so that ``--budget`` cuts the
+    least important rows. About 2 minutes on an H200 (48 rows of a few seconds).
+
+    0. llama3-8b-2l, full training, checkpointing off: T = 4,096 (1,000 + 3,000 + 96),
+       8,192 (5 sequences), 16,384 (9 sequences), packed and dense.
+    1. qwen2.5-7b-2l (GQA 28/4, q/k/v bias, 152k vocab), the same.
+    2. Both with LoRA (r 16, all-linear, fp32 adapters on the bf16 base), checkpointing off.
+    3. Everything above with checkpointing on.
+    """
+    a, plan = ("triton",), []
+    lora = lora_variants([16], ["all-linear"], ["bf16"])
+    for ckpt in (False, True):
+        for ft in (FULL, *lora):
+            for m in ("llama3-8b-2l", "qwen2.5-7b-2l"):
+                for t in sorted(PACKS):
+                    plan += expand([m], (t,), a, ["bf16"], [ckpt],
+                                   finetunes=[{**ft, **v} for v in packed_variants(t)])
+    return plan
+
+
 PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan,
                                                       "h200-lora": lora_plan,
-                                                      "h200-moe": moe_plan}
+                                                      "h200-moe": moe_plan,
+                                                      "h200-packed": packed_plan}

@@ -11,6 +11,9 @@ The procedure, step by step (calc.training_step predicts what it measures):
    (``torch.optim.AdamW(model.parameters(), lr=1e-5)``, foreach: torch's default, i.e. on for
    CUDA parameters). input_ids (B, s) uniform random token ids; labels = input_ids (the
    model shifts them inside its loss: ``ForCausalLMLoss``, logits upcast to fp32).
+   Packed rows (``packed``, padding-free training): input_ids (1, T), position_ids restarting
+   at 0 for each sequence and labels with -100 at each sequence's first token, as
+   transformers' DataCollatorWithFlattening makes them (``packed_inputs``).
 2. One step = forward + loss, ``loss.backward()``, ``optimizer.step()``,
    ``optimizer.zero_grad(set_to_none=True)``. Precision ``bf16``: parameters (and so AdamW's
    two moments) in bf16, no autocast. ``amp_bf16``: fp32 parameters and moments, forward and
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import statistics
 import time
 from dataclasses import replace
@@ -86,6 +90,23 @@ def enable_checkpointing(model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def packed_inputs(ids: Any, lengths: tuple[int, ...]) -> dict[str, Any]:
+    """What transformers' DataCollatorWithFlattening gives the model for sequences packed
+    into one row (its defaults, return_position_ids=True, separator_id=-100): position_ids
+    counting from 0 in each sequence, and labels = the ids with -100 at each sequence's first
+    token (so no sequence is trained to predict the next one's start). Both int64 (1, T) on
+    the ids' device; the model finds the sequences from the restarting position_ids
+    (masking_utils.find_packed_sequence_indices; our kernel: kernels/hf/attention.py)."""
+    import torch
+
+    dev = ids.device
+    pos = torch.cat([torch.arange(n, device=dev) for n in lengths]).unsqueeze(0)
+    labels = ids.clone()
+    starts = torch.tensor([0, *itertools.accumulate(lengths[:-1])], device=dev)
+    labels[0, starts] = -100
+    return {"position_ids": pos, "labels": labels}
 
 
 def measure_train_step(cfg: TrainConfig, *, device: Any = None) -> TrainResult:
@@ -175,12 +196,15 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
         state["opt"] = torch.optim.AdamW(trainable, lr=1e-5)
         del trainable
         state["ids"] = torch.randint(0, shape["vocab"], (cfg.batch, cfg.seq_len), device=dev)
+        state["inputs"] = {"labels": state["ids"]}
+        if cfg.packed:
+            state["inputs"] = packed_inputs(state["ids"], cfg.packed_lengths())
         s = state
 
         def step() -> float:
             with attn_ctx():
                 with torch.autocast(dev, dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-                    loss = s["model"](input_ids=s["ids"], labels=s["ids"], use_cache=False).loss
+                    loss = s["model"](input_ids=s["ids"], use_cache=False, **s["inputs"]).loss
                 loss.backward()
                 s["opt"].step()
                 s["opt"].zero_grad(set_to_none=True)
