@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override the models' layer count")
     ap.add_argument("--seq-len", nargs="+", default=["1024", "4096"])
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--packed", nargs="+", default=None, metavar="PACK",
+                    help="padding-free rows in place of --seq-len: each PACK is the lengths of "
+                         "the sequences packed into one row joined by '+' (e.g. 1000+3000+96; "
+                         "batch 1, position_ids restarting at each); default: none, dense rows")
     ap.add_argument("--attention", nargs="+", default=["sdpa_flash", "triton"],
                     help=f"attentions ({', '.join(ATTENTIONS)})")
     ap.add_argument("--precision", nargs="+", default=["bf16"],
@@ -87,9 +91,36 @@ def configs_from_args(args: argparse.Namespace) -> list[TrainConfig]:
     ck = choices(args.checkpointing, ("off", "on", "both"), "checkpointing value(s)")
     checkpointings = sorted({c for w in ck for c in {"off": [False], "on": [True],
                                                       "both": [False, True]}[w]})
+    finetunes = finetunes_from_args(args)
+    if args.packed:
+        return [c for pack in packs_from_args(args)
+                for c in expand(models, [sum(pack)], attentions, precisions, checkpointings,
+                                layers=args.layers, steps=args.steps,
+                                finetunes=[{**ft, "packed": "+".join(map(str, pack))}
+                                           for ft in finetunes])]
     seq = ints(args.seq_len, "--seq-len", 2)
     return expand(models, seq, attentions, precisions, checkpointings, batch=args.batch,
-                  layers=args.layers, steps=args.steps, finetunes=finetunes_from_args(args))
+                  layers=args.layers, steps=args.steps, finetunes=finetunes)
+
+
+def packs_from_args(args: argparse.Namespace) -> list[tuple[int, ...]]:
+    """The --packed rows' lengths; SystemExit with one line for a malformed pack or a
+    --batch other than 1."""
+    if args.batch != 1:
+        raise SystemExit(f"error: --packed rows are one row each: --batch must be 1, got "
+                         f"{args.batch}")
+    packs = []
+    for w in args.packed:
+        for pack in w.split(","):
+            parts = pack.strip().split("+")
+            if not pack.strip() or not all(p.isascii() and p.isdigit() and int(p) >= 1
+                                           for p in parts):
+                raise SystemExit(f"error: --packed takes sequence lengths (whole numbers >= 1) "
+                                 f"joined by '+', e.g. 1000+3000+96; got {pack!r}")
+            if sum(map(int, parts)) < 2:
+                raise SystemExit(f"error: --packed {pack!r} adds up to fewer than 2 tokens")
+            packs.append(tuple(int(p) for p in parts))
+    return packs
 
 
 def finetunes_from_args(args: argparse.Namespace) -> list[dict]:
@@ -145,6 +176,7 @@ def _describe(res: TrainResult) -> str:
     ms = f"{res.step_ms:.1f} ms" if res.step_ms else ""
     lora = (f" lora r={res.lora_rank} {res.lora_targets} {res.base_dtype}"
             if res.adapter == "lora" else "")
+    pack = f" packed={res.packed_lengths}" if res.packed_lengths else ""
     return (f"{res.model}{lora} {res.attention} {res.precision} "
-            f"ckpt={'on' if res.checkpointing else 'off'} s={res.seq_len}: "
+            f"ckpt={'on' if res.checkpointing else 'off'} s={res.seq_len}{pack}: "
             f"{res.status} {peak} {ms} {status_note(res)}")
