@@ -141,6 +141,35 @@ for this bf16 softmax over s + 1 columns).
 Refused with the reason: amp_bf16, tp > 1, LoRA on MoE, gpt-oss with another attention or a
 KV cache or the auxiliary loss, MLA (DeepSeek), dense layers between MoE layers.
 
+Packed sequences (`packed_lengths`; padding-free training, transformers'
+DataCollatorWithFlattening): one row (B = 1) of T tokens made of sequences of the given lengths,
+position_ids restarting at 0 in each, labels with -100 at each sequence's first token. The
+layers run on the T tokens as on a dense row of T; what differs (check_packed, _masked_layers,
+_checkpoint_terms, _packed_terms, _input_bytes):
+- the inputs: position_ids and labels are int64 (1, T) tensors of their own, alive from before
+  the step (a dense row passes its ids as the labels and the model makes its position ids,
+  which the checkpoints keep; a packed row's are the input itself);
+- ours ("triton"): transformers' create_causal_mask finds the sequences
+  (masking_utils.find_packed_sequence_indices: a diff, a comparison and a cumsum of T each,
+  dead once the mask is built) and our mask function returns them as int32 starts (n + 1,
+  kernels/hf/attention.py PackedSequences), kept by every attention call for its backward;
+  q, k, v are flattened as views, the kernel keeps q, k, v, O and the log-sum-exp as for a
+  dense row, O is made contiguous for o_proj as for a dense row, and the call's backward is
+  the packed one (calc.peak.varlen_peak_bytes: no fp32 dQ buffer, no GQA split);
+- eager: the T×T additive mask is the block-diagonal one, the same size as the dense causal
+  mask: nothing else changes;
+- SDPA: transformers passes the bool block-diagonal mask (1×1×T×T, sdpa_mask with the causal
+  skip off), so every layer is a masked SDPA layer (k, v repeated to H heads, the mask kept
+  as a bf16 bias: as for a sliding window shorter than s), and the bool mask lives through
+  the forward (and in the checkpoints). SDPA's flash backend takes no mask (no kernel for the
+  call), FA4's varlen buffers are not counted, GPT-2 (learned positions) and use_cache are
+  refused (PACKED_REFUSED, check_packed).
+Checked: CPU replays of a tiny Llama (tests/calc/test_training_packed.py; our kernel under
+Triton's interpreter) equal the activations at the end of the forward to the byte, eager,
+SDPA and LoRA, checkpointing on and off, and ours without checkpointing; ours under
+checkpointing keeps one layer's q, k, v, O and log-sum-exp more in the replay, dense rows as
+well, which is not counted (not explained yet).
+
 Expert parallelism (`ep`, calc.parallel for the weights, gradients, optimizer state and
 buffers): each of ep ranks holds E/ep experts of every layer; the rest is data-parallel as the
 layout says. Tokens reach their experts by all-to-all (GShard, arXiv 2006.16668; DeepSpeed-MoE,

@@ -12,7 +12,7 @@ the attention side's files, for whole models:
 - ``store``: typed rows from a CSV (``read_rows``, what pages use; no torch), the SQLite
   ``TrainStore``, and ``repredict``;
 - ``plan``: ``expand`` (the cross product, ``lora_variants``) and the bundled sweeps (``h200``,
-  ``h200-lora``);
+  ``h200-lora``, ``h200-moe``, ``h200-packed``);
 - ``cli``: the command line.
 
 Fine-tuning (LoRA, QLoRA, MoE; issue 34) extends the same files: its fields in ``TrainConfig``
@@ -20,6 +20,11 @@ and its columns in ``TrainResult`` (config; the readers type a new column from i
 type), its model build in ``procedure``, its prediction in ``predict``, its options in
 ``cli``; the worker carries configurations and rows whatever their fields (a SQLite file
 made before a new column needs that column added).
+
+Packed (padding-free) rows (issue 31): ``TrainConfig.packed`` (the lengths joined by '+'),
+the ``packed_lengths`` column, ``procedure.packed_inputs`` (position_ids restarting per
+sequence and labels, as transformers' DataCollatorWithFlattening makes them), calc's
+``packed_lengths`` in ``predict``, ``--packed`` and ``--plan h200-packed`` in ``cli``.
 
 What the training, sharded-training (``kernels.measure.train_dist``) and inference harnesses
 share (attention names, environment columns, error classes, the worker protocol, list
