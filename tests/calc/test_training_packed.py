@@ -215,3 +215,34 @@ def test_cpu_replay_triton_checkpointing_keeps_one_layer_more() -> None:
                          packed_lengths=LENGTHS)
     one_layer = 2 * T * 64 + 2 * (2 * T * 32) + 2 * T * 64 + 4 * 4 * T  # q, k, v, O, lse
     assert fwd - want.activations_bytes == one_layer
+
+
+# --- attnmem train --packed --------------------------------------------------------------------
+
+def test_attnmem_train_packed(capsys: pytest.CaptureFixture[str]) -> None:
+    """`attnmem train --packed 1000,3000,512`: batch 1, s the total, calc's numbers; a
+    --seq-len or --batch that says otherwise and a refused attention are one line each."""
+    import json
+
+    from attnmem.cli import main
+
+    assert main(["train", "--model", "Llama 3.1 8B", "--packed", "1000,3000,512", "--impl",
+                 "triton", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    m = training_step(MODELS["Llama 3.1 8B"], 1, 4512, attention="triton",
+                      packed_lengths=(1000, 3000, 512))
+    assert r["peak_bytes"] == m.peak_bytes and r["packed_lengths"] == [1000, 3000, 512]
+    assert r["longest_context"] is None
+    assert main(["train", "--model", "Llama 3.1 8B", "--packed", "1k+3000", "--impl",
+                 "triton"]) == 0
+    assert "packed from 2 sequences (1,024, 3,000)" in capsys.readouterr().out
+    for args, words in ((["--packed", "1000,3000", "--seq-len", "5"], "not the --packed total"),
+                        (["--packed", "1000,3000", "--batch", "2"], "--batch must be 1"),
+                        (["--packed", "1000,0"], "each --packed length"),
+                        (["--packed", "1000,3000", "--impl", "sdpa_flash"], "no mask"),
+                        ([], "--seq-len is required")):
+        with pytest.raises(SystemExit) as e:
+            raise SystemExit(main(["train", "--model", "Llama 3.1 8B", *args]))
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
