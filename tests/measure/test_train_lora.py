@@ -30,7 +30,8 @@ def _tiny_adapters(rank: int, targets: str) -> int:
 
 
 def test_new_columns_come_last_and_mirror_calc():
-    assert tconfig.TRAIN_COLUMNS[-len(NEW):] == NEW
+    # the adapter columns, then the packed rows' column (issue 31), after the older ones
+    assert tconfig.TRAIN_COLUMNS[-len(NEW) - 1:] == (*NEW, "packed_lengths")
     assert tconfig.BASE_DTYPES == BASE_DTYPES
     assert tconfig.ADAPTER_DTYPES == ADAPTER_DTYPES
     assert tconfig.LORA_TARGETS == tuple(LORA_TARGET_SETS)
