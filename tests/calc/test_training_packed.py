@@ -123,8 +123,10 @@ def test_lora_packed() -> None:
 
 # --- CPU replays -----------------------------------------------------------------------------
 
-def _replay(attention: str, ckpt: bool, lengths: tuple[int, ...], lora: bool = False) -> int:
-    """Bytes of the tensor storages made by the forward and alive at its end, for a tiny bf16
+def _replay(attention: str, ckpt: bool, lengths: tuple[int, ...], lora: bool = False,
+            ) -> tuple[int, int]:
+    """(bytes of the tensor storages made by the forward and alive at its end, their peak
+    over the step's forward and backward), for a tiny bf16
     Llama fed a packed row as DataCollatorWithFlattening makes it (position_ids restarting,
     labels -100 at each sequence's first token)."""
     torch = pytest.importorskip("torch")
@@ -168,10 +170,11 @@ def _replay(attention: str, ckpt: bool, lengths: tuple[int, ...], lora: bool = F
         loss = forward()
         fwd = live.bytes
         loss.backward()
-    return fwd
+    return fwd, live.peak
 
 
-def _replay_in_child(attention: str, ckpt: bool, lengths: tuple[int, ...], lora: bool) -> int:
+def _replay_in_child(attention: str, ckpt: bool, lengths: tuple[int, ...], lora: bool,
+                     ) -> tuple[int, int]:
     """_replay in a child process with TRITON_INTERPRET=1 (read when triton is imported), so
     that our kernel runs on the CPU."""
     pytest.importorskip("torch")
@@ -182,7 +185,8 @@ def _replay_in_child(attention: str, ckpt: bool, lengths: tuple[int, ...], lora:
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    return int(res.stdout.split("BYTES")[-1].split()[0])
+    fwd, peak = res.stdout.split("BYTES")[-1].strip().strip("()").split(",")
+    return int(fwd), int(peak)
 
 
 @pytest.mark.parametrize("attention, ckpt", [
@@ -190,15 +194,18 @@ def _replay_in_child(attention: str, ckpt: bool, lengths: tuple[int, ...], lora:
 def test_cpu_replay_forward_exact(attention: str, ckpt: bool) -> None:
     """CPU SDPA with transformers' bool mask keeps what calc counts for cuDNN with a mask
     (q, k, v at H heads, the output, log-sum-exp, the bias)."""
-    fwd = _replay(attention, ckpt, LENGTHS)
+    fwd, peak = _replay(attention, ckpt, LENGTHS)
     calc_attention = {"sdpa": "sdpa_cudnn"}.get(attention, attention)
     want = training_step(TINY, 1, T, attention=calc_attention, checkpointing=ckpt,
                          packed_lengths=LENGTHS)
     assert fwd == want.activations_bytes
+    if attention != "eager":  # eager's CUDA softmax backward makes an fp32 tmp the CPU does not
+        cpu = want.peak_bytes - want.before_step_bytes
+        assert abs(cpu - peak) <= 0.01 * peak, (cpu, peak, want.peak_phase)
 
 
 def test_cpu_replay_lora_forward_exact() -> None:
-    fwd = _replay("sdpa", False, LENGTHS, lora=True)
+    fwd, _ = _replay("sdpa", False, LENGTHS, lora=True)
     want = training_step(TINY, 1, T, attention="sdpa_cudnn", packed_lengths=LENGTHS,
                          adapters=LoRA(8, alpha=16))
     assert fwd == want.activations_bytes
@@ -212,7 +219,7 @@ def test_cpu_replay_triton_checkpointing_keeps_one_layer_more() -> None:
     (data/training_steps_h200.csv) are within 0.02 % of calc, where this layer would be about
     1.3 % at 32,768 tokens, so it belongs to the replay (Triton's interpreter). This test pins
     the gap so that a change on either side shows."""
-    fwd = _replay("triton", True, LENGTHS)
+    fwd, _ = _replay("triton", True, LENGTHS)
     want = training_step(TINY, 1, T, attention="triton", checkpointing=True,
                          packed_lengths=LENGTHS)
     one_layer = 2 * T * 64 + 2 * (2 * T * 32) + 2 * T * 64 + 4 * 4 * T  # q, k, v, O, lse
