@@ -138,30 +138,33 @@ def _tile(smem, block, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ring_load(desc, smem, ready, empty, b, h_kv, block, STAGES: gl.constexpr):
+def _ring_load(desc, smem, ready, empty, b, h_kv, k0, block, STAGES: gl.constexpr):
     """Copy key (or value) block ``block`` into its ring slot, once both consumers have
-    released what the slot held before (block - STAGES)."""
+    released what the slot held before (block - STAGES). ``k0``: the row of key 0 in the
+    descriptor's sequence axis (0, or a packed sequence's first key row)."""
     slot = block % STAGES
     # The slot's "empty" barrier completes one phase per release; the first pass needs none.
     mbarrier.wait(empty.index(slot), ((block // STAGES) + 1) & 1, pred=block >= STAGES)
     bar = ready.index(slot)
     mbarrier.expect(bar, desc.block_type.nbytes)
-    _tma_load(desc, [b, h_kv, block * desc.block_type.shape[2], 0], bar, smem.index(slot))
+    _tma_load(desc, [b, h_kv, k0 + block * desc.block_type.shape[2], 0], bar, smem.index(slot))
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-            v_empty, b, h, h_kv, start_m, n_blocks, STAGES: gl.constexpr,
+            v_empty, b, h, h_kv, start_m, n_blocks, q0, k0, STAGES: gl.constexpr,
             CONSUMERS: gl.constexpr):
     """The producer warp: each consumer's 64 query rows, then K_0, V_0, K_1, V_1, ... through
-    the rings."""
+    the rings. ``q0``, ``k0``: the rows of query 0 and key 0 in the descriptors' sequence
+    axis (0, or a packed sequence's first rows: a tile running past its sequence's end reads
+    the next sequence's rows, which the consumers mask or do not store)."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
     for i in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(i), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, h, start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
+        _tma_load(q_desc, [b, h, q0 + start_m + i * HALF, 0], q_bars.index(i), q_smem.index(i))
     for blk in range(n_blocks):
-        _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, blk, STAGES)
-        _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, blk, STAGES)
+        _ring_load(k_desc, k_smem, k_ready, k_empty, b, h_kv, k0, blk, STAGES)
+        _ring_load(v_desc, v_smem, v_ready, v_empty, b, h_kv, k0, blk, STAGES)
 
 
 @gluon.jit
@@ -215,10 +218,16 @@ def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_emp
 
 @gluon.jit
 def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
-              v_empty, o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-              CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+              v_empty, o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
+              qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr):
     """One warpgroup: 64 query rows of the program's tile, over the key blocks the loader
-    brings (module docstring). Stores its rows of O and lse2."""
+    brings (module docstring). Stores its rows of O and lse2.
+
+    VARLEN (packed sequences): s_q and s_k are this sequence's lengths, ``q0`` its first query
+    row in o_desc's sequence axis and ``row_base`` (int64) the row of its query 0 in O and
+    LSE2 seen as (rows, d) and (rows,). Rows past s_q belong to the next sequence, whose
+    program writes them: a half that runs past s_q stores its rows with masked register
+    stores instead of one bulk copy."""
     HALF: gl.constexpr = q_smem.shape[3]
     HEAD_D: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -283,13 +292,29 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
 
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, o_row), 1)
-    gl.store(LSE2 + bh.to(gl.int64) * s_q + rows, m_i + gl.log2(l_i), mask=rows < s_q)
-    # O leaves through this half's Q buffer (its last reader, S_{n-1}, has completed). Rows
-    # past s_q are outside o_desc: the copy engine does not write them.
-    q.store(acc.to(DTYPE))
-    fence_async_shared()
-    _tma_store(o_desc, [b, h, row0, 0], q_tile)
-    tma.store_wait(pendings=0)
+    if VARLEN:
+        gl.store(LSE2 + row_base + rows, m_i + gl.log2(l_i), mask=rows < s_q)
+        if row0 + HALF <= s_q:  # every row is this sequence's: one bulk copy, as below
+            q.store(acc.to(DTYPE))
+            fence_async_shared()
+            _tma_store(o_desc, [b, h, q0 + row0, 0], q_tile)
+            tma.store_wait(pendings=0)
+        else:  # the sequence ends inside this half: its rows only, from registers
+            o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
+            rows_o = row0 + gl.arange(0, HALF, o_row)
+            cols_o = gl.arange(0, HEAD_D, o_col)
+            offs = (gl.expand_dims(row_base + rows_o, 1) * HEAD_D
+                    + gl.expand_dims(cols_o, 0))
+            keep = (gl.expand_dims(rows_o, 1) < s_q) & (gl.expand_dims(cols_o, 0) < HEAD_D)
+            gl.store(O + offs, acc.to(DTYPE), mask=keep)
+    else:
+        gl.store(LSE2 + bh.to(gl.int64) * s_q + rows, m_i + gl.log2(l_i), mask=rows < s_q)
+        # O leaves through this half's Q buffer (its last reader, S_{n-1}, has completed).
+        # Rows past s_q are outside o_desc: the copy engine does not write them.
+        q.store(acc.to(DTYPE))
+        fence_async_shared()
+        _tma_store(o_desc, [b, h, row0, 0], q_tile)
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit(do_not_specialize=["s_q", "s_k"])
@@ -305,28 +330,68 @@ def attn_fwd_sm90_kernel(
     CONSUMERS: gl.constexpr = 2,  # consumer warpgroups of 64 query rows (2, or 3 at d = 64)
 ):
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
-    _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale, CAUSAL,
-              STAGES, CONSUMERS)
-
-
-@gluon.jit
-def _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale,
-              CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-    """One program per (query tile, batch, head), the grid's two dims: the shared memory, the
-    barriers, and the warp-specialised partitions."""
     HALF: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_M: gl.constexpr = CONSUMERS * HALF
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    DTYPE: gl.constexpr = q_desc.dtype
-
     pid = gl.program_id(0)
     if CAUSAL:  # the last query tiles see the most keys: start them first
         pid = gl.num_programs(0) - 1 - pid
-    start_m = pid * BLOCK_M
+    start_m = pid * (CONSUMERS * HALF)
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
-    h_kv = h // GROUP
+    _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, LSE2, bh, b, h, h // GROUP, start_m, s_q,
+              s_k, 0, 0, 0, qk_scale, CAUSAL, STAGES, CONSUMERS, False)
+
+
+@gluon.jit(do_not_specialize=["total_q"])
+def attn_fwd_sm90_varlen_kernel(
+    q_desc, k_desc, v_desc, o_desc,  # rank-4 descriptors over (1, H, total, d), tiles [1, 1, rows, d]
+    O,  # (1, H, total_q, d), contiguous: the same memory as o_desc, for masked stores
+    LSE2,  # (1, H, total_q) fp32, contiguous
+    CU_Q, CU_K,  # int32 (n_seq + 1,) starts of the packed sequences' query / key rows
+    H, GROUP,  # query heads; query heads per key/value head (GQA)
+    total_q,  # packed query rows
+    qk_scale,  # softmax scale * log2(e)
+    CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+    CONSUMERS: gl.constexpr = 2,
+):
+    """Packed sequences (`attention_forward_sm90_packed`): grid (query tiles of the longest
+    sequence, sequences x heads), as FlashAttention-2's varlen kernels and `fwd.fwd_kernel`
+    with VARLEN. A program reads its sequence's start and length and returns at once past its
+    end; inside, it is the dense program on one sequence, its tiles addressed at the
+    sequence's first rows (`common.varlen_rows` does the same in the portable kernels)."""
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
+    HALF: gl.constexpr = q_desc.block_type.shape[2]
+    pid = gl.program_id(0)
+    if CAUSAL:  # longest first, as the dense kernel
+        pid = gl.num_programs(0) - 1 - pid
+    start_m = pid * (CONSUMERS * HALF)
+    sh = gl.program_id(1)
+    seq = sh // H
+    h = sh % H
+    q0 = gl.load(CU_Q + seq)
+    s_q = gl.load(CU_Q + seq + 1) - q0
+    k0 = gl.load(CU_K + seq)
+    s_k = gl.load(CU_K + seq + 1) - k0
+    if start_m < s_q:  # the grid is sized for the longest sequence: shorter ones stop here
+        row_base = h.to(gl.int64) * total_q + q0  # query 0's row in O and LSE2
+        _one_tile(q_desc, k_desc, v_desc, o_desc, O, LSE2, sh, 0, h, h // GROUP, start_m, s_q,
+                  s_k, q0, k0, row_base, qk_scale, CAUSAL, STAGES, CONSUMERS, True)
+
+
+@gluon.jit
+def _one_tile(q_desc, k_desc, v_desc, o_desc, O, LSE2, bh, b, h, h_kv, start_m, s_q, s_k, q0,
+              k0, row_base, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+              CONSUMERS: gl.constexpr, VARLEN: gl.constexpr):
+    """One program: the query tile from row ``start_m`` of (batch b or sequence, head h),
+    key/value head h_kv; the shared memory, the barriers, and the warp-specialised
+    partitions. ``q0``, ``k0``, ``row_base``: where a packed sequence lies (VARLEN, see
+    `_consumer`); 0 otherwise."""
+    BLOCK_M: gl.constexpr = CONSUMERS * q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    DTYPE: gl.constexpr = q_desc.dtype
+
     if CAUSAL:
         hi = gl.minimum(s_k, start_m + BLOCK_M)
     else:
@@ -354,29 +419,29 @@ def _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, H, GROUP, s_q, s_k, qk_scale
     if CONSUMERS == 2:
         gl.warp_specialize(
             [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                          o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES)),
+                          o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
+                          qk_scale, CAUSAL, STAGES, VARLEN)),
              (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                          o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES)),
+                          o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
+                          qk_scale, CAUSAL, STAGES, VARLEN)),
              (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
-                        v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
-                        CONSUMERS))],
+                        v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, q0, k0,
+                        STAGES, CONSUMERS))],
             [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:  # three warpgroups share the register file: at most 160 each next to the loader
         gl.warp_specialize(
             [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                          o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES)),
+                          o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
+                          qk_scale, CAUSAL, STAGES, VARLEN)),
              (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                          o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES)),
+                          o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
+                          qk_scale, CAUSAL, STAGES, VARLEN)),
              (_consumer, (2, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
-                          o_desc, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, qk_scale,
-                          CAUSAL, STAGES)),
+                          o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
+                          qk_scale, CAUSAL, STAGES, VARLEN)),
              (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
-                        v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, STAGES,
-                        CONSUMERS))],
+                        v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, q0, k0,
+                        STAGES, CONSUMERS))],
             [4, 4, 1], [CONSUMER3_REGS, CONSUMER3_REGS, LOADER_REGS])
 
 
@@ -468,6 +533,17 @@ def _int_spec(x: int) -> tuple[bool, bool]:
     return x == 1, x % 16 == 0
 
 
+def _schedule(d: int, stages: int | None, block_n: int | None,
+              consumers: int | None) -> tuple[int, int, int]:
+    """(BLOCK_N, stages, consumer warpgroups): the given values, else `TILES` and
+    `CONSUMERS` for head dim d; ValueError for a consumer count the kernel has not."""
+    bn, st = TILES[d]
+    nc = CONSUMERS[d] if consumers is None else consumers
+    if nc not in (2, 3) or (nc == 3 and d != 64):
+        raise ValueError(f"sm90_consumers must be 2, or 3 at d = 64; got {nc} at d = {d}")
+    return block_n or bn, stages or st, nc
+
+
 def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int | None = None,
                            block_n: int | None = None, consumers: int | None = None):
     """O (B, H, s_q, d) and lse2 (B, H, s_q) fp32, as fwd.triton_forward returns them.
@@ -476,12 +552,7 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     warpgroups of 64 query rows (3 only at d = 64)."""
     B, H, s_q, d = q.shape
     H_kv, s_k = k.shape[1], k.shape[2]
-    bn, st = TILES[d]
-    bn = block_n or bn
-    st = stages or st
-    nc = CONSUMERS[d] if consumers is None else consumers
-    if nc not in (2, 3) or (nc == 3 and d != 64):
-        raise ValueError(f"sm90_consumers must be 2, or 3 at d = 64; got {nc} at d = {d}")
+    bn, st, nc = _schedule(d, stages, block_n, consumers)
     o = common.empty(q, (B, H, s_q, d))  # q's dtype and device, contiguous
     lse2 = common.empty(q, (B, H, s_q), torch.float32)
     lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
@@ -491,4 +562,36 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc}
     key = (q.dtype, d, bn, st, bool(causal), nc, _int_spec(H), _int_spec(group))
     LAUNCHER((-(-s_q // (nc * HALF_M)), B * H), key, args, consts)
+    return o, lse2
+
+
+# The packed-sequence kernel's launches: the key holds, beyond the dense key's fields, the
+# alignment of the two cu_seqlens tensors (pointer arguments the JIT specialises on);
+# total_q is not specialised, O and LSE2 are fresh allocations (16-byte aligned).
+LAUNCHER_VARLEN = DirectLauncher(attn_fwd_sm90_varlen_kernel, descriptor=_descriptor)
+
+
+def attention_forward_sm90_packed(q, k, v, causal: bool, qk_scale: float, packed,
+                                  stages: int | None = None, block_n: int | None = None,
+                                  consumers: int | None = None):
+    """The forward of packed sequences (`common.Packed`, checked by `api.flash_attention`) on
+    this kernel: q (1, H, total_q, d), k and v (1, H_kv, total_k, d), any strides `usable`
+    accepts (a (total, H, d) tensor's transposed view among them). Returns O (1, H, total_q,
+    d), contiguous, and lse2 (1, H, total_q) fp32: the outputs and layout of
+    `fwd.packed_forward`, which `bwd.packed_backward` reads. Grid (ceil(max_q / BLOCK_M),
+    n_seq * H); tiles and schedule as `attention_forward_sm90`."""
+    _, H, total_q, d = q.shape
+    H_kv = k.shape[1]
+    bn, st, nc = _schedule(d, stages, block_n, consumers)
+    o = common.empty(q, (1, H, total_q, d))
+    lse2 = common.empty(q, (1, H, total_q), torch.float32)
+    lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
+    group = H // H_kv
+    cu_q, cu_k = packed.cu_q, packed.cu_k
+    args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), o, lse2,
+            cu_q, cu_k, H, group, total_q, qk_scale)
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc}
+    key = (q.dtype, d, bn, st, bool(causal), nc, _int_spec(H), _int_spec(group),
+           cu_q.data_ptr() % 16 == 0, cu_k.data_ptr() % 16 == 0)
+    LAUNCHER_VARLEN((-(-packed.max_q // (nc * HALF_M)), packed.n_seq * H), key, args, consts)
     return o, lse2

@@ -5,6 +5,7 @@
 settings, and calls that kernel:
 
     forward:   `forward_route`  -> fwd_sm90.attention_forward_sm90   (Hopper, Gluon)
+                                 -> fwd_sm90.attention_forward_sm90_packed (Hopper, packed)
                                  -> fwd.triton_forward / fwd.packed_forward
     backward:  `backward_route` -> bwd_sm90.attention_backward_sm90  (Hopper, Gluon)
                                  -> bwd.triton_backward / bwd.packed_backward
@@ -47,6 +48,9 @@ __all__ = ["Abilities", "BackwardRoute", "Call", "ForwardRoute", "atomic_by_defa
 # work: encoding two tensor maps per launch costs more host time than the copy engine saves
 # on short keys (kernels/flash/NOTES.md, "accumulate inside tl.dot, tensor descriptors").
 DESC_MIN_BUCKET = 2048
+# Grid dimension 1 (y) holds at most 65,535 programs: the Hopper forward's packed grid puts
+# sequences x heads there (CUDA's limit on gridDim.y).
+GRID_Y_MAX = 65535
 
 kv_split = dispatch.kv_split
 
@@ -54,8 +58,9 @@ kv_split = dispatch.kv_split
 class Call(NamedTuple):
     """What the route reads of a call: q (B, H, s_q, d), k and v (B, H_kv, s_k, d), bytes per
     element, the causal flag, the window that applies (None, or 1 <= window < s_q: see
-    `check_window`), whether the sequences are packed (``cu_seqlens``), and q's dtype and
-    device (read only by the messages)."""
+    `check_window`), whether the sequences are packed (``cu_seqlens``), q's dtype and
+    device (read only by the messages), and for packed calls the number of sequences and the
+    longest query and key sequence (0 otherwise)."""
 
     B: int
     H: int
@@ -69,15 +74,21 @@ class Call(NamedTuple):
     packed: bool = False
     dtype: object = ""
     device: object = ""
+    n_seq: int = 0
+    max_q: int = 0
+    max_k: int = 0
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool, window: int | None,
            packed: Packed | None = None) -> Call:
         B, H, s_q, d = q.shape
         ks = k.shape
+        n_seq, max_q, max_k = ((0, 0, 0) if packed is None
+                               else (packed.n_seq, packed.max_q, packed.max_k))
         # tuple.__new__ directly: the generated __new__ costs as much again, on every call
         return tuple.__new__(cls, (B, H, ks[1], s_q, ks[2], d, q.element_size(), bool(causal),
-                                   window, packed is not None, q.dtype, q.device))
+                                   window, packed is not None, q.dtype, q.device, n_seq, max_q,
+                                   max_k))
 
 
 class Abilities(NamedTuple):
@@ -197,20 +208,24 @@ def _use_desc(call: Call, force: bool | None, can: Abilities) -> bool:
 def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> ForwardRoute:
     """Which forward runs ``call`` (module docstring).
 
-    Packed sequences run the Triton kernel with pointer loads (``sm90`` or ``use_desc`` set
-    raises). A windowed call runs the Triton kernel (the Gluon forward has no window:
-    ``sm90=True`` raises). Otherwise ``config.sm90`` True runs the Gluon forward (raises where
-    it cannot run), False the Triton one; None the rule: on a Hopper GPU whose Gluon forward
-    takes the tensors (fp16/bf16, d = 64 or 128, layouts the copy engine reads), where
+    A windowed call runs the Triton kernel (the Gluon forward has no window: ``sm90=True``
+    raises). Otherwise ``config.sm90`` True runs the Gluon forward (raises where it cannot
+    run), False the Triton one; None the rule: on a Hopper GPU whose Gluon forward takes the
+    tensors (fp16/bf16, d = 64 or 128, layouts the copy engine reads), where
     `fwd_sm90.default_schedule` has a schedule (d = 128 at any length, d = 64 when both
-    lengths exceed 2,048, 4,096 when causal), unless SETTINGS.sm90 is off."""
+    lengths exceed 2,048, 4,096 when causal), unless SETTINGS.sm90 is off.
+
+    Packed sequences (``cu_seqlens``) follow the same rule with the longest query and key
+    sequence as the lengths (the long sequences carry most of a batch's work) and run
+    `fwd_sm90.attention_forward_sm90_packed`, where sequences x heads fit the grid's second
+    dimension (`GRID_Y_MAX`); else the Triton kernel with pointer loads (``use_desc`` set
+    raises: its descriptors' row view would cross into the next sequence). Windowed packed
+    calls stay on the Triton kernel, as windowed dense ones."""
     tiles = None if config is None or config.tiles is None else config.tiles.meta()
-    if call.packed:
-        if config is not None and (config.sm90 or config.use_desc):
-            raise ValueError("packed sequences (cu_seqlens) run the portable Triton forward "
-                             f"with pointer loads; got sm90={config.sm90}, use_desc="
-                             f"{config.use_desc}: leave them unset (None) or False")
-        return ForwardRoute("triton", tiles)
+    if call.packed and config is not None and config.use_desc:
+        raise ValueError("packed sequences (cu_seqlens) run the portable Triton forward with "
+                         f"pointer loads; got use_desc={config.use_desc}: leave it unset "
+                         "(None) or False")
     forced = None if config is None else config.sm90
     if call.window is not None:
         if forced:
@@ -218,10 +233,16 @@ def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> Fo
                              "Hopper Gluon forward has no sliding window (windowed calls run "
                              "the portable Triton forward): leave sm90 unset or False")
     elif forced is not False:
-        ok = can.sm90_fwd
+        ok = can.sm90_fwd and (not call.packed or call.n_seq * call.H <= GRID_Y_MAX)
         if forced:
             if not ok:
                 raise ValueError(
+                    "sm90=True was asked for, but the Hopper forward cannot run here (it needs "
+                    "Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, head dim in "
+                    f"{fwd_sm90.HEAD_DIMS if fwd_sm90 else (64, 128)}, 16-byte aligned "
+                    "strides with unit last stride, and for packed sequences at most "
+                    f"{GRID_Y_MAX} sequences x heads; got {call.n_seq} x {call.H})"
+                    if call.packed else
                     "sm90=True was asked for, but the Hopper forward cannot run here (it needs "
                     "Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, head dim in "
                     f"{fwd_sm90.HEAD_DIMS if fwd_sm90 else (64, 128)} and 16-byte aligned "
@@ -230,9 +251,12 @@ def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> Fo
                                 sm90_block_n=config.sm90_block_n,
                                 sm90_consumers=config.sm90_consumers)
         if ok and SETTINGS.sm90:
-            schedule = fwd_sm90.default_schedule(call.d, call.s_q, call.s_k, call.causal)
+            s_q, s_k = (call.max_q, call.max_k) if call.packed else (call.s_q, call.s_k)
+            schedule = fwd_sm90.default_schedule(call.d, s_q, s_k, call.causal)
             if schedule is not None:
                 return ForwardRoute("sm90", sm90_consumers=schedule[0], sm90_stages=schedule[1])
+    if call.packed:
+        return ForwardRoute("triton", tiles)
     force = None if config is None else config.use_desc
     return ForwardRoute("triton", tiles, _use_desc(call, force, can))
 
@@ -260,6 +284,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     window = check_window(window, causal, q.shape[2])
     route = forward_route(Call.of(q, k, causal, window, packed), config, probe(q, k, v))
     if route.kernel == "sm90":
+        if packed is not None:
+            return fwd_sm90.attention_forward_sm90_packed(q, k, v, causal, scale * LOG2E,
+                                                          packed, route.sm90_stages,
+                                                          route.sm90_block_n,
+                                                          route.sm90_consumers)
         return fwd_sm90.attention_forward_sm90(q, k, v, causal, scale * LOG2E,
                                                route.sm90_stages, route.sm90_block_n,
                                                route.sm90_consumers)
