@@ -21,9 +21,13 @@ HOPPER = route.Abilities(sm90_fwd=True, sm90_bwd=True, hopper=True, desc_layout=
 
 
 def call(B=1, H=32, H_kv=32, s_q=4096, s_k=None, d=128, elem=2, causal=True, window=None,
-         packed=False) -> route.Call:
-    return route.Call(B, H, H_kv, s_q, s_q if s_k is None else s_k, d, elem, causal, window,
-                      packed, "torch.bfloat16", "cuda:0")
+         packed=False, n_seq=4, max_q=None, max_k=None) -> route.Call:
+    """A call's shape; packed: s_q, s_k are the totals, the longest sequences default to
+    them, over n_seq sequences."""
+    s_k = s_q if s_k is None else s_k
+    extra = (n_seq, max_q or s_q, max_k or max_q or s_k) if packed else (0, 0, 0)
+    return route.Call(B, H, H_kv, s_q, s_k, d, elem, causal, window, packed, "torch.bfloat16",
+                      "cuda:0", *extra)
 
 
 def needs_gluon():
@@ -46,7 +50,8 @@ def needs_gluon():
     (dict(d=128, s_q=4096, elem=4), HOPPER._replace(sm90_fwd=False),
      ("triton", False, None, None)),  # fp32: pointer loads
     (dict(d=128, s_q=4096), CPU, ("triton", False, None, None)),
-    (dict(d=128, s_q=4096, packed=True), HOPPER, ("triton", False, None, None)),
+    (dict(d=128, s_q=4096, packed=True), HOPPER, ("sm90", None, 2, 2)),  # packed: Hopper too
+    (dict(d=128, s_q=4096, packed=True), CPU, ("triton", False, None, None)),
 ])
 def test_forward_default_route(kw, can, want):
     needs_gluon()
@@ -71,8 +76,8 @@ def test_forward_config_forces_and_refuses():
         route.forward_route(call(window=3), KernelConfig(sm90=True), HOPPER)
     with pytest.raises(ValueError, match="use_desc=True was asked for"):
         route.forward_route(c, KernelConfig(use_desc=True), CPU)
-    with pytest.raises(ValueError, match="packed sequences .* sm90=True"):
-        route.forward_route(call(packed=True), KernelConfig(sm90=True), HOPPER)
+    with pytest.raises(ValueError, match="packed sequences .* use_desc=True"):
+        route.forward_route(call(packed=True), KernelConfig(use_desc=True), HOPPER)
 
 
 def test_forward_settings_turn_the_defaults_off(monkeypatch):
