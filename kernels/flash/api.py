@@ -200,10 +200,13 @@ def flash_attention(
     FlashAttention's varlen layout q (total_q, H, d), k, v (total_k, H_kv, d); the output
     has q's layout. The longest sequence, which sizes the grid, is read from cu_seqlens on
     the host (one device-to-host copy per cu_seqlens tensor: the lengths are remembered while
-    that tensor lives and is not modified, so the layers of one model step pay it once). A
-    packed call runs the portable Triton kernels (the Hopper Gluon kernels take no packed
-    sequences) with the two-kernel backward and no GQA split; its memory, beyond q, k, v
-    (and dO), is that of one batch of the packed totals (`varlen_bytes`):
+    that tensor lives and is not modified, so the layers of one model step pay it once). On
+    a Hopper GPU the forward of a packed call without a window runs the Gluon kernel's packed
+    form where the dense rule above would run it for the longest sequence (d = 128; d = 64
+    past 2,048 keys and queries, 4,096 causal; ``KernelConfig(sm90=...)`` forces either way;
+    `fwd_sm90.attention_forward_sm90_packed`), else the portable Triton forward; the backward
+    is the portable two-kernel one with no GQA split. Its memory, beyond q, k, v (and dO), is
+    that of one batch of the packed totals (`varlen_bytes`), whichever forward runs:
       forward:            H*total_q*(d*e + 4)
       forward + backward: 2*H*total_q*d*e + 2*H_kv*total_k*d*e + 8*H*total_q
     whatever the lengths (`calc.peak.varlen_peak_bytes` counts the allocator's blocks).

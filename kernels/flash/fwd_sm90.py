@@ -61,12 +61,28 @@ them, 0.78-0.92x with half, on the H200, and is gone (kernels/flash/NOTES.md, "E
 the forward" and "DQ_FLAT kept, the others deleted").
 
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
-default at d = 128, and at d = 64 for long sequences). Everything else (and every other GPU)
+default at d = 128, and at d = 64 for long sequences; packed calls by the same rule on their
+longest sequence). Everything else (and every other GPU)
 uses ``fwd.py``. So does a causal sliding window (``flash_attention(..., window=W)``): this
 kernel's loader streams key blocks from 0 and its consumers mask only the diagonal and the
 tail; skipping the blocks below the window and masking its edge would change the loader's
 ring indexing and add a third consumer loop, which has not been run on a GPU, so
 `route.forward_route` sends windowed calls to the Triton forward (which skips them).
+
+Packed sequences (``flash_attention(..., cu_seqlens=...)``) run a sibling kernel,
+``attn_fwd_sm90_varlen_kernel``, over the same partitions (FlashAttention-3's varlen forward,
+Shah et al., arXiv 2407.08608, and its ``hopper/`` code, has this structure): the grid is
+(query tiles of the longest sequence, sequences x heads), as the portable varlen kernels'; a
+program reads its sequence's first rows and lengths from cu_seqlens and returns at once past
+its end. The descriptors cover the whole packed (1, H, total, d) tensors, so a tile running
+past its sequence's end reads the next sequence's rows: its keys are masked as the ragged
+tail's are (columns past the sequence's s_k score -inf, so those V rows get weight 0), its
+queries' rows are computed and never stored. A consumer whose 64 rows all lie inside the
+sequence stores O with one bulk copy, as above; the half where the sequence ends stores its
+rows with masked register stores (a bulk copy would overwrite the next sequence's rows,
+which another program owns), and lse2 is stored per row under a mask. The outputs (O
+(1, H, total_q, d), lse2 (1, H, total_q)) are those of ``fwd.packed_forward``, which
+``bwd.packed_backward`` reads.
 """
 
 from __future__ import annotations
@@ -303,10 +319,10 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
             o_col: gl.constexpr = gl.SliceLayout(0, o_layout)
             rows_o = row0 + gl.arange(0, HALF, o_row)
             cols_o = gl.arange(0, HEAD_D, o_col)
-            offs = (gl.expand_dims(row_base + rows_o, 1) * HEAD_D
-                    + gl.expand_dims(cols_o, 0))
+            # one 64-bit base, 32-bit offsets inside the sequence (s_q * d < 2^31)
+            offs = gl.expand_dims(rows_o, 1) * HEAD_D + gl.expand_dims(cols_o, 0)
             keep = (gl.expand_dims(rows_o, 1) < s_q) & (gl.expand_dims(cols_o, 0) < HEAD_D)
-            gl.store(O + offs, acc.to(DTYPE), mask=keep)
+            gl.store(O + row_base * HEAD_D + offs, acc.to(DTYPE), mask=keep)
     else:
         gl.store(LSE2 + bh.to(gl.int64) * s_q + rows, m_i + gl.log2(l_i), mask=rows < s_q)
         # O leaves through this half's Q buffer (its last reader, S_{n-1}, has completed).
