@@ -6,6 +6,8 @@
     python -m kernels.bench --graphs --modes fwd_bwd --kv-heads 8   # GQA 4:1, GPU time only
     python -m kernels.bench --impls triton sdpa_cudnn sdpa_flash fa4 --preset anchors --rounds 3
     python -m kernels.bench --impls triton sdpa_cudnn sdpa_flash fa4 --preset training --rounds 3
+    python -m kernels.bench --preset training --packed-only --impls triton triton_generic \
+        sdpa_cudnn fa4 --rounds 3        # the 4 packed batches only: Hopper vs portable forward
     python -m kernels.bench --summarize part1.csv part2.csv   # tables + summary, no GPU
 
 For each (dtype, head dim, H_kv, causal, forward | forward+backward, s) every implementation
@@ -477,6 +479,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "figures plus fp16 at d=128, s=4096; targets: the backward's "
                         "32 target shapes; training: issue 31's 36 dense shapes with their own "
                         "batch and 4 packed batches, then the summary over the grid)")
+    p.add_argument("--packed-only", action="store_true",
+                   help="with --preset training: time its packed batches only, not the dense "
+                        "shapes (triton_generic there is the portable packed forward, "
+                        "triton_sm90_3wg the Hopper one with three warpgroups at d = 64)")
     p.add_argument("--part", default=None, metavar="K/N",
                    help="run only part K of N of the shapes (every N-th, from the K-th; packed "
                         "batches alike), e.g. 1/2 and 2/2 in two calls; --summarize joins them")
@@ -506,9 +512,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.shapes = list(PRESETS[args.preset])
         if args.preset == "training":
             args.packed = list(training.PACKED)
+    if args.packed_only:
+        if not args.packed:
+            p.error("--packed-only keeps the packed batches of --preset training: give "
+                    "--preset training")
+        args.shapes = []
     if args.part is not None:
         k, n = _parse_part(args.part, p)
-        if not args.shapes:
+        if args.shapes is None:
             p.error("--part K/N splits a --preset or --shapes list: give one of them")
         args.shapes = args.shapes[k - 1::n]
         args.packed = args.packed[k - 1::n]
@@ -516,7 +527,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--part {args.part}: no shape falls in that part; N is larger than the list")
     if any(sh.batch for sh in args.shapes or ()) and args.batch != p.get_default("batch"):
         p.error(f"--batch {args.batch}: these shapes give their own batch (b=...); drop --batch")
-    if args.shapes:
+    if args.shapes is not None:  # a list (--shapes, --preset), not the cross product
         crossed = [f"--{n.replace('_', '-')}" for n in ("dtypes", "dims", "seqs", "causal",
                                                         "kv_heads", "quick")
                    if getattr(args, n) != p.get_default(n)]

@@ -16,7 +16,10 @@ with int32 cumulative starts, causal, bf16. Each implementation runs its own var
 path on the same tensors:
 
 - ours: ``flash_attention(q, k, v, causal, cu_seqlens=cu)`` in FlashAttention's (total, H, d)
-  varlen layout (kernels/flash/api.py);
+  varlen layout (kernels/flash/api.py); ``triton_generic`` forces the portable packed forward
+  (``KernelConfig(sm90=False)``) beside the route's choice, ``triton_sm90_3wg`` the Hopper
+  packed forward with three warpgroups (d = 64); ``--packed-only`` times these batches
+  without the dense grid;
 - ``fa4``: ``flash_attn.cute.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
   max_seqlen_q, max_seqlen_k, causal=...)`` (``registry.fa4_varlen``; signature from
   Dao-AILab/flash-attention, flash_attn/cute/interface.py);
@@ -161,14 +164,18 @@ def packed_fn(name: str, cu, lengths: Sequence[int], device: str = "cuda"):
 
     longest = max(lengths)
     if name in ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd"):
-        from kernels.bench.speed import GENERIC
+        from kernels.bench.speed import GENERIC, SM90_3WG
         from kernels.flash.api import flash_attention
 
-        config = {"triton": None, "triton_generic": GENERIC}.get(name, False)
-        if config is False:  # the Hopper-only variants: a packed call runs the portable kernels
+        # "triton": the route's forward (the Hopper packed forward where it applies);
+        # "triton_generic": the portable packed forward; "triton_sm90_3wg": the Hopper packed
+        # forward with three warpgroups (d = 64 only: the call refuses other head dims)
+        config = {"triton": None, "triton_generic": GENERIC,
+                  "triton_sm90_3wg": SM90_3WG}.get(name, False)
+        if config is False:  # the Hopper backward: packed calls run the portable backward
             def refused(q, k, v, causal, name=name):
-                raise ValueError(f"{name}: packed sequences run the portable Triton kernels "
-                                 "only (kernels/flash/api.py)")
+                raise ValueError(f"{name}: packed sequences run the portable Triton backward "
+                                 "only (kernels/flash/route.py, backward_route)")
             return refused
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, cu_seqlens=cu,
                                                        config=config)

@@ -286,3 +286,47 @@ def test_packed_path_runs_our_kernel_under_the_interpreter(tmp_path):
         status, rel, ms = got[("triton", mode)]
         assert status == "ok" and rel < 1e-2 and ms == 0.25
         assert got[("sdpa_math", mode)][0].startswith("unavailable: ")
+
+
+def test_packed_only_keeps_the_packed_batches():
+    """--packed-only with --preset training: no dense shape, the four packed batches (split by
+    --part as before); without the training preset it is refused in one line."""
+    args = bench.parse_args(["--preset", "training", "--packed-only"])
+    assert args.shapes == [] and bench.shapes_of(args) == []
+    assert [b.name for b in args.packed] == [b.name for b in training.PACKED]
+    half = bench.parse_args(["--preset", "training", "--packed-only", "--part", "2/2"])
+    assert half.shapes == [] and half.packed == list(training.PACKED)[1::2]
+    for argv in (["--packed-only"], ["--preset", "anchors", "--packed-only"]):
+        with pytest.raises(SystemExit) as info:
+            bench.parse_args(argv)
+        assert info.value.code == 2
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--preset", "training", "--packed-only", "--dims", "64"])
+
+
+def test_packed_variants_of_our_kernel():
+    """On packed batches: triton_generic forces the portable forward, triton_sm90_3wg the
+    Hopper one with three warpgroups; triton_sm90_bwd is refused with its reason (packed calls
+    run the portable backward)."""
+    from kernels.flash.config import KernelConfig
+
+    seen = []
+    real = training.packed_fn
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    import kernels.flash.api as api
+
+    def fake_fa(q, k, v, causal=False, **kw):
+        seen.append(kw["config"])
+        return q
+
+    orig = api.flash_attention
+    api.flash_attention = fake_fa
+    try:
+        for name in ("triton", "triton_generic", "triton_sm90_3wg"):
+            real(name, cu, (3, 5), "cpu")(cu, cu, cu, True)
+    finally:
+        api.flash_attention = orig
+    assert seen == [None, KernelConfig(sm90=False),
+                    KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)]
+    with pytest.raises(ValueError, match="triton_sm90_bwd: packed sequences run the portable"):
+        real("triton_sm90_bwd", cu, (3, 5), "cpu")(cu, cu, cu, True)
