@@ -142,32 +142,38 @@ def check_packed_sm90(lens, H, H_kv, d, causal, dtype, config, flat=False):
     q, k, v, do = _packed(lens, H, H_kv, d, dtype)
     cu = _starts(lens)
     starts = cu.tolist()
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    T = sum(lens)
+    if flat:  # FlashAttention's (T, H, d), contiguous: the kernel gets its transposed view
+        leaves = [t[0].transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
+        views = [t.detach().transpose(0, 1).unsqueeze(0) for t in leaves]
+        assert views[0].stride()[1:] == (d, H * d, 1)
+    else:
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        views = [q, k, v]
     with poison_empty(), counting_packed_sm90() as calls:
-        if flat:  # FlashAttention's (T, H, d): the kernel gets transposed views
-            out = flash_attention(*(t[0].transpose(0, 1) for t in leaves), causal=causal,
-                                  cu_seqlens=cu, config=config)
-            assert out.shape == (sum(lens), H, d)
+        out = flash_attention(*leaves, causal=causal, cu_seqlens=cu, config=config)
+        if flat:
+            assert out.shape == (T, H, d)
+            out.backward(do[0].transpose(0, 1))
             out = out.transpose(0, 1).unsqueeze(0)
         else:
-            out = flash_attention(*leaves, causal=causal, cu_seqlens=cu, config=config)
-        out.backward(do)
+            out.backward(do)
         packed = Packed(cu, cu, max(lens), max(lens))
-        o2, lse2 = route.attention_forward(q, k, v, causal, 1 / math.sqrt(d), config, None,
+        o2, lse2 = route.attention_forward(*views, causal, 1 / math.sqrt(d), config, None,
                                            packed)
     assert len(calls) == 2, "the packed calls did not run the Hopper packed forward"
+    grads = [t.grad.transpose(0, 1).unsqueeze(0) if flat else t.grad for t in leaves]
     ref, ref_lse, ref_grads = _reference(q, k, v, do, starts, causal, torch.float32)
     base, _, base_grads = _reference(q, k, v, do, starts, causal, dtype)
     assert out.dtype == dtype
     _within("out", out.detach(), ref, base, FLOOR[dtype])
     _within("out (second call)", o2, ref, base, FLOOR[dtype])
-    assert lse2.shape == (1, H, sum(lens)) and lse2.dtype == torch.float32
+    assert lse2.shape == (1, H, T) and lse2.dtype == torch.float32
     # lse2 from the same 16-bit q, k with fp32 products and sums: only the summation order
     # and exp2's approximation differ from the fp32 reference (a masking error moves it by
     # O(0.1) or more)
     torch.testing.assert_close(lse2, ref_lse.float(), atol=2e-3, rtol=0)
-    for name, gr, r, b in zip(("dq", "dk", "dv"), [t.grad for t in leaves], ref_grads,
-                              base_grads, strict=True):
+    for name, gr, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads, strict=True):
         _within(name, gr, r, b, FLOOR[dtype])
 
 
@@ -186,8 +192,8 @@ def test_gpu_packed_sm90_matches_reference(dtype, flat, d, causal):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("flat", [False, True], ids=["bhsd", "flat"])
+@pytest.mark.parametrize("flat,causal", [(False, True), (True, False)],
+                         ids=["bhsd_causal", "flat_full"])
 def test_gpu_packed_sm90_three_warpgroups_match_reference(flat, causal):
     """Three consumer warpgroups (192-row tiles, the d = 64 default past 2,048/4,096)."""
     from kernels.flash.config import KernelConfig
