@@ -236,17 +236,13 @@ def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> Fo
         ok = can.sm90_fwd and (not call.packed or call.n_seq * call.H <= GRID_Y_MAX)
         if forced:
             if not ok:
+                packed = (f", and for packed sequences at most {GRID_Y_MAX} sequences x heads; "
+                          f"got {call.n_seq} x {call.H}" if call.packed else "")
                 raise ValueError(
                     "sm90=True was asked for, but the Hopper forward cannot run here (it needs "
                     "Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, head dim in "
-                    f"{fwd_sm90.HEAD_DIMS if fwd_sm90 else (64, 128)}, 16-byte aligned "
-                    "strides with unit last stride, and for packed sequences at most "
-                    f"{GRID_Y_MAX} sequences x heads; got {call.n_seq} x {call.H})"
-                    if call.packed else
-                    "sm90=True was asked for, but the Hopper forward cannot run here (it needs "
-                    "Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, head dim in "
                     f"{fwd_sm90.HEAD_DIMS if fwd_sm90 else (64, 128)} and 16-byte aligned "
-                    "strides with unit last stride)")
+                    f"strides with unit last stride{packed})")
             return ForwardRoute("sm90", sm90_stages=config.sm90_stages,
                                 sm90_block_n=config.sm90_block_n,
                                 sm90_consumers=config.sm90_consumers)
