@@ -289,12 +289,15 @@ def _qualname(fn: Any) -> str:
 
 def _packed_request(kw: dict[str, Any]) -> tuple[Any, int | None] | None:
     """(transformers' packed sequence ids (B, s), the window or None) when a mask request is
-    exactly create_causal_mask's or create_sliding_window_causal_mask's packed-sequence mask:
-    and_masks(remap_positions_for_packed_sequence(causal [+ window]),
-    packed_sequence_mask_function(ids)) with no padding mask, nothing added (no and/or mask
-    function, no block overlay) and queries = keys; None for anything else, which is then
-    materialised and refused. Read from the mask functions' closures (transformers 5.x
-    masking_utils); another structure reads as None, so the check fails closed."""
+    exactly create_causal_mask's or create_sliding_window_causal_mask's packed-sequence mask
+    with no padding mask, nothing added (no and/or mask function, no block overlay) and
+    queries = keys; None for anything else, which is then materialised and refused. Two
+    structures are read from the mask functions' closures (transformers' masking_utils):
+    and_masks(causal [+ window], packed_sequence_mask_function(ids)) (5.17: the causal mask on
+    the row's positions, which within one contiguous sequence is the sequence's own causal
+    mask) and and_masks(remap_positions_for_packed_sequence(causal [+ window]),
+    packed_sequence_mask_function(ids)) (later 5.x); another structure reads as None, so the
+    check fails closed."""
     from transformers.masking_utils import causal_mask_function
 
     fn = kw.get("mask_function")
@@ -303,12 +306,14 @@ def _packed_request(kw: dict[str, Any]) -> tuple[Any, int | None] | None:
     parts = _closure(fn).get("mask_functions")
     if not isinstance(parts, tuple) or len(parts) != 2:
         return None
-    remap, packed = parts
-    if (_qualname(remap) != "remap_positions_for_packed_sequence.<locals>.inner_mask"
-            or _qualname(packed) != "packed_sequence_mask_function.<locals>.inner_mask"):
+    first, packed = parts
+    if _qualname(packed) != "packed_sequence_mask_function.<locals>.inner_mask":
         return None
     ids = _closure(packed).get("packed_sequence_mask")
-    base = _closure(remap).get("mask_function")
+    if _qualname(first) == "remap_positions_for_packed_sequence.<locals>.inner_mask":
+        base = _closure(first).get("mask_function")
+    else:
+        base = first
     if ids is None or getattr(ids, "dim", lambda: 0)() != 2:
         return None
     if kw.get("q_length") != kw.get("kv_length") or kw.get("q_length") != ids.shape[1]:
