@@ -532,6 +532,7 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]])
                       for p, lab, x in first.activation_terms]), hide_index=True)
 
 fit_rows = []
+never_any = False
 for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
     s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
@@ -544,7 +545,8 @@ for a in steps:
     elif n_need:
         need_text = f"{n_need:,}"
     elif never_fits(choice, gpu_bytes, batch, seq_len, ka_need):
-        need_text = "never fits: one replica's activations alone exceed the GPU"
+        need_text = "never fits"  # why: the caption under the table (a long cell is cut off)
+        never_any = True
     else:
         need_text = "more than 1,024"
     fit_rows.append({"attention": TRAIN_ATTENTION_LABELS[a],
@@ -553,6 +555,9 @@ for a in steps:
                          need_text})
 st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
 c.table(pd.DataFrame(fit_rows), hide_index=True)
+if never_any:
+    st.caption("*Never fits*: one replica's activations alone exceed the GPU, so no number of "
+               "GPUs fits (ZeRO-3 shards weights, gradients and optimizer state, not activations).")
 
 side_by_side_section()
 

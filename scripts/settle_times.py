@@ -72,26 +72,37 @@ def page_paths() -> list[str]:
     return ["/" if default else f"/{path}" for path, default in found]
 
 
-def load_once(context, url: str, quiet_ms: int, timeout_s: float = 60) -> tuple[float, float]:
-    """Open url in a new tab of `context`; (first number, settled), in seconds of the page's
-    own clock from the navigation's start (see the module docstring)."""
-    page = context.new_page()
+def track_requests(page) -> set:
+    """The page's requests in flight (a set kept up to date by the page's events)."""
     in_flight: set = set()
     page.on("request", lambda r: in_flight.add(r))
     page.on("requestfinished", lambda r: in_flight.discard(r))
     page.on("requestfailed", lambda r: in_flight.discard(r))
+    return in_flight
+
+
+def settle(page, in_flight: set, quiet_ms: int, timeout_s: float = 60) -> tuple[float, float]:
+    """Wait until a page opened in a context with WATCH_JS has settled (module docstring);
+    (first number, settled) in seconds of the page's clock from the navigation's start."""
+    page.wait_for_selector(FIRST, timeout=timeout_s * 1000)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        now, last, first, running = page.evaluate(STATE_JS)
+        # the session's websocket stays open: it is not a load in flight
+        busy = running or any(r.resource_type != "websocket" for r in in_flight)
+        if not busy and first is not None and now - last >= quiet_ms:
+            return first / 1000, last / 1000
+        page.wait_for_timeout(50)
+    raise RuntimeError(f"{page.url} did not settle within {timeout_s:.0f} s")
+
+
+def load_once(context, url: str, quiet_ms: int) -> tuple[float, float]:
+    """Open url in a new tab of `context`; (first number, settled) as `settle` gives them."""
+    page = context.new_page()
+    in_flight = track_requests(page)
     try:
         page.goto(url, wait_until="commit")
-        page.wait_for_selector(FIRST, timeout=timeout_s * 1000)
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            now, last, first, running = page.evaluate(STATE_JS)
-            # a websocket stays open for the session: it is not a load in flight
-            busy = running or any(r.resource_type != "websocket" for r in in_flight)
-            if not busy and first is not None and now - last >= quiet_ms:
-                return first / 1000, last / 1000
-            page.wait_for_timeout(50)
-        raise RuntimeError(f"{url} did not settle within {timeout_s:.0f} s")
+        return settle(page, in_flight, quiet_ms)
     finally:
         page.close()
 
@@ -108,8 +119,9 @@ def browser() -> Iterator:
             b.close()
 
 
-def _context(b):
-    ctx = b.new_context(viewport={"width": 1280, "height": 900})
+def watched_context(b, width: int = 1280, height: int = 900):
+    """A browser context whose pages carry WATCH_JS."""
+    ctx = b.new_context(viewport={"width": width, "height": height})
     ctx.add_init_script(WATCH_JS)
     return ctx
 
@@ -119,12 +131,12 @@ def measure(url: str, paths: list[str], repeat: int, quiet_ms: int,
     """(first number, settled) per load, per page path."""
     out: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
     with browser() as b:
-        shared = _context(b) if warm else None
+        shared = watched_context(b) if warm else None
         if shared is not None:  # a returning user: the bundles are in the cache already
             load_once(shared, url + "/score_matrix", quiet_ms)
         for path in paths:
             for _ in range(repeat):
-                ctx = shared or _context(b)
+                ctx = shared or watched_context(b)
                 out[path].append(load_once(ctx, url + path, quiet_ms))
                 if shared is None:
                     ctx.close()
