@@ -31,6 +31,11 @@ SIZES = ((1280, 800), (1920, 1080))
 MAX_HEIGHT = 8000
 OUT = ROOT / "docs" / "screenshots"
 
+#: The page's full height: Streamlit scrolls inside stMain, so the window's own height is not it.
+HEIGHT_JS = """() => { const m = document.querySelector('[data-testid="stMain"]');
+  const inner = m.querySelector('[data-testid="stMainBlockContainer"]');
+  return Math.ceil(Math.max(m.scrollHeight, inner ? inner.getBoundingClientRect().bottom : 0)); }"""
+
 OPEN_EXPANDERS_JS = """() => document.querySelectorAll(
     '[data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click())"""
 
@@ -70,14 +75,18 @@ def shoot(b, url: str, name: str, width: int, height: int, out: Path, quiet_ms: 
             page.evaluate(OPEN_EXPANDERS_JS)
             page.wait_for_timeout(200)
             settle_times.settle(page, in_flight, quiet_ms)
-        tall = page.evaluate(
-            "() => document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-        page.set_viewport_size({"width": width, "height": min(max(tall, height), MAX_HEIGHT)})
-        settle_times.settle(page, in_flight, quiet_ms)
+        shown = height
+        for _ in range(4):  # a taller window can lay the page out anew: until the height holds
+            tall = min(max(page.evaluate(HEIGHT_JS), height), MAX_HEIGHT)
+            if tall == shown:
+                break
+            shown = tall
+            page.set_viewport_size({"width": width, "height": shown})
+            settle_times.settle(page, in_flight, quiet_ms)
         path = out / f"{name}_{width}.png"
         size = save_small(page.screenshot(), path)
         print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
-              f"{width}×{min(max(tall, height), MAX_HEIGHT)}, {size / 1e3:,.0f} kB")
+              f"{width}×{shown}, {size / 1e3:,.0f} kB")
         return path
     finally:
         ctx.close()
