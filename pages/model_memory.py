@@ -295,6 +295,6 @@ with st.container():
         "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
         "one after another, so only one layer's scores exist at a time."
     )
-st.caption(f"{c.COMPUTED}. Formulas: the table above (calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
+st.caption(f"{c.COMPUTED}. Formulas: the list above (calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
 
 c.sync_url(used)
