@@ -132,8 +132,9 @@ with right:
     c.table(rows_df, hide_index=True)
     st.latex(r"m' = \max\big(m,\ \max_{j \in \text{tile}} S_{ij}\big)")
     st.latex(r"\ell' = e^{m-m'}\,\ell + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}")
-    st.latex(r"O' = e^{m-m'}\,O + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}\,V_j"
-             r"\quad\text{(output: } O/\ell\text{)}")
+    # the output on a line of its own: beside O' it ran past the column at 1280 px
+    st.latex(r"O' = e^{m-m'}\,O + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}\,V_j")
+    st.latex(r"\text{output: } O/\ell")
     st.caption(
         f"{tr} query blocks × {tr} key blocks = {len(tiles)} tiles"
         + (f", {skipped} skipped by the causal mask" if causal else "")

@@ -150,9 +150,11 @@ else:
     s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
                            tuple(sorted(dict(kw, attention=attn).items())))
     if s_max:
-        cols[2].metric(f"Longest prompt that fits ({new_tokens:,} new token{'s' if new_tokens > 1 else ''})", f"{s_max:,} tokens",
+        # the label stays short enough for a third of a 1280 px page (issue 32: it was cut off)
+        cols[2].metric(f"Longest prompt (+{new_tokens:,} new)", f"{s_max:,} tokens",
                        help=f"{c.COMPUTED}: calc.max_inference_seq_len, an exact integer search "
-                            "over the prompt length.")
+                            f"over the prompt length, with {new_tokens:,} new "
+                            f"token{'s' if new_tokens > 1 else ''} generated after it.")
         if ctx and s_max + new_tokens - 1 > ctx:
             cols[2].info(f"{s_max:,} + {new_tokens:,} tokens pass the {ctx:,} tokens this "
                          "model was trained for: the memory fits, the model may not work there.")

@@ -284,14 +284,17 @@ if state:
         f"{state_formula(model)}."
     )
 with st.container():
-    shown = table.copy()
+    # The formulas go under the grid, not in it: the attention one is longer than a 1920 px
+    # page is wide, and the grid cuts a cell off (the CSV download keeps them in a column).
+    shown = table.drop(columns="formula (computed)")
     for i in impls:
         shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))
     c.table(shown, hide_index=True)
+    st.markdown("\n".join(f"- **{c.md_escape(p)}** (computed): {c.md_escape(formulas[p])}" for p in names))
     st.caption(
         "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
         "one after another, so only one layer's scores exist at a time."
     )
-st.caption(f"{c.COMPUTED}. Formulas: the table above (calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
+st.caption(f"{c.COMPUTED}. Formulas: the list above (calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
 
 c.sync_url(used)

@@ -43,6 +43,13 @@ from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoicePara
 S_MAX_CHOICES = tuple(str(1 << p) for p in range(10, 25))  # 1K .. 16M
 DEFAULT_GPUS = tuple(g for g in ("NVIDIA RTX 4090 24GB", "NVIDIA H100 80GB", "NVIDIA H200 141GB") if g in GPUS)
 
+
+def overlaps(a: list[int], b: list[int]) -> bool:
+    """Within 3% at every point: one curve would hide the other (masked_fill and masked_fill_
+    often coincide); the later one is then drawn dashed with open markers, so both show."""
+    return len(a) == len(b) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(a, b, strict=True))
+
+
 SPECS = {
     "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS),
     "b": IntParam(1, 1, 65_536),
@@ -154,10 +161,6 @@ with main:
     traces = []
     drawn: list[list[int]] = []  # curves already drawn (masked_fill and masked_fill_ often coincide)
 
-    def overlaps(a: list[int], b: list[int]) -> bool:
-        """Within 3% at every s: one curve would hide the other on these log axes."""
-        return len(a) == len(b) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(a, b, strict=True))
-
     for impl, part in df.groupby("impl", sort=False):
         label = IMPL_LABELS.get(impl, impl)
         ys = part["peak_bytes"].tolist()
@@ -232,17 +235,23 @@ by = c.radio("Vary", "by", SPECS["by"], where=cols[0])
 s2 = c.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
 df2 = param_sweep(by, tuple(impls), s2, b, h, d, dtype, causal, bwd)
 other = f"H = {h}" if by == "batch" else f"B = {b}"
+traces2 = []
+drawn2: list[list[int]] = []
+for impl, part in df2.groupby("impl", sort=False):
+    ys = part["peak_bytes"].tolist()
+    under = any(overlaps(ys, o) for o in drawn2)
+    drawn2.append(ys)
+    traces2.append(dict(
+        type="scatter", x=part[by].tolist(), y=[c.in_unit(v, unit) for v in ys],
+        mode="lines+markers", name=IMPL_LABELS.get(impl, impl),
+        line=dict(color=c.impl_color(impl), dash="dash" if under else "solid"),
+        marker=dict(symbol="circle-open", size=9) if under else {},
+        customdata=[f"{v:,}" for v in ys],
+        hovertemplate=f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>{by} = %{{x}}<br>%{{y:,.4g}} {unit}"
+        "<br>%{customdata} bytes<extra></extra>",
+    ))
 fig2 = c.figure(
-    [
-        dict(
-            type="scatter", x=part[by].tolist(), y=[c.in_unit(v, unit) for v in part["peak_bytes"].tolist()],
-            mode="lines+markers", name=IMPL_LABELS.get(impl, impl), line=dict(color=c.impl_color(impl)),
-            customdata=[f"{v:,}" for v in part["peak_bytes"].tolist()],
-            hovertemplate=f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>{by} = %{{x}}<br>%{{y:,.4g}} {unit}"
-            "<br>%{customdata} bytes<extra></extra>",
-        )
-        for impl, part in df2.groupby("impl", sort=False)
-    ],
+    traces2,
     f"{'batch size B' if by == 'batch' else 'heads H'} (s = {s2:,}, {other})", f"extra peak memory ({unit})", 400,
 )
 c.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)

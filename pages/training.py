@@ -237,7 +237,8 @@ def side_by_side_table(rows: list[dict[str, Any]], unit: str,
         ok = r["refused"] is None
         gpus_cell = "—" if r["method"] != "full" else (
             "—" if not ok else f"{r['gpus_needed']:,}" if r["gpus_needed"] else
-            f"none up to {ft_.MAX_GPUS:,}" if r["gpus_needed"] == 0 else "—")
+            ("never fits" if r.get("never_fits") else f"more than {ft_.MAX_GPUS:,}")
+            if r["gpus_needed"] == 0 else "—")
         out.append({
             "method": ft_.METHOD_LABELS[r["method"]],
             "peak (computed)": c.fmt(r["peak_bytes"], unit) if ok else "—",
@@ -278,18 +279,11 @@ def needed(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
     return train_gpus_needed(CHOICES[choice], gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
 
 
-MANY_GPUS = 1 << 20  # calc's largest count: every sharded term is ~0 there
-
-
 @c.cached(max_entries=256)
 def never_fits(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bool:
     """True when no number of GPUs fits: at 2^20 GPUs the sharded states are next to nothing,
     so what is left is one replica's activations, which more GPUs of this layout never split."""
-    k = dict(kw)
-    t = k.pop("tp")
-    unit = t * k.get("ep", 1)  # the GPU count must be a multiple of tp × ep
-    return training_step(CHOICES[choice], batch, s, gpus=MANY_GPUS // unit * unit, tp=t,
-                         **k).peak_bytes > gpu_bytes
+    return ft_.never_fits(CHOICES[choice], gpu_bytes, batch, s, dict(kw))
 
 
 def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
@@ -532,6 +526,7 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]])
                       for p, lab, x in first.activation_terms]), hide_index=True)
 
 fit_rows = []
+never_any = False
 for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
     s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
@@ -544,7 +539,8 @@ for a in steps:
     elif n_need:
         need_text = f"{n_need:,}"
     elif never_fits(choice, gpu_bytes, batch, seq_len, ka_need):
-        need_text = "never fits: one replica's activations alone exceed the GPU"
+        need_text = "never fits"  # why: the caption under the table (a long cell is cut off)
+        never_any = True
     else:
         need_text = "more than 1,024"
     fit_rows.append({"attention": TRAIN_ATTENTION_LABELS[a],
@@ -553,6 +549,9 @@ for a in steps:
                          need_text})
 st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
 c.table(pd.DataFrame(fit_rows), hide_index=True)
+if never_any:
+    st.caption("*Never fits*: one replica's activations alone exceed the GPU, so no number of "
+               "GPUs fits (ZeRO-3 shards weights, gradients and optimizer state, not activations).")
 
 side_by_side_section()
 

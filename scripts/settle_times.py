@@ -1,10 +1,23 @@
 """How long each page takes to settle after a direct load in Chromium (issue 32: within 2 s).
 
-Starts the app on a free port of 127.0.0.1 (or uses --url), then for every page app.py lists,
---repeat times: a fresh browser context opens the page's URL and the clock runs from the
-navigation until (a) the first metric value is drawn ("first number") and (b) the page has
-settled: Streamlit's running indicator (stStatusWidget) gone and every plotly chart drawn, with
-nothing running for --quiet-ms. Prints the median of each per page and the worst median.
+Starts the app on a free port of 127.0.0.1 (or uses --url), then loads every page app.py lists
+--repeat times, each load a new tab (a new document: the page's JavaScript starts from nothing).
+Two kinds of browser, reported side by side:
+
+- cold: a fresh browser profile per load (empty HTTP cache, no compiled-code cache): a first
+  visit to the app;
+- warm: one profile kept across the loads, after one visit to Score matrix (whose chart and
+  table load Streamlit's plotly and data-grid bundles once): what a returning user has. The
+  bundles are content-hashed and served "immutable, max-age=1 year" by Streamlit's static
+  route, so a real browser does not fetch them again.
+
+The clock is the page's own (performance.now(), 0 at the navigation). A script injected before
+the page's own records the last change to the page (a DOM mutation, observed by a
+MutationObserver) and the end of the last long task (PerformanceObserver "longtask": a main
+thread busy for 50 ms or more, e.g. evaluating a bundle or drawing a chart). The page has
+settled at the last such moment once a number or message is on the page, Streamlit's running
+indicator (stStatusWidget) is gone, no request is in flight and nothing has changed for
+--quiet-ms. Also reported: the first number (the first metric value or message drawn).
 Debian's chromium through Playwright, headless, loopback only; a measurement, not a test.
 
 Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--url http://127.0.0.1:8501]
@@ -13,83 +26,120 @@ Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--url http://127.0
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
+sys.path.insert(0, str(ROOT / "scripts"))
+import load_test  # noqa: E402  (the app server and Chromium's flags, shared with the load test)
+
+FIRST = '[data-testid="stMetricValue"], [data-testid="stAlert"]'
+
+#: Injected before the page's scripts: when the page last changed or its main thread was busy.
+WATCH_JS = r"""
+window.__settle = {last: 0, first: null};
+new PerformanceObserver(list => {
+  for (const e of list.getEntries())
+    window.__settle.last = Math.max(window.__settle.last, e.startTime + e.duration);
+}).observe({type: 'longtask', buffered: true});
+const watch = () => new MutationObserver(() => {
+  const now = performance.now();
+  window.__settle.last = Math.max(window.__settle.last, now);
+  if (window.__settle.first === null && document.querySelector('FIRST')) window.__settle.first = now;
+}).observe(document.documentElement, {subtree: true, childList: true, attributes: true,
+                                      characterData: true});
+if (document.documentElement) watch(); else document.addEventListener('readystatechange', watch, {once: true});
+""".replace("FIRST", FIRST.replace("'", "\\'"))
+
+#: (the page's time now, its last change, its first number, whether Streamlit shows it running).
+STATE_JS = """() => [performance.now(), window.__settle.last, window.__settle.first,
+                     !!document.querySelector('[data-testid="stStatusWidget"]')]"""
 
 
 def page_paths() -> list[str]:
-    """The URL path of every page app.py registers (a page file NAME.py is served at /NAME);
-    the default page (default=True) is "/"."""
-    text = (ROOT / "app.py").read_text()
-    paths = []
-    for m in re.finditer(r'st\.Page\(\s*"pages/(\w+)\.py"([^)]*)\)', text):
-        paths.append("/" if "default=True" in m.group(2) else f"/{m.group(1)}")
-    return paths
+    """The URL path of every page app.py registers: "/" for the default page (default=True),
+    else "/" + its url_path."""
+    found = re.findall(r'st\.Page\(\s*"pages/\w+\.py"[^)]*url_path="([^"]+)"(, default=True)?',
+                       (ROOT / "app.py").read_text())
+    if not found:
+        raise SystemExit("app.py lists no st.Page with a url_path")
+    return ["/" if default else f"/{path}" for path, default in found]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def track_requests(page) -> set:
+    """The page's requests in flight (a set kept up to date by the page's events)."""
+    in_flight: set = set()
+    page.on("request", lambda r: in_flight.add(r))
+    page.on("requestfinished", lambda r: in_flight.discard(r))
+    page.on("requestfailed", lambda r: in_flight.discard(r))
+    return in_flight
 
 
-def _wait_for(url: str, deadline_s: float) -> None:
-    import urllib.request
-
-    end = time.monotonic() + deadline_s
+def settle(page, in_flight: set, quiet_ms: int, timeout_s: float = 60) -> tuple[float, float]:
+    """Wait until a page opened in a context with WATCH_JS has settled (module docstring);
+    (first number, settled) in seconds of the page's clock from the navigation's start."""
+    page.wait_for_selector(FIRST, timeout=timeout_s * 1000)
+    end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        try:
-            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"the app did not answer at {url} within {deadline_s:.0f} s")
+        now, last, first, running = page.evaluate(STATE_JS)
+        # the session's websocket stays open: it is not a load in flight
+        busy = running or any(r.resource_type != "websocket" for r in in_flight)
+        if not busy and first is not None and now - last >= quiet_ms:
+            return first / 1000, last / 1000
+        page.wait_for_timeout(50)
+    raise RuntimeError(f"{page.url} did not settle within {timeout_s:.0f} s")
 
 
-def measure(url: str, paths: list[str], repeat: int, quiet_ms: int) -> dict[str, list[tuple]]:
+def load_once(context, url: str, quiet_ms: int) -> tuple[float, float]:
+    """Open url in a new tab of `context`; (first number, settled) as `settle` gives them."""
+    page = context.new_page()
+    in_flight = track_requests(page)
+    try:
+        page.goto(url, wait_until="commit")
+        return settle(page, in_flight, quiet_ms)
+    finally:
+        page.close()
+
+
+@contextlib.contextmanager
+def browser() -> Iterator:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, list[tuple]] = {p: [] for p in paths}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking"])
+        b = pw.chromium.launch(executable_path=load_test.CHROMIUM, args=load_test.LAUNCH_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def watched_context(b, width: int = 1280, height: int = 900):
+    """A browser context whose pages carry WATCH_JS."""
+    ctx = b.new_context(viewport={"width": width, "height": height})
+    ctx.add_init_script(WATCH_JS)
+    return ctx
+
+
+def measure(url: str, paths: list[str], repeat: int, quiet_ms: int,
+            warm: bool) -> dict[str, list[tuple[float, float]]]:
+    """(first number, settled) per load, per page path."""
+    out: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
+    with browser() as b:
+        shared = watched_context(b) if warm else None
+        if shared is not None:  # a returning user: the bundles are in the cache already
+            load_once(shared, url + "/score_matrix", quiet_ms)
         for path in paths:
             for _ in range(repeat):
-                ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-                page = ctx.new_page()
-                t0 = time.perf_counter()
-                page.goto(url + path, wait_until="commit")
-                page.wait_for_selector('[data-testid="stMetricValue"], [data-testid="stAlert"]',
-                                       timeout=60_000)
-                first = time.perf_counter() - t0
-                quiet_since = None
-                while time.perf_counter() - t0 < 60:
-                    busy = page.evaluate(
-                        "() => !!document.querySelector('[data-testid=\"stStatusWidget\"]') || "
-                        "[...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')]"
-                        ".some(c => !c.querySelector('.main-svg'))")
-                    now = time.perf_counter()
-                    if busy:
-                        quiet_since = None
-                    elif quiet_since is None:
-                        quiet_since = now
-                    elif (now - quiet_since) * 1000 >= quiet_ms:
-                        break
-                    page.wait_for_timeout(50)
-                settled = (quiet_since or time.perf_counter()) - t0
-                out[path].append((first, settled))
-                ctx.close()
-        browser.close()
+                ctx = shared or watched_context(b)
+                out[path].append(load_once(ctx, url + path, quiet_ms))
+                if shared is None:
+                    ctx.close()
     return out
 
 
@@ -98,37 +148,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="loads per page (default %(default)s)")
     ap.add_argument("--url", default=None, help="a running app (default: start one)")
     ap.add_argument("--quiet-ms", type=int, default=500,
-                    help="how long nothing may run for the page to count as settled "
+                    help="how long nothing may change for the page to count as settled "
                          "(default %(default)s ms)")
+    ap.add_argument("--only", choices=("cold", "warm"), default=None,
+                    help="measure one kind of browser only (default: both)")
+    ap.add_argument("--pages", nargs="*", default=None,
+                    help="URL paths to measure (default: every page of app.py)")
     a = ap.parse_args(argv)
     if a.repeat < 1:
         raise SystemExit(f"--repeat must be at least 1, got {a.repeat}")
-    proc = None
-    url = a.url
-    if url is None:
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
-             "--server.port", str(port), "--server.headless", "true"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(url, 60)
-        paths = page_paths()
-        measure(url, paths[:1], 1, a.quiet_ms)  # the server's first imports are not a page's
-        res = measure(url, paths, a.repeat, a.quiet_ms)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=20)
-    print(f"{'page':<22} {'first number (s)':>17} {'settled (s)':>12}   (median of {a.repeat})")
-    worst = 0.0
-    for path, runs in res.items():
-        first = statistics.median(r[0] for r in runs)
-        settled = statistics.median(r[1] for r in runs)
-        worst = max(worst, settled)
-        print(f"{path:<22} {first:>17.2f} {settled:>12.2f}")
-    print(f"worst median settle: {worst:.2f} s")
+    if a.quiet_ms < 100:
+        raise SystemExit(f"--quiet-ms must be at least 100 (the poll is every 50 ms), got {a.quiet_ms}")
+    paths = a.pages or page_paths()
+    kinds = [a.only] if a.only else ["cold", "warm"]
+    with contextlib.ExitStack() as stack:
+        url = a.url or stack.enter_context(load_test.app_server())[0]
+        measure(url, paths[:1], 1, a.quiet_ms, warm=False)  # the server's first imports
+        res = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm") for kind in kinds}
+    load = os.getloadavg()[0]
+    head = "".join(f" {k + ' first':>11} {k + ' settled':>13}" for k in kinds)
+    print(f"{'page':<18}{head}   (seconds, median of {a.repeat}; load average {load:.2f} "
+          f"on {os.cpu_count()} CPUs at the end)")
+    worst = dict.fromkeys(kinds, 0.0)
+    for path in paths:
+        cells = ""
+        for kind in kinds:
+            first = statistics.median(r[0] for r in res[kind][path])
+            settled = statistics.median(r[1] for r in res[kind][path])
+            worst[kind] = max(worst[kind], settled)
+            cells += f" {first:>11.2f} {settled:>13.2f}"
+        print(f"{path:<18}{cells}")
+    print("worst median settle: " + ", ".join(f"{k} {v:.2f} s" for k, v in worst.items()))
     return 0
 
 

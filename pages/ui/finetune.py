@@ -25,7 +25,7 @@ from calc.training_step import max_train_seq_len, train_gpus_needed, training_st
 
 __all__ = ["ADAPTER_DTYPE_CHOICES", "DEFAULT_ADAPTER_DTYPE", "DEFAULT_RANK", "DEFAULT_TARGETS",
            "MAX_GPUS", "METHODS", "METHOD_LABELS", "TARGETS", "TARGET_LABELS", "calc_kwargs",
-           "side_by_side"]
+           "never_fits", "side_by_side"]
 
 METHOD_LABELS = {"full": "full training", "lora": "LoRA (frozen bf16 base)",
                  "qlora": "QLoRA (frozen 4-bit NF4 base)"}
@@ -49,7 +49,7 @@ def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: 
         kw = {**step_kw, **calc_kwargs(method, rank, targets, adapter_dtype, double_quant)}
         row: dict[str, Any] = {"method": method, "peak_bytes": None, "peak_phase": None,
                                "fits": None, "longest_context": None, "gpus_needed": None,
-                               "refused": None}
+                               "never_fits": False, "refused": None}
         try:
             m = training_step(model, batch, seq_len, **kw)
             row.update(peak_bytes=m.peak_bytes, peak_phase=m.peak_phase,
@@ -66,7 +66,22 @@ def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: 
             try:
                 row["gpus_needed"] = train_gpus_needed(model, gpu_bytes, batch, seq_len,
                                                        max_gpus=MAX_GPUS, **need_kw)
+                if row["gpus_needed"] == 0:  # none up to the bound: does any count fit?
+                    row["never_fits"] = never_fits(model, gpu_bytes, batch, seq_len, need_kw)
             except ValueError:
                 row["gpus_needed"] = None
         rows.append(row)
     return rows
+
+
+#: calc's largest GPU count (calc.training_step accepts it): every sharded term is ~0 there.
+MANY_GPUS = 1 << 20
+
+
+def never_fits(model: Any, gpu_bytes: int, batch: int, seq_len: int, kw: dict[str, Any]) -> bool:
+    """True when no number of GPUs fits this step (kw: training_step's keywords but gpus): at
+    2^20 GPUs the sharded states are next to nothing, so what is left is one replica's
+    activations, which more GPUs of this layout never split."""
+    unit = kw.get("tp", 1) * kw.get("ep", 1)  # the GPU count must be a multiple of tp × ep
+    return training_step(model, batch, seq_len, gpus=MANY_GPUS // unit * unit,
+                         **kw).peak_bytes > gpu_bytes

@@ -52,7 +52,7 @@ def test_default_load_shows_calc_numbers() -> None:
     assert got["SDPA (torch's choice): peak"] == calc.format_bytes(m.peak_bytes, "GB")
     assert any(m.peak_phase in x.value for x in at.caption)
     s_max = max_inference_seq_len(model, calc.torch_total_bytes(calc.DEFAULT_GPU), 1, 128, attention="sdpa")
-    assert got["Longest prompt that fits (128 new tokens)"] == f"{s_max:,} tokens"
+    assert got["Longest prompt (+128 new)"] == f"{s_max:,} tokens"
     # the longest prompt passes Llama 3.1's 131,072 trained positions: the page says so
     assert s_max > 131_072
     assert any("131,072 tokens this model was trained for" in x.value for x in at.info)

@@ -31,3 +31,19 @@ def test_eager_at_a_long_context_never_fits() -> None:
 def test_a_fitting_layout_gives_a_count() -> None:
     cells = _needed_cells(attns="sdpa_flash", s="4096", gpu="NVIDIA H100 80GB")
     assert cells[0].replace(",", "").isdigit(), cells
+
+
+def test_never_fits_says_why_under_the_table() -> None:
+    # the cell says "never fits" (short enough not to be cut off at 1280 px); the reason is
+    # the caption under the table, shown only when a row never fits
+    def captions(**query: str) -> list[str]:
+        at = AppTest.from_file(str(ROOT / "pages" / "training.py"), default_timeout=120)
+        for key, value in query.items():
+            at.query_params[key] = value
+        at.run()
+        assert not at.exception
+        return [x.value for x in at.caption]
+
+    why = "activations alone exceed the GPU"
+    assert any(why in x for x in captions(attns="eager", s="65536", gpu="NVIDIA T4 16GB"))
+    assert not any(why in x for x in captions(attns="sdpa_flash", s="4096", gpu="NVIDIA H100 80GB"))

@@ -365,3 +365,16 @@ def test_expert_parallel_degree_is_a_url_kept_input() -> None:
     at = run(dict(q, gpus="6", ep="3"))
     assert not at.exception
     assert any("must divide the experts" in e.value for e in at.error)
+
+
+def test_side_by_side_says_never_fits_not_the_search_bound() -> None:
+    # eager at 4,096 on an H100: one replica's activations exceed the GPU, so no count of GPUs
+    # fits (issue 32, item 3); the side-by-side table says so, as the GPUs-needed table does
+    at = run({"model": "Llama 3.1 8B", "s": "4096", "gpu": "NVIDIA H100 80GB", "attns": "eager"})
+    assert not at.exception
+    model, gpu = calc.MODELS["Llama 3.1 8B"], calc.torch_total_bytes("NVIDIA H100 80GB")
+    assert calc.train_gpus_needed(model, gpu, 1, 4096, attention="eager", sharding="zero3",
+                                  tp=1, max_gpus=1024) == 0
+    assert calc.training_step(model, 1, 4096, attention="eager", sharding="zero3",
+                              gpus=1 << 20).peak_bytes > gpu
+    assert _side_by_side(at).loc[0, "GPUs for full training (computed)"] == "never fits"
