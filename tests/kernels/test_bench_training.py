@@ -258,6 +258,9 @@ def test_packed_rows_on_the_cpu(tmp_path, monkeypatch, capsys):
 
 CHILD = r"""
 import json, sys
+sys.path.insert(0, "tests")  # run from the repository root: tests/_interp.py
+from _interp import quick_interpreter
+quick_interpreter()
 import triton.testing
 triton.testing.do_bench = lambda fn, **kw: (fn(), 0.25)[1]
 from kernels.bench import speed, training

@@ -132,6 +132,9 @@ def test_flat_tile_puts_each_element_where_the_cast_reads_it():
 
 _FLAT_CAST_CHILD = """
 import json, sys, torch
+sys.path.insert(0, "tests")  # run from the repository root: tests/_interp.py
+from _interp import quick_interpreter
+quick_interpreter()
 from kernels.flash import bwd_sm90 as b90
 out = []
 for B, H, s_q, d, bm, split_d in [(1, 2, 128, 128, 64, True), (2, 1, 256, 64, 128, False),

@@ -504,6 +504,10 @@ def _broken_case(fa, kernel, config, case):
 
 def _interp_worker() -> None:
     """Child process (TRITON_INTERPRET=1): run every interpreter case, print JSON results."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from _interp import quick_interpreter
+
+    quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
     fa = importlib.import_module("kernels.flash.api")
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     runs = [lambda c=c: check_against_reference(fa, *c, "cpu") for c in INTERP_CASES]

@@ -171,6 +171,10 @@ def _decode_slices_the_window() -> dict:
 
 
 def _interp_worker() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from _interp import quick_interpreter
+
+    quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
     import kernels.flash.api as fa
 
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"

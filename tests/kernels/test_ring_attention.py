@@ -51,8 +51,18 @@ def _reference(q, k, v, do, causal):
     return o.detach(), q.grad, k.grad, v.grad
 
 
+def _quick() -> None:
+    """In the interpreter child and its ranks: tests/_interp.py's cheaper interpreter."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from _interp import quick_interpreter
+
+    quick_interpreter()
+
+
 def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     import torch.distributed as dist
+
+    _quick()
 
     from kernels import ring_attention
     from kernels.ring import shard
@@ -102,6 +112,7 @@ def _main(world: int, out_dir: str) -> None:
     import torch.multiprocessing as mp
 
     torch.set_num_threads(1)
+    _quick()
     sim = _simulated(world)
     with open(os.path.join(out_dir, "simulated.json"), "w") as f:
         json.dump(sim, f)

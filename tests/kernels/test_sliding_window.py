@@ -211,6 +211,10 @@ SKIP_CASES = {
 
 
 def _interp_worker() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from _interp import quick_interpreter
+
+    quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
     fa = importlib.import_module("kernels.flash.api")
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     results: dict[str, object] = {}
