@@ -3,6 +3,7 @@ hypothesis, and the `gpu` marker skips with a stated reason where CUDA is absent
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -53,3 +54,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Shared helpers for the tests in the layer folders (``from _robust import ...``).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+# Python's cyclic garbage collector, at each full collection, walks every object the process
+# holds; in a test worker that is torch, transformers, pandas, streamlit and every test module
+# (about 440,000 objects), and the measurement code the tests run calls gc.collect() several
+# times a step (kernels/measure: before each memory reading). At the start of each test file
+# the garbage is collected and what survives is frozen (gc.freeze: moved to a generation the
+# collector skips), so later collections walk only what was made since. Objects still free
+# normally when their last reference goes; only a reference cycle among frozen objects would
+# wait until the end of the session. Measured in one pytest process on a busy 2-core machine:
+# tests/measure/test_train_harness.py with tests/calc/test_training_step.py 21 -> 16 s CPU
+# (the collector's share 4.6 -> 2.2 s); test_fuzz_hostile_inputs, app/test_pages,
+# test_infer_harness and test_training_lora 49 -> 41 and 54 -> 44 s CPU (two runs each).
+_last_file: list[object] = [None]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.path != _last_file[0]:
+        _last_file[0] = item.path
+        gc.collect()
+        gc.freeze()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    gc.unfreeze()  # a normal interpreter exit: every remaining object is collected
