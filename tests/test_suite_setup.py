@@ -1,9 +1,11 @@
 """The suite's own set-up (tests/conftest.py): torch in the test processes runs on the number
 of OpenMP threads that OMP_NUM_THREADS names (1 unless the caller chose), i.e. the variable
-was set before torch was first imported; child processes inherit it from the environment."""
+was set before torch was first imported; child processes inherit it from the environment.
+Objects alive when a test file starts are frozen out of the garbage collector's passes."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -14,3 +16,15 @@ def test_torch_uses_the_thread_count_the_conftest_set() -> None:
     want = os.environ.get("OMP_NUM_THREADS")
     assert want is not None, "tests/conftest.py did not set OMP_NUM_THREADS"
     assert torch.get_num_threads() == int(want), (torch.get_num_threads(), want)
+
+
+_MADE_AT_IMPORT = [object()]  # a tracked container, made when pytest imported this file
+
+
+def test_objects_alive_when_the_file_started_are_frozen() -> None:
+    """tests/conftest.py froze what survived up to this file's first test (gc.freeze), this
+    module's own objects among them: the collector's passes no longer walk them."""
+    assert gc.get_freeze_count() > 0
+    assert not any(o is _MADE_AT_IMPORT for o in gc.get_objects())
+    made_now: list[object] = []
+    assert any(o is made_now for o in gc.get_objects())  # new objects are still collected
