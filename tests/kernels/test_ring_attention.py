@@ -1,11 +1,11 @@
 """Ring attention (kernels.ring) against single-device attention, on CPU processes.
 
-The ring runs in 2 and 3 processes (torch.multiprocessing spawn, gloo, a FileStore in a
+The ring runs in 2 and 3 processes (torch.multiprocessing, forked, gloo, a FileStore in a
 temporary folder) with our Triton kernel under Triton's CPU interpreter: TRITON_INTERPRET=1
 must be set before triton is first imported, so the distributed runs happen in a child
-process started from this file as a script (with that variable set); its spawned ranks
-inherit it. Nothing in the pytest process switches to interpreter mode. Each rank compares
-its output rows and ALL its gradients (dq of its queries, dk and dv of its key block, the
+process started from this file as a script (with that variable set), one for both world
+sizes; its forked ranks inherit it. Nothing in the pytest process switches to interpreter
+mode. Each rank compares its output rows and ALL its gradients (dq of its queries, dk and dv of its key block, the
 contributions of every rank summed) with the eager fp32 reference on the full sequence,
 sharded the same way; the parent checks every rank's report. The one-device simulator
 (kernels.ring.simulate) is checked in the same child: each simulated rank's output and dq
@@ -108,29 +108,47 @@ def _simulated(world: int) -> list[dict]:
     return report
 
 
-def _main(world: int, out_dir: str) -> None:
+def _main(worlds: list[int], out_dir: str) -> None:
+    """Every world size in this one process: the simulator, then the ranks. The ranks are
+    forked from it, so they start with torch, triton and the kernels already imported (spawned
+    ranks would each import them again: most of this file's CPU time)."""
     import torch.multiprocessing as mp
 
     torch.set_num_threads(1)
     _quick()
-    sim = _simulated(world)
-    with open(os.path.join(out_dir, "simulated.json"), "w") as f:
-        json.dump(sim, f)
-    store = os.path.join(out_dir, "store")
-    mp.spawn(_worker, args=(world, store, out_dir), nprocs=world, join=True)
+    for world in worlds:
+        out = os.path.join(out_dir, str(world))
+        os.makedirs(out)
+        sim = _simulated(world)
+        with open(os.path.join(out, "simulated.json"), "w") as f:
+            json.dump(sim, f)
+        mp.start_processes(_worker, args=(world, os.path.join(out, "store"), out),
+                           nprocs=world, join=True, start_method="fork")
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ring_matches_single_device(world: int) -> None:
+@pytest.fixture(scope="module")
+def ring_reports() -> dict[int, tuple[list[dict], list[list[dict]]]]:
+    """World sizes 2 and 3 in one child process: {world: (simulated rows, each rank's report)}."""
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(world), tmp],
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__),
+                               ",".join(map(str, CASES)), tmp],
                               env=env, cwd=root, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        sim = json.load(open(os.path.join(tmp, "simulated.json")))
-        reports = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+        out = {}
+        for world in CASES:
+            d = os.path.join(tmp, str(world))
+            out[world] = (json.load(open(os.path.join(d, "simulated.json"))),
+                          [json.load(open(os.path.join(d, f"rank{r}.json")))
+                           for r in range(world)])
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_matches_single_device(ring_reports, world: int) -> None:
+    sim, reports = ring_reports[world]
     assert len(sim) == world * len(CASES[world])
     for row in sim:
         assert max(row["errors"].values()) < TOL, row
@@ -377,4 +395,4 @@ def test_gpu_simulated_rank_output_and_peak(c: int, kv_heads: int, backward: boo
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]), sys.argv[2])
+    _main([int(w) for w in sys.argv[1].split(",")], sys.argv[2])
