@@ -180,7 +180,8 @@ def _replay_in_child(attention: str, ckpt: bool, lengths: tuple[int, ...], lora:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    code = ("from tests.calc.test_training_packed import _replay; "
+    code = ("import sys; sys.path.insert(0, 'tests'); from _interp import quick_interpreter; "
+            "quick_interpreter(); from tests.calc.test_training_packed import _replay; "
             f"print('BYTES', _replay({attention!r}, {ckpt!r}, {lengths!r}, {lora!r}))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
