@@ -9,7 +9,10 @@ task everywhere else in the app and the CLI (issue 32, "one answer per question"
   longest context of B concurrent requests is the same pool divided by B
   (calc.serving.sequence_bytes, the per-request bytes serving_capacity itself divides by);
 - `training`: calc.training_step, calc.max_train_seq_len, calc.train_gpus_needed (ZeRO-3 over
-  up to 2^20 GPUs: 0 there means no count of GPUs fits).
+  up to 2^20 GPUs: 0 there means no count of GPUs fits);
+- `lora`, `qlora`: the same calc.training_step with the Training page's default adapters
+  (calc.finetune.calc_kwargs: rank 16, all linear layers, fp32 adapters; QLoRA's base in NF4),
+  on one GPU (calc models adapters on one GPU only, so no GPU count).
 
 Each returns a `Verdict`; where calc refuses the model for the task, `refused` holds calc's
 reason and nothing else is filled in.
@@ -30,17 +33,19 @@ from calc import (
     train_gpus_needed,
     training_step,
 )
+from calc.finetune import calc_kwargs
 from calc.serving import DEFAULT_MAX_NUM_SEQS, sequence_bytes, serving_capacity
 
-TASKS: tuple[str, ...] = ("inference", "serving", "training")
+TASKS: tuple[str, ...] = ("inference", "serving", "training", "lora", "qlora")
 TASK_LABELS = {
     "inference": "Inference: generate() with transformers",
     "serving": "Serving: vLLM, concurrent requests",
     "training": "Full training: AdamW, bf16, one step",
+    "lora": "LoRA fine-tuning: rank 16, bf16 base",
+    "qlora": "QLoRA fine-tuning: rank 16, NF4 base",
 }
-#: What is asked about and not modelled yet: named on the page, never offered as working.
-NOT_MODELLED = ("LoRA and QLoRA fine-tuning (frozen base weights, adapters' gradients and "
-                "optimizer state only) are not modelled yet: full training is the upper bound.")
+#: The training tasks: the Training step page's method (URL key ``ft``) for each.
+TRAIN_METHODS = {"training": "full", "lora": "lora", "qlora": "qlora"}
 #: Attention tried for inference, in order: transformers' default (SDPA, torch choosing the
 #: backend), then eager, which calc accepts where SDPA cannot run the model (Gemma 2's logit
 #: soft-capping).
@@ -182,20 +187,34 @@ def serving(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
         notes=(f"max_num_seqs = {seqs:,}",) if seqs != DEFAULT_MAX_NUM_SEQS else ())
 
 
-def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int) -> Verdict:
-    """One full training step (bf16 parameters and AdamW state, SDPA's FlashAttention-2, no
-    checkpointing) on one GPU: calc.training_step's peak against the GPU."""
+def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
+             task: str = "training") -> Verdict:
+    """One training step (bf16, AdamW, SDPA's FlashAttention-2, no checkpointing) on one GPU:
+    calc.training_step's peak against the GPU. ``task`` "training" trains every weight;
+    "lora" / "qlora" train the Training page's default adapters over a frozen bf16 / NF4 base
+    (calc.finetune.calc_kwargs), which calc models on one GPU only (no GPU count)."""
     src = "calc.training_step"
-    kw = dict(attention=TRAIN_ATTENTION)
+    method = TRAIN_METHODS[task]
+    kw = dict(attention=TRAIN_ATTENTION, **calc_kwargs(method))
     try:
         m = training_step(model, batch, seq_len, **kw)
     except ValueError as err:
-        return _refused("training", src, gpu_bytes, err)
+        return _refused(task, src, gpu_bytes, err)
     longest = max_train_seq_len(model, gpu_bytes, batch, **kw)
-    gpus = train_gpus_needed(model, gpu_bytes, batch, seq_len, sharding="zero3",
-                             max_gpus=MANY_GPUS, **kw)
+    gpus: int | None = None
+    how = ("not modelled: calc counts LoRA and QLoRA on one GPU only (the Training step page "
+           "says why)")
+    if method == "full":
+        gpus = train_gpus_needed(model, gpu_bytes, batch, seq_len, sharding="zero3",
+                                 max_gpus=MANY_GPUS, **kw)
+        how = ("calc.train_gpus_needed, ZeRO-3 (parameters, gradients and AdamW state "
+               "sharded over the GPUs; activations are not)")
     buffers = m.before_step_bytes - m.weights_bytes - m.optimizer_bytes
-    parts = {"weights": m.weights_bytes, "optimizer state (AdamW)": m.optimizer_bytes,
+    weights = ("weights" if method == "full" else
+               "frozen base weights (bf16) and adapters" if method == "lora" else
+               "frozen base weights (NF4) and adapters")
+    optim = "optimizer state (AdamW)" if method == "full" else "optimizer state (AdamW, adapters)"
+    parts = {weights: m.weights_bytes, optim: m.optimizer_bytes,
              "buffers (cuBLAS workspaces, inputs)": buffers,
              "activations and gradients at the peak": m.peak_bytes - m.before_step_bytes}
     nothing = ""
@@ -205,10 +224,8 @@ def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int) -> Ve
                    if m.before_step_bytes >= gpu_bytes else
                    f"weights and optimizer state fit, but not a step at s = 1, batch {batch:,}")
     return Verdict(
-        "training", src, gpu_bytes, fits=m.peak_bytes <= gpu_bytes, peak_bytes=m.peak_bytes,
+        task, src, gpu_bytes, fits=m.peak_bytes <= gpu_bytes, peak_bytes=m.peak_bytes,
         limit_bytes=gpu_bytes, parts=parts, where=m.peak_phase, attention=TRAIN_ATTENTION,
         longest=longest, longest_source="calc.max_train_seq_len",
-        longest_at_bound=longest >= MAX_SEQ_LEN, gpus=gpus,
-        gpus_how="calc.train_gpus_needed, ZeRO-3 (parameters, gradients and AdamW state "
-                 "sharded over the GPUs; activations are not)",
+        longest_at_bound=longest >= MAX_SEQ_LEN, gpus=gpus, gpus_how=how,
         nothing_fits=nothing)

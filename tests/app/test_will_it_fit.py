@@ -62,7 +62,7 @@ def test_inference_default_is_calc_inference_step() -> None:
     # 277k tokens fit, past the 131,072 the model was trained for: flagged
     assert any("131,072 tokens this model was trained for" in i.value for i in at.info)
     assert any("Computed" in c.value for c in at.caption)
-    assert any("LoRA" in c.value and "not modelled" in c.value for c in at.caption)
+    assert not any("not modelled yet" in c.value for c in at.caption)  # LoRA/QLoRA are tasks
 
 
 def test_serving_is_calc_serving_capacity_and_batch_is_concurrent_requests() -> None:
@@ -96,6 +96,42 @@ def test_training_is_calc_training_step_and_says_it_does_not_fit() -> None:
     assert "wdtype" not in at.query_params and "new" not in at.query_params
 
 
+@pytest.mark.parametrize("task,method,base", [("lora", "lora", "bf16"), ("qlora", "qlora", "NF4")])
+def test_lora_and_qlora_are_calc_training_step_with_the_training_pages_adapters(
+        task: str, method: str, base: str) -> None:
+    """LoRA and QLoRA (issue 32 item 8, "once they exist"): the Training page's default
+    adapters (calc.finetune.calc_kwargs), one GPU, no GPU count (calc refuses adapters over
+    several GPUs), and a link that opens the Training page on the same method."""
+    from calc.finetune import calc_kwargs
+
+    at = run(task=task)
+    gpu = torch_total_bytes(H100)
+    kw = dict(attention="sdpa_flash", **calc_kwargs(method))
+    m = training_step(LLAMA, 1, 8192, **kw)
+    full = training_step(LLAMA, 1, 8192, attention="sdpa_flash")
+    got = metrics(at)
+    assert got["Peak"] == format_bytes(m.peak_bytes) and m.peak_bytes < full.peak_bytes
+    assert got["Longest context that fits (tokens)"] == \
+        f"{max_train_seq_len(LLAMA, gpu, 1, **kw):,}"
+    assert got["H100 80GB GPUs needed at s = 8,192"] == "not modelled"
+    verdict = (at.success or at.error)[0].value
+    assert ("Fits" in verdict) == (m.peak_bytes <= gpu) and "calc.training_step" in verdict
+    from pages.ui import fit
+
+    v = fit.training(LLAMA, gpu, 1, 8192, task)
+    assert v.peak_bytes == m.peak_bytes and sum(v.parts.values()) == m.peak_bytes
+    assert f"frozen base weights ({base}) and adapters" in v.parts and v.gpus is None
+
+
+def test_fine_tuning_links_open_the_training_page_on_the_same_method() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    at.switch_page("pages/will_it_fit.py").run()
+    at.selectbox(key="task").set_value("qlora").run()
+    assert not at.exception, [e.value for e in at.exception]
+    links = [x.proto for x in at.get("page_link") if x.proto.page.endswith("training")]
+    assert links and "ft=qlora" in links[0].query_string, links
+
+
 def test_url_round_trip() -> None:
     """Every shown input is in the URL; the URL it writes gives the same view again."""
     q = dict(model="Qwen2.5 7B", gpu="NVIDIA A100 40GB", task="inference", s="4096", b="2",
@@ -111,7 +147,7 @@ def test_url_round_trip() -> None:
 
 
 @pytest.mark.parametrize("key,value,accepted", [
-    ("s", "abc", "whole number"), ("b", "-1", "whole number"), ("task", "lora", "inference, serving, training"),
+    ("s", "abc", "whole number"), ("b", "-1", "whole number"), ("task", "dora", "inference, serving, training, lora, qlora"),
     ("gpu", "<b>x</b>", "one of"), ("new", "1e999", "whole number"), ("model", "[x](javascript:1)", "one of"),
 ])
 def test_hostile_url_values_are_named_and_replaced(key: str, value: str, accepted: str) -> None:
