@@ -387,10 +387,7 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
               gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft))
     _packed_settings(a)
-    if a.packed:
-        result = calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
-    else:
-        result = calc.training_step(model, a.batch, a.seq_len, **kw)
+    result = calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
     lora = kw.get("adapters")
     adapter = {"adapter": "none" if ft["method"] == "full" else ft["method"],
                "lora_rank": lora.rank if lora else None,

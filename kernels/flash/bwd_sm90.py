@@ -79,6 +79,8 @@ test_bwd_sm90.py. Chosen by kernels.flash.route (`backward_route`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -599,6 +601,7 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 GROUP_L2_BYTES = 24 << 20
 
 
+@functools.lru_cache(maxsize=1024)  # on every causal backward's host path
 def head_group(heads: int, group: int, s_q: int, s_k: int, d: int, sms: int) -> int:
     """How many (batch, key/value head)s of a causal backward launch together, longest key
     block first (the kernel's grid order), among the divisors of ``heads`` (= B * H_kv): the

@@ -33,8 +33,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-
 from _hopper import hopper_reason  # noqa: E402
+from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 
 REASON = hopper_reason() if torch.cuda.is_available() else "no CUDA GPU"
 FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -79,23 +79,6 @@ def counting_packed_sm90():
 def _starts(lens) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
                         device="cuda")
-
-
-def _within(name, got, ref, base, floor) -> None:
-    """|got - ref| <= 2 * max|base - ref| + floor + one ulp of got's dtype at |ref|; NaN fails."""
-    ulp = torch.finfo(got.dtype).eps if got.dtype.is_floating_point else 0.0
-    got, ref, base = got.double(), ref.double(), base.double()
-    base_err = (base - ref).abs().max().item()
-    err = (got - ref).abs()
-    bad = ~(err <= 2 * base_err + floor + ulp * ref.abs())
-    if bad.any():
-        idx = bad.nonzero()[:4].tolist()
-        where = ", ".join(f"{tuple(i)}: {got[tuple(i)].item():.5g} vs {ref[tuple(i)].item():.5g}"
-                          for i in idx)
-        raise AssertionError(
-            f"{name}: {int(bad.sum())} of {bad.numel()} off (max error "
-            f"{err.nan_to_num(float('inf')).max().item():.3g}, plain torch {base_err:.3g}, "
-            f"NaN {int(got.isnan().sum())}): {where}")
 
 
 def _reference(q, k, v, do, starts, causal, dtype_hi):

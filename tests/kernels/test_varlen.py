@@ -29,6 +29,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+# tests/ holds the shared helpers; the interpreter child runs this file as a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_CUDA = torch.cuda.is_available()
@@ -51,23 +54,6 @@ def poison_empty():
 def _starts(lens, device) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
                         device=device)
-
-
-def _within(name, got, ref, base, floor) -> None:
-    """|got - ref| <= 2 * max|base - ref| + floor + one ulp of got's dtype at |ref|; NaN fails."""
-    ulp = torch.finfo(got.dtype).eps
-    got, ref, base = got.double(), ref.double(), base.double()
-    base_err = (base - ref).abs().max().item()
-    err = (got - ref).abs()
-    bad = ~(err <= 2 * base_err + floor + ulp * ref.abs())
-    if bad.any():
-        idx = bad.nonzero()[:4].tolist()
-        where = ", ".join(f"{tuple(i)}: {got[tuple(i)].item():.5g} vs {ref[tuple(i)].item():.5g}"
-                          for i in idx)
-        raise AssertionError(
-            f"{name}: {int(bad.sum())} of {bad.numel()} off (max error "
-            f"{err.nan_to_num(float('inf')).max().item():.3g}, plain torch {base_err:.3g}, "
-            f"NaN {int(got.isnan().sum())}): {where}")
 
 
 def _per_sequence(fn, q, k, v, do, starts_q, starts_k):

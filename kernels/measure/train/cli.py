@@ -22,6 +22,7 @@ from kernels.measure.train.config import (
     TRAIN_COLUMNS,
     TrainConfig,
     TrainResult,
+    parse_pack,
 )
 from kernels.measure.train.plan import FULL, PLANS, expand, lora_variants
 from kernels.measure.train.store import TrainStore, repredict
@@ -112,14 +113,14 @@ def packs_from_args(args: argparse.Namespace) -> list[tuple[int, ...]]:
     packs = []
     for w in args.packed:
         for pack in w.split(","):
-            parts = pack.strip().split("+")
-            if not pack.strip() or not all(p.isascii() and p.isdigit() and int(p) >= 1
-                                           for p in parts):
+            try:
+                lengths = parse_pack(pack.strip())
+            except ValueError:
                 raise SystemExit(f"error: --packed takes sequence lengths (whole numbers >= 1) "
-                                 f"joined by '+', e.g. 1000+3000+96; got {pack!r}")
-            if sum(map(int, parts)) < 2:
+                                 f"joined by '+', e.g. 1000+3000+96; got {pack!r}") from None
+            if sum(lengths) < 2:
                 raise SystemExit(f"error: --packed {pack!r} adds up to fewer than 2 tokens")
-            packs.append(tuple(int(p) for p in parts))
+            packs.append(lengths)
     return packs
 
 

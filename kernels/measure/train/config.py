@@ -132,13 +132,7 @@ class TrainConfig(DictConfig):
         """The packed lengths as ints (() for dense rows); ValueError when malformed."""
         if not self.packed:
             return ()
-        if not isinstance(self.packed, str):
-            raise ValueError(f"packed must be lengths joined by '+', got {self.packed!r}")
-        parts = self.packed.split("+")
-        if not all(p.isascii() and p.isdigit() and int(p) >= 1 for p in parts):
-            raise ValueError(f"packed must be whole numbers >= 1 joined by '+' (e.g. "
-                             f"1000+3000+96), got {self.packed!r}")
-        return tuple(int(p) for p in parts)
+        return parse_pack(self.packed)
 
     def adapter_label(self) -> str:
         """'' for full training, else e.g. 'lora r=16 a=16 all-linear nf4'."""
@@ -298,6 +292,18 @@ def check_config(cfg: TrainConfig) -> str | None:
     if cfg.layers is not None and (not isinstance(cfg.layers, int) or cfg.layers < 1):
         return f"layers must be a whole number >= 1, got {cfg.layers!r}"
     return check_packed(cfg) or check_adapter(cfg)
+
+
+def parse_pack(text: object) -> tuple[int, ...]:
+    """'1000+3000+96' -> (1000, 3000, 96); ValueError unless whole numbers >= 1 joined by
+    '+'."""
+    if not isinstance(text, str):
+        raise ValueError(f"packed must be lengths joined by '+', got {text!r}")
+    parts = text.split("+")
+    if not all(p.isascii() and p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"packed must be whole numbers >= 1 joined by '+' (e.g. "
+                         f"1000+3000+96), got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def check_packed(cfg: TrainConfig) -> str | None:
