@@ -399,10 +399,16 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
                calc.param_count(model)}
     # the Training page's answers for one GPU: does the step fit, and the longest s that does
     # (a pack's lengths are given, so there is no longest context to search for it)
+    longest = None if a.packed else calc.max_train_seq_len(model, gpu, a.batch, **kw)
+    # a packed row's positions restart at each sequence: its longest sequence is what counts
+    # against the context the model was trained for
+    trained = model.max_position_embeddings
+    one = max(a.packed) if a.packed else a.seq_len
     return {"model": model.name, **adapter, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
             "fits": result.peak_bytes <= gpu, "packed_lengths": list(a.packed or ()),
-            "longest_context": None if a.packed else
-            calc.max_train_seq_len(model, gpu, a.batch, **kw)}
+            "longest_context": longest, "trained_context": trained,
+            "seq_len_past_trained_context": bool(trained and one > trained),
+            "longest_context_past_trained_context": bool(trained and (longest or 0) > trained)}
 
 
 def _packed_settings(a: argparse.Namespace) -> None:
@@ -522,8 +528,10 @@ def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
 def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     pack = (f" packed from {len(a.packed)} sequences ({', '.join(f'{n:,}' for n in a.packed)})"
             if a.packed else "")
-    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{pack}, "
-             f"{r['attention']}, precision {r['precision']}, checkpointing "
+    trained = r["trained_context"]
+    past = _trained_note(max(a.packed) if a.packed else a.seq_len, trained)
+    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{pack}"
+             f"{past}, {r['attention']}, precision {r['precision']}, checkpointing "
              f"{'on' if r['checkpointing'] else 'off'}"]
     if r["adapter"] == "none":
         lines.append(f"full training: {r['trainable_params']:,} trainable parameters")
@@ -550,7 +558,8 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["peak_bytes"], r["gpu_bytes"], b))
     longest = r["longest_context"]
     if not a.packed:
-        lines.append(f"  longest context that fits on one: {_tokens(longest)}" if longest else
+        lines.append(f"  longest context that fits on one: {_tokens(longest)}"
+                     f"{_trained_note(longest, trained)}" if longest else
                      "  longest context that fits on one: none, not even one token")
     return "\n".join(lines)
 

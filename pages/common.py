@@ -273,6 +273,15 @@ def trained_context_note(model: Any, seq_len: int, where: Any = st) -> None:
                    "tokens this model was trained for.")
 
 
+def longest_past_trained_note(model: Any, longest: int, where: Any = st) -> None:
+    """A note where a longest context that fits passes the context the model was trained for:
+    the memory fits that far, the model may not work there."""
+    trained = model.max_position_embeddings
+    if trained and longest > trained:
+        where.caption(f"A longest context above passes the {trained:,} tokens this model was "
+                      "trained for: the memory fits that far, the model may not work there.")
+
+
 def fmt(n_bytes: int | float, unit: str | None = None) -> str:
     """Bytes in the user's unit (GB or GiB; MB/KB below one)."""
     return format_bytes(n_bytes, unit or get_unit())

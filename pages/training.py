@@ -409,6 +409,8 @@ def side_by_side_section() -> None:
                 + (f"fits with {', '.join(fit_names)} (computed)." if fit_names else
                    "none of full training, LoRA or QLoRA fits (computed)."))
     c.table(side_by_side_table(rows, unit, peaks, methods), hide_index=True)
+    c.longest_past_trained_note(model, max(((r["longest_context"] or 0) for r in rows
+                                            if r["refused"] is None), default=0))
     lora_measured = len(methods - {"full"})
     st.caption(f"{c.COMPUTED}: calc.training_step, calc.max_train_seq_len with the same "
                "keywords, and calc.train_gpus_needed for full training (LoRA is modelled on "
@@ -526,10 +528,12 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]])
                       for p, lab, x in first.activation_terms]), hide_index=True)
 
 fit_rows = []
+longest_seen = []
 never_any = False
 for a in steps:
     ka = tuple(sorted(dict(kw, attention=a).items()))
     s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
+    longest_seen.append(s_max)
     ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
                                 sharding="zero3" if shard == "none" else shard, tp=tp,
                                 ep=ep).items()))
@@ -549,6 +553,7 @@ for a in steps:
                          need_text})
 st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
 c.table(pd.DataFrame(fit_rows), hide_index=True)
+c.longest_past_trained_note(model, max(longest_seen, default=0))
 if never_any:
     st.caption("*Never fits*: one replica's activations alone exceed the GPU, so no number of "
                "GPUs fits (ZeRO-3 shards weights, gradients and optimizer state, not activations).")
