@@ -36,7 +36,8 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   Triton backward's speed there is not measured. One difference: the Gluon kernel's fp32 dQ
   buffer holds s_q rounded up to its query block (`sm90_dq_rows`: 64 rows at d = 128, 128 at
   d = 64), which calc.peak counts in this region; where the Triton backward runs there instead
-  it allocates s_q rows, less by under B·H·128·d·4 bytes (none when s_q is a multiple).
+  it allocates the same padded buffer and adds into its first s_q rows (kernels/flash/bwd.py,
+  triton_backward), so the bytes are the same.
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ import torch
 import triton
 import triton.language as tl
 
+from calc import dispatch
 from kernels.flash import common
 from kernels.flash.common import (
     LOG2E,
@@ -206,7 +207,8 @@ def bwd_dkdv_kernel(
     Q, K, V, DO,  # (B, H, s_q, d), (B, H_kv, s_k, d) x 2, (B, H, s_q, d); any strides
     LSE2, DELTA,  # (B, H, s_q) fp32, contiguous
     DK, DV,  # outputs (B, H_kv * SPLIT, s_k, d), written in full (partial sums when SPLIT > 1)
-    DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, s_q, d) contiguous, dQ is added into it; else None
+    DQ_ACC,  # ATOMIC_DQ: zeroed fp32 (B, H, dq_rows, d) contiguous, dQ is added into its first
+    #          s_q rows; else None
     DQ_DESC,  # DQ_TMA: DQ_ACC as a (B * H, s_q, d) tensor descriptor, tiles [1, BLOCK_M, d]
     CU_Q, CU_K,  # VARLEN: int32 (n_seq + 1,) starts of the packed sequences' query / key rows
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -218,6 +220,7 @@ def bwd_dkdv_kernel(
     H, H_kv, GROUP,
     SPLIT,  # programs per key block and key/value head, each over GROUP // SPLIT query heads
     s_q, s_k,
+    dq_rows,  # ATOMIC_DQ: rows per (batch, head) of DQ_ACC (>= s_q); else unused
     qk_scale,  # scale * log2(e)
     sm_scale,  # scale (dK = scale * dS^T Q)
     window,  # WINDOW: the causal sliding window in keys (1 <= window < s_q); else unused
@@ -303,7 +306,7 @@ def bwd_dkdv_kernel(
             lse_ptr = LSE2 + bh.to(tl.int64) * s_q
             delta_ptr = DELTA + bh.to(tl.int64) * s_q
         if ATOMIC_DQ:
-            dq_ptrs = (DQ_ACC + bh.to(tl.int64) * s_q * HEAD_DIM
+            dq_ptrs = (DQ_ACC + bh.to(tl.int64) * dq_rows * HEAD_DIM
                        + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
         else:
             dq_ptrs = DQ_ACC  # None
@@ -551,7 +554,9 @@ def triton_backward(
     None); it changes which tiles are visited, never what is allocated.
 
     Allocates delta (B, H, s_q) fp32 and the three gradients (contiguous); the atomic-dQ
-    backward also the fp32 buffer (B * H * s_q * d * 4 bytes), alive until dQ is cast; with
+    backward also the fp32 buffer (B * H * rows * d * 4 bytes: rows = s_q, or in calc's
+    Hopper region calc.dispatch.sm90_dq_rows as the Gluon backward holds), alive until dQ is
+    cast; with
     ``split`` S > 1 also the partial dK, dV sums, (B, H_kv * S, s_k, d) each, summed into dK,
     dV.
     """
@@ -567,8 +572,14 @@ def triton_backward(
         dv_out = common.empty(v, (B, H_kv * split, s_k, d))
     else:
         dk_out, dv_out = dk, dv
+    rows = s_q
     if atomic:
-        dq = q.new_zeros((B, H, s_q, d), dtype=torch.float32)  # the buffer dQ is added into
+        # the buffer dQ is added into: in calc's Hopper region as many rows as the Gluon
+        # backward's (s_q rounded up to its query block), so the bytes are the same wherever
+        # this kernel runs instead (other GPUs, s_q % 4 != 0, a window)
+        if dispatch.sm90_region(B, H_kv, s_q, s_k, d, q.element_size()):
+            rows = dispatch.sm90_dq_rows(s_q, d)
+        dq = q.new_zeros((B, H, rows, d), dtype=torch.float32)
     else:
         dq = common.empty(q, q.shape)  # (B, H, s_q, d), contiguous
     windowed = window is not None
@@ -584,12 +595,12 @@ def triton_backward(
         dkdv_tiles = dkdv_tiles or atomic_tiles(d)
         if dq_tma:
             # seen per (batch, head): a tile never reaches the next head's rows
-            dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [s_q * d, d, 1],
+            dq_desc = TensorDescriptor(dq, [B * H, s_q, d], [rows * d, d, 1],
                                        [1, dkdv_tiles["BLOCK_M"], d])
     dkdv_args = (
         q, k, v, do, lse2, delta, dk_out, dv_out, dq if atomic else None, dq_desc, None, None,
         *sq, *sk, *sv, *sdo, *sdk, *sdk,  # dv is allocated as dk is: same strides
-        H, H_kv, group, split, s_q, s_k, scale * LOG2E, scale, win, bucket,
+        H, H_kv, group, split, s_q, s_k, rows, scale * LOG2E, scale, win, bucket,
     )
     # What the JIT specialises on beyond meta and the tiles (launcher.DirectLauncher): dtypes,
     # strides, head counts, the 16-byte alignment of the tensors not allocated here (dv has
@@ -607,7 +618,7 @@ def triton_backward(
         launch(dkdv_tuned, bwd_dkdv_kernel, "dkdv_atomic",
                dict(meta, ATOMIC_DQ=True, DQ_TMA=dq_desc is not None), bucket, dkdv_tiles,
                dkdv_args, lambda c: (cdiv(s_k, c["BLOCK_N"]), B * H_kv, split), spec=spec)
-        dq = dq.to(q.dtype)  # before the sums: the memory formula counts the buffer, dQ and
+        dq = dq[:, :, :s_q].to(q.dtype)  # before the sums: the memory formula counts the buffer, dQ and
         _sum_split(dk_out, dv_out, dk, dv, split)  # the partial sums alive together
         return dq, dk, dv
     dq_args = (
@@ -656,7 +667,8 @@ def packed_backward(do, q, k, v, o, lse2, causal: bool, scale: float, dq_tiles: 
            lambda c: (cdiv(packed.max_q, c["BLOCK_M"]), n_seq * H), spec=spec)
     dkdv_args = (q, k, v, do, lse2, delta, dk, dv, None, None, cu_q, cu_k,
                  *sq, *sk, *sv, *sdo, *sdk, *sdk,
-                 H, H_kv, H // H_kv, 1, total_q, total_k, scale * LOG2E, scale, win, bucket)
+                 H, H_kv, H // H_kv, 1, total_q, total_k, total_q, scale * LOG2E, scale, win,
+                 bucket)
     launch(dkdv_tuned, bwd_dkdv_kernel, "dkdv_varlen", meta, bucket, dkdv_tiles, dkdv_args,
            lambda c: (cdiv(packed.max_k, c["BLOCK_N"]), n_seq * H_kv, 1), spec=spec)
     return dq, dk, dv

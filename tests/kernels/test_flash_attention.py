@@ -454,7 +454,31 @@ INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stri
               + [f"desc{i}" for i in range(len(INTERP_DESC_CASES))]
               + [f"atomic{i}" for i in range(len(INTERP_ATOMIC_CASES))]
               + [f"split{i}" for i in range(len(INTERP_SPLIT_CASES))]
-              + [f"typed{i}" for i in range(len(INTERP_TYPED_CASES))])
+              + [f"typed{i}" for i in range(len(INTERP_TYPED_CASES))]
+              + ["atomic_padded_rows"])
+
+
+def _padded_rows_case(fa) -> None:
+    """The atomic-dQ backward inside calc's Hopper region holds the Gluon backward's padded
+    buffer (s_q rounded up to its query block: 97 -> 128 rows at d = 64, calc.dispatch.
+    sm90_dq_rows), so its bytes match calc wherever it runs instead; dQ must still be right
+    with the padded rows between heads. The region is forced for this small shape."""
+    from unittest import mock
+
+    from calc import dispatch
+
+    shapes = []
+    zeros = torch.Tensor.new_zeros
+
+    def spy(t, size, *a, **kw):
+        shapes.append(tuple(size))
+        return zeros(t, size, *a, **kw)
+
+    with mock.patch.object(dispatch, "sm90_region", lambda *a: True), \
+            mock.patch.object(torch.Tensor, "new_zeros", spy):
+        check_against_reference(fa, 2, 4, 2, 97, 97, 64, True, torch.float16, "cpu",
+                                config=INTERP_ATOMIC)
+    assert (2, 4, 128, 64) in shapes, shapes
 
 
 class SkipOneTile:
@@ -521,6 +545,7 @@ def _interp_worker() -> None:
     runs += [lambda cfg=cfg, c=c: check_against_reference(fa, *c, "cpu",
                                                           config=fa.KernelConfig(**cfg))
              for cfg, c in INTERP_TYPED_CASES]
+    runs += [lambda: _padded_rows_case(fa)]
     results = {}
     for name, run in zip(INTERP_IDS, runs, strict=True):
         try:
