@@ -148,12 +148,26 @@ def _row_method(r: pd.Series) -> tuple[str, dict[str, Any]]:
     return "lora" if base == "bf16" else "qlora", {"adapters": lora, "base_dtype": base}
 
 
+def _row_packed(r: pd.Series) -> tuple[int, ...]:
+    """A measured row's packed sequence lengths (the harness's ``packed_lengths`` column,
+    '1000+3000+96'); () for a dense row or one without the column."""
+    text = r.get("packed_lengths")
+    if text is None or (isinstance(text, float) and pd.isna(text)) or text == "":
+        return ()
+    from kernels.measure.train.config import parse_pack
+
+    return parse_pack(str(text))
+
+
 def _compared(r: pd.Series, layout: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
     """One measured row beside calc.training_step's prediction for it (``layout``: the
     gpus/sharding keywords, empty for one GPU, None for a layout calc does not know): the
     shared columns, and the prediction (None where calc cannot make one)."""
     model, m = _row_model(r), None
     method, ft_kw = _row_method(r)
+    packed = _row_packed(r)
+    if packed:
+        ft_kw = {**ft_kw, "packed_lengths": packed}
     if layout is not None and model is not None and r.get("precision") in PRECISIONS:
         try:
             m = training_step(model, int(r["batch"]), int(r["seq_len"]),
@@ -167,6 +181,7 @@ def _compared(r: pd.Series, layout: dict[str, Any] | None) -> tuple[dict[str, An
     return {
         "model": r["model"], "method": method,
         "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
+        "packed": "+".join(map(str, packed)) if packed else None,
         "attention": r["attention"], "precision": r["precision"],
         "checkpointing": bool(r["checkpointing"]),
         "measured peak": peak, "predicted peak": pred,
@@ -260,6 +275,8 @@ def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     shown = df.copy()
     for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
         shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+    if "packed" in shown.columns:  # dense rows: no packed lengths
+        shown["packed"] = shown["packed"].map(lambda t: "—" if t is None or pd.isna(t) else t)
     for col in [x for x in shown.columns if x.endswith(" error")]:
         shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
     return shown
@@ -401,7 +418,8 @@ def side_by_side_section() -> None:
     if shape and gpus == 1 and not compared.empty:
         at = compared[(compared["model"] == shape) & (compared["batch"] == batch)
                       & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
-                      & (compared["checkpointing"] == ckpt) & (compared["attention"] == attns[0])]
+                      & (compared["checkpointing"] == ckpt) & (compared["attention"] == attns[0])
+                      & compared["packed"].isna()]
         peaks = {r["method"]: int(r["measured peak"]) for _, r in at.iterrows()}
     fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
     where = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
@@ -471,7 +489,8 @@ def part_bytes(m: Any, part: str) -> int:
 
 hits = compared[(compared["model"] == shape) & (compared["method"] == method) & (compared["batch"] == batch)
                 & (compared["seq_len"] == seq_len) & (compared["precision"] == prec)
-                & (compared["checkpointing"] == ckpt) & compared["attention"].isin(attns)] \
+                & (compared["checkpointing"] == ckpt) & compared["attention"].isin(attns)
+                & compared["packed"].isna()] \
     if not compared.empty else compared
 traces = []
 for part in parts:

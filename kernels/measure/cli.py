@@ -195,7 +195,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return infer_main([a for a in argv if a != "--infer"])
     args = build_parser().parse_args(argv)
     if args.repredict is not None:
-        n = repredict_csv(args.repredict, args.out)
+        try:
+            n = repredict_csv(args.repredict, args.out)
+        except (OSError, ValueError) as e:
+            # a training-step CSV (--train --out) is re-predicted by the training harness
+            hint = " (a training-step CSV: re-predict it with --train --repredict)" \
+                if "predicted_peak_bytes" in str(e) else ""
+            print(f"--repredict: cannot re-predict {args.repredict}: {e}{hint}",
+                  file=sys.stderr)
+            return 2
         print(f"{n} rows re-predicted from calc into {args.out}")
         return 0
     causals = {"on": (True,), "off": (False,), "both": (False, True)}[args.causal]

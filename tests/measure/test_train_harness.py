@@ -351,3 +351,17 @@ def test_gpu_before_step_is_linear_in_layers():
         r2, r4 = rows["llama3-8b-2l", attention], rows["llama3-8b-4l", attention]
         extra = r4.before_step_bytes - r2.before_step_bytes
         assert abs(extra - 6 * (r4.params - r2.params)) <= 2 * 2**20
+
+
+def test_attention_repredict_names_a_training_csv(tmp_path, capsys):
+    """`python -m kernels.measure --repredict` on a training-step CSV says what the file is and
+    which command re-predicts it, exit 2, no traceback; a missing file is named the same way."""
+    from kernels.measure.cli import main as attention_main
+
+    src = tmp_path / "steps.csv"
+    src.write_text("model,arch,layers,batch,seq_len,predicted_peak_bytes\nx,llama,2,1,8,0\n")
+    assert attention_main(["--repredict", str(src), "--out", str(tmp_path / "o.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--train --repredict" in err and str(src) in err
+    assert attention_main(["--repredict", str(tmp_path / "nope.csv")]) == 2
+    assert "nope.csv" in capsys.readouterr().err
