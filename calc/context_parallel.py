@@ -243,8 +243,8 @@ def _triton_kernel_bwd(rp: TensorReplay, call: AttentionCall, len_q: int, len_k:
         rp.alloc("dk_out", lab, split * keys * e)
         rp.alloc("dv_out", lab, split * keys * e)
     if dispatch.atomic_dq(b, h, h_kv, len_q, len_k, d, e):
-        # The Hopper (Gluon) backward pads its flat fp32 dQ buffer to whole query blocks
-        # (calc.dispatch.sm90_dq_rows); the Triton atomic-dQ backward holds s_q rows.
+        # In the Hopper region the fp32 dQ buffer holds whole query blocks
+        # (calc.dispatch.sm90_dq_rows), whichever backward runs; elsewhere s_q rows.
         dq_rows = (b * h * dispatch.sm90_dq_rows(len_q, d)
                    if dispatch.sm90_region(b, h_kv, len_q, len_k, d, e) else rows)
         rp.alloc("dq32", "kernel backward: fp32 dq buffer of the atomic-dQ backward",
