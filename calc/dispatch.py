@@ -102,6 +102,45 @@ def sm90_dq_rows(s_q: int, head_dim: int) -> int:
     return _cdiv(s_q, bm) * bm
 
 
+#: The packed Hopper backward's grids put sequences x query heads on CUDA's grid dimension y
+#: (its stats and cast kernels; the main kernel sequences x key/value heads), at most this many.
+SM90_PACKED_GRID_Y_MAX = 65535
+
+
+def sm90_packed(n_seq: int, heads: int, kv_heads: int, max_len: int, total: int,
+                head_dim: int, elem_bytes: int, window: int | None = None) -> bool:
+    """Whether the default backward of packed sequences (``cu_seqlens``: ``n_seq`` sequences,
+    the longest ``max_len``, ``total`` tokens) takes the Hopper path
+    (kernels/flash/bwd_sm90.py, `attention_backward_sm90_packed`: FlashAttention-3's varlen
+    backward, Shah et al. 2024, arXiv 2407.08608, with its padded fp32 dQ buffer,
+    `sm90_packed_pad_rows`) rather than the portable two-kernel one (kernels/flash/bwd.py,
+    packed_backward, no buffer): 16-bit, d = 64 or 128, no sliding window shorter than the
+    longest sequence (a window of ``max_len`` keys or more hides none and is dropped, as
+    kernels.flash.api does), at most SM90_PACKED_GRID_Y_MAX sequences x heads. Unlike
+    `sm90_region` it has no lower bound on the lengths or the grid: none was measured yet, and
+    packed training batches are long (kernels/flash/NOTES.md, "Packed sequences"). GPU-free,
+    like the other rules: where the Hopper kernel cannot run (another GPU, layouts the copy
+    engine cannot read) the portable backward runs without the buffer, so calc.peak's
+    prediction there is high by the buffer and the stats copies."""
+    if elem_bytes != 2 or head_dim not in ATOMIC_HEAD_DIMS:
+        return False
+    if window is not None and window < max_len:
+        return False
+    return n_seq * max(heads, kv_heads) <= SM90_PACKED_GRID_Y_MAX and total >= max_len >= 1
+
+
+def sm90_packed_pad_rows(total: int, n_seq: int, head_dim: int) -> int:
+    """Padded query rows per head of the packed Hopper backward's fp32 dQ buffer and of its
+    lse2 / delta copies: T + n·BLOCK_M rounded up to BLOCK_M, for T packed queries in n
+    sequences and BLOCK_M its query block (`SM90_QUERY_BLOCK`); sequence i starts at padded
+    row ((cu_seqlens[i] + i·BLOCK_M) // BLOCK_M)·BLOCK_M, so no two sequences share a query
+    block of the buffer. FlashAttention-3's padded offsets (hopper/seqlen.h offset_q_padded;
+    hopper/flash_bwd_launch_template.h total_q_padded_rounded sizes dq_accum, softmax_lse_log2
+    and dpsum so). The kernel (kernels/flash/bwd_sm90.py, `packed_pad_rows`) calls this."""
+    bm = SM90_QUERY_BLOCK[head_dim]
+    return _cdiv(total + n_seq * bm, bm) * bm
+
+
 def _triton_split(batch: int, heads: int, kv_heads: int, s_k: int) -> int:
     group = heads // kv_heads
     blocks = batch * kv_heads * _cdiv(s_k, KV_SPLIT_BLOCK)

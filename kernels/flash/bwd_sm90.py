@@ -95,6 +95,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from calc import dispatch
 from kernels.flash import common
 from kernels.flash.launcher import DirectLauncher
 
@@ -159,16 +160,22 @@ def _tile(smem, i):
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem,
             v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv, GROUP, start_n, lo,
-            n_m, STAGES: gl.constexpr):
+            n_m, q0, k0, stat0, STAGES: gl.constexpr, VARLEN: gl.constexpr):
     """The producer warp: the two halves of K and V, then Q_i, dO_i and the rows' lse2 and
     delta for query blocks i = lo .. n_m - 1 of each query head of the group, through the
-    ring (FA3 loads LSE and dPsum with the producer too)."""
+    ring (FA3 loads LSE and dPsum with the producer too). VARLEN (packed sequences): the
+    descriptors span the packed rows, the sequence's queries start at row q0, its keys at k0,
+    its lse2 and delta at column stat0 of the (H, padded rows) stats (`attn_bwd_sm90_varlen_kernel`)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF: gl.constexpr = k_desc.block_type.shape[2]
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for i in gl.static_range(2):
-        _tma_load(k_desc, [b, h_kv, start_n + i * HALF, 0], kv_bar, k_smem.index(i))
-        _tma_load(v_desc, [b, h_kv, start_n + i * HALF, 0], kv_bar, v_smem.index(i))
+        if VARLEN:
+            _tma_load(k_desc, [0, h_kv, k0 + start_n + i * HALF, 0], kv_bar, k_smem.index(i))
+            _tma_load(v_desc, [0, h_kv, k0 + start_n + i * HALF, 0], kv_bar, v_smem.index(i))
+        else:
+            _tma_load(k_desc, [b, h_kv, start_n + i * HALF, 0], kv_bar, k_smem.index(i))
+            _tma_load(v_desc, [b, h_kv, start_n + i * HALF, 0], kv_bar, v_smem.index(i))
     it = 0  # ring copies issued so far
     for g in range(GROUP):
         h = h_kv * GROUP + g
@@ -180,22 +187,29 @@ def _loader(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_sm
             bar = ready.index(slot)
             mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
                             + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            _tma_load(q_desc, [b, h, m * BLOCK_M, 0], bar, q_smem.index(slot))
-            _tma_load(do_desc, [b, h, m * BLOCK_M, 0], bar, do_smem.index(slot))
-            _tma_load(lse_desc, [b * H + h, m * BLOCK_M], bar, lse_smem.index(slot))
-            _tma_load(delta_desc, [b * H + h, m * BLOCK_M], bar, delta_smem.index(slot))
+            if VARLEN:
+                _tma_load(q_desc, [0, h, q0 + m * BLOCK_M, 0], bar, q_smem.index(slot))
+                _tma_load(do_desc, [0, h, q0 + m * BLOCK_M, 0], bar, do_smem.index(slot))
+                _tma_load(lse_desc, [h, stat0 + m * BLOCK_M], bar, lse_smem.index(slot))
+                _tma_load(delta_desc, [h, stat0 + m * BLOCK_M], bar, delta_smem.index(slot))
+            else:
+                _tma_load(q_desc, [b, h, m * BLOCK_M, 0], bar, q_smem.index(slot))
+                _tma_load(do_desc, [b, h, m * BLOCK_M, 0], bar, do_smem.index(slot))
+                _tma_load(lse_desc, [b * H + h, m * BLOCK_M], bar, lse_smem.index(slot))
+                _tma_load(delta_desc, [b * H + h, m * BLOCK_M], bar, delta_smem.index(slot))
             it += 1
 
 
 @gluon.jit
 def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem, lse_smem,
-            delta_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, keys, s_k, qk_scale,
-            HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
+            delta_smem, ds_smem, dq_smem, ready, empty, ds_bar, dq_desc, keys, s_k, s_q,
+            qk_scale, HALF_ID: gl.constexpr, st_layout: gl.constexpr, pa_layout: gl.constexpr,
             dq_layout: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+            CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, VARLEN: gl.constexpr):
     """One query block (ring copy ``it``, rows start_m ..) for this warpgroup's 64 keys:
     updates dK_w, dV_w and adds this program's share of the block's dQ (module docstring).
-    ``dq_tile``: ((b * H + h) * n_m + m) * 2, the block's first partial in the flat dQ buffer."""
+    ``dq_tile``: the block's first partial in the flat dQ buffer (((b * H + h) * n_m + m) * 2
+    dense). VARLEN: a MASKED step also masks queries >= s_q (the next sequence's rows)."""
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HALF_M: gl.constexpr = BLOCK_M // 2
     DTYPE: gl.constexpr = q_smem.dtype
@@ -232,6 +246,9 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
     if MASKED:
         cols = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
         visible = gl.expand_dims(keys, 1) < s_k
+        if VARLEN:  # query rows past the sequence's end are the next sequence's: P = 0, so
+            # they add nothing to dV, and dS = 0 * (dP - delta) = 0 (delta is 0 there, finite)
+            visible = visible & (gl.expand_dims(cols, 0) < s_q)
         if CAUSAL:  # top-left alignment: query i sees keys j <= i
             visible = visible & (gl.expand_dims(cols, 0) >= gl.expand_dims(keys, 1))
         pt = gl.where(visible, pt, 0.0)
@@ -301,10 +318,17 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
 def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
               ds_smem,
               dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-              start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+              start_n, lo, mid, n_m, s_q, s_k, pb0, n_pad, k0, total_k, qk_scale, sm_scale,
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+              VARLEN: gl.constexpr):
     """One warpgroup: keys start_n + 64 * HALF_ID .. + 63 over every query block of the group
-    (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV."""
+    (masked steps [lo, mid), unmasked [mid, n_m)); stores its rows of dK and dV.
+
+    VARLEN (packed sequences, `attn_bwd_sm90_varlen_kernel`): s_q, s_k are the sequence's
+    lengths; its query block m adds into flat dQ tiles (h * n_pad + pb0 + m) * 2 (the
+    sequence's blocks start at padded block pb0 of each head's n_pad); a ragged last query
+    block is a masked step too (its rows past s_q are the next sequence's); dK, dV rows go to
+    packed rows k0 + key of head h_kv's total_k."""
     HEAD_D: gl.constexpr = q_smem.shape[4]
     BLOCK_M: gl.constexpr = q_smem.shape[3]
     HALF: gl.constexpr = k_smem.shape[3]
@@ -328,75 +352,86 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
     it = 0
     for g in range(GROUP):
         h = h_kv * GROUP + g
-        for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
-            dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk, dv,
-                             zero, k_smem, v_smem, q_smem, do_smem,
-                             lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                             ds_bar,
-                             dq_desc,
-                             keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D)
-            it += 1
-        for m in range(mid, n_m):  # every key of the block visible to every row
-            dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk, dv,
-                             zero, k_smem, v_smem, q_smem, do_smem,
-                             lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                             ds_bar,
-                             dq_desc,
-                             keys, s_k, qk_scale, HALF_ID, st_layout, pa_layout,
-                             dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D)
-            it += 1
+        if VARLEN:
+            # the diagonal band (or every block of a ragged key block), masked; then the blocks
+            # whose rows all lie inside the sequence and see every key; then the ragged last
+            # block, whose rows past s_q (the next sequence's) are masked
+            n_full = s_q // BLOCK_M
+            for m in range(lo, mid):
+                dk, dv = _q_step(it, m * BLOCK_M, (h * n_pad + pb0 + m) * 2, dk, dv,
+                                 zero, k_smem, v_smem, q_smem, do_smem,
+                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
+                                 ds_bar,
+                                 dq_desc,
+                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
+                                 dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, VARLEN)
+                it += 1
+            for m in range(mid, n_full):
+                dk, dv = _q_step(it, m * BLOCK_M, (h * n_pad + pb0 + m) * 2, dk, dv,
+                                 zero, k_smem, v_smem, q_smem, do_smem,
+                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
+                                 ds_bar,
+                                 dq_desc,
+                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
+                                 dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, VARLEN)
+                it += 1
+            for m in range(gl.maximum(mid, n_full), n_m):
+                dk, dv = _q_step(it, m * BLOCK_M, (h * n_pad + pb0 + m) * 2, dk, dv,
+                                 zero, k_smem, v_smem, q_smem, do_smem,
+                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
+                                 ds_bar,
+                                 dq_desc,
+                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
+                                 dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, VARLEN)
+                it += 1
+        else:
+            for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
+                dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk,
+                                 dv, zero, k_smem, v_smem, q_smem, do_smem,
+                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
+                                 ds_bar,
+                                 dq_desc,
+                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
+                                 dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, VARLEN)
+                it += 1
+            for m in range(mid, n_m):  # every key of the block visible to every row
+                dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk,
+                                 dv, zero, k_smem, v_smem, q_smem, do_smem,
+                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
+                                 ds_bar,
+                                 dq_desc,
+                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
+                                 dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, VARLEN)
+                it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
     # ---- dK, dV: written once, in the inputs' dtype (rows past s_k dropped) ---------------------
+    # Register stores under a mask: the rows of a key block past the sequence's end belong to
+    # the next sequence (its program writes them), or lie past the tensor.
     rows = start_n + HALF_ID * HALF + gl.arange(0, HALF, gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, HEAD_D, gl.SliceLayout(0, acc_layout))
-    base = (b * H_kv + h_kv).to(gl.int64) * s_k * HEAD_D
+    if VARLEN:
+        base = (h_kv.to(gl.int64) * total_k + k0) * HEAD_D
+    else:
+        base = (b * H_kv + h_kv).to(gl.int64) * s_k * HEAD_D
     offs = base + gl.expand_dims(rows, 1).to(gl.int64) * HEAD_D + gl.expand_dims(offs_d, 0)
     mask = gl.expand_dims(rows, 1) < s_k
     gl.store(DK + offs, (dk * sm_scale).to(DTYPE), mask=mask)
     gl.store(DV + offs, dv.to(DTYPE), mask=mask)
 
 
-@gluon.jit(do_not_specialize=["s_q", "s_k"])
-def attn_bwd_sm90_kernel(
-    q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
-    dq_desc,  # the zeroed flat fp32 dQ buffer as (B * H * n_m * 2 * 128, 32), tiles [128, 32]
-    # unswizzled: partial u of query block m of (b, h) at rows ((b H + h) n_m + m) 2 + u (`flat_tile`)
-    lse_desc, delta_desc,  # (B * H, s_q) fp32: the forward's lse2, and delta (`_stats_kernel`);
-    # tiles [1, BLOCK_M]
-    DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
-    H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
-    HEADS_PER_GROUP,  # causal grid order: (batch, key/value head)s launched together (`head_group`)
-    s_q, s_k,
-    qk_scale,  # scale * log2(e)
-    sm_scale,  # scale
-    CAUSAL: gl.constexpr,
-    STAGES: gl.constexpr,  # ring slots of Q and of dO
-    DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
-    num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
-):
+@gluon.jit
+def _one_block(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, b, h_kv,
+               H, H_kv, GROUP, start_n, s_q, s_k, q0, k0, pb0, n_pad, total_k, qk_scale,
+               sm_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+               VARLEN: gl.constexpr):
+    """One program: keys start_n .. start_n + 127 of (batch b or packed sequence, key/value head
+    h_kv) with s_q queries and s_k keys; its query-block range, shared memory, barriers and
+    the warp-specialised partitions. ``q0``, ``k0``, ``pb0``, ``n_pad``, ``total_k``: where a
+    packed sequence lies (VARLEN, see `_loader` and `_consumer`); 0 otherwise."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF: gl.constexpr = k_desc.block_type.shape[2]
     DTYPE: gl.constexpr = q_desc.dtype
-    gl.static_assert(2 * HALF == 128)
-
-    # Grid order. Without the mask, head-major (grid (key blocks, B * H_kv)): the programs
-    # running side by side share their heads' Q and dO in L2. With the causal mask, key block j
-    # has n_m - j // 2 query blocks of work, so each group of HEADS_PER_GROUP heads launches
-    # longest first (every head's block 0, then every head's block 1, ...; grid
-    # (HEADS_PER_GROUP * key blocks, groups)): the short programs fill each group's last wave,
-    # and the programs side by side still share few heads' Q, dO and dQ rows in L2
-    # (`head_group`).
-    if CAUSAL:
-        i = gl.program_id(0)
-        start_n = (i // HEADS_PER_GROUP) * (2 * HALF)
-        bhk = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
-    else:
-        start_n = gl.program_id(0) * (2 * HALF)
-        bhk = gl.program_id(1)
-    b = bhk // H_kv
-    h_kv = bhk % H_kv
     n_m = (s_q + BLOCK_M - 1) // BLOCK_M
     if CAUSAL:
         lo = start_n // BLOCK_M  # rows before start_n see none of these keys
@@ -437,17 +472,104 @@ def attn_bwd_sm90_kernel(
         [(_consumer, (0, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D)),
+                      start_n, lo, mid, n_m, s_q, s_k, pb0, n_pad, k0, total_k, qk_scale,
+                      sm_scale, CAUSAL, STAGES, DQ_SPLIT_D, VARLEN)),
          (_consumer, (1, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
                       dq_smem,
                       kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
-                      start_n, lo, mid, n_m, s_k, qk_scale, sm_scale, CAUSAL, STAGES,
-                      DQ_SPLIT_D)),
+                      start_n, lo, mid, n_m, s_q, s_k, pb0, n_pad, k0, total_k, qk_scale,
+                      sm_scale, CAUSAL, STAGES, DQ_SPLIT_D, VARLEN)),
          (_loader, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem,
                     k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready, empty, b, H, h_kv,
-                    GROUP, start_n, lo, n_m, STAGES))],
+                    GROUP, start_n, lo, n_m, q0, k0, pb0 * BLOCK_M, STAGES, VARLEN))],
         [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+@gluon.jit(do_not_specialize=["s_q", "s_k"])
+def attn_bwd_sm90_kernel(
+    q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
+    dq_desc,  # the zeroed flat fp32 dQ buffer as (B * H * n_m * 2 * 128, 32), tiles [128, 32]
+    # unswizzled: partial u of query block m of (b, h) at rows ((b H + h) n_m + m) 2 + u (`flat_tile`)
+    lse_desc, delta_desc,  # (B * H, s_q) fp32: the forward's lse2, and delta (`_stats_kernel`);
+    # tiles [1, BLOCK_M]
+    DK, DV,  # outputs (B, H_kv, s_k, d), contiguous, written in full
+    H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
+    HEADS_PER_GROUP,  # causal grid order: (batch, key/value head)s launched together (`head_group`)
+    s_q, s_k,
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale
+    CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr,  # ring slots of Q and of dO
+    DQ_SPLIT_D: gl.constexpr,  # dQ^T split between the warpgroups by rows of d (else by queries)
+    num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
+):
+    HALF: gl.constexpr = k_desc.block_type.shape[2]
+    gl.static_assert(2 * HALF == 128)
+
+    # Grid order. Without the mask, head-major (grid (key blocks, B * H_kv)): the programs
+    # running side by side share their heads' Q and dO in L2. With the causal mask, key block j
+    # has n_m - j // 2 query blocks of work, so each group of HEADS_PER_GROUP heads launches
+    # longest first (every head's block 0, then every head's block 1, ...; grid
+    # (HEADS_PER_GROUP * key blocks, groups)): the short programs fill each group's last wave,
+    # and the programs side by side still share few heads' Q, dO and dQ rows in L2
+    # (`head_group`).
+    if CAUSAL:
+        i = gl.program_id(0)
+        start_n = (i // HEADS_PER_GROUP) * (2 * HALF)
+        bhk = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
+    else:
+        start_n = gl.program_id(0) * (2 * HALF)
+        bhk = gl.program_id(1)
+    b = bhk // H_kv
+    h_kv = bhk % H_kv
+    _one_block(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, b, h_kv,
+               H, H_kv, GROUP, start_n, s_q, s_k, 0, 0, 0, 0, 0, qk_scale, sm_scale, CAUSAL,
+               STAGES, DQ_SPLIT_D, False)
+
+
+@gluon.jit(do_not_specialize=["total_k", "n_pad"])
+def attn_bwd_sm90_varlen_kernel(
+    q_desc, k_desc, v_desc, do_desc,  # rank-4 over (1, H or H_kv, total, d); tiles [1, 1, rows, d]
+    dq_desc,  # the zeroed flat fp32 dQ buffer, (H * n_pad * 2 * 128, 32), tiles [128, 32]:
+    # partial u of the sequence's query block m of head h at rows ((h n_pad + pb0 + m) 2 + u)
+    lse_desc, delta_desc,  # (H, n_pad * BLOCK_M) fp32 in the padded rows; tiles [1, BLOCK_M]
+    DK, DV,  # outputs (1, H_kv, total_k, d), contiguous
+    CU_Q, CU_K,  # int32 (n_seq + 1,) starts of the packed sequences' query / key rows
+    H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
+    total_k,  # packed key rows
+    n_pad,  # padded query blocks per head (`packed_pad_rows` / BLOCK_M)
+    qk_scale,  # scale * log2(e)
+    sm_scale,  # scale
+    CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr,
+    DQ_SPLIT_D: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """Packed sequences (`attention_backward_sm90_packed`), FlashAttention-3's varlen backward
+    on the dense kernel's partitions: grid (key blocks of the longest sequence, sequences x
+    key/value heads), as the portable varlen kernels (`bwd.packed_backward`). A program reads
+    its sequence's start and lengths from CU_Q, CU_K and returns at once past its end; inside,
+    it is the dense program on one sequence, its tiles loaded at the sequence's first rows.
+    Its queries' lse2, delta and dQ sums live in padded rows, the sequence's first at padded
+    block pb0 = q0 // BLOCK_M + seq (FA3's padded offsets: ((q0 + seq * BLOCK_M) // BLOCK_M)
+    * BLOCK_M rows), so no query block of one sequence shares a 4,096-float dQ partial with
+    another's and every reduce-add stays inside its own sequence's rows."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    HALF: gl.constexpr = k_desc.block_type.shape[2]
+    gl.static_assert(2 * HALF == 128)
+    start_n = gl.program_id(0) * (2 * HALF)
+    sh = gl.program_id(1)
+    seq = sh // H_kv
+    h_kv = sh % H_kv
+    q0 = gl.load(CU_Q + seq)
+    s_q = gl.load(CU_Q + seq + 1) - q0
+    k0 = gl.load(CU_K + seq)
+    s_k = gl.load(CU_K + seq + 1) - k0
+    if start_n < s_k:  # the grid is sized for the longest sequence: shorter ones stop here
+        pb0 = q0 // BLOCK_M + seq
+        _one_block(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, 0,
+                   h_kv, H, H_kv, GROUP, start_n, s_q, s_k, q0, k0, pb0, n_pad, total_k,
+                   qk_scale, sm_scale, CAUSAL, STAGES, DQ_SPLIT_D, True)
 
 
 # ---- delta = rowsum(dO * O) and the dQ buffer's zeroing: one small launch ------------------
@@ -551,6 +673,21 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor |
     if q.shape[0] * k.shape[1] >= 65536 or k.shape[2] > 65535 * BLOCK_N:
         return False
     if q.shape[2] % 4:  # lse2 and delta rows of s_q fp32: 16-byte strides for the copy engine
+        return False
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(idx)[0] != 9:
+        return False
+    return all(_descriptor_ok(t) for t in (q, k, v, do, o) if t is not None)
+
+
+def usable_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  do: torch.Tensor | None = None, o: torch.Tensor | None = None) -> bool:
+    """Whether the packed backward (`attention_backward_sm90_packed`) can run these inputs (q
+    (1, H, total_q, d), k, v (1, H_kv, total_k, d)): `usable`'s rules except the one on the
+    query count (lse2 and delta are read from padded copies whose rows are 16-byte aligned,
+    so any total runs); the grid's limit on sequences x heads is the route's
+    (`route.GRID_Y_MAX`)."""
+    if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(idx)[0] != 9:
@@ -697,4 +834,150 @@ def attention_backward_sm90(do, q, k, v, o, lse2, causal: bool, scale: float):
     FLAT_CAST_LAUNCHER((n_m, B * H), ("flat", q.dtype, d, bm, sd),
                        (dq_acc, dq, scale, s_q),
                        {"HEAD_D": d, "BLOCK_M": bm, "SPLIT_D": sd, "num_warps": 4})
+    return dq, dk, dv
+
+
+# ---- packed sequences (cu_seqlens) ------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["total_q", "n_rows"])
+def _stats_varlen_kernel(Out, DO, LSE2, STATS, DQ_ACC, CU_Q,
+                         stride_oh, stride_om, stride_doh, stride_dom,
+                         H, total_q, n_rows, HEAD_D: tl.constexpr, BLOCK: tl.constexpr):
+    """Packed sequences: for query block m (BLOCK rows, the backward's BLOCK_M) of sequence
+    seq, head h (program (m, seq * H + h)), the padded rows pad = (q0 // BLOCK + seq) * BLOCK
+    + m * BLOCK .. (`attn_bwd_sm90_varlen_kernel`): STATS[0, h, pad] = lse2 (copied from the
+    packed (1, H, total_q) rows), STATS[1, h, pad] = delta = rowsum(dO * O) in fp32 (both 0
+    for rows past the sequence's end, which the backward masks), and zeros into the block's
+    BLOCK x d floats of the flat dQ buffer, which the backward adds into. STATS is (2, H,
+    n_rows) fp32, DQ_ACC H * n_rows * d fp32. Blocks past the sequence's end return."""
+    m = tl.program_id(0)
+    sh = tl.program_id(1)
+    seq = sh // H
+    h = sh % H
+    q0 = tl.load(CU_Q + seq)
+    s_q = tl.load(CU_Q + seq + 1) - q0
+    if m * BLOCK < s_q:
+        rows = m * BLOCK + tl.arange(0, BLOCK)
+        offs_d = tl.arange(0, HEAD_D)
+        inside = rows < s_q
+        mask = inside[:, None]
+        packed = (q0 + rows).to(tl.int64)
+        o = tl.load(Out + h.to(tl.int64) * stride_oh + packed[:, None] * stride_om
+                    + offs_d[None, :], mask=mask, other=0.0)
+        do = tl.load(DO + h.to(tl.int64) * stride_doh + packed[:, None] * stride_dom
+                     + offs_d[None, :], mask=mask, other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        lse = tl.load(LSE2 + h.to(tl.int64) * total_q + packed, mask=inside, other=0.0)
+        pad = h.to(tl.int64) * n_rows + (q0 // BLOCK + seq + m).to(tl.int64) * BLOCK \
+            + tl.arange(0, BLOCK)
+        tl.store(STATS + pad, lse)
+        tl.store(STATS + n_rows.to(tl.int64) * H + pad, delta)  # H may be a constexpr 1
+        tl.store(DQ_ACC + pad[:, None] * HEAD_D + offs_d[None, :],
+                 tl.zeros([BLOCK, HEAD_D], tl.float32))
+
+
+@triton.jit(do_not_specialize=["total_q", "n_pad"])
+def _flat_cast_varlen_kernel(ACC, DQ, CU_Q, scale, H, total_q, n_pad, HEAD_D: tl.constexpr,
+                             BLOCK_M: tl.constexpr, SPLIT_D: tl.constexpr):
+    """Packed sequences: dQ (1, H, total_q, d), contiguous, in DQ's dtype = scale x the flat
+    dQ buffer, as `_flat_cast_kernel` decodes it; program (m, seq * H + h) decodes query block
+    m of sequence seq, head h, whose partials are tiles (h * n_pad + q0 // BLOCK_M + seq + m)
+    * 2 + u (`attn_bwd_sm90_varlen_kernel`), into the sequence's packed rows q0 + m * BLOCK_M
+    .. (rows past its end, which are the next sequence's, not written)."""
+    m = tl.program_id(0)
+    sh = tl.program_id(1)
+    seq = sh // H
+    h = sh % H
+    q0 = tl.load(CU_Q + seq)
+    s_q = tl.load(CU_Q + seq + 1) - q0
+    if m * BLOCK_M < s_q:
+        qi = tl.arange(0, BLOCK_M)[:, None]  # query within the block
+        dd = tl.arange(0, HEAD_D)[None, :]
+        if SPLIT_D:
+            u, r, c = dd // 64, dd % 64, qi
+        else:
+            u, r, c = qi // 64, dd, qi % 64
+        inner = (512 * (c // 8) + 128 * (r // 16) + 16 * (r % 8) + 4 * (c // 2 % 4)
+                 + 2 * (r // 8 % 2) + c % 2)
+        tile = (h.to(tl.int64) * n_pad + q0 // BLOCK_M + seq + m) * 2
+        acc = tl.load(ACC + (tile + u) * 4096 + inner)
+        rows = m * BLOCK_M + qi
+        tl.store(DQ + (h.to(tl.int64) * total_q + q0 + rows) * HEAD_D + dd,
+                 (acc * scale).to(DQ.dtype.element_ty), mask=rows < s_q)
+
+
+def packed_pad_rows(total_q: int, n_seq: int, d: int) -> int:
+    """Padded query rows per head of the packed backward's flat dQ buffer and of its lse2 and
+    delta copies (FlashAttention-3's padded total, `calc.dispatch.sm90_packed_pad_rows`, the one
+    copy calc.peak counts too); sequence i's rows start at ((cu_seqlens[i] + i * BLOCK_M) //
+    BLOCK_M) * BLOCK_M, so each sequence's query blocks own whole dQ tiles."""
+    assert dispatch.SM90_QUERY_BLOCK[d] == TILES[d][0]
+    return dispatch.sm90_packed_pad_rows(total_q, n_seq, d)
+
+
+STATS_VARLEN_LAUNCHER = DirectLauncher(_stats_varlen_kernel)
+FLAT_CAST_VARLEN_LAUNCHER = DirectLauncher(_flat_cast_varlen_kernel)
+# Keys as LAUNCHER's, plus the cu_seqlens tensors' 16-byte alignment (pointer arguments);
+# total_k and n_pad are not specialised.
+LAUNCHER_VARLEN = DirectLauncher(attn_bwd_sm90_varlen_kernel, descriptor=_descriptor)
+
+
+def attention_backward_sm90_packed(do, q, k, v, o, lse2, causal: bool, scale: float, packed):
+    """Gradients (dq, dk, dv) of packed sequences (`common.Packed`, checked by
+    `api.flash_attention`), as `bwd.packed_backward` returns them: q, o, do (1, H, total_q,
+    d), k, v (1, H_kv, total_k, d), any strides `usable_packed` accepts (a (total, H, d)
+    tensor's transposed view among them), lse2 (1, H, total_q) fp32 the forward's.
+
+    Allocates, in order: the padded lse2 and delta copies, (2, H, P) fp32 with P =
+    `packed_pad_rows` (lse2's own rows need no 16-byte row stride then, so any total_q
+    runs); dK and dV (contiguous); the flat fp32 dQ buffer, H * P * d floats (zeroed by the
+    stats kernel in the sequences' blocks, alive until the cast); then dQ (1, H, total_q, d),
+    contiguous. calc.peak.varlen_peak_bytes counts these where calc.dispatch.sm90_packed
+    says this backward runs. Grids: stats and cast (ceil(max_q / BLOCK_M), n_seq * H), the
+    backward (ceil(max_k / 128), n_seq * H_kv)."""
+    _, H, total_q, d = q.shape
+    H_kv, total_k = k.shape[1], k.shape[2]
+    bm, st = TILES[d]
+    sd = DQ_SPLIT_D[d]
+    causal = bool(causal)
+    if not _descriptor_ok(do):
+        do = do.contiguous()
+    if o.stride(3) != 1:
+        o = o.contiguous()
+    lse2 = lse2.contiguous()
+    n_seq = packed.n_seq
+    cu_q, cu_k = packed.cu_q, packed.cu_k
+    rows = packed_pad_rows(total_q, n_seq, d)
+    n_pad = rows // bm
+    stats = common.empty(q, (2, H, rows), torch.float32)  # lse2, delta in the padded rows
+    dk = common.empty(k, k.shape)  # contiguous
+    dv = common.empty(v, v.shape)
+    dq_acc = common.empty(q, (H * rows * d // 32, 32), torch.float32)  # flat partials
+    so, sdo = o.stride(), do.stride()
+    h_spec = _int_spec(H)
+    cu_al = (cu_q.data_ptr() % 16 == 0, cu_k.data_ptr() % 16 == 0)
+    n_qb = -(-packed.max_q // bm)
+    STATS_VARLEN_LAUNCHER(
+        (n_qb, n_seq * H),
+        ("stats_varlen", q.dtype, d, bm, so[1:3], sdo[1:3], h_spec, o.data_ptr() % 16,
+         do.data_ptr() % 16, lse2.data_ptr() % 16, cu_al[0]),
+        (o, do, lse2, stats, dq_acc, cu_q, so[1], so[2], sdo[1], sdo[2], H, total_q, rows),
+        {"HEAD_D": d, "BLOCK": bm, "num_warps": 4})
+    gdt = _GL_DTYPES[q.dtype]
+    lay_m, lay_n = _layout(gdt, (1, 1, bm, d)), _layout(gdt, (1, 1, HALF_N, d))
+    group = H // H_kv
+    args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
+            (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
+            (dq_acc, (FLAT_ROWS, 32), STATS_LAYOUT),
+            (stats[0], (1, bm), STATS_LAYOUT), (stats[1], (1, bm), STATS_LAYOUT),
+            dk, dv, cu_q, cu_k, H, H_kv, group, total_k, n_pad, scale * LOG2E, scale)
+    consts = {"CAUSAL": causal, "STAGES": st, "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
+    key = ("bwd_varlen", q.dtype, d, bm, st, causal, sd, h_spec, _int_spec(H_kv),
+           _int_spec(group), cu_al)
+    LAUNCHER_VARLEN((-(-packed.max_k // BLOCK_N), n_seq * H_kv), key, args, consts)
+    dq = common.empty(q, (1, H, total_q, d))
+    FLAT_CAST_VARLEN_LAUNCHER((n_qb, n_seq * H), ("flat_varlen", q.dtype, d, bm, sd, h_spec,
+                                                   cu_al[0]),
+                              (dq_acc, dq, cu_q, scale, H, total_q, n_pad),
+                              {"HEAD_D": d, "BLOCK_M": bm, "SPLIT_D": sd, "num_warps": 4})
     return dq, dk, dv

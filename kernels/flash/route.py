@@ -8,6 +8,7 @@ settings, and calls that kernel:
                                  -> fwd_sm90.attention_forward_sm90_packed (Hopper, packed)
                                  -> fwd.triton_forward / fwd.packed_forward
     backward:  `backward_route` -> bwd_sm90.attention_backward_sm90  (Hopper, Gluon)
+                                 -> bwd_sm90.attention_backward_sm90_packed (Hopper, packed)
                                  -> bwd.triton_backward / bwd.packed_backward
 
 The decisions read the call's shape (`Call`), its `KernelConfig`, `config.SETTINGS` and what
@@ -97,6 +98,8 @@ class Abilities(NamedTuple):
 
     sm90_fwd: bool = False  # the Gluon forward takes q, k, v (`fwd_sm90.usable`)
     sm90_bwd: bool = False  # the Gluon backward takes q, k, v, dO, O (`bwd_sm90.usable`)
+    # ... and its packed form takes them (`bwd_sm90.usable_packed`: any total)
+    sm90_bwd_packed: bool = False
     hopper: bool = False  # a CUDA device of compute capability 9 or newer (the copy engine)
     desc_layout: bool = False  # K and V can be read as (rows, d) tensor descriptors
     dq_tma: bool = False  # the fp32 dQ buffer can take the copy engine's bulk adds
@@ -119,6 +122,11 @@ class _Probe:
     @property
     def sm90_bwd(self) -> bool:
         return bwd_sm90 is not None and bwd_sm90.usable(self.q, self.k, self.v, self.do, self.o)
+
+    @property
+    def sm90_bwd_packed(self) -> bool:
+        return (bwd_sm90 is not None
+                and bwd_sm90.usable_packed(self.q, self.k, self.v, self.do, self.o))
 
     @property
     def hopper(self) -> bool:
@@ -362,11 +370,42 @@ def _sm90_backward(call: Call, config: KernelConfig | None, can: Abilities, atom
     return True
 
 
+def _sm90_packed_backward(call: Call, config: KernelConfig | None, can: Abilities) -> bool:
+    """Whether the Gluon backward's packed form (`bwd_sm90.attention_backward_sm90_packed`)
+    runs a packed call. ``config.sm90_bwd`` True forces it wherever the inputs allow
+    (ValueError where it cannot run), False keeps the Triton two-kernel backward. By default
+    where `calc.dispatch.sm90_packed` says (16-bit, d = 64 or 128, no window, sequences x
+    heads within the grid; calc.peak counts its padded fp32 dQ buffer by the same rule) on
+    inputs `bwd_sm90.usable_packed` accepts, unless SETTINGS.sm90 or SETTINGS.sm90_bwd is off
+    or the config picks something of the Triton backward (`KernelConfig.triton_backward_chosen`).
+    Windowed packed calls stay on the Triton backward: the Gluon kernel has no window."""
+    forced = None if config is None else config.sm90_bwd
+    if forced is False:
+        return False
+    if forced is None:
+        if (not SETTINGS.sm90 or not SETTINGS.sm90_bwd
+                or (config is not None and config.triton_backward_chosen())):
+            return False
+        return (dispatch.sm90_packed(call.n_seq, call.H, call.H_kv, call.max_q, call.s_q,
+                                     call.d, call.elem, call.window)
+                and can.sm90_bwd_packed)
+    if (call.window is not None or call.n_seq * call.H > GRID_Y_MAX
+            or not can.sm90_bwd_packed):
+        raise ValueError(
+            "sm90_bwd=True: the Hopper backward of packed sequences needs 16-bit inputs with "
+            "d = 64 or 128 on a compute-capability-9 GPU, layouts the copy engine reads, no "
+            f"sliding window and at most {GRID_Y_MAX} sequences x heads; got q "
+            f"{(call.H, call.s_q, call.d)} {call.dtype} on {call.device}, {call.n_seq} "
+            f"sequences x {call.H} heads, window={call.window}")
+    return True
+
+
 def backward_route(call: Call, config: KernelConfig | None, can: Abilities) -> BackwardRoute:
     """Which backward runs ``call`` (module docstring).
 
-    Packed sequences run the two-kernel Triton backward with no GQA split (``atomic_dq``
-    True, ``kv_split`` > 1 or ``sm90_bwd`` True raises). Otherwise the GQA split is
+    Packed sequences run the Gluon backward's packed form where `_sm90_packed_backward` says,
+    else the two-kernel Triton backward; neither splits a GQA group (``atomic_dq`` True or
+    ``kv_split`` > 1 raises). Otherwise the GQA split is
     ``config.kv_split`` or `kv_split`; dQ is added with atomics per ``config.atomic_dq``, else
     by `atomic_by_default`; the Gluon backward runs where `_sm90_backward` says, else the
     Triton one with ``config.dq_tiles`` / ``config.dkdv_tiles``, else ``config.tiles``, and
@@ -377,12 +416,13 @@ def backward_route(call: Call, config: KernelConfig | None, can: Abilities) -> B
         dq_tiles = tiles if config.dq_tiles is None else config.dq_tiles.meta()
         dkdv_tiles = tiles if config.dkdv_tiles is None else config.dkdv_tiles.meta()
     if call.packed:
-        if config is not None and (config.atomic_dq or (config.kv_split or 1) > 1
-                                   or config.sm90_bwd):
-            raise ValueError("packed sequences (cu_seqlens) run the two-kernel Triton backward "
-                             f"without a GQA split; got atomic_dq={config.atomic_dq}, "
-                             f"kv_split={config.kv_split}, sm90_bwd={config.sm90_bwd}: leave "
-                             "them unset (None), False or 1")
+        if config is not None and (config.atomic_dq or (config.kv_split or 1) > 1):
+            raise ValueError("packed sequences (cu_seqlens) run the Hopper backward or the "
+                             "two-kernel Triton backward, without a GQA split; got "
+                             f"atomic_dq={config.atomic_dq}, kv_split={config.kv_split}: "
+                             "leave them unset (None), False or 1")
+        if _sm90_packed_backward(call, config, can):
+            return BackwardRoute("sm90", True, 1)
         return BackwardRoute("triton", False, 1, dq_tiles, dkdv_tiles)
     B, H, H_kv, s_q, s_k, d, elem = call[:7]
     split = split_for(config, B, H, H_kv, s_q, s_k, d, elem)
@@ -418,6 +458,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     route = backward_route(Call.of(q, k, causal, window, packed), config,
                            probe(q, k, v, do, o))
     if route.kernel == "sm90":
+        if packed is not None:
+            return bwd_sm90.attention_backward_sm90_packed(do, q, k, v, o, lse2, causal, scale,
+                                                           packed)
         return bwd_sm90.attention_backward_sm90(do, q, k, v, o, lse2, causal, scale)
     if packed is not None:
         return bwd.packed_backward(do, q, k, v, o, lse2, causal, scale, route.dq_tiles,

@@ -1,0 +1,304 @@
+"""The Hopper (Gluon) backward on packed sequences (`bwd_sm90.attention_backward_sm90_packed`,
+the backward of ``flash_attention(..., cu_seqlens=...)`` on a compute capability 9.x GPU).
+
+Oracle: each sequence alone through the fp32 eager reference
+(``kernels.flash.reference.attention_reference``); dQ, dK, dV must stay within twice plain
+eager's error in the same dtype plus a floor (tests/_tolerance.py), and the portable packed
+backward (``KernelConfig(sm90_bwd=False)``) on the same inputs gives the same gradients within
+the same bound. Every buffer the kernels allocate is NaN-filled first (`common.empty`), so a
+row no program writes, or a reduce-add landing in another sequence's unzeroed rows, shows.
+
+What the packed backward adds to the dense one: tiles past a sequence's end read the next
+sequence's queries and keys (masked: a gradient that saw a neighbour fails the reference);
+the lse2 / delta copies and the fp32 dQ sums live in padded rows per sequence (a sequence's
+partials landing in another's fail); dK, dV rows past a sequence's end are not stored (the
+next sequence's program owns them: `test_gpu_packed_bwd_writes_only_its_rows`). Lengths 1,
+97, 128, 700, 4,096 among others; MHA and GQA 4:1; fp16 and bf16; d = 64 and 128; causal and
+not; q as (1, H, T, d) and FlashAttention's (T, H, d). The route decisions are CPU tests in
+tests/kernels/test_route_packed.py; the compile for sm_90 runs here on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+from _hopper import hopper_reason  # noqa: E402
+from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
+
+REASON = hopper_reason() if torch.cuda.is_available() else "no CUDA GPU"
+FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+LENS = [97, 1, 128, 700, 4096, 64, 193, 129]  # across the 64/128-row query blocks, 128 keys
+
+needs_hopper = pytest.mark.skipif(REASON is not None, reason=f"Hopper backward: {REASON}")
+
+
+@contextlib.contextmanager
+def poison_and_count():
+    """NaN-fills every buffer `kernels.flash.common.empty` allocates, and yields a list that
+    gets one entry per call of `bwd_sm90.attention_backward_sm90_packed`."""
+    from kernels.flash import bwd_sm90, common
+
+    real_empty, real_bwd, seen = common.empty, bwd_sm90.attention_backward_sm90_packed, []
+    common.empty = lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))
+
+    def wrapper(*args, **kwargs):
+        seen.append(1)
+        return real_bwd(*args, **kwargs)
+
+    bwd_sm90.attention_backward_sm90_packed = wrapper
+    try:
+        yield seen
+    finally:
+        common.empty = real_empty
+        bwd_sm90.attention_backward_sm90_packed = real_bwd
+
+
+def _starts(lens) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                        device="cuda")
+
+
+def _reference_grads(q, k, v, do, starts, causal, dtype_hi):
+    """Per sequence, the reference's gradients of q, k, v in ``dtype_hi``."""
+    from kernels.flash.reference import attention_reference
+
+    leaves = [t.detach().to(dtype_hi).requires_grad_() for t in (q, k, v)]
+    outs = [attention_reference(*(t[:, :, a:b] for t in leaves), causal)
+            for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    torch.cat(outs, 2).backward(do.to(dtype_hi))
+    return [t.grad for t in leaves]
+
+
+def _inputs(lens, H, H_kv, d, dtype, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T = sum(lens)
+    return [torch.randn(1, n, T, d, generator=g).to("cuda", dtype) for n in (H, H_kv, H_kv, H)]
+
+
+def _grads(q, k, v, do, cu, causal, config, flat):
+    """dq, dk, dv of the packed call through `flash_attention`, as (1, heads, T, d)."""
+    from kernels.flash.api import flash_attention
+
+    if flat:  # FlashAttention's (T, H, d), contiguous: the kernels get its transposed view
+        leaves = [t[0].transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
+        flash_attention(*leaves, causal=causal, cu_seqlens=cu,
+                        config=config).backward(do[0].transpose(0, 1))
+        return [t.grad.transpose(0, 1).unsqueeze(0) for t in leaves]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    flash_attention(*leaves, causal=causal, cu_seqlens=cu, config=config).backward(do)
+    return [t.grad for t in leaves]
+
+
+def check_packed_bwd(lens, H, H_kv, d, causal, dtype, flat=False, config=None):
+    """The packed backward on the Hopper kernel (``config`` None: the default route, which must
+    take it) against the reference, and against the portable packed backward."""
+    from kernels.flash.config import KernelConfig
+
+    q, k, v, do = _inputs(lens, H, H_kv, d, dtype)
+    cu = _starts(lens)
+    with poison_and_count() as calls:
+        grads = _grads(q, k, v, do, cu, causal, config, flat)
+    assert calls, "the packed backward did not run the Hopper kernel"
+    portable = _grads(q, k, v, do, cu, causal, KernelConfig(sm90_bwd=False), flat)
+    starts = cu.tolist()
+    ref = _reference_grads(q, k, v, do, starts, causal, torch.float32)
+    base = _reference_grads(q, k, v, do, starts, causal, dtype)
+    for name, gr, r, b, p in zip(("dq", "dk", "dv"), grads, ref, base, portable, strict=True):
+        assert gr.dtype == dtype and gr.shape == r.shape
+        _within(name, gr, r, b, FLOOR[dtype])
+        _within(f"{name} (portable backward)", p, r, b, FLOOR[dtype])
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d,dtype,flat,H_kv", [(64, torch.float16, True, 4),
+                                                (128, torch.bfloat16, False, 1),
+                                                (128, torch.float16, False, 4),
+                                                (64, torch.bfloat16, False, 1)],
+                         ids=["d64_fp16_flat_mha", "d128_bf16_gqa4", "d128_fp16_mha",
+                              "d64_bf16_gqa4"])
+def test_gpu_packed_sm90_backward_matches_reference(d, dtype, flat, H_kv, causal):
+    """Default route (no config), H = 4 query heads over H_kv = 4 (MHA) or 1 (GQA 4:1)."""
+    check_packed_bwd(LENS, 4, H_kv, d, causal, dtype, flat)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_packed_sm90_backward_forced_and_short():
+    """``sm90_bwd=True`` forces it; single-token and sub-block sequences only (every key
+    block and query block ragged)."""
+    from kernels.flash.config import KernelConfig
+
+    check_packed_bwd([1, 3, 5, 63, 2], 2, 2, 128, True, torch.bfloat16,
+                     config=KernelConfig(sm90_bwd=True))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_packed_bwd_writes_only_its_rows(d):
+    """Rows after the last sequence belong to no sequence: dQ, dK and dV must keep their NaN
+    there (a store past a sequence's end would overwrite the next sequence's rows in a real
+    batch), and every owned row must be written."""
+    from kernels.flash import bwd_sm90, fwd
+    from kernels.flash.common import Packed
+
+    first, end, tail = 300, 97, 200
+    T = first + end + tail
+    q, k, v, do = _inputs([T], 2, 2, d, torch.bfloat16, seed=d)
+    cu = torch.tensor([0, first, first + end], dtype=torch.int32, device="cuda")
+    packed = Packed(cu, cu, first, first)
+    for causal in (False, True):
+        with poison_and_count():
+            o, lse2 = fwd.packed_forward(q, k, v, causal, 0.125, None, None, packed)
+            dq, dk, dv = bwd_sm90.attention_backward_sm90_packed(do, q, k, v, o, lse2, causal,
+                                                                 0.125, packed)
+        torch.cuda.synchronize()
+        owned = first + end
+        for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+            assert not t[:, :, :owned].isnan().any(), f"{name}: an owned row was not written"
+            assert t[:, :, owned:].isnan().all(), f"{name} written past the last sequence"
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_packed_sm90_peak_equals_calc():
+    """The measured extra peak of a packed forward + backward on the Hopper backward (q, k, v,
+    dO and cu_seqlens allocated before; warmed up once) equals calc.varlen_peak_bytes to the
+    byte, its padded fp32 dQ buffer and stats copies included."""
+    import calc
+    from kernels import flash_attention
+
+    lens, H, H_kv, d = [1000, 3001, 4190, 5], 32, 8, 128
+    q, k, v, do = _inputs(lens, H, H_kv, d, torch.bfloat16)
+    cu = _starts(lens)
+
+    def call():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        flash_attention(*leaves, causal=True, cu_seqlens=cu).backward(do)
+        return leaves
+
+    with poison_and_count() as calls:
+        held = call()
+    assert calls, "the default route did not take the Hopper packed backward"
+    del held
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    held = call()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before
+    del held
+    assert measured == calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
+
+
+# ---- CPU: the compile for sm_90 --------------------------------------------------------------
+
+def compile_varlen(dtype: str, d: int, causal: bool, mha: bool = False):
+    """The packed backward kernel compiled for sm_90 with the signature its launch has (no
+    GPU: Triton's compiler and ptxas run on the CPU, as tools/compile_bwd_sm90.py does for the
+    dense kernel); ``mha``: GROUP = 1 as the JIT specialises it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.flash import bwd_sm90 as b90
+
+    gdt = {"fp16": b90.gl.float16, "bf16": b90.gl.bfloat16}[dtype]
+    bm, st = b90.TILES[d]
+
+    def desc(rows):
+        lay = b90.gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], gdt)
+        return f"tensordesc<{dtype}[1, 1, {rows}, {d}],{lay!r}>"
+
+    stats = f"tensordesc<fp32[1, {bm}],{b90.STATS_LAYOUT!r}>"
+    sig = {"q_desc": desc(bm), "k_desc": desc(b90.HALF_N), "v_desc": desc(b90.HALF_N),
+           "do_desc": desc(bm),
+           "dq_desc": f"tensordesc<fp32[{b90.FLAT_ROWS}, 32],{b90.STATS_LAYOUT!r}>",
+           "lse_desc": stats, "delta_desc": stats, "DK": f"*{dtype}", "DV": f"*{dtype}",
+           "CU_Q": "*i32", "CU_K": "*i32", "H": "i32", "H_kv": "i32", "GROUP": "i32",
+           "total_k": "i32", "n_pad": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
+           "CAUSAL": "constexpr", "STAGES": "constexpr", "DQ_SPLIT_D": "constexpr",
+           "num_warps": "constexpr"}
+    consts = {"CAUSAL": causal, "STAGES": st, "DQ_SPLIT_D": b90.DQ_SPLIT_D[d],
+              "num_warps": b90.NUM_WARPS}
+    if mha:
+        sig["GROUP"], consts["GROUP"] = "constexpr", 1
+    src = GluonASTSource(b90.attn_bwd_sm90_varlen_kernel, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": b90.NUM_WARPS})
+
+
+def compile_helpers(dtype: str, d: int):
+    """The packed stats and cast kernels (Triton) compiled for sm_90 as their launches do."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.flash import bwd_sm90 as b90
+
+    bm = b90.TILES[d][0]
+    target = GPUTarget("cuda", 90, 32)
+    sig = {"Out": f"*{dtype}", "DO": f"*{dtype}", "LSE2": "*fp32", "STATS": "*fp32",
+           "DQ_ACC": "*fp32", "CU_Q": "*i32", "stride_oh": "i32", "stride_om": "i32",
+           "stride_doh": "i32", "stride_dom": "i32", "H": "i32", "total_q": "i32",
+           "n_rows": "i32", "HEAD_D": "constexpr", "BLOCK": "constexpr"}
+    stats = triton.compile(ASTSource(b90._stats_varlen_kernel, sig,
+                                     constexprs={"HEAD_D": d, "BLOCK": bm}),
+                           target=target, options={"num_warps": 4})
+    sig = {"ACC": "*fp32", "DQ": f"*{dtype}", "CU_Q": "*i32", "scale": "fp32", "H": "i32",
+           "total_q": "i32", "n_pad": "i32", "HEAD_D": "constexpr", "BLOCK_M": "constexpr",
+           "SPLIT_D": "constexpr"}
+    cast = triton.compile(ASTSource(b90._flat_cast_varlen_kernel, sig,
+                                    constexprs={"HEAD_D": d, "BLOCK_M": bm,
+                                                "SPLIT_D": b90.DQ_SPLIT_D[d]}),
+                          target=target, options={"num_warps": 4})
+    return stats, cast
+
+
+def test_packed_sm90_backward_compiles():
+    """The packed backward compiles for sm_90 (bf16 d = 128 causal, fp16 d = 64 full, MHA),
+    within 227 KiB of shared memory, with bulk loads and reduce-adds and masked register
+    stores of dK, dV, spilling at most what the dense kernel spills plus a margin; its stats
+    and cast kernels compile too."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from tools.compile_sm90 import _ptxas_usage
+
+    for args, limit in ((("bf16", 128, True, True), 64), (("fp16", 64, False, False), 256)):
+        ck = compile_varlen(*args)
+        regs, spills = _ptxas_usage(ck.asm["ptx"])
+        assert spills != "?" and int(spills) <= limit, f"{args}: {spills} bytes spilled ({regs})"
+        assert ck.metadata.shared <= 227 * 1024
+        ptx = ck.asm["ptx"]
+        assert "cp.async.bulk.tensor" in ptx  # TMA loads
+        assert "cp.reduce.async.bulk" in ptx  # dQ's bulk reduce-adds
+        assert "st.global" in ptx  # dK, dV under a mask
+    for dt, d in (("bf16", 128), ("fp16", 64)):
+        compile_helpers(dt, d)
+
+
+if __name__ == "__main__":  # registers and spills of each variant on this Triton
+    import sys
+
+    import triton
+
+    from tools.compile_sm90 import _ptxas_usage
+
+    print(f"triton {triton.__version__}")
+    for d in (64, 128):
+        for dt in ("fp16", "bf16"):
+            for c in (False, True):
+                for mha in (False, True):
+                    ck = compile_varlen(dt, d, c, mha)
+                    r, sp = _ptxas_usage(ck.asm["ptx"])
+                    print(f"{dt} d={d} causal={c} mha={mha}: {r} registers, {sp} bytes "
+                          f"spilled, {ck.metadata.shared / 1024:.1f} KiB shared", flush=True)
+        compile_helpers("bf16", d)
+        print(f"stats/cast d={d}: compiled")
+    sys.exit(0)
