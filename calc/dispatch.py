@@ -116,9 +116,13 @@ def sm90_packed(n_seq: int, heads: int, kv_heads: int, max_len: int, total: int,
     `sm90_packed_pad_rows`) rather than the portable two-kernel one (kernels/flash/bwd.py,
     packed_backward, no buffer): 16-bit, d = 64 or 128, no sliding window shorter than the
     longest sequence (a window of ``max_len`` keys or more hides none and is dropped, as
-    kernels.flash.api does), at most SM90_PACKED_GRID_Y_MAX sequences x heads. Unlike
-    `sm90_region` it has no lower bound on the lengths or the grid: none was measured yet, and
-    packed training batches are long (kernels/flash/NOTES.md, "Packed sequences"). GPU-free,
+    kernels.flash.api does), at most SM90_PACKED_GRID_Y_MAX sequences x heads, and sequences
+    of at least BLOCK_M tokens on average (total >= n·BLOCK_M, `SM90_QUERY_BLOCK`): each
+    sequence pads its rows of the fp32 dQ buffer by up to BLOCK_M, so the buffer stays below
+    twice the packed rows plus one block (8,192 one-token sequences would otherwise ask 65
+    times the rows). Unlike `sm90_region` it has no lower bound on the lengths or the grid:
+    none was measured yet, and packed training batches are long (kernels/flash/NOTES.md,
+    "Packed sequences"). GPU-free,
     like the other rules: where the Hopper kernel cannot run (another GPU, layouts the copy
     engine cannot read) the portable backward runs without the buffer, so calc.peak's
     prediction there is high by the buffer and the stats copies."""
@@ -126,7 +130,8 @@ def sm90_packed(n_seq: int, heads: int, kv_heads: int, max_len: int, total: int,
         return False
     if window is not None and window < max_len:
         return False
-    return n_seq * max(heads, kv_heads) <= SM90_PACKED_GRID_Y_MAX and total >= max_len >= 1
+    return (n_seq * max(heads, kv_heads) <= SM90_PACKED_GRID_Y_MAX
+            and total >= n_seq * SM90_QUERY_BLOCK[head_dim] and total >= max_len >= 1)
 
 
 def sm90_packed_pad_rows(total: int, n_seq: int, head_dim: int) -> int:

@@ -912,8 +912,8 @@ def attention_flops(
 
 
 def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads
-                  ) -> tuple[AttentionCall, int]:
-    """(the shape of one batch of the packed total, the number of sequences), checked."""
+                  ) -> tuple[AttentionCall, list[int]]:
+    """(the shape of one batch of the packed total, the checked lengths)."""
     if isinstance(seq_lens, (str, bytes)) or not hasattr(seq_lens, "__iter__"):
         raise ValueError(f"seq_lens must be a list of sequence lengths (ints >= 1), got "
                          f"{seq_lens!r}")
@@ -925,18 +925,42 @@ def _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads
         raise ValueError(f"the packed total of seq_lens must be at most {MAX_SEQ_LEN:,} tokens, "
                          f"got {total:,}")
     return AttentionCall("triton", 1, heads, total, head_dim, dtype, False, backward,
-                         kv_heads), len(lens)
+                         kv_heads), lens
 
 
-def _triton_varlen(sh: AttentionCall) -> list[Step]:
-    """Our kernel on packed sequences (kernels/flash/fwd.py packed_forward, bwd.py
-    packed_backward), in allocation order: o, lse2; delta, dk, dv, dq. No fp32 dQ buffer
-    and no GQA partial sums: the packed backward is always the two-kernel one."""
+def _check_window(window: object) -> int | None:
+    if window is None:
+        return None
+    return check_int("window", window, 1, MAX_SEQ_LEN)
+
+
+def _triton_varlen(sh: AttentionCall, lens: list[int], window: int | None) -> list[Step]:
+    """Our kernel on packed sequences, in allocation order: o, lse2 (kernels/flash/fwd.py
+    packed_forward, fwd_sm90.py attention_forward_sm90_packed: the same outputs); then the
+    backward: where calc.dispatch.sm90_packed picks the Hopper one (kernels/flash/bwd_sm90.py,
+    attention_backward_sm90_packed), lse2 and delta copied into padded rows (2·H·P fp32, P =
+    calc.dispatch.sm90_packed_pad_rows), dk, dv, the fp32 dq buffer of the padded rows
+    (H·P·d fp32) and dq; else the portable two-kernel one (bwd.py packed_backward): delta,
+    dk, dv, dq. No GQA partial sums on either."""
     steps: list[Step] = [
         _a("output" if not sh.backward else "output (saved for backward)", sh.out_bytes()),
         _a("log-sum-exp (fp32, one per packed row)", sh.rows * 4),
     ]
-    if sh.backward:
+    if not sh.backward:
+        return steps
+    n = len(lens)
+    if dispatch.sm90_packed(n, sh.h, sh.h_kv, max(lens), sh.s, sh.d, dtype_bytes(sh.dtype),
+                            window):
+        rows = dispatch.sm90_packed_pad_rows(sh.s, n, sh.d)
+        bm = dispatch.SM90_QUERY_BLOCK[sh.d]
+        pad = f"T + {n}·{bm} rounded up to {bm}: {rows:,}"
+        steps += [_a(f"row sums of dO·O and log-sum-exp copied into padded rows "
+                     f"(fp32, 2·H·({pad}))", 2 * sh.h * rows * 4),
+                  _a("dk, dv", sh.kv_bytes(), sh.kv_bytes()),
+                  _a(f"fp32 dq buffer of the Hopper backward (padded rows: {pad})",
+                     sh.h * rows * sh.d * 4),
+                  _a("dq", sh.out_bytes())]
+    else:
         steps += [_a("row sums of dO·O (fp32, one per packed row)", sh.rows * 4),
                   _a("dk, dv", sh.kv_bytes(), sh.kv_bytes()),
                   _a("dq", sh.out_bytes())]
@@ -952,11 +976,12 @@ def varlen_peak_breakdown(
     kv_heads: int | None = None,
     *,
     expandable: bool = False,
+    window: int | None = None,
 ) -> list[PeakTerm]:
     """The tensors alive at the peak of one packed-sequence call of our kernel
     (`varlen_peak_bytes`), as `attention_peak_breakdown` gives them for a dense call."""
-    sh, _ = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
-    return list(_replay_steps(_inputs(sh), _triton_varlen(sh),
+    sh, lens = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
+    return list(_replay_steps(_inputs(sh), _triton_varlen(sh, lens, _check_window(window)),
                               _check_expandable(expandable)).terms)
 
 
@@ -969,24 +994,35 @@ def varlen_peak_bytes(
     kv_heads: int | None = None,
     *,
     expandable: bool = False,
+    window: int | None = None,
 ) -> int:
     """Predicted extra peak bytes of one call of our kernel on packed sequences
-    (`kernels.flash_attention(q, k, v, ..., cu_seqlens=...)`: several sequences of lengths
-    ``seq_lens`` concatenated into one batch of T = sum(seq_lens) rows, attention inside each
-    sequence), as torch.cuda.max_memory_allocated() counts them with q (1, H, T, d), k, v
-    (1, H_kv, T, d) (and dO) allocated before the call (the module docstring's procedure).
+    (`kernels.flash_attention(q, k, v, ..., cu_seqlens=..., window=...)`: several sequences of
+    lengths ``seq_lens`` concatenated into one batch of T = sum(seq_lens) rows, attention
+    inside each sequence), as torch.cuda.max_memory_allocated() counts them with q (1, H, T,
+    d), k, v (1, H_kv, T, d) (and dO) allocated before the call (the module docstring's
+    procedure).
 
-    The tensors (e bytes per element): forward O (H·T·d·e) and one fp32 log-sum-exp per packed
-    row (H·T·4); forward + backward also the row sums of dO·O (H·T·4) and dq, dk, dv
-    (H·T·d·e + 2·H_kv·T·d·e), the terms of `attention_peak_bytes("triton", 1, H, T, ...)`
-    without its fp32 dq buffer and GQA partial sums: the packed backward is always the
-    two-kernel one with no split (kernels/flash/bwd.py, packed_backward). So the peak
-    depends on the lengths only through T, whatever the mix, causal mask or window; the
-    lengths are checked (each >= 1) and count only in T. Each tensor is counted as the caching
-    allocator's block (calc.allocator, `ALLOCATOR_NOTE`). The int32 cu_seqlens exist before
-    the call and are not counted. Sources: FlashAttention keeps O and the log-sum-exp only
-    (Dao et al. 2022, arXiv 2205.14135, sec. 3.1); the packed layout is FlashAttention-2's
-    varlen interface (cumulative sequence starts, Dao 2023, arXiv 2307.08691).
+    The tensors (e bytes per element, n sequences): forward O (H·T·d·e) and one fp32
+    log-sum-exp per packed row (H·T·4), whichever forward runs; forward + backward also dq,
+    dk, dv (H·T·d·e + 2·H_kv·T·d·e) and:
+    - where calc.dispatch.sm90_packed picks the Hopper backward (16-bit, d = 64 or 128, no
+      ``window`` shorter than the longest sequence; kernels/flash/bwd_sm90.py,
+      attention_backward_sm90_packed): the log-sum-exp and the row sums of dO·O copied into
+      P padded rows per head (2·H·P·4) and an fp32 dq buffer of those rows (H·P·d·4), P = T +
+      n·BLOCK_M rounded up to BLOCK_M (calc.dispatch.sm90_packed_pad_rows: FlashAttention-3's
+      padded offsets, Shah et al. 2024, arXiv 2407.08608; BLOCK_M 64 at d = 128, 128 at d =
+      64), so the peak depends on the number of sequences too;
+    - else (the portable two-kernel backward, kernels/flash/bwd.py packed_backward) the row
+      sums of dO·O (H·T·4), no buffer.
+    No GQA partial sums on either, and the causal mask changes nothing. On a GPU where the
+    Hopper kernel cannot run the portable backward runs and allocates less than predicted
+    (calc.dispatch.sm90_packed). Each tensor is counted as the caching allocator's block
+    (calc.allocator, `ALLOCATOR_NOTE`). The int32 cu_seqlens exist before the call and are not
+    counted. Sources: FlashAttention keeps O and the log-sum-exp only (Dao et al. 2022, arXiv
+    2205.14135, sec. 3.1); the packed layout is FlashAttention-2's varlen interface
+    (cumulative sequence starts, Dao 2023, arXiv 2307.08691).
     """
-    sh, _ = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
-    return _replay_steps(_inputs(sh), _triton_varlen(sh), _check_expandable(expandable)).peak
+    sh, lens = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
+    return _replay_steps(_inputs(sh), _triton_varlen(sh, lens, _check_window(window)),
+                         _check_expandable(expandable)).peak

@@ -155,7 +155,9 @@ _checkpoint_terms, _packed_terms, _input_bytes):
   kernels/hf/attention.py PackedSequences), kept by every attention call for its backward;
   q, k, v are flattened as views, the kernel keeps q, k, v, O and the log-sum-exp as for a
   dense row, O is made contiguous for o_proj as for a dense row, and the call's backward is
-  the packed one (calc.peak.varlen_peak_bytes: no fp32 dQ buffer, no GQA split);
+  the packed one (calc.peak.varlen_peak_bytes: no GQA split; the Hopper backward's fp32 dQ
+  buffer of padded rows unless every attention layer has a window shorter than the longest
+  sequence, _packed_window);
 - eager: the T×T additive mask is the block-diagonal one, the same size as the dense causal
   mask: nothing else changes;
 - SDPA: transformers passes the bool block-diagonal mask (1×1×T×T, sdpa_mask with the causal
@@ -280,6 +282,8 @@ class _Dims:
     vocab: int
     ep: int = 1  # expert-parallel degree (MoE)
     lengths: tuple[int, ...] = ()  # packed sequences of the one row (padding-free); () dense
+    # a packed row's window when every attention layer has one (`_packed_window`), else None
+    window: int | None = None
 
     @property
     def t(self) -> int:
@@ -648,7 +652,8 @@ def training_step(
     amp = precision == "amp_bf16"
     if model.model_type == "gpt_oss":
         _check_gpt_oss_args(attention, cache)
-    dm = dataclasses.replace(_dims(model, b, s, lay.tp), ep=lay.ep, lengths=lengths)
+    dm = dataclasses.replace(_dims(model, b, s, lay.tp), ep=lay.ep, lengths=lengths,
+                             window=_packed_window(model, lengths))
     L = model.num_layers
 
     masked = _masked_layers(model, attention, dm)
@@ -983,10 +988,22 @@ def _attention_backward_extra(impl: str, dm: _Dims) -> int:
     return sum(x for label, x in terms if not label.startswith(saved))
 
 
+def _packed_window(model: ModelConfig, lengths: tuple[int, ...]) -> int | None:
+    """The sliding window of a packed row's attention calls when every attention layer has
+    one (each call then gets it: kernels/hf/attention.py), else None: a global layer's call
+    is the larger (calc.peak.varlen_peak_bytes counts the Hopper backward's fp32 dQ buffer
+    only without a window shorter than the longest sequence), and the step takes the largest."""
+    layers = model.attention_layers or model.num_layers
+    if lengths and model.sliding_window and model.sliding_window_layers >= layers:
+        return model.sliding_window
+    return None
+
+
 def _peak_terms(impl: str, dm: _Dims) -> list[tuple[str, int]]:
     if dm.lengths and impl == "triton":  # the packed call (calc.peak.varlen_peak_bytes)
         return [(t.label, t.counted_bytes) for t in varlen_peak_breakdown(
-            dm.heads, list(dm.lengths), dm.d, "bf16", backward=True, kv_heads=dm.kv_heads)]
+            dm.heads, list(dm.lengths), dm.d, "bf16", backward=True, kv_heads=dm.kv_heads,
+            window=dm.window)]
     return attention_peak_terms(impl, dm.b, dm.heads, dm.s, dm.d, "bf16", causal=True,
                                 backward=True, kv_heads=dm.kv_heads)
 
@@ -1367,7 +1384,8 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
                         lengths: tuple[int, ...] = ()) -> TrainingStepMemory:
     """training_step with a frozen base and LoRA adapters (module docstring, "LoRA")."""
     lay = make_layout(model, 1, 1, "none")
-    dm = dataclasses.replace(_dims(model, b, s, 1), lengths=lengths)
+    dm = dataclasses.replace(_dims(model, b, s, 1), lengths=lengths,
+                             window=_packed_window(model, lengths))
     L = model.num_layers
     keep_cache = cache and not checkpointing
     masked = _masked_layers(model, attention, dm)

@@ -204,12 +204,16 @@ def flash_attention(
     a Hopper GPU the forward of a packed call without a window runs the Gluon kernel's packed
     form where the dense rule above would run it for the longest sequence (d = 128; d = 64
     past 2,048 keys and queries, 4,096 causal; ``KernelConfig(sm90=...)`` forces either way;
-    `fwd_sm90.attention_forward_sm90_packed`), else the portable Triton forward; the backward
-    is the portable two-kernel one with no GQA split. Its memory, beyond q, k, v (and dO), is
-    that of one batch of the packed totals (`varlen_bytes`), whichever forward runs:
+    `fwd_sm90.attention_forward_sm90_packed`), else the portable Triton forward. The backward
+    of a packed call without a window is the Gluon backward's packed form on a Hopper GPU
+    (fp16/bf16, d = 64 or 128, `calc.dispatch.sm90_packed`; ``KernelConfig(sm90_bwd=...)``
+    forces either way; `bwd_sm90.attention_backward_sm90_packed`), else the portable
+    two-kernel one; neither splits a GQA group. Its memory, beyond q, k, v (and dO), whichever
+    forward runs (`varlen_bytes`; `calc.peak.varlen_peak_bytes` counts the allocator's blocks):
       forward:            H*total_q*(d*e + 4)
-      forward + backward: 2*H*total_q*d*e + 2*H_kv*total_k*d*e + 8*H*total_q
-    whatever the lengths (`calc.peak.varlen_peak_bytes` counts the allocator's blocks).
+      forward + backward: 2*H*total_q*d*e + 2*H_kv*total_k*d*e + 8*H*total_q (portable), or
+                          2*H*total_q*d*e + 2*H_kv*total_k*d*e + 4*H*total_q
+                          + H*P*(d + 2)*4 (Hopper: P padded rows, `bwd_sm90.packed_pad_rows`).
     """
     config = KernelConfig.of(config)
     if cu_seqlens is not None or cu_seqlens_k is not None:
@@ -349,11 +353,17 @@ def _packed_call(q, k, v, causal: bool, scale, config, window, cu_seqlens, cu_se
 
 
 def varlen_bytes(H: int, H_kv: int, total_q: int, total_k: int, d: int, e: int,
-                 backward: bool = False) -> int:
+                 backward: bool = False, pad_rows: int | None = None) -> int:
     """Extra bytes of one packed call (``cu_seqlens``), tensor bytes without the allocator's
-    rounding: forward O and lse2, H*total_q*(d*e + 4); forward + backward also delta, dQ, dK,
-    dV (`bwd.packed_backward`: no fp32 dQ buffer, no partial sums), whatever the lengths."""
+    rounding: forward O and lse2, H*total_q*(d*e + 4); forward + backward also dQ, dK, dV and
+    either delta (`bwd.packed_backward`, ``pad_rows`` None: no fp32 dQ buffer, no partial sums)
+    or, where the Hopper backward runs (`bwd_sm90.attention_backward_sm90_packed`), its lse2
+    and delta copies and fp32 dQ buffer over ``pad_rows`` padded rows per head
+    (`bwd_sm90.packed_pad_rows`): 2*H*pad_rows*4 + H*pad_rows*d*4."""
     fwd = H * total_q * (d * e + 4)
     if not backward:
         return fwd
-    return 2 * H * total_q * d * e + 2 * H_kv * total_k * d * e + 8 * H * total_q
+    grads = 2 * H * total_q * d * e + 2 * H_kv * total_k * d * e + 4 * H * total_q
+    if pad_rows is None:
+        return grads + 4 * H * total_q
+    return grads + 2 * H * pad_rows * 4 + H * pad_rows * d * 4

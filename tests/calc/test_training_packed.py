@@ -42,26 +42,44 @@ def test_triton_packed_is_the_dense_row_plus_inputs_and_starts(ckpt: bool) -> No
     assert packed.activations_bytes - dense.activations_bytes == starts - (8 * T if ckpt else 0)
 
 
-def test_triton_packed_backward_has_no_dq_buffer_or_split() -> None:
+def test_triton_packed_backward_terms_follow_the_hopper_rule() -> None:
     """The attention call's backward in a layer's backward moment: for a packed row the
-    packed call's terms (calc.peak.varlen_peak_breakdown: delta, dk, dv, dq; always the
-    two-kernel backward), for a dense row at a length where the dense call adds dQ into an
-    fp32 buffer, that buffer too (B·H·s·d·4 more)."""
+    packed call's terms (calc.peak.varlen_peak_breakdown). Without a window (Llama) the Hopper
+    backward's: lse2 and delta copies and an fp32 dQ buffer of P padded rows per head (P = T
+    + n·64 rounded up to 64 at d = 128: calc.dispatch.sm90_packed_pad_rows), dk, dv, dq; when
+    every layer has a window shorter than the longest sequence (Mistral 7B v0.1, 4,096) the
+    portable two-kernel backward's delta, dk, dv, dq, no buffer; a dense row of T in the
+    Hopper region adds its own fp32 buffer of T rows."""
     from calc.peak import varlen_peak_breakdown
-    from calc.training_step import _attention_backward_extra, _dims
+    from calc.training_step import _attention_backward_extra, _dims, _packed_window
 
-    m = MODELS["Llama 3.1 8B"]
     lengths = (8192, 8192, 8192, 8192)
     total = sum(lengths)
+    pad = -(-(total + 4 * 64) // 64) * 64
+    assert pad == 33024
+    kv = 2 * (2 * 8 * total * 128)  # dk, dv (bf16, 8 key/value heads)
+    dq = 2 * 32 * total * 128
+    for name, window, want in (
+            ("Llama 3.1 8B", None, 2 * 32 * pad * 4 + kv + 32 * pad * 128 * 4 + dq),
+            ("Mistral 7B v0.1", 4096, 4 * 32 * total + kv + dq)):
+        m = MODELS[name]
+        assert _packed_window(m, lengths) == window
+        packed = dataclasses.replace(_dims(m, 1, total, 1), lengths=lengths, window=window)
+        terms = varlen_peak_breakdown(32, list(lengths), 128, "bf16", True, 8, window=window)
+        got = sum(t.counted_bytes for t in terms
+                  if not t.label.startswith(("output", "log-sum-exp")))
+        assert got == want, name
+        assert _attention_backward_extra("triton", packed) == want, name
+    # a window of the longest sequence or more hides nothing: the Hopper rule holds again
+    assert _packed_window(MODELS["Mistral 7B v0.1"], ()) is None
+    assert _packed_window(MODELS["Gemma 2 9B"], lengths) is None  # global layers too
+    m = MODELS["Llama 3.1 8B"]
     dense = _dims(m, 1, total, 1)
     packed = dataclasses.replace(dense, lengths=lengths)
-    want = sum(t.counted_bytes for t in varlen_peak_breakdown(32, list(lengths), 128, "bf16",
-                                                               True, 8)
-               if not t.label.startswith(("output", "log-sum-exp")))
-    assert _attention_backward_extra("triton", packed) == want
-    assert want == 4 * 32 * total + 2 * (2 * 8 * total * 128) + 2 * 32 * total * 128
-    gap = _attention_backward_extra("triton", dense) - want
-    assert gap >= 4 * 32 * total * 128  # the fp32 dQ buffer (fp32 (H, T, d))
+    gap = (_attention_backward_extra("triton", dense)
+           - _attention_backward_extra("triton", packed))
+    # the dense call's delta and T-row buffer against the packed call's padded copies
+    assert gap == 32 * (total - pad) * 128 * 4 + 32 * (total - 2 * pad) * 4
 
 
 def test_eager_packed_mask_is_the_dense_one() -> None:

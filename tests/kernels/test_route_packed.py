@@ -1,8 +1,9 @@
 """kernels.flash.route for packed sequences (``cu_seqlens``): which forward runs, as pure
 decisions of the call's shape (the longest sequences, their count), its KernelConfig, SETTINGS
 and what the device can run, so no GPU is needed; and that a Hopper decision reaches the
-packed Hopper forward with the call's Packed. The backward of a packed call stays the Triton
-two-kernel one whichever forward ran (its inputs, O and lse2, have one layout)."""
+packed Hopper forward with the call's Packed. The backward of a packed call is the Hopper
+backward's packed form where calc.dispatch.sm90_packed says and the inputs allow, else the
+Triton two-kernel one, whichever forward ran (its inputs, O and lse2, have one layout)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kernels.flash.config import SETTINGS, KernelConfig, Tiles  # noqa: E402
 CPU = route.Abilities()
 HOPPER = route.Abilities(sm90_fwd=True, sm90_bwd=True, hopper=True, desc_layout=True,
                          dq_tma=True)
+HOPPER_PACKED = HOPPER._replace(sm90_bwd_packed=True)  # the packed Hopper backward takes them
 
 
 def packed(total=20_000, max_q=4096, max_k=None, n_seq=12, H=32, H_kv=32, d=128, causal=True,
@@ -89,13 +91,93 @@ def test_packed_forward_config_forces_and_refuses(monkeypatch):
     assert route.forward_route(packed(), KernelConfig(sm90=True), HOPPER).kernel == "sm90"
 
 
-def test_packed_backward_is_the_triton_two_kernel_one_whichever_forward_ran():
-    for can in (CPU, HOPPER):
-        for call in (packed(d=128), packed(d=64, max_q=8192)):
-            r = route.backward_route(call, None, can)
-            assert (r.kernel, r.atomic, r.split) == ("triton", False, 1)
-    with pytest.raises(ValueError, match="packed sequences .* sm90_bwd=True"):
-        route.backward_route(packed(), KernelConfig(sm90_bwd=True), HOPPER)
+def summary_bwd(r: route.BackwardRoute) -> tuple:
+    return r.kernel, r.atomic, r.split
+
+
+@pytest.mark.parametrize("kw, can, want", [
+    # the Hopper backward's packed form wherever it can run: calc.dispatch.sm90_packed
+    (dict(d=128), HOPPER_PACKED, ("sm90", True, 1)),
+    (dict(d=64, max_q=97, causal=False), HOPPER_PACKED, ("sm90", True, 1)),
+    (dict(d=128, H=32, H_kv=8, max_q=1, n_seq=1, total=64), HOPPER_PACKED, ("sm90", True, 1)),
+    (dict(d=64, max_q=8, n_seq=10, total=1280), HOPPER_PACKED, ("sm90", True, 1)),
+    # ... not where sequences average fewer tokens than the query block (the padded buffer)
+    (dict(d=64, max_q=8, n_seq=10, total=1279), HOPPER_PACKED, ("triton", False, 1)),
+    (dict(d=128, max_q=1, n_seq=1, total=1), HOPPER_PACKED, ("triton", False, 1)),
+    (dict(d=128, total=20_001), HOPPER_PACKED, ("sm90", True, 1)),  # any total (padded stats)
+    (dict(d=128, n_seq=2047, H=32, total=131_008), HOPPER_PACKED, ("sm90", True, 1)),
+    # the portable two-kernel backward elsewhere
+    (dict(d=128, n_seq=2048, H=32, total=131_072), HOPPER_PACKED,
+     ("triton", False, 1)),  # grid y > 65,535
+    (dict(d=128, window=256), HOPPER_PACKED, ("triton", False, 1)),  # no window in Gluon
+    (dict(d=80), HOPPER_PACKED, ("triton", False, 1)),
+    (dict(d=128), HOPPER, ("triton", False, 1)),  # layouts the packed kernel cannot read
+    (dict(d=128), CPU, ("triton", False, 1)),
+])
+def test_packed_backward_default_route(kw, can, want):
+    assert summary_bwd(route.backward_route(packed(**kw), None, can)) == want
+
+
+def test_packed_backward_rule_is_calc_dispatch(monkeypatch):
+    """The route asks calc.dispatch.sm90_packed (the rule calc.peak counts the buffer by)."""
+    seen = []
+
+    def rule(*args):
+        seen.append(args)
+        return False
+
+    monkeypatch.setattr(route.dispatch, "sm90_packed", rule)
+    assert route.backward_route(packed(d=64, max_q=700, n_seq=5, total=2000, H=8, H_kv=2),
+                                None, HOPPER_PACKED).kernel == "triton"
+    assert seen == [(5, 8, 2, 700, 2000, 64, 2, None)]
+
+
+def test_packed_backward_config_forces_and_refuses(monkeypatch):
+    tiles = Tiles(64, 64, 4, 2)
+    r = route.backward_route(packed(), KernelConfig(sm90_bwd=False, tiles=tiles), HOPPER_PACKED)
+    assert (r.kernel, r.dq_tiles, r.dkdv_tiles) == ("triton", tiles.meta(), tiles.meta())
+    # a field of the Triton backward keeps it, unless sm90_bwd=True forces the Hopper one
+    assert route.backward_route(packed(), KernelConfig(tiles=tiles), HOPPER_PACKED).kernel == \
+        "triton"
+    assert route.backward_route(packed(d=80), KernelConfig(sm90_bwd=True, tiles=tiles),
+                                HOPPER_PACKED._replace(sm90_bwd_packed=True)).kernel == "sm90"
+    with pytest.raises(ValueError, match=r"sm90_bwd=True: the Hopper backward of packed "
+                                         r"sequences needs .*12 sequences x 32 heads"):
+        route.backward_route(packed(), KernelConfig(sm90_bwd=True), CPU)
+    with pytest.raises(ValueError, match=r"sm90_bwd=True.*window=256"):
+        route.backward_route(packed(window=256), KernelConfig(sm90_bwd=True), HOPPER_PACKED)
+    with pytest.raises(ValueError, match=r"sm90_bwd=True.*2048 sequences x 32 heads"):
+        route.backward_route(packed(n_seq=2048), KernelConfig(sm90_bwd=True), HOPPER_PACKED)
+    for cfg in (KernelConfig(atomic_dq=True), KernelConfig(kv_split=2)):
+        with pytest.raises(ValueError, match="packed sequences .* without a GQA split"):
+            route.backward_route(packed(H_kv=8), cfg, HOPPER_PACKED)
+    # the settings turn the default off, not a forced choice
+    monkeypatch.setattr(SETTINGS, "sm90_bwd", False)
+    assert route.backward_route(packed(), None, HOPPER_PACKED).kernel == "triton"
+    assert route.backward_route(packed(), KernelConfig(sm90_bwd=True), HOPPER_PACKED).kernel == \
+        "sm90"
+
+
+def test_a_hopper_decision_runs_the_packed_hopper_backward(monkeypatch):
+    """attention_backward hands a packed call routed to "sm90" to
+    `bwd_sm90.attention_backward_sm90_packed` with its Packed (the kernel replaced by a
+    recorder: no GPU here)."""
+    if route.bwd_sm90 is None:
+        pytest.skip("this Triton has no Gluon Hopper API: the Hopper backward never routes")
+    seen = {}
+
+    def fake(do, q, k, v, o, lse2, causal, scale, pk):
+        seen.update(pk=pk, causal=causal, scale=scale)
+        return "dq", "dk", "dv"
+
+    monkeypatch.setattr(route.bwd_sm90, "attention_backward_sm90_packed", fake)
+    monkeypatch.setattr(route, "probe", lambda *a, **k: HOPPER_PACKED)
+    q = torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)  # 2 x 128 rows: not padded past 2x
+    cu = torch.tensor([0, 100, 256], dtype=torch.int32)
+    pk = Packed(cu, cu, 156, 156)
+    got = route.attention_backward(q, q, q, q, q, q[..., 0].float(), True, 0.5, None, None, pk)
+    assert got == ("dq", "dk", "dv")
+    assert seen == {"pk": pk, "causal": True, "scale": 0.5}
 
 
 def test_call_of_reads_the_packed_lengths():

@@ -352,35 +352,59 @@ def test_host_starts_are_read_once_per_tensor_and_version():
 
 
 def test_varlen_peak_model_terms():
-    """calc.varlen_peak_bytes: the packed total's O and lse (forward); + delta, dq, dk, dv
-    (forward + backward), whatever the mix of lengths; the dense model of one batch of T rows
-    adds the fp32 dq buffer where the packed backward allocates none."""
+    """calc.varlen_peak_bytes: the packed total's O and lse (forward); + dq, dk, dv and, where
+    calc.dispatch.sm90_packed picks the Hopper backward, lse2 / delta copies and an fp32 dq
+    buffer of P padded rows per head (P = T + n·BLOCK_M rounded up: the number of sequences
+    counts), else delta only (a window shorter than the longest sequence, fp32, d = 80)."""
     import calc
+    from calc.dispatch import sm90_packed_pad_rows
     from calc.peak import attention_peak_bytes
 
     H, H_kv, d, T = 32, 8, 128, 8192
     fwd = H * T * (d * 2 + 4)
     assert calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", kv_heads=H_kv) == fwd
-    both = 2 * H * T * d * 2 + 2 * H_kv * T * d * 2 + 8 * H * T
-    for lens in ([8192], [1000, 3000, 4192], [1] * 8192):
-        assert calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv) == both
-    fa = importlib.import_module("kernels.flash.api")
-    assert fa.varlen_bytes(H, H_kv, T, T, d, 2, backward=True) == both
+    grads = 2 * H * T * d * 2 + 2 * H_kv * T * d * 2 + 4 * H * T
+    portable = grads + 4 * H * T
+    for lens in ([8192], [1000, 3000, 4192], [64] * 128):
+        P = sm90_packed_pad_rows(T, len(lens), d)
+        assert P == -(-(T + 64 * len(lens)) // 64) * 64
+        hopper = grads + H * P * (d + 2) * 4
+        terms = calc.varlen_peak_breakdown(H, lens, d, "bf16", True, H_kv)
+        assert sum(t.tensor_bytes for t in terms) == hopper  # before the allocator's rounding
+        assert calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv) == sum(
+            t.counted_bytes for t in terms)
+        fa = importlib.import_module("kernels.flash.api")
+        assert fa.varlen_bytes(H, H_kv, T, T, d, 2, backward=True, pad_rows=P) == hopper
+    assert calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", True, H_kv,
+                                  window=4191) == portable
+    # sequences shorter than the query block on average (here 1 token): the portable backward
+    assert calc.varlen_peak_bytes(H, [1] * 8192, d, "bf16", True, H_kv) == portable
+    assert calc.varlen_peak_bytes(H, [63] * 2 + [66] * 1, d, "bf16", True, H_kv) > \
+        calc.varlen_peak_bytes(H, [63] * 3, d, "bf16", True, H_kv)  # 192 >= 3 x 64
+    assert calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", True, H_kv,
+                                  window=4192) > portable  # a window of 4,192 hides nothing
+    assert fa.varlen_bytes(H, H_kv, T, T, d, 2, backward=True) == portable
     assert fa.varlen_bytes(H, H_kv, T, T, d, 2) == fwd
     # the dense call on one batch of T rows is in the Hopper region: + its fp32 dq buffer
     assert attention_peak_bytes("triton", 1, H, T, d, "bf16", False, True, H_kv) == (
-        both + H * T * d * 4)
-    terms = calc.varlen_peak_breakdown(H, [100, 28], 64, "fp16", True)
+        portable + H * T * d * 4)
+    terms = calc.varlen_peak_breakdown(H, [100, 28], 80, "fp16", True)
     assert [t.label for t in terms] == ["output (saved for backward)",
                                         "log-sum-exp (fp32, one per packed row)",
                                         "row sums of dO·O (fp32, one per packed row)",
                                         "dk, dv", "dq"]
+    terms = calc.varlen_peak_breakdown(H, [100, 156], 64, "fp16", True)
+    assert [t.label.split(" (")[0] for t in terms] == [
+        "output", "log-sum-exp", "row sums of dO·O and log-sum-exp copied into padded rows",
+        "dk, dv", "fp32 dq buffer of the Hopper backward", "dq"]
     for bad, words in (([], "at least one"), ([3, 0], "seq_lens"), ("128", "list"),
                        ([2.5], "seq_lens")):
         with pytest.raises(ValueError, match=words):
             calc.varlen_peak_bytes(H, bad, d, "bf16")
     with pytest.raises(ValueError, match="does not run"):
         calc.varlen_peak_bytes(H, [4], d, "fp8_e4m3")
+    with pytest.raises(ValueError, match="window"):
+        calc.varlen_peak_bytes(H, [4], d, "bf16", window=0)
 
 
 def test_mask_function_turns_packed_and_padding_masks_into_starts():
