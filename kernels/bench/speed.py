@@ -49,21 +49,27 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "measure", "pars
 # "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
 # three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_bwd" the default
 # forward with the Hopper Gluon backward forced (KernelConfig(sm90_bwd=True): where it cannot
-# run, the row says why). The SDPA backends and "fa4"
+# run, the row says why); "triton_portable_bwd" the default forward with the portable Triton
+# backward (KernelConfig(sm90_bwd=False): beside "triton", it times the Hopper backward against
+# the portable one, packed batches included). The SDPA backends and "fa4"
 # (FlashAttention-4) are the registry's implementations (kernels.measure.registry).
-IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "sdpa_cudnn",
-         "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
+IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "triton_portable_bwd",
+         "sdpa_cudnn", "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
 #: "triton_sm90_3wg": the Hopper forward forced, with three consumer warpgroups and two stages.
 SM90_3WG = KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)
 #: "triton_generic": the portable Triton forward.
 GENERIC = KernelConfig(sm90=False)
+#: "triton_sm90_bwd": the Hopper backward forced; "triton_portable_bwd": the portable one.
+SM90_BWD = KernelConfig(sm90_bwd=True)
+PORTABLE_BWD = KernelConfig(sm90_bwd=False)
 DEFAULT_IMPLS = IMPLS
 #: Implementations timed on their own (B, s, H, d) layout: run_grid gives them q, k, v as
 #: contiguous (B, s, H, d) leaves, so their gradients need no copy into a (B, H, s, d) layout
 #: and the time is the kernels' (as the H200 anchor figures timed FA4).
 NATIVE_BSHD = ("fa4",)
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
-CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "fa4")
+CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd",
+           "triton_portable_bwd", "fa4")
 # Relative L2 error of an output against cuDNN's above which a timing is not reported: 16-bit
 # rounding gives about 1e-3 (bf16) here; a kernel that skips keys gives O(1).
 REL_ERR_MAX = 2e-2
@@ -172,10 +178,10 @@ def _impl_fn(name: str):
             return flash_attention(q, k, v, causal=causal, config=SM90_3WG)
 
         return three
-    if name == "triton_sm90_bwd":
+    if name in ("triton_sm90_bwd", "triton_portable_bwd"):
         from kernels.flash.api import flash_attention
 
-        forced = KernelConfig(sm90_bwd=True)
+        forced = SM90_BWD if name == "triton_sm90_bwd" else PORTABLE_BWD
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=forced)
     raise KeyError(f"unknown bench implementation {name!r}; known: {', '.join(IMPLS)}")
 

@@ -18,7 +18,9 @@ path on the same tensors:
 - ours: ``flash_attention(q, k, v, causal, cu_seqlens=cu)`` in FlashAttention's (total, H, d)
   varlen layout (kernels/flash/api.py); ``triton_generic`` forces the portable packed forward
   (``KernelConfig(sm90=False)``) beside the route's choice, ``triton_sm90_3wg`` the Hopper
-  packed forward with three warpgroups (d = 64); ``--packed-only`` times these batches
+  packed forward with three warpgroups (d = 64), ``triton_sm90_bwd`` / ``triton_portable_bwd``
+  the Hopper / the portable packed backward (``KernelConfig(sm90_bwd=True / False)``);
+  ``--packed-only`` times these batches
   without the dense grid;
 - ``fa4``: ``flash_attn.cute.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
   max_seqlen_q, max_seqlen_k, causal=...)`` (``registry.fa4_varlen``; signature from
@@ -163,20 +165,18 @@ def packed_fn(name: str, cu, lengths: Sequence[int], device: str = "cuda"):
     from kernels.measure import registry
 
     longest = max(lengths)
-    if name in ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd"):
-        from kernels.bench.speed import GENERIC, SM90_3WG
+    if name in ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd",
+                "triton_portable_bwd"):
+        from kernels.bench.speed import GENERIC, PORTABLE_BWD, SM90_3WG, SM90_BWD
         from kernels.flash.api import flash_attention
 
-        # "triton": the route's forward (the Hopper packed forward where it applies);
-        # "triton_generic": the portable packed forward; "triton_sm90_3wg": the Hopper packed
-        # forward with three warpgroups (d = 64 only: the call refuses other head dims)
-        config = {"triton": None, "triton_generic": GENERIC,
-                  "triton_sm90_3wg": SM90_3WG}.get(name, False)
-        if config is False:  # the Hopper backward: packed calls run the portable backward
-            def refused(q, k, v, causal, name=name):
-                raise ValueError(f"{name}: packed sequences run the portable Triton backward "
-                                 "only (kernels/flash/route.py, backward_route)")
-            return refused
+        # "triton": the route's forward and backward (the Hopper packed ones where they
+        # apply); "triton_generic": the portable packed forward; "triton_sm90_3wg": the Hopper
+        # packed forward with three warpgroups (d = 64 only: the call refuses other head
+        # dims); "triton_sm90_bwd" / "triton_portable_bwd": the route's forward with the
+        # Hopper / the portable packed backward forced
+        config = {"triton": None, "triton_generic": GENERIC, "triton_sm90_3wg": SM90_3WG,
+                  "triton_sm90_bwd": SM90_BWD, "triton_portable_bwd": PORTABLE_BWD}[name]
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, cu_seqlens=cu,
                                                        config=config)
     if name == "fa4":

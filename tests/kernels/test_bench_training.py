@@ -309,8 +309,8 @@ def test_packed_only_keeps_the_packed_batches():
 
 def test_packed_variants_of_our_kernel():
     """On packed batches: triton_generic forces the portable forward, triton_sm90_3wg the
-    Hopper one with three warpgroups; triton_sm90_bwd is refused with its reason (packed calls
-    run the portable backward)."""
+    Hopper one with three warpgroups, triton_sm90_bwd / triton_portable_bwd the Hopper / the
+    portable packed backward."""
     from kernels.flash.config import KernelConfig
 
     seen = []
@@ -325,11 +325,11 @@ def test_packed_variants_of_our_kernel():
     orig = api.flash_attention
     api.flash_attention = fake_fa
     try:
-        for name in ("triton", "triton_generic", "triton_sm90_3wg"):
+        for name in ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd",
+                     "triton_portable_bwd"):
             real(name, cu, (3, 5), "cpu")(cu, cu, cu, True)
     finally:
         api.flash_attention = orig
     assert seen == [None, KernelConfig(sm90=False),
-                    KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)]
-    with pytest.raises(ValueError, match="triton_sm90_bwd: packed sequences run the portable"):
-        real("triton_sm90_bwd", cu, (3, 5), "cpu")(cu, cu, cu, True)
+                    KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2),
+                    KernelConfig(sm90_bwd=True), KernelConfig(sm90_bwd=False)]
