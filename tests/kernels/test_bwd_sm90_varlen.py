@@ -115,26 +115,28 @@ def check_packed_bwd(lens, H, H_kv, d, causal, dtype, flat=False, config=None):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d,dtype,flat,H_kv", [(64, torch.float16, True, 4),
-                                                (128, torch.bfloat16, False, 1),
-                                                (128, torch.float16, False, 4),
-                                                (64, torch.bfloat16, False, 1)],
-                         ids=["d64_fp16_flat_mha", "d128_bf16_gqa4", "d128_fp16_mha",
-                              "d64_bf16_gqa4"])
+@pytest.mark.parametrize("d,dtype,flat,H_kv,causal", [
+    (64, torch.float16, True, 4, True),
+    (128, torch.bfloat16, False, 1, True),
+    (128, torch.float16, True, 4, False),
+    (64, torch.bfloat16, False, 1, False),
+], ids=["d64_fp16_flat_mha_causal", "d128_bf16_gqa4_causal", "d128_fp16_flat_mha_full",
+        "d64_bf16_gqa4_full"])
 def test_gpu_packed_sm90_backward_matches_reference(d, dtype, flat, H_kv, causal):
-    """Default route (no config), H = 4 query heads over H_kv = 4 (MHA) or 1 (GQA 4:1)."""
+    """Default route (no config), H = 4 query heads over H_kv = 4 (MHA) or 1 (GQA 4:1): each
+    dtype, head dim, mask, GQA and layout twice, in four compiled variants."""
     check_packed_bwd(LENS, 4, H_kv, d, causal, dtype, flat)
 
 
 @pytest.mark.gpu
 @needs_hopper
 def test_gpu_packed_sm90_backward_forced_and_short():
-    """``sm90_bwd=True`` forces it; single-token and sub-block sequences only (every key
-    block and query block ragged)."""
+    """``sm90_bwd=True`` forces it where the rule would not (sequences shorter than the query
+    block on average); single-token and sub-block sequences only (every key block and query
+    block ragged)."""
     from kernels.flash.config import KernelConfig
 
-    check_packed_bwd([1, 3, 5, 63, 2], 2, 2, 128, True, torch.bfloat16,
+    check_packed_bwd([1, 3, 5, 63, 2], 4, 1, 128, True, torch.bfloat16,
                      config=KernelConfig(sm90_bwd=True))
 
 
@@ -150,7 +152,7 @@ def test_gpu_packed_bwd_writes_only_its_rows(d):
 
     first, end, tail = 300, 97, 200
     T = first + end + tail
-    q, k, v, do = _inputs([T], 2, 2, d, torch.bfloat16, seed=d)
+    q, k, v, do = _inputs([T], 4, 1, d, torch.bfloat16, seed=d)  # the variants above
     cu = torch.tensor([0, first, first + end], dtype=torch.int32, device="cuda")
     packed = Packed(cu, cu, first, first)
     for causal in (False, True):
@@ -196,6 +198,85 @@ def test_gpu_packed_sm90_peak_equals_calc():
     measured = torch.cuda.max_memory_allocated() - before
     del held
     assert measured == calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
+
+
+# ---- CPU: the packed stats and cast kernels under Triton's interpreter ----------------------
+
+_STATS_CAST_CHILD = """
+import json, sys, torch
+sys.path.insert(0, "tests")  # run from the repository root: tests/_interp.py
+from _interp import quick_interpreter
+quick_interpreter()
+from kernels.flash import bwd_sm90 as b90
+out = []
+for lens, H, d in [([5, 64, 130, 1, 70], 2, 128), ([200, 1, 129], 1, 64)]:
+    torch.manual_seed(0)
+    bm, split_d = b90.TILES[d][0], b90.DQ_SPLIT_D[d]
+    T, n = sum(lens), len(lens)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    rows = b90.packed_pad_rows(T, n, d)
+    n_pad = rows // bm
+    o = torch.randn(T, H, d).half().transpose(0, 1).unsqueeze(0)  # (1, H, T, d) view
+    do = torch.randn(1, H, T, d).half()
+    lse2 = torch.randn(1, H, T)
+    stats = torch.full((2, H, rows), float("nan"))
+    acc = torch.full((H * rows * d // 32, 32), float("nan"))
+    n_qb = -(-max(lens) // bm)
+    b90._stats_varlen_kernel[(n_qb, n * H)](
+        o, do, lse2, stats, acc, cu, o.stride(1), o.stride(2), do.stride(1), do.stride(2), H,
+        T, rows, HEAD_D=d, BLOCK=bm)
+    delta = (o.float() * do.float()).sum(-1)
+    ok, owned = True, torch.zeros(H, rows, dtype=torch.bool)
+    dq_true = torch.randn(H, T, d)
+    tiles = acc.view(H * n_pad * 2, b90.FLAT_ROWS, 32)
+    for i, (q0, L) in enumerate(zip(cu[:-1].tolist(), lens)):
+        pb0 = q0 // bm + i
+        assert pb0 * bm == (q0 + i * bm) // bm * bm  # FlashAttention-3's padded start
+        for h in range(H):
+            p0 = pb0 * bm
+            ok &= torch.equal(stats[0, h, p0:p0 + L], lse2[0, h, q0:q0 + L])
+            ok &= torch.allclose(stats[1, h, p0:p0 + L], delta[0, h, q0:q0 + L], atol=1e-3)
+            n_m = -(-L // bm)
+            ok &= bool((stats[:, h, p0 + L:p0 + n_m * bm] == 0).all())  # ragged rows: 0
+            owned[h, p0:p0 + n_m * bm] = True
+            for m in range(n_m):
+                t0 = (h * n_pad + pb0 + m) * 2
+                ok &= bool((tiles[t0:t0 + 2] == 0).all())  # zeroed by the stats kernel
+                blk = torch.zeros(bm, d)
+                r = min(bm, L - m * bm)
+                blk[:r] = dq_true[h, q0 + m * bm:q0 + m * bm + r]
+                for u in range(2):
+                    part = blk[:, 64 * u:64 * u + 64] if split_d else blk[64 * u:64 * u + 64]
+                    tiles[t0 + u] = b90.flat_tile(part.T.contiguous())
+    # rows no sequence owns were not written (the gaps of the padded layout)
+    ok &= bool(stats[:, ~owned].isnan().all())
+    dq = torch.full((1, H, T, d), float("nan")).half()
+    b90._flat_cast_varlen_kernel[(n_qb, n * H)](acc, dq, cu, 0.5, H, T, n_pad, HEAD_D=d,
+                                                BLOCK_M=bm, SPLIT_D=split_d)
+    ok &= torch.equal(dq, (0.5 * dq_true).half().unsqueeze(0))
+    out.append([d, bool(ok)])
+print(json.dumps(out))
+"""
+
+
+def test_packed_stats_and_cast_under_the_interpreter():
+    """The packed backward's stats kernel (`_stats_varlen_kernel`: lse2 and delta into the
+    padded rows, 0 on a ragged block's rows past the sequence, the sequence's dQ tiles zeroed,
+    nothing written in the gaps) and its cast (`_flat_cast_varlen_kernel`: every packed row
+    of dQ from the partials at tiles (h * n_pad + pb0 + m) * 2 + u), under Triton's CPU
+    interpreter in a child process, at d = 128 and 64, O as a transposed view."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, "-c", _STATS_CAST_CHILD], capture_output=True,
+                         text=True, env=env, cwd=root, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [[128, True], [64, True]]
 
 
 # ---- CPU: the compile for sm_90 --------------------------------------------------------------
