@@ -642,7 +642,9 @@ def packed_backward(do, q, k, v, o, lse2, causal: bool, scale: float, dq_tiles: 
     kernel, which also writes delta, then the dK/dV kernel) with VARLEN, grids (ceil(max_q /
     BLOCK_M), n_seq * H) and (ceil(max_k / BLOCK_N), n_seq * H_kv), no GQA split: each dK/dV
     program walks every query head of its group. It allocates delta (1, H, total_q) fp32, dQ,
-    dK and dV, nothing else, whatever the lengths (`calc.peak.varlen_peak_bytes`)."""
+    dK and dV, nothing else, whatever the lengths (`calc.peak.varlen_peak_bytes`). On Hopper
+    the route runs `bwd_sm90.attention_backward_sm90_packed` instead where
+    `calc.dispatch.sm90_packed` says (route.backward_route)."""
     _, H, total_q, d = q.shape
     H_kv, total_k = k.shape[1], k.shape[2]
     bd = block_d(d)

@@ -68,13 +68,32 @@ against the swizzled dQ^T tile it replaced (H200). FA4's early lse/delta reads
 Scope: compute capability 9.x, fp16/bf16, d in {64, 128}, inputs whose layout a TMA
 descriptor can describe (`usable`). The Triton backward (``bwd.py``) covers the rest.
 
+Packed sequences (``flash_attention(..., cu_seqlens=...)``) run a sibling kernel,
+``attn_bwd_sm90_varlen_kernel``, on the same partitions with VARLEN (FlashAttention-3's varlen
+backward, Shah et al. 2024, arXiv 2407.08608, and its ``hopper/`` code, has this structure):
+grid (key blocks of the longest sequence, sequences x key/value heads), as
+`bwd.packed_backward`'s dK/dV kernel; a program reads its sequence's starts and lengths and
+returns at once past its end. The descriptors span the packed rows, so a block running past
+the sequence's end reads the next sequence: its keys are masked as the ragged tail's (P = 0),
+and the query block where the sequence ends runs as a masked step whose rows past s_q get
+P = 0 (so dS = 0 and they add nothing to dK, dV or dQ). dK, dV leave by masked register
+stores, as in the dense kernel, so a key block's rows past the end (another program's) are
+never written. lse2 and delta are read from copies in padded rows, and dQ is summed in a
+flat buffer of the same padded rows (`packed_pad_rows`: sequence i's rows start at
+((cu_seqlens[i] + i * BLOCK_M) // BLOCK_M) * BLOCK_M, FA3's padded offsets), so each query
+block of a sequence owns whole 4,096-float partials and no reduce-add reaches another
+sequence's rows; `_stats_varlen_kernel` fills the copies and zeroes the sequence's tiles,
+`_flat_cast_varlen_kernel` maps them back to packed rows. Its dense counterpart's PTX is
+unchanged by the VARLEN branches (every dense variant hashes as before).
+
 Status: compiles for sm_90 with Triton 3.6 and 3.9 (tools/compile_bwd_sm90.py). The
 consumers run at 240 registers (the first at 256), dK and dV taking 128 of them; with the K and
 V descriptors rebuilt every step (`_q_step`) ptxas spills nothing at d = 128 and 16-56 bytes
 at d = 64 with Triton 3.6 (3.9: 0-8 and 32-56), almost none of it inside the loops (kernels/flash/
 NOTES.md, "where the backward's time goes (ncu)").
 Correctness and speed on the H200: tools/bwd_sm90_check.py and tests/kernels/
-test_bwd_sm90.py. Chosen by kernels.flash.route (`backward_route`).
+test_bwd_sm90.py (packed: tests/kernels/test_bwd_sm90_varlen.py, whose ``__main__`` prints the
+packed variants' registers and spills). Chosen by kernels.flash.route (`backward_route`).
 """
 
 from __future__ import annotations

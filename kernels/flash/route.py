@@ -452,7 +452,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     """Gradients (dq, dk, dv) in the inputs' dtype and shapes from the backward that
     `backward_route` picks; ``window`` and ``packed`` are the forward's. The buffers each
     backward allocates: `bwd.triton_backward`, `bwd.packed_backward`,
-    `bwd_sm90.attention_backward_sm90` (the same as the Triton atomic-dQ path's)."""
+    `bwd_sm90.attention_backward_sm90` (the same as the Triton atomic-dQ path's),
+    `bwd_sm90.attention_backward_sm90_packed` (padded lse2/delta copies and fp32 dQ rows)."""
     config = KernelConfig.of(config)
     window = check_window(window, causal, q.shape[2])
     route = backward_route(Call.of(q, k, causal, window, packed), config,
