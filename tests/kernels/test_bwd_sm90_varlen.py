@@ -21,6 +21,7 @@ tests/kernels/test_route_packed.py; the compile for sm_90 runs here on the CPU.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 
@@ -32,6 +33,7 @@ from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 REASON = hopper_reason() if torch.cuda.is_available() else "no CUDA GPU"
 FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 LENS = [97, 1, 128, 700, 4096, 64, 193, 129]  # across the 64/128-row query blocks, 128 keys
+LOG2E = 1.4426950408889634
 
 needs_hopper = pytest.mark.skipif(REASON is not None, reason=f"Hopper backward: {REASON}")
 
@@ -198,6 +200,131 @@ def test_gpu_packed_sm90_peak_equals_calc():
     measured = torch.cuda.max_memory_allocated() - before
     del held
     assert measured == calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
+
+
+# ---- CPU: the packed program's schedule, emulated ----------------------------------------------
+
+def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale):
+    """What `attn_bwd_sm90_varlen_kernel` and its stats and cast kernels compute, step for step
+    in torch (float64 on the CPU): per program (128 keys of one sequence, key/value head) the
+    same query-block ranges (masked [lo, mid), unmasked [mid, n_full), masked to n_m), the
+    same masks, tiles read at the sequence's first rows with the copy engine's zero fill past
+    the tensor (so a block past a sequence's end sees the next one's rows), lse2 and delta from
+    the padded copies and dQ summed in the padded rows (gaps NaN: a step reading or adding
+    there shows), dK, dV stored for keys < s_k only. q, o, do (1, H, T, d), k, v (1, H_kv, T,
+    d), lse2 (1, H, T) base 2."""
+    from kernels.flash import bwd_sm90 as b90
+
+    _, H, T, d = q.shape
+    H_kv, group = k.shape[1], q.shape[1] // k.shape[1]
+    bm, bn = b90.TILES[d][0], b90.BLOCK_N
+    starts = cu.tolist()
+    n = len(starts) - 1
+    rows = b90.packed_pad_rows(T, n, d)
+    nan = float("nan")
+    lse_p, delta_p = (torch.full((H, rows), nan, dtype=torch.float64) for _ in range(2))
+    acc = torch.full((H, rows, d), nan, dtype=torch.float64)
+    dk = torch.full(k.shape, nan, dtype=torch.float64)
+    dv = torch.full(v.shape, nan, dtype=torch.float64)
+    delta = (o.double() * do.double()).sum(-1)
+
+    def tile(t, h, r0, count):  # rows r0 .. of head h through the copy engine (0 past T)
+        out = torch.zeros(count, t.shape[-1], dtype=torch.float64)
+        hi = min(r0 + count, T)
+        if hi > r0:
+            out[:hi - r0] = t[0, h, r0:hi].double()
+        return out
+
+    for i in range(n):  # the stats kernel: copies and zeroed tiles, the sequence's blocks only
+        q0, s_q = starts[i], starts[i + 1] - starts[i]
+        p0 = (q0 // bm + i) * bm
+        blocks = -(-s_q // bm) * bm
+        lse_p[:, p0:p0 + blocks] = 0
+        delta_p[:, p0:p0 + blocks] = 0
+        lse_p[:, p0:p0 + s_q] = lse2[0, :, q0:q0 + s_q].double()
+        delta_p[:, p0:p0 + s_q] = delta[0, :, q0:q0 + s_q]
+        acc[:, p0:p0 + blocks] = 0
+    for i in range(n):  # the backward's programs
+        q0, s_q = starts[i], starts[i + 1] - starts[i]
+        k0, s_k = q0, s_q
+        pb0 = q0 // bm + i
+        n_m, n_full = -(-s_q // bm), s_q // bm
+        for h_kv in range(H_kv):
+            for start_n in range(0, s_k, bn):
+                lo, mid = 0, 0
+                if causal:
+                    lo, mid = start_n // bm, min((start_n + bn + bm - 1) // bm, n_m)
+                if start_n + bn > s_k:
+                    mid = n_m
+                kt, vt = tile(k, h_kv, k0 + start_n, bn), tile(v, h_kv, k0 + start_n, bn)
+                keys = start_n + torch.arange(bn)
+                dk_b = torch.zeros(bn, d, dtype=torch.float64)
+                dv_b = torch.zeros(bn, d, dtype=torch.float64)
+                steps = ([(m, True) for m in range(lo, mid)]
+                         + [(m, False) for m in range(mid, n_full)]
+                         + [(m, True) for m in range(max(mid, n_full), n_m)])
+                for g in range(group):
+                    h = h_kv * group + g
+                    for m, masked in steps:
+                        qt, dot = tile(q, h, q0 + m * bm, bm), tile(do, h, q0 + m * bm, bm)
+                        r = slice((pb0 + m) * bm, (pb0 + m + 1) * bm)
+                        st = kt @ qt.T  # S^T (keys, queries)
+                        pt = torch.exp2(st * scale * LOG2E - lse_p[h, r])
+                        if masked:
+                            cols = m * bm + torch.arange(bm)
+                            vis = (keys[:, None] < s_k) & (cols[None, :] < s_q)
+                            if causal:
+                                vis = vis & (cols[None, :] >= keys[:, None])
+                            pt = torch.where(vis, pt, torch.zeros_like(pt))
+                        dv_b += pt @ dot
+                        dst = pt * (vt @ dot.T - delta_p[h, r])
+                        dk_b += dst @ qt
+                        acc[h, r] += dst.T @ kt
+                own = min(bn, s_k - start_n)
+                dk[0, h_kv, k0 + start_n:k0 + start_n + own] = (dk_b * scale)[:own]
+                dv[0, h_kv, k0 + start_n:k0 + start_n + own] = dv_b[:own]
+    dq = torch.full(q.shape, nan, dtype=torch.float64)
+    for i in range(n):  # the cast
+        q0, s_q = starts[i], starts[i + 1] - starts[i]
+        p0 = (q0 // bm + i) * bm
+        dq[0, :, q0:q0 + s_q] = acc[:, p0:p0 + s_q] * scale
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("d,causal,H_kv", [(128, True, 1), (64, False, 2), (64, True, 2),
+                                            (128, False, 1)])
+def test_packed_schedule_emulated_matches_reference(d, causal, H_kv):
+    """The packed program's schedule (`emulate_packed_backward`: ranges, masks, padded rows,
+    reads past a sequence's end) gives the reference's gradients in float64 on the CPU, for
+    lengths across the 64/128-row query blocks and 128-key blocks, a 1-token sequence among
+    them, and GQA."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from kernels.flash.reference import attention_reference
+
+    lens, H = [97, 1, 128, 300, 64, 193], 4
+    g = torch.Generator().manual_seed(d + causal)
+    T = sum(lens)
+    q, do = (torch.randn(1, H, T, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, H_kv, T, d, generator=g, dtype=torch.float64) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    outs, lses = [], []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        qs, ks, vs = (t[:, :, a:b] for t in leaves)
+        outs.append(attention_reference(qs, ks, vs, causal))
+        with torch.no_grad():
+            sc = qs @ ks.repeat_interleave(H // H_kv, 1).transpose(-2, -1) / math.sqrt(d)
+            if causal:
+                sc = sc.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1),
+                                    float("-inf"))
+            lses.append(torch.logsumexp(sc, -1) * LOG2E)
+    out = torch.cat(outs, 2)
+    out.backward(do)
+    got = emulate_packed_backward(q, k, v, do, out.detach(), torch.cat(lses, 2), cu, causal,
+                                  1 / math.sqrt(d))
+    for name, gr, leaf in zip(("dq", "dk", "dv"), got, leaves, strict=True):
+        assert not gr.isnan().any(), f"{name}: a row unwritten, or a gap row read"
+        torch.testing.assert_close(gr, leaf.grad, atol=1e-9, rtol=1e-9, msg=name)
 
 
 # ---- CPU: the packed stats and cast kernels under Triton's interpreter ----------------------
