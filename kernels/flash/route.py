@@ -376,8 +376,10 @@ def _sm90_packed_backward(call: Call, config: KernelConfig | None, can: Abilitie
     (ValueError where it cannot run), False keeps the Triton two-kernel backward. By default
     where `calc.dispatch.sm90_packed` says (16-bit, d = 64 or 128, no window, sequences x
     heads within the grid; calc.peak counts its padded fp32 dQ buffer by the same rule) on
-    inputs `bwd_sm90.usable_packed` accepts, unless SETTINGS.sm90 or SETTINGS.sm90_bwd is off
-    or the config picks something of the Triton backward (`KernelConfig.triton_backward_chosen`).
+    inputs `bwd_sm90.usable_packed` accepts, unless SETTINGS.sm90 or SETTINGS.sm90_bwd is off,
+    the config picks something of the Triton backward (`KernelConfig.triton_backward_chosen`)
+    or torch.use_deterministic_algorithms(True) is in force (its dQ sums land in any order;
+    the two-kernel backward is deterministic, as for dense calls).
     Windowed packed calls stay on the Triton backward: the Gluon kernel has no window."""
     forced = None if config is None else config.sm90_bwd
     if forced is False:
@@ -388,7 +390,7 @@ def _sm90_packed_backward(call: Call, config: KernelConfig | None, can: Abilitie
             return False
         return (dispatch.sm90_packed(call.n_seq, call.H, call.H_kv, call.max_q, call.s_q,
                                      call.d, call.elem, call.window)
-                and can.sm90_bwd_packed)
+                and not can.deterministic and can.sm90_bwd_packed)
     if (call.window is not None or call.n_seq * call.H > GRID_Y_MAX
             or not can.sm90_bwd_packed):
         raise ValueError(

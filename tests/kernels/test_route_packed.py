@@ -112,6 +112,7 @@ def summary_bwd(r: route.BackwardRoute) -> tuple:
     (dict(d=128, window=256), HOPPER_PACKED, ("triton", False, 1)),  # no window in Gluon
     (dict(d=80), HOPPER_PACKED, ("triton", False, 1)),
     (dict(d=128), HOPPER, ("triton", False, 1)),  # layouts the packed kernel cannot read
+    (dict(d=128), HOPPER_PACKED._replace(deterministic=True), ("triton", False, 1)),
     (dict(d=128), CPU, ("triton", False, 1)),
 ])
 def test_packed_backward_default_route(kw, can, want):
