@@ -38,6 +38,11 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
   d = 64), which calc.peak counts in this region; where the Triton backward runs there instead
   it allocates the same padded buffer and adds into its first s_q rows (kernels/flash/bwd.py,
   triton_backward), so the bytes are the same.
+- Packed sequences (`sm90_packed`): the Hopper backward's packed form where it can run without
+  a window, and sequences average at least one query block; its fp32 dQ buffer and lse2 /
+  delta copies cover FlashAttention-3's padded rows (`sm90_packed_pad_rows`). Elsewhere the
+  portable two-kernel packed backward, no buffer (on a GPU where the Hopper kernel cannot run,
+  the portable one runs and allocates less than calc.peak counts).
 """
 
 from __future__ import annotations

@@ -98,12 +98,12 @@ class Abilities(NamedTuple):
 
     sm90_fwd: bool = False  # the Gluon forward takes q, k, v (`fwd_sm90.usable`)
     sm90_bwd: bool = False  # the Gluon backward takes q, k, v, dO, O (`bwd_sm90.usable`)
-    # ... and its packed form takes them (`bwd_sm90.usable_packed`: any total)
-    sm90_bwd_packed: bool = False
     hopper: bool = False  # a CUDA device of compute capability 9 or newer (the copy engine)
     desc_layout: bool = False  # K and V can be read as (rows, d) tensor descriptors
     dq_tma: bool = False  # the fp32 dQ buffer can take the copy engine's bulk adds
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) is in force
+    # the Gluon backward's packed form takes q, k, v, dO, O (`bwd_sm90.usable_packed`: any total)
+    sm90_bwd_packed: bool = False
 
 
 class _Probe:
