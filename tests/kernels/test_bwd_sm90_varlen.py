@@ -64,51 +64,59 @@ def _starts(lens) -> torch.Tensor:
                         device="cuda")
 
 
-def _reference_grads(q, k, v, do, starts, causal, dtype_hi):
-    """Per sequence, the reference's gradients of q, k, v in ``dtype_hi``."""
+def _reference_grads(q, k, v, do, starts, starts_k, causal, dtype_hi):
+    """Per sequence, the reference's gradients of q, k, v in ``dtype_hi`` (queries of sequence
+    i at starts[i] .., keys at starts_k[i] ..)."""
     from kernels.flash.reference import attention_reference
 
     leaves = [t.detach().to(dtype_hi).requires_grad_() for t in (q, k, v)]
-    outs = [attention_reference(*(t[:, :, a:b] for t in leaves), causal)
-            for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    outs = [attention_reference(leaves[0][:, :, a:b], leaves[1][:, :, ak:bk],
+                                leaves[2][:, :, ak:bk], causal)
+            for a, b, ak, bk in zip(starts[:-1], starts[1:], starts_k[:-1], starts_k[1:],
+                                    strict=True)]
     torch.cat(outs, 2).backward(do.to(dtype_hi))
     return [t.grad for t in leaves]
 
 
-def _inputs(lens, H, H_kv, d, dtype, seed=0):
+def _inputs(lens, H, H_kv, d, dtype, seed=0, lens_k=None):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    T = sum(lens)
-    return [torch.randn(1, n, T, d, generator=g).to("cuda", dtype) for n in (H, H_kv, H_kv, H)]
+    T, T_k = sum(lens), sum(lens if lens_k is None else lens_k)
+    return [torch.randn(1, n, t, d, generator=g).to("cuda", dtype)
+            for n, t in ((H, T), (H_kv, T_k), (H_kv, T_k), (H, T))]
 
 
-def _grads(q, k, v, do, cu, causal, config, flat):
+def _grads(q, k, v, do, cu, cu_k, causal, config, flat):
     """dq, dk, dv of the packed call through `flash_attention`, as (1, heads, T, d)."""
     from kernels.flash.api import flash_attention
 
     if flat:  # FlashAttention's (T, H, d), contiguous: the kernels get its transposed view
         leaves = [t[0].transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
-        flash_attention(*leaves, causal=causal, cu_seqlens=cu,
+        flash_attention(*leaves, causal=causal, cu_seqlens=cu, cu_seqlens_k=cu_k,
                         config=config).backward(do[0].transpose(0, 1))
         return [t.grad.transpose(0, 1).unsqueeze(0) for t in leaves]
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    flash_attention(*leaves, causal=causal, cu_seqlens=cu, config=config).backward(do)
+    flash_attention(*leaves, causal=causal, cu_seqlens=cu, cu_seqlens_k=cu_k,
+                    config=config).backward(do)
     return [t.grad for t in leaves]
 
 
-def check_packed_bwd(lens, H, H_kv, d, causal, dtype, flat=False, config=None):
+def check_packed_bwd(lens, H, H_kv, d, causal, dtype, flat=False, config=None, lens_k=None):
     """The packed backward on the Hopper kernel (``config`` None: the default route, which must
-    take it) against the reference, and against the portable packed backward."""
+    take it) against the reference, and against the portable packed backward; ``lens_k``: the
+    sequences' key counts where they differ from ``lens`` (``cu_seqlens_k``)."""
     from kernels.flash.config import KernelConfig
 
-    q, k, v, do = _inputs(lens, H, H_kv, d, dtype)
+    q, k, v, do = _inputs(lens, H, H_kv, d, dtype, lens_k=lens_k)
     cu = _starts(lens)
+    cu_k = None if lens_k is None else _starts(lens_k)
     with poison_and_count() as calls:
-        grads = _grads(q, k, v, do, cu, causal, config, flat)
+        grads = _grads(q, k, v, do, cu, cu_k, causal, config, flat)
     assert calls, "the packed backward did not run the Hopper kernel"
-    portable = _grads(q, k, v, do, cu, causal, KernelConfig(sm90_bwd=False), flat)
+    portable = _grads(q, k, v, do, cu, cu_k, causal, KernelConfig(sm90_bwd=False), flat)
     starts = cu.tolist()
-    ref = _reference_grads(q, k, v, do, starts, causal, torch.float32)
-    base = _reference_grads(q, k, v, do, starts, causal, dtype)
+    starts_k = starts if cu_k is None else cu_k.tolist()
+    ref = _reference_grads(q, k, v, do, starts, starts_k, causal, torch.float32)
+    base = _reference_grads(q, k, v, do, starts, starts_k, causal, dtype)
     for name, gr, r, b, p in zip(("dq", "dk", "dv"), grads, ref, base, portable, strict=True):
         assert gr.dtype == dtype and gr.shape == r.shape
         _within(name, gr, r, b, FLOOR[dtype])
@@ -140,6 +148,20 @@ def test_gpu_packed_sm90_backward_forced_and_short():
 
     check_packed_bwd([1, 3, 5, 63, 2], 4, 1, 128, True, torch.bfloat16,
                      config=KernelConfig(sm90_bwd=True))
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_gpu_packed_sm90_backward_cross_lengths():
+    """``cu_seqlens_k`` other than ``cu_seqlens``: sequences with more keys than queries (keys
+    past the last query see no query: zero dK, dV) and fewer (every query row past s_k sees
+    all keys), causal top-left; the variant of the d = 128 GQA case above. The forward is the
+    portable one here (``sm90=False``; the backward's default rule still applies), so that
+    only this backward is new to these lengths."""
+    from kernels.flash.config import KernelConfig
+
+    check_packed_bwd([97, 300, 1, 200, 64], 4, 1, 128, True, torch.bfloat16,
+                     config=KernelConfig(sm90=False), lens_k=[150, 64, 5, 200, 1])
 
 
 @pytest.mark.gpu
@@ -204,7 +226,7 @@ def test_gpu_packed_sm90_peak_equals_calc():
 
 # ---- CPU: the packed program's schedule, emulated ----------------------------------------------
 
-def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale):
+def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale, cu_k=None):
     """What `attn_bwd_sm90_varlen_kernel` and its stats and cast kernels compute, step for step
     in torch (float64 on the CPU): per program (128 keys of one sequence, key/value head) the
     same query-block ranges (masked [lo, mid), unmasked [mid, n_full), masked to n_m), the
@@ -212,13 +234,14 @@ def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale):
     the tensor (so a block past a sequence's end sees the next one's rows), lse2 and delta from
     the padded copies and dQ summed in the padded rows (gaps NaN: a step reading or adding
     there shows), dK, dV stored for keys < s_k only. q, o, do (1, H, T, d), k, v (1, H_kv, T,
-    d), lse2 (1, H, T) base 2."""
+    d), lse2 (1, H, T) base 2; ``cu_k`` the keys' starts (default ``cu``)."""
     from kernels.flash import bwd_sm90 as b90
 
     _, H, T, d = q.shape
     H_kv, group = k.shape[1], q.shape[1] // k.shape[1]
     bm, bn = b90.TILES[d][0], b90.BLOCK_N
     starts = cu.tolist()
+    starts_k = starts if cu_k is None else cu_k.tolist()
     n = len(starts) - 1
     rows = b90.packed_pad_rows(T, n, d)
     nan = float("nan")
@@ -228,9 +251,9 @@ def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale):
     dv = torch.full(v.shape, nan, dtype=torch.float64)
     delta = (o.double() * do.double()).sum(-1)
 
-    def tile(t, h, r0, count):  # rows r0 .. of head h through the copy engine (0 past T)
+    def tile(t, h, r0, count):  # rows r0 .. of head h through the copy engine (0 past the end)
         out = torch.zeros(count, t.shape[-1], dtype=torch.float64)
-        hi = min(r0 + count, T)
+        hi = min(r0 + count, t.shape[2])
         if hi > r0:
             out[:hi - r0] = t[0, h, r0:hi].double()
         return out
@@ -246,7 +269,7 @@ def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale):
         acc[:, p0:p0 + blocks] = 0
     for i in range(n):  # the backward's programs
         q0, s_q = starts[i], starts[i + 1] - starts[i]
-        k0, s_k = q0, s_q
+        k0, s_k = starts_k[i], starts_k[i + 1] - starts_k[i]
         pb0 = q0 // bm + i
         n_m, n_full = -(-s_q // bm), s_q // bm
         for h_kv in range(H_kv):
@@ -291,37 +314,41 @@ def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale):
     return dq, dk, dv
 
 
-@pytest.mark.parametrize("d,causal,H_kv", [(128, True, 1), (64, False, 2), (64, True, 2),
-                                            (128, False, 1)])
-def test_packed_schedule_emulated_matches_reference(d, causal, H_kv):
+@pytest.mark.parametrize("d,causal,H_kv,cross", [(128, True, 1, False), (64, False, 2, False),
+                                                  (64, True, 2, False), (128, False, 1, False),
+                                                  (128, True, 2, True), (64, False, 1, True)])
+def test_packed_schedule_emulated_matches_reference(d, causal, H_kv, cross):
     """The packed program's schedule (`emulate_packed_backward`: ranges, masks, padded rows,
     reads past a sequence's end) gives the reference's gradients in float64 on the CPU, for
     lengths across the 64/128-row query blocks and 128-key blocks, a 1-token sequence among
-    them, and GQA."""
+    them, GQA, and (``cross``) key counts other than the query counts."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from kernels.flash.reference import attention_reference
 
     lens, H = [97, 1, 128, 300, 64, 193], 4
+    lens_k = [150, 5, 64, 300, 1, 260] if cross else lens
     g = torch.Generator().manual_seed(d + causal)
-    T = sum(lens)
+    T, T_k = sum(lens), sum(lens_k)
     q, do = (torch.randn(1, H, T, d, generator=g, dtype=torch.float64) for _ in range(2))
-    k, v = (torch.randn(1, H_kv, T, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, H_kv, T_k, d, generator=g, dtype=torch.float64) for _ in range(2))
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()])
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     outs, lses = [], []
-    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-        qs, ks, vs = (t[:, :, a:b] for t in leaves)
+    for a, b, ak, bk in zip(cu[:-1].tolist(), cu[1:].tolist(), cu_k[:-1].tolist(),
+                            cu_k[1:].tolist(), strict=True):
+        qs, ks, vs = leaves[0][:, :, a:b], leaves[1][:, :, ak:bk], leaves[2][:, :, ak:bk]
         outs.append(attention_reference(qs, ks, vs, causal))
         with torch.no_grad():
             sc = qs @ ks.repeat_interleave(H // H_kv, 1).transpose(-2, -1) / math.sqrt(d)
             if causal:
-                sc = sc.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1),
+                sc = sc.masked_fill(torch.ones(b - a, bk - ak, dtype=torch.bool).triu(1),
                                     float("-inf"))
             lses.append(torch.logsumexp(sc, -1) * LOG2E)
     out = torch.cat(outs, 2)
     out.backward(do)
     got = emulate_packed_backward(q, k, v, do, out.detach(), torch.cat(lses, 2), cu, causal,
-                                  1 / math.sqrt(d))
+                                  1 / math.sqrt(d), cu_k)
     for name, gr, leaf in zip(("dq", "dk", "dv"), got, leaves, strict=True):
         assert not gr.isnan().any(), f"{name}: a row unwritten, or a gap row read"
         torch.testing.assert_close(gr, leaf.grad, atol=1e-9, rtol=1e-9, msg=name)
