@@ -194,33 +194,18 @@ def test_gpu_packed_bwd_writes_only_its_rows(d, causal):
 @needs_hopper
 def test_gpu_packed_sm90_peak_equals_calc():
     """The measured extra peak of a packed forward + backward on the Hopper backward (q, k, v,
-    dO and cu_seqlens allocated before; warmed up once) equals calc.varlen_peak_bytes to the
-    byte, its padded fp32 dQ buffer and stats copies included."""
+    dO and cu_seqlens allocated before, in an emptied cache: a fresh child process,
+    tests/_packed_peak.py; warmed up once) equals calc.varlen_peak_bytes to the byte, its
+    padded fp32 dQ buffer and stats copies included."""
+    from _packed_peak import packed_peak
+
     import calc
-    from kernels import flash_attention
 
     lens, H, H_kv, d = [1000, 3001, 4190, 5], 12, 1, 128  # the d = 128 GQA variant above
-    q, k, v, do = _inputs(lens, H, H_kv, d, torch.bfloat16)
-    cu = _starts(lens)
-
-    def call():
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        flash_attention(*leaves, causal=True, cu_seqlens=cu).backward(do)
-        return leaves
-
-    with poison_and_count() as calls:
-        held = call()
-    assert calls, "the default route did not take the Hopper packed backward"
-    del held
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    held = call()
-    torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated() - before
-    del held
-    assert measured == calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
+    got = packed_peak(lens, H, H_kv, d, True)
+    assert got["hopper_backward"], "the default route did not take the Hopper packed backward"
+    want = calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
+    assert got["measured"] == want, (got, want)
 
 
 # ---- CPU: the packed program's schedule, emulated ----------------------------------------------
