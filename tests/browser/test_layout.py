@@ -6,7 +6,10 @@ opened) and the DOM is searched for text that does not fit its box (scrollWidth 
 `stWidgetLabel`, metric labels `stMetricLabel`, checkbox labels, page links, multiselect
 chips), a selectbox's shown value (an <input> that clips), and a multiselect's chip row that
 scrolls sideways. st.dataframe draws on a canvas (glide data grid), so its cells cannot be
-read here: the pages give their tables column widths that fit the content instead.
+read here: the pages give their tables column widths that fit the content instead
+(pages/common.fit_widths), and a grid whose columns together are wider than its container
+(its scroller's scrollWidth > clientWidth: the table scrolls sideways, its right-hand columns
+out of view) is reported as a "wide table", named by its column headers.
 
 The same walk of the pages records every request the browser makes, off-machine ones refused,
 for tests/browser/test_offline.py's check (issue 32, item 5): one app server, one browser and
@@ -75,6 +78,15 @@ CUT_OFF_JS = r"""
     root.querySelectorAll('[data-testid="stSelectbox"] input').forEach(el => check(el, 'value'));
     root.querySelectorAll('[data-testid="stMultiSelectTagsContainer"]')
         .forEach(el => check(el, 'chips'));
+    // a data grid wider than its container scrolls sideways inside it: its own scroller is
+    // wider than what it shows (named by its column headers)
+    root.querySelectorAll('[data-testid="stDataFrame"]').forEach(grid => {
+      const s = grid.querySelector('.dvn-scroller');
+      if (!s || s.clientWidth <= 2 || s.scrollWidth <= s.clientWidth + 1) return;
+      const heads = [...grid.querySelectorAll('[role="columnheader"]')].map(h => h.innerText);
+      cut.push(['stDataFrame', 'wide table', heads.join(' | ').replace(/\s+/g, ' ').slice(0, 120),
+                s.scrollWidth, s.clientWidth]);
+    });
   }
   return cut;
 }
