@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from pages.common import CHAR_WIDTHS
 from tests.browser.test_offline import off_machine
 from tests.browser.test_pages_in_chromium import CHROMIUM, LAUNCH_ARGS, TIMEOUT_MS, _app_server
 
@@ -93,6 +94,26 @@ CUT_OFF_JS = r"""
 """
 
 
+#: The grid's font (from its CSS variables) and every listed character's width in it, measured
+#: with canvas measureText; None when the page has no grid.
+GRID_FONT_JS = r"""
+(chars) => {
+  const grid = document.querySelector('[data-testid="stDataFrame"] [style*="--gdg-font-family"]');
+  if (!grid) return null;
+  const css = getComputedStyle(grid);
+  const fonts = ['--gdg-base-font-style', '--gdg-header-font-style'].map(
+    v => css.getPropertyValue(v).trim() + ' ' + css.getPropertyValue('--gdg-font-family').trim());
+  const ctx = document.createElement('canvas').getContext('2d');
+  const widths = {};
+  for (const font of fonts) {
+    ctx.font = font;
+    for (const ch of chars) widths[ch] = Math.max(widths[ch] || 0, ctx.measureText(ch).width);
+  }
+  return {fonts, widths, loaded: document.fonts.check(fonts[0])};
+}
+"""
+
+
 def _settle(page: Page) -> None:
     page.wait_for_selector('[data-testid="stMain"]', timeout=TIMEOUT_MS)
     page.wait_for_timeout(500)
@@ -131,6 +152,7 @@ class Walk:
     cut: dict[tuple[int, int], dict[str, list]] = field(default_factory=dict)
     external: dict[str, set[str]] = field(default_factory=dict)
     loopback_requests: int = 0
+    grid_font: dict | None = None
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +188,8 @@ def walk() -> Walk:
                 _settle(page)
                 page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
                 _open_expanders(page)
+                if seen.grid_font is None:
+                    seen.grid_font = page.evaluate(GRID_FONT_JS, "".join(CHAR_WIDTHS))
                 for width, height in SIZES:
                     page.set_viewport_size({"width": width, "height": height})
                     _relaid_out(page)
@@ -186,6 +210,18 @@ def walk() -> Walk:
 def test_nothing_is_cut_off(walk: Walk, size: tuple[int, int]) -> None:
     cut = walk.cut[size]
     assert not cut, f"cut off at {size[0]} px ([test id, how, text, needed px, shown px]): {cut}"
+
+
+def test_column_widths_hold_the_grid_font(walk: Walk) -> None:
+    """pages.common.fit_widths sizes a column from CHAR_WIDTHS: no character may be wider in
+    the font the grid draws with than listed there, or a cell that was given its width would
+    be cut off (the grid draws on a canvas, so test_nothing_is_cut_off cannot see it)."""
+    font = walk.grid_font
+    assert font is not None, "no page drew an st.dataframe grid"
+    assert font["loaded"], f"the grid's font is not loaded (a fallback font is wider): {font['fonts']}"
+    wider = {ch: (round(px, 2), CHAR_WIDTHS[ch]) for ch, px in font["widths"].items()
+             if px > CHAR_WIDTHS[ch] + 1e-6}
+    assert not wider, f"wider in {font['fonts']} than pages.common.CHAR_WIDTHS ([measured, listed] px): {wider}"
 
 
 def test_no_page_requests_another_host(walk: Walk) -> None:
