@@ -488,6 +488,14 @@ def table(data: Any, where: Any = st, **kw: Any) -> Any:
     return where.dataframe(data, **kw)
 
 
+def text_table(data: pd.DataFrame, where: Any = st) -> Any:
+    """A table whose cells are sentences (what each tensor is, why it is kept) as st.table:
+    HTML, whose cells wrap at the container's width, where st.dataframe's grid draws each cell
+    on one line and scrolls sideways once the longest does not fit. No index; missing cells
+    a dash, as in `table`."""
+    return where.table(data.astype(object).where(data.notna(), MISSING), hide_index=True)
+
+
 #: The URL value of a "show all columns" checkbox (wide_table): off unless the link says so.
 ALL_COLUMNS = BoolParam(False)
 
