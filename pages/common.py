@@ -506,6 +506,7 @@ def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = 
     `first` (in that order) by default, every column once the checkbox above it is ticked.
     The checkbox is an input like the others (URL key `key`: put `key: spec` in the page's
     specs for sync_url), so a link keeps the choice; its help names the columns it adds."""
+    kw.setdefault("hide_index", True)
     first = list(first)
     missing = [col for col in first if col not in data.columns]
     if missing:

@@ -227,7 +227,9 @@ with main:
             fits=[f"≥ {v:,}" if v >= MAX_SEQ_LEN else f"{v:,}" for v in oom["max_seq_len"]],
         )
         st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
-        c.table(table.pivot(index="impl", columns="gpu", values="fits"))
+        # one column per GPU, headed by its name without the vendor (the column fits at 1280 px)
+        wide = table.pivot(index="impl", columns="gpu", values="fits").reset_index()
+        c.table(wide.rename(columns=lambda g: g.removeprefix("NVIDIA ")), hide_index=True)
 
 st.subheader("Memory against batch or heads (linear axes)")
 cols = st.columns([1, 1, 2])
