@@ -514,8 +514,9 @@ def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = 
     rest = [col for col in data.columns if col not in first]
     if not rest:
         return table(data, where, **kw)
-    every = toggle(f"Show all {len(data.columns)} columns ({len(rest)} more)", key, spec,
-                   where=where, help="Adds: " + ", ".join(map(str, rest)))
+    more = f"adds {', '.join(map(str, rest))}" if len(rest) <= 2 else f"{len(rest)} more"
+    every = toggle(f"Show all {len(data.columns)} columns ({more})", key, spec, where=where,
+                   help="Adds: " + ", ".join(map(str, rest)))
     return table(data if every else data[first], where, **kw)
 
 

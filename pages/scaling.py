@@ -294,8 +294,8 @@ with st.expander("Every tensor at the peak, with the allocator's rounding"):
             "count": part["tensors"],
             "tensor bytes": [f"{v:,}" for v in part["tensor_bytes"]],
             "counted by the allocator": [f"{v:,}" for v in part["counted_bytes"]],
-            "rounding": [f"+{v:,} B (allocator block)" if v else "none"
-                         for v in part["rounding_bytes"]],
+            "rounding to allocator blocks": [f"+{v:,} B" if v else "none"
+                                             for v in part["rounding_bytes"]],
         }))
 
 with st.expander("What each implementation's formula assumes"):

@@ -456,9 +456,9 @@ def side_by_side_section() -> None:
     c.longest_past_trained_note(model, max(((r["longest_context"] or 0) for r in rows
                                             if r["refused"] is None), default=0))
     lora_measured = len(methods - {"full"})
-    st.caption(f"{c.COMPUTED} (peak, fits, longest context, GPUs): calc.training_step, "
-               "calc.max_train_seq_len with the same "
-               "keywords, and calc.train_gpus_needed for full training (LoRA is modelled on "
+    st.caption(f"{c.COMPUTED}: the peak and whether it fits from calc.training_step, the "
+               "longest context from calc.max_train_seq_len with the same "
+               "keywords, and the GPUs needed from calc.train_gpus_needed for full training (LoRA is modelled on "
                "one GPU). Measured: the bundled H200 steps (data/training_steps_h200.csv) "
                + ("are full training only; LoRA and QLoRA steps are not measured yet (the "
                   "harness `python -m kernels.measure --train --plan h200-lora` exists and has "
