@@ -450,8 +450,9 @@ _WIDTH_GROUPS: tuple[tuple[str, float], ...] = (
 CHAR_WIDTHS: dict[str, float] = {ch: px for chars, px in _WIDTH_GROUPS for ch in chars}
 #: A character not measured counts as the widest one measured (the ellipsis "…").
 WIDEST_CHAR_PX = max(CHAR_WIDTHS.values())
-#: A cell's padding (8 px each side in the grid) plus 8 px to spare; no column wider than this.
-CELL_PAD_PX, MAX_COL_PX = 24, 640
+#: A cell's padding (the grid's --gdg-cell-horizontal-padding, 8 px, on each side) plus 4 px
+#: to spare; no column wider than MAX_COL_PX.
+CELL_PAD_PX, MAX_COL_PX = 20, 640
 
 
 def text_px(text: str) -> float:

@@ -112,7 +112,8 @@ REASON = "calc's reason (not computed)"
 MEASURED_SHORT = {"seq_len": "s", "checkpointing": "ckpt", "measured peak": "measured",
                   "predicted peak": "predicted", "peak error": "error"}
 #: The measured rows' columns shown by default: the inputs that tell the rows apart and the
-#: peak against its prediction (before-step bytes, the phase and the time under "show all").
+#: peak against its prediction (the packed lengths, before-step bytes, the phase and the time
+#: under "show all"; a packed row's method says "packed").
 MEASURED_FIRST = ("model", "method", "batch", "s", "attention", "precision", "ckpt",
                   "measured", "predicted", "error")
 #: The same for a rank of a sharded step.
@@ -298,6 +299,9 @@ def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
         shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
     if "packed" in shown.columns:  # dense rows: no packed lengths
+        packed = shown["packed"].map(lambda t: t is not None and not pd.isna(t))
+        # the method says "packed" too: the lengths' column is not among a narrow table's first
+        shown["method"] = [f"{m}, packed" if p else m for m, p in zip(shown["method"], packed, strict=True)]
         shown["packed"] = shown["packed"].map(lambda t: "—" if t is None or pd.isna(t) else t)
     for col in [x for x in shown.columns if x.endswith(" error")]:
         shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")

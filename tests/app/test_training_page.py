@@ -403,6 +403,8 @@ def test_wide_tables_show_their_other_columns_one_click_away() -> None:
     measured = next((d.value for d in at.dataframe if "predicted" in d.value.columns), None)
     if measured is not None:
         assert list(measured.columns) == list(page.MEASURED_FIRST)
+        packed = page.predicted_rows(page.read_measured())["packed"].notna().sum()
+        assert measured["method"].str.endswith(", packed").sum() == packed  # told apart
     full = run({"mcols": "true", "acols": "true"})
     assert not full.exception
     answer_all = next(d.value for d in full.dataframe if "fits one H200" in d.value.columns)
