@@ -54,7 +54,18 @@ SPECS = {
     "attn": ChoiceParam("sdpa", INFER_ATTENTIONS),
     "cache": ChoiceParam("dynamic", CACHES),
     "chunk": IntParam(0, 0, MAX_SEQ_LEN),  # 0: the prompt in one forward
+    "mcols": c.ALL_COLUMNS,  # every column of the measured rows, not only MEASURED_FIRST
 }
+#: The parts of the peak that outlive a forward (the rest are its transients), in the first
+#: of the two tables of parts.
+HELD_PARTS = ("weights", "KV cache")
+#: Shorter headers of the measured rows' inputs (the section's title says what they are).
+MEASURED_SHORT = {"new tokens": "new", "prefill chunk": "chunk", "peak (measured)": "measured peak",
+                  "peak (computed)": "computed peak", "peak error": "error"}
+#: The measured rows' columns shown by default: the inputs that identify a row and the peak
+#: against its prediction (the prefill's peak, timings and where fall under "show all").
+MEASURED_FIRST = ("model", "batch", "prompt", "new", "attention", "cache", "chunk",
+                  "measured peak", "computed peak", "error")
 CACHE_HELP = ("dynamic: transformers' DynamicCache, grows by concatenation; static: StaticCache, "
               "allocated whole for prompt + new tokens.")
 
@@ -198,9 +209,15 @@ st.caption(f"{c.COMPUTED}: calc.inference_step. Each bar is the moment of that "
            "KV cache then, and the transients alive at that moment by part; the dashed line is "
            "the GPU's memory. calc/inference_step.py lists every moment and tensor with its "
            "source.")
-c.table(pd.DataFrame([{"attention": label(a), **{f"{p} (computed)": c.fmt(m.parts.get(p, 0), unit)
-                                                   for p in parts},
-                       "peak (computed)": c.fmt(m.peak_bytes, unit), "where": m.peak_phase}
+# Two tables of the same rows, so that each fits a 1280 px window beside the sidebar: the peak,
+# where it occurs and what outlives the step; then the transients alive at that moment.
+held = [p for p in parts if p in HELD_PARTS]
+c.table(pd.DataFrame([{"implementation": label(a), "peak": c.fmt(m.peak_bytes, unit),
+                       "where": m.peak_phase, **{p: c.fmt(m.parts.get(p, 0), unit) for p in held}}
+                      for a, m in steps.items()]), hide_index=True)
+st.markdown("**The transients alive at each peak** (computed)")
+c.table(pd.DataFrame([{"implementation": label(a), **{p: c.fmt(m.parts.get(p, 0), unit)
+                                                      for p in parts if p not in held}}
                       for a, m in steps.items()]), hide_index=True)
 for a, why in refused.items():
     st.markdown(c.md_escape(f"Not drawn: {label(a)}: {why}"))
@@ -233,7 +250,7 @@ with st.expander(f"Each moment and every tensor at the peak of {label(shown.atte
 
 # --- chunked prefill ------------------------------------------------------------------------
 chosen = shown.attention
-st.markdown(f"### What chunked prefill saves ({c.md_escape(label(chosen))})")
+st.markdown(f"### What chunked prefill saves ({c.md_escape(label(chosen))}; computed)")
 savings = inf.chunk_savings(model, batch, seq_len, new_tokens, attention=chosen, **kw)
 shown_sav = savings.assign(**{
     "prefill chunk": savings["prefill chunk"].map(
@@ -241,7 +258,7 @@ shown_sav = savings.assign(**{
     **{col: savings[col].map(lambda b: c.fmt(b, unit)) for col in
        ("prefill peak", "decode peak", "peak")},
     "saved": savings["saved"].map(lambda b: "—" if b == 0 else c.fmt(b, unit)),
-}).rename(columns={col: f"{col} (computed)" for col in ("prefill peak", "decode peak", "peak", "saved")})
+})
 c.table(shown_sav, hide_index=True)
 if len(savings) == 1:
     st.caption(f"The prompt ({seq_len:,} tokens) is no longer than the smallest chunk: chunking "
@@ -277,7 +294,7 @@ else:
         "measured prefill peak": "prefill peak (measured)",
         "predicted prefill peak": "prefill peak (computed)",
         "predicted where": "where (computed)", "prefill ms": "prefill ms (measured)", "decode ms/token": "decode ms/token (measured)"})
-    c.table(shown_m, hide_index=True)
+    c.wide_table(shown_m.rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
     errs = compared["peak error"].dropna().abs()
     by_model = compared.groupby("model")["peak error"].apply(lambda e: e.abs().max())
     st.caption(f"{MEASURED} Computed: calc.inference_step for each row's inputs, now. "

@@ -324,10 +324,12 @@ else:
             ms = pd.to_numeric(table["fwd_step_ms"], errors="coerce")
             # the link speed at which sending the next K/V block takes as long as the step
             table["link_GBps_to_hide_kv"] = (kv / (ms * 1e-3) / 1e9).round(1)
-        cols = [col for col in ("seq_len", "world_size", "rank", "pass", "peak_bytes",
-                                "predicted_bytes", "error_pct", "fwd_step_ms", "bwd_step_ms",
-                                "link_GBps_to_hide_kv", "gpu") if col in table.columns]
-        c.table(table[cols], hide_index=True)
+        # Memory, then time: two tables of the same runs, each fits a 1280 px window.
+        run = ("seq_len", "world_size", "rank", "pass")
+        for what in (("peak_bytes", "predicted_bytes", "error_pct"),
+                     ("fwd_step_ms", "bwd_step_ms", "link_GBps_to_hide_kv", "gpu")):
+            cols = [col for col in (*run, *what) if col in table.columns]
+            c.table(table[cols], hide_index=True)
         st.caption("Measured: one rank of the ring simulated on one GPU (its incoming blocks "
                    "copied in place of communication; kernels/ring/simulate.py); peak = "
                    "max_memory_allocated during the call minus memory_allocated before. "

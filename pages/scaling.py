@@ -227,7 +227,9 @@ with main:
             fits=[f"≥ {v:,}" if v >= MAX_SEQ_LEN else f"{v:,}" for v in oom["max_seq_len"]],
         )
         st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
-        c.table(table.pivot(index="impl", columns="gpu", values="fits"))
+        # one column per GPU, headed by its name without the vendor (the column fits at 1280 px)
+        wide = table.pivot(index="impl", columns="gpu", values="fits").reset_index()
+        c.table(wide.rename(columns=lambda g: g.removeprefix("NVIDIA ")), hide_index=True)
 
 st.subheader("Memory against batch or heads (linear axes)")
 cols = st.columns([1, 1, 2])
@@ -265,18 +267,19 @@ def _cell(n: int | None) -> str:
     return "not predicted" if n is None or n != n else c.fmt(int(n), unit)
 
 
-shown = pd.DataFrame({
+shown = pd.DataFrame({  # the caption names the torch.cuda function behind each column
     "implementation": summary["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
-    "peak allocated (max_memory_allocated)": [_cell(v) for v in summary["allocated_peak_bytes"]],
-    "of which allocator rounding": [f"{int(v):,} B" for v in summary["rounding_bytes"]],
-    "reserved growth (memory_reserved)": [_cell(None if v is None or v != v else int(v))
-                                          for v in summary["reserved_growth_bytes"]],
+    "peak allocated": [_cell(v) for v in summary["allocated_peak_bytes"]],
+    "of which rounding": [f"{int(v):,} B" for v in summary["rounding_bytes"]],
+    "reserved growth": [_cell(None if v is None or v != v else int(v))
+                        for v in summary["reserved_growth_bytes"]],
 })
 c.table(shown, hide_index=True)
 st.caption(
     f"{c.COMPUTED}. **Peak allocated**: what `torch.cuda.max_memory_allocated()` rises by during "
     "the call, above the inputs: every tensor counted as the block the caching allocator gives "
-    "it (calc.attention_peak_bytes). **Reserved growth**: what `torch.cuda.memory_reserved()` "
+    "it (calc.attention_peak_bytes); **of which rounding**: the bytes those blocks add to the "
+    "tensors' own. **Reserved growth**: what `torch.cuda.memory_reserved()` "
     "rises by: the segments the allocator takes from the GPU for the call, freed temporaries "
     "included; this is what nvidia-smi's figure grows by (nvidia-smi also shows the CUDA context "
     "and memory outside PyTorch). Predicted when the cache is emptied before the call, as the "
@@ -286,14 +289,14 @@ st.caption(
 with st.expander("Every tensor at the peak, with the allocator's rounding"):
     for impl, part in terms.groupby("impl", sort=False):
         st.markdown(f"**{IMPL_LABELS.get(impl, impl)}**")
-        c.table(pd.DataFrame({
+        c.text_table(pd.DataFrame({
             "tensors alive at the peak": part["term"],
             "count": part["tensors"],
             "tensor bytes": [f"{v:,}" for v in part["tensor_bytes"]],
             "counted by the allocator": [f"{v:,}" for v in part["counted_bytes"]],
-            "rounding": [f"+{v:,} B (allocator block)" if v else "none"
-                         for v in part["rounding_bytes"]],
-        }), hide_index=True)
+            "rounding to allocator blocks": [f"+{v:,} B" if v else "none"
+                                             for v in part["rounding_bytes"]],
+        }))
 
 with st.expander("What each implementation's formula assumes"):
     for impl in impls:

@@ -100,7 +100,27 @@ SPECS = {
     "targets": ChoiceParam(ft_.DEFAULT_TARGETS, ft_.TARGETS),
     "adt": ChoiceParam(ft_.DEFAULT_ADAPTER_DTYPE, ft_.ADAPTER_DTYPE_CHOICES),
     "dq": BoolParam(False),
+    # every column of a wide table, not only its first ones (each fits a 1280 px window)
+    "mcols": c.ALL_COLUMNS,  # the measured single-GPU rows
+    "dcols": c.ALL_COLUMNS,  # the measured sharded rows
+    "acols": c.ALL_COLUMNS,  # "Can I train a 7B at 32k on one GPU?"
 }
+#: calc's reason for refusing a method, in side_by_side_table (written under the table).
+REASON = "calc's reason (not computed)"
+#: Shorter headers of the measured rows (the section's title says they are peaks per GPU;
+#: checkpointing's cells say on or off).
+MEASURED_SHORT = {"seq_len": "s", "checkpointing": "ckpt", "measured peak": "measured",
+                  "predicted peak": "predicted", "peak error": "error"}
+#: The measured rows' columns shown by default: the inputs that tell the rows apart and the
+#: peak against its prediction (the packed lengths, before-step bytes, the phase and the time
+#: under "show all"; a packed row's method says "packed").
+MEASURED_FIRST = ("model", "method", "batch", "s", "attention", "precision", "ckpt",
+                  "measured", "predicted", "error")
+#: The same for a rank of a sharded step.
+DIST_FIRST = ("sharding", "GPUs", "rank", "model", "batch", "s", "measured", "predicted", "error")
+#: "Can I train a 7B at 32k?": the answer by default; where the peak occurs under "show all".
+SEVEN_B_FIRST = ("model", "attention", "checkpointing", "peak", "fits one H200",
+                 "fits one H100", "2-layer step (ms)")
 #: Colours of the stacked parts (Okabe & Ito, as pages.common).
 PART_COLORS = {**TRAINING_PART_COLORS, "MoE": "#117733",  # green
                LORA_PART: "#332288"}  # indigo (issue 34's parts)
@@ -243,7 +263,8 @@ def side_by_side_table(rows: list[dict[str, Any]], unit: str,
                        measured_peak: dict[str, int] | None = None,
                        measured_methods: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
     """pages.ui.finetune.side_by_side's rows for display: sizes in `unit`, "—" where a method
-    has no such number, calc's reason where it refuses the method. measured_peak: the H200's
+    has no such number, calc's reason where it refuses the method (column REASON: the page
+    writes it under the table, a sentence being too long for a cell). measured_peak: the H200's
     measured peak of a bundled row at exactly these inputs, by method; measured_methods: the
     methods the bundled CSV has rows of at all."""
     measured_peak = measured_peak or {}
@@ -256,16 +277,16 @@ def side_by_side_table(rows: list[dict[str, Any]], unit: str,
             if r["gpus_needed"] == 0 else "—")
         out.append({
             "method": ft_.METHOD_LABELS[r["method"]],
-            "peak (computed)": c.fmt(r["peak_bytes"], unit) if ok else "—",
-            "fits (computed)": ("yes" if r["fits"] else "no") if ok else "—",
-            "longest context that fits (computed)":
-                ((f"{r['longest_context']:,}" if r["longest_context"] else "none") if ok else "—"),
-            "GPUs for full training (computed)": gpus_cell,
+            "peak": c.fmt(r["peak_bytes"], unit) if ok else "—",
+            "fits": ("yes" if r["fits"] else "no") if ok else "—",
+            "longest context": (f"{r['longest_context']:,}" if r["longest_context"] else "none")
+            if ok else "—",
+            "GPUs (full training)": gpus_cell,
             "measured peak (H200)":
                 c.fmt(measured_peak[r["method"]], unit) if r["method"] in measured_peak else
-                "no bundled row at these inputs" if r["method"] in measured_methods else
+                "no row at these inputs" if r["method"] in measured_methods else
                 "not measured yet",
-            "calc's reason (not computed)": "" if ok else r["refused"],
+            REASON: "" if ok else r["refused"],
         })
     return pd.DataFrame(out)
 
@@ -273,9 +294,14 @@ def side_by_side_table(rows: list[dict[str, Any]], unit: str,
 def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     """df for display: byte columns in ``unit``, errors as signed percentages, "—" for none."""
     shown = df.copy()
+    if "checkpointing" in shown:
+        shown["checkpointing"] = shown["checkpointing"].map(lambda x: "on" if x else "off")
     for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
         shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
     if "packed" in shown.columns:  # dense rows: no packed lengths
+        packed = shown["packed"].map(lambda t: t is not None and not pd.isna(t))
+        # the method says "packed" too: the lengths' column is not among a narrow table's first
+        shown["method"] = [f"{m}, packed" if p else m for m, p in zip(shown["method"], packed, strict=True)]
         shown["packed"] = shown["packed"].map(lambda t: "—" if t is None or pd.isna(t) else t)
     for col in [x for x in shown.columns if x.endswith(" error")]:
         shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
@@ -335,11 +361,11 @@ def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
                 rows.append({
                     "model": name, "attention": TRAIN_ATTENTION_LABELS[attn],
                     "checkpointing": "on" if ckpt else "off",
-                    "peak (computed)": c.fmt(m.peak_bytes, unit),
+                    "peak": c.fmt(m.peak_bytes, unit),
                     "fits one H200": "yes" if m.peak_bytes <= usable_bytes(H200) else "no",
                     "fits one H100": "yes" if m.peak_bytes <= usable_bytes(H100) else "no",
                     "where": m.peak_phase,
-                    "measured step (2 layers, ms)": "—" if ms is None else f"{ms:,.0f}",
+                    "2-layer step (ms)": "—" if ms is None else f"{ms:,.0f}",
                 })
     return pd.DataFrame(rows)
 
@@ -426,12 +452,17 @@ def side_by_side_section() -> None:
     st.markdown(f"**On {c.md_escape(where)} at s = {seq_len:,}**: "
                 + (f"fits with {', '.join(fit_names)} (computed)." if fit_names else
                    "none of full training, LoRA or QLoRA fits (computed)."))
-    c.table(side_by_side_table(rows, unit, peaks, methods), hide_index=True)
+    side = side_by_side_table(rows, unit, peaks, methods)
+    c.table(side.drop(columns=[REASON]), hide_index=True)
+    for name, why in zip(side["method"], side[REASON], strict=True):
+        if why:
+            st.markdown(c.md_escape(f"{name}: not computed: {why}"))
     c.longest_past_trained_note(model, max(((r["longest_context"] or 0) for r in rows
                                             if r["refused"] is None), default=0))
     lora_measured = len(methods - {"full"})
-    st.caption(f"{c.COMPUTED}: calc.training_step, calc.max_train_seq_len with the same "
-               "keywords, and calc.train_gpus_needed for full training (LoRA is modelled on "
+    st.caption(f"{c.COMPUTED}: the peak and whether it fits from calc.training_step, the "
+               "longest context from calc.max_train_seq_len with the same "
+               "keywords, and the GPUs needed from calc.train_gpus_needed for full training (LoRA is modelled on "
                "one GPU). Measured: the bundled H200 steps (data/training_steps_h200.csv) "
                + ("are full training only; LoRA and QLoRA steps are not measured yet (the "
                   "harness `python -m kernels.measure --train --plan h200-lora` exists and has "
@@ -542,9 +573,9 @@ c.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phase
              hide_index=True)
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]]):
-    c.table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
+    c.text_table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
         pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": f"{x:,}"}
-                      for p, lab, x in first.activation_terms]), hide_index=True)
+                      for p, lab, x in first.activation_terms]))
 
 fit_rows = []
 longest_seen = []
@@ -591,7 +622,7 @@ if not compared.empty:
         st.markdown("No measured row matches these inputs (pick a *measured shape* model, one "
                     "GPU, and a measured length): every bundled row with its prediction.")
         view = compared
-    c.table(shown_table(view, unit), hide_index=True)
+    c.wide_table(shown_table(view, unit).rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
     errs = compared["peak error"].dropna()
     big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
     if len(errs):
@@ -608,7 +639,7 @@ if dist_rows.empty:
                "same models and writes data/training_steps_dist_h200.csv, which this section "
                "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
 else:
-    c.table(shown_table(dist_rows, unit), hide_index=True)
+    c.wide_table(shown_table(dist_rows, unit).rename(columns=MEASURED_SHORT), DIST_FIRST, "dcols")
     errs = dist_rows["peak error"].dropna()
     st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
                f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "
@@ -627,9 +658,9 @@ for gpu_name, col in ((H200, "fits one H200"), (H100, "fits one H100")):
                     "checkpointing (computed).")
     else:
         said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
-                         f"{r['peak (computed)']})" for _, r in ok.iterrows())
+                         f"{r['peak']})" for _, r in ok.iterrows())
         st.markdown(f"- **One {gpu_name}**: {c.md_escape(said)}.")
-c.table(answer, hide_index=True)
+c.wide_table(answer, SEVEN_B_FIRST, "acols")
 st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
            "keep only an output and a log-sum-exp per row.")

@@ -20,7 +20,14 @@ indicator (stStatusWidget) is gone, no request is in flight and nothing has chan
 --quiet-ms. Also reported: the first number (the first metric value or message drawn).
 Debian's chromium through Playwright, headless, loopback only; a measurement, not a test.
 
-Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--url http://127.0.0.1:8501]
+With --in-app, each page is also reached the way a user moves through the app: in a new tab,
+Score matrix (Scaling, when Score matrix is the page measured) is loaded and left to settle,
+then the page's link in the sidebar is clicked. Streamlit switches pages inside the same
+document (the script checks it), so plotly.js and the data grid's bundle, which the first
+page evaluated, are not evaluated again. Reported: seconds from the click until the page has
+settled by the rule above, for the cold and the warm browser.
+
+Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--in-app] [--url http://127.0.0.1:8501]
 """
 
 from __future__ import annotations
@@ -126,10 +133,53 @@ def watched_context(b, width: int = 1280, height: int = 900):
     return ctx
 
 
+#: In-app navigation starts on this page (its plotly chart and data grid have evaluated both
+#: bundles in the document), or on NAV_FROM_ELSE when it is the page measured.
+NAV_FROM, NAV_FROM_ELSE = "/score_matrix", "/scaling"
+
+#: The sidebar's link to a URL path (app.py's pages: "/" is the default page), clicked.
+CLICK_LINK_JS = """(path) => {
+  const a = [...document.querySelectorAll('[data-testid="stSidebarNav"] a')]
+    .find(a => new URL(a.href).pathname.replace(/\\/$/, '') === path.replace(/\\/$/, ''));
+  if (!a) return false;
+  a.click();
+  return true;
+}"""
+
+#: The main area's title, which tells one page from another.
+TITLE_JS = """() => { const h = document.querySelector('[data-testid="stMain"] h1');
+  return h ? h.innerText : ''; }"""
+
+
+def navigate_once(context, url: str, path: str, quiet_ms: int) -> float:
+    """Open NAV_FROM (or NAV_FROM_ELSE) in a new tab of `context`, let it settle, then click the
+    sidebar's link to `path`: seconds from the click until the page has settled (`settle`'s
+    rule), in the same document (checked: a marker set before the click is still there)."""
+    start = NAV_FROM_ELSE if path == NAV_FROM else NAV_FROM
+    page = context.new_page()
+    in_flight = track_requests(page)
+    try:
+        page.goto(url + start, wait_until="commit")
+        settle(page, in_flight, quiet_ms)
+        title = page.evaluate(TITLE_JS)
+        clicked = page.evaluate("""() => { window.__sameDocument = true; return performance.now(); }""")
+        if not page.evaluate(CLICK_LINK_JS, path):
+            raise RuntimeError(f"no sidebar link to {path} on {start}")
+        page.wait_for_function(f"(old) => ({TITLE_JS})() && ({TITLE_JS})() !== old", arg=title,
+                               timeout=60_000)
+        _, last = settle(page, in_flight, quiet_ms)
+        if not page.evaluate("() => window.__sameDocument === true"):
+            raise RuntimeError(f"clicking {path} on {start} loaded a new document")
+        return last - clicked / 1000
+    finally:
+        page.close()
+
+
 def measure(url: str, paths: list[str], repeat: int, quiet_ms: int,
-            warm: bool) -> dict[str, list[tuple[float, float]]]:
-    """(first number, settled) per load, per page path."""
-    out: dict[str, list[tuple[float, float]]] = {p: [] for p in paths}
+            warm: bool, in_app: bool = False) -> dict[str, list]:
+    """Per page path, per load: (first number, settled) of a direct load, or with in_app the
+    seconds from a sidebar click to settled (navigate_once)."""
+    out: dict[str, list] = {p: [] for p in paths}
     with browser() as b:
         shared = watched_context(b) if warm else None
         if shared is not None:  # a returning user: the bundles are in the cache already
@@ -137,7 +187,8 @@ def measure(url: str, paths: list[str], repeat: int, quiet_ms: int,
         for path in paths:
             for _ in range(repeat):
                 ctx = shared or watched_context(b)
-                out[path].append(load_once(ctx, url + path, quiet_ms))
+                out[path].append(navigate_once(ctx, url, path, quiet_ms) if in_app else
+                                 load_once(ctx, url + path, quiet_ms))
                 if shared is None:
                     ctx.close()
     return out
@@ -154,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure one kind of browser only (default: both)")
     ap.add_argument("--pages", nargs="*", default=None,
                     help="URL paths to measure (default: every page of app.py)")
+    ap.add_argument("--in-app", action="store_true",
+                    help="also measure each page reached by a click in the sidebar from "
+                         f"{NAV_FROM} (from {NAV_FROM_ELSE} for itself): the same document, "
+                         "plotly and the data grid already evaluated; seconds from the click")
     a = ap.parse_args(argv)
     if a.repeat < 1:
         raise SystemExit(f"--repeat must be at least 1, got {a.repeat}")
@@ -164,12 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url = a.url or stack.enter_context(load_test.app_server())[0]
         measure(url, paths[:1], 1, a.quiet_ms, warm=False)  # the server's first imports
+        load_start = os.getloadavg()
         res = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm") for kind in kinds}
-    load = os.getloadavg()[0]
+        nav = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm", in_app=True)
+               for kind in kinds} if a.in_app else {}
+    load = os.getloadavg()
     head = "".join(f" {k + ' first':>11} {k + ' settled':>13}" for k in kinds)
-    print(f"{'page':<18}{head}   (seconds, median of {a.repeat}; load average {load:.2f} "
-          f"on {os.cpu_count()} CPUs at the end)")
-    worst = dict.fromkeys(kinds, 0.0)
+    head += "".join(f" {'in-app ' + k:>13}" for k in nav)
+    print(f"{'page':<18}{head}   (seconds, median of {a.repeat}; {time.strftime('%Y-%m-%d %H:%M %Z')}; "
+          f"load average {'/'.join(f'{x:.1f}' for x in load_start)} at the start, "
+          f"{'/'.join(f'{x:.1f}' for x in load)} at the end, {os.cpu_count()} CPUs)")
+    worst = dict.fromkeys([*kinds, *(f"in-app {k}" for k in nav)], 0.0)
     for path in paths:
         cells = ""
         for kind in kinds:
@@ -177,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             settled = statistics.median(r[1] for r in res[kind][path])
             worst[kind] = max(worst[kind], settled)
             cells += f" {first:>11.2f} {settled:>13.2f}"
+        for kind, got in nav.items():
+            settled = statistics.median(got[path])
+            worst[f"in-app {kind}"] = max(worst[f"in-app {kind}"], settled)
+            cells += f" {settled:>13.2f}"
         print(f"{path:<18}{cells}")
     print("worst median settle: " + ", ".join(f"{k} {v:.2f} s" for k, v in worst.items()))
     return 0

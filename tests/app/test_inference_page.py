@@ -108,7 +108,7 @@ def test_an_attention_the_model_cannot_run_is_named_under_the_chart() -> None:
     assert any("cannot run this model" in e.value and "soft" in e.value for e in at.error)
     assert any("Not drawn" in x.value and "FlashAttention" in x.value and "soft" in x.value
                for x in at.markdown)
-    assert list(frame_with(at, "peak (computed)")["attention"]) == ["transformers eager"]
+    assert list(frame_with(at, "where")["implementation"]) == ["transformers eager"]
     at = run({"model": "Gemma 2 9B", "s": "4096", "attn": "eager"})
     m = inference_step(calc.MODELS["Gemma 2 9B"], 1, 4096, 128, attention="eager")
     assert metrics(at)["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GB")
@@ -122,30 +122,38 @@ def test_weights_alone_past_the_gpu_say_so_instead_of_zero() -> None:
 
 
 def test_the_parts_table_is_each_peak_by_part() -> None:
+    """Two tables of the same rows (each fits a 1280 px window): peak, where and the held
+    parts; then the transients. Together they hold every part of every peak."""
     at = run({"s": "32768"})
     assert not at.exception
-    parts = frame_with(at, "KV cache (computed)")
+    held, transients = frame_with(at, "KV cache"), frame_with(at, "hidden states")
+    assert list(held["implementation"]) == list(transients["implementation"])
     model = calc.MODELS["Llama 3.1 8B"]
     for attention in ("sdpa", "eager", "triton"):
         m = inference_step(model, 1, 32768, 128, attention=attention)
-        row = parts[parts["attention"] == INFER_ATTENTION_LABELS[attention]].iloc[0]
-        assert row["peak (computed)"] == calc.format_bytes(m.peak_bytes, "GB")
-        assert row["KV cache (computed)"] == calc.format_bytes(m.parts["KV cache"], "GB")
+        name = INFER_ATTENTION_LABELS[attention]
+        row = held[held["implementation"] == name].iloc[0]
+        assert row["peak"] == calc.format_bytes(m.peak_bytes, "GB")
+        assert row["KV cache"] == calc.format_bytes(m.parts["KV cache"], "GB")
         assert row["where"] == m.peak_phase
-    assert len(parts) == len(INFER_ATTENTIONS)  # Llama runs every one
+        both = {**row.to_dict(), **transients[transients["implementation"] == name].iloc[0].to_dict()}
+        for part, n_bytes in m.parts.items():
+            if n_bytes:
+                assert both[part] == calc.format_bytes(n_bytes, "GB"), part
+    assert len(held) == len(INFER_ATTENTIONS)  # Llama runs every one
 
 
 def test_chunked_prefill_table_is_calc_numbers() -> None:
     at = run({"s": "32768", "chunk": "3000"})
     assert not at.exception
-    table = frame_with(at, "saved (computed)")
+    table = frame_with(at, "saved")
     assert list(table["prefill chunk"]) == ["whole prompt", "512", "2,048", "3,000", "8,192"]
     model = calc.MODELS["Llama 3.1 8B"]
     whole = inference_step(model, 1, 32768, 128, attention="sdpa")
     chunked = inference_step(model, 1, 32768, 128, attention="sdpa", prefill_chunk=2048)
     row = table[table["prefill chunk"] == "2,048"].iloc[0]
-    assert row["peak (computed)"] == calc.format_bytes(chunked.peak_bytes, "GB")
-    assert row["saved (computed)"] == calc.format_bytes(whole.peak_bytes - chunked.peak_bytes, "GB")
+    assert row["peak"] == calc.format_bytes(chunked.peak_bytes, "GB")
+    assert row["saved"] == calc.format_bytes(whole.peak_bytes - chunked.peak_bytes, "GB")
     assert chunked.peak_bytes < whole.peak_bytes
 
 
@@ -157,7 +165,7 @@ def test_measured_rows_of_the_shown_model_with_their_errors() -> None:
         pytest.skip("no data/inference_steps_h200.csv bundled")
     at = run({})
     assert not at.exception
-    table = frame_with(at, "peak error")
+    table = frame_with(at, "error")
     ok = measured[(measured["status"] == "ok") & (measured["model"] == "llama3.1-8b")]
     assert len(table) == len(ok) > 0 and set(table["model"]) == {"llama3.1-8b"}
     # one row recomputed here: the page's error is calc's prediction against the measured peak
@@ -167,9 +175,31 @@ def test_measured_rows_of_the_shown_model_with_their_errors() -> None:
                        int(r["new_tokens"]), attention=r["attention"], cache=r["cache"],
                        prefill_chunk=chunk)
     err = (m.peak_bytes - r["peak_bytes"]) / r["peak_bytes"]
-    assert table.iloc[0]["peak error"] == f"{err:+.2%}"
-    assert table.iloc[0]["peak (measured)"] == calc.format_bytes(int(r["peak_bytes"]), "GB")
+    assert table.iloc[0]["error"] == f"{err:+.2%}"
+    assert table.iloc[0]["measured peak"] == calc.format_bytes(int(r["peak_bytes"]), "GB")
     assert any("kernels.measure --infer --plan h200" in x.value for x in at.caption)
+
+
+def test_measured_rows_show_their_other_columns_one_click_away() -> None:
+    """The measured rows fit a 1280 px window with the inputs and the peak; the checkbox (URL
+    mcols) adds the prefill's peaks, where and the timings, with the same rows."""
+    import pages.ui.inference as inf
+
+    if inf.read_measured().empty:
+        pytest.skip("no data/inference_steps_h200.csv bundled")
+    at = run({})
+    short = frame_with(at, "error")
+    assert list(short.columns) == ["model", "batch", "prompt", "new", "attention", "cache", "chunk",
+                                   "measured peak", "computed peak", "error"]
+    box = next(b for b in at.checkbox if b.label.startswith("Show all"))
+    assert "prefill ms (measured)" in box.help
+    box.check().run()
+    full = frame_with(at, "error")
+    assert at.query_params["mcols"] == "true"
+    assert {"prefill peak (measured)", "prefill peak (computed)", "prefill error",
+            "where (computed)", "prefill ms (measured)", "decode ms/token (measured)"} <= set(full.columns)
+    assert full[list(short.columns)].equals(short)
+    assert list(frame_with(run({"mcols": "true"}), "error").columns) == list(full.columns)
 
 
 def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
@@ -180,10 +210,10 @@ def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
     at = run({"model": "Llama 3.1 70B"})
     assert not at.exception
     assert any("was not measured" in x.value for x in at.markdown)
-    assert frame_with(at, "peak error")["model"].nunique() >= 6
+    assert frame_with(at, "error")["model"].nunique() >= 6
     at = run({"model": "measured shape: gemma3-27b-12l", "s": "4096"})
     assert not at.exception
-    assert set(frame_with(at, "peak error")["model"]) == {"gemma3-27b-12l"}
+    assert set(frame_with(at, "error")["model"]) == {"gemma3-27b-12l"}
 
 
 def test_compared_rows_error_is_prediction_against_measurement() -> None:

@@ -3,6 +3,7 @@ values with a message (never a traceback), and compares bundled measurements whe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -176,7 +177,7 @@ def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
               "attns": "sdpa_flash,triton"})
     assert not at.exception
     assert any("Rows matching these inputs" in m.value for m in at.markdown)
-    table = next(d.value for d in at.dataframe if "measured peak" in d.value.columns)
+    table = next(d.value for d in at.dataframe if "predicted" in d.value.columns)
     assert set(table["attention"]) <= {"sdpa_flash", "triton"} and len(table) >= 1
 
 
@@ -235,7 +236,16 @@ def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch
 
 
 def _side_by_side(at: AppTest) -> pd.DataFrame:
-    return next(d.value for d in at.dataframe if "calc's reason (not computed)" in d.value.columns)
+    """The side-by-side table, with calc's reason for each refused method (written under the
+    table as "<method>: not computed: <reason>") as a column; "" where none was written."""
+    table = next(d.value for d in at.dataframe if "GPUs (full training)" in d.value.columns).copy()
+    said = {}
+    for line in (re.sub(r"\\(.)", r"\1", m.value) for m in at.markdown):  # md_escape undone
+        for name in table["method"]:
+            if line.startswith(f"{name}: not computed: "):
+                said[name] = line[len(f"{name}: not computed: "):]
+    table["calc's reason (not computed)"] = [said.get(n, "") for n in table["method"]]
+    return table
 
 
 def test_fine_tuning_keys_round_trip_through_the_url() -> None:
@@ -276,19 +286,19 @@ def test_side_by_side_table_equals_calc() -> None:
     for (_, row), method in zip(table.iterrows(), ("full", "lora", "qlora"), strict=True):
         kw = dict(attention="sdpa_flash", **calc_kwargs(method, 32, "all-linear", "fp32", True))
         m = calc.training_step(model, 2, 4096, **kw)
-        assert row["peak (computed)"] == calc.format_bytes(m.peak_bytes, "GB")
-        assert row["fits (computed)"] == ("yes" if m.peak_bytes <= gpu else "no")
+        assert row["peak"] == calc.format_bytes(m.peak_bytes, "GB")
+        assert row["fits"] == ("yes" if m.peak_bytes <= gpu else "no")
         s_max = calc.max_train_seq_len(model, gpu, 2, **kw)
-        assert row["longest context that fits (computed)"] == (f"{s_max:,}" if s_max else "none")
+        assert row["longest context"] == (f"{s_max:,}" if s_max else "none")
         assert row["calc's reason (not computed)"] == ""
         if method == "full":
             n = calc.train_gpus_needed(model, gpu, 2, 4096, attention="sdpa_flash",
                                        sharding="zero3", tp=1, max_gpus=1024)
-            assert row["GPUs for full training (computed)"] == f"{n:,}"
+            assert row["GPUs (full training)"] == f"{n:,}"
         else:
-            assert row["GPUs for full training (computed)"] == "—"
+            assert row["GPUs (full training)"] == "—"
             # LoRA / QLoRA rows are bundled (the h200-lora plan), none at this 8B-full-depth shape
-            assert row["measured peak (H200)"] == "no bundled row at these inputs"
+            assert row["measured peak (H200)"] == "no row at these inputs"
     assert any("include LoRA/QLoRA rows" in x.value for x in at.caption)
 
 
@@ -377,4 +387,32 @@ def test_side_by_side_says_never_fits_not_the_search_bound() -> None:
                                   tp=1, max_gpus=1024) == 0
     assert calc.training_step(model, 1, 4096, attention="eager", sharding="zero3",
                               gpus=1 << 20).peak_bytes > gpu
-    assert _side_by_side(at).loc[0, "GPUs for full training (computed)"] == "never fits"
+    assert _side_by_side(at).loc[0, "GPUs (full training)"] == "never fits"
+
+
+def test_wide_tables_show_their_other_columns_one_click_away() -> None:
+    """The measured rows and the 7B answer fit a 1280 px window with their first columns; the
+    URL's mcols / acols (the checkboxes above them) add the rest, same rows; the activation
+    terms are a wrapping HTML table holding every term's exact bytes."""
+    import pages.training as page
+
+    at = run({})
+    assert not at.exception
+    answer = next(d.value for d in at.dataframe if "fits one H200" in d.value.columns)
+    assert list(answer.columns) == list(page.SEVEN_B_FIRST)
+    measured = next((d.value for d in at.dataframe if "predicted" in d.value.columns), None)
+    if measured is not None:
+        assert list(measured.columns) == list(page.MEASURED_FIRST)
+        packed = page.predicted_rows(page.read_measured())["packed"].notna().sum()
+        assert measured["method"].str.endswith(", packed").sum() == packed  # told apart
+    full = run({"mcols": "true", "acols": "true"})
+    assert not full.exception
+    answer_all = next(d.value for d in full.dataframe if "fits one H200" in d.value.columns)
+    assert "where" in answer_all.columns and answer_all[list(answer.columns)].equals(answer)
+    if measured is not None:
+        measured_all = next(d.value for d in full.dataframe if "predicted" in d.value.columns)
+        assert {"measured before", "predicted before", "predicted phase", "step_ms"} <= set(measured_all.columns)
+        assert measured_all[list(measured.columns)].equals(measured)
+    m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 4096, attention="eager")
+    terms = next(t.value for t in at.table if "tensor" in t.value.columns)
+    assert list(terms["bytes"]) == [f"{x:,}" for _, _, x in m.activation_terms]

@@ -6,7 +6,10 @@ opened) and the DOM is searched for text that does not fit its box (scrollWidth 
 `stWidgetLabel`, metric labels `stMetricLabel`, checkbox labels, page links, multiselect
 chips), a selectbox's shown value (an <input> that clips), and a multiselect's chip row that
 scrolls sideways. st.dataframe draws on a canvas (glide data grid), so its cells cannot be
-read here: the pages give their tables column widths that fit the content instead.
+read here: the pages give their tables column widths that fit the content instead
+(pages/common.fit_widths), and a grid whose columns together are wider than its container
+(its scroller's scrollWidth > clientWidth: the table scrolls sideways, its right-hand columns
+out of view) is reported as a "wide table", named by its column headers.
 
 The same walk of the pages records every request the browser makes, off-machine ones refused,
 for tests/browser/test_offline.py's check (issue 32, item 5): one app server, one browser and
@@ -23,13 +26,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from pages.common import CHAR_WIDTHS
 from tests.browser.test_offline import off_machine
 from tests.browser.test_pages_in_chromium import CHROMIUM, LAUNCH_ARGS, TIMEOUT_MS, _app_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import settle_times  # noqa: E402  (when a page has settled: the screenshots script's rule)
 
 pytestmark = pytest.mark.browser
 
@@ -37,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "screenshots" / "layout"
 SAVE = os.environ.get("SAVE_SCREENSHOTS") == "1"
 SIZES = ((1280, 800), (1920, 1080))
+QUIET_MS = 500
 
 try:
     from playwright.sync_api import Page, sync_playwright
@@ -75,24 +84,52 @@ CUT_OFF_JS = r"""
     root.querySelectorAll('[data-testid="stSelectbox"] input').forEach(el => check(el, 'value'));
     root.querySelectorAll('[data-testid="stMultiSelectTagsContainer"]')
         .forEach(el => check(el, 'chips'));
+    // a data grid wider than its container scrolls sideways inside it: its own scroller is
+    // wider than what it shows (named by its column headers)
+    root.querySelectorAll('[data-testid="stDataFrame"]').forEach(grid => {
+      const s = grid.querySelector('.dvn-scroller');
+      if (!s || s.clientWidth <= 2 || s.scrollWidth <= s.clientWidth + 1) return;
+      const heads = [...grid.querySelectorAll('[role="columnheader"]')].map(h => h.innerText);
+      cut.push(['stDataFrame', 'wide table', heads.join(' | ').replace(/\s+/g, ' ').slice(0, 120),
+                s.scrollWidth, s.clientWidth]);
+    });
   }
   return cut;
 }
 """
 
 
-def _settle(page: Page) -> None:
-    page.wait_for_selector('[data-testid="stMain"]', timeout=TIMEOUT_MS)
-    page.wait_for_timeout(500)
-    page.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=TIMEOUT_MS)
-    page.wait_for_timeout(700)  # charts and tables draw after the run ends
+#: The grid's font (from its CSS variables) and every listed character's width in it, measured
+#: with canvas measureText; None when the page has no grid.
+GRID_FONT_JS = r"""
+(chars) => {
+  const grid = document.querySelector('[data-testid="stDataFrame"] [style*="--gdg-font-family"]');
+  if (!grid) return null;
+  const css = getComputedStyle(grid);
+  const fonts = ['--gdg-base-font-style', '--gdg-header-font-style'].map(
+    v => css.getPropertyValue(v).trim() + ' ' + css.getPropertyValue('--gdg-font-family').trim());
+  const ctx = document.createElement('canvas').getContext('2d');
+  const widths = {};
+  for (const font of fonts) {
+    ctx.font = font;
+    for (const ch of chars) widths[ch] = Math.max(widths[ch] || 0, ctx.measureText(ch).width);
+  }
+  return {fonts, widths, loaded: document.fonts.check(fonts[0])};
+}
+"""
 
 
-def _open_expanders(page: Page) -> None:
+def _settle(page: Page, in_flight: set) -> None:
+    """Until the page has settled (scripts/settle_times.settle: its run over, no request in
+    flight, no DOM change or long task for QUIET_MS). A fixed wait after the run missed the
+    grids of GPU measurement, which are drawn seconds after its script has finished."""
+    settle_times.settle(page, in_flight, QUIET_MS, timeout_s=TIMEOUT_MS / 1000)
+
+
+def _open_expanders(page: Page, in_flight: set) -> None:
     page.evaluate("""() => document.querySelectorAll(
         '[data-testid="stExpander"] details:not([open]) > summary').forEach(s => s.click())""")
-    page.wait_for_timeout(500)
+    _settle(page, in_flight)  # what an expander holds is drawn when it opens
 
 
 def _screenshot(page: Page, name: str, width: int, height: int) -> None:
@@ -119,6 +156,7 @@ class Walk:
     cut: dict[tuple[int, int], dict[str, list]] = field(default_factory=dict)
     external: dict[str, set[str]] = field(default_factory=dict)
     loopback_requests: int = 0
+    grid_font: dict | None = None
 
 
 @pytest.fixture(scope="module")
@@ -144,22 +182,25 @@ def walk() -> Walk:
             context = browser.new_context(
                 viewport={"width": SIZES[0][0], "height": SIZES[0][1]})
             context.route(lambda u: off_machine(u), lambda route: route.abort())
+            context.add_init_script(settle_times.WATCH_JS)
             page = context.new_page()
             page.set_default_timeout(TIMEOUT_MS)
             page.on("request", record)
+            in_flight = settle_times.track_requests(page)
             for path, name in pages():
                 current[0] = path
                 page.set_viewport_size({"width": SIZES[0][0], "height": SIZES[0][1]})
                 page.goto(f"{url}/{path}", wait_until="domcontentloaded")
-                _settle(page)
-                page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
-                _open_expanders(page)
+                _settle(page, in_flight)
+                _open_expanders(page, in_flight)
+                if seen.grid_font is None:
+                    seen.grid_font = page.evaluate(GRID_FONT_JS, "".join(CHAR_WIDTHS))
                 for width, height in SIZES:
                     page.set_viewport_size({"width": width, "height": height})
                     _relaid_out(page)
                     cut = page.evaluate(CUT_OFF_JS)
                     if cut:  # maybe a layout mid-draw (seen once on a loaded machine): again
-                        _settle(page)
+                        _settle(page, in_flight)
                         cut = page.evaluate(CUT_OFF_JS)
                     if cut:
                         seen.cut[(width, height)][name] = cut
@@ -170,10 +211,41 @@ def walk() -> Walk:
     return seen
 
 
+#: Pages whose tables still scroll sideways, and why; their other text is checked as every
+#: page's, and test_known_wide_tables_are_still_wide fails once they fit (then drop the entry).
+KNOWN_WIDE = {
+    "measure": "its tables (up to 12 columns) sit in the results column beside the controls, "
+               "525 px wide at 1280 px; they need that page's layout changed",
+}
+
+
+def _unexcused(name: str, found: list) -> list:
+    return [x for x in found if not (name in KNOWN_WIDE and x[1] == "wide table")]
+
+
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}px" for w, _ in SIZES])
 def test_nothing_is_cut_off(walk: Walk, size: tuple[int, int]) -> None:
-    cut = walk.cut[size]
+    cut = {name: left for name, found in walk.cut[size].items() if (left := _unexcused(name, found))}
     assert not cut, f"cut off at {size[0]} px ([test id, how, text, needed px, shown px]): {cut}"
+
+
+def test_known_wide_tables_are_still_wide(walk: Walk) -> None:
+    """KNOWN_WIDE names only pages whose tables do scroll sideways at 1280 px."""
+    fitted = [name for name in KNOWN_WIDE
+              if not any(x[1] == "wide table" for x in walk.cut[SIZES[0]].get(name, []))]
+    assert not fitted, f"these pages' tables fit now: remove them from KNOWN_WIDE: {fitted}"
+
+
+def test_column_widths_hold_the_grid_font(walk: Walk) -> None:
+    """pages.common.fit_widths sizes a column from CHAR_WIDTHS: no character may be wider in
+    the font the grid draws with than listed there, or a cell that was given its width would
+    be cut off (the grid draws on a canvas, so test_nothing_is_cut_off cannot see it)."""
+    font = walk.grid_font
+    assert font is not None, "no page drew an st.dataframe grid"
+    assert font["loaded"], f"the grid's font is not loaded (a fallback font is wider): {font['fonts']}"
+    wider = {ch: (round(px, 2), CHAR_WIDTHS[ch]) for ch, px in font["widths"].items()
+             if px > CHAR_WIDTHS[ch] + 1e-6}
+    assert not wider, f"wider in {font['fonts']} than pages.common.CHAR_WIDTHS ([measured, listed] px): {wider}"
 
 
 def test_no_page_requests_another_host(walk: Walk) -> None:
