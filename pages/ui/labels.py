@@ -29,6 +29,7 @@ IMPL_COLORS: dict[str, str] = {
     "triton_generic": "#332288",  # indigo
     "triton_sm90_3wg": "#999933",  # olive
     "triton_sm90_bwd": "#117733",  # green
+    "triton_portable_bwd": "#44AA99",  # teal
 }
 FALLBACK_COLOR = "#7F7F7F"
 
@@ -55,6 +56,7 @@ _SERIES_LABELS: dict[str, str] = {
     "triton_generic": "Our kernel: portable Triton forward",
     "triton_sm90_3wg": "Our kernel: Gluon forward, 3 warpgroups",
     "triton_sm90_bwd": "Our kernel: Gluon backward (forced)",
+    "triton_portable_bwd": "Our kernel: portable Triton backward (forced)",
 }
 IMPL_LABELS: dict[str, str] = {**_SERIES_LABELS, **CALC_LABELS}
 
