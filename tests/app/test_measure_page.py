@@ -4,6 +4,7 @@ hostile URLs, and never writes to the store unless asked."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,8 @@ def test_fa4_is_selectable_and_says_why_it_is_unavailable(db):
     why = "flash_attn.cute is not installed (pip install flash-attn-4)"
     st.add_row(run, row(impl="fa4", status="unavailable", peak_extra_bytes=None,
                         median_ms=None, tflops=None, message=why))
-    at = run_page({"src": str(run), "mode": "fwd", "lens": "1024", "impls": "triton,fa4"})
+    at = run_page({"src": str(run), "mode": "fwd", "lens": "1024", "impls": "triton,fa4",
+                   "fcols": "true"})  # the note is one of the columns "show all" adds
     assert not at.exception, [e.value for e in at.exception]
     chosen = at.multiselect(key="impls")
     assert "fa4" in chosen.options or any("FlashAttention-4" in o for o in chosen.options)
@@ -115,3 +117,44 @@ def test_fa4_is_selectable_and_says_why_it_is_unavailable(db):
     if fa4_installed_reason():
         assert any("not available here" in c.value and "pip install flash-attn-4" in c.value
                    for c in at.caption)
+
+
+#: The main column's width in a 1280 px window with the sidebar open (docs/APP.md, "Tables"):
+#: a grid whose columns add up to more scrolls sideways there.
+MAIN_COLUMN_PX = 820
+
+
+def _widths(grid) -> dict[str, int]:
+    """The column widths the page gave a grid (pages.common.fit_widths), by header."""
+    cfg = json.loads(grid.proto.columns)
+    return {k: v["width"] for k, v in cfg.items() if "width" in v}
+
+
+def test_tables_fit_a_laptop_window_and_show_all_adds_the_rest(db):
+    """Every grid on the page, at its default inputs and with two stored runs (the runs
+    table and their comparison), fits the main column at 1280 px: the points show the
+    columns that answer "how far off is the model" and "Show all 12 columns" adds the rest
+    (kept in the URL); the per-kernel table wraps instead (st.table)."""
+    st = ResultStore(db)
+    for label in ("first", "second"):
+        run = st.new_run(gpu_name="NVIDIA H200", label=label)
+        st.add_row(run, row())
+        st.add_row(run, row(seq_len=2048, peak_extra_bytes=553_648_128))
+    at = run_page()
+    assert not at.exception, [e.value for e in at.exception]
+    grids = {tuple(g.value.columns): _widths(g) for g in at.dataframe}
+    assert any("model error %" in cols for cols in grids)
+    assert any("peak_ratio_b_over_a" in cols for cols in grids)  # the comparison is drawn
+    assert any("started (UTC)" in cols for cols in grids)  # the runs are listed
+    for cols, widths in grids.items():
+        assert set(widths) == set(cols), cols  # every shown column was given its width
+        assert sum(widths.values()) <= MAIN_COLUMN_PX, (cols, widths)
+    assert len(at.table) == 1 and "kernel" in at.table[0].value.columns
+
+    everything = run_page({"fcols": "true", "bcols": "true", "rcols": "true", "ccols": "true"})
+    points = [g.value for g in everything.dataframe if "model error %" in g.value.columns]
+    assert len(points) == 2 and all(len(p.columns) == 12 for p in points)
+    assert {"median ms", "TFLOP/s", "note"} <= set(points[0].columns)
+    assert any("driver" in g.value.columns for g in everything.dataframe)
+    assert any("predicted_bytes_a" in g.value.columns for g in everything.dataframe)
+    assert everything.query_params["fcols"] in (["true"], "true")

@@ -211,29 +211,10 @@ def walk() -> Walk:
     return seen
 
 
-#: Pages whose tables still scroll sideways, and why; their other text is checked as every
-#: page's, and test_known_wide_tables_are_still_wide fails once they fit (then drop the entry).
-KNOWN_WIDE = {
-    "measure": "its tables (up to 12 columns) sit in the results column beside the controls, "
-               "525 px wide at 1280 px; they need that page's layout changed",
-}
-
-
-def _unexcused(name: str, found: list) -> list:
-    return [x for x in found if not (name in KNOWN_WIDE and x[1] == "wide table")]
-
-
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}px" for w, _ in SIZES])
 def test_nothing_is_cut_off(walk: Walk, size: tuple[int, int]) -> None:
-    cut = {name: left for name, found in walk.cut[size].items() if (left := _unexcused(name, found))}
+    cut = {name: found for name, found in walk.cut[size].items() if found}
     assert not cut, f"cut off at {size[0]} px ([test id, how, text, needed px, shown px]): {cut}"
-
-
-def test_known_wide_tables_are_still_wide(walk: Walk) -> None:
-    """KNOWN_WIDE names only pages whose tables do scroll sideways at 1280 px."""
-    fitted = [name for name in KNOWN_WIDE
-              if not any(x[1] == "wide table" for x in walk.cut[SIZES[0]].get(name, []))]
-    assert not fitted, f"these pages' tables fit now: remove them from KNOWN_WIDE: {fitted}"
 
 
 def test_column_widths_hold_the_grid_font(walk: Walk) -> None:
