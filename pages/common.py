@@ -497,6 +497,30 @@ def text_table(data: pd.DataFrame, where: Any = st) -> Any:
     return where.table(data.astype(object).where(data.notna(), MISSING), hide_index=True)
 
 
+def code_table(data: pd.DataFrame, long: Iterable[str], where: Any = st,
+               formats: Mapping[str, str] | None = None) -> Any:
+    """`text_table` for cells that hold long names without spaces (CUDA kernel names, C++
+    templates such as "sm80_xmma_gemm_f32f32_..._tilesize64x256x8_stage3"): in the columns
+    `long`, a line may break anywhere (CSS overflow-wrap: anywhere), where st.table breaks
+    only at a space and a 100-character name pushes the table wider than its container. The
+    rule goes through a pandas Styler, which st.table renders: st.table draws each cell's text
+    as markdown, a paragraph in a div, both with overflow-wrap: normal, so the rule names
+    them (and its id selector outranks their class rules). Numbers in the columns of
+    `formats` are shown with that format string (e.g. "{:.2f}"); the other columns keep
+    their words whole."""
+    cols = list(data.columns)
+    unknown = [col for col in [*long, *(formats or {})] if col not in cols]
+    if unknown:
+        raise ValueError(f"code_table: columns {unknown} are not in the table ({cols})")
+    styled = data.style.set_table_styles(
+        [{"selector": f"td.col{cols.index(col)} {tag}", "props": [("overflow-wrap", "anywhere")]}
+         for col in long for tag in ("div", "p")])
+    styled = styled.format(na_rep=MISSING)
+    for col, spec in (formats or {}).items():
+        styled = styled.format(spec, subset=[col], na_rep=MISSING)
+    return where.table(styled, hide_index=True)
+
+
 #: The URL value of a "show all columns" checkbox (wide_table): off unless the link says so.
 ALL_COLUMNS = BoolParam(False)
 

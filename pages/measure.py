@@ -482,10 +482,12 @@ else:
             "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
         }), hide_index=True)
     with st.expander("Every kernel (name, launches, share of the call's GPU time)"):
-        # kernel names run to 160 characters: an HTML table, whose cells wrap
-        c.text_table(tsel[tsel["kernel"] != "(all)"][
-            [x for x in ("impl", "mode", "causal", "kernel", "category", "count", "gpu_us", "share", "bytes")
-             if x in tsel]])
+        # kernel names run to 160 characters, some without a space: an HTML table whose
+        # kernel cells wrap anywhere (causal is left out: the rows are those of the toggle)
+        kernels = tsel[tsel["kernel"] != "(all)"][
+            [x for x in ("impl", "mode", "kernel", "category", "count", "gpu_us", "share", "bytes")
+             if x in tsel]].rename(columns={"count": "launches", "gpu_us": "GPU µs"})
+        c.code_table(kernels, ["kernel"], formats={"GPU µs": "{:.2f}", "share": "{:.1%}"})
     st.caption("Eager attention launches one kernel per step (matmul, scale, fill, softmax, "
                "matmul): masked_fill adds an out-of-place copy that masked_fill_ avoids; the "
                "math backend adds fp32 casts; the fused backends launch one kernel.")

@@ -149,7 +149,10 @@ def test_tables_fit_a_laptop_window_and_show_all_adds_the_rest(db):
     for cols, widths in grids.items():
         assert set(widths) == set(cols), cols  # every shown column was given its width
         assert sum(widths.values()) <= MAIN_COLUMN_PX, (cols, widths)
-    assert len(at.table) == 1 and "kernel" in at.table[0].value.columns
+    kernels = at.table[0]  # every kernel: an HTML table whose kernel names wrap anywhere
+    assert len(at.table) == 1 and "kernel" in kernels.value.columns
+    assert "col2 p { overflow-wrap: anywhere }" in kernels.proto.arrow_data.styler.styles
+    assert list(kernels.value.columns).index("kernel") == 2
 
     everything = run_page({"fcols": "true", "bcols": "true", "rcols": "true", "ccols": "true"})
     points = [g.value for g in everything.dataframe if "model error %" in g.value.columns]

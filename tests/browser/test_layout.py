@@ -4,9 +4,10 @@ Every page of app.py is loaded in headless Chromium at 1280×800 and 1920×1080 
 opened) and the DOM is searched for text that does not fit its box (scrollWidth > clientWidth
 + 1): any element Streamlit ellipsizes (text-overflow: ellipsis: widget labels
 `stWidgetLabel`, metric labels `stMetricLabel`, checkbox labels, page links, multiselect
-chips), a selectbox's shown value (an <input> that clips), and a multiselect's chip row that
-scrolls sideways. st.dataframe draws on a canvas (glide data grid), so its cells cannot be
-read here: the pages give their tables column widths that fit the content instead
+chips), a selectbox's shown value (an <input> that clips), a multiselect's chip row that
+scrolls sideways, and an HTML table (st.table) that scrolls sideways in its box (a "wide
+table"). st.dataframe draws on a canvas (glide data grid), so its cells cannot be read here:
+the pages give their tables column widths that fit the content instead
 (pages/common.fit_widths), and a grid whose columns together are wider than its container
 (its scroller's scrollWidth > clientWidth: the table scrolls sideways, its right-hand columns
 out of view) is reported as a "wide table", named by its column headers.
@@ -91,6 +92,14 @@ CUT_OFF_JS = r"""
       if (!s || s.clientWidth <= 2 || s.scrollWidth <= s.clientWidth + 1) return;
       const heads = [...grid.querySelectorAll('[role="columnheader"]')].map(h => h.innerText);
       cut.push(['stDataFrame', 'wide table', heads.join(' | ').replace(/\s+/g, ' ').slice(0, 120),
+                s.scrollWidth, s.clientWidth]);
+    });
+    // an HTML table (st.table) wider than its container scrolls sideways in the box around it
+    root.querySelectorAll('[data-testid="stTable"] table').forEach(table => {
+      const s = table.parentElement;
+      if (s.clientWidth <= 2 || s.scrollWidth <= s.clientWidth + 1) return;
+      const heads = [...table.querySelectorAll('thead th')].map(h => h.innerText);
+      cut.push(['stTable', 'wide table', heads.join(' | ').replace(/\s+/g, ' ').slice(0, 120),
                 s.scrollWidth, s.clientWidth]);
     });
   }
