@@ -334,6 +334,17 @@ def _q_step(it, start_m, dq_tile, dk, dv, zero, k_smem, v_smem, q_smem, do_smem,
 
 
 @gluon.jit
+def _dq_block(b, h, m, H_kv, GROUP, n_m, n_pad, pb0, VARLEN: gl.constexpr):
+    """Which block of the flat dQ buffer (in halves, two per query block) and of the lse2 /
+    delta rows query block m of query head h adds into: dense, (batch, head)-major over n_m
+    blocks; packed, the sequence's padded rows from block pb0, n_pad blocks per head."""
+    if VARLEN:
+        return (h * n_pad + pb0 + m) * 2
+    else:
+        return ((b * H_kv * GROUP + h) * n_m + m) * 2
+
+
+@gluon.jit
 def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem,
               ds_smem,
               dq_smem, kv_bar, ready, empty, ds_bar, dq_desc, DK, DV, b, h_kv, H_kv, GROUP,
@@ -369,58 +380,35 @@ def _consumer(HALF_ID: gl.constexpr, k_smem, v_smem, q_smem, do_smem, lse_smem, 
     mbarrier.wait(kv_bar, 0)
 
     it = 0
+    # query blocks whose rows all lie inside the queries: packed, the blocks before the
+    # sequence's ragged last one, whose rows past s_q (the next sequence's) are masked
+    n_full = s_q // BLOCK_M if VARLEN else n_m
     for g in range(GROUP):
         h = h_kv * GROUP + g
+        for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
+            blk = _dq_block(b, h, m, H_kv, GROUP, n_m, n_pad, pb0, VARLEN)
+            dk, dv = _q_step(it, m * BLOCK_M, blk, dk, dv, zero, k_smem, v_smem,
+                             q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, ready,
+                             empty, ds_bar, dq_desc, keys, s_k, s_q, qk_scale, HALF_ID,
+                             st_layout, pa_layout, dq_layout, STAGES, True, CAUSAL,
+                             DQ_SPLIT_D, VARLEN)
+            it += 1
+        for m in range(mid, n_full):  # every key of the block visible to every row
+            blk = _dq_block(b, h, m, H_kv, GROUP, n_m, n_pad, pb0, VARLEN)
+            dk, dv = _q_step(it, m * BLOCK_M, blk, dk, dv, zero, k_smem, v_smem,
+                             q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, ready,
+                             empty, ds_bar, dq_desc, keys, s_k, s_q, qk_scale, HALF_ID,
+                             st_layout, pa_layout, dq_layout, STAGES, False, CAUSAL,
+                             DQ_SPLIT_D, VARLEN)
+            it += 1
         if VARLEN:
-            # the diagonal band (or every block of a ragged key block), masked; then the blocks
-            # whose rows all lie inside the sequence and see every key; then the ragged last
-            # block, whose rows past s_q (the next sequence's) are masked
-            n_full = s_q // BLOCK_M
-            for m in range(lo, mid):
-                dk, dv = _q_step(it, m * BLOCK_M, (h * n_pad + pb0 + m) * 2, dk, dv,
-                                 zero, k_smem, v_smem, q_smem, do_smem,
-                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                                 ds_bar,
-                                 dq_desc,
-                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
-                                 dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, VARLEN)
-                it += 1
-            for m in range(mid, n_full):
-                dk, dv = _q_step(it, m * BLOCK_M, (h * n_pad + pb0 + m) * 2, dk, dv,
-                                 zero, k_smem, v_smem, q_smem, do_smem,
-                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                                 ds_bar,
-                                 dq_desc,
-                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
-                                 dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, VARLEN)
-                it += 1
-            for m in range(gl.maximum(mid, n_full), n_m):
-                dk, dv = _q_step(it, m * BLOCK_M, (h * n_pad + pb0 + m) * 2, dk, dv,
-                                 zero, k_smem, v_smem, q_smem, do_smem,
-                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                                 ds_bar,
-                                 dq_desc,
-                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
-                                 dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, VARLEN)
-                it += 1
-        else:
-            for m in range(lo, mid):  # the diagonal band (or every block of a ragged key block)
-                dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk,
-                                 dv, zero, k_smem, v_smem, q_smem, do_smem,
-                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                                 ds_bar,
-                                 dq_desc,
-                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
-                                 dq_layout, STAGES, True, CAUSAL, DQ_SPLIT_D, VARLEN)
-                it += 1
-            for m in range(mid, n_m):  # every key of the block visible to every row
-                dk, dv = _q_step(it, m * BLOCK_M, ((b * H_kv * GROUP + h) * n_m + m) * 2, dk,
-                                 dv, zero, k_smem, v_smem, q_smem, do_smem,
-                                 lse_smem, delta_smem, ds_smem, dq_smem, ready, empty,
-                                 ds_bar,
-                                 dq_desc,
-                                 keys, s_k, s_q, qk_scale, HALF_ID, st_layout, pa_layout,
-                                 dq_layout, STAGES, False, CAUSAL, DQ_SPLIT_D, VARLEN)
+            for m in range(gl.maximum(mid, n_full), n_m):  # the ragged last block, masked
+                blk = _dq_block(b, h, m, H_kv, GROUP, n_m, n_pad, pb0, VARLEN)
+                dk, dv = _q_step(it, m * BLOCK_M, blk, dk, dv, zero, k_smem, v_smem,
+                                 q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, ready,
+                                 empty, ds_bar, dq_desc, keys, s_k, s_q, qk_scale, HALF_ID,
+                                 st_layout, pa_layout, dq_layout, STAGES, True, CAUSAL,
+                                 DQ_SPLIT_D, VARLEN)
                 it += 1
     tma.store_wait(pendings=0)  # the last reduce has read its staging tile
 
