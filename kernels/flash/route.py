@@ -339,6 +339,20 @@ def split_for(config: KernelConfig | None, B: int, H: int, H_kv: int, s_q: int, 
     return split
 
 
+def _sm90_bwd_choice(config: KernelConfig | None) -> bool | None:
+    """What a config says of the Gluon backward, dense or packed: ``config.sm90_bwd`` when set;
+    else False where SETTINGS.sm90 or SETTINGS.sm90_bwd is off or the config picks something of
+    the Triton backward (`KernelConfig.triton_backward_chosen`); else None, for the default
+    rule to decide."""
+    forced = None if config is None else config.sm90_bwd
+    if forced is not None:
+        return forced
+    if (not SETTINGS.sm90 or not SETTINGS.sm90_bwd
+            or (config is not None and config.triton_backward_chosen())):
+        return False
+    return None
+
+
 def _sm90_backward(call: Call, config: KernelConfig | None, can: Abilities, atomic: bool,
                    split: int) -> bool:
     """Whether the Gluon backward runs. ``config.sm90_bwd`` True forces it wherever the inputs
@@ -350,13 +364,10 @@ def _sm90_backward(call: Call, config: KernelConfig | None, can: Abilities, atom
     unless SETTINGS.sm90 or SETTINGS.sm90_bwd is off or the config picks something of the
     Triton backward (`KernelConfig.triton_backward_chosen`). Timed against the Triton backward
     on the H200 in kernels/flash/NOTES.md ("the route on by default", "the Hopper region")."""
-    forced = None if config is None else config.sm90_bwd
-    if forced is False:
+    choice = _sm90_bwd_choice(config)
+    if choice is False:
         return False
-    if forced is None:
-        if (not SETTINGS.sm90 or not SETTINGS.sm90_bwd
-                or (config is not None and config.triton_backward_chosen())):
-            return False
+    if choice is None:
         return (atomic and split == 1 and call.window is None
                 and dispatch.sm90_region(call.B, call.H_kv, call.s_q, call.s_k, call.d,
                                          call.elem)
@@ -381,13 +392,10 @@ def _sm90_packed_backward(call: Call, config: KernelConfig | None, can: Abilitie
     or torch.use_deterministic_algorithms(True) is in force (its dQ sums land in any order;
     the two-kernel backward is deterministic, as for dense calls).
     Windowed packed calls stay on the Triton backward: the Gluon kernel has no window."""
-    forced = None if config is None else config.sm90_bwd
-    if forced is False:
+    choice = _sm90_bwd_choice(config)
+    if choice is False:
         return False
-    if forced is None:
-        if (not SETTINGS.sm90 or not SETTINGS.sm90_bwd
-                or (config is not None and config.triton_backward_chosen())):
-            return False
+    if choice is None:
         return (dispatch.sm90_packed(call.n_seq, call.H, call.H_kv, call.max_q, call.s_q,
                                      call.d, call.elem, call.window)
                 and not can.deterministic and can.sm90_bwd_packed)
