@@ -34,6 +34,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from _hopper import hopper_reason  # noqa: E402
+from _poison import poison_empty  # noqa: E402  (tests/_poison.py)
 from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 
 REASON = hopper_reason() if torch.cuda.is_available() else "no CUDA GPU"
@@ -42,19 +43,6 @@ LENS = [97, 1, 128, 700, 4096, 64, 193, 129]  # across the 64-row halves and 128
 LOG2E = 1.4426950408889634
 
 needs_hopper = pytest.mark.skipif(REASON is not None, reason=f"Hopper forward: {REASON}")
-
-
-@contextlib.contextmanager
-def poison_empty():
-    """Every buffer the kernels allocate through `kernels.flash.common.empty` is NaN-filled."""
-    from kernels.flash import common
-
-    real = common.empty
-    common.empty = lambda *a, **k: real(*a, **k).fill_(float("nan"))
-    try:
-        yield
-    finally:
-        common.empty = real
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ check that the outputs stay finite: those tiles are never read. GPU tests are ma
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -29,6 +28,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 # tests/ holds the shared helpers; the interpreter child runs this file as a script
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _poison import poison_empty  # noqa: E402  (tests/_poison.py)
 from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,19 +40,6 @@ TILES = (32, 32, 4, 1)  # the interpreter's tile: windows below are chosen again
 # ---------------------------------------------------------------------------------------------
 # helpers (run in the interpreter child, and on the GPU)
 # ---------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def poison_empty():
-    """Every buffer the kernels allocate through `kernels.flash.common.empty` is NaN-filled."""
-    from kernels.flash import common
-
-    real = common.empty
-    common.empty = lambda *a, **k: real(*a, **k).fill_(float("nan"))
-    try:
-        yield
-    finally:
-        common.empty = real
-
-
 def _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout="contiguous", seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
 

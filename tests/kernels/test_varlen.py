@@ -18,7 +18,6 @@ marked ``gpu``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -31,24 +30,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 # tests/ holds the shared helpers; the interpreter child runs this file as a script
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _poison import poison_empty  # noqa: E402  (tests/_poison.py)
 from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_CUDA = torch.cuda.is_available()
 FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-@contextlib.contextmanager
-def poison_empty():
-    """Every buffer the kernels allocate through `kernels.flash.common.empty` is NaN-filled."""
-    from kernels.flash import common
-
-    real = common.empty
-    common.empty = lambda *a, **k: real(*a, **k).fill_(float("nan"))
-    try:
-        yield
-    finally:
-        common.empty = real
 
 
 def _starts(lens, device) -> torch.Tensor:
