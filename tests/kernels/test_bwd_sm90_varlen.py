@@ -28,6 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from _hopper import hopper_reason  # noqa: E402
+from _poison import poison_empty  # noqa: E402  (tests/_poison.py)
 from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
 
 REASON = hopper_reason() if torch.cuda.is_available() else "no CUDA GPU"
@@ -40,12 +41,11 @@ needs_hopper = pytest.mark.skipif(REASON is not None, reason=f"Hopper backward: 
 
 @contextlib.contextmanager
 def poison_and_count():
-    """NaN-fills every buffer `kernels.flash.common.empty` allocates, and yields a list that
-    gets one entry per call of `bwd_sm90.attention_backward_sm90_packed`."""
-    from kernels.flash import bwd_sm90, common
+    """Under `poison_empty` (tests/_poison.py), a list that gets one entry per call of
+    `bwd_sm90.attention_backward_sm90_packed`."""
+    from kernels.flash import bwd_sm90
 
-    real_empty, real_bwd, seen = common.empty, bwd_sm90.attention_backward_sm90_packed, []
-    common.empty = lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))
+    real_bwd, seen = bwd_sm90.attention_backward_sm90_packed, []
 
     def wrapper(*args, **kwargs):
         seen.append(1)
@@ -53,9 +53,9 @@ def poison_and_count():
 
     bwd_sm90.attention_backward_sm90_packed = wrapper
     try:
-        yield seen
+        with poison_empty():
+            yield seen
     finally:
-        common.empty = real_empty
         bwd_sm90.attention_backward_sm90_packed = real_bwd
 
 
