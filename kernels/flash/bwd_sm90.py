@@ -543,6 +543,7 @@ def attn_bwd_sm90_varlen_kernel(
     DK, DV,  # outputs (1, H_kv, total_k, d), contiguous
     CU_Q, CU_K,  # int32 (n_seq + 1,) starts of the packed sequences' query / key rows
     H, H_kv, GROUP,  # query heads, key/value heads, H // H_kv
+    HEADS_PER_GROUP,  # causal grid order: (sequence, key/value head)s launched together
     total_k,  # packed key rows
     n_pad,  # padded query blocks per head (`packed_pad_rows` / BLOCK_M)
     qk_scale,  # scale * log2(e)
@@ -554,7 +555,8 @@ def attn_bwd_sm90_varlen_kernel(
 ):
     """Packed sequences (`attention_backward_sm90_packed`), FlashAttention-3's varlen backward
     on the dense kernel's partitions: grid (key blocks of the longest sequence, sequences x
-    key/value heads), as the portable varlen kernels (`bwd.packed_backward`). A program reads
+    key/value heads), as the portable varlen kernels (`bwd.packed_backward`), reordered as the
+    dense kernel's with the causal mask. A program reads
     its sequence's start and lengths from CU_Q, CU_K and returns at once past its end; inside,
     it is the dense program on one sequence, its tiles loaded at the sequence's first rows.
     Its queries' lse2, delta and dQ sums live in padded rows, the sequence's first at padded
@@ -564,8 +566,17 @@ def attn_bwd_sm90_varlen_kernel(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF: gl.constexpr = k_desc.block_type.shape[2]
     gl.static_assert(2 * HALF == 128)
-    start_n = gl.program_id(0) * (2 * HALF)
-    sh = gl.program_id(1)
+    # Grid order as the dense kernel's, over (sequence, key/value head) pairs in place of
+    # (batch, key/value head): with the causal mask each group of HEADS_PER_GROUP pairs
+    # launches its key blocks longest first (every pair's block 0, then every pair's block 1,
+    # ...), so a wave does not end on a long sequence's first key block.
+    if CAUSAL:
+        i = gl.program_id(0)
+        start_n = (i // HEADS_PER_GROUP) * (2 * HALF)
+        sh = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
+    else:
+        start_n = gl.program_id(0) * (2 * HALF)
+        sh = gl.program_id(1)
     seq = sh // H_kv
     h_kv = sh % H_kv
     q0 = gl.load(CU_Q + seq)
@@ -941,7 +952,8 @@ def attention_backward_sm90_packed(do, q, k, v, o, lse2, causal: bool, scale: fl
     stats kernel in the sequences' blocks, alive until the cast); then dQ (1, H, total_q, d),
     contiguous. calc.peak.varlen_peak_bytes counts these where calc.dispatch.sm90_packed
     says this backward runs. Grids: stats and cast (ceil(max_q / BLOCK_M), n_seq * H), the
-    backward (ceil(max_k / 128), n_seq * H_kv)."""
+    backward (ceil(max_k / 128), n_seq * H_kv), or with the causal mask the dense kernel's
+    longest-first order over head groups (`head_group`)."""
     _, H, total_q, d = q.shape
     H_kv, total_k = k.shape[1], k.shape[2]
     bm, st = TILES[d]
@@ -973,15 +985,23 @@ def attention_backward_sm90_packed(do, q, k, v, o, lse2, causal: bool, scale: fl
     gdt = _GL_DTYPES[q.dtype]
     lay_m, lay_n = _layout(gdt, (1, 1, bm, d)), _layout(gdt, (1, 1, HALF_N, d))
     group = H // H_kv
+    # the dense backward's grid order (`head_group`) over the n_seq * H_kv (sequence, key/value
+    # head) pairs, the longest sequence standing for every one (its Q, dO and dQ rows bound
+    # what a group holds in L2)
+    n_kb = -(-packed.max_k // BLOCK_N)
+    pairs = n_seq * H_kv
+    hg = head_group(pairs, group, packed.max_q, packed.max_k, d, _sm_count(q.device)) \
+        if causal else 1
+    grid = (hg * n_kb, pairs // hg) if causal else (n_kb, pairs)
     args = ((q, (1, 1, bm, d), lay_m), (k, (1, 1, HALF_N, d), lay_n),
             (v, (1, 1, HALF_N, d), lay_n), (do, (1, 1, bm, d), lay_m),
             (dq_acc, (FLAT_ROWS, 32), STATS_LAYOUT),
             (stats[0], (1, bm), STATS_LAYOUT), (stats[1], (1, bm), STATS_LAYOUT),
-            dk, dv, cu_q, cu_k, H, H_kv, group, total_k, n_pad, scale * LOG2E, scale)
+            dk, dv, cu_q, cu_k, H, H_kv, group, hg, total_k, n_pad, scale * LOG2E, scale)
     consts = {"CAUSAL": causal, "STAGES": st, "DQ_SPLIT_D": sd, "num_warps": NUM_WARPS}
     key = ("bwd_varlen", q.dtype, d, bm, st, causal, sd, h_spec, _int_spec(H_kv),
-           _int_spec(group), cu_al)
-    LAUNCHER_VARLEN((-(-packed.max_k // BLOCK_N), n_seq * H_kv), key, args, consts)
+           _int_spec(group), _int_spec(hg), cu_al)
+    LAUNCHER_VARLEN(grid, key, args, consts)
     dq = common.empty(q, (1, H, total_q, d))
     FLAT_CAST_VARLEN_LAUNCHER((n_qb, n_seq * H), ("flat_varlen", q.dtype, d, bm, sd, h_spec,
                                                    cu_al[0]),

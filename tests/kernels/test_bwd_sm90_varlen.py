@@ -442,7 +442,7 @@ def compile_varlen(dtype: str, d: int, causal: bool, mha: bool = False):
            "dq_desc": f"tensordesc<fp32[{b90.FLAT_ROWS}, 32],{b90.STATS_LAYOUT!r}>",
            "lse_desc": stats, "delta_desc": stats, "DK": f"*{dtype}", "DV": f"*{dtype}",
            "CU_Q": "*i32", "CU_K": "*i32", "H": "i32", "H_kv": "i32", "GROUP": "i32",
-           "total_k": "i32", "n_pad": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
+           "HEADS_PER_GROUP": "i32", "total_k": "i32", "n_pad": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
            "CAUSAL": "constexpr", "STAGES": "constexpr", "DQ_SPLIT_D": "constexpr",
            "num_warps": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": st, "DQ_SPLIT_D": b90.DQ_SPLIT_D[d],
