@@ -44,10 +44,13 @@ Inside a layer (the largest moment of each part, with everything above):
   (Phi-3's fused gate_up: the 2·T·I output stays while act and the product are made, 4·T·I·e);
   the residual (T·h·e) and the norm output;
 - MoE as transformers 5 runs it on a GPU (integrations/moe.py grouped_mm_experts_forward, the
-  prefill's default): S = T·k token-expert pairs; the sorted hidden states (S·h), then at the
-  largest moment the masked down projection, its weighted copy and its un-permuted copy (3·S·h
-  more), the int64 sort, permutation and inverse (4·S·8); the router's logits (T·E·e) and
-  fp32 softmax (T·E·4). Decode switches to batched_mm (generation/utils.py
+  prefill's default): S = T·k token-expert pairs; the sorted hidden states (S·h), then the
+  larger of two moments: inside the gate, the gate_up projection (S·2I) with act(gate) and
+  the product (S·I each); after the down projection, its masked copy, its weighted copy and
+  its un-permuted copy (3·S·h more) with the int64 sort, permutation and inverse (4·S·8). The
+  gate's moment is the larger where 4·I > 3·h (Mixtral; measured on the H200, 2026-12-02,
+  after the down projection's alone had left Mixtral's prefill 1.5-17% under); the router's
+  logits (T·E·e) and fp32 softmax (T·E·4). Decode switches to batched_mm (generation/utils.py
   _optimize_model_for_decode), which gathers each pair's expert matrices: S·3·I·h·e. Shared
   experts (Qwen2-MoE, DeepSeek) run after the routed ones as a dense MLP of their width.
 - MLA (DeepSeek-V2/V3, modeling_deepseek_v2.py): the cache holds the normalized latent and
@@ -392,8 +395,9 @@ def _attention_call(model: ModelConfig, sh: _StepDims, attention: str, c: int, k
                       b * heads * keys * (d_qk + d_v) * e))
     n = b * heads * c * keys
     if attention == "eager":
-        if model.model_type == "gemma2":
-            terms.append(("attention", "soft-capped scores (tanh, e)", n * e))
+        # Gemma 2's soft-capping (divide, tanh, multiply) makes each new score tensor as the
+        # previous one dies, two at a time, under the three of the softmax below: no term
+        # (measured on the H200, 2026-12-02: a term for it over-counted by one score tensor).
         terms.append(("attention", "scores Q·Kᵀ·scale + mask (e)", n * e))
         if e != 4:  # fp32 scores need no converted copy
             terms.append(("attention", "softmax(dtype=float32): fp32 copy of the scores", 4 * n))
@@ -434,6 +438,7 @@ def _mlp_moment(model: ModelConfig, sh: _StepDims, t: int, moe: bool, decode: bo
     # The router's logits and softmax die inside the gate; its top-k weights and indices stay.
     router = [("MoE", "top-k routing weights (fp32) and expert indices (int64)",
                t * k * (4 + 8))]
+    route_e = 4 if model.model_type in _FP32_ROUTING else e  # the top-k weights' dtype
     if decode:
         routed = [("MoE", "batched_mm: each pair's expert matrices gathered (S·3·I·h)",
                    pairs * 3 * i * h * e),
@@ -448,8 +453,19 @@ def _mlp_moment(model: ModelConfig, sh: _StepDims, t: int, moe: bool, decode: bo
                    "(masked, weighted, un-permuted)", 4 * pairs * h * e)]
     if not decode:
         routed += [
-                   ("MoE", "sort, permutation, inverse and arange (int64), sentinel mask",
-                    4 * pairs * 8 + pairs)]
+                   ("MoE", "sort, permutation, inverse and arange (int64), sentinel mask, "
+                    "histc's int32 copy of the sorted ids", 4 * pairs * 8 + pairs + 4 * pairs)]
+        # The earlier moment, inside the experts' gate: the gate_up projection (S·2I) alive
+        # while act(gate) and the product (S·I each) are made (transformers 5.17 also masks
+        # the projection into a second S·2I copy first: the same bytes), beside the sorted
+        # hidden states. It is the larger where 4·I > 3·h (Mixtral: I = 3.5·h).
+        gate = [("MoE", "grouped_mm: sorted hidden states, the gate_up projection, act(gate) "
+                 "and the product (S·h + 4·S·I)", pairs * (h + 4 * i) * e),
+                ("MoE", "sorted expert ids and permutation (int64), histc's int32 copy, "
+                 "sentinel mask, sorted routing weights",
+                 2 * pairs * 8 + 4 * pairs + pairs + pairs * route_e)]
+        if sum(x for *_, x in gate) > sum(x for *_, x in routed):
+            routed = gate
     best = router + routed
     shared = model.shared_expert_intermediate_size
     if shared:
