@@ -52,7 +52,9 @@ Inside a layer (the largest moment of each part, with everything above):
   after the down projection's alone had left Mixtral's prefill 1.5-17% under); the router's
   logits (T·E·e) and fp32 softmax (T·E·4). Decode switches to batched_mm (generation/utils.py
   _optimize_model_for_decode), which gathers each pair's expert matrices: S·3·I·h·e. Shared
-  experts (Qwen2-MoE, DeepSeek) run after the routed ones as a dense MLP of their width.
+  experts run as a dense MLP of their width: after the routed ones in DeepSeek, before them in
+  Qwen2-MoE (whose output then waits through the routed experts). Qwen2-MoE also builds a
+  sliding-window mask that no layer reads (no has_sliding_layers guard; window 0), counted.
 - MLA (DeepSeek-V2/V3, modeling_deepseek_v2.py): the cache holds the normalized latent and
   the rotary key (calc.kv); each forward expands them with kv_b_proj into per-head keys and
   values (T'·H·(nope + v)·e) and a new key tensor (T'·H·(nope + rope)·e), T' = B·keys; the query
@@ -123,6 +125,9 @@ _GEMMA = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 #: softmax or sigmoid is fp32 and its weights are not cast back), so the experts' weighted
 #: outputs are promoted to fp32; Qwen-MoE and Mixtral cast them to the hidden dtype.
 _FP32_ROUTING = {"deepseek_v2", "deepseek_v3"}
+#: MoE blocks that run the shared expert before the routed ones (modeling_qwen2_moe.py
+#: Qwen2MoeSparseMoeBlock.forward); DeepSeek's run it after (DeepseekV2Moe.forward).
+_SHARED_FIRST = {"qwen2_moe"}
 #: Backends that take k, v with H_kv heads (no repeat): flash, cuDNN, ours, FA4 (enable_gqa or
 #: native GQA). torch's memory-efficient backend expands them itself (calc.peak._efficient).
 _NATIVE_GQA = ("sdpa_flash", "sdpa_cudnn", "triton", "fa4")
@@ -346,6 +351,15 @@ def _forward_base(model: ModelConfig, sh: _StepDims, attention: str, c: int, key
         if on:
             terms.append(("masks and rotary", f"{what} {kind}-attention mask B×1×{c}×{k}",
                           per * sh.b * c * k))
+    if (model.model_type == "qwen2_moe" and not _layers(model)[1] and c > 1 and not static
+            and attention not in ("triton", "fa4")):
+        # modeling_qwen2_moe.py builds the sliding-window mask for every forward, with no
+        # has_sliding_layers guard (Qwen2's own model has one), and its config sets the window
+        # to 0 without use_sliding_window: never skippable, so it is materialized and held in
+        # the mask mapping though no layer reads it. A static cache's generate() passes the
+        # masks it built from the layer types instead (none sliding).
+        terms.append(("masks and rotary", f"{what} sliding-attention mask B×1×{c}×{keys} "
+                      "(built though no layer slides)", per * sh.b * c * keys))
     terms.append(("hidden states", "inputs_embeds (kept by the model's forward)", t * sh.h * sh.e))
     return terms
 
@@ -468,7 +482,13 @@ def _mlp_moment(model: ModelConfig, sh: _StepDims, t: int, moe: bool, decode: bo
             routed = gate
     best = router + routed
     shared = model.shared_expert_intermediate_size
-    if shared:
+    if shared and model.model_type in _SHARED_FIRST:
+        # The shared expert runs first: its output waits through the routed experts.
+        best = best + [("MoE", "shared expert's output", t * h * e)]
+        alt = [("MLP", "shared expert: act, up, product", 3 * t * shared * e)]
+        if sum(x for *_, x in alt) > sum(x for *_, x in best):
+            best = alt
+    elif shared:
         alt = [("MoE", "routed experts' output", t * h * e),
                ("MLP", "shared expert: act, up, product", 3 * t * shared * e)]
         if sum(x for *_, x in alt) > sum(x for *_, x in best):
@@ -504,8 +524,13 @@ def _prefill_moments(model: ModelConfig, sh: _StepDims, attention: str, past: in
     # A static cache hands the attention all its slots; SDPA's unmasked causal path slices them
     # to the prompt (sdpa_attention.py), eager attends over them all behind its mask.
     keys = total if static and attention == "eager" else c + past
+    # A dynamic sliding layer attends to its kept window and the chunk (cache_utils.py
+    # DynamicSlidingWindowLayer: update returns the concatenation of the last w - 1 tokens and
+    # the chunk; get_mask_sizes sizes its mask so), not to the whole past.
+    w = model.sliding_window or 0
+    slide_keys = c + past if static or not w else min(past, max(w - 1, 0)) + c
     t = sh.b * c
-    base = _forward_base(model, sh, attention, c, keys, static, sliding_keys=c + past)
+    base = _forward_base(model, sh, attention, c, keys, static, sliding_keys=slide_keys)
     hidden_in = [("hidden states", "the layer's input (held by the model's loop)",
                   t * sh.h * sh.e)] if model.num_layers > 1 else []
     cache_all = _prefill_cache(model, sh, past, c, total, static)
@@ -519,7 +544,7 @@ def _prefill_moments(model: ModelConfig, sh: _StepDims, attention: str, past: in
     for kind, masked in (("full", full_m > 0), ("sliding", slide_m > 0)):
         if (kind == "full" and not full) or (kind == "sliding" and not sliding):
             continue
-        k_keys = keys
+        k_keys = slide_keys if kind == "sliding" else keys
         terms = []
         if kind == "sliding" and static:
             # StaticSlidingWindowLayer.update returns the cached tokens and the chunk
