@@ -61,6 +61,18 @@ _TINY_DEEPSEEK_V2 = {
     "tie_word_embeddings": False, "n_group": 1, "topk_group": 1, "topk_method": "greedy",
 }
 
+#: Qwen2-MoE at Qwen1.5-MoE-A2.7B's published widths (written out: no fixture file): 60 routed
+#: experts of 1,408, top 4, a shared expert of 5,632, MHA 16/16, 152k vocabulary.
+_QWEN2_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+    "intermediate_size": 5632, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "num_hidden_layers": 24, "vocab_size": 151936, "max_position_embeddings": 8192,
+    "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4096,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+}
+
 #: name -> (base config: fixture file stem or a dict, layers, what it stands for)
 MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
     "llama3.1-8b": ("Llama-3.1-8B", 32, "Llama 3.1 8B, full depth: GQA 32/8, 128k vocab"),
@@ -84,6 +96,8 @@ MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
                         "2 active, GQA 32/8"),
     "gemma2-9b-14l": ("gemma-2-9b", 14, "Gemma 2 9B cut to 14 layers: local (window 4,096) and "
                       "global layers alternating, logit soft-capping (eager only), 256k vocab"),
+    "qwen2-moe-8l": (_QWEN2_MOE, 8, "Qwen2-MoE (Qwen1.5-MoE-A2.7B widths) cut to 8 layers: "
+                     "a shared expert beside 60 routed, top 4"),
     "tiny-llama": (_TINY_LLAMA, 2, "CPU tests: Llama, hidden 64, 4 heads, 2 KV heads"),
     "tiny-mistral": (_TINY_MISTRAL, 2, "CPU tests: Mistral, sliding window 16"),
     "tiny-gemma3": (_TINY_GEMMA3, 6, "CPU tests: Gemma 3 text, 5 local (window 16) + 1 global"),
