@@ -8,6 +8,7 @@ are listed in calc/API.md.
 from __future__ import annotations
 
 from calc.allocator import CachingAllocator
+from calc.backends import NoKernel
 from calc.context_parallel import (
     CP_IMPL_LABELS,
     CP_IMPLEMENTATIONS,
@@ -126,7 +127,7 @@ __all__ = [
     # units, dtypes, limits (calc/units.py, calc/scores.py, calc/fit.py)
     "DTYPES", "DTYPE_BYTES", "GB", "GIB", "MAX_BATCH", "MAX_HEADS", "MAX_HEAD_DIM",
     "MAX_SEQ_LEN", "check_int", "dtype_bytes", "dtype_name", "format_bytes", "format_gb",
-    "format_gib", "to_unit", "score_matrix_bytes", "largest_fitting",
+    "format_gib", "to_unit", "score_matrix_bytes", "largest_fitting", "NoKernel",
     # one attention call (calc/peak.py, calc/allocator.py, calc/fit.py, calc/sweep.py)
     "AttentionCall", "IMPLEMENTATIONS", "IMPL_DTYPES", "IMPL_KIND", "IMPL_LABELS",
     "PEAK_MODEL_NOTES", "ALLOCATOR_NOTE", "RESERVED_PREDICTED", "PeakTerm", "CachingAllocator",

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from calc.backends import NoKernel, inference_refusal
 from calc.fit import largest_fitting
 from calc.kv import kv_elements_per_token
 from calc.models import ModelConfig, check_model
@@ -251,6 +252,9 @@ def inference_step(
             raise ValueError(f"{name}: {err}") from None
     if prefill_chunk is not None:
         prefill_chunk = check_int("prefill_chunk", prefill_chunk, 1, MAX_SEQ_LEN)
+    why = inference_refusal(model, attention, s, n, cache == "static", prefill_chunk)
+    if why:
+        raise NoKernel(f"{attention!r} cannot run this generate(): {why}")
     act = dtype_name(act_dtype) if act_dtype else _act_dtype(
         "int4" if checkpoint else dtype_name(weight_dtype))
     if act not in ("fp32", "fp16", "bf16"):
@@ -325,7 +329,8 @@ def _mask_layers(model: ModelConfig, attention: str, c: int, keys: int, static: 
     aligned = c == keys  # the first forward over a prompt (a static cache's is sliced to it)
     full_masked = full if not aligned and c > 1 else 0
     w = model.sliding_window or 0
-    slide_masked = sliding if sliding and (keys > w or not aligned) and c > 1 else 0
+    # masking_utils._ignore_causal_mask_sdpa: a window not longer than the keys needs a mask
+    slide_masked = sliding if sliding and (keys >= w or not aligned) and c > 1 else 0
     return full_masked, slide_masked
 
 
@@ -635,5 +640,11 @@ def max_inference_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1,
     """Longest prompt whose generate() peak fits gpu_bytes (0 if none): exact integer search
     (calc.fit.largest_fitting; the peak is non-decreasing in the prompt length)."""
     inference_step(model, batch, 1, new_tokens, **kwargs)  # validates
-    return largest_fitting(
-        lambda s: inference_step(model, batch, s, new_tokens, **kwargs).peak_bytes, gpu_bytes)
+
+    def peak(s: int) -> float:
+        try:
+            return inference_step(model, batch, s, new_tokens, **kwargs).peak_bytes
+        except NoKernel:  # the forced backend has no kernel from this length on: no fit
+            return float("inf")
+
+    return largest_fitting(peak, gpu_bytes)

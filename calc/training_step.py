@@ -193,6 +193,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from calc.backends import NoKernel, training_refusal
 from calc.fit import largest_fitting
 from calc.models import ModelConfig, check_model
 from calc.parallel import Layout, expert_params, layout_bytes, make_layout
@@ -657,6 +658,9 @@ def training_step(
     L = model.num_layers
 
     masked = _masked_layers(model, attention, dm)
+    why = training_refusal(model, attention, s, 0 if lengths else masked)
+    if why:
+        raise NoKernel(f"{attention!r} cannot run this training step: {why}")
     kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk,
                                   norm_topk))
              for n, mk in ((masked, True), (L - masked, False)) if n]
@@ -795,8 +799,8 @@ def _sliding_masked(model: ModelConfig, impl: str, seq_len: int) -> int:
     sdpa_attention.use_gqa_in_sdpa is False, so k and v are repeated to H heads (repeat_kv).
     Flash has no mask input (such a call has no kernel); cuDNN and memory-efficient keep the
     mask as an additive bias."""
-    if not impl.startswith("sdpa") or not model.sliding_window or seq_len <= model.sliding_window:
-        return 0
+    if not impl.startswith("sdpa") or not model.sliding_window or seq_len < model.sliding_window:
+        return 0  # masking_utils._ignore_causal_mask_sdpa: a window as long as the keys masks
     return model.sliding_window_layers
 
 
@@ -1012,8 +1016,14 @@ def max_train_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1, **kwar
     """Longest s whose training-step peak fits gpu_bytes (0 if none): exact integer search
     (calc.fit.largest_fitting; the peak is non-decreasing in s)."""
     training_step(model, batch, 1, **kwargs)  # validates
-    return largest_fitting(lambda s: training_step(model, batch, s, **kwargs).peak_bytes,
-                           gpu_bytes)
+
+    def peak(s: int) -> float:
+        try:
+            return training_step(model, batch, s, **kwargs).peak_bytes
+        except NoKernel:  # the forced backend has no kernel from this length on: no fit
+            return float("inf")
+
+    return largest_fitting(peak, gpu_bytes)
 
 
 def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int, *,
@@ -1389,6 +1399,9 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
     L = model.num_layers
     keep_cache = cache and not checkpointing
     masked = _masked_layers(model, attention, dm)
+    why = training_refusal(model, attention, s, 0 if lengths else masked)
+    if why:
+        raise NoKernel(f"{attention!r} cannot run this training step: {why}")
     if masked not in (0, L):
         raise ValueError(f"{model.name!r}: LoRA with sliding-window layers that get a mask beside "
                          "layers that do not is not modelled")

@@ -33,6 +33,7 @@ from calc import (  # noqa: E402
     train_gpus_needed,
     training_step,
 )
+from calc.backends import NoKernel  # noqa: E402
 from calc.training_step import LORA_PART, OPTIMIZERS, PHASES  # noqa: E402
 from calc.training_step import LoRA as calc_lora  # noqa: E402
 from pages import common as c  # noqa: E402
@@ -473,15 +474,27 @@ def side_by_side_section() -> None:
 measured = read_measured()
 compared = predicted_rows(measured) if not measured.empty else pd.DataFrame()
 shape = choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
+steps: dict = {}
+no_kernel: dict[str, str] = {}  # attentions torch has no kernel for at these inputs: why
 try:
-    steps = {a: training_step(model, batch, seq_len, attention=a, **kw, **ft_kw) for a in attns}
+    for a in attns:
+        try:
+            steps[a] = training_step(model, batch, seq_len, attention=a, **kw, **ft_kw)
+        except NoKernel as err:
+            no_kernel[a] = str(err)
+    if not steps:
+        raise ValueError(" / ".join(no_kernel.values()))
 except ValueError as err:
     st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
     side_by_side_section()
     c.sync_url(SPECS)
     st.stop()
+for a, why in no_kernel.items():
+    st.warning(c.md_escape(f"Not computed: {TRAIN_ATTENTION_LABELS[a]}: {why}"),
+               icon=":material/block:")
 
-first = steps[attns[0]]
+first_attn = next(iter(steps))
+first = steps[first_attn]
 dp = gpus // tp
 st.caption(
     f"**{c.md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
@@ -572,7 +585,7 @@ c.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phase
                            for ph in PHASES if ph in next(iter(steps.values())).phases]),
              hide_index=True)
 
-with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[attns[0]]):
+with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn]):
     c.text_table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
         pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": f"{x:,}"}
                       for p, lab, x in first.activation_terms]))

@@ -8,8 +8,9 @@ task everywhere else in the app and the CLI (issue 32, "one answer per question"
 - `serving`: calc.serving_capacity (vLLM's KV pool), as the Serving page calls it; the
   longest context of B concurrent requests is the same pool divided by B
   (calc.serving.sequence_bytes, the per-request bytes serving_capacity itself divides by);
-- `training`: calc.training_step, calc.max_train_seq_len, calc.train_gpus_needed (ZeRO-3 over
-  up to 2^20 GPUs: 0 there means no count of GPUs fits);
+- `training`: calc.training_step (SDPA as torch picks it: flash, or memory-efficient where a
+  sliding-window mask is passed), a largest_fitting search over it, calc.train_gpus_needed
+  (ZeRO-3 over up to 2^20 GPUs: 0 there means no count of GPUs fits);
 - `lora`, `qlora`: the same calc.training_step with the Training page's default adapters
   (calc.finetune.calc_kwargs: rank 16, all linear layers, fp32 adapters; QLoRA's base in NF4),
   on one GPU (calc models adapters on one GPU only, so no GPU count).
@@ -29,10 +30,10 @@ from calc import (
     inference_step,
     largest_fitting,
     max_inference_seq_len,
-    max_train_seq_len,
     train_gpus_needed,
     training_step,
 )
+from calc.backends import NoKernel
 from calc.finetune import calc_kwargs
 from calc.serving import DEFAULT_MAX_NUM_SEQS, sequence_bytes, serving_capacity
 
@@ -50,8 +51,11 @@ TRAIN_METHODS = {"training": "full", "lora": "lora", "qlora": "qlora"}
 #: backend), then eager, which calc accepts where SDPA cannot run the model (Gemma 2's logit
 #: soft-capping).
 INFER_ORDER = ("sdpa", "eager")
-#: Attention of the training step: SDPA without a mask runs the FlashAttention-2 backend.
+#: Attention of the training step: SDPA without a mask runs the FlashAttention-2 backend;
+#: where transformers passes a mask (a sliding window not longer than s) flash has no kernel
+#: and torch runs the memory-efficient one (TRAIN_MASKED).
 TRAIN_ATTENTION = "sdpa_flash"
+TRAIN_MASKED = "sdpa_efficient"
 #: Largest GPU count the training search tries: at 2^20 GPUs every sharded term is next to
 #: nothing, so a step that does not fit there never fits (the Training page's test too).
 MANY_GPUS = 1 << 20
@@ -195,12 +199,20 @@ def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
     (calc.finetune.calc_kwargs), which calc models on one GPU only (no GPU count)."""
     src = "calc.training_step"
     method = TRAIN_METHODS[task]
-    kw = dict(attention=TRAIN_ATTENTION, **calc_kwargs(method))
+    base = calc_kwargs(method)
+
+    def step(s: int):  # SDPA as torch chooses: flash, or memory-efficient where a mask is passed
+        try:
+            return training_step(model, batch, s, attention=TRAIN_ATTENTION, **base)
+        except NoKernel:
+            return training_step(model, batch, s, attention=TRAIN_MASKED, **base)
+
     try:
-        m = training_step(model, batch, seq_len, **kw)
+        m = step(seq_len)
     except ValueError as err:
         return _refused(task, src, gpu_bytes, err)
-    longest = max_train_seq_len(model, gpu_bytes, batch, **kw)
+    kw = dict(attention=m.attention, **base)
+    longest = largest_fitting(lambda s: step(s).peak_bytes, gpu_bytes)
     gpus: int | None = None
     how = ("not modelled: calc counts LoRA and QLoRA on one GPU only (the Training step page "
            "says why)")
@@ -225,7 +237,9 @@ def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
                    f"weights and optimizer state fit, but not a step at s = 1, batch {batch:,}")
     return Verdict(
         task, src, gpu_bytes, fits=m.peak_bytes <= gpu_bytes, peak_bytes=m.peak_bytes,
-        limit_bytes=gpu_bytes, parts=parts, where=m.peak_phase, attention=TRAIN_ATTENTION,
-        longest=longest, longest_source="calc.max_train_seq_len",
+        limit_bytes=gpu_bytes, parts=parts, where=m.peak_phase, attention=m.attention,
+        longest=longest,
+        longest_source="calc.fit.largest_fitting over calc.training_step (SDPA flash, or "
+                       "memory-efficient where a sliding-window mask is passed)",
         longest_at_bound=longest >= MAX_SEQ_LEN, gpus=gpus, gpus_how=how,
         nothing_fits=nothing)

@@ -416,3 +416,20 @@ def test_wide_tables_show_their_other_columns_one_click_away() -> None:
     m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 4096, attention="eager")
     terms = next(t.value for t in at.table if "tensor" in t.value.columns)
     assert list(terms["bytes"]) == [f"{x:,}" for _, _, x in m.activation_terms]
+
+
+def test_a_backend_without_a_kernel_is_named_and_the_others_still_computed() -> None:
+    """Mistral 7B at 8,192 tokens: its 4,096-token window needs a mask, which SDPA's flash
+    backend cannot take (the H200 said "No available kernel"). The page names flash with the
+    reason and still shows the other attentions' numbers."""
+    at = run({"model": "Mistral 7B v0.1", "s": "8192", "attns": "sdpa_flash,sdpa_cudnn,triton"})
+    assert not at.exception
+    assert not [e for e in at.error if "cannot be computed" in e.value]
+    values = {x.label: x.value for x in at.metric}
+    assert not any(k.startswith("SDPA FlashAttention-2") for k in values)
+    m = calc.training_step(calc.MODELS["Mistral 7B v0.1"], 1, 8192, attention="sdpa_cudnn")
+    assert values["SDPA cuDNN: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert any("Not computed" in w.value and "no kernel" in w.value for w in at.warning)
+    only_flash = run({"model": "Mistral 7B v0.1", "s": "8192", "attns": "sdpa_flash"})
+    assert not only_flash.exception
+    assert any("cannot be computed" in e.value and "window" in e.value for e in only_flash.error)

@@ -208,9 +208,37 @@ def test_unmodelled_architectures_are_refused(name: str) -> None:
         inference_step(calc.MODELS[name], 1, 1024, 1, attention="sdpa")
 
 
-def test_every_attention_is_accepted_for_llama() -> None:
-    peaks = {a: inference_step(LLAMA, 1, 4096, 1, attention=a).peak_bytes for a in INFER_ATTENTIONS}
+def test_every_attention_is_accepted_for_llama_but_the_forced_memory_efficient_one() -> None:
+    """Llama 3.1 8B is grouped-query: with SDPA's memory-efficient backend forced, every
+    generate() on the H200 found no kernel (data/inference_steps_h200.csv), so calc refuses it;
+    every other attention is sized, eager the largest."""
+    from calc.backends import NoKernel
+
+    ran = [a for a in INFER_ATTENTIONS if a != "sdpa_efficient"]
+    peaks = {a: inference_step(LLAMA, 1, 4096, 1, attention=a).peak_bytes for a in ran}
     assert peaks["eager"] == max(peaks.values())
+    with pytest.raises(NoKernel, match="memory-efficient backend has no grouped-query kernel"):
+        inference_step(LLAMA, 1, 4096, 1, attention="sdpa_efficient")
+
+
+def test_forced_sdpa_backends_are_refused_exactly_where_the_h200_found_no_kernel() -> None:
+    """Every bundled generate() row with flash or memory-efficient forced: calc refuses
+    (NoKernel) exactly the rows that said "No available kernel" and sizes every row that ran
+    (a static cache's decode, a later prefill chunk, a window not longer than the keys, MLA's
+    unequal heads for flash; grouped-query heads for memory-efficient)."""
+    from calc.backends import NoKernel
+
+    rows = pd.read_csv(H200)
+    rows = rows[rows.attention.isin(["sdpa_flash", "sdpa_efficient"])]
+    assert len(rows) >= 40 and (rows.status == "unavailable").sum() >= 20
+    for r in rows.itertuples():
+        try:
+            _predict(r)
+            refused = False
+        except NoKernel:
+            refused = True
+        no_kernel = r.status == "unavailable" and "No available kernel" in str(r.message)
+        assert refused == no_kernel, (r.model, r.attention, r.cache, r.prompt_len, r.status)
 
 
 def test_vllm_profile_moments_by_hand() -> None:

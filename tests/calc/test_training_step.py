@@ -324,18 +324,29 @@ def test_properties(name: str, batch: int, s: int, attention: str, precision: st
 def test_sliding_window_shorter_than_s_materializes_the_mask_under_sdpa() -> None:
     """Mistral-style window 64 < s = 128: transformers passes a mask, so SDPA gets k, v
     repeated to H heads and keeps the mask as a bf16 bias (the CPU replay: 2,751,496 B, and
-    1,249,288 B under checkpointing)."""
+    1,249,288 B under checkpointing). Flash takes no mask: refused (the H200's rows said "No
+    available kernel"). A window as long as s still masks (masking_utils: kv_length >=
+    window); one key longer does not."""
+    from calc.backends import NoKernel
+
     win = dataclasses.replace(TINY, sliding_window=64, sliding_window_layers=2,
                               model_type="mistral")
-    plain = training_step(TINY, B, S, attention="sdpa_flash")
-    step = training_step(win, B, S, attention="sdpa_flash")
+    plain = training_step(TINY, B, S, attention="sdpa_cudnn")
+    step = training_step(win, B, S, attention="sdpa_cudnn")
     assert step.activations_bytes == 2_751_496
     per_layer = 2 * (2 * T * 64 - 2 * T * 32) + 2 * B * S * S  # k, v at H heads; the bias
     assert step.activations_bytes - plain.activations_bytes == 2 * per_layer
-    ckpt = training_step(win, B, S, attention="sdpa_flash", checkpointing=True)
+    ckpt = training_step(win, B, S, attention="sdpa_cudnn", checkpointing=True)
     assert ckpt.activations_bytes == 1_249_288
-    long_window = dataclasses.replace(win, sliding_window=128)  # covers every key: no mask
-    assert training_step(long_window, B, S, attention="sdpa_flash").activations == plain.activations
+    for w in (64, S):
+        with pytest.raises(NoKernel, match="flash backend takes no mask"):
+            training_step(dataclasses.replace(win, sliding_window=w), B, S,
+                          attention="sdpa_flash")
+    as_long = dataclasses.replace(win, sliding_window=S)
+    assert training_step(as_long, B, S, attention="sdpa_cudnn").activations == step.activations
+    longer = dataclasses.replace(win, sliding_window=S + 1)  # covers every key: no mask
+    assert training_step(longer, B, S, attention="sdpa_flash").activations == \
+        training_step(TINY, B, S, attention="sdpa_flash").activations
 
 
 @pytest.mark.parametrize("precision", ["bf16", "amp_bf16"])

@@ -1,0 +1,69 @@
+"""Where a forced SDPA backend has no kernel: the calls transformers makes that torch refuses.
+
+A run with such a backend raises "No available kernel" (torch.nn.functional.
+scaled_dot_product_attention under sdpa_kernel with one backend), so calc refuses the inputs
+with `NoKernel` instead of sizing a step that cannot run. The rules read transformers 5.17
+(masking_utils._ignore_causal_mask_sdpa: a mask is materialized when a sliding window is not
+longer than the keys, when a forward's queries do not start at key 0 and are not a single
+token, or when a static cache's decode sees its unfilled slots; integrations/sdpa_attention.py
+use_gqa_in_sdpa: enable_gqa=True wherever no mask is passed) and torch 2.11's backend
+constraints (flash: no mask, one head dim for q, k and v; memory-efficient: no enable_gqa).
+The rules refuse exactly the H200 rows that said "No available kernel" in
+data/inference_steps_h200.csv and data/training_steps_h200.csv, and no row that ran. Not
+covered: training with memory-efficient forced on grouped-query heads (not measured).
+
+Pure: stdlib only.
+"""
+
+from __future__ import annotations
+
+
+class NoKernel(ValueError):
+    """The inputs ask a forced SDPA backend for a call it has no kernel for. A search over
+    lengths (calc.max_inference_seq_len, calc.max_train_seq_len) counts a length refused so as
+    one that does not fit."""
+
+
+def _window_note(window: int, keys: int) -> str:
+    return (f"the sliding window ({window:,}) is not longer than the keys ({keys:,}), so "
+            "transformers passes a mask")
+
+
+def inference_refusal(model, attention: str, prompt_len: int, new_tokens: int, static: bool,
+                      prefill_chunk: int | None) -> str | None:
+    """Why `generate()` with a forced SDPA backend finds no kernel, or None."""
+    if attention == "sdpa_efficient" and model.num_kv_heads < model.num_heads \
+            and not model.is_mla:
+        return ("SDPA's memory-efficient backend has no grouped-query kernel "
+                f"({model.num_heads} query heads over {model.num_kv_heads} key/value heads: "
+                "transformers calls SDPA with enable_gqa=True where it passes no mask, and on "
+                "the H200 every such generate() found none); use 'sdpa' (torch's choice) or "
+                "flash")
+    if attention != "sdpa_flash":
+        return None
+    why = []
+    if model.is_mla:
+        why.append(f"MLA's value head ({model.v_head_dim}) differs from its query/key head "
+                   f"({model.head_dim}), and flash takes one head dim")
+    if static and new_tokens > 1:
+        why.append("a static cache's decode steps pass a mask over its unfilled slots")
+    if prefill_chunk is not None and prefill_chunk < prompt_len:
+        why.append("a prefill chunk after the first passes a mask")
+    keys = prompt_len + new_tokens - 1  # the last forward's keys in a sliding layer, at most
+    if model.sliding_window and model.sliding_window_layers and keys >= model.sliding_window:
+        why.append(_window_note(model.sliding_window, keys))
+    if not why:
+        return None
+    return ("SDPA's flash backend takes no mask and has no kernel here: " + "; ".join(why)
+            + "; use 'sdpa' (torch's choice) or the memory-efficient backend")
+
+
+def training_refusal(model, attention: str, seq_len: int, sliding_masked: int) -> str | None:
+    """Why a training step with a forced SDPA backend finds no kernel, or None;
+    sliding_masked: the layers that get a materialized sliding-window mask."""
+    if attention == "sdpa_flash" and sliding_masked:
+        return ("SDPA's flash backend takes no mask and has no kernel here: "
+                + _window_note(model.sliding_window, seq_len)
+                + f" to {sliding_masked} layer(s); use sdpa_efficient, sdpa_cudnn, our kernel, "
+                f"or fewer than {model.sliding_window:,} tokens")
+    return None
