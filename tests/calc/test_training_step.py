@@ -382,3 +382,31 @@ def test_fused_projections_make_one_autocast_copy_each() -> None:
     gap = amp[TINY.model_type].part("projections") - amp["phi3"].part("projections")
     bf16_gap = bf16[TINY.model_type].part("projections") - bf16["phi3"].part("projections")
     assert gap - bf16_gap == L * 3 * 2 * T * h
+
+
+def test_forced_flash_is_refused_exactly_where_the_h200_training_rows_found_no_kernel() -> None:
+    """Every bundled training row with an SDPA backend forced (data/training_steps_h200.csv):
+    calc refuses (NoKernel) exactly the rows that said "No available kernel" (flash under a
+    sliding-window mask: Mistral, Gemma 2/3 and Phi-3 past their windows) and sizes every
+    row that ran."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from calc.backends import NoKernel
+    from kernels.measure import train_models
+
+    rows = pd.read_csv(Path(__file__).resolve().parents[2] / "data" / "training_steps_h200.csv")
+    rows = rows[rows.attention.str.startswith("sdpa") & rows.status.isin(["ok", "unavailable"])
+                & rows.packed_lengths.isna()]
+    assert len(rows) >= 300 and (rows.status == "unavailable").sum() >= 5
+    for r in rows.itertuples():
+        model = ModelConfig.from_hf_config(train_models.hf_config(r.model))
+        try:
+            training_step(model, int(r.batch), int(r.seq_len), attention=r.attention,
+                          checkpointing=bool(r.checkpointing))
+            refused = False
+        except NoKernel:
+            refused = True
+        no_kernel = r.status == "unavailable" and "No available kernel" in str(r.message)
+        assert refused == no_kernel, (r.model, r.attention, r.seq_len, r.status)
