@@ -355,6 +355,7 @@ def _memory(a: argparse.Namespace, model: Any) -> dict:
            "prefill_bytes": mm.prefill_bytes, "peak_phase": mm.peak_phase,
            "peak_parts": dict(mm.inference.parts) if mm.inference else {},
            "total_is_lower_bound": mm.total_is_lower_bound, "not_modelled": mm.not_modelled,
+           "counted_as": mm.counted_as,
            "state_bytes": state,
            "total_bytes": total, "gpu": a.gpu, "gpu_bytes": gpu,
            "fits": total <= gpu, "gpus_needed": calc.gpus_needed(total, gpu),
@@ -512,6 +513,8 @@ def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     lines += _table(rows) + [""]
     if r["not_modelled"]:
         lines.append(f"a lower bound: {r['not_modelled']}")
+    if r["counted_as"]:
+        lines.append(r["counted_as"])
     needed = f"needs {r['gpus_needed']:,} GPUs of this size (ideal split)"
     lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["total_bytes"], r["gpu_bytes"], b, needed))
     longest = r["longest_context"]

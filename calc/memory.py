@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
 
+from calc.backends import NoKernel
 from calc.fit import largest_fitting
 from calc.inference_step import InferenceMemory, inference_step
 from calc.kv import kv_cache_bytes
@@ -44,6 +45,7 @@ class MemoryBreakdown:
     peak_phase: str = ""  # where the peak is (calc.inference_step.PHASES)
     inference: InferenceMemory | None = None  # the whole prediction, when modelled
     not_modelled: str = ""  # why the total is a lower bound (empty when it is the peak)
+    counted_as: str = ""  # why generate() was counted with SDPA as torch picks it (empty: impl)
 
     @property
     def total_is_lower_bound(self) -> bool:
@@ -91,15 +93,23 @@ def model_memory(
                                      act_dtype, causal=True, backward=False,
                                      kv_heads=model.num_kv_heads)
     scores = score_matrix_bytes(batch, model.num_heads, seq_len, act_dtype)
+    counted_as = ""
+    kw = dict(weight_dtype=weight_dtype, kv_dtype=kv_dtype, act_dtype=act_dtype)
     try:
-        inf = inference_step(model, batch, seq_len, 1, attention=INFERENCE_IMPL.get(impl, impl),
-                             weight_dtype=weight_dtype, kv_dtype=kv_dtype, act_dtype=act_dtype)
+        try:
+            inf = inference_step(model, batch, seq_len, 1,
+                                 attention=INFERENCE_IMPL.get(impl, impl), **kw)
+        except NoKernel as err:
+            # the backend forced alone has no kernel in generate() here: count generate() as
+            # transformers runs it by default (SDPA, torch choosing the backend), and say so
+            inf = inference_step(model, batch, seq_len, 1, attention="sdpa", **kw)
+            counted_as = f"generate() counted with SDPA as torch picks the backend: {err}"
     except ValueError as err:
         return MemoryBreakdown(weights, kv, attention, scores,
                                not_modelled=f"prefill not modelled: {err}")
     return MemoryBreakdown(weights, kv, attention, scores,
                            prefill_bytes=inf.peak_bytes - weights - kv,
-                           peak_phase=inf.peak_phase, inference=inf)
+                           peak_phase=inf.peak_phase, inference=inf, counted_as=counted_as)
 
 
 def model_max_seq_len(

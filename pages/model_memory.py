@@ -112,9 +112,10 @@ def breakdown(model: ModelConfig, batch: int, seq_len: int, wd: str, kvd: str, a
     of each part."""
     parts: dict[str, dict[str, int]] = {}
     state = state_bytes(model, batch, ad)
-    lower = ""
+    lower = counted = ""
     for impl in runs:
         mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
+        counted = counted or mm.counted_as
         # generate()'s prefill peak beyond weights and cache (calc.inference_step), or, where
         # that is not modelled, one attention call (the total is then a lower bound).
         parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
@@ -129,7 +130,7 @@ def breakdown(model: ModelConfig, batch: int, seq_len: int, wd: str, kvd: str, a
                       f"a lower bound: {lower}") if lower else
         ("the prompt's prefill peak beyond weights and cache: MLP intermediates, hidden "
          "states, masks, one attention call, cuBLAS workspace (calc.inference_step, "
-         "generate() measured within 1% on an H200)"),
+         "generate() measured within 1% on an H200)" + (f"; {counted}" if counted else "")),
         STATE: state_formula(model),
     }
 

@@ -253,3 +253,17 @@ def test_vllm_profile_moments_by_hand() -> None:
     assert m["attention of a layer"] == 2 * t * h * 2 + t * (q + 2 * k) * 2 + t * q * 2 + t * h * 2
     assert m["sampler"] == 2 * t * h * 2 + 256 * 128_256 * 6
     assert activation_peak_estimate(LLAMA, t) == max(m.values()) == m["MLP of a layer"]
+
+
+def test_model_memory_counts_generate_as_torch_runs_it_where_the_forced_backend_has_none() -> None:
+    """Model memory's FlashAttention total for Mistral 7B at 8,192 tokens: forced flash has no
+    kernel under its 4,096-token window's mask, so generate() is counted with SDPA as torch
+    picks the backend, and the breakdown says so; under the window nothing changes."""
+    mistral = calc.MODELS["Mistral 7B v0.1"]
+    mm = calc.model_memory(mistral, 1, 8192, "bf16", "bf16", "bf16", "sdpa_flash")
+    assert "counted with SDPA as torch picks" in mm.counted_as and not mm.total_is_lower_bound
+    assert mm.total_bytes == inference_step(mistral, 1, 8192, 1, attention="sdpa").peak_bytes
+    short = calc.model_memory(mistral, 1, 2048, "bf16", "bf16", "bf16", "sdpa_flash")
+    assert short.counted_as == ""
+    assert short.total_bytes == inference_step(mistral, 1, 2048, 1,
+                                               attention="sdpa_flash").peak_bytes
