@@ -9,8 +9,9 @@ token, or when a static cache's decode sees its unfilled slots; integrations/sdp
 use_gqa_in_sdpa: enable_gqa=True wherever no mask is passed) and torch 2.11's backend
 constraints (flash: no mask, one head dim for q, k and v; memory-efficient: no enable_gqa).
 The rules refuse exactly the H200 rows that said "No available kernel" in
-data/inference_steps_h200.csv and data/training_steps_h200.csv, and no row that ran. Not
-covered: training with memory-efficient forced on grouped-query heads (not measured).
+data/inference_steps_h200.csv and data/training_steps_h200.csv, and no row that ran. Training
+with memory-efficient forced on grouped-query heads has no measured row: it is refused where a
+layer gets no mask, the same unmasked call as generate()'s prefill.
 
 Pure: stdlib only.
 """
@@ -58,12 +59,23 @@ def inference_refusal(model, attention: str, prompt_len: int, new_tokens: int, s
             + "; use 'sdpa' (torch's choice) or the memory-efficient backend")
 
 
-def training_refusal(model, attention: str, seq_len: int, sliding_masked: int) -> str | None:
-    """Why a training step with a forced SDPA backend finds no kernel, or None;
-    sliding_masked: the layers that get a materialized sliding-window mask."""
-    if attention == "sdpa_flash" and sliding_masked:
+def training_refusal(model, attention: str, seq_len: int, masked_layers: int,
+                     packed: bool = False) -> str | None:
+    """Why a training step with a forced SDPA backend finds no kernel, or None; masked_layers:
+    the layers that get a materialized mask (a packed row's block-diagonal one, or a sliding
+    window not longer than s)."""
+    if attention == "sdpa_flash" and masked_layers and not packed:
         return ("SDPA's flash backend takes no mask and has no kernel here: "
                 + _window_note(model.sliding_window, seq_len)
-                + f" to {sliding_masked} layer(s); use sdpa_efficient, sdpa_cudnn, our kernel, "
+                + f" to {masked_layers} layer(s); use sdpa_efficient, sdpa_cudnn, our kernel, "
                 f"or fewer than {model.sliding_window:,} tokens")
+    if (attention == "sdpa_efficient" and model.num_kv_heads < model.num_heads
+            and not model.is_mla and model.head_dim <= 256
+            and masked_layers < model.num_layers):
+        # the same unmasked grouped-query call as generate()'s prefill, which found no kernel
+        return ("SDPA's memory-efficient backend has no grouped-query kernel "
+                f"({model.num_heads} query heads over {model.num_kv_heads} key/value heads: "
+                "transformers calls SDPA with enable_gqa=True where it passes no mask, in "
+                f"{model.num_layers - masked_layers} layer(s) here; on the H200 every such "
+                "generate() found none); use sdpa_flash, sdpa_cudnn or our kernel")
     return None

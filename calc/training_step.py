@@ -658,7 +658,7 @@ def training_step(
     L = model.num_layers
 
     masked = _masked_layers(model, attention, dm)
-    why = training_refusal(model, attention, s, 0 if lengths else masked)
+    why = training_refusal(model, attention, s, masked, packed=bool(lengths))
     if why:
         raise NoKernel(f"{attention!r} cannot run this training step: {why}")
     kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk,
@@ -1399,7 +1399,7 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
     L = model.num_layers
     keep_cache = cache and not checkpointing
     masked = _masked_layers(model, attention, dm)
-    why = training_refusal(model, attention, s, 0 if lengths else masked)
+    why = training_refusal(model, attention, s, masked, packed=bool(lengths))
     if why:
         raise NoKernel(f"{attention!r} cannot run this training step: {why}")
     if masked not in (0, L):

@@ -8,7 +8,7 @@ task everywhere else in the app and the CLI (issue 32, "one answer per question"
 - `serving`: calc.serving_capacity (vLLM's KV pool), as the Serving page calls it; the
   longest context of B concurrent requests is the same pool divided by B
   (calc.serving.sequence_bytes, the per-request bytes serving_capacity itself divides by);
-- `training`: calc.training_step (SDPA as torch picks it: flash, or memory-efficient where a
+- `training`: calc.training_step (SDPA flash, or the next SDPA backend with a kernel where a
   sliding-window mask is passed), a largest_fitting search over it, calc.train_gpus_needed
   (ZeRO-3 over up to 2^20 GPUs: 0 there means no count of GPUs fits);
 - `lora`, `qlora`: the same calc.training_step with the Training page's default adapters
@@ -52,10 +52,13 @@ TRAIN_METHODS = {"training": "full", "lora": "lora", "qlora": "qlora"}
 #: soft-capping).
 INFER_ORDER = ("sdpa", "eager")
 #: Attention of the training step: SDPA without a mask runs the FlashAttention-2 backend;
-#: where transformers passes a mask (a sliding window not longer than s) flash has no kernel
-#: and torch runs the memory-efficient one (TRAIN_MASKED).
+#: where transformers passes a mask (a sliding window not longer than s) flash has no kernel,
+#: and the step is sized with the next SDPA backend calc finds a kernel for (TRAIN_FALLBACKS:
+#: memory-efficient, which takes the mask, or, where some layers are unmasked grouped-query
+#: calls it has no kernel for, cuDNN). torch itself picks per layer; the verdict names the one
+#: counted.
 TRAIN_ATTENTION = "sdpa_flash"
-TRAIN_MASKED = "sdpa_efficient"
+TRAIN_FALLBACKS = ("sdpa_efficient", "sdpa_cudnn")
 #: Largest GPU count the training search tries: at 2^20 GPUs every sharded term is next to
 #: nothing, so a step that does not fit there never fits (the Training page's test too).
 MANY_GPUS = 1 << 20
@@ -201,11 +204,13 @@ def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
     method = TRAIN_METHODS[task]
     base = calc_kwargs(method)
 
-    def step(s: int):  # SDPA as torch chooses: flash, or memory-efficient where a mask is passed
-        try:
-            return training_step(model, batch, s, attention=TRAIN_ATTENTION, **base)
-        except NoKernel:
-            return training_step(model, batch, s, attention=TRAIN_MASKED, **base)
+    def step(s: int):  # SDPA: flash, else the first backend with a kernel for these inputs
+        for attention in (TRAIN_ATTENTION, *TRAIN_FALLBACKS[:-1]):
+            try:
+                return training_step(model, batch, s, attention=attention, **base)
+            except NoKernel:
+                pass
+        return training_step(model, batch, s, attention=TRAIN_FALLBACKS[-1], **base)
 
     try:
         m = step(seq_len)
@@ -240,6 +245,6 @@ def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
         limit_bytes=gpu_bytes, parts=parts, where=m.peak_phase, attention=m.attention,
         longest=longest,
         longest_source="calc.fit.largest_fitting over calc.training_step (SDPA flash, or "
-                       "memory-efficient where a sliding-window mask is passed)",
+                       "the next SDPA backend with a kernel where a window mask is passed)",
         longest_at_bound=longest >= MAX_SEQ_LEN, gpus=gpus, gpus_how=how,
         nothing_fits=nothing)
