@@ -33,8 +33,8 @@ def _window_note(window: int, keys: int) -> str:
 def inference_refusal(model, attention: str, prompt_len: int, new_tokens: int, static: bool,
                       prefill_chunk: int | None) -> str | None:
     """Why `generate()` with a forced SDPA backend finds no kernel, or None."""
-    if attention == "sdpa_efficient" and model.num_kv_heads < model.num_heads \
-            and not model.is_mla:
+    if (attention == "sdpa_efficient" and model.num_kv_heads < model.num_heads
+            and not model.is_mla and model.head_dim <= 256):  # use_gqa_in_sdpa's conditions
         return ("SDPA's memory-efficient backend has no grouped-query kernel "
                 f"({model.num_heads} query heads over {model.num_kv_heads} key/value heads: "
                 "transformers calls SDPA with enable_gqa=True where it passes no mask, and on "
@@ -73,6 +73,7 @@ def training_refusal(model, attention: str, seq_len: int, masked_layers: int,
             and not model.is_mla and model.head_dim <= 256
             and masked_layers < model.num_layers):
         # the same unmasked grouped-query call as generate()'s prefill, which found no kernel
+        # (use_gqa_in_sdpa: no mask, one head dim of at most 256)
         return ("SDPA's memory-efficient backend has no grouped-query kernel "
                 f"({model.num_heads} query heads over {model.num_kv_heads} key/value heads: "
                 "transformers calls SDPA with enable_gqa=True where it passes no mask, in "
