@@ -47,6 +47,12 @@ so that `calc.peak` can predict the buffers exactly; the kernel calls these same
 
 from __future__ import annotations
 
+#: Head dims the bundled kernel takes (kernels/flash/api.py checks its inputs against these;
+#: calc.peak refuses the others for "triton"): the smallest dot tile is 16 wide, and 256 is the
+#: widest tile the forward and backward hold in shared memory.
+HEAD_DIM_MIN = 16
+HEAD_DIM_MAX = 256
+
 #: A dK/dV grid of at least this many programs needs no GQA split.
 KV_SPLIT_MIN_PROGRAMS = 1024
 #: The key block the split rule counts in (the tiles vary with the config; the rule does not).

@@ -245,6 +245,10 @@ class AttentionCall:
         set_(self, "dtype", dtype_name(self.dtype))
         check_impl(self.impl)
         check_impl_dtype(self.impl, self.dtype)
+        if not takes_head_dim(self.impl, self.head_dim):
+            lo, hi = IMPL_HEAD_DIMS[self.impl]
+            raise ValueError(f"{self.impl} takes head dims from {lo} to {hi}, got "
+                             f"head_dim={self.head_dim}")
         self._letters()
 
     def with_seq_len(self, seq_len: int) -> AttentionCall:
@@ -638,6 +642,19 @@ IMPL_DTYPES: dict[str, tuple[str, ...]] = {
     "triton": ("fp32", "tf32", "bf16", "fp16"),
     "fa4": ("bf16", "fp16"),
 }
+
+
+#: Head dims an implementation takes, where calc knows a bound: the bundled kernel's own
+#: check (kernels/flash/api.py, calc.dispatch.HEAD_DIM_MIN/MAX). The others are sized at any d.
+IMPL_HEAD_DIMS: dict[str, tuple[int, int]] = {
+    "triton": (dispatch.HEAD_DIM_MIN, dispatch.HEAD_DIM_MAX),
+}
+
+
+def takes_head_dim(impl: str, head_dim: int) -> bool:
+    """Whether ``impl`` takes this head dim (`IMPL_HEAD_DIMS`; no bound listed: yes)."""
+    lo, hi = IMPL_HEAD_DIMS.get(impl, (1, head_dim))
+    return lo <= head_dim <= hi
 
 
 class DtypeNotRun(ValueError):

@@ -36,6 +36,7 @@ from calc import (  # noqa: E402
     sweep_param,
     sweep_seq_len,
 )
+from calc.peak import IMPL_HEAD_DIMS, takes_head_dim  # noqa: E402
 from calc.units import DTYPE_ALIASES  # noqa: E402
 from pages import common as c  # noqa: E402
 from pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
@@ -149,8 +150,15 @@ with main:
         st.caption(f"Not drawn for {dtype} inputs, which they do not run: "
                    + ", ".join(IMPL_LABELS.get(i, i) for i in idle) + " (fp16 and bf16 only).")
     impls = [i for i in impls if i not in idle]
+    # ... and only those that take this head dim (calc.IMPL_HEAD_DIMS: the bundled kernel's)
+    narrow = [i for i in impls if not takes_head_dim(i, d)]
+    if narrow:
+        st.caption(f"Not drawn at head dim {d:,}, which they do not take: " + ", ".join(
+            f"{IMPL_LABELS.get(i, i)} ({IMPL_HEAD_DIMS[i][0]}-{IMPL_HEAD_DIMS[i][1]})"
+            for i in narrow) + ".")
+    impls = [i for i in impls if i not in narrow]
     if not impls:
-        st.info("Pick at least one implementation that runs this dtype.")
+        st.info("Pick at least one implementation that runs this dtype and head dim.")
         c.sync_url(SPECS)
         st.stop()
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import torch
 
+from calc import dispatch
 from kernels.flash.common import Packed
 from kernels.flash.config import KernelConfig, Tiles
 from kernels.flash.fwd import fwd_kernel
@@ -31,8 +32,8 @@ from kernels.flash.route import (
 __all__ = ["KernelConfig", "Tiles", "flash_attention", "forward_backward_bytes",
            "forward_bytes", "interpreting", "varlen_bytes"]
 
-HEAD_DIM_MIN = 16
-HEAD_DIM_MAX = 256
+HEAD_DIM_MIN = dispatch.HEAD_DIM_MIN  # one copy, which calc.peak refuses the others by
+HEAD_DIM_MAX = dispatch.HEAD_DIM_MAX
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The interpreter runs one small tile (a config's other choices are kept), and the two-kernel
 # backward unless a config asks for the atomic one.

@@ -574,6 +574,16 @@ def test_scaling_at_fp32_names_what_it_does_not_draw() -> None:
     assert calc.IMPL_LABELS["naive"] not in idle[0]
 
 
+def test_scaling_names_the_bundled_kernel_past_its_head_dims() -> None:
+    """The bundled kernel takes head dims 16-256 (calc.IMPL_HEAD_DIMS): at d = 512 the Scaling
+    page draws the others and names it, instead of a traceback or a number for a call that
+    raises."""
+    at = run("scaling", impls="naive,sdpa_flash,triton", d="512")
+    narrow = [cap.value for cap in at.caption if cap.value.startswith("Not drawn at head dim")]
+    assert narrow and calc.IMPL_LABELS["triton"] in narrow[0] and "16-256" in narrow[0]
+    assert calc.IMPL_LABELS["naive"] not in narrow[0]
+
+
 def test_model_page_quantized_defaults_as_stored_and_follows_the_model() -> None:
     """Issue 30: a quantized checkpoint opens 'as stored'; switching to a plain model goes back
     to bf16 (the previous default, untouched); MoE models show both active conventions."""

@@ -434,3 +434,20 @@ def test_a_dtype_the_implementation_does_not_run_is_refused(impl, dtype) -> None
         attention_peak_bytes(impl, 1, 8, 1024, 128, dtype)
     with pytest.raises(ValueError, match="accepted dtypes"):
         calc.max_seq_len(impl, 80 * 10**9, 1, 8, 128, dtype)
+
+
+def test_triton_refuses_head_dims_the_bundled_kernel_does_not_take() -> None:
+    """The bundled kernel takes head dims 16-256 (kernels/flash/api.py checks its inputs
+    against calc.dispatch's bounds): calc sizes those and refuses the others with the range,
+    instead of a number for a call that raises."""
+    import pytest
+
+    import calc
+    from calc import dispatch
+
+    assert (dispatch.HEAD_DIM_MIN, dispatch.HEAD_DIM_MAX) == (16, 256)
+    for d in (16, 96, 256):
+        assert calc.attention_peak_bytes("triton", 1, 8, 512, d, "bf16", causal=True) > 0
+    for d in (8, 15, 257, 512):
+        with pytest.raises(ValueError, match="triton takes head dims from 16 to 256"):
+            calc.attention_peak_bytes("triton", 1, 8, 512, d, "bf16", causal=True)

@@ -216,7 +216,16 @@ def _impl_for(kw: dict[str, Any]) -> Any:
 BATCH = Arg("batch", batch_s, is_count(1, MAX_BATCH))
 HEADS = Arg("heads", heads_s, is_count(1, MAX_HEADS))
 SEQ = Arg("seq_len", seq_s, is_count(1, MAX_SEQ_LEN))
-HEAD_DIM = Arg("head_dim", hd_s, is_count(1, MAX_HEAD_DIM))
+def _head_dim_for(kw: dict[str, Any]) -> Any:
+    """A head dim every implementation drawn so far takes: the bundled kernel ("triton") only
+    16-256 (calc.dispatch.HEAD_DIM_MIN/MAX; the others are refused as a pair)."""
+    impls = kw.get("impls", [kw["impl"]] if "impl" in kw else None)
+    if isinstance(impls, (list, tuple)) and any(i == "triton" for i in impls):
+        return st.integers(calc.dispatch.HEAD_DIM_MIN, calc.dispatch.HEAD_DIM_MAX)
+    return hd_s
+
+
+HEAD_DIM = Arg("head_dim", _head_dim_for, is_count(1, MAX_HEAD_DIM))
 DTYPE = Arg("dtype", _dtype_for, is_attn_dtype)  # an attention call's input dtype
 CAUSAL = Arg("causal", flag_s, is_flag)
 BACKWARD = Arg("backward", flag_s, is_flag)
