@@ -141,7 +141,11 @@ if not steps:  # calc refuses the model (or the inputs) for every implementation
 
 # --- the verdict for the chosen attention ---------------------------------------------------
 if attn not in steps:
-    st.error(c.md_escape(f"{label(attn)} cannot run this model: {refused[attn]}. The chart "
+    why = refused[attn]
+    where = "this model"
+    if "no kernel" in why:  # calc.backends.NoKernel: "'<attention>' cannot run this ...: why"
+        where, why = "these inputs", why.split(": ", 1)[-1]
+    st.error(c.md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
                          f"below shows the implementations that can."), icon=":material/block:")
 else:
     m = steps[attn]

@@ -301,3 +301,14 @@ def test_fuzzed_urls_never_raise(query: dict[str, str]) -> None:
     at = run(query)
     assert not at.exception, (query, [e.value for e in at.exception])
     assert at.metric or at.error  # an answer, or the reason there is none
+
+
+def test_a_forced_backend_without_a_kernel_is_named_for_these_inputs() -> None:
+    """Mistral 7B at 8,192 tokens with SDPA's flash backend chosen: its 4,096-token window needs
+    a mask, which flash cannot take (the H200 found no kernel): the page says so for these
+    inputs and draws the implementations that can run them."""
+    at = run({"model": "Mistral 7B v0.1", "s": "8192", "attn": "sdpa_flash"})
+    assert not at.exception
+    assert any("cannot run these inputs" in e.value and "window" in e.value for e in at.error)
+    assert INFER_ATTENTION_LABELS["sdpa_flash"] not in list(
+        frame_with(at, "KV cache")["implementation"])
