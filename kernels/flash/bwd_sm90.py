@@ -492,6 +492,25 @@ def _one_block(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
         [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
+@gluon.jit
+def _grid_order(HEADS_PER_GROUP, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(first key of this program's block, its (batch or sequence, key/value head) index).
+    Without the mask, head-major (grid (key blocks, heads)): the programs running side by side
+    share their heads' Q and dO in L2. With the causal mask, key block j has n_m - j // 2
+    query blocks of work, so each group of HEADS_PER_GROUP heads launches longest first (every
+    head's block 0, then every head's block 1, ...; grid (HEADS_PER_GROUP * key blocks,
+    groups)): the short programs fill each group's last wave, and the programs side by side
+    still share few heads' Q, dO and dQ rows in L2 (`head_group`)."""
+    if CAUSAL:
+        i = gl.program_id(0)
+        start_n = (i // HEADS_PER_GROUP) * BLOCK_N
+        pair = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
+    else:
+        start_n = gl.program_id(0) * BLOCK_N
+        pair = gl.program_id(1)
+    return start_n, pair
+
+
 @gluon.jit(do_not_specialize=["s_q", "s_k"])
 def attn_bwd_sm90_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 over (B, H or H_kv, s, d); tiles [1, 1, rows, d]
@@ -513,20 +532,7 @@ def attn_bwd_sm90_kernel(
     HALF: gl.constexpr = k_desc.block_type.shape[2]
     gl.static_assert(2 * HALF == 128)
 
-    # Grid order. Without the mask, head-major (grid (key blocks, B * H_kv)): the programs
-    # running side by side share their heads' Q and dO in L2. With the causal mask, key block j
-    # has n_m - j // 2 query blocks of work, so each group of HEADS_PER_GROUP heads launches
-    # longest first (every head's block 0, then every head's block 1, ...; grid
-    # (HEADS_PER_GROUP * key blocks, groups)): the short programs fill each group's last wave,
-    # and the programs side by side still share few heads' Q, dO and dQ rows in L2
-    # (`head_group`).
-    if CAUSAL:
-        i = gl.program_id(0)
-        start_n = (i // HEADS_PER_GROUP) * (2 * HALF)
-        bhk = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
-    else:
-        start_n = gl.program_id(0) * (2 * HALF)
-        bhk = gl.program_id(1)
+    start_n, bhk = _grid_order(HEADS_PER_GROUP, 2 * HALF, CAUSAL)
     b = bhk // H_kv
     h_kv = bhk % H_kv
     _one_block(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, b, h_kv,
@@ -566,17 +572,9 @@ def attn_bwd_sm90_varlen_kernel(
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HALF: gl.constexpr = k_desc.block_type.shape[2]
     gl.static_assert(2 * HALF == 128)
-    # Grid order as the dense kernel's, over (sequence, key/value head) pairs in place of
-    # (batch, key/value head): with the causal mask each group of HEADS_PER_GROUP pairs
-    # launches its key blocks longest first (every pair's block 0, then every pair's block 1,
-    # ...), so a wave does not end on a long sequence's first key block.
-    if CAUSAL:
-        i = gl.program_id(0)
-        start_n = (i // HEADS_PER_GROUP) * (2 * HALF)
-        sh = gl.program_id(1) * HEADS_PER_GROUP + i % HEADS_PER_GROUP
-    else:
-        start_n = gl.program_id(0) * (2 * HALF)
-        sh = gl.program_id(1)
+    # the dense kernel's grid order over (sequence, key/value head) pairs: a wave does not end
+    # on a long sequence's first key block
+    start_n, sh = _grid_order(HEADS_PER_GROUP, 2 * HALF, CAUSAL)
     seq = sh // H_kv
     h_kv = sh % H_kv
     q0 = gl.load(CU_Q + seq)
