@@ -18,11 +18,24 @@ Pure: stdlib only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class NoKernel(ValueError):
     """The inputs ask a forced SDPA backend for a call it has no kernel for. A search over
     lengths (calc.max_inference_seq_len, calc.max_train_seq_len) counts a length refused so as
     one that does not fit."""
+
+
+def no_fit_without_kernel(peak: Callable[[int], int]) -> Callable[[int], float]:
+    """``peak`` for a search over lengths (calc.fit.largest_fitting): a length whose forced
+    backend has no kernel (NoKernel) counts as one that does not fit."""
+    def cost(s: int) -> float:
+        try:
+            return peak(s)
+        except NoKernel:
+            return float("inf")
+    return cost
 
 
 def _window_note(window: int, keys: int) -> str:

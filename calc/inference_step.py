@@ -84,7 +84,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from calc.backends import NoKernel, inference_refusal
+from calc.backends import NoKernel, inference_refusal, no_fit_without_kernel
 from calc.fit import largest_fitting
 from calc.kv import kv_elements_per_token
 from calc.models import ModelConfig, check_model
@@ -640,11 +640,5 @@ def max_inference_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1,
     """Longest prompt whose generate() peak fits gpu_bytes (0 if none): exact integer search
     (calc.fit.largest_fitting; the peak is non-decreasing in the prompt length)."""
     inference_step(model, batch, 1, new_tokens, **kwargs)  # validates
-
-    def peak(s: int) -> float:
-        try:
-            return inference_step(model, batch, s, new_tokens, **kwargs).peak_bytes
-        except NoKernel:  # the forced backend has no kernel from this length on: no fit
-            return float("inf")
-
-    return largest_fitting(peak, gpu_bytes)
+    return largest_fitting(no_fit_without_kernel(
+        lambda s: inference_step(model, batch, s, new_tokens, **kwargs).peak_bytes), gpu_bytes)

@@ -193,7 +193,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from calc.backends import NoKernel, training_refusal
+from calc.backends import NoKernel, no_fit_without_kernel, training_refusal
 from calc.fit import largest_fitting
 from calc.models import ModelConfig, check_model
 from calc.parallel import Layout, expert_params, layout_bytes, make_layout
@@ -658,9 +658,7 @@ def training_step(
     L = model.num_layers
 
     masked = _masked_layers(model, attention, dm)
-    why = training_refusal(model, attention, s, masked, packed=bool(lengths))
-    if why:
-        raise NoKernel(f"{attention!r} cannot run this training step: {why}")
+    _check_kernel(model, attention, s, masked, lengths)
     kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk,
                                   norm_topk))
              for n, mk in ((masked, True), (L - masked, False)) if n]
@@ -859,6 +857,14 @@ def check_packed(model: ModelConfig, packed_lengths: object, batch: int, seq_len
     return lengths
 
 
+def _check_kernel(model: ModelConfig, attention: str, s: int, masked: int,
+                  lengths: tuple[int, ...]) -> None:
+    """NoKernel where the forced SDPA backend has no kernel for this step (calc.backends)."""
+    why = training_refusal(model, attention, s, masked, packed=bool(lengths))
+    if why:
+        raise NoKernel(f"{attention!r} cannot run this training step: {why}")
+
+
 def _masked_layers(model: ModelConfig, impl: str, dm: _Dims) -> int:
     """How many layers get a materialized mask under SDPA: every layer of a packed row (the
     block-diagonal mask), else the sliding-window rule (_sliding_masked)."""
@@ -1016,14 +1022,8 @@ def max_train_seq_len(model: ModelConfig, gpu_bytes: int, batch: int = 1, **kwar
     """Longest s whose training-step peak fits gpu_bytes (0 if none): exact integer search
     (calc.fit.largest_fitting; the peak is non-decreasing in s)."""
     training_step(model, batch, 1, **kwargs)  # validates
-
-    def peak(s: int) -> float:
-        try:
-            return training_step(model, batch, s, **kwargs).peak_bytes
-        except NoKernel:  # the forced backend has no kernel from this length on: no fit
-            return float("inf")
-
-    return largest_fitting(peak, gpu_bytes)
+    return largest_fitting(no_fit_without_kernel(
+        lambda s: training_step(model, batch, s, **kwargs).peak_bytes), gpu_bytes)
 
 
 def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int, *,
@@ -1399,9 +1399,7 @@ def _training_step_lora(model: ModelConfig, b: int, s: int, attention: str, chec
     L = model.num_layers
     keep_cache = cache and not checkpointing
     masked = _masked_layers(model, attention, dm)
-    why = training_refusal(model, attention, s, masked, packed=bool(lengths))
-    if why:
-        raise NoKernel(f"{attention!r} cannot run this training step: {why}")
+    _check_kernel(model, attention, s, masked, lengths)
     if masked not in (0, L):
         raise ValueError(f"{model.name!r}: LoRA with sliding-window layers that get a mask beside "
                          "layers that do not is not modelled")

@@ -205,12 +205,12 @@ def training(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
     base = calc_kwargs(method)
 
     def step(s: int):  # SDPA: flash, else the first backend with a kernel for these inputs
-        for attention in (TRAIN_ATTENTION, *TRAIN_FALLBACKS[:-1]):
+        for attention in (TRAIN_ATTENTION, *TRAIN_FALLBACKS):
             try:
                 return training_step(model, batch, s, attention=attention, **base)
-            except NoKernel:
-                pass
-        return training_step(model, batch, s, attention=TRAIN_FALLBACKS[-1], **base)
+            except NoKernel as err:
+                refused = err
+        raise refused
 
     try:
         m = step(seq_len)
