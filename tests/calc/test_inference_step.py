@@ -43,33 +43,13 @@ def test_cpu_replay_of_generate_matches() -> None:
     """generate() of a tiny Llama on the CPU under a live-bytes dispatch mode: the peak beyond
     the weights equals the prediction less the CUDA-only workspace (prefill at the MLP with
     SDPA, at the softmax with eager), within 0.1%."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kernels.measure.live_bytes import LiveBytes
-
     cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=704, num_hidden_layers=3,
                                    num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                                    vocab_size=1000, max_position_embeddings=4096)
-    model_cfg = ModelConfig.from_hf_config(cfg.to_dict())
     for attn, name in (("sdpa", "sdpa_flash"), ("eager", "eager")):
-        model = transformers.AutoModelForCausalLM.from_config(
-            cfg, dtype=torch.bfloat16, attn_implementation=attn).eval()
-        ids = torch.randint(0, 1000, (1, 512))
-        mask = torch.ones_like(ids)
-        kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=2, min_new_tokens=2)
-        model.generate(ids[:, :8], attention_mask=mask[:, :8], **kw)  # lazy state
-        live = LiveBytes()
-        for t in [*model.parameters(), *model.buffers()]:
-            live.add(t)
-        weights = live.bytes
-        live.add(ids)
-        live.add(mask)
-        live.reset_peak()
-        with live:
-            model.generate(ids, attention_mask=mask, **kw)
-        want = inference_step(model_cfg, 1, 512, 2, attention=name)
-        got = live.peak - weights
-        predicted = want.peak_bytes - want.weights_bytes - want.fixed_bytes
+        got, predicted = _replay_peak(cfg, attn, name, s=512)
         assert abs(predicted - got) <= 0.001 * got, (attn, predicted, got)
 
 
