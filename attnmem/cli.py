@@ -5,7 +5,7 @@
                    [--adapter none|lora|qlora --rank R --targets attention|all-linear ...]
     attnmem serve  --model ... --seq-len S --gpu NAME [--gpu-memory-utilization 0.9 ...]
 
---model is a preset name (calc.MODELS), a path to a config.json, or a Hub id (owner/name,
+--model is a preset name (attnmem.calc.MODELS), a path to a config.json, or a Hub id (owner/name,
 fetched with attnmem.hub). Lengths take 131072, 131,072, 131_072, 128k or 1M (K = 1,024 and
 M = 1,048,576 tokens, as the pages' sliders label them). Plain output is a short table;
 --json prints one JSON object for scripts. Bad input exits with status 2 and one line naming
@@ -26,24 +26,24 @@ from typing import Any, NoReturn
 
 # --- calc's defaults and choices, copied so that --help imports nothing (tests/cli checks them)
 
-DEFAULT_GPU = "NVIDIA H100 80GB"  # calc.DEFAULT_GPU
+DEFAULT_GPU = "NVIDIA H100 80GB"  # attnmem.calc.DEFAULT_GPU
 IMPLEMENTATIONS = ("naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
-                   "sdpa_cudnn", "triton", "fa4")  # calc.IMPLEMENTATIONS
-TRAIN_ATTENTIONS = ("eager", *IMPLEMENTATIONS)  # calc.TRAIN_ATTENTIONS
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # calc.DTYPES
-PRECISIONS = ("bf16", "amp_bf16")  # calc.training_step.PRECISIONS
-# fine-tuning: calc.finetune's methods ("none" is the page's "full"), targets,
+                   "sdpa_cudnn", "triton", "fa4")  # attnmem.calc.IMPLEMENTATIONS
+TRAIN_ATTENTIONS = ("eager", *IMPLEMENTATIONS)  # attnmem.calc.TRAIN_ATTENTIONS
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # attnmem.calc.DTYPES
+PRECISIONS = ("bf16", "amp_bf16")  # attnmem.calc.training_step.PRECISIONS
+# fine-tuning: attnmem.calc.finetune's methods ("none" is the page's "full"), targets,
 # adapter dtypes and default rank
 ADAPTERS = ("none", "lora", "qlora")
-LORA_TARGETS = ("attention", "all-linear")  # calc.training_step.LORA_TARGET_SETS
-ADAPTER_DTYPES = ("fp32", "bf16")  # calc.training_step.ADAPTER_DTYPES
-DEFAULT_LORA_RANK = 16  # calc.finetune.DEFAULT_RANK
+LORA_TARGETS = ("attention", "all-linear")  # attnmem.calc.training_step.LORA_TARGET_SETS
+ADAPTER_DTYPES = ("fp32", "bf16")  # attnmem.calc.training_step.ADAPTER_DTYPES
+DEFAULT_LORA_RANK = 16  # attnmem.calc.finetune.DEFAULT_RANK
 DEFAULT_LORA_TARGETS = "all-linear"
 DEFAULT_ADAPTER_DTYPE = "fp32"
 MAX_LORA_RANK = 65_536
-MAX_SEQ_LEN = 100_000_000  # calc.units.MAX_SEQ_LEN
-MAX_BATCH = 1_000_000  # calc.units.MAX_BATCH
-# calc.serving's vLLM defaults
+MAX_SEQ_LEN = 100_000_000  # attnmem.calc.units.MAX_SEQ_LEN
+MAX_BATCH = 1_000_000  # attnmem.calc.units.MAX_BATCH
+# attnmem.calc.serving's vLLM defaults
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
@@ -289,46 +289,46 @@ def resolve_model(spec: str) -> Any:
     """A preset name (exact or case-insensitive), a config.json path, or a Hub id."""
     from pathlib import Path
 
-    import calc
+    import attnmem.calc
 
-    if spec in calc.MODELS:
-        return calc.MODELS[spec]
-    folded = {name.lower(): name for name in calc.MODELS}
+    if spec in attnmem.calc.MODELS:
+        return attnmem.calc.MODELS[spec]
+    folded = {name.lower(): name for name in attnmem.calc.MODELS}
     if spec.lower() in folded:
-        return calc.MODELS[folded[spec.lower()]]
+        return attnmem.calc.MODELS[folded[spec.lower()]]
     path = Path(spec)
     if path.is_file():
-        from calc.config_json import MAX_CONFIG_BYTES, load_config_json
+        from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
 
         with open(path, "rb") as f:
             d = load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
-        return calc.ModelConfig.from_hf_config(d, name=path.stem[:60])
+        return attnmem.calc.ModelConfig.from_hf_config(d, name=path.stem[:60])
     from attnmem.hub import fetch_model, looks_like_repo_id
 
     if looks_like_repo_id(spec):
         return fetch_model(spec)
     raise UsageError(
         f"--model {spec[:80]!r} is not a preset, a config.json file or a Hub id (owner/name); "
-        f"presets: {', '.join(calc.MODELS)}")
+        f"presets: {', '.join(attnmem.calc.MODELS)}")
 
 
 def gpu_name(spec: str) -> str:
     """The GPU named exactly, or the one GPU whose name contains `spec` (any case)."""
-    import calc
+    import attnmem.calc
 
-    if spec in calc.GPUS:
+    if spec in attnmem.calc.GPUS:
         return spec
-    hits = [g for g in calc.GPUS if spec.lower() in g.lower()]
+    hits = [g for g in attnmem.calc.GPUS if spec.lower() in g.lower()]
     if len(hits) == 1:
         return hits[0]
     raise UsageError(f"--gpu {spec[:60]!r} matches {len(hits)} GPUs; choose one of: "
-                     f"{', '.join(calc.GPUS)}")
+                     f"{', '.join(attnmem.calc.GPUS)}")
 
 
 def resolve_gpu(spec: str) -> int:
-    """The bytes "fits" uses, as the pages do: the total torch can allocate where calc.gpus has
+    """The bytes "fits" uses, as the pages do: the total torch can allocate where attnmem.calc.gpus has
     it (what torch.cuda.mem_get_info reports), else the spec-sheet figure."""
-    from calc.gpus import torch_total_bytes
+    from attnmem.calc.gpus import torch_total_bytes
 
     return torch_total_bytes(gpu_name(spec))
 
@@ -337,19 +337,19 @@ def resolve_gpu(spec: str) -> int:
 
 
 def _memory(a: argparse.Namespace, model: Any) -> dict:
-    import calc
-    from calc.kv import mla_expanded_kv_bytes, state_bytes
+    import attnmem.calc
+    from attnmem.calc.kv import mla_expanded_kv_bytes, state_bytes
 
     gpu = resolve_gpu(a.gpu)
-    mm = calc.model_memory(model, a.batch, a.seq_len, a.weight_dtype, a.kv_dtype, a.act_dtype,
+    mm = attnmem.calc.model_memory(model, a.batch, a.seq_len, a.weight_dtype, a.kv_dtype, a.act_dtype,
                            a.impl)
     # A hybrid's constant state is part of the total and the longest context is searched in
     # what it leaves, at the attention dtype: what the Model memory page counts.
     state = state_bytes(model, a.batch, a.act_dtype)
     total = mm.total_bytes + state
-    out = {"model": model.name, "params": calc.param_count(model),
-           "active_params": calc.active_param_count(model), "batch": a.batch,
-           "active_params_without_input_embedding": calc.active_param_count(model, include_embedding=False),
+    out = {"model": model.name, "params": attnmem.calc.param_count(model),
+           "active_params": attnmem.calc.active_param_count(model), "batch": a.batch,
+           "active_params_without_input_embedding": attnmem.calc.active_param_count(model, include_embedding=False),
            "seq_len": a.seq_len, "impl": a.impl, "weights_bytes": mm.weights_bytes,
            "kv_cache_bytes": mm.kv_cache_bytes, "attention_bytes": mm.attention_bytes,
            "prefill_bytes": mm.prefill_bytes, "peak_phase": mm.peak_phase,
@@ -358,11 +358,11 @@ def _memory(a: argparse.Namespace, model: Any) -> dict:
            "counted_as": mm.counted_as,
            "state_bytes": state,
            "total_bytes": total, "gpu": a.gpu, "gpu_bytes": gpu,
-           "fits": total <= gpu, "gpus_needed": calc.gpus_needed(total, gpu),
-           "longest_context": calc.model_max_seq_len(model, max(gpu - state, 0), a.batch,
+           "fits": total <= gpu, "gpus_needed": attnmem.calc.gpus_needed(total, gpu),
+           "longest_context": attnmem.calc.model_max_seq_len(model, max(gpu - state, 0), a.batch,
                                                      a.weight_dtype, a.kv_dtype, a.act_dtype,
                                                      a.impl)}
-    # The total is generate()'s prefill peak (calc.inference_step); a length past the context
+    # The total is generate()'s prefill peak (attnmem.calc.inference_step); a length past the context
     # the model was trained for is flagged, not silently offered.
     trained = model.max_position_embeddings
     out["trained_context"] = trained
@@ -377,18 +377,18 @@ def _memory(a: argparse.Namespace, model: Any) -> dict:
 def _train(a: argparse.Namespace, model: Any) -> dict:
     from dataclasses import asdict
 
-    import calc
-    from calc.finetune import calc_kwargs
-    from calc.training_step import lora_adapter_params
+    import attnmem.calc
+    from attnmem.calc.finetune import calc_kwargs
+    from attnmem.calc.training_step import lora_adapter_params
 
     ft = _adapter_settings(a)
     gpu = resolve_gpu(a.gpu)
     # the Training page's call: its method, rank, targets, adapter dtype and double quantization
-    # become the same adapters/base_dtype keywords (calc.finetune.calc_kwargs)
+    # become the same adapters/base_dtype keywords (attnmem.calc.finetune.calc_kwargs)
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
               gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft))
     _packed_settings(a)
-    result = calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
+    result = attnmem.calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
     lora = kw.get("adapters")
     adapter = {"adapter": "none" if ft["method"] == "full" else ft["method"],
                "lora_rank": lora.rank if lora else None,
@@ -397,10 +397,10 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
                "base_dtype": kw.get("base_dtype", "bf16"),
                "double_quant": kw.get("base_dtype") == "nf4_dq",
                "trainable_params": lora_adapter_params(model, lora) if lora else
-               calc.param_count(model)}
+               attnmem.calc.param_count(model)}
     # the Training page's answers for one GPU: does the step fit, and the longest s that does
     # (a pack's lengths are given, so there is no longest context to search for it)
-    longest = None if a.packed else calc.max_train_seq_len(model, gpu, a.batch, **kw)
+    longest = None if a.packed else attnmem.calc.max_train_seq_len(model, gpu, a.batch, **kw)
     # a packed row's positions restart at each sequence: its longest sequence is what counts
     # against the context the model was trained for
     trained = model.max_position_embeddings
@@ -431,7 +431,7 @@ def _packed_settings(a: argparse.Namespace) -> None:
 
 
 def _adapter_settings(a: argparse.Namespace) -> dict[str, Any]:
-    """calc.finetune.calc_kwargs's arguments from --adapter, --rank, --targets,
+    """attnmem.calc.finetune.calc_kwargs's arguments from --adapter, --rank, --targets,
     --adapter-dtype and --double-quant; an adapter option that would be ignored is refused."""
     if a.double_quant and a.adapter != "qlora":
         raise UsageError(f"--double-quant applies to --adapter qlora (a 4-bit base), not "
@@ -452,7 +452,7 @@ def _adapter_settings(a: argparse.Namespace) -> dict[str, Any]:
 def _serve(a: argparse.Namespace, model: Any) -> dict:
     from dataclasses import asdict
 
-    from calc.serving import prefill_decode_attention, serving_capacity
+    from attnmem.calc.serving import prefill_decode_attention, serving_capacity
 
     cap = serving_capacity(
         model, resolve_gpu(a.gpu), a.seq_len,  # the torch total, as vLLM and the page take it weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype,
@@ -603,12 +603,12 @@ def _text_serve(r: dict, a: argparse.Namespace, gpu: str, b: Any, trained: int |
 
 
 def _text(command: str, result: dict, a: argparse.Namespace, model: Any) -> str:
-    from calc.units import format_bytes
+    from attnmem.calc.units import format_bytes
 
     def b(n: int) -> str:  # MB/KB below 1 GB: never "0.00 GB"
         return format_bytes(n, a.unit)
 
-    from calc.gpus import GPU_TORCH_TOTAL, GPUS
+    from attnmem.calc.gpus import GPU_TORCH_TOTAL, GPUS
 
     name = gpu_name(a.gpu)
     spec = GPUS[name]

@@ -8,7 +8,7 @@ long-running app that changes them is obeyed.
 
 The file is size-checked from its metadata before it is downloaded (a config.json is a few
 kB; a repo could name a huge file config.json) and parsed with the app's bounded JSON loader
-(calc.config_json.load_config_json: size, depth, NaN and duplicate keys refused), then by
+(attnmem.calc.config_json.load_config_json: size, depth, NaN and duplicate keys refused), then by
 calc's ModelConfig.from_hf_config, which refuses unknown architectures. Every failure is a
 HubError (a ValueError) whose message says what went wrong and what to do.
 """
@@ -21,15 +21,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from calc.config_json import MAX_CONFIG_BYTES, load_config_json
-from calc.models import ModelConfig
+from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
+from attnmem.calc.models import ModelConfig
 
 #: owner/name as the Hub spells repository ids (huggingface_hub validate_repo_id rules).
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 #: The whole rule, for fullmatch (validate_repo_id in huggingface_hub/utils/_validators.py): each
 #: part 1-96 characters, starting with a letter or digit and ending with a letter, digit or '_'
 #: (its word boundaries), no '--' or '..' anywhere, not ending in '.git'. The pages' URL
-#: parameter uses the same text (pages.ui.url_state.TextParam).
+#: parameter uses the same text (attnmem.pages.ui.url_state.TextParam).
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
 REPO_ID_RULE = rf"(?!.*(?:--|\.\.))(?!.*\.git$){_PART}/{_PART}"
 MAX_REPO_ID_LEN = 96 + 1 + 96

@@ -66,7 +66,7 @@ MOVES: dict[str, tuple[str, Callable[[AppTest, int], None]]] = {
 
 def bench(page: str, move: Callable[[AppTest, int], None], runs: int) -> tuple[list[float], list[float]]:
     """(script-run ms, AppTest round-trip ms) for `runs` moves of one input."""
-    at = AppTest.from_file(str(ROOT / "pages" / page.strip()), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / page.strip()), default_timeout=120)
     at.run()
     for i in range(3):  # warm-up: imports, first figures
         move(at, 1000 + i)

@@ -38,9 +38,13 @@ install_set() {  # install_set STAMP FILE...
 
 install_set app requirements.txt
 # The project itself, editable and without dependencies: puts the `attnmem` command in the venv.
-if [ ! -x "$VENV/bin/attnmem" ]; then
+# Re-installed when pyproject.toml changes, so the editable finder maps the package names it
+# declares now (an old one could map a name that no longer is ours).
+stamp="$VENV/.project.stamp"; sum=$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -x "$VENV/bin/attnmem" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
   iso=(); "$VENV/bin/python" -c "import setuptools" 2>/dev/null && iso=(--no-build-isolation)
   "${pip[@]}" install --no-deps "${iso[@]}" -e .
+  echo "$sum" > "$stamp"
 fi
 if [ "$mode" = test ]; then
   install_set dev requirements.txt requirements-dev.txt

@@ -9,7 +9,7 @@ Streamlit session over its own WebSocket:
 - `--browsers` of them are headless pages in ONE Chromium (Debian's /usr/bin/chromium driven
   by Playwright, one browser context each): they change the heads number box or move the
   sequence-length slider with the keyboard on the score-matrix page and wait until the headline
-  number shows the value calc.score_matrix_bytes gives (latency: input -> right number drawn);
+  number shows the value attnmem.calc.score_matrix_bytes gives (latency: input -> right number drawn);
 - the others speak Streamlit's WebSocket protocol directly (the protobuf BackMsg/ForwardMsg of
   the streamlit package, what the frontend sends when an input changes): they change the heads,
   the exact sequence length or the log-scale slider (one step) and read the page's deltas
@@ -58,8 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from calc import score_matrix_bytes  # noqa: E402
-from calc.units import format_bytes, short_len  # noqa: E402  (short_len: the sliders' labels)
+from attnmem.calc import score_matrix_bytes  # noqa: E402
+from attnmem.calc.units import format_bytes, short_len  # noqa: E402  (short_len: the sliders' labels)
 
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = [
@@ -126,7 +126,7 @@ def nearest_pow2(n: int) -> int:
 
 def expected_text(batch: int, heads: int, seq_len: int) -> str:
     """The headline number of the score-matrix page (fp16, unit GB) for these inputs: MB or KB
-    below 1 GB, as the page prints it (pages.common.fmt)."""
+    below 1 GB, as the page prints it (attnmem.pages.common.fmt)."""
     return format_bytes(score_matrix_bytes(batch, heads, seq_len, "fp16"), "GB")
 
 

@@ -1,6 +1,6 @@
 """The README's kernel table, built from one bundled benchmark run.
 
-Reads the rows `python -m kernels.bench` wrote (the CSV schema of kernels.bench.speed: impl,
+Reads the rows `python -m attnmem.measure.bench` wrote (the CSV schema of attnmem.measure.bench.speed: impl,
 dtype, batch, seq_len, head_dim, causal, mode, tflops, status, gpu, torch_version,
 triton_version, timestamp, kv_heads, packed_lengths), picks forward+backward at the shapes in
 `SHAPES`, and writes a Markdown table of our kernel ("triton" in the CSV) against each peer the
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "data" / "kernel_speed_training_eager_h200.csv"
 README = ROOT / "README.md"
-COMMAND = "python -m kernels.bench --preset training --impls triton sdpa_cudnn fa4 --rounds 2"
+COMMAND = "python -m attnmem.measure.bench --preset training --impls triton sdpa_cudnn fa4 --rounds 2"
 START = "<!-- kernel table: built by scripts/readme_kernel_table.py -->"
 END = "<!-- end of kernel table -->"
 OURS = "triton"
@@ -63,7 +63,7 @@ def read(path: Path) -> list[dict]:
             "status", "gpu", "torch_version", "triton_version", "timestamp", "kv_heads"}
     missing = need - set(rows[0] if rows else need)
     if not rows or missing:
-        raise SystemExit(f"{path} is not a kernels.bench CSV with rows "
+        raise SystemExit(f"{path} is not an attnmem.measure.bench CSV with rows "
                          f"(missing: {', '.join(sorted(missing)) or 'every row'})")
     return rows
 

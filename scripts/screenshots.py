@@ -44,7 +44,7 @@ def pages() -> list[tuple[str, str]]:
     """(URL path, page file name) of every page app.py registers, in the sidebar's order."""
     import re
 
-    found = re.findall(r'st\.Page\(\s*"pages/(\w+)\.py"[^)]*url_path="([^"]+)"(, default=True)?',
+    found = re.findall(r'st\.Page\(\s*"attnmem/pages/(\w+)\.py"[^)]*url_path="([^"]+)"(, default=True)?',
                        (ROOT / "app.py").read_text())
     if not found:
         raise SystemExit("app.py lists no st.Page with a url_path")

@@ -72,7 +72,7 @@ STATE_JS = """() => [performance.now(), window.__settle.last, window.__settle.fi
 def page_paths() -> list[str]:
     """The URL path of every page app.py registers: "/" for the default page (default=True),
     else "/" + its url_path."""
-    found = re.findall(r'st\.Page\(\s*"pages/\w+\.py"[^)]*url_path="([^"]+)"(, default=True)?',
+    found = re.findall(r'st\.Page\(\s*"attnmem/pages/\w+\.py"[^)]*url_path="([^"]+)"(, default=True)?',
                        (ROOT / "app.py").read_text())
     if not found:
         raise SystemExit("app.py lists no st.Page with a url_path")

@@ -1,5 +1,5 @@
 """The extra peak of one packed call of our kernel measured in a fresh child process: calc's
-procedure (calc.peak, module docstring) starts from an emptied caching allocator with q, k, v
+procedure (attnmem.calc.peak, module docstring) starts from an emptied caching allocator with q, k, v
 and dO allocated first. In a pytest process, earlier tests leave segments that the inputs and
 the call's tensors are carved from; the free blocks they leave change how the allocator splits
 and so what max_memory_allocated reports (seen on the H200: a packed call measured at the
@@ -17,8 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import gc, json, sys
 import torch
-from kernels import flash_attention
-from kernels.flash import bwd_sm90
+from attnmem.kernels import flash_attention
+from attnmem.kernels.flash import bwd_sm90
 
 lens, H, H_kv, d, backward = json.loads(sys.argv[1])
 T = sum(lens)

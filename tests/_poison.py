@@ -8,8 +8,8 @@ import contextlib
 
 @contextlib.contextmanager
 def poison_empty():
-    """Every buffer the kernels allocate through `kernels.flash.common.empty` is NaN-filled."""
-    from kernels.flash import common
+    """Every buffer the kernels allocate through `attnmem.kernels.flash.common.empty` is NaN-filled."""
+    from attnmem.kernels.flash import common
 
     real = common.empty
     common.empty = lambda *a, **k: real(*a, **k).fill_(float("nan"))

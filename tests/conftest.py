@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Python's cyclic garbage collector, at each full collection, walks every object the process
 # holds; in a test worker that is torch, transformers, pandas, streamlit and every test module
 # (about 440,000 objects), and the measurement code the tests run calls gc.collect() several
-# times a step (kernels/measure: before each memory reading). At the start of each test file
+# times a step (attnmem/measure: before each memory reading). At the start of each test file
 # the garbage is collected and what survives is frozen (gc.freeze: moved to a generation the
 # collector skips), so later collections walk only what was made since. Objects still free
 # normally when their last reference goes; only a reference cycle among frozen objects would

@@ -1,13 +1,19 @@
-"""The layers point one way: calc <- kernels <- pages, and calc <- attnmem.
+"""The rooms of the one package point one way, and the package is the repository's only name.
 
-- calc (the analytic model) imports none of kernels, pages, attnmem or app;
-- kernels (the kernel and the measurement side) import neither pages, attnmem nor app;
-- attnmem (the command line) imports neither pages, kernels nor app.
+Inside ``attnmem``: calc <- kernels <- measure <- pages, and calc <- cli (``attnmem.cli``,
+``attnmem.hub``, ``attnmem.__main__``):
+
+- calc (the analytic model) imports none of the other rooms, nor app;
+- kernels (what runs attention) imports neither measure, pages, the command line nor app;
+  its development probes (``kernels.dev``) are command lines and may use measure's timers;
+- measure imports neither pages, the command line nor app;
+- the command line imports neither pages, kernels, measure nor app;
+- nothing but kernels.dev itself imports kernels.dev.
 
 Imports are read from the source with ast, every one of them (module level, inside functions,
 relative ones resolved), so a lazy import inside a function counts too. The installed command
 line needs only what pyproject.toml declares: it runs here with torch, triton, streamlit,
-plotly, transformers and the app's packages made unimportable.
+plotly, transformers and the app's rooms made unimportable.
 """
 
 from __future__ import annotations
@@ -22,14 +28,31 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("calc", "kernels", "pages", "attnmem", "app")
+PKG = "attnmem"
+CLI = ("attnmem.cli", "attnmem.hub", "attnmem.__main__")
+DEV = "attnmem.kernels.dev"
 
-#: package -> the top-level packages of this repository it must not import
+#: room -> the rooms (dotted prefixes) it must not import
 FORBIDDEN = {
-    "calc": {"kernels", "pages", "attnmem", "app"},
-    "kernels": {"pages", "attnmem", "app"},
-    "attnmem": {"pages", "kernels", "app"},
+    "attnmem.calc": ("attnmem.kernels", "attnmem.measure", "attnmem.pages", *CLI, "app"),
+    "attnmem.kernels": ("attnmem.measure", "attnmem.pages", *CLI, "app"),
+    "attnmem.measure": ("attnmem.pages", *CLI, "app"),
+    "attnmem.cli": ("attnmem.pages", "attnmem.kernels", "attnmem.measure", "app"),
 }
+
+
+def room(module: str) -> str | None:
+    """The room of a dotted module name (None outside the rules: pages, app, tests)."""
+    if module in CLI or module.startswith(tuple(m + "." for m in CLI)):
+        return "attnmem.cli"
+    for name in FORBIDDEN:
+        if module == name or module.startswith(name + "."):
+            return name
+    return None
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
 
 
 def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
@@ -53,39 +76,67 @@ def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
 
 
 def wrong_way_imports(source: str, module: str) -> list[str]:
-    """The imports of `module` that point against the layers (FORBIDDEN), as 'line: name'."""
-    top = module.split(".")[0]
-    banned = FORBIDDEN.get(top, set())
-    return [f"{line}: {name}" for line, name in imported_modules(source, module)
-            if name.split(".")[0] in banned]
+    """The imports of `module` that point against the layers (FORBIDDEN, and into kernels.dev
+    from outside it), as 'line: name'."""
+    own = room(module)
+    banned = FORBIDDEN.get(own, ()) if own else ()
+    if _under(module, DEV):
+        banned = tuple(b for b in banned if b != "attnmem.measure")
+    out = []
+    for line, name in imported_modules(source, module):
+        if any(_under(name, b) for b in banned) or (_under(name, DEV) and not _under(module, DEV)):
+            out.append(f"{line}: {name}")
+    return out
 
 
 def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
+def _sources() -> list[Path]:
+    return sorted((ROOT / PKG).rglob("*.py")) + [ROOT / "app.py"]
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_no_import_points_back(package: str) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files, f"no Python files under {package}/"
+    files = [p for p in _sources() if room(_module_name(p)) == package]
+    assert files, f"no Python files in {package}"
     bad = {}
     for path in files:
         found = wrong_way_imports(path.read_text(encoding="utf-8"), _module_name(path))
         if found:
             bad[str(path.relative_to(ROOT))] = found
     assert not bad, (f"{package} may not import {sorted(FORBIDDEN[package])} "
-                     f"(calc <- kernels <- pages, calc <- attnmem): {bad}")
+                     f"(calc <- kernels <- measure <- pages, calc <- cli): {bad}")
+
+
+def test_nothing_outside_the_probes_imports_them() -> None:
+    bad = {}
+    for path in _sources():
+        name = _module_name(path)
+        if _under(name, DEV):
+            continue
+        found = [f"{ln}: {n}" for ln, n in imported_modules(path.read_text(encoding="utf-8"), name)
+                 if _under(n, DEV)]
+        if found:
+            bad[str(path.relative_to(ROOT))] = found
+    assert not bad, f"only their own command lines run the kernel probes: {bad}"
 
 
 @pytest.mark.parametrize("source, module, found", [
-    ("import pandas\nfrom calc.units import GB\n", "calc.peak", []),
-    ("def f():\n    from pages.ui import finetune\n", "attnmem.cli", ["2: pages.ui"]),
-    ("import kernels.measure.store as s\n", "calc.sweep", ["1: kernels.measure.store"]),
-    ("from ..pages import x\n", "kernels.measure.store", []),  # kernels.pages: not the app's
-    ("from ... import pages\n", "kernels.measure.train.store", []),
-    ("from .. import hub\n", "attnmem.cli", []),
-    ("if True:\n    import app\n", "kernels.flash.api", ["2: app"]),
-    ("from pages.ui import labels\n", "pages.scaling", []),  # pages may import anything
+    ("import pandas\nfrom attnmem.calc.units import GB\n", "attnmem.calc.peak", []),
+    ("def f():\n    from attnmem.pages.ui import finetune\n", "attnmem.cli",
+     ["2: attnmem.pages.ui"]),
+    ("import attnmem.measure.store as s\n", "attnmem.calc.sweep", ["1: attnmem.measure.store"]),
+    ("from ..measure import store\n", "attnmem.kernels.hf", ["1: attnmem.measure"]),
+    ("from ...pages import x\n", "attnmem.measure.train.store", ["1: attnmem.pages"]),
+    ("from . import hub\n", "attnmem.cli", []),
+    ("if True:\n    import app\n", "attnmem.kernels.flash.api", ["2: app"]),
+    ("from attnmem.measure.bench.speed import t\n", "attnmem.kernels.dev.host_sm90", []),
+    ("from attnmem.kernels.dev import ab_bwd\n", "attnmem.measure.cli",
+     ["1: attnmem.kernels.dev"]),
+    ("from attnmem.pages.ui import labels\n", "attnmem.pages.scaling", []),  # pages: anything
+    ("import attnmem.calculus\n", "attnmem.cli", []),  # a prefix is not a room
 ])
 def test_the_checker_finds_what_points_back(source: str, module: str, found: list[str]) -> None:
     assert wrong_way_imports(source, module) == found
@@ -93,23 +144,25 @@ def test_the_checker_finds_what_points_back(source: str, module: str, found: lis
 
 def test_relative_imports_are_resolved() -> None:
     assert imported_modules("from .store import x\nfrom . import y\n",
-                            "kernels.measure.child") == [(1, "kernels.measure.store"),
-                                                         (2, "kernels.measure")]
-    assert imported_modules("from .units import GB\n", "calc.__init__") == [(1, "calc.units")]
+                            "attnmem.measure.child") == [(1, "attnmem.measure.store"),
+                                                         (2, "attnmem.measure")]
+    assert imported_modules("from .units import GB\n", "attnmem.calc.__init__") == [
+        (1, "attnmem.calc.units")]
 
 
 # --- what an installed attnmem needs --------------------------------------------------------
 
 #: Not declared as attnmem's dependencies (pyproject.toml: extras, or not installed at all):
 #: the CLI must run without them.
-BLOCKED = ("torch", "triton", "streamlit", "plotly", "transformers", "pages", "kernels", "app")
+BLOCKED = ("torch", "triton", "streamlit", "plotly", "transformers", "attnmem.pages",
+           "attnmem.kernels", "attnmem.measure", "app")
 
 _BLOCKER = f"""
 import json, sys, time
 BLOCKED = {BLOCKED!r}
 class Blocker:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
             raise ImportError(f"{{name}} is blocked: attnmem must not need it")
         return None
 sys.meta_path.insert(0, Blocker())
@@ -121,7 +174,7 @@ try:
 except SystemExit as e:
     code = e.code
 took = time.perf_counter() - t0
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
 print(json.dumps({{"code": code, "took": took, "loaded": loaded}}), file=sys.stderr)
 """
 
@@ -157,9 +210,9 @@ def test_the_blocker_blocks() -> None:
     """The test above would pass vacuously if blocking did nothing: a command that needs a
     blocked package must fail under it."""
     done = subprocess.run([sys.executable, "-c", _BLOCKER.replace(
-        "from attnmem.cli import main", "from attnmem.cli import main\nimport pages.ui.labels"),
+        "from attnmem.cli import main", "from attnmem.cli import main\nimport attnmem.pages.ui.labels"),
         json.dumps(["--help"])], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode != 0 and "pages is blocked" in done.stderr, done.stderr
+    assert done.returncode != 0 and "attnmem.pages is blocked" in done.stderr, done.stderr
 
 
 # --- declared dependencies ------------------------------------------------------------------

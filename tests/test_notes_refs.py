@@ -1,7 +1,7 @@
 """Every notes section that code or docs cite by name exists (issue 33, item 2).
 
 Docstrings and comments point into the notes files by a section's heading, quoted after the
-file's name: `kernels/flash/NOTES.md, "the Hopper region"`, `NOTES.md ("the host path", "the
+file's name: `attnmem/kernels/flash/NOTES.md, "the Hopper region"`, `NOTES.md ("the host path", "the
 route on by default")`, `NOTES.md, "DQ_FLAT" and "DQ_FLAT kept, the others deleted"`. A bare
 `NOTES.md` is the one nearest the citing file, in its folder or the closest folder above.
 A citation matches a heading (`#` to `######`, outside code fences) whose text is the same
@@ -143,12 +143,12 @@ def test_every_cited_notes_heading_exists() -> None:
 
 
 @pytest.mark.parametrize("text, expected", [
-    ('(kernels/flash/NOTES.md, "the Hopper region").',
-     [("kernels/flash/NOTES.md", "the Hopper region")]),
+    ('(attnmem/kernels/flash/NOTES.md, "the Hopper region").',
+     [("attnmem/kernels/flash/NOTES.md", "the Hopper region")]),
     # a heading and a path wrapped in a comment, two headings joined by "and"
-    ('# see kernels/flash/\n# NOTES.md, "DQ_FLAT" and "DQ_FLAT kept, the\n# others deleted".',
-     [("kernels/flash/NOTES.md", "DQ_FLAT"),
-      ("kernels/flash/NOTES.md", "DQ_FLAT kept, the others deleted")]),
+    ('# see attnmem/kernels/flash/\n# NOTES.md, "DQ_FLAT" and "DQ_FLAT kept, the\n# others deleted".',
+     [("attnmem/kernels/flash/NOTES.md", "DQ_FLAT"),
+      ("attnmem/kernels/flash/NOTES.md", "DQ_FLAT kept, the others deleted")]),
     ('in NOTES.md ("the host path", "the\n    route on by default")."""',
      [("NOTES.md", "the host path"), ("NOTES.md", "the route on by default")]),
     ("the notes (NOTES.md) say so", []),  # no heading named

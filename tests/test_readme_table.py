@@ -63,7 +63,7 @@ def test_ratios_and_geomean_from_a_small_run(tmp_path, monkeypatch) -> None:
         row("triton", shape_b, 1, packed_lengths="100+200"), row("sdpa_cudnn", shape_b, 9, mode="fwd"),
         row("fa4", shape_a, 0, status="unavailable: not installed"),
     ])
-    text = rkt.table(path, "python -m kernels.bench --preset training")
+    text = rkt.table(path, "python -m attnmem.measure.bench --preset training")
     assert "| bf16 | 128 | 32 | no | 1 | 4096 | 500 | 400 | 250 | 1.25 | 2.00 |" in text
     assert "FA4" not in text  # no ok row of it
     cudnn = math.sqrt(500 / 400 * 300 / 600)

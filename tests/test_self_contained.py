@@ -5,8 +5,8 @@ repository that a docstring or a doc names exists (issue 33, item 1).
   anchors and machine-kinds notes, the folder shared beside the checkout; `EXTERNAL` spells
   the names): a reader who has only the repository
   cannot open them. The rule they stated is written where the code that follows it lives.
-- A path that starts with a top-level folder of this repository (`calc/peak.py`,
-  `kernels/measure/NOTES.md`, `data/attention_calls_h200.csv`, ...) names a file that exists.
+- A path that starts with a top-level folder of this repository (`attnmem/calc/peak.py`,
+  `attnmem/measure/NOTES.md`, `data/attention_calls_h200.csv`, ...) names a file that exists.
   Paths of upstream sources (`flash_attn/cute/interface.py`, `aten/src/...`) name other
   repositories and are not checked. Pages and app.py are checked by
   tests/app/test_page_sources.py.
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP = ("calc", "kernels", "pages", "tests", "data", "docs", "scripts", "attnmem", "tools")
+TOP = ("attnmem", "tests", "data", "docs", "scripts")
 TEXT = re.compile(r"(\.(py|md|toml|txt|cfg|sh|yml|yaml|ini)|Makefile)$")
 #: Names of the notes outside the repository, and the relative way up to them (this
 #: repository's own design note is docs/DESIGN.md, named with its folder).
@@ -34,13 +34,14 @@ PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(TOP) + r")/[A-Za-z0-9_./*-]*\.(
 MD = re.compile(r"(?<![\w./-])([A-Za-z0-9_./*-]*[A-Za-z0-9_-]\.md)\b")
 #: Files whose text states the rule above, so they name the outside notes on purpose.
 STATES_THE_RULE = {"tests/test_self_contained.py", "tests/app/test_page_sources.py"}
-#: Folders whose paths this test checks (pages/ and app.py: tests/app/test_page_sources.py).
-CHECKED = ("calc/", "kernels/", "attnmem/", "scripts/", "tests/", "docs/", "tools/", "README.md",
+#: Folders whose paths this test checks (attnmem/pages/ and app.py: tests/app/test_page_sources.py).
+CHECKED = ("attnmem/calc/", "attnmem/kernels/", "attnmem/measure/", "attnmem/cli.py",
+           "attnmem/hub.py", "attnmem/__init__.py", "scripts/", "tests/", "docs/", "README.md",
            "NOTES.md", "Makefile")
 #: `*.md` names that are not files of this repository, each with why that is right.
 ALLOWED_MD = {
     "README_WEIGHTS.md": "a file of a Hugging Face checkpoint (tests/calc/test_models_now.py)",
-    "training_grid.md": "what `python -m kernels.bench --markdown` writes (BENCH_H200.md)",
+    "training_grid.md": "what `python -m attnmem.measure.bench --markdown` writes (BENCH_H200.md)",
 }
 
 
@@ -106,8 +107,8 @@ def test_the_external_pattern(text: str, external: bool) -> None:
 
 
 @pytest.mark.parametrize("text, paths", [
-    ("see kernels/flash/NOTES.md, and calc/peak.py.", ["kernels/flash/NOTES.md", "calc/peak.py"]),
-    ("`pages/common.csv_safe`", []),  # a function, not a file
+    ("see attnmem/kernels/flash/NOTES.md, and attnmem/calc/peak.py.", ["attnmem/kernels/flash/NOTES.md", "attnmem/calc/peak.py"]),
+    ("`attnmem/pages/common.csv_safe`", []),  # a function, not a file
     ("flash_attn/cute/interface.py", []),  # upstream
     ("data/attention_calls_h200.csv)", ["data/attention_calls_h200.csv"]),
     ("--out my/data/x.csv", []),  # not at the repository's top
@@ -117,13 +118,13 @@ def test_the_path_pattern(text: str, paths: list[str]) -> None:
 
 
 def test_calc_api_lists_every_public_name() -> None:
-    """calc/API.md is the reference of calc: every name `calc` exports is listed there."""
+    """attnmem/calc/API.md is the reference of calc: every name `calc` exports is listed there."""
     import types
 
-    import calc
+    from attnmem import calc
 
-    api = (ROOT / "calc" / "API.md").read_text(encoding="utf-8")
+    api = (ROOT / "attnmem" / "calc" / "API.md").read_text(encoding="utf-8")
     names = [n for n in vars(calc) if not n.startswith("_") and n != "annotations"
              and not isinstance(getattr(calc, n), types.ModuleType)]
     missing = [n for n in names if not re.search("`" + re.escape(n) + "[`(]", api)]
-    assert not missing, f"add to calc/API.md: {missing}"
+    assert not missing, f"add to attnmem/calc/API.md: {missing}"

@@ -1,4 +1,4 @@
-"""Fuzzing the URL-parameter parser (pages/ui/url_state.py): every value in a URL is hostile text.
+"""Fuzzing the URL-parameter parser (attnmem/pages/ui/url_state.py): every value in a URL is hostile text.
 
 Contract (issue 3 "a malformed or hostile URL value falls back to the default with a visible
 warning, never a traceback"; issue 6 "never a wrong-but-plausible figure"):
@@ -23,10 +23,10 @@ from _robust import HOSTILE, time_limit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from attnmem.calc import DTYPES, IMPLEMENTATIONS, MAX_BATCH, MAX_SEQ_LEN
+from attnmem.calc.units import DTYPE_ALIASES
 from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE
-from calc import DTYPES, IMPLEMENTATIONS, MAX_BATCH, MAX_SEQ_LEN
-from calc.units import DTYPE_ALIASES
-from pages.ui.url_state import (
+from attnmem.pages.ui.url_state import (
     BoolParam,
     ChoiceParam,
     FloatParam,
@@ -45,7 +45,7 @@ EXAMPLES = int(os.environ.get("ROBUST_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 200,
                 database=None, suppress_health_check=[HealthCheck.too_slow])
 
-#: Specs like the pages' (pages/*.py SPECS), one of each kind and bound.
+#: Specs like the pages' (attnmem/pages/*.py SPECS), one of each kind and bound.
 SPECS: dict[str, Any] = {
     "s": IntParam(4096, 1, MAX_SEQ_LEN),
     "b": IntParam(1, 1, MAX_BATCH),
@@ -165,7 +165,7 @@ def test_accepted_number_means_what_the_text_says(text: str) -> None:
 @FUZZ
 @given(key=st.sampled_from(sorted(SPECS)), value=st.one_of(HOSTILE, raw_text))
 def test_is_valid_answers_for_anything(key: str, value: Any) -> None:
-    """pages.common keeps widget values in the session and asks is_valid: never a traceback."""
+    """attnmem.pages.common keeps widget values in the session and asks is_valid: never a traceback."""
     assert SPECS[key].is_valid(value) in (True, False)
 
 

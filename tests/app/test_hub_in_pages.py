@@ -1,4 +1,4 @@
-"""Hub ids on the Model memory and Serving pages (pages/hub_model.py), against the fake Hub on
+"""Hub ids on the Model memory and Serving pages (attnmem/pages/hub_model.py), against the fake Hub on
 localhost (tests/cli/fake_hub.py through HF_ENDPOINT; no network): a good id renders that model
 and stays in the URL, gated / unknown / no config.json / not a language model / no network each
 give one clear st.error, a garbage id in the URL or in the box is refused by name. Also the
@@ -16,8 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
-from attnmem.hub import REPO_ID_RULE
-from calc import (
+from attnmem.calc import (
     DEFAULT_GPU,
     MODELS,
     ModelConfig,
@@ -25,14 +24,15 @@ from calc import (
     model_max_seq_len,
     model_memory,
 )
-from calc.gpus import torch_total_bytes
-from calc.kv import mla_expanded_kv_bytes, state_bytes
-from calc.serving import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, serving_capacity
+from attnmem.calc.gpus import torch_total_bytes
+from attnmem.calc.kv import mla_expanded_kv_bytes, state_bytes
+from attnmem.calc.serving import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, serving_capacity
+from attnmem.hub import REPO_ID_RULE
 from tests.cli.fake_hub import FakeHub
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL_PAGE = str(ROOT / "pages" / "model_memory.py")
-SERVING_PAGE = str(ROOT / "pages" / "serving.py")
+MODEL_PAGE = str(ROOT / "attnmem" / "pages" / "model_memory.py")
+SERVING_PAGE = str(ROOT / "attnmem" / "pages" / "serving.py")
 FIXTURES = ROOT / "tests" / "fixtures" / "hf_configs"
 HUB = "Hugging Face Hub id"
 V3 = "deepseek-ai/DeepSeek-V3"
@@ -220,7 +220,7 @@ def test_hub_hybrid_shows_its_constant_state(hub: FakeHub) -> None:
     assert row.iloc[0]["Standard (eager)"] == format_bytes(state_bytes(model, 4, "bf16"), "GB")
     # the formulas are listed under the table (a long one is cut off inside the grid)
     listed = [m.value.replace("\\", "") for m in at.markdown]  # markdown-escaped text
-    assert any("recurrent state" in m and "calc.kv.state_bytes" in m for m in listed)
+    assert any("recurrent state" in m and "attnmem.calc.kv.state_bytes" in m for m in listed)
 
 
 # --- architecture figures with presets (no Hub) -----------------------------------------------

@@ -1,4 +1,4 @@
-"""pages/inference.py renders calc.inference_step's numbers for the URL's inputs, names and
+"""attnmem/pages/inference.py renders attnmem.calc.inference_step's numbers for the URL's inputs, names and
 replaces bad URL values, shows calc's refusals as messages (never a traceback), and puts the
 bundled H200 rows beside the current prediction with their errors."""
 
@@ -15,8 +15,8 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
-import calc
-from calc.inference_step import (
+import attnmem.calc
+from attnmem.calc.inference_step import (
     INFER_ATTENTION_LABELS,
     INFER_ATTENTIONS,
     inference_step,
@@ -24,7 +24,7 @@ from calc.inference_step import (
 )
 
 ROOT = Path(__file__).parents[2]
-PAGE = str(ROOT / "pages" / "inference.py")
+PAGE = str(ROOT / "attnmem" / "pages" / "inference.py")
 H100, H200 = "NVIDIA H100 80GB", "NVIDIA H200 141GB"
 
 
@@ -46,12 +46,12 @@ def frame_with(at: AppTest, column: str) -> pd.DataFrame:
 def test_default_load_shows_calc_numbers() -> None:
     at = run({})
     assert not at.exception, [e.value for e in at.exception]
-    model = calc.MODELS["Llama 3.1 8B"]
+    model = attnmem.calc.MODELS["Llama 3.1 8B"]
     m = inference_step(model, 1, 8192, 128, attention="sdpa")
     got = metrics(at)
-    assert got["SDPA (torch's choice): peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert got["SDPA (torch's choice): peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
     assert any(m.peak_phase in x.value for x in at.caption)
-    s_max = max_inference_seq_len(model, calc.torch_total_bytes(calc.DEFAULT_GPU), 1, 128, attention="sdpa")
+    s_max = max_inference_seq_len(model, attnmem.calc.torch_total_bytes(attnmem.calc.DEFAULT_GPU), 1, 128, attention="sdpa")
     assert got["Longest prompt (+128 new)"] == f"{s_max:,} tokens"
     # the longest prompt passes Llama 3.1's 131,072 trained positions: the page says so
     assert s_max > 131_072
@@ -73,10 +73,10 @@ def test_url_parameters_round_trip() -> None:
     assert at.selectbox(key="cache").value == "static"
     assert at.number_input(key="s").value == 20000
     assert at.number_input(key="chunk").value == 4096
-    m = inference_step(calc.MODELS["Qwen2.5 7B"], 2, 20000, 64, attention="eager",
+    m = inference_step(attnmem.calc.MODELS["Qwen2.5 7B"], 2, 20000, 64, attention="eager",
                        weight_dtype="fp16", kv_dtype="fp8_e4m3", cache="static",
                        prefill_chunk=4096)
-    assert metrics(at)["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GiB")
+    assert metrics(at)["transformers eager: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GiB")
 
 
 def test_hostile_url_values_are_named_and_replaced_by_the_default() -> None:
@@ -87,13 +87,13 @@ def test_hostile_url_values_are_named_and_replaced_by_the_default() -> None:
     for key in ("cache", "s", "attn", "chunk"):
         assert f"URL parameter \\'{key}\\'" in warned, key
     assert "javascript:" not in warned  # escaped: no live link
-    default = inference_step(calc.MODELS["Llama 3.1 8B"], 1, 8192, 128, attention="sdpa")
-    assert metrics(at)["SDPA (torch's choice): peak"] == calc.format_bytes(default.peak_bytes, "GB")
+    default = inference_step(attnmem.calc.MODELS["Llama 3.1 8B"], 1, 8192, 128, attention="sdpa")
+    assert metrics(at)["SDPA (torch's choice): peak"] == attnmem.calc.format_bytes(default.peak_bytes, "GB")
     assert at.query_params["cache"] == "dynamic" and at.query_params["s"] == "8192"
 
 
 def test_a_hybrid_the_calc_refuses_is_a_message() -> None:
-    assert "Jamba v0.1 (hybrid)" in calc.MODELS
+    assert "Jamba v0.1 (hybrid)" in attnmem.calc.MODELS
     at = run({"model": "Jamba v0.1 (hybrid)"})
     assert not at.exception, [e.value for e in at.exception]
     assert any("cannot be computed" in e.value and "hybrids" in e.value for e in at.error)
@@ -110,8 +110,8 @@ def test_an_attention_the_model_cannot_run_is_named_under_the_chart() -> None:
                for x in at.markdown)
     assert list(frame_with(at, "where")["implementation"]) == ["transformers eager"]
     at = run({"model": "Gemma 2 9B", "s": "4096", "attn": "eager"})
-    m = inference_step(calc.MODELS["Gemma 2 9B"], 1, 4096, 128, attention="eager")
-    assert metrics(at)["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    m = inference_step(attnmem.calc.MODELS["Gemma 2 9B"], 1, 4096, 128, attention="eager")
+    assert metrics(at)["transformers eager: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
 
 
 def test_weights_alone_past_the_gpu_say_so_instead_of_zero() -> None:
@@ -128,18 +128,18 @@ def test_the_parts_table_is_each_peak_by_part() -> None:
     assert not at.exception
     held, transients = frame_with(at, "KV cache"), frame_with(at, "hidden states")
     assert list(held["implementation"]) == list(transients["implementation"])
-    model = calc.MODELS["Llama 3.1 8B"]
+    model = attnmem.calc.MODELS["Llama 3.1 8B"]
     for attention in ("sdpa", "eager", "triton"):
         m = inference_step(model, 1, 32768, 128, attention=attention)
         name = INFER_ATTENTION_LABELS[attention]
         row = held[held["implementation"] == name].iloc[0]
-        assert row["peak"] == calc.format_bytes(m.peak_bytes, "GB")
-        assert row["KV cache"] == calc.format_bytes(m.parts["KV cache"], "GB")
+        assert row["peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
+        assert row["KV cache"] == attnmem.calc.format_bytes(m.parts["KV cache"], "GB")
         assert row["where"] == m.peak_phase
         both = {**row.to_dict(), **transients[transients["implementation"] == name].iloc[0].to_dict()}
         for part, n_bytes in m.parts.items():
             if n_bytes:
-                assert both[part] == calc.format_bytes(n_bytes, "GB"), part
+                assert both[part] == attnmem.calc.format_bytes(n_bytes, "GB"), part
     # Llama runs every one but forced memory-efficient SDPA (grouped-query: no kernel), which
     # is named under the chart with the reason
     assert len(held) == len(INFER_ATTENTIONS) - 1
@@ -152,17 +152,17 @@ def test_chunked_prefill_table_is_calc_numbers() -> None:
     assert not at.exception
     table = frame_with(at, "saved")
     assert list(table["prefill chunk"]) == ["whole prompt", "512", "2,048", "3,000", "8,192"]
-    model = calc.MODELS["Llama 3.1 8B"]
+    model = attnmem.calc.MODELS["Llama 3.1 8B"]
     whole = inference_step(model, 1, 32768, 128, attention="sdpa")
     chunked = inference_step(model, 1, 32768, 128, attention="sdpa", prefill_chunk=2048)
     row = table[table["prefill chunk"] == "2,048"].iloc[0]
-    assert row["peak"] == calc.format_bytes(chunked.peak_bytes, "GB")
-    assert row["saved"] == calc.format_bytes(whole.peak_bytes - chunked.peak_bytes, "GB")
+    assert row["peak"] == attnmem.calc.format_bytes(chunked.peak_bytes, "GB")
+    assert row["saved"] == attnmem.calc.format_bytes(whole.peak_bytes - chunked.peak_bytes, "GB")
     assert chunked.peak_bytes < whole.peak_bytes
 
 
 def test_measured_rows_of_the_shown_model_with_their_errors() -> None:
-    import pages.ui.inference as inf
+    import attnmem.pages.ui.inference as inf
 
     measured = inf.read_measured()
     if measured.empty:
@@ -175,19 +175,19 @@ def test_measured_rows_of_the_shown_model_with_their_errors() -> None:
     # one row recomputed here: the page's error is calc's prediction against the measured peak
     r = ok.iloc[0]
     chunk = None if pd.isna(r["prefill_chunk"]) else int(r["prefill_chunk"])
-    m = inference_step(calc.MODELS["Llama 3.1 8B"], int(r["batch"]), int(r["prompt_len"]),
+    m = inference_step(attnmem.calc.MODELS["Llama 3.1 8B"], int(r["batch"]), int(r["prompt_len"]),
                        int(r["new_tokens"]), attention=r["attention"], cache=r["cache"],
                        prefill_chunk=chunk)
     err = (m.peak_bytes - r["peak_bytes"]) / r["peak_bytes"]
     assert table.iloc[0]["error"] == f"{err:+.2%}"
-    assert table.iloc[0]["measured peak"] == calc.format_bytes(int(r["peak_bytes"]), "GB")
-    assert any("kernels.measure --infer --plan h200" in x.value for x in at.caption)
+    assert table.iloc[0]["measured peak"] == attnmem.calc.format_bytes(int(r["peak_bytes"]), "GB")
+    assert any("attnmem.measure --infer --plan h200" in x.value for x in at.caption)
 
 
 def test_measured_rows_show_their_other_columns_one_click_away() -> None:
     """The measured rows fit a 1280 px window with the inputs and the peak; the checkbox (URL
     mcols) adds the prefill's peaks, where and the timings, with the same rows."""
-    import pages.ui.inference as inf
+    import attnmem.pages.ui.inference as inf
 
     if inf.read_measured().empty:
         pytest.skip("no data/inference_steps_h200.csv bundled")
@@ -207,7 +207,7 @@ def test_measured_rows_show_their_other_columns_one_click_away() -> None:
 
 
 def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
-    import pages.ui.inference as inf
+    import attnmem.pages.ui.inference as inf
 
     if inf.read_measured().empty:
         pytest.skip("no data/inference_steps_h200.csv bundled")
@@ -221,10 +221,10 @@ def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
 
 
 def test_compared_rows_error_is_prediction_against_measurement() -> None:
-    import pages.ui.inference as inf
-    from kernels.measure import infer_models
+    import attnmem.pages.ui.inference as inf
+    from attnmem.measure import infer_models
 
-    model = calc.ModelConfig.from_hf_config(infer_models.hf_config("llama3.2-1b"), name="x")
+    model = attnmem.calc.ModelConfig.from_hf_config(infer_models.hf_config("llama3.2-1b"), name="x")
     m = inference_step(model, 2, 3000, 8, attention="sdpa", prefill_chunk=1024)
     df = pd.DataFrame([{"model": "llama3.2-1b", "layers": None, "batch": 2, "prompt_len": 3000,
                         "new_tokens": 8, "attention": "sdpa", "cache": "dynamic",
@@ -240,7 +240,7 @@ def test_compared_rows_error_is_prediction_against_measurement() -> None:
 
 
 def test_the_page_reads_measurements_without_torch() -> None:
-    code = ("import sys; import pages.ui.inference as i; i.compared_rows(i.read_measured()); "
+    code = ("import sys; import attnmem.pages.ui.inference as i; i.compared_rows(i.read_measured()); "
             "i.measured_shapes(); assert 'torch' not in sys.modules and "
             "'transformers' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
@@ -249,7 +249,7 @@ def test_the_page_reads_measurements_without_torch() -> None:
 def test_the_router_lists_and_runs_the_page() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     assert not at.exception
-    at.switch_page("pages/inference.py").run()
+    at.switch_page("attnmem/pages/inference.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert "SDPA (torch's choice): peak" in metrics(at)
 
@@ -264,7 +264,7 @@ def test_largest_accepted_values_are_a_message_not_a_traceback() -> None:
 
 
 def test_a_hub_id_is_the_model_shown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The Hub-id box of the other model pages (pages/hub_model.py), against the fake Hub."""
+    """The Hub-id box of the other model pages (attnmem/pages/hub_model.py), against the fake Hub."""
     from tests.cli.fake_hub import FakeHub
 
     repo = "deepseek-ai/DeepSeek-V3"
@@ -278,11 +278,11 @@ def test_a_hub_id_is_the_model_shown(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         fake.files[repo] = config.read_bytes()
         at = run({"model": "Hugging Face Hub id", "hub": repo, "gpu": H200})
     assert not at.exception, [e.value for e in at.exception]
-    model = calc.ModelConfig.from_hf_config(json.loads(config.read_text()), name=repo)
+    model = attnmem.calc.ModelConfig.from_hf_config(json.loads(config.read_text()), name=repo)
     # its checkpoint is fp8 (quantization_config): the weights default to as stored (issue 30)
     assert at.selectbox(key="wdtype").value == "checkpoint"
     m = inference_step(model, 1, 8192, 128, attention="sdpa", weight_dtype="checkpoint")
-    assert metrics(at)["SDPA (torch's choice): peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert metrics(at)["SDPA (torch's choice): peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
     assert at.query_params["hub"] == repo
     assert any("weights alone" in e.value for e in at.error)  # 673 GB of fp8 passes one H200
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from calc import format_bytes, score_matrix_bytes
+from attnmem.calc import format_bytes, score_matrix_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "app.py")
@@ -38,11 +38,11 @@ def url(at: AppTest) -> dict[str, str]:
 
 def spec_keys(page: str) -> set[str]:
     """The keys of a page's SPECS dict, read from its source (importing a page runs it)."""
-    tree = ast.parse((ROOT / "pages" / page).read_text())
+    tree = ast.parse((ROOT / "attnmem" / "pages" / page).read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SPECS" for t in node.targets):
             return {k.value for k in node.value.keys}
-    raise AssertionError(f"no SPECS in pages/{page}")
+    raise AssertionError(f"no SPECS in attnmem/pages/{page}")
 
 
 def score_keys() -> frozenset[str]:

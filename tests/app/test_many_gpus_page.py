@@ -1,6 +1,6 @@
-"""pages/many_gpus.py: its numbers are calc.context_parallel's, every input is in the URL, bad
+"""attnmem/pages/many_gpus.py: its numbers are attnmem.calc.context_parallel's, every input is in the URL, bad
 URL values are refused with a warning, the ring picture is a ranks x steps heatmap, and the
-measurement reader takes kernels.ring.measure_one_rank's CSV (and ignores anything else)."""
+measurement reader takes attnmem.measure.ring.one_rank's CSV (and ignores anything else)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import calc
-from calc.context_parallel import (
+import attnmem.calc
+from attnmem.calc.context_parallel import (
     context_parallel_memory,
     max_context_parallel_seq_len,
     ring_comm_bytes,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "many_gpus.py")
+PAGE = str(ROOT / "attnmem" / "pages" / "many_gpus.py")
 sys.path.insert(0, str(ROOT))
 
 
@@ -39,15 +39,15 @@ def metrics(at: AppTest) -> dict[str, str]:
 
 def test_metrics_are_calc_numbers_from_url_inputs() -> None:
     at = run(model="Llama 3.1 8B", gpu="NVIDIA H100 80GB", c="4", s="65536", pass_="x")
-    model = calc.MODELS["Llama 3.1 8B"]
+    model = attnmem.calc.MODELS["Llama 3.1 8B"]
     mem = context_parallel_memory("triton", 1, model.num_heads, 65536, model.head_dim, "bf16",
                                   True, True, 4, model.num_kv_heads)
     comm = ring_comm_bytes(1, model.num_heads, 65536, model.head_dim, "bf16", 4,
                            model.num_kv_heads)
-    longest = max_context_parallel_seq_len(model, calc.GPUS["NVIDIA H100 80GB"], 4)
+    longest = max_context_parallel_seq_len(model, attnmem.calc.GPUS["NVIDIA H100 80GB"], 4)
     values = metrics(at)
-    assert values["Per GPU: one attention call"] == calc.format_bytes(mem.total_bytes, "GB")
-    assert values["Sent per GPU per call"] == calc.format_bytes(comm.total_bytes, "GB")
+    assert values["Per GPU: one attention call"] == attnmem.calc.format_bytes(mem.total_bytes, "GB")
+    assert values["Sent per GPU per call"] == attnmem.calc.format_bytes(comm.total_bytes, "GB")
     assert values["Longest context on 4 × H100"] == f"{longest:,}"
     q = dict(at.query_params)
     for key in ("model", "gpu", "impl", "s", "c", "pass", "dtype", "attn", "ckpt", "shard"):
@@ -59,7 +59,7 @@ def test_ring_heatmap_holds_the_schedule() -> None:
     at = run(c="4", s="8192")
     charts = [json.loads(ch.proto.spec) for ch in at.get("plotly_chart")]
     heat = [tr for ch in charts for tr in ch["data"] if tr.get("type") == "heatmap"]
-    assert heat and heat[0]["z"] == calc.ring_schedule(4)
+    assert heat and heat[0]["z"] == attnmem.calc.ring_schedule(4)
 
 
 def test_s_not_divisible_is_rounded_with_a_note() -> None:
@@ -86,8 +86,8 @@ def test_torch_ring_with_the_measured_shape_runs() -> None:
 
 
 def test_reader_takes_the_script_csv_and_ignores_others(tmp_path: Path) -> None:
-    from kernels.ring.measure_one_rank import FIELDS
-    from pages.many_gpus import read_ring_measurements
+    from attnmem.measure.ring.one_rank import FIELDS
+    from attnmem.pages.many_gpus import read_ring_measurements
 
     path = tmp_path / "ring.csv"
     with open(path, "w", newline="") as f:
@@ -111,7 +111,7 @@ def test_measured_points_are_drawn_when_the_csv_has_the_shape(tmp_path: Path,
                                                               monkeypatch) -> None:
     """The page reads data/ring_one_rank_h200.csv; with one there for this shape, a
     'measured' trace appears (checked by pointing the reader at a temporary file)."""
-    import pages.many_gpus as page
+    import attnmem.pages.many_gpus as page
 
     df = page.read_ring_measurements(page.DATA)
     if df is None:

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from kernels.measure.store import COLUMNS, ResultStore  # noqa: E402
+from attnmem.measure.store import COLUMNS, ResultStore  # noqa: E402
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "measure.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "attnmem" / "pages" / "measure.py")
 
 
 def row(**kw):
@@ -97,7 +97,7 @@ def test_fa4_is_selectable_and_says_why_it_is_unavailable(db):
     """FlashAttention-4 is one of the implementations to pick; where flash_attn.cute is not
     installed the page says so with the install hint, and a stored run's unavailable fa4 row
     is listed with its reason beside the measured ones."""
-    from kernels.measure.registry import fa4_installed_reason
+    from attnmem.measure.registry import fa4_installed_reason
 
     st = ResultStore(db)
     run = st.new_run(gpu_name="NVIDIA H200", label="t")
@@ -125,7 +125,7 @@ MAIN_COLUMN_PX = 820
 
 
 def _widths(grid) -> dict[str, int]:
-    """The column widths the page gave a grid (pages.common.fit_widths), by header."""
+    """The column widths the page gave a grid (attnmem.pages.common.fit_widths), by header."""
     cfg = json.loads(grid.proto.columns)
     return {k: v["width"] for k, v in cfg.items() if "width" in v}
 

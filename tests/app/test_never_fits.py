@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _needed_cells(**query: str) -> list[str]:
-    at = AppTest.from_file(str(ROOT / "pages" / "training.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / "training.py"), default_timeout=120)
     for key, value in query.items():
         at.query_params[key] = value
     at.run()
@@ -37,7 +37,7 @@ def test_never_fits_says_why_under_the_table() -> None:
     # the cell says "never fits" (short enough not to be cut off at 1280 px); the reason is
     # the caption under the table, shown only when a row never fits
     def captions(**query: str) -> list[str]:
-        at = AppTest.from_file(str(ROOT / "pages" / "training.py"), default_timeout=120)
+        at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / "training.py"), default_timeout=120)
         for key, value in query.items():
             at.query_params[key] = value
         at.run()

@@ -15,7 +15,7 @@ TIMEOUT = 120
 
 
 def _traces(page: str, **query: str) -> list[list[dict]]:
-    at = AppTest.from_file(str(ROOT / "pages" / f"{page}.py"), default_timeout=TIMEOUT)
+    at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / f"{page}.py"), default_timeout=TIMEOUT)
     for key, value in query.items():
         at.query_params[key] = value
     at.run()

@@ -3,7 +3,7 @@
 - Every file a page or app.py names (a `*.md` name, a relative path) exists in this
   repository: a caption that sends the user to notes kept beside the repository sends them
   nowhere.
-- Tables go through pages.common.table, which shows a missing cell as a dash; a bare
+- Tables go through attnmem.pages.common.table, which shows a missing cell as a dash; a bare
   st.dataframe shows the text "None".
 """
 
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = sorted((ROOT / "pages").rglob("*.py")) + [ROOT / "app.py"]
+SOURCES = sorted((ROOT / "attnmem" / "pages").rglob("*.py")) + [ROOT / "app.py"]
 _MD = re.compile(r"[A-Za-z0-9_./-]*[A-Za-z0-9_-]+\.md\b")
 _UP = re.compile(r"\.\./[A-Za-z0-9_./-]+")
 
@@ -41,7 +41,7 @@ def test_tables_show_missing_cells_as_a_dash() -> None:
 
 
 def test_table_helper_sets_the_placeholder() -> None:
-    from pages import common as c
+    from attnmem.pages import common as c
 
     seen = {}
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
 
-import calc
-from calc import (
+import attnmem.calc
+from attnmem.calc import (
     GPUS,
     MODELS,
     format_bytes,
@@ -21,18 +21,18 @@ from calc import (
     model_memory,
     score_matrix_bytes,
 )
-from calc.gpus import torch_total_bytes
-from calc.io_model import flash_io, standard_io
-from pages.ui.labels import impl_label
+from attnmem.calc.gpus import torch_total_bytes
+from attnmem.calc.io_model import flash_io, standard_io
+from attnmem.pages.ui.labels import impl_label
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS_LABEL = impl_label("triton")  # the Kernel speed page's column of our default path
 PAGES = {
-    "score": ROOT / "pages" / "score_matrix.py",
-    "model": ROOT / "pages" / "model_memory.py",
-    "scaling": ROOT / "pages" / "scaling.py",
-    "flash": ROOT / "pages" / "flash_explainer.py",
-    "kernel": ROOT / "pages" / "kernel_speed.py",
+    "score": ROOT / "attnmem" / "pages" / "score_matrix.py",
+    "model": ROOT / "attnmem" / "pages" / "model_memory.py",
+    "scaling": ROOT / "attnmem" / "pages" / "scaling.py",
+    "flash": ROOT / "attnmem" / "pages" / "flash_explainer.py",
+    "kernel": ROOT / "attnmem" / "pages" / "kernel_speed.py",
 }
 TIMEOUT = 60  # plotly and pandas import slowly on a cold 2-core machine
 FIXTURES = ROOT / "tests" / "fixtures" / "hf_configs"
@@ -72,10 +72,10 @@ def test_router_runs_every_page() -> None:
     assert [t.value for t in at.title] == ["Will it fit?"]  # the page a user lands on
     assert at.sidebar.radio(key="unit").value == "GB"
     at.query_params.clear()  # a sidebar click opens a page without the last page's URL inputs
-    at.switch_page("pages/score_matrix.py").run()
+    at.switch_page("attnmem/pages/score_matrix.py").run()
     assert "1.07 GB" in metrics(at).values()
-    for path in ("pages/model_memory.py", "pages/scaling.py", "pages/flash_explainer.py",
-                 "pages/measure.py", "pages/kernel_speed.py", "pages/score_matrix.py"):
+    for path in ("attnmem/pages/model_memory.py", "attnmem/pages/scaling.py", "attnmem/pages/flash_explainer.py",
+                 "attnmem/pages/measure.py", "attnmem/pages/kernel_speed.py", "attnmem/pages/score_matrix.py"):
         at.switch_page(path).run()
         assert not at.exception, (path, [e.value for e in at.exception])
 
@@ -83,13 +83,13 @@ def test_router_runs_every_page() -> None:
 def test_unit_is_remembered_across_pages() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
     at.query_params.clear()  # a sidebar click opens a page without the last page's URL inputs
-    at.switch_page("pages/score_matrix.py").run()
+    at.switch_page("attnmem/pages/score_matrix.py").run()
     at.sidebar.radio(key="unit").set_value("GiB").run()
     assert list(metrics(at).values())[0] == "1.00 GiB"
-    at.switch_page("pages/scaling.py").run()
+    at.switch_page("attnmem/pages/scaling.py").run()
     assert not at.exception
     assert at.query_params.get("unit") in ("GiB", ["GiB"])
-    at.switch_page("pages/score_matrix.py").run()
+    at.switch_page("attnmem/pages/score_matrix.py").run()
     assert list(metrics(at).values())[0] == "1.00 GiB"
 
 
@@ -187,12 +187,12 @@ def test_model_inputs_change_the_numbers() -> None:
 
 def test_model_memory_gives_training_to_the_training_page() -> None:
     """One answer per question (issue 32): training memory is the Training step page's
-    (calc.training_step); Model memory links there instead of an attention-only view. An old
+    (attnmem.calc.training_step); Model memory links there instead of an attention-only view. An old
     link with mode=training says where the view went and shows the inference answer."""
     at = run("model", mode="training", ckpt="true")
     assert not warnings(at)
     assert not at.radio and not at.checkbox  # no View switch, no checkpointing box
-    assert any("Training step page" in x.value and "calc.training_step" in x.value
+    assert any("Training step page" in x.value and "attnmem.calc.training_step" in x.value
                for x in at.info), [x.value for x in at.info]
     assert any("(/training)" in x.value for x in at.markdown)  # the link (no router here)
     assert "mode" not in at.query_params and "ckpt" not in at.query_params
@@ -204,7 +204,7 @@ def test_model_memory_gives_training_to_the_training_page() -> None:
 
 def test_model_memory_links_the_training_page_through_the_router() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
-    at.switch_page("pages/model_memory.py").run()
+    at.switch_page("attnmem/pages/model_memory.py").run()
     assert not at.exception, [e.value for e in at.exception]
     links = [x.proto for x in at.get("page_link")]
     assert any("Training step" in p.label and p.page.endswith("training") for p in links), links
@@ -257,7 +257,7 @@ def test_model_config_with_duplicate_keys_is_refused() -> None:
 def test_csv_downloads_escape_formulas_in_any_text_dtype() -> None:
     import pandas as pd
 
-    from pages.common import csv_bytes
+    from attnmem.pages.common import csv_bytes
 
     for dtype in (object, "string", "category"):
         df = pd.DataFrame({"model": pd.Series(["=cmd|' /C calc'!A0", "+1", "ok"], dtype=dtype), "b": [1, 2, 3]})
@@ -343,7 +343,7 @@ def _kernel_table(at: AppTest):
 
 def test_kernel_speed_shows_the_measured_h200_rows() -> None:
     """The page's figures are the bench CSV's, row for row, and the ratio is of the default."""
-    from kernels.measure.speed_results import read_rows
+    from attnmem.measure.speed_results import read_rows
 
     rows = {(r.impl, r.seq_len): r.tflops for r in read_rows(ROOT / "data" / "kernel_speed_fwd_eager_h200.csv")
             if r.dtype == "bf16" and r.head_dim == 128 and not r.causal and r.mode == "fwd"}
@@ -362,7 +362,7 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
     assert list(t["s"]) == [1024, 2048, 4096, 8192, 16384]
     # at d = 64 the default path (bench name "triton") switches kernels by length: the ratio
     # column follows it, not one kernel
-    from kernels.measure.speed_results import read_rows
+    from attnmem.measure.speed_results import read_rows
 
     raw = {r.impl: r.tflops for r in read_rows(ROOT / "data" / "kernel_speed_fwdbwd_eager_h200.csv")
            if (r.dtype, r.head_dim, r.causal, r.mode, r.seq_len) == ("fp16", 64, True, "fwd_bwd", 4096)}
@@ -400,7 +400,7 @@ def test_kernel_speed_inputs_and_graph_timing() -> None:
 def test_kernel_speed_gqa_rows() -> None:
     """Grouped-query attention: forward+backward in GPU time from its own bench CSV; other
     choices say where it was measured instead of showing MHA figures under a GQA label."""
-    from kernels.measure.speed_results import read_rows
+    from attnmem.measure.speed_results import read_rows
 
     gqa = {(r.impl, r.seq_len): r.tflops for r in read_rows(
         ROOT / "data" / "kernel_speed_fwdbwd_gqa_graphs_h200.csv")
@@ -428,7 +428,7 @@ def _peers_csv(folder: Path) -> None:
     import shutil
     from dataclasses import asdict
 
-    from kernels.measure.speed_results import Row
+    from attnmem.measure.speed_results import Row
 
     for f in (ROOT / "data").glob("kernel_speed_*_h200.csv"):
         shutil.copy(f, folder / f.name)
@@ -567,21 +567,21 @@ def test_fuzzed_urls_never_raise(page: str, data: st_.DataObject) -> None:
 
 def test_scaling_at_fp32_names_what_it_does_not_draw() -> None:
     """FlashAttention-2, cuDNN and FA4 take fp16/bf16 only: at fp32 the Scaling page draws the
-    others and names these instead of pricing calls that cannot run (calc.IMPL_DTYPES)."""
+    others and names these instead of pricing calls that cannot run (attnmem.calc.IMPL_DTYPES)."""
     at = run("scaling", dtype="fp32")
     idle = [cap.value for cap in at.caption if cap.value.startswith("Not drawn for fp32")]
-    assert idle and all(calc.IMPL_LABELS[i] in idle[0] for i in ("sdpa_flash", "sdpa_cudnn", "fa4"))
-    assert calc.IMPL_LABELS["naive"] not in idle[0]
+    assert idle and all(attnmem.calc.IMPL_LABELS[i] in idle[0] for i in ("sdpa_flash", "sdpa_cudnn", "fa4"))
+    assert attnmem.calc.IMPL_LABELS["naive"] not in idle[0]
 
 
 def test_scaling_names_the_bundled_kernel_past_its_head_dims() -> None:
-    """The bundled kernel takes head dims 16-256 (calc.IMPL_HEAD_DIMS): at d = 512 the Scaling
+    """The bundled kernel takes head dims 16-256 (attnmem.calc.IMPL_HEAD_DIMS): at d = 512 the Scaling
     page draws the others and names it, instead of a traceback or a number for a call that
     raises."""
     at = run("scaling", impls="naive,sdpa_flash,triton", d="512")
     narrow = [cap.value for cap in at.caption if cap.value.startswith("Not drawn at head dim")]
-    assert narrow and calc.IMPL_LABELS["triton"] in narrow[0] and "16-256" in narrow[0]
-    assert calc.IMPL_LABELS["naive"] not in narrow[0]
+    assert narrow and attnmem.calc.IMPL_LABELS["triton"] in narrow[0] and "16-256" in narrow[0]
+    assert attnmem.calc.IMPL_LABELS["naive"] not in narrow[0]
 
 
 def test_model_page_quantized_defaults_as_stored_and_follows_the_model() -> None:

@@ -1,4 +1,4 @@
-"""pages/serving.py renders its answer from calc.serving_capacity, and takes its inputs from
+"""attnmem/pages/serving.py renders its answer from attnmem.calc.serving_capacity, and takes its inputs from
 the URL (a bad value is refused with a warning, never a crash)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-import calc
-from calc.serving import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, serving_capacity
+import attnmem.calc
+from attnmem.calc.serving import DEFAULT_CUDA_GRAPH_BYTES, DEFAULT_NON_TORCH_BYTES, serving_capacity
 
-PAGE = str(Path(__file__).parents[2] / "pages" / "serving.py")
+PAGE = str(Path(__file__).parents[2] / "attnmem" / "pages" / "serving.py")
 
 
 def run(params: dict[str, str]) -> AppTest:
@@ -24,7 +24,7 @@ def test_metrics_are_calc_numbers_from_url_inputs() -> None:
     at = run({"model": "DeepSeek-V2-Lite (MLA, MoE)", "s": "16384", "util": "0.8",
               "kvdtype": "fp8_e4m3"})
     assert not at.exception
-    cap = serving_capacity(calc.MODELS["DeepSeek-V2-Lite (MLA, MoE)"], calc.DEFAULT_GPU,
+    cap = serving_capacity(attnmem.calc.MODELS["DeepSeek-V2-Lite (MLA, MoE)"], attnmem.calc.DEFAULT_GPU,
                            16384, kv_dtype="fp8_e4m3", gpu_memory_utilization=0.8,
                            cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES // 2**20 * 2**20,
                            non_torch_bytes=DEFAULT_NON_TORCH_BYTES // 2**20 * 2**20)
@@ -46,7 +46,7 @@ def test_quantized_checkpoint_as_stored_and_torch_total_budget() -> None:
     at = run({"model": name, "gpu": h200})
     assert not at.exception
     assert at.selectbox(key="wdtype").value == "checkpoint"
-    cap = serving_capacity(calc.MODELS[name], h200, 32768, weight_dtype="checkpoint",
+    cap = serving_capacity(attnmem.calc.MODELS[name], h200, 32768, weight_dtype="checkpoint",
                            cuda_graph_bytes=DEFAULT_CUDA_GRAPH_BYTES // 2**20 * 2**20,
                            non_torch_bytes=DEFAULT_NON_TORCH_BYTES // 2**20 * 2**20)
     assert cap.gpu_bytes == 150_109_880_320
@@ -55,8 +55,8 @@ def test_quantized_checkpoint_as_stored_and_torch_total_budget() -> None:
     table = at.dataframe[0].value
     rows = dict(zip(table["part"], table["bytes"], strict=True))
     assert rows["GPU memory torch can use (used)"] == 150_109_880_320
-    assert rows["GPU memory on the spec sheet (not used)"] == calc.GPUS[h200]
-    assert rows["weights"] == calc.weight_bytes(calc.MODELS[name], "checkpoint")
+    assert rows["GPU memory on the spec sheet (not used)"] == attnmem.calc.GPUS[h200]
+    assert rows["weights"] == attnmem.calc.weight_bytes(attnmem.calc.MODELS[name], "checkpoint")
     assert any("measured" in c.value and "2026" in c.value for c in at.caption)
     # a plain model keeps bf16, and a GPU without a sourced torch figure says the spec is used
     at = run({"model": "Llama 3.1 8B", "gpu": "NVIDIA L4 24GB"})

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(**query: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "pages" / "serving.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / "serving.py"), default_timeout=120)
     for key, value in query.items():
         at.query_params[key] = value
     return at.run()

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from calc import format_bytes, score_matrix_bytes
+from attnmem.calc import format_bytes, score_matrix_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("unit,want", [("GB", "65.54 KB"), ("GiB", "64.00 KiB")])
 def test_score_matrix_headline_of_a_tiny_shape(unit: str, want: str) -> None:
-    at = AppTest.from_file(str(ROOT / "pages" / "score_matrix.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / "score_matrix.py"), default_timeout=60)
     for key, value in {"h": "1", "s": "128", "dtype": "fp32", "unit": unit}.items():
         at.query_params[key] = value
     at.run()

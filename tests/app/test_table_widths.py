@@ -1,4 +1,4 @@
-"""pages.common's table helpers: column widths from the grid font's character widths, and
+"""attnmem.pages.common's table helpers: column widths from the grid font's character widths, and
 wide_table's refusal of a column it does not have."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from pages import common as c
+from attnmem.pages import common as c
 
 
 def test_text_width_is_the_sum_of_its_characters() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import pages.training as page
+import attnmem.pages.training as page
 
 KEYS = ["model", "method", "batch", "seq_len", "attention", "precision", "checkpointing"]
 

@@ -1,4 +1,4 @@
-"""pages/training.py renders calc.training_step's numbers for the URL's inputs, refuses bad
+"""attnmem/pages/training.py renders attnmem.calc.training_step's numbers for the URL's inputs, refuses bad
 values with a message (never a traceback), and compares bundled measurements when present."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
-import calc
+import attnmem.calc
 
-PAGE = str(Path(__file__).parents[2] / "pages" / "training.py")
+PAGE = str(Path(__file__).parents[2] / "attnmem" / "pages" / "training.py")
 
 
 def run(params: dict[str, str]) -> AppTest:
@@ -25,10 +25,10 @@ def test_metrics_are_calc_numbers_from_url_inputs() -> None:
     at = run({"model": "Qwen2.5 7B", "s": "8192", "b": "2", "prec": "amp_bf16", "ckpt": "true",
               "attns": "sdpa_flash,eager", "unit": "GiB"})
     assert not at.exception
-    m = calc.training_step(calc.MODELS["Qwen2.5 7B"], 2, 8192, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Qwen2.5 7B"], 2, 8192, attention="sdpa_flash",
                            precision="amp_bf16", checkpointing=True)
     values = {x.label: x.value for x in at.metric}
-    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GiB")
+    assert values["SDPA FlashAttention-2: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GiB")
     assert "transformers eager: peak" in values
     assert any(m.peak_phase in x.value for x in at.caption)
     # Every input stays in the URL.
@@ -40,10 +40,10 @@ def test_parallel_layout_is_per_gpu() -> None:
     at = run({"model": "Llama 3.1 70B", "s": "4096", "gpus": "64", "tp": "8", "shard": "zero3",
               "attns": "sdpa_flash", "ckpt": "1"})
     assert not at.exception
-    m = calc.training_step(calc.MODELS["Llama 3.1 70B"], 1, 4096, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 70B"], 1, 4096, attention="sdpa_flash",
                            checkpointing=True, gpus=64, tp=8, sharding="zero3")
     values = {x.label: x.value for x in at.metric}
-    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["SDPA FlashAttention-2: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
 
 
 def test_longest_accepted_context_does_not_crash_the_term_table() -> None:
@@ -51,10 +51,10 @@ def test_longest_accepted_context_does_not_crash_the_term_table() -> None:
     (6.4·10^19 bytes), which the activation-term table could not hand to Arrow."""
     at = run({"s": "100000000", "attns": "eager"})
     assert not at.exception, [e.value for e in at.exception]
-    m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 100_000_000, attention="eager")
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 8B"], 1, 100_000_000, attention="eager")
     assert m.peak_bytes > 2**63
     values = {x.label: x.value for x in at.metric}
-    assert values["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["transformers eager: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
 
 
 def test_a_context_past_the_trained_one_gets_the_model_pages_note() -> None:
@@ -72,9 +72,9 @@ def test_batch_takes_the_range_the_other_pages_share() -> None:
     """B carries between pages in the URL (`b`): 10,000 from Model memory is kept here too."""
     at = run({"model": "GPT-2 (124M)", "s": "1024", "b": "10000", "attns": "sdpa_flash"})
     assert not at.exception and not at.warning, [w.value for w in at.warning]
-    m = calc.training_step(calc.MODELS["GPT-2 (124M)"], 10_000, 1024, attention="sdpa_flash")
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["GPT-2 (124M)"], 10_000, 1024, attention="sdpa_flash")
     values = {x.label: x.value for x in at.metric}
-    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["SDPA FlashAttention-2: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
 
 
 def test_bad_url_values_are_refused_not_crashed() -> None:
@@ -94,20 +94,20 @@ def test_seven_b_at_32k_answer() -> None:
     assert not at.exception
     frames = [d.value for d in at.dataframe]
     table = next(f for f in frames if "fits one H200" in f.columns)
-    m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 32768, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 8B"], 1, 32768, attention="sdpa_flash",
                            checkpointing=True)
     row = table[(table["model"] == "Llama 3.1 8B") & (table["attention"] == "SDPA FlashAttention-2")
                 & (table["checkpointing"] == "on")].iloc[0]
-    assert row["fits one H200"] == ("yes" if m.peak_bytes <= calc.torch_total_bytes("NVIDIA H200 141GB") else "no")
-    assert row["fits one H100"] == ("yes" if m.peak_bytes <= calc.torch_total_bytes("NVIDIA H100 80GB") else "no")
+    assert row["fits one H200"] == ("yes" if m.peak_bytes <= attnmem.calc.torch_total_bytes("NVIDIA H200 141GB") else "no")
+    assert row["fits one H100"] == ("yes" if m.peak_bytes <= attnmem.calc.torch_total_bytes("NVIDIA H100 80GB") else "no")
 
 
 def test_measured_rows_get_predictions(tmp_path: Path, monkeypatch) -> None:
-    import pages.training as page  # the helpers, without running the page
+    import attnmem.pages.training as page  # the helpers, without running the page
 
     shape = "llama3-8b-2l"
     model = page.CHOICES[page.MEASURED_PREFIX + shape]
-    m = calc.training_step(model, 1, 2048, attention="sdpa_flash", precision="bf16")
+    m = attnmem.calc.training_step(model, 1, 2048, attention="sdpa_flash", precision="bf16")
     df = pd.DataFrame([{"model": shape, "layers": 2, "batch": 1, "seq_len": 2048,
                         "attention": "sdpa_flash", "precision": "bf16", "checkpointing": False,
                         "status": "ok", "peak_bytes": int(m.peak_bytes * 1.01),
@@ -123,7 +123,7 @@ def test_bundled_h200_rows_are_predicted_within_the_targets() -> None:
     3% and before-step within 1%, with the current calc (the page's table)."""
     import pytest
 
-    import pages.training as page
+    import attnmem.pages.training as page
 
     measured = page.read_measured()
     if measured.empty:
@@ -142,7 +142,7 @@ def test_bundled_h200_rows_cover_the_reference_the_issue_asks_for() -> None:
     7-8B-shaped model at two depths."""
     import pytest
 
-    import pages.training as page
+    import attnmem.pages.training as page
 
     m = page.read_measured()
     if m.empty:
@@ -166,7 +166,7 @@ def test_bundled_h200_rows_cover_the_reference_the_issue_asks_for() -> None:
 def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
     import pytest
 
-    import pages.training as page
+    import attnmem.pages.training as page
 
     measured = page.read_measured()
     hit = measured[(measured.get("model") == "llama3-8b-2l") & (measured.get("seq_len") == 8192)
@@ -182,20 +182,20 @@ def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
 
 
 def test_sharded_rows_get_their_layouts_prediction(tmp_path: Path) -> None:
-    """A rank of a sharded step (kernels.measure.train_dist's CSV) is predicted for its layout
+    """A rank of a sharded step (attnmem.measure.train_dist's CSV) is predicted for its layout
     (gpus = world_size; DDP = sharding "none", FSDP2 = "fsdp"), with the errors of the peak,
     before-step and the bytes the rank holds; a single-GPU CSV is refused by name."""
     import pytest
 
-    import pages.training as page
-    from kernels.measure import train_dist, train_models
+    import attnmem.pages.training as page
+    from attnmem.measure import train_dist, train_models
 
     assert page.read_measured_dist(tmp_path / "absent.csv").empty
-    model = calc.ModelConfig.from_hf_config(train_models.hf_config("llama3-8b-2l"),
+    model = attnmem.calc.ModelConfig.from_hf_config(train_models.hf_config("llama3-8b-2l"),
                                             name="llama3-8b-2l")
     rows = []
     for sharding, calc_sharding in (("ddp", "none"), ("fsdp", "fsdp")):
-        m = calc.training_step(model, 1, 4096, attention="sdpa_flash", precision="bf16",
+        m = attnmem.calc.training_step(model, 1, 4096, attention="sdpa_flash", precision="bf16",
                                checkpointing=False, gpus=2, sharding=calc_sharding)
         for rank in (0, 1):
             rows.append({"model": "llama3-8b-2l", "layers": 2, "batch": 1, "seq_len": 4096,
@@ -221,7 +221,7 @@ def test_sharded_rows_get_their_layouts_prediction(tmp_path: Path) -> None:
 
 
 def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch) -> None:
-    import pages.training as page
+    import attnmem.pages.training as page
 
     if page.DIST_DATA.exists():
         import pytest
@@ -229,7 +229,7 @@ def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch
         pytest.skip("sharded rows are bundled: the section shows them")
     at = run({})
     assert not at.exception
-    assert any("kernels.measure.train_dist" in x.value for x in at.caption)
+    assert any("attnmem.measure.train_dist" in x.value for x in at.caption)
 
 
 # --- issue 34, item 4: full / LoRA / QLoRA, MoE models ---------------------------------------
@@ -256,25 +256,25 @@ def test_fine_tuning_keys_round_trip_through_the_url() -> None:
     for key, value in params.items():
         if key != "attns":
             assert at.query_params[key] == value, (key, at.query_params[key])
-    m = calc.training_step(calc.MODELS["Llama 3.1 70B"], 1, 2048, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 70B"], 1, 2048, attention="sdpa_flash",
                            checkpointing=True,
                            adapters=_lora(64, targets="attention", adapter_dtype="bf16"),
                            base_dtype="nf4_dq")
     values = {x.label: x.value for x in at.metric}
-    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["SDPA FlashAttention-2: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
     at = run({"ft": "dora", "rank": "0", "targets": "mlp", "adt": "fp8", "dq": "maybe"})
     assert not at.exception and len(at.warning) >= 5  # each bad value refused, defaults used
     assert at.query_params["ft"] == "full"
 
 
 def _lora(*args, **kw):
-    from calc.training_step import LoRA
+    from attnmem.calc.training_step import LoRA
 
     return LoRA(*args, **kw)
 
 
 def test_side_by_side_table_equals_calc() -> None:
-    from calc.finetune import calc_kwargs
+    from attnmem.calc.finetune import calc_kwargs
 
     at = run({"model": "Llama 3.1 8B", "s": "4096", "b": "2", "gpu": "NVIDIA H100 80GB",
               "attns": "sdpa_flash", "rank": "32", "targets": "all-linear", "dq": "1"})
@@ -282,17 +282,17 @@ def test_side_by_side_table_equals_calc() -> None:
     table = _side_by_side(at)
     assert list(table["method"]) == ["full training", "LoRA (frozen bf16 base)",
                                      "QLoRA (frozen 4-bit NF4 base)"]
-    model, gpu = calc.MODELS["Llama 3.1 8B"], calc.torch_total_bytes("NVIDIA H100 80GB")
+    model, gpu = attnmem.calc.MODELS["Llama 3.1 8B"], attnmem.calc.torch_total_bytes("NVIDIA H100 80GB")
     for (_, row), method in zip(table.iterrows(), ("full", "lora", "qlora"), strict=True):
         kw = dict(attention="sdpa_flash", **calc_kwargs(method, 32, "all-linear", "fp32", True))
-        m = calc.training_step(model, 2, 4096, **kw)
-        assert row["peak"] == calc.format_bytes(m.peak_bytes, "GB")
+        m = attnmem.calc.training_step(model, 2, 4096, **kw)
+        assert row["peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
         assert row["fits"] == ("yes" if m.peak_bytes <= gpu else "no")
-        s_max = calc.max_train_seq_len(model, gpu, 2, **kw)
+        s_max = attnmem.calc.max_train_seq_len(model, gpu, 2, **kw)
         assert row["longest context"] == (f"{s_max:,}" if s_max else "none")
         assert row["calc's reason (not computed)"] == ""
         if method == "full":
-            n = calc.train_gpus_needed(model, gpu, 2, 4096, attention="sdpa_flash",
+            n = attnmem.calc.train_gpus_needed(model, gpu, 2, 4096, attention="sdpa_flash",
                                        sharding="zero3", tp=1, max_gpus=1024)
             assert row["GPUs (full training)"] == f"{n:,}"
         else:
@@ -305,11 +305,11 @@ def test_side_by_side_table_equals_calc() -> None:
 def test_lora_chosen_gives_the_lora_step_and_no_multi_gpu_search() -> None:
     at = run({"ft": "lora", "model": "Qwen2.5 7B", "s": "8192", "attns": "sdpa_flash,triton"})
     assert not at.exception
-    m = calc.training_step(calc.MODELS["Qwen2.5 7B"], 1, 8192, attention="triton",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Qwen2.5 7B"], 1, 8192, attention="triton",
                            adapters=_lora(16), base_dtype="bf16")
     values = {x.label: x.value for x in at.metric}
-    assert values[calc.TRAIN_ATTENTION_LABELS["triton"] + ": peak"] == \
-        calc.format_bytes(m.peak_bytes, "GB")
+    assert values[attnmem.calc.TRAIN_ATTENTION_LABELS["triton"] + ": peak"] == \
+        attnmem.calc.format_bytes(m.peak_bytes, "GB")
     assert any("modelled on one GPU" in str(v) for d in at.dataframe
                for col in d.value.columns if str(col).startswith("GPUs needed")
                for v in d.value[col])
@@ -335,15 +335,15 @@ def test_a_refusal_shows_calcs_reason() -> None:
 
 
 def test_moe_models_are_offered_and_refused_ones_say_why() -> None:
-    import pages.training as page
+    import attnmem.pages.training as page
 
     for name in ("Mixtral 8x7B", "Qwen3 30B-A3B (MoE)", "DeepSeek-V3 (MLA, MoE)"):
         assert name in page.CHOICES
     at = run({"model": "Qwen3 30B-A3B (MoE)", "s": "2048", "attns": "sdpa_flash"})
     assert not at.exception and not at.warning
-    m = calc.training_step(calc.MODELS["Qwen3 30B-A3B (MoE)"], 1, 2048, attention="sdpa_flash")
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Qwen3 30B-A3B (MoE)"], 1, 2048, attention="sdpa_flash")
     values = {x.label: x.value for x in at.metric}
-    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["SDPA FlashAttention-2: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
     at = run({"model": "gpt-oss-20b (MoE, MXFP4)"})  # the default attentions include SDPA
     assert not at.exception
     assert any("only eager" in e.value for e in at.error)
@@ -352,9 +352,9 @@ def test_moe_models_are_offered_and_refused_ones_say_why() -> None:
     assert "LoRA adapters on a MoE" in table.loc[1, "calc's reason (not computed)"]
     at = run({"model": "gpt-oss-20b (MoE, MXFP4)", "attns": "eager", "s": "2048"})
     assert not at.exception
-    m = calc.training_step(calc.MODELS["gpt-oss-20b (MoE, MXFP4)"], 1, 2048, attention="eager")
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["gpt-oss-20b (MoE, MXFP4)"], 1, 2048, attention="eager")
     values = {x.label: x.value for x in at.metric}
-    assert values["transformers eager: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["transformers eager: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
 
 
 def test_expert_parallel_degree_is_a_url_kept_input() -> None:
@@ -364,10 +364,10 @@ def test_expert_parallel_degree_is_a_url_kept_input() -> None:
          "attns": "sdpa_flash", "ckpt": "1"}
     at = run(q)
     assert not at.exception, [e.value for e in at.exception]
-    m = calc.training_step(calc.MODELS["Mixtral 8x7B"], 1, 4096, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Mixtral 8x7B"], 1, 4096, attention="sdpa_flash",
                            checkpointing=True, gpus=8, sharding="zero1", ep=8)
     values = {x.label: x.value for x in at.metric}
-    assert values["SDPA FlashAttention-2: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    assert values["SDPA FlashAttention-2: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
     assert at.query_params["ep"] == ["8"] or at.query_params["ep"] == "8"
     assert any("experts split over 8 ranks" in x.value for x in at.caption)
     at = run(dict(q, model="Llama 3.1 8B"))
@@ -382,10 +382,10 @@ def test_side_by_side_says_never_fits_not_the_search_bound() -> None:
     # fits (issue 32, item 3); the side-by-side table says so, as the GPUs-needed table does
     at = run({"model": "Llama 3.1 8B", "s": "4096", "gpu": "NVIDIA H100 80GB", "attns": "eager"})
     assert not at.exception
-    model, gpu = calc.MODELS["Llama 3.1 8B"], calc.torch_total_bytes("NVIDIA H100 80GB")
-    assert calc.train_gpus_needed(model, gpu, 1, 4096, attention="eager", sharding="zero3",
+    model, gpu = attnmem.calc.MODELS["Llama 3.1 8B"], attnmem.calc.torch_total_bytes("NVIDIA H100 80GB")
+    assert attnmem.calc.train_gpus_needed(model, gpu, 1, 4096, attention="eager", sharding="zero3",
                                   tp=1, max_gpus=1024) == 0
-    assert calc.training_step(model, 1, 4096, attention="eager", sharding="zero3",
+    assert attnmem.calc.training_step(model, 1, 4096, attention="eager", sharding="zero3",
                               gpus=1 << 20).peak_bytes > gpu
     assert _side_by_side(at).loc[0, "GPUs (full training)"] == "never fits"
 
@@ -394,7 +394,7 @@ def test_wide_tables_show_their_other_columns_one_click_away() -> None:
     """The measured rows and the 7B answer fit a 1280 px window with their first columns; the
     URL's mcols / acols (the checkboxes above them) add the rest, same rows; the activation
     terms are a wrapping HTML table holding every term's exact bytes."""
-    import pages.training as page
+    import attnmem.pages.training as page
 
     at = run({})
     assert not at.exception
@@ -413,7 +413,7 @@ def test_wide_tables_show_their_other_columns_one_click_away() -> None:
         measured_all = next(d.value for d in full.dataframe if "predicted" in d.value.columns)
         assert {"measured before", "predicted before", "predicted phase", "step_ms"} <= set(measured_all.columns)
         assert measured_all[list(measured.columns)].equals(measured)
-    m = calc.training_step(calc.MODELS["Llama 3.1 8B"], 1, 4096, attention="eager")
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 8B"], 1, 4096, attention="eager")
     terms = next(t.value for t in at.table if "tensor" in t.value.columns)
     assert list(terms["bytes"]) == [f"{x:,}" for _, _, x in m.activation_terms]
 
@@ -427,8 +427,8 @@ def test_a_backend_without_a_kernel_is_named_and_the_others_still_computed() -> 
     assert not [e for e in at.error if "cannot be computed" in e.value]
     values = {x.label: x.value for x in at.metric}
     assert not any(k.startswith("SDPA FlashAttention-2") for k in values)
-    m = calc.training_step(calc.MODELS["Mistral 7B v0.1"], 1, 8192, attention="sdpa_cudnn")
-    assert values["SDPA cuDNN: peak"] == calc.format_bytes(m.peak_bytes, "GB")
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Mistral 7B v0.1"], 1, 8192, attention="sdpa_cudnn")
+    assert values["SDPA cuDNN: peak"] == attnmem.calc.format_bytes(m.peak_bytes, "GB")
     assert any("Not computed" in w.value and "no kernel" in w.value for w in at.warning)
     only_flash = run({"model": "Mistral 7B v0.1", "s": "8192", "attns": "sdpa_flash"})
     assert not only_flash.exception

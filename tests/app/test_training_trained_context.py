@@ -9,10 +9,10 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-import calc
+import attnmem.calc
 from attnmem.cli import main
 
-PAGE = str(Path(__file__).parents[2] / "pages" / "training.py")
+PAGE = str(Path(__file__).parents[2] / "attnmem" / "pages" / "training.py")
 PHI3 = "Phi-3 mini (3.8B)"  # trained for 4,096 tokens
 H200 = "NVIDIA H200 141GB"
 
@@ -30,9 +30,9 @@ def test_training_page_flags_a_longest_context_past_the_trained_one() -> None:
     at = _page({"model": PHI3, "gpu": H200, "s": "1024", "ckpt": "true",
                 "attns": "sdpa_cudnn"})
     assert not at.exception
-    longest = calc.max_train_seq_len(calc.MODELS[PHI3], calc.torch_total_bytes(H200), 1,
+    longest = attnmem.calc.max_train_seq_len(attnmem.calc.MODELS[PHI3], attnmem.calc.torch_total_bytes(H200), 1,
                                      attention="sdpa_cudnn", checkpointing=True)
-    assert calc.max_train_seq_len(calc.MODELS[PHI3], calc.torch_total_bytes(H200), 1,
+    assert attnmem.calc.max_train_seq_len(attnmem.calc.MODELS[PHI3], attnmem.calc.torch_total_bytes(H200), 1,
                                   attention="sdpa_flash", checkpointing=True) == 2046
     assert longest > 4096  # the premise: memory allows more than the model was trained for
     notes = [x.value for x in at.caption if "trained for" in x.value]

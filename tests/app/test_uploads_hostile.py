@@ -7,8 +7,8 @@ whole file into memory. Result CSVs likewise, and formula-injection cells such a
 upload: a crafted pickle or torch.save file is refused, and no code path uses pickle,
 torch.load, eval or exec.
 
-Two layers are tested: the loaders (calc.config_json, kernels.measure.store.validate_csv,
-pages.ui.export) directly, and the pages through streamlit.testing.v1.AppTest with the file
+Two layers are tested: the loaders (attnmem.calc.config_json, attnmem.measure.store.validate_csv,
+attnmem.pages.ui.export) directly, and the pages through streamlit.testing.v1.AppTest with the file
 uploader replaced by a fake upload that counts the bytes read and forbids reading it whole.
 """
 
@@ -30,7 +30,7 @@ from _robust import streamlit_server_option, time_limit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calc.config_json import (
+from attnmem.calc.config_json import (
     MAX_CONFIG_BYTES,
     MAX_CONFIG_DEPTH,
     load_config_json,
@@ -38,7 +38,7 @@ from calc.config_json import (
     nesting_depth,
     read_bounded,
 )
-from kernels.measure.store import (
+from attnmem.measure.store import (
     COLUMNS,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_ROWS,
@@ -46,7 +46,7 @@ from kernels.measure.store import (
     csv_text,
     validate_csv,
 )
-from pages.ui.export import FORMULA_START, escape_cell, safe_csv_bytes, safe_frame
+from attnmem.pages.ui.export import FORMULA_START, escape_cell, safe_csv_bytes, safe_frame
 
 pytestmark = pytest.mark.robustness
 
@@ -127,7 +127,7 @@ class FakeUpload:
         return self.bytes_read
 
 
-# ------------------------------------------------------------------ calc.config_json ----
+# ------------------------------------------------------------------ attnmem.calc.config_json ----
 
 def test_config_loader_reads_a_real_config() -> None:
     for path in sorted(FIXTURES.glob("*.json")):
@@ -261,8 +261,8 @@ _DANGEROUS = re.compile(
 def test_no_code_path_deserialises_or_evaluates_user_data() -> None:
     """Grep the shipped code (not tests): none of pickle/torch.load/eval/exec/... is used."""
     hits = []
-    files = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py")),
-             *sorted((ROOT / "calc").glob("*.py")), *sorted((ROOT / "kernels").glob("*.py")),
+    files = [ROOT / "app.py", *sorted((ROOT / "attnmem" / "pages").glob("*.py")),
+             *sorted((ROOT / "attnmem" / "calc").glob("*.py")), *sorted((ROOT / "attnmem" / "kernels").glob("*.py")),
              *sorted((ROOT / "scripts").glob("*.py"))]
     for path in files:
         for i, line in enumerate(path.read_text().splitlines(), 1):
@@ -361,7 +361,7 @@ def test_csv_text_quotes_line_breaks_inside_cells(tmp_path: Path) -> None:
     assert_no_formula(store.export_csv(run))
 
 
-# ------------------------------------------------------------------ pages.ui.export ----
+# ------------------------------------------------------------------ attnmem.pages.ui.export ----
 
 @pytest.mark.parametrize("dtype", [object, "string", "str", "category"])
 def test_safe_frame_escapes_text_of_any_dtype(dtype: Any) -> None:
@@ -382,7 +382,7 @@ def test_escape_cell_leaves_harmless_values() -> None:
 
 
 def test_page_csv_downloads_escape_text_columns() -> None:
-    from pages.common import csv_bytes
+    from attnmem.pages.common import csv_bytes
 
     df = pd.DataFrame({"model": INJECTIONS + EMBEDDED, "bytes": range(len(INJECTIONS) + 3)})
     assert_no_formula(csv_bytes(df).decode())
@@ -390,8 +390,8 @@ def test_page_csv_downloads_escape_text_columns() -> None:
 
 # ------------------------------------------------------------------ the pages ----
 
-MODEL_PAGE = str(ROOT / "pages" / "model_memory.py")
-MEASURE_PAGE = str(ROOT / "pages" / "measure.py")
+MODEL_PAGE = str(ROOT / "attnmem" / "pages" / "model_memory.py")
+MEASURE_PAGE = str(ROOT / "attnmem" / "pages" / "measure.py")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""pages.ui.url_state: URL query values -> typed values; bad ones -> default + a warning, never raise."""
+"""attnmem.pages.ui.url_state: URL query values -> typed values; bad ones -> default + a warning, never raise."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE
-from pages.ui.url_state import (
+from attnmem.pages.ui.url_state import (
     MAX_RAW_LEN,
     MAX_TEXT_LEN,
     BoolParam,

@@ -1,4 +1,4 @@
-"""pages/will_it_fit.py: each task's verdict is the number of the one calc function that answers
+"""attnmem/pages/will_it_fit.py: each task's verdict is the number of the one calc function that answers
 the task elsewhere (issue 32, item 8); the URL round-trips; hostile URL values are named and
 replaced; a model calc refuses for a task shows calc's reason; the explaining pages are linked."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from calc import (
+from attnmem.calc import (
     MAX_SEQ_LEN,
     MODELS,
     ModelConfig,
@@ -22,11 +22,11 @@ from calc import (
     train_gpus_needed,
     training_step,
 )
-from calc.gpus import torch_total_bytes
-from calc.serving import serving_capacity
+from attnmem.calc.gpus import torch_total_bytes
+from attnmem.calc.serving import serving_capacity
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "will_it_fit.py")
+PAGE = str(ROOT / "attnmem" / "pages" / "will_it_fit.py")
 H100 = "NVIDIA H100 80GB"
 LLAMA = MODELS["Llama 3.1 8B"]
 
@@ -57,7 +57,7 @@ def test_inference_default_is_calc_inference_step() -> None:
     assert got["Longest context that fits (tokens)"] == \
         f"{max_inference_seq_len(LLAMA, gpu, 1, 128, attention='sdpa'):,}"
     assert got["H100 80GB GPUs needed at s = 8,192"] == f"{gpus_needed(m.peak_bytes, gpu):,}"
-    assert at.success and "Fits" in at.success[0].value and "calc.inference_step" in at.success[0].value
+    assert at.success and "Fits" in at.success[0].value and "attnmem.calc.inference_step" in at.success[0].value
     assert any(m.peak_phase.replace(":", "\\:") in c.value for c in at.caption)  # where it peaks
     # 277k tokens fit, past the 131,072 the model was trained for: flagged
     assert any("131,072 tokens this model was trained for" in i.value for i in at.info)
@@ -73,7 +73,7 @@ def test_serving_is_calc_serving_capacity_and_batch_is_concurrent_requests() -> 
     got = metrics(at)
     used = cap.budget_bytes - cap.kv_pool_bytes + 20 * cap.bytes_per_sequence
     assert got["Peak"] == format_bytes(used)
-    assert at.success and "calc.serving_capacity" in at.success[0].value
+    assert at.success and "attnmem.calc.serving_capacity" in at.success[0].value
     # one request: the longest is serving_capacity's own max_context
     at = run(task="serving", s="32768", gpu="NVIDIA H200 141GB")
     assert metrics(at)["Longest context that fits (tokens)"] == f"{cap.max_context:,}"
@@ -100,9 +100,9 @@ def test_training_is_calc_training_step_and_says_it_does_not_fit() -> None:
 def test_lora_and_qlora_are_calc_training_step_with_the_training_pages_adapters(
         task: str, method: str, base: str) -> None:
     """LoRA and QLoRA (issue 32 item 8, "once they exist"): the Training page's default
-    adapters (calc.finetune.calc_kwargs), one GPU, no GPU count (calc refuses adapters over
+    adapters (attnmem.calc.finetune.calc_kwargs), one GPU, no GPU count (calc refuses adapters over
     several GPUs), and a link that opens the Training page on the same method."""
-    from calc.finetune import calc_kwargs
+    from attnmem.calc.finetune import calc_kwargs
 
     at = run(task=task)
     gpu = torch_total_bytes(H100)
@@ -115,8 +115,8 @@ def test_lora_and_qlora_are_calc_training_step_with_the_training_pages_adapters(
         f"{max_train_seq_len(LLAMA, gpu, 1, **kw):,}"
     assert got["H100 80GB GPUs needed at s = 8,192"] == "not modelled"
     verdict = (at.success or at.error)[0].value
-    assert ("Fits" in verdict) == (m.peak_bytes <= gpu) and "calc.training_step" in verdict
-    from pages.ui import fit
+    assert ("Fits" in verdict) == (m.peak_bytes <= gpu) and "attnmem.calc.training_step" in verdict
+    from attnmem.pages.ui import fit
 
     v = fit.training(LLAMA, gpu, 1, 8192, task)
     assert v.peak_bytes == m.peak_bytes and sum(v.parts.values()) == m.peak_bytes
@@ -125,7 +125,7 @@ def test_lora_and_qlora_are_calc_training_step_with_the_training_pages_adapters(
 
 def test_fine_tuning_links_open_the_training_page_on_the_same_method() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
-    at.switch_page("pages/will_it_fit.py").run()
+    at.switch_page("attnmem/pages/will_it_fit.py").run()
     at.selectbox(key="task").set_value("qlora").run()
     assert not at.exception, [e.value for e in at.exception]
     links = [x.proto for x in at.get("page_link") if x.proto.page.endswith("training")]
@@ -195,7 +195,7 @@ def test_a_length_past_the_trained_context_is_flagged() -> None:
 
 def test_links_to_the_explaining_pages_through_the_router() -> None:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
-    at.switch_page("pages/will_it_fit.py").run()
+    at.switch_page("attnmem/pages/will_it_fit.py").run()
     assert not at.exception, [e.value for e in at.exception]
     links = {x.proto.label.split(":")[0]: x.proto.page for x in at.get("page_link")}
     assert links == {"Inference": "inference", "Model memory": "model_memory",
@@ -208,7 +208,7 @@ def test_links_to_the_explaining_pages_through_the_router() -> None:
 
 def test_first_in_the_sidebar() -> None:
     text = (ROOT / "app.py").read_text()
-    assert text.index("pages/will_it_fit.py") < text.index("pages/score_matrix.py")
+    assert text.index("attnmem/pages/will_it_fit.py") < text.index("attnmem/pages/score_matrix.py")
 
 
 # --- the model from an uploaded / pasted config.json or a Hub id (issue 32, item 8) ----------

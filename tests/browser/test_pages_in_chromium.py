@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from calc import (
+from attnmem.calc import (
     GPUS,
     IMPL_LABELS,
     MODELS,
@@ -29,7 +29,7 @@ from calc import (
     max_seq_len,
     model_memory,
 )
-from calc.io_model import standard_io
+from attnmem.calc.io_model import standard_io
 
 pytestmark = pytest.mark.browser
 
@@ -219,7 +219,7 @@ def test_flash_explainer_page(browser_page: Page, server: str) -> None:
 
 def test_kernel_speed_page(browser_page: Page, server: str) -> None:
     """The measured H200 kernel table: the default kernel's TFLOP/s at the longest length."""
-    from kernels.measure.speed_results import read_rows
+    from attnmem.measure.speed_results import read_rows
 
     rows = read_rows(ROOT / "data" / "kernel_speed_fwd_eager_h200.csv")
     want = next(r.tflops for r in rows if (r.impl, r.dtype, r.head_dim, r.causal, r.mode,
@@ -289,7 +289,7 @@ def test_dark_theme_is_readable(server: str, browser_page: Page) -> None:
 
 def test_deep_link_on_a_fresh_server_gets_the_router(browser_page: Page) -> None:
     """A fresh server's first request, straight to a page, still runs through app.py's router
-    (a pages/ folder would otherwise put Streamlit in its old multipage mode)."""
+    (no pages/ folder beside app.py puts Streamlit in its old multipage mode)."""
     with _app_server() as url:
         page = browser_page
         _open(page, f"{url}/scaling?h=64")

@@ -5,7 +5,7 @@ The race: open a page (a fresh session, so its first run is slow), click another
 sidebar about two seconds later while the first is still running, then edit an input right
 after the new page appears. Every target page is checked twice, after the navigation and after
 the edit: its inputs are read off the widgets on screen and at least one headline number is
-recomputed from calc with exactly those inputs; the number shown must equal it. A page whose
+recomputed from attnmem.calc with exactly those inputs; the number shown must equal it. A page whose
 verdict names a GPU must name the GPU shown in its GPU box.
 
 Every page of the app is a target (all have inputs and numbers): Will it fit?, Score matrix,
@@ -41,7 +41,7 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
 
 import load_test  # noqa: E402  (server start-up and Chromium flags shared with the load test)
 
-from calc import (  # noqa: E402
+from attnmem.calc import (  # noqa: E402
     CP_IMPL_LABELS,
     GPUS,
     IMPL_LABELS,
@@ -54,15 +54,15 @@ from calc import (  # noqa: E402
     score_matrix_bytes,
     training_step,
 )
-from calc.context_parallel import context_parallel_memory  # noqa: E402
-from calc.inference_step import INFER_ATTENTION_LABELS, inference_step  # noqa: E402
-from calc.io_model import standard_io  # noqa: E402
-from calc.kv import state_bytes  # noqa: E402
-from calc.serving import serving_capacity  # noqa: E402
-from calc.units import dtype_bytes  # noqa: E402
-from kernels.measure.speed_results import OURS, read_rows  # noqa: E402
-from pages.ui.fit import TASK_LABELS  # noqa: E402  (display labels only; the numbers are calc's)
-from pages.ui.labels import IMPL_LABELS as SERIES_LABELS  # noqa: E402
+from attnmem.calc.context_parallel import context_parallel_memory  # noqa: E402
+from attnmem.calc.inference_step import INFER_ATTENTION_LABELS, inference_step  # noqa: E402
+from attnmem.calc.io_model import standard_io  # noqa: E402
+from attnmem.calc.kv import state_bytes  # noqa: E402
+from attnmem.calc.serving import serving_capacity  # noqa: E402
+from attnmem.calc.units import dtype_bytes  # noqa: E402
+from attnmem.measure.speed_results import OURS, read_rows  # noqa: E402
+from attnmem.pages.ui.fit import TASK_LABELS  # noqa: E402  (display labels only; the numbers are calc's)
+from attnmem.pages.ui.labels import IMPL_LABELS as SERIES_LABELS  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -206,7 +206,7 @@ def _verdict_names(page: Page, gpu: str) -> None:
 
 
 def expect_fit(i: dict[str, Any], unit: str, page: Page) -> Expect:
-    """Will it fit?: the peak of calc.inference_step or calc.training_step (serving is not
+    """Will it fit?: the peak of attnmem.calc.inference_step or attnmem.calc.training_step (serving is not
     reached here: every try starts a fresh session, whose task is the default, inference)."""
     model, gpu, s = MODELS[i["Model"]], _gpu(i["GPU"]), _int(i["exact"])
     task = _reverse(TASK_LABELS, i["Task"])

@@ -1,4 +1,4 @@
-"""calc.allocator against the rules of c10/cuda/CUDACachingAllocator.cpp, boundary by boundary."""
+"""attnmem.calc.allocator against the rules of c10/cuda/CUDACachingAllocator.cpp, boundary by boundary."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from calc.allocator import (
+from attnmem.calc.allocator import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     CachingAllocator,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from calc.kv import kv_cache_bytes, mla_expanded_kv_bytes, state_bytes
-from calc.models import KNOWN_MODEL_TYPES, ModelConfig
-from calc.params import active_param_count, param_breakdown, param_count
-from calc.presets import MODELS, PRESET_HF_CONFIGS
-from calc.serving import decode_attention_bytes, sequence_bytes, serving_capacity
+from attnmem.calc.kv import kv_cache_bytes, mla_expanded_kv_bytes, state_bytes
+from attnmem.calc.models import KNOWN_MODEL_TYPES, ModelConfig
+from attnmem.calc.params import active_param_count, param_breakdown, param_count
+from attnmem.calc.presets import MODELS, PRESET_HF_CONFIGS
+from attnmem.calc.serving import decode_attention_bytes, sequence_bytes, serving_capacity
 
 V3 = MODELS["DeepSeek-V3 (MLA, MoE)"]
 GIB = 2**30
@@ -60,9 +60,9 @@ def test_hybrids_cache_only_attention_layers_and_count_state() -> None:
 def test_hybrid_training_attention_counts_attention_layers_only() -> None:
     """Jamba has attention in 4 of its 32 layers: the training view's eager probabilities are
     kept by those 4, not by all 32 (the Mamba layers keep no s x s tensor)."""
-    from calc.peak import attention_peak_bytes
-    from calc.scores import score_matrix_bytes
-    from calc.training import training_attention
+    from attnmem.calc.peak import attention_peak_bytes
+    from attnmem.calc.scores import score_matrix_bytes
+    from attnmem.calc.training import training_attention
 
     jamba = MODELS["Jamba v0.1 (hybrid)"]
     ta = training_attention(jamba, 1, 4096, "bf16", "naive", False)

@@ -1,6 +1,6 @@
-"""calc.AttentionCall: one attention call validated once and passed down through calc.peak,
-calc.fit, calc.sweep and calc.context_parallel; and calc.allocator.TensorReplay, the one
-replay of labelled tensors both calc.peak and calc.context_parallel run."""
+"""attnmem.calc.AttentionCall: one attention call validated once and passed down through attnmem.calc.peak,
+attnmem.calc.fit, attnmem.calc.sweep and attnmem.calc.context_parallel; and attnmem.calc.allocator.TensorReplay, the one
+replay of labelled tensors both attnmem.calc.peak and attnmem.calc.context_parallel run."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import calc
-import calc.peak
-from calc import AttentionCall
-from calc.allocator import CachingAllocator, TensorReplay
+import attnmem.calc
+import attnmem.calc.peak
+from attnmem.calc import AttentionCall
+from attnmem.calc.allocator import CachingAllocator, TensorReplay
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,25 +29,25 @@ CALLS = [
 @pytest.mark.parametrize("args", CALLS)
 def test_a_call_gives_the_numbers_its_arguments_give(args: tuple) -> None:
     call = AttentionCall(*args)
-    for fn in (calc.attention_peak_bytes, calc.attention_peak_terms,
-               calc.attention_peak_breakdown, calc.attention_reserved_bytes):
+    for fn in (attnmem.calc.attention_peak_bytes, attnmem.calc.attention_peak_terms,
+               attnmem.calc.attention_peak_breakdown, attnmem.calc.attention_reserved_bytes):
         assert fn(call) == fn(*args), fn.__name__
         assert fn(call, expandable=True) == fn(*args, expandable=True), fn.__name__
     impl, b, h, _, d, dtype, causal, bw, kv = args
-    assert calc.max_seq_len(call, 40 * calc.GIB) == calc.max_seq_len(
-        impl, 40 * calc.GIB, b, h, d, dtype, causal, bw, kv)
+    assert attnmem.calc.max_seq_len(call, 40 * attnmem.calc.GIB) == attnmem.calc.max_seq_len(
+        impl, 40 * attnmem.calc.GIB, b, h, d, dtype, causal, bw, kv)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_the_ring_takes_a_call_too(world_size: int) -> None:
     args = ("triton", 1, 32, 65536, 128, "bf16", True, True)
     call = AttentionCall(*args, kv_heads=8)
-    assert calc.context_parallel_peak_bytes(call, world_size=world_size) == \
-        calc.context_parallel_peak_bytes(*args, world_size, 8)
-    assert calc.context_parallel_memory(call, world_size=world_size, rank=0) == \
-        calc.context_parallel_memory(*args, world_size, 8, rank=0)
-    assert calc.context_parallel_terms(call, world_size=world_size) == \
-        calc.context_parallel_terms(*args, world_size, 8)
+    assert attnmem.calc.context_parallel_peak_bytes(call, world_size=world_size) == \
+        attnmem.calc.context_parallel_peak_bytes(*args, world_size, 8)
+    assert attnmem.calc.context_parallel_memory(call, world_size=world_size, rank=0) == \
+        attnmem.calc.context_parallel_memory(*args, world_size, 8, rank=0)
+    assert attnmem.calc.context_parallel_terms(call, world_size=world_size) == \
+        attnmem.calc.context_parallel_terms(*args, world_size, 8)
 
 
 def test_the_call_is_canonical_and_frozen() -> None:
@@ -84,32 +84,32 @@ def test_a_bad_value_is_named_when_the_call_is_made(kw: dict, named: str) -> Non
 def test_a_call_and_separate_arguments_are_not_both_taken() -> None:
     call = AttentionCall("triton", 1, 32, 4096, 128, "bf16")
     with pytest.raises(ValueError, match=r"either an AttentionCall or .* got .*'seq_len': 8"):
-        calc.attention_peak_bytes(call, seq_len=8)
+        attnmem.calc.attention_peak_bytes(call, seq_len=8)
     with pytest.raises(ValueError, match="not both"):
-        calc.context_parallel_peak_bytes(call, 1, world_size=2)
+        attnmem.calc.context_parallel_peak_bytes(call, 1, world_size=2)
 
 
 def test_a_search_checks_the_call_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """max_seq_len and sweep_seq_len check the shape once; each step checks the new length
     only (the call is passed down, not rebuilt from its arguments)."""
     checked: list[str] = []
-    real = calc.peak.check_int
+    real = attnmem.calc.peak.check_int
 
     def counting(name, value, lo=1, hi=None):
         checked.append(name)
         return real(name, value, lo, hi)
 
-    monkeypatch.setattr(calc.peak, "check_int", counting)
-    calc.peak._call_lru.cache_clear()  # a remembered call would not be checked at all
+    monkeypatch.setattr(attnmem.calc.peak, "check_int", counting)
+    attnmem.calc.peak._call_lru.cache_clear()  # a remembered call would not be checked at all
     shape_names = {"batch", "heads", "head_dim", "kv_heads"}  # not the per-call options
-    got = calc.max_seq_len("sdpa_cudnn", 20 * calc.GIB, 3, 24, 96, "fp16", True, True, 6)
+    got = attnmem.calc.max_seq_len("sdpa_cudnn", 20 * attnmem.calc.GIB, 3, 24, 96, "fp16", True, True, 6)
     assert got > 0
     assert sorted(n for n in checked if n in shape_names) == [
         "batch", "head_dim", "heads", "kv_heads"], checked
     assert checked.count("seq_len") > 10  # one per step of the search
     checked.clear()
-    calc.peak._call_lru.cache_clear()
-    calc.sweep_seq_len(["triton", "naive"], [128, 256, 512], 5, 24, 96, "fp16", kv_heads=6)
+    attnmem.calc.peak._call_lru.cache_clear()
+    attnmem.calc.sweep_seq_len(["triton", "naive"], [128, 256, 512], 5, 24, 96, "fp16", kv_heads=6)
     assert sorted(n for n in checked if n in shape_names) == [
         "batch", "batch", "head_dim", "head_dim", "heads", "heads", "kv_heads", "kv_heads"]
 
@@ -117,11 +117,11 @@ def test_a_search_checks_the_call_once(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- one shape class, one replay ------------------------------------------------------------
 
 def test_calc_has_one_call_shape_and_one_replay() -> None:
-    """No second call-shape class beside AttentionCall (calc.inference_step's sizes are a
+    """No second call-shape class beside AttentionCall (attnmem.calc.inference_step's sizes are a
     model's, _StepDims), and one replay class (TensorReplay, with peak's record of a
     replay's result)."""
     found: dict[str, set[str]] = {"shape": set(), "replay": set()}
-    for path in sorted((ROOT / "calc").glob("*.py")):
+    for path in sorted((ROOT / "attnmem" / "calc").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             for word, names in found.items():
                 if isinstance(node, ast.ClassDef) and word in node.name.lower():
@@ -160,7 +160,7 @@ def test_the_rings_replay_is_the_expandable_allocators(monkeypatch: pytest.Monke
                                                        causal: bool) -> None:
     """TensorReplay without an allocator (what the ring uses) gives the peak and the tensors
     at the peak that a CachingAllocator with expandable segments gives, rank by rank."""
-    import calc.context_parallel as cp
+    import attnmem.calc.context_parallel as cp
 
     call = AttentionCall(impl, 1, 8, 6 * 1024 + 96, 72, "bf16", causal, True, kv_heads)
     fast = {r: cp._replay(call, 6, r) for r in range(6)}
@@ -181,10 +181,10 @@ def test_tensor_replay_without_an_allocator_rounds_each_tensor() -> None:
 
 
 def test_the_ring_counts_with_the_allocators_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
-    """calc.context_parallel counts its tensors with calc.allocator's rule (a different
+    """attnmem.calc.context_parallel counts its tensors with attnmem.calc.allocator's rule (a different
     rounding there changes the ring's numbers)."""
-    import calc.allocator as allocator
-    import calc.context_parallel as cp
+    import attnmem.calc.allocator as allocator
+    import attnmem.calc.context_parallel as cp
 
     args = ("triton", 1, 3, 8000, 40, "bf16", True, True, 4)  # sizes not multiples of 4 kB
     before = cp.context_parallel_peak_bytes(*args)

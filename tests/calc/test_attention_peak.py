@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-import calc
-from calc import (
+import attnmem.calc
+from attnmem.calc import (
     IMPL_KIND,
     IMPLEMENTATIONS,
     PEAK_MODEL_NOTES,
@@ -20,8 +20,8 @@ from calc import (
     attention_peak_terms,
     attention_reserved_bytes,
 )
-from calc.dispatch import atomic_dq
-from calc.peak import fa2_num_splits
+from attnmem.calc.dispatch import atomic_dq
+from attnmem.calc.peak import fa2_num_splits
 
 ANCHORS = Path(__file__).parents[1] / "fixtures" / "anchors_h200_2026-11-30.csv"
 ANCHOR_NAMES = {"naive_masked_fill": "naive", "naive_masked_fill_": "naive_inplace"}
@@ -137,12 +137,12 @@ dtypes = st.sampled_from(["fp16", "bf16", "fp32", "float16", "bfloat16"])
        st.sampled_from([16, 64, 80, 128, 256]), dtypes, st.booleans(), st.booleans())
 @example("sdpa_flash", 1, 3, 2240, 16, "fp16", False, False)  # fewer splits one token later
 def test_peak_is_a_positive_int_and_grows_with_s(impl, b, h, s, d, dtype, causal, bwd) -> None:
-    assume(calc.dtype_name(dtype) in calc.IMPL_DTYPES[impl])  # the pairs the model prices
+    assume(attnmem.calc.dtype_name(dtype) in attnmem.calc.IMPL_DTYPES[impl])  # the pairs the model prices
     p = attention_peak_bytes(impl, b, h, s, d, dtype, causal, bwd)
     assert isinstance(p, int) and p > 0
     # The tensors grow with s; what the allocator counts for them nearly so: a tensor that fits
     # the free tail (1-2 MiB) of an input's segment counts the whole tail, and one more token
-    # can make it miss that tail (calc.allocator). At most 1 MiB per tensor of the peak.
+    # can make it miss that tail (attnmem.calc.allocator). At most 1 MiB per tensor of the peak.
     # FlashAttention-2's split-KV forward picks its split count from the key blocks, and one
     # more block can mean fewer splits (5 -> 2 at B = 1, H = 3, d = 16, s = 2,240 -> 2,241), so
     # its partial buffers are left out of the growth check.
@@ -174,8 +174,8 @@ def test_linear_in_batch(impl, b, h, s, bwd) -> None:
     if impl == "triton" and bwd:
         # our backward picks its scheme by grid size: a larger batch can switch on the fp32
         # dQ buffer (B·H·s·d·4), which is itself linear in batch; in the Hopper region its s
-        # is padded to whole query blocks (calc.dispatch.sm90_dq_rows)
-        from calc import dispatch
+        # is padded to whole query blocks (attnmem.calc.dispatch.sm90_dq_rows)
+        from attnmem.calc import dispatch
 
         def dq32(batch: int) -> int:
             if not atomic_dq(batch, h, h, s, s, 64, 2):
@@ -259,7 +259,7 @@ def test_gqa_split_is_the_smallest_divisor_reaching_1024_programs() -> None:
     """The GQA split of our backward outside the Hopper region (here: fp32, or short): smallest
     divisor of the group that reaches 1,024 programs of 128 keys, else the whole group; none
     without GQA."""
-    from calc.dispatch import kv_split
+    from attnmem.calc.dispatch import kv_split
 
     def split(b, h, h_kv, s, e=4):
         return kv_split(b, h, h_kv, s, s, 64, e)
@@ -282,7 +282,7 @@ def test_hopper_region_has_no_split_and_atomic_dq() -> None:
     >= 512 and B*s_q >= 8,192 from s_q = 512): no
     GQA split and the fp32 dQ buffer, where the Triton rules would split or run two kernels;
     its edges."""
-    from calc.dispatch import atomic_dq, kv_split, sm90_region
+    from attnmem.calc.dispatch import atomic_dq, kv_split, sm90_region
 
     assert sm90_region(1, 8, 4096, 4096, 128, 2)  # 8 x 32 = 256 programs
     assert kv_split(1, 32, 8, 4096, 4096, 128, 2) == 1  # the Triton rule: 4
@@ -309,7 +309,7 @@ def test_hopper_region_has_no_split_and_atomic_dq() -> None:
 def test_atomic_dq_rule_thresholds() -> None:
     """The atomic-dQ rule outside the Hopper region: 16-bit, d = 64 or 128, s > 2,048, at
     least 2,048 dK/dV programs."""
-    from calc.dispatch import atomic_dq
+    from attnmem.calc.dispatch import atomic_dq
 
     assert atomic_dq(2, 32, 32, 3000, 3000, 64, 2)  # 2 x 32 heads x 47 blocks of 64 keys
     assert not atomic_dq(1, 32, 32, 3000, 3000, 64, 2)  # 32 x 47 = 1,504 < 2,048
@@ -323,12 +323,12 @@ def test_atomic_dq_rule_thresholds() -> None:
 
 
 def test_kernel_uses_calc_dispatch_rules() -> None:
-    """The kernel's backward decides with calc.dispatch's functions, not a copy (skipped
+    """The kernel's backward decides with attnmem.calc.dispatch's functions, not a copy (skipped
     without torch)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from calc import dispatch
-    from kernels.flash import route
+    from attnmem.calc import dispatch
+    from attnmem.kernels.flash import route
 
     assert route.kv_split is dispatch.kv_split
     for s in (1, 2048, 2049, 4096, 70000):
@@ -429,25 +429,25 @@ def test_empty_cache_prediction_matches_the_one_call_that_had_an_empty_cache() -
 def test_a_dtype_the_implementation_does_not_run_is_refused(impl, dtype) -> None:
     """FlashAttention-2, cuDNN and FA4 take fp16/bf16 only; no implementation here runs
     attention on fp8 or integer inputs: priced, the figure would be for a call that cannot
-    run (calc.IMPL_DTYPES)."""
+    run (attnmem.calc.IMPL_DTYPES)."""
     with pytest.raises(ValueError, match=rf"{impl} does not run .* inputs; accepted dtypes"):
         attention_peak_bytes(impl, 1, 8, 1024, 128, dtype)
     with pytest.raises(ValueError, match="accepted dtypes"):
-        calc.max_seq_len(impl, 80 * 10**9, 1, 8, 128, dtype)
+        attnmem.calc.max_seq_len(impl, 80 * 10**9, 1, 8, 128, dtype)
 
 
 def test_triton_refuses_head_dims_the_bundled_kernel_does_not_take() -> None:
-    """The bundled kernel takes head dims 16-256 (kernels/flash/api.py checks its inputs
-    against calc.dispatch's bounds): calc sizes those and refuses the others with the range,
+    """The bundled kernel takes head dims 16-256 (attnmem/kernels/flash/api.py checks its inputs
+    against attnmem.calc.dispatch's bounds): calc sizes those and refuses the others with the range,
     instead of a number for a call that raises."""
     import pytest
 
-    import calc
-    from calc import dispatch
+    import attnmem.calc
+    from attnmem.calc import dispatch
 
     assert (dispatch.HEAD_DIM_MIN, dispatch.HEAD_DIM_MAX) == (16, 256)
     for d in (16, 96, 256):
-        assert calc.attention_peak_bytes("triton", 1, 8, 512, d, "bf16", causal=True) > 0
+        assert attnmem.calc.attention_peak_bytes("triton", 1, 8, 512, d, "bf16", causal=True) > 0
     for d in (8, 15, 257, 512):
         with pytest.raises(ValueError, match="triton takes head dims from 16 to 256"):
-            calc.attention_peak_bytes("triton", 1, 8, 512, d, "bf16", causal=True)
+            attnmem.calc.attention_peak_bytes("triton", 1, 8, 512, d, "bf16", causal=True)

@@ -1,8 +1,8 @@
 """calc.context_parallel: per-rank memory of ring attention, its schedule and its traffic.
 
-The replay of kernels/ring/ring.py is checked against the ring's real allocations in
+The replay of attnmem/kernels/ring/ring.py is checked against the ring's real allocations in
 tests/kernels/test_ring_attention.py (stand-in kernels, CPU) and on a GPU by
-kernels.ring.measure_one_rank; here: hand-derived cases, the rank search, the folding of
+attnmem.measure.ring.one_rank; here: hand-derived cases, the rank search, the folding of
 equal steps, c = 1, input checks, traffic formulas and the longest context searches.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import calc
-from calc import context_parallel as cp
+from attnmem import calc
+from attnmem.calc import context_parallel as cp
 
 MIB = 2**20
 
@@ -27,10 +27,11 @@ def test_exported_from_calc() -> None:
 
 def test_pure_imports() -> None:
     tree = ast.parse(Path(cp.__file__).read_text())
-    mods = {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    mods |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
-             for a in n.names}
-    assert mods <= {"__future__", "dataclasses", "calc"}, mods
+    mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    outside = {m for m in mods if m not in ("__future__", "dataclasses")
+               and not m.startswith("attnmem.calc.") and m != "attnmem.calc"}
+    assert not outside, outside
 
 
 @pytest.mark.parametrize("impl", cp.CP_IMPLEMENTATIONS)
@@ -179,7 +180,7 @@ def test_longest_trainable_context_grows_with_gpus() -> None:
 
 
 def test_training_on_one_gpu_is_training_step() -> None:
-    from calc.training_step import training_step
+    from attnmem.calc.training_step import training_step
 
     model = calc.MODELS["Llama 3.1 8B"]
     t = cp.context_parallel_training(model, 1, 8192)
@@ -276,7 +277,7 @@ def test_hostile_small_entry_points() -> None:
 
 
 def test_bundled_h200_ring_measurements_are_predicted_exactly() -> None:
-    """data/ring_one_rank_h200.csv (kernels.ring.measure_one_rank on an H200): the current
+    """data/ring_one_rank_h200.csv (attnmem.measure.ring.one_rank on an H200): the current
     model reproduces every measured peak to the byte."""
     import csv
 

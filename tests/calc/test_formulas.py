@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import calc
-from calc import (
+import attnmem.calc
+from attnmem.calc import (
     GPUS,
     IMPLEMENTATIONS,
     ModelConfig,
@@ -34,7 +34,7 @@ LLAMA_8B_SHAPE = ModelConfig(
 
 
 def test_importing_calc_pulls_in_no_ui_or_gpu_package() -> None:
-    code = ("import sys, calc; bad = [m for m in ('streamlit', 'torch', 'triton', 'plotly') "
+    code = ("import sys, attnmem.calc; bad = [m for m in ('streamlit', 'torch', 'triton', 'plotly') "
             "if m in sys.modules]; print(','.join(bad)); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, f"calc imported: {done.stdout} {done.stderr}"
@@ -156,29 +156,29 @@ def test_largest_fitting_hits_the_upper_limit() -> None:
 
 
 def test_model_memory_and_fit() -> None:
-    mem = calc.model_memory(LLAMA_8B_SHAPE, 1, 8192, "bf16", "bf16", "bf16", "naive")
+    mem = attnmem.calc.model_memory(LLAMA_8B_SHAPE, 1, 8192, "bf16", "bf16", "bf16", "naive")
     assert mem.kv_cache_bytes == 131_072 * 8192
     assert mem.scores_bytes == score_matrix_bytes(1, 32, 8192, 2)
     # The total is generate()'s prefill peak (naive = transformers' eager attention there),
     # well above the old weights + cache + one attention call.
-    peak = calc.inference_step(LLAMA_8B_SHAPE, 1, 8192, 1, attention="eager")
+    peak = attnmem.calc.inference_step(LLAMA_8B_SHAPE, 1, 8192, 1, attention="eager")
     assert mem.total_bytes == peak.peak_bytes and not mem.total_is_lower_bound
     assert mem.total_bytes > mem.weights_bytes + mem.kv_cache_bytes + mem.attention_bytes
-    gpt2 = calc.model_memory(calc.MODELS["GPT-2 (124M)"], 1, 1024, "bf16", "bf16", "bf16", "naive")
+    gpt2 = attnmem.calc.model_memory(attnmem.calc.MODELS["GPT-2 (124M)"], 1, 1024, "bf16", "bf16", "bf16", "naive")
     assert gpt2.total_is_lower_bound and "not modelled" in gpt2.not_modelled
     assert gpt2.total_bytes == gpt2.weights_bytes + gpt2.kv_cache_bytes + gpt2.attention_bytes
     h100 = GPUS["NVIDIA H100 80GB"]
-    s = calc.model_max_seq_len(LLAMA_8B_SHAPE, h100, 1, "bf16", "bf16", "bf16", "sdpa_flash")
-    fits = calc.model_memory(LLAMA_8B_SHAPE, 1, s, "bf16", "bf16", "bf16", "sdpa_flash")
-    over = calc.model_memory(LLAMA_8B_SHAPE, 1, s + 1, "bf16", "bf16", "bf16", "sdpa_flash")
+    s = attnmem.calc.model_max_seq_len(LLAMA_8B_SHAPE, h100, 1, "bf16", "bf16", "bf16", "sdpa_flash")
+    fits = attnmem.calc.model_memory(LLAMA_8B_SHAPE, 1, s, "bf16", "bf16", "bf16", "sdpa_flash")
+    over = attnmem.calc.model_memory(LLAMA_8B_SHAPE, 1, s + 1, "bf16", "bf16", "bf16", "sdpa_flash")
     assert fits.total_bytes <= h100 < over.total_bytes
-    assert calc.gpus_needed(3 * h100 + 1, h100) == 4 and calc.gpus_needed(0, h100) == 1
+    assert attnmem.calc.gpus_needed(3 * h100 + 1, h100) == 4 and attnmem.calc.gpus_needed(0, h100) == 1
 
 
 def test_training_view_checkpointing_and_flash() -> None:
-    naive = calc.training_attention_bytes(LLAMA_8B_SHAPE, 1, 4096, "bf16", "naive", False)
-    ckpt = calc.training_attention_bytes(LLAMA_8B_SHAPE, 1, 4096, "bf16", "naive", True)
-    flash = calc.training_attention_bytes(LLAMA_8B_SHAPE, 1, 4096, "bf16", "sdpa_flash", False)
+    naive = attnmem.calc.training_attention_bytes(LLAMA_8B_SHAPE, 1, 4096, "bf16", "naive", False)
+    ckpt = attnmem.calc.training_attention_bytes(LLAMA_8B_SHAPE, 1, 4096, "bf16", "naive", True)
+    flash = attnmem.calc.training_attention_bytes(LLAMA_8B_SHAPE, 1, 4096, "bf16", "sdpa_flash", False)
     one_layer_p = score_matrix_bytes(1, 32, 4096, 2)
     assert naive - ckpt == 31 * one_layer_p  # L - 1 layers keep their probabilities
     assert flash < ckpt < naive
@@ -194,5 +194,5 @@ def test_sweeps_are_dataframes() -> None:
     assert list(dfb.peak_bytes) == [dfb.peak_bytes[0] * k for k in (1, 2, 4)]
     with pytest.raises(ValueError, match="name must be one of batch, heads"):
         sweep_param("layers", [1], ["naive"], 1024, 1, 32, 128, "fp16")
-    assert calc.default_seq_lens(128, 1_048_576)[0] == 128
-    assert calc.default_seq_lens(128, 1_048_576)[-1] == 1_048_576
+    assert attnmem.calc.default_seq_lens(128, 1_048_576)[0] == 128
+    assert attnmem.calc.default_seq_lens(128, 1_048_576)[-1] == 1_048_576

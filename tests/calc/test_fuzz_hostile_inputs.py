@@ -1,4 +1,4 @@
-"""Fuzzing every public `calc` entry point (calc/API.md, calc/__init__.py) with hostile input.
+"""Fuzzing every public `calc` entry point (attnmem/calc/API.md, attnmem/calc/__init__.py) with hostile input.
 
 The contract (issue 6, "bad input everywhere"): whatever a caller passes -- ints, huge ints,
 negative numbers, floats, NaN, inf, strings, None, bools, lists, dicts, bytes -- a function
@@ -32,8 +32,8 @@ from _robust import HOSTILE, Hang, assert_clear_error, time_limit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import calc
-from calc import (
+from attnmem import calc
+from attnmem.calc import (
     DTYPE_BYTES,
     DTYPES,
     GB,
@@ -769,7 +769,7 @@ json_value = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=4),
                             st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=12)
-#: Keys from_hf_config reads (calc/models.py), so mutations hit the parser, not ignored keys.
+#: Keys from_hf_config reads (attnmem/calc/models.py), so mutations hit the parser, not ignored keys.
 READ_KEYS = (
     "model_type", "num_hidden_layers", "n_layer", "hidden_size", "n_embd",
     "num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "head_dim",

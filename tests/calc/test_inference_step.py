@@ -1,4 +1,4 @@
-"""calc.inference_step against generate() as transformers runs it: the bundled H200 rows, a
+"""attnmem.calc.inference_step against generate() as transformers runs it: the bundled H200 rows, a
 CPU replay of the live tensor bytes, the moments' structure and bad input."""
 
 from __future__ import annotations
@@ -8,17 +8,22 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import calc
-from calc.inference_step import INFER_ATTENTIONS, PHASES, inference_step, max_inference_seq_len
-from calc.models import ModelConfig
+import attnmem.calc
+from attnmem.calc.inference_step import (
+    INFER_ATTENTIONS,
+    PHASES,
+    inference_step,
+    max_inference_seq_len,
+)
+from attnmem.calc.models import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "data" / "inference_steps_h200.csv"
-LLAMA = calc.MODELS["Llama 3.1 8B"]
+LLAMA = attnmem.calc.MODELS["Llama 3.1 8B"]
 
 
 def _predict(row: pd.Series) -> int:
-    from kernels.measure import infer_models  # config dicts only: no torch at import
+    from attnmem.measure import infer_models  # config dicts only: no torch at import
 
     model = ModelConfig.from_hf_config(infer_models.hf_config(row.model, int(row.layers)))
     chunk = None if pd.isna(row.prefill_chunk) else int(row.prefill_chunk)
@@ -61,7 +66,7 @@ def _replay_peak(cfg, attn: str, name: str, s: int = 256,
     import torch
     import transformers
 
-    from kernels.measure.live_bytes import LiveBytes
+    from attnmem.measure.live_bytes import LiveBytes
 
     model = transformers.AutoModelForCausalLM.from_config(
         cfg, dtype=torch.bfloat16, attn_implementation=attn).eval()
@@ -150,20 +155,20 @@ def test_moments_and_parts() -> None:
     m = inference_step(LLAMA, 1, 32000, 8, attention="sdpa_flash")
     assert m.peak_phase == "prefill: MLP of the last layer" and set(m.phases) <= set(PHASES)
     assert m.peak_bytes == sum(x for *_, x in m.peak_terms) == sum(m.parts.values())
-    assert m.kv_cache_bytes == calc.kv_cache_bytes(LLAMA, 1, 32007, "bf16")
+    assert m.kv_cache_bytes == attnmem.calc.kv_cache_bytes(LLAMA, 1, 32007, "bf16")
     # Eager's s² scores make the attention moment the peak; chunking caps them at C × s.
     eager = inference_step(LLAMA, 1, 16384, 1, attention="eager")
     chunked = inference_step(LLAMA, 1, 16384, 1, attention="eager", prefill_chunk=2048)
     assert eager.peak_phase.startswith("prefill: attention") and chunked.peak_bytes < eager.peak_bytes
     # Many sequences, a short prompt and a long generation: the decode holds the peak.
-    decode = inference_step(calc.MODELS["Llama 3.2 1B"], 64, 128, 512, attention="sdpa")
+    decode = inference_step(attnmem.calc.MODELS["Llama 3.2 1B"], 64, 128, 512, attention="sdpa")
     assert decode.peak_phase.startswith("decode") and decode.decode_peak_bytes == decode.peak_bytes
     static = inference_step(LLAMA, 1, 4096, 512, attention="sdpa", cache="static")
-    assert static.kv_cache_bytes == calc.kv_cache_bytes(LLAMA, 1, 4096 + 512 - 1, "bf16")
+    assert static.kv_cache_bytes == attnmem.calc.kv_cache_bytes(LLAMA, 1, 4096 + 512 - 1, "bf16")
 
 
 def test_longest_prompt_is_exact() -> None:
-    gpu = calc.GPUS["NVIDIA H100 80GB"]
+    gpu = attnmem.calc.GPUS["NVIDIA H100 80GB"]
     s = max_inference_seq_len(LLAMA, gpu, 1, attention="sdpa_flash")
     assert inference_step(LLAMA, 1, s, attention="sdpa_flash").peak_bytes <= gpu
     assert inference_step(LLAMA, 1, s + 1, attention="sdpa_flash").peak_bytes > gpu
@@ -185,14 +190,14 @@ def test_bad_input_is_named(kwargs: dict, match: str) -> None:
 @pytest.mark.parametrize("name", ["Jamba v0.1 (hybrid)", "GPT-2 (124M)", "gpt-oss-20b (MoE, MXFP4)"])
 def test_unmodelled_architectures_are_refused(name: str) -> None:
     with pytest.raises(ValueError, match="inference_step"):
-        inference_step(calc.MODELS[name], 1, 1024, 1, attention="sdpa")
+        inference_step(attnmem.calc.MODELS[name], 1, 1024, 1, attention="sdpa")
 
 
 def test_every_attention_is_accepted_for_llama_but_the_forced_memory_efficient_one() -> None:
     """Llama 3.1 8B is grouped-query: with SDPA's memory-efficient backend forced, every
     generate() on the H200 found no kernel (data/inference_steps_h200.csv), so calc refuses it;
     every other attention is sized, eager the largest."""
-    from calc.backends import NoKernel
+    from attnmem.calc.backends import NoKernel
 
     ran = [a for a in INFER_ATTENTIONS if a != "sdpa_efficient"]
     peaks = {a: inference_step(LLAMA, 1, 4096, 1, attention=a).peak_bytes for a in ran}
@@ -206,7 +211,7 @@ def test_forced_sdpa_backends_are_refused_exactly_where_the_h200_found_no_kernel
     (NoKernel) exactly the rows that said "No available kernel" and sizes every row that ran
     (a static cache's decode, a later prefill chunk, a window not longer than the keys, MLA's
     unequal heads for flash; grouped-query heads for memory-efficient)."""
-    from calc.backends import NoKernel
+    from attnmem.calc.backends import NoKernel
 
     rows = pd.read_csv(H200)
     rows = rows[rows.attention.isin(["sdpa_flash", "sdpa_efficient"])]
@@ -222,10 +227,10 @@ def test_forced_sdpa_backends_are_refused_exactly_where_the_h200_found_no_kernel
 
 
 def test_vllm_profile_moments_by_hand() -> None:
-    """calc.serving's profiling-run moments for Llama 3.1 8B at vLLM's 8,192 batched tokens:
+    """attnmem.calc.serving's profiling-run moments for Llama 3.1 8B at vLLM's 8,192 batched tokens:
     the MLP (gate_up 2·T·I, SiluAndMul T·I beside the residual and normed hidden states) is
     the peak; attention holds the fused qkv, its output and o_proj's output."""
-    from calc.serving import activation_moments, activation_peak_estimate
+    from attnmem.calc.serving import activation_moments, activation_peak_estimate
 
     t, h, i, q, k = 8192, 4096, 14336, 4096, 1024
     m = activation_moments(LLAMA, t)
@@ -239,11 +244,11 @@ def test_model_memory_counts_generate_as_torch_runs_it_where_the_forced_backend_
     """Model memory's FlashAttention total for Mistral 7B at 8,192 tokens: forced flash has no
     kernel under its 4,096-token window's mask, so generate() is counted with SDPA as torch
     picks the backend, and the breakdown says so; under the window nothing changes."""
-    mistral = calc.MODELS["Mistral 7B v0.1"]
-    mm = calc.model_memory(mistral, 1, 8192, "bf16", "bf16", "bf16", "sdpa_flash")
+    mistral = attnmem.calc.MODELS["Mistral 7B v0.1"]
+    mm = attnmem.calc.model_memory(mistral, 1, 8192, "bf16", "bf16", "bf16", "sdpa_flash")
     assert "counted with SDPA as torch picks" in mm.counted_as and not mm.total_is_lower_bound
     assert mm.total_bytes == inference_step(mistral, 1, 8192, 1, attention="sdpa").peak_bytes
-    short = calc.model_memory(mistral, 1, 2048, "bf16", "bf16", "bf16", "sdpa_flash")
+    short = attnmem.calc.model_memory(mistral, 1, 2048, "bf16", "bf16", "bf16", "sdpa_flash")
     assert short.counted_as == ""
     assert short.total_bytes == inference_step(mistral, 1, 2048, 1,
                                                attention="sdpa_flash").peak_bytes

@@ -1,4 +1,4 @@
-"""calc.io_model: HBM traffic counts (Dao et al. 2022, Theorem 2) and the explainer's tile schedule."""
+"""attnmem.calc.io_model: HBM traffic counts (Dao et al. 2022, Theorem 2) and the explainer's tile schedule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calc.io_model import (
+from attnmem.calc.io_model import (
     LSE_BYTES,
     example_scores,
     flash_io,

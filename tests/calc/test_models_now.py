@@ -9,26 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from calc import GIB, GPUS, active_param_count, param_breakdown, param_count, weight_bytes
-from calc.gpus import (
+from attnmem.calc import GIB, GPUS, active_param_count, param_breakdown, param_count, weight_bytes
+from attnmem.calc.gpus import (
     GPU_TORCH_TOTAL,
     GPU_TORCH_TOTAL_MEASURED,
     GPU_TORCH_TOTAL_SOURCES,
     torch_total_bytes,
     torch_total_note,
 )
-from calc.kv import kv_cache_bytes
-from calc.models import ModelConfig, QuantConfig
-from calc.presets import MODELS, PRESET_HF_CONFIGS
-from calc.quant import (
+from attnmem.calc.kv import kv_cache_bytes
+from attnmem.calc.models import ModelConfig, QuantConfig
+from attnmem.calc.presets import MODELS, PRESET_HF_CONFIGS
+from attnmem.calc.quant import (
     checkpoint_breakdown,
     linear_modules,
     other_params,
     quantized_matrix_bytes,
     quantized_param_count,
 )
-from calc.serving import kv_cache_groups, page_bytes, sequence_bytes, serving_capacity
-from calc.training_step import training_step
+from attnmem.calc.serving import kv_cache_groups, page_bytes, sequence_bytes, serving_capacity
+from attnmem.calc.training_step import training_step
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 OSS20 = MODELS["gpt-oss-20b (MoE, MXFP4)"]
@@ -338,8 +338,8 @@ HOSTILE = [None, -1, 0, 1.5, float("nan"), "bf16", "", "x" * 500, [], {}, True, 
 
 @pytest.mark.parametrize("bad", HOSTILE)
 def test_issue30_functions_refuse_hostile_input(bad: object) -> None:
-    import calc
-    for fn in calc.CHECKPOINT_FUNCTIONS:
+    import attnmem.calc
+    for fn in attnmem.calc.CHECKPOINT_FUNCTIONS:
         with pytest.raises((ValueError, TypeError)):
             fn(bad)
     if not isinstance(bad, bool):

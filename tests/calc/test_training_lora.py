@@ -1,11 +1,11 @@
-"""calc.training_step with LoRA adapters (issue 34): hand counts of the adapters' parameters,
+"""attnmem.calc.training_step with LoRA adapters (issue 34): hand counts of the adapters' parameters,
 gradients and AdamW state, the 4-bit base, refusals, hostile arguments, and CPU replays of a
 tiny Llama's step through peft (skipped where torch, transformers or peft are missing).
 
-The replays count live tensor storages (kernels.measure.live_bytes.LiveBytes) over one step
+The replays count live tensor storages (attnmem.measure.live_bytes.LiveBytes) over one step
 after a warm-up: the bytes alive at the end of the forward equal calc's activations exactly;
 the step's peak is within 1% (CPU has no cuBLAS workspace and no CUDA softmax `tmp`, which are
-taken out of the prediction, module docstring of calc.training_step)."""
+taken out of the prediction, module docstring of attnmem.calc.training_step)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import dataclasses
 
 import pytest
 
-from calc import MODELS
-from calc.models import ModelConfig
-from calc.training_step import (
+from attnmem.calc import MODELS
+from attnmem.calc.models import ModelConfig
+from attnmem.calc.training_step import (
     CUBLAS_WORKSPACE_BYTES,
     LORA_PART,
     LoRA,
@@ -100,7 +100,7 @@ def test_qlora_base_bytes() -> None:
 
 
 def m_params(m: ModelConfig) -> int:
-    from calc.params import param_count
+    from attnmem.calc.params import param_count
     return param_count(m)
 
 
@@ -161,7 +161,7 @@ def _replay(targets: object, r: int, ckpt: bool, attention: str, vocab: int, s: 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    from kernels.measure.live_bytes import LiveBytes
+    from attnmem.measure.live_bytes import LiveBytes
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,

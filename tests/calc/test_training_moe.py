@@ -1,4 +1,4 @@
-"""calc.training_step for MoE decoders (issue 34): hand counts of one MoE block's saved tensors,
+"""attnmem.calc.training_step for MoE decoders (issue 34): hand counts of one MoE block's saved tensors,
 all experts' gradients and AdamW state, refusals with the reason, and CPU replays of tiny
 Qwen3-MoE, Qwen2-MoE, Mixtral and gpt-oss steps (skipped without torch/transformers).
 
@@ -8,7 +8,7 @@ so a replay through one of those is compared with the prediction less that mask
 (`_sentinel_bytes`). Under 5.17 the forward is within 8 bytes per layer (a 0-dim tensor of
 its sentinel code, not identified).
 
-The replays count live tensor storages (kernels.measure.live_bytes.LiveBytes) over one step
+The replays count live tensor storages (attnmem.measure.live_bytes.LiveBytes) over one step
 after a warm-up. On CPU torch 2.13 transformers 5 runs the same grouped_mm experts path as on
 CUDA (integrations/moe.py _can_use_grouped_mm: torch > 2.10 on CPU has grouped_mm). The bytes
 alive at the end of the forward equal calc's activations exactly; the step's peak is within
@@ -26,10 +26,10 @@ from fractions import Fraction
 
 import pytest
 
-from calc import MODELS
-from calc.models import ModelConfig
-from calc.params import param_count
-from calc.training_step import CUBLAS_WORKSPACE_BYTES, SENTINEL_LABEL, LoRA, training_step
+from attnmem.calc import MODELS
+from attnmem.calc.models import ModelConfig
+from attnmem.calc.params import param_count
+from attnmem.calc.training_step import CUBLAS_WORKSPACE_BYTES, SENTINEL_LABEL, LoRA, training_step
 
 QWEN3 = ModelConfig(name="tiny-qwen3-moe", num_layers=2, hidden_size=64, num_heads=4,
                     num_kv_heads=2, head_dim=16, intermediate_size=48, vocab_size=1000,
@@ -37,7 +37,7 @@ QWEN3 = ModelConfig(name="tiny-qwen3-moe", num_layers=2, hidden_size=64, num_hea
 
 
 def test_moe_block_by_hand() -> None:
-    """One Qwen3-MoE layer's MoE block, bf16, S = T·k pairs (calc.training_step._moe_terms)."""
+    """One Qwen3-MoE layer's MoE block, bf16, S = T·k pairs (attnmem.calc.training_step._moe_terms)."""
     b, s = 2, 128
     t, h, i, e, k = b * s, 64, 48, 8, 2
     pairs = t * k
@@ -105,7 +105,7 @@ OSS = ModelConfig(name="tiny-gpt-oss", num_layers=2, hidden_size=64, num_heads=4
 
 
 def test_gpt_oss_layer_by_hand() -> None:
-    """One gpt-oss layer, eager, bf16 (calc.training_step._gpt_oss_layer_terms): fp32 norm
+    """One gpt-oss layer, eager, bf16 (attnmem.calc.training_step._gpt_oss_layer_terms): fp32 norm
     outputs, the sink column in the probabilities, the row-max indices, the clamped SwiGLU's
     four S×I tensors and the bias gathers' sorted ids."""
     b, s = 2, 128
@@ -145,7 +145,7 @@ def _replay(kind: str, attention: str, ckpt: bool, vocab: int, s: int, aux: bool
             ) -> tuple[ModelConfig, int, int]:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kernels.measure.live_bytes import LiveBytes
+    from attnmem.measure.live_bytes import LiveBytes
 
     torch.manual_seed(0)
     common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -257,7 +257,7 @@ def test_ep_layout_by_hand() -> None:
     replicated (DDP) or sharded over the 8 ranks; the experts' group has one rank, so no DDP
     bucket for their gradients; under ZeRO-3 the expert weights per GPU are experts / 8 with or
     without EP, and only the gathered buffers shrink."""
-    from calc.parallel import expert_params
+    from attnmem.calc.parallel import expert_params
 
     m = MODELS["Mixtral 8x7B"]
     n, px = param_count(m), expert_params(m)
@@ -282,7 +282,11 @@ def test_ep_activations_and_backward() -> None:
     """ep = 2 on 2 GPUs: the same S pairs per rank (balanced routing) and two int64 sort
     indices per layer more; each all-to-all's backward holds two S×h buffers at once and frees
     its index; the local experts' gradients are half of all experts'."""
-    from calc.training_step import _ep_combine_backward, _ep_dispatch_backward, _moe_block_grads
+    from attnmem.calc.training_step import (
+        _ep_combine_backward,
+        _ep_dispatch_backward,
+        _moe_block_grads,
+    )
 
     b, s, h = 2, 128, 64
     pairs = b * s * 2

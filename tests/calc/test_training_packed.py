@@ -1,4 +1,4 @@
-"""calc.training_step with packed sequences (packed_lengths: padding-free training, one row
+"""attnmem.calc.training_step with packed sequences (packed_lengths: padding-free training, one row
 whose position_ids restart at each sequence): what differs from the dense row of the same T
 by hand, the refusals and their messages, and CPU replays of a tiny Llama through
 transformers (our kernel under Triton's interpreter, eager, SDPA) whose live tensor bytes at
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from calc import MODELS
-from calc.training_step import LoRA, training_step
+from attnmem.calc import MODELS
+from attnmem.calc.training_step import LoRA, training_step
 from tests.calc.test_training_step import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def _pair(attention: str, **kw: object):
 
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_triton_packed_is_the_dense_row_plus_inputs_and_starts(ckpt: bool) -> None:
-    """Our kernel: the same saved tensors as one dense row of T (kernels/hf/attention.py
+    """Our kernel: the same saved tensors as one dense row of T (attnmem/kernels/hf/attention.py
     flattens q, k, v as views; the output is made contiguous for o_proj either way), plus the
     int32 cu_seqlens (n + 1) and, before the step, the position ids and labels (int64 T each);
     under checkpointing the model makes no position ids of its own (8·T fewer)."""
@@ -44,14 +44,14 @@ def test_triton_packed_is_the_dense_row_plus_inputs_and_starts(ckpt: bool) -> No
 
 def test_triton_packed_backward_terms_follow_the_hopper_rule() -> None:
     """The attention call's backward in a layer's backward moment: for a packed row the
-    packed call's terms (calc.peak.varlen_peak_breakdown). Without a window (Llama) the Hopper
+    packed call's terms (attnmem.calc.peak.varlen_peak_breakdown). Without a window (Llama) the Hopper
     backward's: lse2 and delta copies and an fp32 dQ buffer of P padded rows per head (P = T
-    + n·64 rounded up to 64 at d = 128: calc.dispatch.sm90_packed_pad_rows), dk, dv, dq; when
+    + n·64 rounded up to 64 at d = 128: attnmem.calc.dispatch.sm90_packed_pad_rows), dk, dv, dq; when
     every layer has a window shorter than the longest sequence (Mistral 7B v0.1, 4,096) the
     portable two-kernel backward's delta, dk, dv, dq, no buffer; a dense row of T in the
     Hopper region adds its own fp32 buffer of T rows."""
-    from calc.peak import varlen_peak_breakdown
-    from calc.training_step import _attention_backward_extra, _dims, _packed_window
+    from attnmem.calc.peak import varlen_peak_breakdown
+    from attnmem.calc.training_step import _attention_backward_extra, _dims, _packed_window
 
     lengths = (8192, 8192, 8192, 8192)
     total = sum(lengths)
@@ -149,16 +149,16 @@ def _replay(attention: str, ckpt: bool, lengths: tuple[int, ...], lora: bool = F
     labels -100 at each sequence's first token)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kernels.measure.live_bytes import LiveBytes
+    from attnmem.measure.live_bytes import LiveBytes
 
     if attention == "triton":
-        from kernels.flash.api import interpreting
+        from attnmem.kernels.flash.api import interpreting
 
         if not interpreting():
             return _replay_in_child(attention, ckpt, lengths, lora)
-        import kernels.hf
+        import attnmem.kernels.hf
 
-        kernels.hf.register()
+        attnmem.kernels.hf.register()
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -1,4 +1,4 @@
-"""calc.training_step: exact tensor counts for a tiny hand-computed model, linearity in the
+"""attnmem.calc.training_step: exact tensor counts for a tiny hand-computed model, linearity in the
 number of layers, what sharding and tensor parallelism divide, refusals, the longest context.
 
 The tiny model's figures were also replayed on a CPU with transformers 5.24's LlamaForCausalLM
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calc import GPUS, MODELS
-from calc.models import ModelConfig
-from calc.parallel import layout_bytes, make_layout
-from calc.training_step import (
+from attnmem.calc import GPUS, MODELS
+from attnmem.calc.models import ModelConfig
+from attnmem.calc.parallel import layout_bytes, make_layout
+from attnmem.calc.training_step import (
     CUBLAS_WORKSPACE_BYTES,
     PHASES,
     TRAIN_ATTENTIONS,
@@ -156,7 +156,7 @@ def test_refuses_models_it_does_not_count() -> None:
 
 
 def test_every_attention_and_phase_named() -> None:
-    from calc.backends import NoKernel
+    from attnmem.calc.backends import NoKernel
 
     assert TINY.num_kv_heads < TINY.num_heads  # grouped-query: forced memory-efficient refused
     with pytest.raises(NoKernel, match="no grouped-query kernel"):
@@ -262,7 +262,7 @@ def test_cpu_replay_matches(attention: str, precision: str, ckpt: bool) -> None:
 
 def test_gpt2_block_by_hand() -> None:
     """GPT-2 (LayerNorm, fused c_attn, gelu_new in torch ops, dropout 0.1 everywhere): one
-    block's saved bytes, bf16, eager, term by term (calc.training_step._gpt2_layer_terms)."""
+    block's saved bytes, bf16, eager, term by term (attnmem.calc.training_step._gpt2_layer_terms)."""
     gpt2 = MODELS["GPT-2 (124M)"]
     b, s, h, heads, i = 1, 1024, 768, 12, 3072
     t, n = b * s, b * heads * s * s
@@ -314,7 +314,7 @@ def test_properties(name: str, batch: int, s: int, attention: str, precision: st
     """Whole non-negative bytes; the peak is the largest moment and at least before-step; the
     peak never falls as s grows (max_train_seq_len's search needs that); doubling the batch at
     most doubles what the step adds to before-step."""
-    from calc.backends import NoKernel
+    from attnmem.calc.backends import NoKernel
 
     kw = dict(attention=attention, precision=precision, checkpointing=ckpt)
     m = MODELS[name]
@@ -343,7 +343,7 @@ def test_sliding_window_shorter_than_s_materializes_the_mask_under_sdpa() -> Non
     1,249,288 B under checkpointing). Flash takes no mask: refused (the H200's rows said "No
     available kernel"). A window as long as s still masks (masking_utils: kv_length >=
     window); one key longer does not."""
-    from calc.backends import NoKernel
+    from attnmem.calc.backends import NoKernel
 
     win = dataclasses.replace(TINY, sliding_window=64, sliding_window_layers=2,
                               model_type="mistral")
@@ -409,8 +409,8 @@ def test_forced_flash_is_refused_exactly_where_the_h200_training_rows_found_no_k
 
     import pandas as pd
 
-    from calc.backends import NoKernel
-    from kernels.measure import train_models
+    from attnmem.calc.backends import NoKernel
+    from attnmem.measure import train_models
 
     rows = pd.read_csv(Path(__file__).resolve().parents[2] / "data" / "training_steps_h200.csv")
     rows = rows[rows.attention.str.startswith("sdpa") & rows.status.isin(["ok", "unavailable"])

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import calc
-import calc.serving
-import calc.units
+import attnmem.calc
+import attnmem.calc.serving
+import attnmem.calc.units
 from attnmem import cli
+from attnmem.calc.gpus import torch_total_bytes
+from attnmem.calc.training_step import PRECISIONS
+from attnmem.calc.units import format_bytes
 from attnmem.cli import main
-from calc.gpus import torch_total_bytes
-from calc.training_step import PRECISIONS
-from calc.units import format_bytes
 
 ROOT = Path(__file__).parents[2]
 LLAMA = "Llama 3.1 8B"
@@ -75,7 +75,7 @@ def test_every_length_and_count_option_takes_the_same_forms(
                    "--batch", "1,024")
     assert out["batch"] == 1024
     out = run_json(capsys, "train", "--model", "GPT-2 (124M)", "--seq-len", "1k", "--batch", "2")
-    assert out["peak_bytes"] == calc.training_step(calc.MODELS["GPT-2 (124M)"], 2, 1024,
+    assert out["peak_bytes"] == attnmem.calc.training_step(attnmem.calc.MODELS["GPT-2 (124M)"], 2, 1024,
                                                    attention="sdpa_flash").peak_bytes
     out = run_json(capsys, "serve", "--model", LLAMA, "--seq-len", "32k",
                    "--max-num-batched-tokens", "16k", "--max-num-seqs", "1,000",
@@ -119,7 +119,7 @@ def test_help_explains_every_option_and_names_its_default(command: str) -> None:
 def test_serve_help_names_vllms_defaults() -> None:
     text = " ".join(_subparsers()["serve"].format_help().split())
     for default in ("(default: 0.9)", "(default: 16)", "default: 8192)", "(default: 256)",
-                    f"(default: {calc.serving.DEFAULT_NON_TORCH_BYTES} bytes = 338 MiB)"):
+                    f"(default: {attnmem.calc.serving.DEFAULT_NON_TORCH_BYTES} bytes = 338 MiB)"):
         assert default in text
 
 
@@ -138,14 +138,14 @@ def test_help_imports_neither_torch_pandas_nor_calc(args: list[str]) -> None:
 
 
 def test_the_parsers_copies_of_calcs_defaults_are_calcs() -> None:
-    """--help does not import calc, so the parser carries copies; they must not drift."""
-    assert cli.DEFAULT_GPU == calc.DEFAULT_GPU
-    assert cli.IMPLEMENTATIONS == tuple(calc.IMPLEMENTATIONS)
-    assert cli.TRAIN_ATTENTIONS == tuple(calc.TRAIN_ATTENTIONS)
-    assert cli.DTYPES == tuple(calc.DTYPES)
+    """--help does not import attnmem.calc, so the parser carries copies; they must not drift."""
+    assert cli.DEFAULT_GPU == attnmem.calc.DEFAULT_GPU
+    assert cli.IMPLEMENTATIONS == tuple(attnmem.calc.IMPLEMENTATIONS)
+    assert cli.TRAIN_ATTENTIONS == tuple(attnmem.calc.TRAIN_ATTENTIONS)
+    assert cli.DTYPES == tuple(attnmem.calc.DTYPES)
     assert cli.PRECISIONS == tuple(PRECISIONS)
-    assert (cli.MAX_SEQ_LEN, cli.MAX_BATCH) == (calc.units.MAX_SEQ_LEN, calc.units.MAX_BATCH)
-    s = calc.serving
+    assert (cli.MAX_SEQ_LEN, cli.MAX_BATCH) == (attnmem.calc.units.MAX_SEQ_LEN, attnmem.calc.units.MAX_BATCH)
+    s = attnmem.calc.serving
     assert (cli.DEFAULT_GPU_MEMORY_UTILIZATION, cli.DEFAULT_BLOCK_SIZE, cli.BLOCK_SIZES,
             cli.DEFAULT_MAX_NUM_BATCHED_TOKENS, cli.DEFAULT_MAX_NUM_SEQS,
             cli.DEFAULT_NON_TORCH_BYTES, cli.DEFAULT_CUDA_GRAPH_BYTES) == (
@@ -203,20 +203,20 @@ def test_memory_plain_says_why_nothing_fits(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_train_plain_equals_calc(capsys: pytest.CaptureFixture[str]) -> None:
-    model, gpu = calc.MODELS[LLAMA], torch_total_bytes("NVIDIA H100 80GB")
+    model, gpu = attnmem.calc.MODELS[LLAMA], torch_total_bytes("NVIDIA H100 80GB")
     text = run_text(capsys, "train", "--model", LLAMA, "--seq-len", "8k", "--gpu", "H100 80GB")
-    step = calc.training_step(model, 1, 8192, attention="sdpa_flash")
+    step = attnmem.calc.training_step(model, 1, 8192, attention="sdpa_flash")
     assert format_bytes(step.peak_bytes) in text and step.peak_phase in text
     assert format_bytes(step.optimizer_bytes) in text
     assert "does not fit" in text and format_bytes(step.peak_bytes - gpu) in text
-    longest = calc.max_train_seq_len(model, gpu, 1, attention="sdpa_flash", precision="bf16",
+    longest = attnmem.calc.max_train_seq_len(model, gpu, 1, attention="sdpa_flash", precision="bf16",
                                      checkpointing=False)
     assert f"{longest:,} tokens" in text
 
 
 def test_serve_plain_equals_calc(capsys: pytest.CaptureFixture[str]) -> None:
-    model = calc.MODELS[LLAMA]
-    cap = calc.serving.serving_capacity(model, "NVIDIA H200 141GB", 32768)
+    model = attnmem.calc.MODELS[LLAMA]
+    cap = attnmem.calc.serving.serving_capacity(model, "NVIDIA H200 141GB", 32768)
     text = run_text(capsys, "serve", "--model", LLAMA, "--seq-len", "32k", "--gpu", "H200",
                     "--unit", "GiB")
     assert f"KV blocks  {cap.num_blocks:,}".replace("  ", " ") in " ".join(text.split())
@@ -230,10 +230,10 @@ def test_serve_plain_equals_calc(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_serve_uses_the_serving_pages_overheads(capsys: pytest.CaptureFixture[str]) -> None:
-    """The Serving page takes non-torch memory and CUDA graphs in whole MiB; calc.serving's
+    """The Serving page takes non-torch memory and CUDA graphs in whole MiB; attnmem.calc.serving's
     defaults were 0.33 GiB and 0.36 GiB to the byte, so the page used 337 MiB and 368 MiB and
     `attnmem serve` 354,334,802 and 386,547,057 bytes: two answers to one question."""
-    at = AppTest.from_file(str(ROOT / "pages" / "serving.py"), default_timeout=60).run()
+    at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / "serving.py"), default_timeout=60).run()
     assert not at.exception
     boxes = {n.label: n.value for n in at.number_input}
     out = run_json(capsys, "serve", "--model", LLAMA, "--seq-len", "32768")

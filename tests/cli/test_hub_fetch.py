@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from attnmem.calc.params import param_count
+from attnmem.calc.presets import MODELS
 from attnmem.hub import HubError, check_repo_id, fetch_config_dict, fetch_model
-from calc.params import param_count
-from calc.presets import MODELS
 from tests.cli.fake_hub import FakeHub
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"

@@ -1,6 +1,6 @@
 """`attnmem train --adapter none|lora|qlora --rank --targets --adapter-dtype --double-quant`
-(issue 34, item 4): the options parse, the numbers equal calc.training_step's (the Training
-page's call, calc.finetune.calc_kwargs), and a bad value is one line naming it."""
+(issue 34, item 4): the options parse, the numbers equal attnmem.calc.training_step's (the Training
+page's call, attnmem.calc.finetune.calc_kwargs), and a bad value is one line naming it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-import calc
+import attnmem.calc
 from attnmem import cli
+from attnmem.calc import finetune
+from attnmem.calc.gpus import torch_total_bytes
+from attnmem.calc.training_step import ADAPTER_DTYPES, LORA_TARGET_SETS, LoRA, lora_adapter_params
 from attnmem.cli import main
-from calc import finetune
-from calc.gpus import torch_total_bytes
-from calc.training_step import ADAPTER_DTYPES, LORA_TARGET_SETS, LoRA, lora_adapter_params
 
 LLAMA = "Llama 3.1 8B"
 
@@ -53,14 +53,14 @@ def test_adapter_numbers_equal_calc(capsys: pytest.CaptureFixture[str], args: li
                                     lora: LoRA, base: str) -> None:
     out = run_json(capsys, "train", "--model", LLAMA, "--seq-len", "4k", "--gpu", "H100 80GB",
                    *args)
-    model = calc.MODELS[LLAMA]
+    model = attnmem.calc.MODELS[LLAMA]
     kw = dict(attention="sdpa_flash", checkpointing="--checkpointing" in args, adapters=lora,
               base_dtype=base)
-    m = calc.training_step(model, 1, 4096, **kw)
+    m = attnmem.calc.training_step(model, 1, 4096, **kw)
     gpu = torch_total_bytes("NVIDIA H100 80GB")
     assert out["peak_bytes"] == m.peak_bytes and out["weights_bytes"] == m.weights_bytes
     assert out["gradients_bytes"] == m.gradients_bytes
-    assert out["longest_context"] == calc.max_train_seq_len(model, gpu, 1, **kw)
+    assert out["longest_context"] == attnmem.calc.max_train_seq_len(model, gpu, 1, **kw)
     assert out["fits"] == (m.peak_bytes <= gpu)
     assert (out["adapter"], out["lora_rank"], out["lora_targets"], out["adapter_dtype"],
             out["base_dtype"], out["double_quant"]) == (
@@ -70,21 +70,21 @@ def test_adapter_numbers_equal_calc(capsys: pytest.CaptureFixture[str], args: li
 
 def test_full_training_is_the_default_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "train", "--model", "Mixtral 8x7B", "--seq-len", "1k")
-    model = calc.MODELS["Mixtral 8x7B"]  # a MoE model: counted now
-    assert out["peak_bytes"] == calc.training_step(model, 1, 1024,
+    model = attnmem.calc.MODELS["Mixtral 8x7B"]  # a MoE model: counted now
+    assert out["peak_bytes"] == attnmem.calc.training_step(model, 1, 1024,
                                                    attention="sdpa_flash").peak_bytes
     assert out["adapter"] == "none" and out["lora_rank"] is None and out["base_dtype"] == "bf16"
-    assert out["trainable_params"] == calc.param_count(model)
+    assert out["trainable_params"] == attnmem.calc.param_count(model)
 
 
 def test_plain_output_names_the_method(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--model", "Llama 3.1 70B", "--seq-len", "4k", "--adapter", "qlora",
                  "--double-quant", "--checkpointing", "--gpu", "H100 80GB"]) == 0
     text = capsys.readouterr().out
-    m = calc.training_step(calc.MODELS["Llama 3.1 70B"], 1, 4096, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 70B"], 1, 4096, attention="sdpa_flash",
                            checkpointing=True, adapters=LoRA(16), base_dtype="nf4_dq")
     assert "QLoRA: rank 16, targets all-linear" in text and "double quantization" in text
-    assert calc.format_bytes(m.peak_bytes, "GB") in text
+    assert attnmem.calc.format_bytes(m.peak_bytes, "GB") in text
     assert "{" not in text and "True" not in text
 
 

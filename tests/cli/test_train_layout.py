@@ -1,5 +1,5 @@
 """`attnmem train --gpus --sharding --ep` (issue 34: expert parallelism as a layout dimension):
-the numbers equal calc.training_step's for that layout, the defaults are one GPU, and a layout
+the numbers equal attnmem.calc.training_step's for that layout, the defaults are one GPU, and a layout
 calc refuses is one line naming the value."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-import calc
+import attnmem.calc
 from attnmem.cli import _parser, main
 
 MIXTRAL = "Mixtral 8x7B"
@@ -22,7 +22,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 def test_sharding_choices_are_calcs() -> None:
     train = _parser()._subparsers._group_actions[0].choices["train"]
     sharding = next(a for a in train._actions if a.dest == "sharding")
-    assert tuple(sharding.choices) == calc.SHARDINGS
+    assert tuple(sharding.choices) == attnmem.calc.SHARDINGS
 
 
 @pytest.mark.parametrize("args, layout", [
@@ -34,7 +34,7 @@ def test_layout_numbers_equal_calc(capsys: pytest.CaptureFixture[str], args: lis
                                    layout: dict) -> None:
     out = run_json(capsys, "train", "--model", MIXTRAL, "--seq-len", "4k", "--checkpointing",
                    *args)
-    m = calc.training_step(calc.MODELS[MIXTRAL], 1, 4096, attention="sdpa_flash",
+    m = attnmem.calc.training_step(attnmem.calc.MODELS[MIXTRAL], 1, 4096, attention="sdpa_flash",
                            checkpointing=True, **layout)
     assert out["peak_bytes"] == m.peak_bytes
     assert out["weights_bytes"] == m.weights_bytes

@@ -1,4 +1,4 @@
-"""One torchrun rank of kernels.ring.measure_multi with an out-of-memory error injected, for
+"""One torchrun rank of attnmem.measure.ring.multi with an out-of-memory error injected, for
 tests/kernels/test_ring_multi.py: without a GPU nothing runs out of memory, so this rank
 script makes one rank's calls of at least FROM tokens fail where step STEP of its PHASE (fwd
 or bwd) begins, with the error CUDA's allocator raises, and then runs measure_multi as it is.
@@ -21,7 +21,7 @@ def inject(rank: int, phase: str, step: int, from_len: int) -> None:
     the ring's communicator raises torch.cuda.OutOfMemoryError at the chosen step's start."""
     import torch
 
-    from kernels.ring import measure_multi as mm
+    from attnmem.measure.ring import multi as mm
 
     seen = {"s": 0}
     real_call, real_ring_class = mm.Caller.call, mm._p2p_ring_class
@@ -54,7 +54,7 @@ if __name__ == "__main__":
         from _interp import quick_interpreter
 
         quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
-    from kernels.measure import torchrun
-    from kernels.ring import measure_multi
+    from attnmem.measure import torchrun
+    from attnmem.measure.ring import multi as measure_multi
 
     torchrun.exit_rank(measure_multi.main(sys.argv[2:]))

@@ -11,21 +11,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kernels.bench import speed as bench  # noqa: E402
-from kernels.measure import speed_results  # noqa: E402
+from attnmem.measure import speed_results  # noqa: E402
+from attnmem.measure.bench import speed as bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flops_convention():
     """FlashAttention-2's convention: forward 4*B*H*s^2*d, half when causal; forward+backward 3.5 x forward, and
-    the bench's figure is calc.attention_flops's (one copy of the rule)."""
-    import calc
+    the bench's figure is attnmem.calc.attention_flops's (one copy of the rule)."""
+    import attnmem.calc
 
     assert bench.flops(1, 32, 4096, 128, False, "fwd") == 4 * 32 * 4096**2 * 128
     assert bench.flops(2, 8, 1000, 64, True, "fwd") == 4 * 2 * 8 * 1000**2 * 64 / 2
     assert bench.flops(1, 1, 10, 16, False, "fwd_bwd") == 3.5 * 4 * 100 * 16
-    assert bench.flops(1, 32, 8192, 64, True, "fwd_bwd") == calc.attention_flops(
+    assert bench.flops(1, 32, 8192, 64, True, "fwd_bwd") == attnmem.calc.attention_flops(
         1, 32, 8192, 64, causal=True, backward=True)
 
 
@@ -119,7 +119,7 @@ def test_shapes_presets_and_refusals(capsys):
 def test_fa4_absent_is_an_unavailable_row():
     """Without flash_attn.cute the bench's fa4 cell is 'unavailable' (the run goes on) and the
     reason is said once before the grid."""
-    from kernels.measure import registry
+    from attnmem.measure import registry
 
     if registry.fa4_installed_reason() is None:
         pytest.skip("flash_attn.cute is installed here")
@@ -199,7 +199,7 @@ def test_run_grid_on_the_cpu(tmp_path, monkeypatch, capsys):
     CPU tensors without stopping the run; the header names the run."""
     import triton.testing
 
-    from kernels.measure import registry
+    from attnmem.measure import registry
 
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.5)[1])
     real = bench._impl_fn
@@ -234,7 +234,7 @@ def test_run_grid_times_fa4_on_its_own_layout(tmp_path, monkeypatch):
     checked against the reference and its row carries flash-attn-4's version."""
     import triton.testing
 
-    from kernels.measure import registry
+    from attnmem.measure import registry
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""``python -m kernels.bench --preset training`` (issue 31, item 4) on the CPU: the grid covers
+"""``python -m attnmem.measure.bench --preset training`` (issue 31, item 4) on the CPU: the grid covers
 the axes the issue names, its packed batches' starts are what the kernel accepts, the summary
 is computed right from made-up timings, bad options are refused in one line, and the packed
 path of the bench runs end to end (GPU kernels replaced by the eager reference; under Triton's
@@ -18,9 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kernels.bench import speed as bench  # noqa: E402
-from kernels.bench import training  # noqa: E402
-from kernels.measure import speed_results  # noqa: E402
+from attnmem.measure import speed_results  # noqa: E402
+from attnmem.measure.bench import speed as bench  # noqa: E402
+from attnmem.measure.bench import training  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEERS4 = ["--impls", "triton", "sdpa_cudnn", "sdpa_flash", "fa4"]
@@ -68,8 +68,8 @@ def test_training_grid_covers_the_issue_axes():
 
 def test_packed_starts_are_what_the_kernel_accepts():
     """cu_seqlens of every packed batch: 0, strictly increasing, ending at the total, and
-    accepted by flash_attention's own check (kernels.flash.api._check_starts)."""
-    from kernels.flash.api import _check_starts
+    accepted by flash_attention's own check (attnmem.kernels.flash.api._check_starts)."""
+    from attnmem.kernels.flash.api import _check_starts
 
     for b in training.PACKED:
         starts = b.starts()
@@ -163,7 +163,7 @@ def test_summarize_refuses_a_file_that_is_not_a_bench_csv(tmp_path, capsys):
     other.write_text("a,b\n1,2\n")
     assert bench.main(["--summarize", str(other)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "other.csv" in err[0] and "not a kernels.bench CSV" in err[0]
+    assert len(err) == 1 and "other.csv" in err[0] and "not an attnmem.measure.bench CSV" in err[0]
     assert bench.main(["--summarize", str(tmp_path / "absent.csv")]) == 2
     assert "absent.csv" in capsys.readouterr().err
 
@@ -191,7 +191,7 @@ def test_parts_split_the_grid_and_the_estimate_fits_one_call():
 
 def _eager_packed(cu_list):
     """fn(q, k, v, causal) on (total, H, d): each sequence alone through the eager reference."""
-    from kernels.measure import registry
+    from attnmem.measure import registry
 
     def fn(q, k, v, causal):
         outs = []
@@ -210,7 +210,7 @@ def test_packed_rows_on_the_cpu(tmp_path, monkeypatch, capsys):
     lengths, read_rows still reads it, and --summarize tells packed from dense rows."""
     import triton.testing
 
-    from kernels.measure import registry
+    from attnmem.measure import registry
 
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.5)[1])
     batch = training.PackedBatch("tiny", "bf16", 16, 2, (5, 33, 40))
@@ -263,8 +263,8 @@ from _interp import quick_interpreter
 quick_interpreter()
 import triton.testing
 triton.testing.do_bench = lambda fn, **kw: (fn(), 0.25)[1]
-from kernels.bench import speed, training
-from kernels.flash import api
+from attnmem.measure.bench import speed, training
+from attnmem.kernels.flash import api
 assert api.interpreting()
 args = speed.parse_args(["--impls", "triton", "sdpa_math", "--shapes", "bf16/16/8",
                          "--modes", "fwd", "fwd_bwd", "--heads", "2", "--csv", sys.argv[1]])
@@ -311,12 +311,12 @@ def test_packed_variants_of_our_kernel():
     """On packed batches: triton_generic forces the portable forward, triton_sm90_3wg the
     Hopper one with three warpgroups, triton_sm90_bwd / triton_portable_bwd the Hopper / the
     portable packed backward."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     seen = []
     real = training.packed_fn
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
-    import kernels.flash.api as api
+    import attnmem.kernels.flash.api as api
 
     def fake_fa(q, k, v, causal=False, **kw):
         seen.append(kw["config"])

@@ -1,4 +1,4 @@
-"""The causal Hopper backward's grid order (kernels.flash.bwd_sm90.head_group): a group of
+"""The causal Hopper backward's grid order (attnmem.kernels.flash.bwd_sm90.head_group): a group of
 heads launched together, longest key block first, sized to what L2 holds and to at least a
 wave of programs. CPU only: the rule is host code; the GPU tests of test_bwd_sm90.py run the
 kernel under it."""
@@ -15,9 +15,9 @@ H200_SMS = 132
 
 def _sm90():
     try:
-        from kernels.flash import bwd_sm90
+        from attnmem.kernels.flash import bwd_sm90
     except Exception as e:  # Triton without Gluon's Hopper API
-        pytest.skip(f"kernels.flash.bwd_sm90 does not import here: {type(e).__name__}: {e}")
+        pytest.skip(f"attnmem.kernels.flash.bwd_sm90 does not import here: {type(e).__name__}: {e}")
     return bwd_sm90
 
 
@@ -40,7 +40,7 @@ def test_group_divides_heads_fits_l2_and_fills_a_wave(heads, group, s, d):
 
 
 def test_measured_shapes_take_the_groups_that_won():
-    """The shapes tools/bwd_order.py timed on the H200 (kernels/flash/NOTES.md, "Grid order
+    """The shapes attnmem/kernels/dev/bwd_order.py timed on the H200 (attnmem/kernels/flash/NOTES.md, "Grid order
     of the causal backward"): B/H/H_kv/s/d -> heads per group."""
     b90 = _sm90()
     rule = b90.head_group

@@ -1,4 +1,4 @@
-"""The Hopper (Gluon) backward, kernels.flash.bwd_sm90, against the eager fp32 reference.
+"""The Hopper (Gluon) backward, attnmem.kernels.flash.bwd_sm90, against the eager fp32 reference.
 
 GPU tests (marked ``gpu``; they also need compute capability 9.x): all three gradients, at
 lengths that are and are not multiples of the tiles, causal and not, MHA and GQA, fp16 and
@@ -28,9 +28,9 @@ FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 def _sm90():
     try:
-        from kernels.flash import bwd_sm90
+        from attnmem.kernels.flash import bwd_sm90
     except Exception as e:  # Triton without Gluon's Hopper API
-        pytest.skip(f"kernels.flash.bwd_sm90 does not import here: {type(e).__name__}: {e}")
+        pytest.skip(f"attnmem.kernels.flash.bwd_sm90 does not import here: {type(e).__name__}: {e}")
     return bwd_sm90
 
 
@@ -52,7 +52,7 @@ def _poisoned_new_empty():
 
 
 def _grads(q, k, v, do, causal, scale):
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     o = attention_reference(q, k, v, causal, scale)
@@ -83,7 +83,7 @@ def test_gradients_match_reference(case, dtype):
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels.flash.route import attention_forward
+    from attnmem.kernels.flash.route import attention_forward
 
     B, H, H_kv, s_q, s_k, d, causal = case
     torch.manual_seed(hash(case) % 2**31)
@@ -135,7 +135,7 @@ import json, sys, torch
 sys.path.insert(0, "tests")  # run from the repository root: tests/_interp.py
 from _interp import quick_interpreter
 quick_interpreter()
-from kernels.flash import bwd_sm90 as b90
+from attnmem.kernels.flash import bwd_sm90 as b90
 out = []
 for B, H, s_q, d, bm, split_d in [(1, 2, 128, 128, 64, True), (2, 1, 256, 64, 128, False),
                                   (1, 2, 100, 128, 64, True), (2, 1, 200, 64, 128, False)]:
@@ -190,10 +190,10 @@ def test_every_table_entry_gives_the_flat_staging_its_64_by_64_partial():
 
 
 def test_dq_buffer_rows_match_calc():
-    """The flat dQ buffer's rows per (batch, head) are what calc.peak counts in the Hopper
-    region (calc.dispatch.sm90_dq_rows): s_q rounded up to the query block of TILES."""
+    """The flat dQ buffer's rows per (batch, head) are what attnmem.calc.peak counts in the Hopper
+    region (attnmem.calc.dispatch.sm90_dq_rows): s_q rounded up to the query block of TILES."""
     b90 = _sm90()
-    from calc import dispatch
+    from attnmem.calc import dispatch
 
     for d in b90.HEAD_DIMS:
         assert dispatch.SM90_QUERY_BLOCK[d] == b90.TILES[d][0]
@@ -210,7 +210,7 @@ def test_strided_inputs_and_expanded_gradient():
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels.flash.route import attention_forward
+    from attnmem.kernels.flash.route import attention_forward
 
     B, H, s, d = 1, 4, 640, 128
     qkv = torch.randn(B, s, 3, H, d, device="cuda", dtype=torch.bfloat16)
@@ -233,17 +233,17 @@ def test_usable_refuses_cpu_tensors():
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_compiles_for_sm90_without_spills(d):
-    """The CPU compile check (tools/compile_bwd_sm90.py): the default variant compiles
+    """The CPU compile check (attnmem/kernels/dev/compile_bwd_sm90.py): the default variant compiles
     for sm_90 and fits the 227 KiB of shared memory; 0 spilled bytes is the goal. Known
     spills (expected failures until they are 0), the causal variant compiled here: at d = 128
     none with Triton 3.6 (the GPU host's) and 8 bytes with 3.9, outside the loops, since the
-    K and V descriptors are rebuilt every step (kernels/flash/NOTES.md, "K and V descriptors
+    K and V descriptors are rebuilt every step (attnmem/kernels/flash/NOTES.md, "K and V descriptors
     rebuilt every step"; before, 44-68
     and about 350); at d = 64 the BLOCK_M = 128 tile (S^T and dP^T 64 registers each) spills
     16-56 bytes with either, and was 3-17% faster on the H200 than BLOCK_M = 64, which spilled
-    none (kernels/flash/NOTES.md, "the Hopper region")."""
+    none (attnmem/kernels/flash/NOTES.md, "the Hopper region")."""
     _sm90()
-    from tools import compile_bwd_sm90 as cb
+    from attnmem.kernels.dev import compile_bwd_sm90 as cb
 
     try:
         rows = cb.run(dims=(d,), verbose=False, dtypes=("bf16",), causals=(True,))
@@ -258,10 +258,10 @@ def test_compiles_for_sm90_without_spills(d):
 
 def test_mha_specialisation_compiles_within_shared_memory():
     """The kernel as the JIT builds it without GQA (GROUP = 1 a constant, which changes what
-    ptxas keeps in registers: kernels/flash/NOTES.md, "where the backward's time goes (ncu)")
+    ptxas keeps in registers: attnmem/kernels/flash/NOTES.md, "where the backward's time goes (ncu)")
     compiles for sm_90 at both head dims within the 227 KiB a block may use. Its spills are not asserted (a few local loads remain)."""
     _sm90()
-    from tools import compile_bwd_sm90 as cb
+    from attnmem.kernels.dev import compile_bwd_sm90 as cb
 
     try:
         rows = cb.run(verbose=False, dtypes=("bf16",), causals=(False,), mha=True)
@@ -284,9 +284,9 @@ def test_allocates_what_the_atomic_triton_backward_allocates(shape):
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from calc.dispatch import atomic_dq, kv_split
-    from kernels.flash.config import KernelConfig
-    from kernels.flash.route import attention_backward, attention_forward
+    from attnmem.calc.dispatch import atomic_dq, kv_split
+    from attnmem.kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.route import attention_backward, attention_forward
 
     B, H, H_kv, s, d = shape
     assert atomic_dq(B, H, H_kv, s, s, d, 2) and kv_split(B, H, H_kv, s, s, d, 2) == 1
@@ -329,7 +329,7 @@ def test_usable_needs_queries_in_multiples_of_four():
 # ---- routing: when flash_attention's backward is the Gluon one (route.backward_route) ---------
 
 def test_configs_that_pick_the_triton_backward_keep_it():
-    from kernels.flash.config import KernelConfig, Tiles
+    from attnmem.kernels.flash.config import KernelConfig, Tiles
 
     assert not KernelConfig().triton_backward_chosen()
     assert KernelConfig(atomic_dq=True).triton_backward_chosen()
@@ -344,8 +344,8 @@ def test_configs_that_pick_the_triton_backward_keep_it():
 def test_forcing_it_where_it_cannot_run_is_refused_clearly():
     """CPU tensors (or any call the Gluon backward cannot take): sm90_bwd=True names why;
     the default falls back to the Triton backward silently, as designed."""
-    from kernels.flash import route
-    from kernels.flash.config import SETTINGS, KernelConfig
+    from attnmem.kernels.flash import route
+    from attnmem.kernels.flash.config import SETTINGS, KernelConfig
 
     assert SETTINGS.sm90_bwd is True  # the default; no environment variable changes it
     x = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
@@ -377,9 +377,9 @@ def test_flash_attention_routes_its_backward(monkeypatch, shape, expect):
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels import flash_attention
-    from kernels.flash import config as cfg
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels import flash_attention
+    from attnmem.kernels.flash import config as cfg
+    from attnmem.kernels.flash.config import KernelConfig
 
     B, H, H_kv, s, d, causal = shape
     calls = []
@@ -411,8 +411,8 @@ def test_deterministic_mode_keeps_the_triton_backward(monkeypatch):
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels import flash_attention
-    from kernels.flash import config as cfg
+    from attnmem.kernels import flash_attention
+    from attnmem.kernels.flash import config as cfg
 
     monkeypatch.setattr(cfg.SETTINGS, "sm90_bwd", True)
     monkeypatch.setattr(b90, "attention_backward_sm90",
@@ -434,8 +434,8 @@ def test_forced_where_the_default_would_not_route(monkeypatch):
     if reason:
         pytest.skip(reason)
     b90 = _sm90()
-    from kernels import flash_attention
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels import flash_attention
+    from attnmem.kernels.flash.config import KernelConfig
 
     calls = []
     real = b90.attention_backward_sm90

@@ -2,7 +2,7 @@
 the backward of ``flash_attention(..., cu_seqlens=...)`` on a compute capability 9.x GPU).
 
 Oracle: each sequence alone through the fp32 eager reference
-(``kernels.flash.reference.attention_reference``); dQ, dK, dV must stay within twice plain
+(``attnmem.kernels.flash.reference.attention_reference``); dQ, dK, dV must stay within twice plain
 eager's error in the same dtype plus a floor (tests/_tolerance.py), and the portable packed
 backward (``KernelConfig(sm90_bwd=False)``) on the same inputs gives the same gradients within
 the same bound. Every buffer the kernels allocate is NaN-filled first (`common.empty`), so a
@@ -43,7 +43,7 @@ needs_hopper = pytest.mark.skipif(REASON is not None, reason=f"Hopper backward: 
 def poison_and_count():
     """Under `poison_empty` (tests/_poison.py), a list that gets one entry per call of
     `bwd_sm90.attention_backward_sm90_packed`."""
-    from kernels.flash import bwd_sm90
+    from attnmem.kernels.flash import bwd_sm90
 
     real_bwd, seen = bwd_sm90.attention_backward_sm90_packed, []
 
@@ -67,7 +67,7 @@ def _starts(lens) -> torch.Tensor:
 def _reference_grads(q, k, v, do, starts, starts_k, causal, dtype_hi):
     """Per sequence, the reference's gradients of q, k, v in ``dtype_hi`` (queries of sequence
     i at starts[i] .., keys at starts_k[i] ..)."""
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     leaves = [t.detach().to(dtype_hi).requires_grad_() for t in (q, k, v)]
     outs = [attention_reference(leaves[0][:, :, a:b], leaves[1][:, :, ak:bk],
@@ -87,7 +87,7 @@ def _inputs(lens, H, H_kv, d, dtype, seed=0, lens_k=None):
 
 def _grads(q, k, v, do, cu, cu_k, causal, config, flat):
     """dq, dk, dv of the packed call through `flash_attention`, as (1, heads, T, d)."""
-    from kernels.flash.api import flash_attention
+    from attnmem.kernels.flash.api import flash_attention
 
     if flat:  # FlashAttention's (T, H, d), contiguous: the kernels get its transposed view
         leaves = [t[0].transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
@@ -104,7 +104,7 @@ def check_packed_bwd(lens, H, H_kv, d, causal, dtype, flat=False, config=None, l
     """The packed backward on the Hopper kernel (``config`` None: the default route, which must
     take it) against the reference, and against the portable packed backward; ``lens_k``: the
     sequences' key counts where they differ from ``lens`` (``cu_seqlens_k``)."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     q, k, v, do = _inputs(lens, H, H_kv, d, dtype, lens_k=lens_k)
     cu = _starts(lens)
@@ -144,7 +144,7 @@ def test_gpu_packed_sm90_backward_forced_and_short():
     """``sm90_bwd=True`` forces it where the rule would not (sequences shorter than the query
     block on average); single-token and sub-block sequences only (every key block and query
     block ragged)."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     check_packed_bwd([1, 3, 5, 63, 2], 4, 1, 128, True, torch.bfloat16,
                      config=KernelConfig(sm90_bwd=True))
@@ -158,7 +158,7 @@ def test_gpu_packed_sm90_backward_cross_lengths():
     all keys), causal top-left; the variant of the d = 128 GQA case above. The forward is the
     portable one here (``sm90=False``; the backward's default rule still applies), so that
     only this backward is new to these lengths."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     check_packed_bwd([97, 300, 1, 200, 64], 4, 1, 128, True, torch.bfloat16,
                      config=KernelConfig(sm90=False), lens_k=[150, 64, 5, 200, 1])
@@ -171,8 +171,8 @@ def test_gpu_packed_bwd_writes_only_its_rows(d, causal):
     """Rows after the last sequence belong to no sequence: dQ, dK and dV must keep their NaN
     there (a store past a sequence's end would overwrite the next sequence's rows in a real
     batch), and every owned row must be written."""
-    from kernels.flash import bwd_sm90, fwd
-    from kernels.flash.common import Packed
+    from attnmem.kernels.flash import bwd_sm90, fwd
+    from attnmem.kernels.flash.common import Packed
 
     first, end, tail = 300, 97, 200
     T = first + end + tail
@@ -195,16 +195,16 @@ def test_gpu_packed_bwd_writes_only_its_rows(d, causal):
 def test_gpu_packed_sm90_peak_equals_calc():
     """The measured extra peak of a packed forward + backward on the Hopper backward (q, k, v,
     dO and cu_seqlens allocated before, in an emptied cache: a fresh child process,
-    tests/_packed_peak.py; warmed up once) equals calc.varlen_peak_bytes to the byte, its
+    tests/_packed_peak.py; warmed up once) equals attnmem.calc.varlen_peak_bytes to the byte, its
     padded fp32 dQ buffer and stats copies included."""
     from _packed_peak import packed_peak
 
-    import calc
+    import attnmem.calc
 
     lens, H, H_kv, d = [1000, 3001, 4190, 5], 12, 1, 128  # the d = 128 GQA variant above
     got = packed_peak(lens, H, H_kv, d, True)
     assert got["hopper_backward"], "the default route did not take the Hopper packed backward"
-    want = calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
+    want = attnmem.calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv)
     assert got["measured"] == want, (got, want)
 
 
@@ -219,7 +219,7 @@ def emulate_packed_backward(q, k, v, do, o, lse2, cu, causal, scale, cu_k=None):
     the padded copies and dQ summed in the padded rows (gaps NaN: a step reading or adding
     there shows), dK, dV stored for keys < s_k only. q, o, do (1, H, T, d), k, v (1, H_kv, T,
     d), lse2 (1, H, T) base 2; ``cu_k`` the keys' starts (default ``cu``)."""
-    from kernels.flash import bwd_sm90 as b90
+    from attnmem.kernels.flash import bwd_sm90 as b90
 
     _, H, T, d = q.shape
     H_kv, group = k.shape[1], q.shape[1] // k.shape[1]
@@ -307,7 +307,7 @@ def test_packed_schedule_emulated_matches_reference(d, causal, H_kv, cross):
     lengths across the 64/128-row query blocks and 128-key blocks, a 1-token sequence among
     them, GQA, and (``cross``) key counts other than the query counts."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     lens, H = [97, 1, 128, 300, 64, 193], 4
     lens_k = [150, 5, 64, 300, 1, 260] if cross else lens
@@ -345,7 +345,7 @@ import json, sys, torch
 sys.path.insert(0, "tests")  # run from the repository root: tests/_interp.py
 from _interp import quick_interpreter
 quick_interpreter()
-from kernels.flash import bwd_sm90 as b90
+from attnmem.kernels.flash import bwd_sm90 as b90
 out = []
 for lens, H, d in [([5, 64, 130, 1, 70], 2, 128), ([200, 1, 129], 1, 64)]:
     torch.manual_seed(0)
@@ -421,13 +421,13 @@ def test_packed_stats_and_cast_under_the_interpreter():
 
 def compile_varlen(dtype: str, d: int, causal: bool, mha: bool = False):
     """The packed backward kernel compiled for sm_90 with the signature its launch has (no
-    GPU: Triton's compiler and ptxas run on the CPU, as tools/compile_bwd_sm90.py does for the
+    GPU: Triton's compiler and ptxas run on the CPU, as attnmem/kernels/dev/compile_bwd_sm90.py does for the
     dense kernel); ``mha``: GROUP = 1 as the JIT specialises it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels.flash import bwd_sm90 as b90
+    from attnmem.kernels.flash import bwd_sm90 as b90
 
     gdt = {"fp16": b90.gl.float16, "bf16": b90.gl.bfloat16}[dtype]
     bm, st = b90.TILES[d]
@@ -460,7 +460,7 @@ def compile_helpers(dtype: str, d: int):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.flash import bwd_sm90 as b90
+    from attnmem.kernels.flash import bwd_sm90 as b90
 
     bm = b90.TILES[d][0]
     target = GPUTarget("cuda", 90, 32)
@@ -487,7 +487,7 @@ def test_packed_sm90_backward_compiles():
     stores of dK, dV, spilling at most what the dense kernel spills plus a margin; its stats
     and cast kernels compile too."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from tools.compile_sm90 import _ptxas_usage
+    from attnmem.kernels.dev.compile_sm90 import _ptxas_usage
 
     for args, limit in ((("bf16", 128, True, True), 64), (("fp16", 64, False, False), 256)):
         ck = compile_varlen(*args)
@@ -507,7 +507,7 @@ if __name__ == "__main__":  # registers and spills of each variant on this Trito
 
     import triton
 
-    from tools.compile_sm90 import _ptxas_usage
+    from attnmem.kernels.dev.compile_sm90 import _ptxas_usage
 
     print(f"triton {triton.__version__}")
     for d in (64, 128):

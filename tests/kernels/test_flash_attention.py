@@ -4,7 +4,7 @@ Tolerance comes from the data (as in Dao-AILab/flash-attention's tests): the ker
 against a high-precision reference must be at most twice the error of plain PyTorch eager in
 the same low precision, plus a small absolute floor. Inputs are fresh random draws every
 time; every buffer the kernel allocates is poisoned with NaN first (the kernels allocate
-through one helper, ``kernels.flash.common.empty``, which the poisoning replaces), so an element
+through one helper, ``attnmem.kernels.flash.common.empty``, which the poisoning replaces), so an element
 that the kernel fails to write shows up as a mismatch; a deliberately broken kernel that skips
 one tile's store proves that it does.
 
@@ -34,10 +34,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kernels.flash.config import KernelConfig, Tiles  # noqa: E402
+from attnmem.kernels.flash.config import KernelConfig, Tiles  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
-KERNEL_MODULES = ("kernels.flash.fwd", "kernels.flash.bwd", "kernels.flash.api")
+KERNEL_MODULES = ("attnmem.kernels.flash.fwd", "attnmem.kernels.flash.bwd", "attnmem.kernels.flash.api")
 # Fixed tiles, so the GPU grid compiles once per (d, causal, dtype) and never autotunes: the
 # portable forward and the two-kernel backward with those tiles.
 GPU_CONFIG = KernelConfig(tiles=Tiles(64, 64, 4, 2), sm90=False, atomic_dq=False)
@@ -48,8 +48,8 @@ FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 @pytest.fixture(scope="module")
 def fa():
-    """kernels.flash.api, imported in this process (compiled kernels; no driver call)."""
-    return importlib.import_module("kernels.flash.api")
+    """attnmem.kernels.flash.api, imported in this process (compiled kernels; no driver call)."""
+    return importlib.import_module("attnmem.kernels.flash.api")
 
 
 def _nan_filled(t: torch.Tensor) -> torch.Tensor:
@@ -59,9 +59,9 @@ def _nan_filled(t: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def poison_empty():
     """Every buffer allocated inside is NaN-filled: the kernels' one allocation helper
-    (`kernels.flash.common.empty`: O, lse2, delta, dQ, dK, dV, the partial dK/dV sums), and
+    (`attnmem.kernels.flash.common.empty`: O, lse2, delta, dQ, dK, dV, the partial dK/dV sums), and
     torch.empty / torch.empty_like / Tensor.new_empty for anything else on the way."""
-    from kernels.flash import common
+    from attnmem.kernels.flash import common
 
     real = (common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty)
     own_new_empty = "new_empty" in torch.Tensor.__dict__  # else it is TensorBase's
@@ -138,7 +138,7 @@ def assert_within(name: str, got: torch.Tensor, ref: torch.Tensor, base: torch.T
 def check_against_reference(fa, B, H, H_kv, s_q, s_k, d, causal, dtype, device,
                             layout="contiguous", config=None, scale=None):
     """Kernel vs fp64/fp32 reference vs plain eager in `dtype`, forward and every gradient."""
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     q, k, v, do = _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout)
     hi = torch.float64 if device == "cpu" else torch.float32
@@ -165,10 +165,10 @@ def check_against_reference(fa, B, H, H_kv, s_q, s_k, d, causal, dtype, device,
 # ---------------------------------------------------------------------------------------------
 def test_import_touches_no_gpu_or_triton():
     code = (
-        "import sys, kernels\n"
-        "assert 'triton' not in sys.modules, 'import kernels pulled in triton'\n"
-        "assert callable(kernels.attention_reference)\n"
-        "import kernels.flash.api, torch\n"
+        "import sys, attnmem.kernels\n"
+        "assert 'triton' not in sys.modules, 'import attnmem.kernels pulled in triton'\n"
+        "assert callable(attnmem.kernels.attention_reference)\n"
+        "import attnmem.kernels.flash.api, torch\n"
         "assert not torch.cuda.is_initialized(), 'importing the kernel initialised CUDA'\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -244,15 +244,15 @@ def test_memory_formulas_match_the_docstring(fa):
 
 
 def test_kernels_allocate_only_through_common_empty():
-    """The poisoning patches `kernels.flash.common.empty`; that reaches every buffer only if
+    """The poisoning patches `attnmem.kernels.flash.common.empty`; that reaches every buffer only if
     the kernels' host code allocates nothing another way. Allowed besides: ``new_zeros`` (the
     atomic-dQ buffer must start at zero) and ``.to(dtype)`` (the cast writes every element)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for name in ("api.py", "route.py", "fwd.py", "bwd.py", "fwd_sm90.py"):
-        with open(os.path.join(root, "kernels", "flash", name)) as f:
+        with open(os.path.join(root, "attnmem", "kernels", "flash", name)) as f:
             src = f.read()
         for call in ("torch.empty", "empty_like", ".new_empty(", "empty_strided", " empty("):
-            assert call not in src, f"kernels/flash/{name} allocates with {call!r}"
+            assert call not in src, f"attnmem/kernels/flash/{name} allocates with {call!r}"
         assert "common.empty(" in src or name in ("api.py", "route.py")
 
 
@@ -260,7 +260,7 @@ def test_poisoning_fills_every_allocation_path(fa):
     """Inside poison_empty, the kernels' helper and the torch allocators it could be bypassed
     with (torch.empty, torch.empty_like, Tensor.new_empty) all return NaN; outside, they are
     restored."""
-    from kernels.flash import common
+    from attnmem.kernels.flash import common
 
     x = torch.zeros(2, 3)
     real = (common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty)
@@ -310,12 +310,12 @@ def test_the_environment_configures_nothing():
     import subprocess
     import sys
 
-    from kernels.flash import config
+    from attnmem.kernels.flash import config
 
     assert dataclasses.asdict(config.SETTINGS) == dataclasses.asdict(config.Settings())
     env = {**os.environ, "FLASH_ATTN_TUNE": "1", "FLASH_ATTN_DESC": "0", "FLASH_ATTN_SM90": "0",
            "FLASH_ATTN_DIRECT_LAUNCH": "0", "FLASH_ATTN_SM90_BWD": "0"}
-    code = ("import dataclasses; from kernels.flash import config; "
+    code = ("import dataclasses; from attnmem.kernels.flash import config; "
             "print(dataclasses.asdict(config.SETTINGS) == dataclasses.asdict(config.Settings()))")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
@@ -328,9 +328,9 @@ def test_stored_h200_tiles_apply_on_hopper_16bit_only(fa, monkeypatch):
     switched off (SETTINGS.retune); a malformed call falls back to tuning instead of failing."""
     from types import SimpleNamespace
 
-    from kernels.flash.config import SETTINGS
+    from attnmem.kernels.flash.config import SETTINGS
 
-    fwd = sys.modules["kernels.flash.fwd"]
+    fwd = sys.modules["attnmem.kernels.flash.fwd"]
     q16 = SimpleNamespace(device=SimpleNamespace(type="cuda"), element_size=lambda: 2)
     args = {"Q": q16, "seq_bucket": 4096}
     meta = {"BLOCK_D": 128, "CAUSAL": False}
@@ -360,7 +360,7 @@ def test_stored_h200_tiles_apply_on_hopper_16bit_only(fa, monkeypatch):
 def test_descriptors_only_for_layouts_that_flatten_into_rows(fa):
     """K/V go through tensor descriptors only when (batch, head, seq) flatten into rows with a
     16-byte row stride; asking for them elsewhere is refused with a message, not misread."""
-    fwd = sys.modules["kernels.flash.fwd"]
+    fwd = sys.modules["attnmem.kernels.flash.fwd"]
     if fwd.TensorDescriptor is None:
         pytest.skip("this Triton has no tensor descriptors")
     x = torch.zeros(2, 4, 40, 64, dtype=torch.float16)
@@ -369,7 +369,7 @@ def test_descriptors_only_for_layouts_that_flatten_into_rows(fa):
     assert fwd.rows_view(x[:, :, :20]) is None  # heads 40 rows apart, 20 used
     assert fwd.rows_view(x[:1, :1, :20]) == (20, 64)  # one head: any row count
     assert fwd.rows_view(torch.zeros(1, 2, 8, 100, dtype=torch.float16)[..., :36]) is None  # 200 B rows
-    route = importlib.import_module("kernels.flash.route")
+    route = importlib.import_module("attnmem.kernels.flash.route")
     assert route.descriptors_usable(x, x, 64, True)
     assert not route.descriptors_usable(x, x, 64, False)
     assert not route.descriptors_usable(x, x, 80, True)  # padded head dim: pointers
@@ -409,7 +409,7 @@ def _strided_case(fa):
 
 def _stride0_grad_case(fa):
     """out.sum().backward() hands the kernel an expanded (stride-0) dO."""
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     q, k, v, _ = _inputs(1, 2, 1, 9, 9, 16, torch.float32, "cpu")
     fa.flash_attention(q, k, v, causal=True).sum().backward()
@@ -429,7 +429,7 @@ INTERP_DESC_CASES = [
     (1, 2, 2, 130, 33, 16, False, torch.float16),
 ]
 
-# The atomic-dQ backward (KernelConfig.atomic_dq; kernels/flash/bwd.py): causal and not,
+# The atomic-dQ backward (KernelConfig.atomic_dq; attnmem/kernels/flash/bwd.py): causal and not,
 # ragged tails, s_q != s_k, GQA, a padded head dim.
 INTERP_ATOMIC = KernelConfig(tiles=Tiles(32, 32, 4, 1), sm90=False, atomic_dq=True)
 INTERP_ATOMIC_CASES = [
@@ -460,12 +460,12 @@ INTERP_IDS = ([f"case{i}" for i in range(len(INTERP_CASES))] + ["strided", "stri
 
 def _padded_rows_case(fa) -> None:
     """The atomic-dQ backward inside calc's Hopper region holds the Gluon backward's padded
-    buffer (s_q rounded up to its query block: 97 -> 128 rows at d = 64, calc.dispatch.
+    buffer (s_q rounded up to its query block: 97 -> 128 rows at d = 64, attnmem.calc.dispatch.
     sm90_dq_rows), so its bytes match calc wherever it runs instead; dQ must still be right
     with the padded rows between heads. The region is forced for this small shape."""
     from unittest import mock
 
-    from calc import dispatch
+    from attnmem.calc import dispatch
 
     shapes = []
     zeros = torch.Tensor.new_zeros
@@ -505,11 +505,11 @@ BROKEN_CASES = {
 def _broken_case(fa, kernel, config, case):
     """The case with `kernel` launched through `SkipOneTile`, under the poisoning; returns the
     failure message (an AssertionError if the check passed anyway)."""
-    from kernels.flash import common
-    from kernels.flash.launcher import DirectLauncher
+    from attnmem.kernels.flash import common
+    from attnmem.kernels.flash.launcher import DirectLauncher
 
-    fn = {"fwd": "kernels.flash.fwd:fwd_kernel", "dq": "kernels.flash.bwd:bwd_dq_kernel",
-          "dkdv": "kernels.flash.bwd:bwd_dkdv_kernel"}[kernel].split(":")
+    fn = {"fwd": "attnmem.kernels.flash.fwd:fwd_kernel", "dq": "attnmem.kernels.flash.bwd:bwd_dq_kernel",
+          "dkdv": "attnmem.kernels.flash.bwd:bwd_dkdv_kernel"}[kernel].split(":")
     plain = getattr(importlib.import_module(fn[0]), fn[1])
     saved = common.LAUNCHERS.get(kernel)
     common.LAUNCHERS[kernel] = SkipOneTile(DirectLauncher(plain))
@@ -532,7 +532,7 @@ def _interp_worker() -> None:
     from _interp import quick_interpreter
 
     quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
-    fa = importlib.import_module("kernels.flash.api")
+    fa = importlib.import_module("attnmem.kernels.flash.api")
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     runs = [lambda c=c: check_against_reference(fa, *c, "cpu") for c in INTERP_CASES]
     runs += [lambda: _strided_case(fa), lambda: _stride0_grad_case(fa)]
@@ -697,7 +697,7 @@ def test_gpu_atomic_dq_backward_matches_reference(fa, poisoned, s_q, s_k, d, gro
     """The atomic-dQ backward (KernelConfig(atomic_dq=True), default tiles): every gradient against
     the reference, as the default backward is checked. On Hopper, d = 64 and 128 add dQ with
     the copy engine's bulk reduce-add (d = 80 with element-wise atomics)."""
-    from kernels.flash.route import dq_tma_usable
+    from attnmem.kernels.flash.route import dq_tma_usable
 
     q = torch.empty(1, 1, 1, d, device="cuda", dtype=dtype)
     assert dq_tma_usable(q, d) == (HOPPER and d in (64, 128))
@@ -740,7 +740,7 @@ def test_gpu_sm90_takes_strided_views_without_copies(fa, poisoned, dtype):
                                 config=KernelConfig(sm90=True), scale=0.2)
     # the repeated call went through the direct launch of the compiled kernel, on
     # Triton 3.6 straight to its C launch function with the encoded tensor maps kept
-    launcher = importlib.import_module("kernels.flash.fwd_sm90").LAUNCHER
+    launcher = importlib.import_module("attnmem.kernels.flash.fwd_sm90").LAUNCHER
     assert launcher.direct_calls > 0
     if importlib.import_module("triton").__version__.startswith("3.6."):
         assert launcher.raw_calls > 0 and launcher.encoded
@@ -754,7 +754,7 @@ def test_gpu_direct_launch_never_reuses_a_mismatched_kernel(fa, poisoned, d):
     reuse a kernel compiled for others: the same shapes in turn as contiguous tensors,
     (B, s, H, d) views and another GQA group, each twice, each against the reference; then
     inputs at a 2-byte offset (not 16-byte aligned), against the same inputs aligned."""
-    from kernels.flash import common, route
+    from attnmem.kernels.flash import common, route
 
     def direct_calls():
         sm90 = route.fwd_sm90.LAUNCHER.direct_calls if route.fwd_sm90 is not None else 0
@@ -790,7 +790,7 @@ def test_forward_choice_rules():
     """Which forward runs real CPU tensors: the Triton kernel whatever the config says, except
     that sm90=True, where the Gluon kernel cannot run, says why instead of running something
     else."""
-    route = importlib.import_module("kernels.flash.route")
+    route = importlib.import_module("attnmem.kernels.flash.route")
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
 
     def kernel(config):
@@ -807,7 +807,7 @@ def test_forward_choice_rules():
 def test_bulk_dq_adds_need_cuda_and_pow2_head_dim():
     """Bulk reduce-adds of dQ need a CUDA tensor (never under the interpreter), a head dim that
     is a power of two, and are refused when a config turns them off."""
-    from kernels.flash.route import dq_tma_usable
+    from attnmem.kernels.flash.route import dq_tma_usable
 
     cpu = torch.empty(1, 1, 1, 64)
     assert not dq_tma_usable(cpu, 64)
@@ -822,8 +822,8 @@ def test_backward_choice_rules(monkeypatch):
     """Which backward route.attention_backward launches, with the launches recorded instead of
     run (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's
     atomic_dq first; tiles alone leave the choice to the rule."""
-    from kernels.flash import bwd as bwd
-    from kernels.flash import route
+    from attnmem.kernels.flash import bwd as bwd
+    from attnmem.kernels.flash import route
 
     launched = []
     monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, *a, **k: launched.append(name))
@@ -869,8 +869,8 @@ def test_backward_choice_rules(monkeypatch):
 def test_gqa_split_of_the_dkdv_grid(monkeypatch):
     """The GQA split of the dK/dV grid (`kv_split`, a config's kv_split), with the launches
     recorded instead of run: the third grid axis, the partial sums' shape, the refusals."""
-    from kernels.flash import bwd as bwd
-    from kernels.flash import route
+    from attnmem.kernels.flash import bwd as bwd
+    from attnmem.kernels.flash import route
 
     grids = []
     monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, meta, bucket, cfg, args, grid,
@@ -907,7 +907,7 @@ def test_where_the_sm90_forward_is_the_default():
     """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
     stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
     warpgroups, two stages)."""
-    k90 = importlib.import_module("kernels.flash.route").fwd_sm90
+    k90 = importlib.import_module("attnmem.kernels.flash.route").fwd_sm90
     if k90 is None:
         pytest.skip("this Triton has no Gluon Hopper API")
     for causal in (False, True):
@@ -927,7 +927,7 @@ def test_where_the_sm90_forward_is_the_default():
 def test_gpu_d64_long_runs_three_warpgroups_by_default(fa, poisoned, causal):
     """d = 64 past 4,096 runs the three-warpgroup forward without any config (the default
     schedule, causal or not), and its output and gradients match the reference."""
-    k90 = importlib.import_module("kernels.flash.fwd_sm90")
+    k90 = importlib.import_module("attnmem.kernels.flash.fwd_sm90")
     before = len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls
     check_against_reference(fa, 1, 2, 2, 4100, 4300, 64, causal, torch.bfloat16, "cuda")
     assert len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls > before
@@ -939,7 +939,7 @@ def test_sm90_forward_compiles_without_spills():
     and ptxas run on the CPU), without register spills and within the 227 KiB of shared
     memory one block may use."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from tools import compile_sm90 as mod
+    from attnmem.kernels.dev import compile_sm90 as mod
     for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3)):
         ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
         regs, spills = mod._ptxas_usage(ck.asm["ptx"])
@@ -987,8 +987,8 @@ def test_gpu_peak_memory_matches_formula(fa, backward, forward, s):
     q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
     cfg = GPU_CONFIG if forward == "triton" else KernelConfig(sm90=True)
     atomic = forward == "sm90"
-    from calc.dispatch import sm90_region
-    from kernels.flash.route import atomic_by_default
+    from attnmem.calc.dispatch import sm90_region
+    from attnmem.kernels.flash.route import atomic_by_default
 
     assert atomic_by_default(B, H, H_kv, s, s, d, 2)
     assert sm90_region(B, H_kv, s, s, d, 2)
@@ -1012,7 +1012,7 @@ def test_gpu_peak_memory_with_gqa_split_matches_formula(fa, s):
     """Peak extra bytes of forward + backward with a GQA group of 8 split over programs equal
     the formula: at s = 2,048 the partial dK, dV sums (S = 8), at 4,096 also the atomic
     backward's fp32 buffer (S = 8: 4 x 8 x 64 = 2,048 dK/dV programs)."""
-    from kernels.flash.route import atomic_by_default, kv_split
+    from attnmem.kernels.flash.route import atomic_by_default, kv_split
 
     B, H, H_kv, d = 1, 32, 4, 64
     assert kv_split(B, H, H_kv, s, s, d, 2) == 8  # 4 x 32 = 128 programs: not the Hopper region

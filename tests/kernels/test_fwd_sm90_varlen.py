@@ -2,7 +2,7 @@
 ``flash_attention(..., cu_seqlens=...)`` on a compute capability 9.x GPU).
 
 Oracle: each sequence alone through the fp32 eager reference
-(``kernels.flash.reference.attention_reference``); the packed output, its base-2 log-sum-exp
+(``attnmem.kernels.flash.reference.attention_reference``); the packed output, its base-2 log-sum-exp
 and the gradients (the Triton packed backward reading this forward's O and lse2) must stay
 within twice plain eager's error in the same dtype plus a floor, row for row, as
 tests/kernels/test_varlen.py bounds the portable packed path. Every buffer the kernels
@@ -49,7 +49,7 @@ needs_hopper = pytest.mark.skipif(REASON is not None, reason=f"Hopper forward: {
 def counting_packed_sm90():
     """A list that gets one entry per call of `fwd_sm90.attention_forward_sm90_packed` (the
     route calls it through the module, so a wrapper there sees every call)."""
-    from kernels.flash import fwd_sm90
+    from attnmem.kernels.flash import fwd_sm90
 
     real, seen = fwd_sm90.attention_forward_sm90_packed, []
 
@@ -72,7 +72,7 @@ def _starts(lens) -> torch.Tensor:
 def _reference(q, k, v, do, starts, causal, dtype_hi):
     """Per sequence, the reference in ``dtype_hi``: output, lse2 (base 2, (1, H, T)) and the
     gradients of q, k, v for the upstream gradient ``do``."""
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     leaves = [t.detach().to(dtype_hi).requires_grad_() for t in (q, k, v)]
     outs, lses = [], []
@@ -106,9 +106,9 @@ def _packed(lens, H, H_kv, d, dtype, seed=0):
 def check_packed_sm90(lens, H, H_kv, d, causal, dtype, config, flat=False):
     """The packed call with ``config`` (forcing the Hopper forward) against the reference:
     output, lse2 (from the route's forward on the same inputs) and the three gradients."""
-    from kernels.flash import route
-    from kernels.flash.api import flash_attention
-    from kernels.flash.common import Packed
+    from attnmem.kernels.flash import route
+    from attnmem.kernels.flash.api import flash_attention
+    from attnmem.kernels.flash.common import Packed
 
     q, k, v, do = _packed(lens, H, H_kv, d, dtype)
     cu = _starts(lens)
@@ -156,7 +156,7 @@ def check_packed_sm90(lens, H, H_kv, d, causal, dtype, config, flat=False):
                          ids=["fp16_flat", "bf16_bhsd"])
 def test_gpu_packed_sm90_matches_reference(dtype, flat, d, causal):
     """Two consumer warpgroups (d = 64 forced, d = 128 the default's schedule), GQA 2:1."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     check_packed_sm90(LENS, 4, 2, d, causal, dtype, KernelConfig(sm90=True), flat=flat)
 
@@ -167,7 +167,7 @@ def test_gpu_packed_sm90_matches_reference(dtype, flat, d, causal):
                          ids=["bhsd_causal", "flat_full"])
 def test_gpu_packed_sm90_three_warpgroups_match_reference(flat, causal):
     """Three consumer warpgroups (192-row tiles, the d = 64 default past 2,048/4,096)."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     check_packed_sm90(LENS, 4, 4, 64, causal, torch.bfloat16,
                       KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2), flat=flat)
@@ -189,8 +189,8 @@ def test_gpu_nothing_written_past_the_last_sequence(end, consumers):
     were (NaN), in O and lse2, wherever the sequence ends inside its tile; and the rows it
     owns must be written (no NaN left). A store that ran past a sequence's end would write
     them, as it would overwrite the next sequence's rows in a real batch."""
-    from kernels.flash import fwd_sm90
-    from kernels.flash.common import Packed
+    from attnmem.kernels.flash import fwd_sm90
+    from attnmem.kernels.flash.common import Packed
 
     first = 300  # a sequence before, so the last one starts at an offset
     T = first + end + 200
@@ -212,13 +212,13 @@ def test_gpu_nothing_written_past_the_last_sequence(end, consumers):
 
 def compile_varlen(dtype: str, d: int, causal: bool, consumers: int, stages: int):
     """The packed kernel compiled for sm_90 as a launch with these settings compiles it (no
-    GPU: Triton's compiler and ptxas run on the CPU, as tools/compile_sm90.py does for the
+    GPU: Triton's compiler and ptxas run on the CPU, as attnmem/kernels/dev/compile_sm90.py does for the
     dense kernel)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels.flash import fwd_sm90 as k90
+    from attnmem.kernels.flash import fwd_sm90 as k90
 
     gdt = {"fp16": k90.gl.float16, "bf16": k90.gl.bfloat16}[dtype]
     bn = k90.TILES[d][0]
@@ -244,7 +244,7 @@ def test_packed_sm90_forward_compiles():
     and with at most the spills ptxas reported for it on Triton 3.6 and 3.9 (none at d = 128;
     at d = 64 with three warpgroups, 88-152 bytes on 3.9, none on 3.6)."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    from tools.compile_sm90 import _ptxas_usage
+    from attnmem.kernels.dev.compile_sm90 import _ptxas_usage
 
     for args in (("bf16", 128, True, 2, 2), ("fp16", 64, False, 3, 2)):
         ck = compile_varlen(*args)
@@ -263,7 +263,7 @@ if __name__ == "__main__":  # registers and spills of each variant on this Trito
 
     import triton
 
-    from tools.compile_sm90 import _ptxas_usage
+    from attnmem.kernels.dev.compile_sm90 import _ptxas_usage
 
     print(f"triton {triton.__version__}")
     for d, nc, st in ((128, 2, 2), (64, 3, 2), (64, 2, 3)):

@@ -1,4 +1,4 @@
-"""Our kernel inside transformers (kernels.hf): attn_implementation="triton" against eager.
+"""Our kernel inside transformers (attnmem.kernels.hf): attn_implementation="triton" against eager.
 
 Without a GPU the kernel runs under Triton's CPU interpreter, which must be switched on before
 triton is first imported, so the model comparisons run in ONE child process started with
@@ -51,10 +51,10 @@ def _pair(name: str, seed: int = 0):
     """The same random weights as an eager and a triton model."""
     from transformers import AutoModelForCausalLM
 
-    import kernels.hf
-    from kernels.measure.train_models import build_config
+    import attnmem.kernels.hf
+    from attnmem.measure.train_models import build_config
 
-    kernels.hf.register()
+    attnmem.kernels.hf.register()
     torch.manual_seed(seed)
     eager = AutoModelForCausalLM.from_config(build_config(dict(TINY[name])), dtype=torch.float32,
                                              attn_implementation="eager")
@@ -102,7 +102,7 @@ def _autocast_fp16() -> dict:
 
 def _noncausal() -> dict:
     """The function itself with a module whose is_causal is False (an encoder), against SDPA."""
-    from kernels.hf.attention import triton_attention_forward
+    from attnmem.kernels.hf.attention import triton_attention_forward
 
     class Enc(torch.nn.Module):
         is_causal = False
@@ -123,7 +123,7 @@ def _window_marker_used(name: str, seq: int) -> dict:
     sliding layers (no s x s tensor), None for full ones."""
     from transformers.masking_utils import AttentionMaskInterface
 
-    from kernels.hf import attention
+    from attnmem.kernels.hf import attention
 
     _, ours = _pair(name)
     kinds = []
@@ -154,7 +154,7 @@ def _generate_windowed() -> dict:
 def _decode_slices_the_window() -> dict:
     """One query against 20 cached keys with a window of 5: the function reads the last 5
     keys (the query is the newest position), as the sliding-window mask says."""
-    from kernels.hf.attention import triton_attention_forward
+    from attnmem.kernels.hf.attention import triton_attention_forward
 
     class Dec(torch.nn.Module):
         is_causal = True
@@ -175,7 +175,7 @@ def _interp_worker() -> None:
     from _interp import quick_interpreter
 
     quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
-    import kernels.flash.api as fa
+    import attnmem.kernels.flash.api as fa
 
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     cases = {
@@ -281,7 +281,7 @@ def _qkv(s_q=8, s_k=8):
     ({"scaling": -1.0}, "scaling"),
 ])
 def test_refusals_name_the_reason(kwargs, words):
-    from kernels.hf.attention import triton_attention_forward
+    from attnmem.kernels.hf.attention import triton_attention_forward
 
     q, k, v = _qkv()
     mask = kwargs.pop("attention_mask", None)
@@ -291,7 +291,7 @@ def test_refusals_name_the_reason(kwargs, words):
 
 
 def test_window_on_a_noncausal_layer_refused():
-    from kernels.hf.attention import triton_attention_forward
+    from attnmem.kernels.hf.attention import triton_attention_forward
 
     class Enc(torch.nn.Module):
         is_causal = False
@@ -303,7 +303,7 @@ def test_window_on_a_noncausal_layer_refused():
 
 
 def test_marker_and_argument_must_agree():
-    from kernels.hf.attention import SlidingWindowMask, triton_attention_forward
+    from attnmem.kernels.hf.attention import SlidingWindowMask, triton_attention_forward
 
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="sliding window of 3 tokens.*sliding_window=4"):
@@ -316,8 +316,8 @@ def test_mask_function_marks_only_the_plain_causal_window():
     attention and queries off the keys' diagonal; the window dropped where it covers the keys."""
     from transformers.masking_utils import sliding_window_causal_mask_function
 
-    from kernels.hf.attention import SlidingWindowMask, _mask_function
-    from kernels.measure.train_models import build_config
+    from attnmem.kernels.hf.attention import SlidingWindowMask, _mask_function
+    from attnmem.measure.train_models import build_config
 
     cfg = build_config(dict(TINY["mistral_w8"]))
 
@@ -347,8 +347,8 @@ def test_mask_function_reads_the_older_cache_position_form(monkeypatch):
     q_length/q_offset: the same marker rule applies."""
     from transformers import masking_utils
 
-    from kernels.hf.attention import SlidingWindowMask, _mask_function
-    from kernels.measure.train_models import build_config
+    from attnmem.kernels.hf.attention import SlidingWindowMask, _mask_function
+    from attnmem.measure.train_models import build_config
 
     cfg = build_config(dict(TINY["mistral_w8"]))
     monkeypatch.setattr(masking_utils, "sdpa_mask",
@@ -367,10 +367,10 @@ def test_mask_function_reads_the_older_cache_position_form(monkeypatch):
 def test_padding_refused_in_a_windowed_model():
     from transformers import AutoModelForCausalLM
 
-    import kernels.hf
-    from kernels.measure.train_models import build_config
+    import attnmem.kernels.hf
+    from attnmem.measure.train_models import build_config
 
-    kernels.hf.register()
+    attnmem.kernels.hf.register()
     m = AutoModelForCausalLM.from_config(build_config(dict(TINY["mistral_w8"])),
                                          attn_implementation="triton")
     ids = torch.randint(0, 128, (2, 20))
@@ -381,7 +381,7 @@ def test_padding_refused_in_a_windowed_model():
 
 
 def test_mixed_dtypes_outside_autocast_refused():
-    from kernels.hf.attention import triton_attention_forward
+    from attnmem.kernels.hf.attention import triton_attention_forward
 
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="one dtype"):
@@ -389,7 +389,7 @@ def test_mixed_dtypes_outside_autocast_refused():
 
 
 def test_causal_with_cache_offsets_refused():
-    from kernels.hf.attention import triton_attention_forward
+    from attnmem.kernels.hf.attention import triton_attention_forward
 
     q, k, v = _qkv(s_q=4, s_k=8)
     with pytest.raises(ValueError, match="top-left"):
@@ -400,10 +400,10 @@ def test_register_is_idempotent_and_models_accept_the_name():
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.masking_utils import AttentionMaskInterface
 
-    import kernels.hf
-    from kernels.measure.train_models import build_config
+    import attnmem.kernels.hf
+    from attnmem.measure.train_models import build_config
 
-    assert kernels.hf.register() == "triton" == kernels.hf.register()
+    assert attnmem.kernels.hf.register() == "triton" == attnmem.kernels.hf.register()
     assert "triton" in AttentionInterface._global_mapping
     assert "triton" in AttentionMaskInterface._global_mapping
     m = AutoModelForCausalLM.from_config(build_config(dict(TINY["llama"])),
@@ -417,11 +417,11 @@ def test_padding_mask_runs_packed_or_is_refused_in_a_model(monkeypatch):
     sequence it reaches us materialised (the mask function is registered too) and is refused."""
     from transformers import AutoModelForCausalLM
 
-    import kernels.hf
-    from kernels.flash import api
-    from kernels.measure.train_models import build_config
+    import attnmem.kernels.hf
+    from attnmem.kernels.flash import api
+    from attnmem.measure.train_models import build_config
 
-    kernels.hf.register()
+    attnmem.kernels.hf.register()
     seen = []
 
     def packed_call(q, k, v, causal, scale, config, window, cu_seqlens, cu_seqlens_k):
@@ -447,8 +447,8 @@ def test_padding_mask_runs_packed_or_is_refused_in_a_model(monkeypatch):
 
 
 def test_check_config_lists_what_the_kernel_cannot_run():
-    from kernels.hf.attention import check_config
-    from kernels.measure.train_models import build_config
+    from attnmem.kernels.hf.attention import check_config
+    from attnmem.measure.train_models import build_config
 
     llama = build_config("llama3-8b-2l")
     assert check_config(llama, 32768) == []
@@ -464,7 +464,7 @@ def test_check_config_lists_what_the_kernel_cannot_run():
 
 
 def test_import_is_light():
-    code = ("import sys, kernels.hf\n"
+    code = ("import sys, attnmem.kernels.hf\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
@@ -483,10 +483,10 @@ def test_gpu_llama_width_matches_sdpa_bf16(model, window):
     within bf16 noise."""
     from transformers import AutoModelForCausalLM
 
-    import kernels.hf
-    from kernels.measure.train_models import build_config, hf_config
+    import attnmem.kernels.hf
+    from attnmem.measure.train_models import build_config, hf_config
 
-    kernels.hf.register()
+    attnmem.kernels.hf.register()
     d = hf_config(model, layers=1)
     d["vocab_size"] = 1024
     if window is not None:

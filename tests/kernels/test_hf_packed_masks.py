@@ -16,7 +16,7 @@ T = IDS.shape[1]
 
 
 def _request(mask_function, local_size=None):
-    from kernels.hf.attention import _mask_function
+    from attnmem.kernels.hf.attention import _mask_function
 
     return _mask_function(batch_size=1, q_length=T, kv_length=T, q_offset=0, kv_offset=0,
                           mask_function=mask_function, attention_mask=None,
@@ -34,7 +34,7 @@ def _forms(base):
 
 @pytest.mark.parametrize("window", [None, 3])
 def test_packed_requests_of_either_structure_become_cu_seqlens(window):
-    from kernels.hf.attention import PackedSequences
+    from attnmem.kernels.hf.attention import PackedSequences
 
     base = (mu.causal_mask_function if window is None
             else mu.sliding_window_causal_mask_function(window))
@@ -48,7 +48,7 @@ def test_packed_requests_of_either_structure_become_cu_seqlens(window):
 def test_a_packed_request_with_something_added_is_materialised():
     """An extra and-mask (here: keys before 10 only) is not the plain packed mask: the request
     falls through to SDPA's mask, which the kernel then refuses with the reason."""
-    from kernels.hf.attention import PackedSequences
+    from attnmem.kernels.hf.attention import PackedSequences
 
     extra = mu.and_masks(mu.causal_mask_function, lambda b, h, q, k: k < 10)
     got = _request(mu.and_masks(extra, mu.packed_sequence_mask_function(IDS)))

@@ -1,4 +1,4 @@
-"""kernels.flash.launcher.DirectLauncher on the CPU, with a stand-in for a JIT function: what it
+"""attnmem.kernels.flash.launcher.DirectLauncher on the CPU, with a stand-in for a JIT function: what it
 keeps, when it launches directly, and when it leaves every launch to the JIT."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 pytest.importorskip("triton")
-from kernels.flash import launcher as direct  # noqa: E402
+from attnmem.kernels.flash import launcher as direct  # noqa: E402
 
 
 class FakeKernel:

@@ -1,4 +1,4 @@
-"""Ring attention (kernels.ring) against single-device attention, on CPU processes.
+"""Ring attention (attnmem.kernels.ring) against single-device attention, on CPU processes.
 
 The ring runs in 2 and 3 processes (torch.multiprocessing, forked, gloo, a FileStore in a
 temporary folder) with our Triton kernel under Triton's CPU interpreter: TRITON_INTERPRET=1
@@ -8,7 +8,7 @@ sizes; its forked ranks inherit it. Nothing in the pytest process switches to in
 mode. Each rank compares its output rows and ALL its gradients (dq of its queries, dk and dv of its key block, the
 contributions of every rank summed) with the eager fp32 reference on the full sequence,
 sharded the same way; the parent checks every rank's report. The one-device simulator
-(kernels.ring.simulate) is checked in the same child: each simulated rank's output and dq
+(attnmem.measure.ring.simulate) is checked in the same child: each simulated rank's output and dq
 must equal the reference's rows.
 
 Tiny shapes (B = 1, H = 2, s = 48, d = 16) keep the interpreter quick.
@@ -43,7 +43,7 @@ def _inputs(causal: bool, kv_heads: int, seed: int):
 
 
 def _reference(q, k, v, do, causal):
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     o = attention_reference(q, k, v, causal)
@@ -64,8 +64,8 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
 
     _quick()
 
-    from kernels import ring_attention
-    from kernels.ring import shard
+    from attnmem.kernels import ring_attention
+    from attnmem.kernels.ring import shard
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
                             world_size=world)
@@ -89,8 +89,8 @@ def _worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
 
 def _simulated(world: int) -> list[dict]:
     """Every rank of the ring simulated in this one process: output and dq rows."""
-    from kernels.ring import ring_attention_with, shard
-    from kernels.ring.simulate import SimulatedRing
+    from attnmem.kernels.ring import ring_attention_with, shard
+    from attnmem.measure.ring.simulate import SimulatedRing
 
     report = []
     for i, (causal, kv_heads) in enumerate(CASES[world]):
@@ -162,7 +162,7 @@ def test_ring_matches_single_device(ring_reports, world: int) -> None:
 # ---- in-process: sharding and the step schedule (no kernel runs) ------------------------------
 
 def test_zigzag_shard_roundtrip_and_layout() -> None:
-    from kernels.ring import shard, unshard, zigzag_shard
+    from attnmem.kernels.ring import shard, unshard, zigzag_shard
 
     x = torch.arange(24.0).view(1, 1, 24, 1)
     shards = [zigzag_shard(x, r, 3) for r in range(3)]
@@ -176,7 +176,7 @@ def test_zigzag_shard_roundtrip_and_layout() -> None:
 
 @pytest.mark.parametrize("bad", [(25, 3, True), (26, 4, False), (24, 0, True)])
 def test_shard_rejects_bad_splits(bad) -> None:
-    from kernels.ring import shard
+    from attnmem.kernels.ring import shard
 
     s, c, causal = bad
     with pytest.raises(ValueError, match="seq_len|world_size"):
@@ -188,7 +188,7 @@ def test_zigzag_schedule_covers_the_causal_mask_once(c: int) -> None:
     """Every (query chunk, key chunk) pair below the diagonal is computed exactly once over
     all ranks and steps, the diagonal ones with the causal mask; every step past the first
     does the same work."""
-    from kernels.ring import step_kind
+    from attnmem.kernels.ring import step_kind
 
     seen: dict[tuple[int, int], str] = {}
     for r in range(c):
@@ -210,7 +210,7 @@ def test_zigzag_schedule_covers_the_causal_mask_once(c: int) -> None:
 
 
 def test_local_shapes_are_checked() -> None:
-    from kernels.ring import ring_attention_with
+    from attnmem.kernels.ring import ring_attention_with
 
     class Two:
         rank, size = 0, 2
@@ -223,11 +223,11 @@ def test_local_shapes_are_checked() -> None:
 
 
 # ---- in-process: what one rank allocates, against calc's replay -------------------------------
-# The kernel is replaced by stand-ins that allocate what kernels/flash/fwd.py and bwd.py
+# The kernel is replaced by stand-ins that allocate what attnmem/kernels/flash/fwd.py and bwd.py
 # allocate (O and lse2; delta, dk, dv, the GQA split's partial sums and dq or the atomic-dQ
-# buffer, as calc.dispatch decides: the rules the kernel calls), so that the ring's own
+# buffer, as attnmem.calc.dispatch decides: the rules the kernel calls), so that the ring's own
 # tensors are checked here on CPU; the kernel's are checked against H200 measurements by
-# tests/calc/test_attention_peak.py, and the whole rank by kernels.ring.measure_one_rank.
+# tests/calc/test_attention_peak.py, and the whole rank by attnmem.measure.ring.one_rank.
 
 def _tracker(block):
     import weakref
@@ -268,7 +268,7 @@ def _tracker(block):
 
 
 def _stand_in_kernels():
-    from calc import dispatch
+    from attnmem.calc import dispatch
 
     def fwd(q, k, v, causal, scale, cfg):
         B, H, s, d = q.shape
@@ -304,10 +304,10 @@ def _stand_in_kernels():
     (1, 4, 4, 96, 16, torch.bfloat16, False, True, 3),
 ])
 def test_rank_allocations_match_calc_replay(shape, monkeypatch) -> None:
-    import kernels.ring.ring as ring
-    from calc.allocator import round_size
-    from calc.context_parallel import context_parallel_peak_bytes
-    from kernels.ring.simulate import SimulatedRing
+    import attnmem.kernels.ring.ring as ring
+    from attnmem.calc.allocator import round_size
+    from attnmem.calc.context_parallel import context_parallel_peak_bytes
+    from attnmem.measure.ring.simulate import SimulatedRing
 
     B, H, H_kv, s, d, dtype, causal, backward, c = shape
     monkeypatch.setattr(ring, "_kernels", _stand_in_kernels)
@@ -337,8 +337,8 @@ def test_rank_allocations_match_calc_replay(shape, monkeypatch) -> None:
 # ---- on a GPU: the real kernel, one rank simulated ------------------------------------------
 
 def _gpu_call(r, c, blocks, ql, kl, vl, dol, backward):
-    from kernels.ring import ring_attention_with
-    from kernels.ring.simulate import SimulatedRing
+    from attnmem.kernels.ring import ring_attention_with
+    from attnmem.measure.ring.simulate import SimulatedRing
 
     if backward:
         o = ring_attention_with(SimulatedRing(r, c, blocks), ql, kl, vl, True)
@@ -354,9 +354,9 @@ def _gpu_call(r, c, blocks, ql, kl, vl, dol, backward):
 def test_gpu_simulated_rank_output_and_peak(c: int, kv_heads: int, backward: bool) -> None:
     """Every rank simulated on one GPU (bf16, s = 8,192, d = 128): output rows and dq against
     the fp32 eager reference; each rank's measured extra peak equals calc's prediction."""
-    from calc.context_parallel import context_parallel_peak_bytes
-    from kernels.flash.reference import attention_reference
-    from kernels.ring import shard
+    from attnmem.calc.context_parallel import context_parallel_peak_bytes
+    from attnmem.kernels.flash.reference import attention_reference
+    from attnmem.kernels.ring import shard
 
     B, H, s, d, dev = 1, 8, 8192, 128, "cuda"
     g = torch.Generator(device=dev).manual_seed(0)

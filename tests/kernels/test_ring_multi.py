@@ -1,11 +1,11 @@
-"""The multi-GPU ring measurement (kernels.ring.measure_multi) on 2 CPU processes (gloo).
+"""The multi-GPU ring measurement (attnmem.measure.ring.multi) on 2 CPU processes (gloo).
 
 tests/kernels/test_ring_attention.py already checks that the ring's output and gradients on
 2 and 3 gloo processes equal one-device attention; this file does not repeat it. It checks
 what measure_multi adds, with our kernel under Triton's interpreter (TRITON_INTERPRET=1 in
 the child processes only) on tiny shapes (B = 1, H = 2, d = 16, fp32):
 
-1. ``python -m kernels.ring.measure_multi --nproc-per-node 2`` runs end to end: one row per
+1. ``python -m attnmem.measure.ring.multi --nproc-per-node 2`` runs end to end: one row per
    rank, pass and length, calc's per-rank prediction beside it, the call time and the one-GPU
    time with the scaling efficiency; torch's context_parallel rows say why they cannot run on
    the CPU;
@@ -17,7 +17,7 @@ the child processes only) on tiny shapes (B = 1, H = 2, d = 16, fp32):
    the longest length that ran, with that injected limit, and the forward's search runs to
    its limit;
 4. in-process: the search on made-up limits, and the send sequence the drain replays is the
-   one kernels/ring/ring.py issues (counted through the one-device simulator with stand-in
+   one attnmem/kernels/ring/ring.py issues (counted through the one-device simulator with stand-in
    kernels).
 
 Subprocesses run in a session of their own with a time limit (the whole group is killed past
@@ -35,7 +35,7 @@ from _procs import run_in_session
 
 torch = pytest.importorskip("torch")
 
-from kernels.ring import measure_multi as mm  # noqa: E402
+from attnmem.measure.ring import multi as mm  # noqa: E402
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -69,8 +69,8 @@ def test_search_rejects_a_bad_range() -> None:
 def test_drain_sequence_is_what_the_ring_sends(c, backward, monkeypatch) -> None:
     """Every start() of one rank's call, counted through the simulator: the order of kinds is
     mm.ring_sequence's (so a draining rank issues what its neighbours wait for)."""
-    import kernels.ring.ring as ring
-    from kernels.ring.simulate import SimulatedRing
+    import attnmem.kernels.ring.ring as ring
+    from attnmem.measure.ring.simulate import SimulatedRing
 
     def fwd(q, k, v, causal, scale, cfg):
         B, H, s, d = q.shape
@@ -123,7 +123,7 @@ def test_bad_arguments_are_refused(argv, match) -> None:
 
 
 def test_launcher_refuses_before_starting_anything(tmp_path) -> None:
-    res = run_in_session([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "attnmem.measure.ring.multi", "--nproc-per-node", "2",
                 "--out", str(tmp_path), "--impls", "flash3"], timeout=60, env={})
     assert res.returncode == 2
     assert res.stderr.strip().startswith("error: unknown implementation(s) flash3")
@@ -207,7 +207,7 @@ def _gpus() -> int:
 def test_gpu_ring_on_two_gpus_matches_calc(tmp_path) -> None:
     """--quick on 2 GPUs (NCCL): every rank of our ring within 1% of calc's per-rank peak
     (NCCL's own buffers are outside the caching allocator); torch's rows ran or say why."""
-    res = run_in_session([sys.executable, "-m", "kernels.ring.measure_multi", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "attnmem.measure.ring.multi", "--nproc-per-node", "2",
                 "--out", str(tmp_path), "--quick"], timeout=600, env={})
     assert res.returncode == 0, res.stderr[-3000:]
     rows = _csv(tmp_path / "ring_multi_h200.csv")

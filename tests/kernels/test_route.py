@@ -1,6 +1,6 @@
-"""kernels.flash.route: which forward and which backward a call runs, as pure decisions of
+"""attnmem.kernels.flash.route: which forward and which backward a call runs, as pure decisions of
 the call's shape, its KernelConfig, SETTINGS and what the device can run (`Abilities`, stated
-here for a Hopper GPU or a CPU), so no GPU is needed. The buffer rules are calc.dispatch's: the
+here for a Hopper GPU or a CPU), so no GPU is needed. The buffer rules are attnmem.calc.dispatch's: the
 route's atomic-dQ and GQA-split choices must be those the memory model counts."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from calc import dispatch  # noqa: E402
-from kernels.flash import route  # noqa: E402
-from kernels.flash.config import SETTINGS, KernelConfig, Tiles  # noqa: E402
+from attnmem.calc import dispatch  # noqa: E402
+from attnmem.kernels.flash import route  # noqa: E402
+from attnmem.kernels.flash.config import SETTINGS, KernelConfig, Tiles  # noqa: E402
 
 CPU = route.Abilities()
 # A Hopper GPU whose Gluon kernels take the tensors, with descriptor-friendly layouts.
@@ -94,7 +94,7 @@ def test_forward_settings_turn_the_defaults_off(monkeypatch):
 # ---- the backward ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, can, want", [
-    # the Hopper region (calc.dispatch.sm90_region): the Gluon backward, atomic dQ, no split
+    # the Hopper region (attnmem.calc.dispatch.sm90_region): the Gluon backward, atomic dQ, no split
     (dict(H=32, H_kv=32, s_q=4096, d=64), HOPPER, ("sm90", True, 1)),
     (dict(H=32, H_kv=8, s_q=4096, d=128), HOPPER, ("sm90", True, 1)),
     (dict(H=32, H_kv=32, s_q=4096, d=64), CPU, ("triton", True, 1)),  # same buffers elsewhere
@@ -115,8 +115,8 @@ def test_backward_default_route(kw, can, want):
 
 
 def test_backward_buffers_follow_calc_dispatch_whichever_kernel_runs():
-    """With no config, the atomic-dQ buffer and the GQA split are calc.dispatch's on either
-    device, so calc.peak predicts the buffers of whichever backward runs."""
+    """With no config, the atomic-dQ buffer and the GQA split are attnmem.calc.dispatch's on either
+    device, so attnmem.calc.peak predicts the buffers of whichever backward runs."""
     for B, H, H_kv, s, d in [(1, 32, 32, 4096, 64), (1, 32, 8, 3072, 64), (1, 32, 4, 4096, 128),
                              (1, 8, 2, 4096, 128), (4, 32, 32, 3072, 128), (2, 16, 16, 512, 80),
                              (1, 32, 8, 16384, 64)]:

@@ -1,8 +1,8 @@
-"""kernels.flash.route for packed sequences (``cu_seqlens``): which forward runs, as pure
+"""attnmem.kernels.flash.route for packed sequences (``cu_seqlens``): which forward runs, as pure
 decisions of the call's shape (the longest sequences, their count), its KernelConfig, SETTINGS
 and what the device can run, so no GPU is needed; and that a Hopper decision reaches the
 packed Hopper forward with the call's Packed. The backward of a packed call is the Hopper
-backward's packed form where calc.dispatch.sm90_packed says and the inputs allow, else the
+backward's packed form where attnmem.calc.dispatch.sm90_packed says and the inputs allow, else the
 Triton two-kernel one, whichever forward ran (its inputs, O and lse2, have one layout)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kernels.flash import route  # noqa: E402
-from kernels.flash.common import Packed  # noqa: E402
-from kernels.flash.config import SETTINGS, KernelConfig, Tiles  # noqa: E402
+from attnmem.kernels.flash import route  # noqa: E402
+from attnmem.kernels.flash.common import Packed  # noqa: E402
+from attnmem.kernels.flash.config import SETTINGS, KernelConfig, Tiles  # noqa: E402
 
 CPU = route.Abilities()
 HOPPER = route.Abilities(sm90_fwd=True, sm90_bwd=True, hopper=True, desc_layout=True,
@@ -96,7 +96,7 @@ def summary_bwd(r: route.BackwardRoute) -> tuple:
 
 
 @pytest.mark.parametrize("kw, can, want", [
-    # the Hopper backward's packed form wherever it can run: calc.dispatch.sm90_packed
+    # the Hopper backward's packed form wherever it can run: attnmem.calc.dispatch.sm90_packed
     (dict(d=128), HOPPER_PACKED, ("sm90", True, 1)),
     (dict(d=64, max_q=97, causal=False), HOPPER_PACKED, ("sm90", True, 1)),
     (dict(d=128, H=32, H_kv=8, max_q=1, n_seq=1, total=64), HOPPER_PACKED, ("sm90", True, 1)),
@@ -120,7 +120,7 @@ def test_packed_backward_default_route(kw, can, want):
 
 
 def test_packed_backward_rule_is_calc_dispatch(monkeypatch):
-    """The route asks calc.dispatch.sm90_packed (the rule calc.peak counts the buffer by)."""
+    """The route asks attnmem.calc.dispatch.sm90_packed (the rule attnmem.calc.peak counts the buffer by)."""
     seen = []
 
     def rule(*args):

@@ -2,14 +2,14 @@
 
 Semantics under test: query i sees key j iff j <= i and i - j < W (top-left alignment, as the
 kernel's causal mask; transformers' ``sliding_window_overlay``: kv_idx > q_idx - W). The
-oracle is ``kernels.flash.reference.attention_reference(..., window=W)`` in fp64; the kernel's
+oracle is ``attnmem.kernels.flash.reference.attention_reference(..., window=W)`` in fp64; the kernel's
 error must stay within twice plain eager's error in the same dtype plus a small floor (as in
 tests/kernels/test_flash_attention.py). Rows that see no key (s_q >= s_k + W) are 0 in both.
 
 Without a GPU the kernels run under Triton's CPU interpreter, switched on before triton is
 imported, so every kernel case runs in ONE child process started with TRITON_INTERPRET=1 (this
 file run as a script) and each test reads its case from that run. Every buffer the kernels
-allocate (`kernels.flash.common.empty`) is NaN-filled there, so an element a windowed launch
+allocate (`attnmem.kernels.flash.common.empty`) is NaN-filled there, so an element a windowed launch
 fails to write shows. The skipping tests poison inputs outside every window a tile needs and
 check that the outputs stay finite: those tiles are never read. GPU tests are marked ``gpu``.
 """
@@ -65,8 +65,8 @@ def check_window(B, H, H_kv, s_q, s_k, d, window, dtype, device, config=None,
     """Forward and the three gradients of the windowed kernel against the fp64 (CPU, fp32
     inputs) or fp32 reference with the same window, bounded by plain eager's error in
     ``dtype``."""
-    from kernels import flash_attention
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels import flash_attention
+    from attnmem.kernels.flash.reference import attention_reference
 
     q, k, v, do = _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout)
     # fp64 on the CPU, and for fp32 inputs anywhere (an fp32 reference would equal plain eager
@@ -86,7 +86,7 @@ def check_window(B, H, H_kv, s_q, s_k, d, window, dtype, device, config=None,
 
 def check_wide_window_is_the_causal_path(B, H, H_kv, s_q, s_k, d, window, dtype, device):
     """A window of s_q or more hides nothing: bit for bit the call without a window."""
-    from kernels import flash_attention
+    from attnmem.kernels import flash_attention
 
     q, k, v, do = _inputs(B, H, H_kv, s_q, s_k, d, dtype, device)
     a, ga = _fwd_bwd(lambda x, y, z: flash_attention(x, y, z, causal=True, window=window),
@@ -123,7 +123,7 @@ WIDE_CASES = {
 
 
 def _config(extra):
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     return KernelConfig(tiles=TILES, **(extra or {}))
 
@@ -147,7 +147,7 @@ def _skip_case(which: str, atomic: bool, window: int | None) -> dict:
     below n + 63 only, so dK and dV of keys 0..63 stay finite and equal the clean run's.
     ``window=None`` runs the same poisoning without a window: the control, which must NOT
     stay finite (the check would otherwise prove nothing)."""
-    from kernels.flash.route import attention_backward, attention_forward
+    from attnmem.kernels.flash.route import attention_backward, attention_forward
 
     sh = SKIP_SHAPE
     cfg = _config(dict(atomic_dq=atomic))
@@ -187,7 +187,7 @@ def _interp_worker() -> None:
     from _interp import quick_interpreter
 
     quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
-    fa = importlib.import_module("kernels.flash.api")
+    fa = importlib.import_module("attnmem.kernels.flash.api")
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     results: dict[str, object] = {}
     runs = {name: (lambda c=c: check_window(*c[:8], "cpu", config=_config(c[8])))
@@ -263,8 +263,8 @@ def test_tiles_outside_the_window_are_never_read(interp, case):
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def fa(monkeypatch):
-    """kernels.flash.api with CPU tensors accepted (every check below raises before a launch)."""
-    api = importlib.import_module("kernels.flash.api")
+    """attnmem.kernels.flash.api with CPU tensors accepted (every check below raises before a launch)."""
+    api = importlib.import_module("attnmem.kernels.flash.api")
     monkeypatch.setattr(api, "interpreting", lambda: True)
     return api
 
@@ -293,7 +293,7 @@ def test_window_with_forced_hopper_forward_is_refused(fa):
 
 def test_reference_window_semantics():
     """The oracle itself: query i sees keys i - W + 1 .. i; an empty row is 0."""
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels.flash.reference import attention_reference
 
     s, W = 6, 3
     q = torch.zeros(1, 1, s, 4, dtype=torch.float64)  # equal scores: uniform over visible keys
@@ -310,10 +310,10 @@ def test_reference_window_semantics():
 
 def test_window_changes_no_allocation():
     """The memory formulas take no window: the kernels allocate the same buffers (the window
-    only changes which tiles a launch visits), so calc.peak's model of our kernel holds."""
+    only changes which tiles a launch visits), so attnmem.calc.peak's model of our kernel holds."""
     import inspect
 
-    from kernels.flash import api
+    from attnmem.kernels.flash import api
 
     for fn in (api.forward_bytes, api.forward_backward_bytes):
         assert "window" not in inspect.signature(fn).parameters
@@ -340,7 +340,7 @@ def test_gpu_window_matches_reference_bf16(s, window, H_kv):
 def test_gpu_window_odd_shapes_match_reference(s_q, s_k, d, window, dtype):
     """fp32 runs with given tiles: it has no stored H200 tiles, and autotuning its exact
     (IEEE) kernels at a new key took over 270 s on the H200, window or not."""
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     cfg = KernelConfig(tiles=(64, 64, 4, 2)) if dtype == torch.float32 else None
     with poison_empty():
@@ -354,7 +354,7 @@ def test_gpu_window_odd_shapes_match_reference(s_q, s_k, d, window, dtype):
     (1, 8, 2, 1000, dict(atomic_dq=True, dq_tma=False)),  # element-wise dQ adds
 ])
 def test_gpu_window_atomic_dq_matches_reference(B, H, H_kv, window, config):
-    from kernels.flash.config import KernelConfig
+    from attnmem.kernels.flash.config import KernelConfig
 
     cfg = None if config is None else KernelConfig(**config)
     with poison_empty():

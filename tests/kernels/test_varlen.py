@@ -1,8 +1,8 @@
 """Packed sequences (``flash_attention(..., cu_seqlens=...)``) and transformers' padding-free
-and padded batches on them (``kernels.hf``).
+and padded batches on them (``attnmem.kernels.hf``).
 
 Oracle: each sequence run alone through the fp64 eager reference
-(``kernels.flash.reference.attention_reference``), with the same causal mask and window; the
+(``attnmem.kernels.flash.reference.attention_reference``), with the same causal mask and window; the
 packed call's output and gradients, row for row, must stay within twice plain eager's error in
 the same dtype plus a small floor (as tests/kernels/test_flash_attention.py bounds the dense
 kernel). A row that attended across a sequence boundary, or a tile that crossed one, fails it.
@@ -10,7 +10,7 @@ kernel). A row that attended across a sequence boundary, or a tile that crossed 
 Without a GPU the kernels run under Triton's CPU interpreter, switched on before triton is
 imported, so every kernel case runs in ONE child process started with TRITON_INTERPRET=1
 (this file run as a script) and each test reads its case from that run. There every buffer
-the kernels allocate (`kernels.flash.common.empty`) is NaN-filled, so a row a packed launch
+the kernels allocate (`attnmem.kernels.flash.common.empty`) is NaN-filled, so a row a packed launch
 fails to write shows. The interpreter runs 32 x 32 tiles: the lengths below are chosen
 against them (1, 5, 31, 33, 40, 64, 70: below, at and across tile edges). GPU tests are
 marked ``gpu``.
@@ -59,8 +59,8 @@ def _per_sequence(fn, q, k, v, do, starts_q, starts_k):
 def check_packed(lens, H, H_kv, d, causal, window, dtype, device, lens_k=None, flat=False,
                  seed=0):
     """The packed call (forward and the three gradients) against each sequence alone."""
-    from kernels import flash_attention
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels import flash_attention
+    from attnmem.kernels.flash.reference import attention_reference
 
     lens_k = lens if lens_k is None else lens_k
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -117,9 +117,9 @@ def _hf_model(impl: str, seed: int = 0):
     """A tiny random Llama (2 layers, 4 query heads over 2 key/value heads, d = 16), fp32."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    import kernels.hf
+    import attnmem.kernels.hf
 
-    kernels.hf.register()
+    attnmem.kernels.hf.register()
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                       max_position_embeddings=256)
@@ -223,7 +223,7 @@ def _interp_worker() -> None:
     from _interp import quick_interpreter
 
     quick_interpreter()  # tests/_interp.py: the interpreter without two redundant costs
-    fa = importlib.import_module("kernels.flash.api")
+    fa = importlib.import_module("attnmem.kernels.flash.api")
     assert fa.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     results = {}
     for name, (lens, H, H_kv, d, causal, window, dtype, extra) in INTERP_CASES.items():
@@ -269,7 +269,7 @@ def test_interpreter_packed_matches_each_sequence_alone(interp_results, case):
 # ---------------------------------------------------------------------------------------------
 def test_bad_cu_seqlens_are_refused_with_the_value(monkeypatch):
     """Every check happens before a launch; the message names the argument and the rule."""
-    fa = importlib.import_module("kernels.flash.api")
+    fa = importlib.import_module("attnmem.kernels.flash.api")
     monkeypatch.setattr(fa, "interpreting", lambda: True)  # accept CPU tensors up to the checks
     q = torch.zeros(1, 4, 10, 16)
     kv = torch.zeros(1, 2, 10, 16)
@@ -303,9 +303,9 @@ def test_bad_cu_seqlens_are_refused_with_the_value(monkeypatch):
         fa.flash_attention(q, kv, kv, window=3, cu_seqlens=cu)
     with pytest.raises(ValueError, match="all alike"):
         fa.flash_attention(q, kv[0].transpose(0, 1), kv[0].transpose(0, 1), cu_seqlens=cu)
-    route = importlib.import_module("kernels.flash.route")
-    from kernels.flash.common import Packed
-    from kernels.flash.config import KernelConfig
+    route = importlib.import_module("attnmem.kernels.flash.route")
+    from attnmem.kernels.flash.common import Packed
+    from attnmem.kernels.flash.config import KernelConfig
 
     packed = Packed(cu, cu, 6, 6)
     with pytest.raises(ValueError, match="sm90=True"):
@@ -321,7 +321,7 @@ def test_bad_cu_seqlens_are_refused_with_the_value(monkeypatch):
 def test_host_starts_are_read_once_per_tensor_and_version():
     """cu_seqlens is copied to the host once while the tensor lives unmodified; an in-place
     change is seen; a freed tensor leaves no entry."""
-    fa = importlib.import_module("kernels.flash.api")
+    fa = importlib.import_module("attnmem.kernels.flash.api")
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
     assert fa._host_starts(cu) == (0, 3, 7)
     calls = []
@@ -339,59 +339,59 @@ def test_host_starts_are_read_once_per_tensor_and_version():
 
 
 def test_varlen_peak_model_terms():
-    """calc.varlen_peak_bytes: the packed total's O and lse (forward); + dq, dk, dv and, where
-    calc.dispatch.sm90_packed picks the Hopper backward, lse2 / delta copies and an fp32 dq
+    """attnmem.calc.varlen_peak_bytes: the packed total's O and lse (forward); + dq, dk, dv and, where
+    attnmem.calc.dispatch.sm90_packed picks the Hopper backward, lse2 / delta copies and an fp32 dq
     buffer of P padded rows per head (P = T + n·BLOCK_M rounded up: the number of sequences
     counts), else delta only (a window shorter than the longest sequence, fp32, d = 80)."""
-    import calc
-    from calc.dispatch import sm90_packed_pad_rows
-    from calc.peak import attention_peak_bytes
+    import attnmem.calc
+    from attnmem.calc.dispatch import sm90_packed_pad_rows
+    from attnmem.calc.peak import attention_peak_bytes
 
     H, H_kv, d, T = 32, 8, 128, 8192
     fwd = H * T * (d * 2 + 4)
-    assert calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", kv_heads=H_kv) == fwd
+    assert attnmem.calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", kv_heads=H_kv) == fwd
     grads = 2 * H * T * d * 2 + 2 * H_kv * T * d * 2 + 4 * H * T
     portable = grads + 4 * H * T
     for lens in ([8192], [1000, 3000, 4192], [64] * 128):
         P = sm90_packed_pad_rows(T, len(lens), d)
         assert P == -(-(T + 64 * len(lens)) // 64) * 64
         hopper = grads + H * P * (d + 2) * 4
-        terms = calc.varlen_peak_breakdown(H, lens, d, "bf16", True, H_kv)
+        terms = attnmem.calc.varlen_peak_breakdown(H, lens, d, "bf16", True, H_kv)
         assert sum(t.tensor_bytes for t in terms) == hopper  # before the allocator's rounding
-        assert calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv) == sum(
+        assert attnmem.calc.varlen_peak_bytes(H, lens, d, "bf16", True, H_kv) == sum(
             t.counted_bytes for t in terms)
-        fa = importlib.import_module("kernels.flash.api")
+        fa = importlib.import_module("attnmem.kernels.flash.api")
         assert fa.varlen_bytes(H, H_kv, T, T, d, 2, backward=True, pad_rows=P) == hopper
-    assert calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", True, H_kv,
+    assert attnmem.calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", True, H_kv,
                                   window=4191) == portable
     # sequences shorter than the query block on average (here 1 token): the portable backward
-    assert calc.varlen_peak_bytes(H, [1] * 8192, d, "bf16", True, H_kv) == portable
-    assert calc.varlen_peak_bytes(H, [63] * 2 + [66] * 1, d, "bf16", True, H_kv) > \
-        calc.varlen_peak_bytes(H, [63] * 3, d, "bf16", True, H_kv)  # 192 >= 3 x 64
-    assert calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", True, H_kv,
+    assert attnmem.calc.varlen_peak_bytes(H, [1] * 8192, d, "bf16", True, H_kv) == portable
+    assert attnmem.calc.varlen_peak_bytes(H, [63] * 2 + [66] * 1, d, "bf16", True, H_kv) > \
+        attnmem.calc.varlen_peak_bytes(H, [63] * 3, d, "bf16", True, H_kv)  # 192 >= 3 x 64
+    assert attnmem.calc.varlen_peak_bytes(H, [1000, 3000, 4192], d, "bf16", True, H_kv,
                                   window=4192) > portable  # a window of 4,192 hides nothing
     assert fa.varlen_bytes(H, H_kv, T, T, d, 2, backward=True) == portable
     assert fa.varlen_bytes(H, H_kv, T, T, d, 2) == fwd
     # the dense call on one batch of T rows is in the Hopper region: + its fp32 dq buffer
     assert attention_peak_bytes("triton", 1, H, T, d, "bf16", False, True, H_kv) == (
         portable + H * T * d * 4)
-    terms = calc.varlen_peak_breakdown(H, [100, 28], 80, "fp16", True)
+    terms = attnmem.calc.varlen_peak_breakdown(H, [100, 28], 80, "fp16", True)
     assert [t.label for t in terms] == ["output (saved for backward)",
                                         "log-sum-exp (fp32, one per packed row)",
                                         "row sums of dO·O (fp32, one per packed row)",
                                         "dk, dv", "dq"]
-    terms = calc.varlen_peak_breakdown(H, [100, 156], 64, "fp16", True)
+    terms = attnmem.calc.varlen_peak_breakdown(H, [100, 156], 64, "fp16", True)
     assert [t.label.split(" (")[0] for t in terms] == [
         "output", "log-sum-exp", "row sums of dO·O and log-sum-exp copied into padded rows",
         "dk, dv", "fp32 dq buffer of the Hopper backward", "dq"]
     for bad, words in (([], "at least one"), ([3, 0], "seq_lens"), ("128", "list"),
                        ([2.5], "seq_lens")):
         with pytest.raises(ValueError, match=words):
-            calc.varlen_peak_bytes(H, bad, d, "bf16")
+            attnmem.calc.varlen_peak_bytes(H, bad, d, "bf16")
     with pytest.raises(ValueError, match="does not run"):
-        calc.varlen_peak_bytes(H, [4], d, "fp8_e4m3")
+        attnmem.calc.varlen_peak_bytes(H, [4], d, "fp8_e4m3")
     with pytest.raises(ValueError, match="window"):
-        calc.varlen_peak_bytes(H, [4], d, "bf16", window=0)
+        attnmem.calc.varlen_peak_bytes(H, [4], d, "bf16", window=0)
 
 
 def test_mask_function_turns_packed_and_padding_masks_into_starts():
@@ -403,10 +403,10 @@ def test_mask_function_turns_packed_and_padding_masks_into_starts():
     from transformers import LlamaConfig, MistralConfig
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-    import kernels.hf
-    from kernels.hf.attention import PackedSequences
+    import attnmem.kernels.hf
+    from attnmem.kernels.hf.attention import PackedSequences
 
-    kernels.hf.register()
+    attnmem.kernels.hf.register()
     lens = [3, 5, 1, 4]
     pos = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0)
     emb = torch.zeros(1, 13, 8)
@@ -450,8 +450,8 @@ def test_gpu_packed_bf16_matches_dense_per_sequence(d, H, H_kv, causal, window):
     """bf16 on CUDA: the packed call against the dense kernel called on each sequence alone,
     both against the fp32 reference: the packed error within twice the dense call's plus the
     floor (the dense calls may take other tiles or the Hopper kernels)."""
-    from kernels import flash_attention
-    from kernels.flash.reference import attention_reference
+    from attnmem.kernels import flash_attention
+    from attnmem.kernels.flash.reference import attention_reference
 
     lens = GPU_LENS
     cu = _starts(lens, "cuda")
@@ -482,13 +482,13 @@ def test_gpu_packed_bf16_matches_dense_per_sequence(d, H, H_kv, causal, window):
 def test_gpu_packed_peak_equals_calc(lens, H, H_kv, d, backward):
     """The measured extra peak of a packed call (q, k, v, dO and cu_seqlens allocated before,
     in an emptied cache: a fresh child process, tests/_packed_peak.py; the call warmed up once,
-    so compilation and tuning are not counted) equals calc.varlen_peak_bytes to the byte."""
+    so compilation and tuning are not counted) equals attnmem.calc.varlen_peak_bytes to the byte."""
     from _packed_peak import packed_peak
 
-    import calc
+    import attnmem.calc
 
     got = packed_peak(lens, H, H_kv, d, backward)
-    want = calc.varlen_peak_bytes(H, lens, d, "bf16", backward, H_kv)
+    want = attnmem.calc.varlen_peak_bytes(H, lens, d, "bf16", backward, H_kv)
     assert got["measured"] == want, (got, want)
 
 

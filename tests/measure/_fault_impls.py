@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from kernels.measure import registry
-from kernels.measure.harness import CpuDevice
+from attnmem.measure import registry
+from attnmem.measure.harness import CpuDevice
 
 KILLED_AT = 512
 HANG_AT = 1024

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.measure import awkward_sweep as aw
+from attnmem.measure import awkward_sweep as aw
 
 
 def test_sweep_has_at_least_300_points_over_every_implementation_dtype_and_pass():
@@ -47,7 +47,7 @@ def test_check_compares_the_bundled_reference_with_calc():
 def test_prewarm_is_a_no_op_without_a_gpu():
     import torch
 
-    from kernels.measure import prewarm
+    from attnmem.measure import prewarm
 
     assert prewarm.WARMED == torch.cuda.is_available()
     assert not hasattr(prewarm, "make_device") and not hasattr(prewarm, "get_implementation")

@@ -1,5 +1,5 @@
 """Exposure: the server listens on localhost by default; on another address the GPU measurement
-is switched off unless the user allows it (kernels/measure/exposure.py, ATTNMEM_DISABLE_MEASURE)."""
+is switched off unless the user allows it (attnmem/measure/exposure.py, ATTNMEM_DISABLE_MEASURE)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from _robust import streamlit_server_option
 
-from kernels.measure.exposure import ENV, is_loopback, measurement_block_reason
+from attnmem.measure.exposure import ENV, is_loopback, measurement_block_reason
 
 pytestmark = pytest.mark.robustness
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "measure.py")
+PAGE = str(ROOT / "attnmem" / "pages" / "measure.py")
 
 
 def test_default_config_listens_on_loopback_only() -> None:
@@ -124,11 +124,11 @@ def test_measure_page_has_no_run_button_when_switched_off(tmp_path: Path,
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    import kernels.measure.registry
+    import attnmem.measure.registry
 
     monkeypatch.setenv("ATTNMEM_DB", str(tmp_path / "r.sqlite"))
     monkeypatch.setenv(ENV, "1")
-    monkeypatch.setattr(kernels.measure.registry, "gpu_reason", lambda: None)  # as on a GPU machine
+    monkeypatch.setattr(attnmem.measure.registry, "gpu_reason", lambda: None)  # as on a GPU machine
     st.cache_resource.clear()
     try:
         at = AppTest.from_file(PAGE, default_timeout=180)
@@ -148,11 +148,11 @@ def test_measure_page_offers_a_run_when_allowed(tmp_path: Path,
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    import kernels.measure.registry
+    import attnmem.measure.registry
 
     monkeypatch.setenv("ATTNMEM_DB", str(tmp_path / "r.sqlite"))
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr(kernels.measure.registry, "gpu_reason", lambda: None)
+    monkeypatch.setattr(attnmem.measure.registry, "gpu_reason", lambda: None)
     st.cache_resource.clear()
     try:
         at = AppTest.from_file(PAGE, default_timeout=180)

@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
-from kernels.measure import registry
-from kernels.measure.harness import CpuDevice, PointConfig, measure_point
+from attnmem.measure import registry
+from attnmem.measure.harness import CpuDevice, PointConfig, measure_point
 
 
 def _reference(q, k, v, causal):

@@ -4,11 +4,11 @@ Issue 6: the child process killed mid-run, a point that exceeds its time limit, 
 memory, the database locked by another writer, the disk full when writing results.
 
 Layers:
-- the store alone (kernels.measure.store.ResultStore): a real second writer holding the database's
+- the store alone (attnmem.measure.store.ResultStore): a real second writer holding the database's
   write lock (another process), a disk that fills (SQLite's max_page_count makes every write
   past the current size fail with SQLITE_FULL, "database or disk is full", exactly what a
   full disk gives), the parent process killed between rows;
-- the harness with the store (kernels.measure.child.run_points writing each row from on_result, as the
+- the harness with the store (attnmem.measure.child.run_points writing each row from on_result, as the
   page does), with the fault implementations of tests/measure/_fault_impls.py in the real child;
 - the measurement page (AppTest) with the GPU check patched to "present" and run_points
   pointed at those fakes: it must finish, show the statuses and keep the rows.
@@ -31,13 +31,13 @@ from typing import Any
 
 import pytest
 
-from kernels.measure.child import run_points as REAL_RUN_POINTS
-from kernels.measure.store import COLUMNS, ResultStore
+from attnmem.measure.child import run_points as REAL_RUN_POINTS
+from attnmem.measure.store import COLUMNS, ResultStore
 
 pytestmark = pytest.mark.robustness
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = str(ROOT / "pages" / "measure.py")
+PAGE = str(ROOT / "attnmem" / "pages" / "measure.py")
 IMPLS = "tests.measure._fault_impls"
 
 
@@ -175,7 +175,7 @@ def test_store_in_an_unwritable_place_says_so(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, sys.argv[2])
-    from kernels.measure.store import ResultStore, COLUMNS
+    from attnmem.measure.store import ResultStore, COLUMNS
     store = ResultStore(sys.argv[1])
     run = store.new_run(label="killed")
     i = 0
@@ -212,7 +212,7 @@ def test_process_killed_while_writing_loses_no_committed_row(tmp_path: Path) -> 
 # ------------------------------------------------------------------ harness + store ----
 
 def _scenario_points() -> list[Any]:
-    from kernels.measure.harness import PointConfig
+    from attnmem.measure.harness import PointConfig
 
     return [PointConfig("naive", 1, 2, s, 8, "fp32") for s in (256, 512, 256, 1024, 2048, 4096)]
 
@@ -220,9 +220,9 @@ def _scenario_points() -> list[Any]:
 _PARENT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[2])
-    from kernels.measure.child import run_points
-    from kernels.measure.harness import BenchOptions, PointConfig
-    from kernels.measure.store import ResultStore
+    from attnmem.measure.child import run_points
+    from attnmem.measure.harness import BenchOptions, PointConfig
+    from attnmem.measure.store import ResultStore
     store = ResultStore(sys.argv[1])
     run = store.new_run(label="parent killed")
     def on_result(res, i, n):
@@ -251,7 +251,7 @@ def _children_with(token: str) -> list[int]:
 @pytest.mark.slow
 def test_app_killed_mid_run_keeps_rows_and_releases_the_gpu_lock(tmp_path: Path) -> None:
     """The app (parent) dies while a point runs: finished rows stay, the lock is free again."""
-    from kernels.measure.child import gpu_lock
+    from attnmem.measure.child import gpu_lock
 
     token = f"t{os.getpid()}-{time.monotonic_ns()}"
     path = tmp_path / "r.sqlite"
@@ -307,13 +307,13 @@ def page_with_fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The measurement page believing a GPU is present, its runs served by the fault fakes."""
     import streamlit as st
 
-    import kernels.measure.child
-    import kernels.measure.registry
-    from kernels.measure.harness import BenchOptions
+    import attnmem.measure.child
+    import attnmem.measure.registry
+    from attnmem.measure.harness import BenchOptions
 
     monkeypatch.setenv("ATTNMEM_DB", str(tmp_path / "r.sqlite"))
-    monkeypatch.setattr(kernels.measure.registry, "gpu_reason", lambda: None)
-    real_run = kernels.measure.child.run_points
+    monkeypatch.setattr(attnmem.measure.registry, "gpu_reason", lambda: None)
+    real_run = attnmem.measure.child.run_points
     points = _scenario_points()
     PAGE_POINTS[:] = points
 
@@ -323,7 +323,7 @@ def page_with_fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                         impl_module=IMPLS, lock_dir=tmp_path, timeout_s=3.0, startup_s=60.0,
                         skip_longer_after_oom=False)
 
-    monkeypatch.setattr(kernels.measure.child, "run_points", fake_run)
+    monkeypatch.setattr(attnmem.measure.child, "run_points", fake_run)
     st.cache_resource.clear()
     st.cache_data.clear()
     yield tmp_path / "r.sqlite"
@@ -471,10 +471,10 @@ class _FillingFile:
 
 
 def _cli_with_fault_impls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    import kernels.measure.cli
-    from kernels.measure.harness import BenchOptions
+    import attnmem.measure.cli
+    from attnmem.measure.harness import BenchOptions
 
-    real_run = kernels.measure.cli.run_points
+    real_run = attnmem.measure.cli.run_points
 
     def fake_run(points: Any, **kw: Any) -> Any:  # the CLI's sweep, served by the fakes
         return real_run([p for p in _scenario_points() if p.seq_len in (256, 4096)] * 2,
@@ -482,8 +482,8 @@ def _cli_with_fault_impls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> An
                         on_result=kw.get("on_result"), impl_module=IMPLS, lock_dir=tmp_path,
                         timeout_s=10.0, startup_s=60.0)
 
-    monkeypatch.setattr(kernels.measure.cli, "run_points", fake_run)
-    return kernels.measure.cli
+    monkeypatch.setattr(attnmem.measure.cli, "run_points", fake_run)
+    return attnmem.measure.cli
 
 
 @pytest.mark.slow
@@ -532,8 +532,8 @@ def test_page_with_an_unwritable_data_directory_says_so(
         page_with_fake_gpu: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A read-only home (the default data directory holds the GPU lock file): the run is
     refused with a message, the page stays up."""
-    import kernels.measure.child
-    from kernels.measure.harness import BenchOptions
+    import attnmem.measure.child
+    from attnmem.measure.harness import BenchOptions
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the data directory should be")
@@ -544,7 +544,7 @@ def test_page_with_an_unwritable_data_directory_says_so(
                                options=BenchOptions(warmup_ms=1, rep_ms=2),
                                on_result=kw.get("on_result"), impl_module=IMPLS, timeout_s=5.0)
 
-    monkeypatch.setattr(kernels.measure.child, "run_points", run_with_default_lock_dir)
+    monkeypatch.setattr(attnmem.measure.child, "run_points", run_with_default_lock_dir)
     at = _run_measure_page()
     assert not at.exception, [e.value for e in at.exception]
     shown = " ".join(str(e.value) for kind in ("error", "warning") for e in getattr(at, kind))

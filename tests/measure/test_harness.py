@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.measure import registry
-from kernels.measure.child import GpuBusy, gpu_lock, run_points
-from kernels.measure.harness import (
+from attnmem.measure import registry
+from attnmem.measure.child import GpuBusy, gpu_lock, run_points
+from attnmem.measure.harness import (
     COLUMNS,
     BenchOptions,
     CpuDevice,
@@ -30,9 +30,9 @@ from kernels.measure.harness import (
     measure_point,
     rel_error,
 )
-from kernels.measure.store import COLUMNS as STORE_COLUMNS
-from kernels.measure.store import validate_csv
-from kernels.measure.trace import summarise
+from attnmem.measure.store import COLUMNS as STORE_COLUMNS
+from attnmem.measure.store import validate_csv
+from attnmem.measure.trace import summarise
 
 THIS_MODULE = "tests.measure.test_harness"
 FAST = BenchOptions(warmup_ms=1, rep_ms=2)
@@ -162,10 +162,10 @@ def test_cpu_implementations_match_reference(name, causal, kv_heads):
 def test_registry_names_match_calc():
     """calc models every measurable implementation in the registry's order; fa4 (optional) may
     be the one name calc does not list yet."""
-    import calc
+    import attnmem.calc
 
-    assert tuple(n for n in registry.NAMES if n in calc.IMPLEMENTATIONS) == tuple(calc.IMPLEMENTATIONS)
-    assert set(registry.NAMES) - set(calc.IMPLEMENTATIONS) <= {"fa4"}
+    assert tuple(n for n in registry.NAMES if n in attnmem.calc.IMPLEMENTATIONS) == tuple(attnmem.calc.IMPLEMENTATIONS)
+    assert set(registry.NAMES) - set(attnmem.calc.IMPLEMENTATIONS) <= {"fa4"}
 
 
 def test_available_says_why():
@@ -186,8 +186,8 @@ def test_available_says_why():
 
 def test_import_touches_no_gpu():
     code = ("import sys, torch; torch.cuda.is_available = None\n"
-            "import kernels.measure.registry, kernels.measure.harness, kernels.measure.child, kernels.measure.cli, kernels.measure.trace\n"
-            "import kernels.measure.store\n"
+            "import attnmem.measure.registry, attnmem.measure.harness, attnmem.measure.child, attnmem.measure.cli, attnmem.measure.trace\n"
+            "import attnmem.measure.store\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], timeout=120)
@@ -195,12 +195,12 @@ def test_import_touches_no_gpu():
 
 
 def test_store_does_not_import_torch():
-    code = "import sys; import kernels.measure.store; print('torch' in sys.modules)"
+    code = "import sys; import attnmem.measure.store; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False", "importing kernels.measure.store pulled in torch"
-    src = (Path(__file__).resolve().parents[2] / "kernels" / "measure" / "store.py").read_text()
+    assert out.stdout.strip() == "False", "importing attnmem.measure.store pulled in torch"
+    src = (Path(__file__).resolve().parents[2] / "attnmem" / "measure" / "store.py").read_text()
     assert "import torch" not in src
 
 
@@ -386,7 +386,7 @@ def test_waiting_for_the_lock(tmp_path):
 
 
 def test_cli_writes_the_page_rows(tmp_path, monkeypatch):
-    from kernels.measure import cli as measure
+    from attnmem.measure import cli as measure
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     out = tmp_path / "r.csv"
@@ -403,7 +403,7 @@ def test_cli_writes_the_page_rows(tmp_path, monkeypatch):
     assert {r["status"] for r in rows if r["impl"] != "sdpa_flash"} == {"ok"}
     v = validate_csv(out.read_bytes())
     assert v.ok, v.errors
-    from kernels.measure.store import ResultStore
+    from attnmem.measure.store import ResultStore
 
     st = ResultStore(db)
     (run,) = st.runs()
@@ -411,7 +411,7 @@ def test_cli_writes_the_page_rows(tmp_path, monkeypatch):
 
 
 def test_cli_rejects_bad_arguments(capsys):
-    from kernels.measure import cli as measure
+    from attnmem.measure import cli as measure
 
     with pytest.raises(SystemExit):
         measure.main(["--impl", "naive,bogus"])

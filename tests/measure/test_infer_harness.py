@@ -1,4 +1,4 @@
-"""The inference harness (kernels.measure.infer) and its model list.
+"""The inference harness (attnmem.measure.infer) and its model list.
 
 On the CPU: the row schema, the configs (parameter counts in transformers against calc, built
 on the meta device), the procedure on tiny models (generate() for real; memory counters read
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from kernels.measure import infer_models as im
-from kernels.measure.harness import STATUSES
-from kernels.measure.infer import cli as icli
-from kernels.measure.infer import config as iconfig
-from kernels.measure.infer import plan as iplan
-from kernels.measure.infer import predict as ipredict
-from kernels.measure.infer import procedure, worker
-from kernels.measure.infer import store as istore
-from kernels.measure.infer.config import InferConfig, InferResult
+from attnmem.measure import infer_models as im
+from attnmem.measure.harness import STATUSES
+from attnmem.measure.infer import cli as icli
+from attnmem.measure.infer import config as iconfig
+from attnmem.measure.infer import plan as iplan
+from attnmem.measure.infer import predict as ipredict
+from attnmem.measure.infer import procedure, worker
+from attnmem.measure.infer import store as istore
+from attnmem.measure.infer.config import InferConfig, InferResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,8 +53,8 @@ def test_schema_has_every_required_column_and_documents_it():
 
 
 def test_import_is_light():
-    code = ("import sys, kernels.measure.infer.cli, kernels.measure.infer.procedure, "
-            "kernels.measure.infer_models, kernels.measure.cli\n"
+    code = ("import sys, attnmem.measure.infer.cli, attnmem.measure.infer.procedure, "
+            "attnmem.measure.infer_models, attnmem.measure.cli\n"
             "bad = [m for m in ('torch', 'transformers', 'triton', 'streamlit') if m in sys.modules]\n"
             "assert not bad, bad\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -81,7 +81,7 @@ transformers = pytest.importorskip("transformers")
 def test_param_counts_match_calc_and_models_cover_the_issue():
     from transformers import AutoModelForCausalLM
 
-    from calc import ModelConfig, param_count
+    from attnmem.calc import ModelConfig, param_count
 
     shapes = {}
     for name in im.NAMES:
@@ -206,7 +206,7 @@ def test_prediction_is_calc_inference_step_or_says_why(monkeypatch):
     cfg = InferConfig("llama3.1-8b", 32000, "sdpa_flash", cache="static", prefill_chunk=2048)
     d = im.hf_config(cfg.model)
     try:
-        from calc import ModelConfig
+        from attnmem.calc import ModelConfig
 
         fn = ipredict._inference_step()
     except (ImportError, AttributeError):
@@ -223,7 +223,7 @@ def test_prediction_is_calc_inference_step_or_says_why(monkeypatch):
             assert why == "" and got["predicted_peak_bytes"] == m.peak_bytes
             assert got["predicted_cache_bytes"] == m.kv_cache_bytes
     def missing():
-        raise ImportError("No module named 'calc.inference_step'")
+        raise ImportError("No module named 'attnmem.calc.inference_step'")
 
     monkeypatch.setattr(ipredict, "_inference_step", missing)
     got, why = ipredict.predict(cfg, d)
@@ -360,7 +360,7 @@ def test_command_line_errors_are_one_line(argv, words):
 
 
 def test_command_line_lists_the_plan_and_cross_product(capsys):
-    from kernels.measure import cli
+    from attnmem.measure import cli
 
     assert cli.main(["--infer", "--plan", "h200", "--list"]) == 0
     out = capsys.readouterr().out
@@ -379,8 +379,8 @@ def test_command_line_lists_the_plan_and_cross_product(capsys):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_tiny_row_on_cuda_orders_its_bytes_and_caches_the_formula():
-    from calc import ModelConfig
-    from calc.kv import kv_cache_bytes
+    from attnmem.calc import ModelConfig
+    from attnmem.calc.kv import kv_cache_bytes
 
     prompt, new, batch = 64, 4, 2
     # torch's own SDPA choice: forcing the memory-efficient backend finds no kernel under

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.measure.store import (
+from attnmem.measure.store import (
     COLUMNS,
     MAX_UPLOAD_ROWS,
     ResultStore,
@@ -95,7 +95,7 @@ def test_delete_and_compare(store):
 _WRITER = """
 import os, sys
 sys.path.insert(0, {repo!r})
-from kernels.measure.store import ResultStore
+from attnmem.measure.store import ResultStore
 st = ResultStore({path!r})
 run = st.new_run(label="crash")
 r = {row!r}
@@ -170,10 +170,10 @@ def test_validator_accepts_a_good_file_and_import_is_atomic(store):
 
 
 def test_one_copy_of_the_result_schema():
-    """Statuses, columns and dtypes are defined once (kernels.measure.schema): the harness, the
+    """Statuses, columns and dtypes are defined once (attnmem.measure.schema): the harness, the
     store and the registry hand out the same objects; dtype spellings are calc's aliases."""
-    from calc.units import DTYPE_ALIASES
-    from kernels.measure import harness, registry, schema, store
+    from attnmem.calc.units import DTYPE_ALIASES
+    from attnmem.measure import harness, registry, schema, store
 
     assert harness.STATUSES is store.STATUSES is schema.STATUSES
     assert harness.COLUMNS is store.COLUMNS is schema.COLUMNS
@@ -280,7 +280,7 @@ def test_bundled_reference_is_valid():
 
 
 #: The reference measurements the model is held to: the bundled powers-of-two sweep and, when
-#: it is there, the awkward-shape sweep of issue 16 (kernels.measure.awkward_sweep).
+#: it is there, the awkward-shape sweep of issue 16 (attnmem.measure.awkward_sweep).
 REFERENCE_FILES = ("attention_calls_h200.csv", "attention_calls_awkward_h200.csv")
 EXPANDABLE_FILE = "attention_calls_awkward_expandable_h200.csv"
 
@@ -292,7 +292,7 @@ def _reference_errors(names, expandable=False):
     """(rows with s >= 1,024, rows below) of every present file, with the model's error now."""
     import pandas as pd
 
-    from calc import attention_peak_bytes
+    from attnmem.calc import attention_peak_bytes
 
     frames = []
     for name in names:
@@ -314,7 +314,7 @@ def _reference_errors(names, expandable=False):
 
 
 def test_model_within_half_a_percent_of_every_reference_point_from_1024(record_property):
-    """Issue 16: calc.attention_peak_bytes (tensors counted as the caching allocator's blocks,
+    """Issue 16: attnmem.calc.attention_peak_bytes (tensors counted as the caching allocator's blocks,
     given what the cache held free before each call, from the row's own columns) within 0.5%
     of every measured peak at s >= 1,024 in the bundled H200 references, every
     implementation, forward and forward+backward (computed now, not the stored prediction);
@@ -322,10 +322,10 @@ def test_model_within_half_a_percent_of_every_reference_point_from_1024(record_p
     big, small = _reference_errors(REFERENCE_FILES)
     assert len(big) > 100
     # Rows measured before the Hopper backward padded its flat fp32 dQ buffer to whole query
-    # blocks (kernels/flash/NOTES.md, "DQ_FLAT"): our kernel's backward at an s_q that is not a
+    # blocks (attnmem/kernels/flash/NOTES.md, "DQ_FLAT"): our kernel's backward at an s_q that is not a
     # multiple of the block, in the Hopper region. calc counts today's kernel; these rows
     # hold the old one's s_q rows and wait for a re-measurement on a GPU.
-    from calc import dispatch
+    from attnmem.calc import dispatch
 
     stale = big.apply(lambda r: r["impl"] == "triton" and bool(r["backward"]) and
                       r["seq_len"] % dispatch.SM90_QUERY_BLOCK.get(int(r["head_dim"]), 1) != 0
@@ -346,7 +346,7 @@ def test_model_within_half_a_percent_of_every_reference_point_from_1024(record_p
 
 
 def test_model_within_half_a_percent_with_expandable_segments():
-    """The expandable_segments:True subset (kernels.measure.awkward_sweep --expandable),
+    """The expandable_segments:True subset (attnmem.measure.awkward_sweep --expandable),
     predicted with attention_peak_bytes(..., expandable=True)."""
     big, _ = _reference_errors((EXPANDABLE_FILE,), expandable=True)
     if big.empty:
@@ -360,8 +360,8 @@ def test_attach_predictions_counts_the_cache_left_free_before_the_call() -> None
     and the free amount is reserved before minus allocated before."""
     import pandas as pd
 
-    from calc import attention_peak_bytes
-    from kernels.measure.store import attach_predictions
+    from attnmem.calc import attention_peak_bytes
+    from attnmem.measure.store import attach_predictions
 
     shape = dict(impl="sdpa_flash", batch=2, heads=16, kv_heads=16, seq_len=3000, head_dim=64,
                  dtype="bf16", causal=False, backward=True, peak_extra_bytes=10**9)
@@ -380,8 +380,8 @@ def test_attach_predictions_gives_reserved_growth_where_calc_predicts_it() -> No
     attention_reserved_bytes) and leaves it empty where calc does not know every temporary."""
     import pandas as pd
 
-    from calc import attention_reserved_bytes
-    from kernels.measure.store import attach_predictions
+    from attnmem.calc import attention_reserved_bytes
+    from attnmem.measure.store import attach_predictions
 
     base = dict(batch=2, heads=16, kv_heads=16, seq_len=3000, head_dim=64, dtype="bf16",
                 causal=False, peak_extra_bytes=10**9, reserved_bytes=0, reserved_extra_bytes=0,

@@ -1,6 +1,6 @@
-"""The sharded training-step harness (kernels.measure.train_dist) on 2 CPU processes (gloo).
+"""The sharded training-step harness (attnmem.measure.train_dist) on 2 CPU processes (gloo).
 
-What runs: ``python -m kernels.measure.train_dist --nproc-per-node 2`` (which starts
+What runs: ``python -m attnmem.measure.train_dist --nproc-per-node 2`` (which starts
 ``torch.distributed.run --standalone``: the command a GPU machine runs, gloo in place of NCCL) on
 the CPU tests' tiny Llama (2 layers, hidden 64, vocab 128; random init, no download), DDP and
 FSDP2 (fully_shard), bf16, amp_bf16 and fp32, checkpointing off and on. What it proves:
@@ -8,7 +8,7 @@ FSDP2 (fully_shard), bf16, amp_bf16 and fp32, checkpointing off and on. What it 
 1. both shardings run end to end under the harness and rank 0 writes one row per rank;
 2. the bytes each rank holds, counted from its tensors after a step (the storages of its local
    parameters, a DTensor's local tensor under FSDP2; their gradients; AdamW's two moments;
-   DDP's gradient buckets through a comm hook) equal calc.parallel.layout_bytes's per-GPU
+   DDP's gradient buckets through a comm hook) equal attnmem.calc.parallel.layout_bytes's per-GPU
    weights, gradients, optimizer state and DDP's persistent buckets exactly;
 3. the losses of DDP and FSDP on 2 ranks (the mean of the ranks' losses, step by step, fp32)
    equal a one-process run of the same steps on the whole global batch;
@@ -38,7 +38,7 @@ import pytest
 if __name__ != "__main__":  # run by torchrun as a rank script (below) it needs no helper
     from _procs import run_in_session
 
-from kernels.measure import train_dist as td
+from attnmem.measure import train_dist as td
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
 SEQ = 32
@@ -98,13 +98,13 @@ def test_without_torchrun_it_says_how_to_run_it(monkeypatch, capsys) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     assert td.main(["--model", "tiny-llama"]) == 2
-    assert "torchrun --nproc-per-node N -m kernels.measure.train_dist" in capsys.readouterr().err
+    assert "torchrun --nproc-per-node N -m attnmem.measure.train_dist" in capsys.readouterr().err
 
 
 def test_a_bad_sharding_from_the_command_line_is_one_message(tmp_path) -> None:
     """The launcher form checks the arguments before any rank starts: one line, no traceback
     (under torchrun itself, torchrun adds its own report of the ranks' exit codes)."""
-    res = run_in_session([sys.executable, "-m", "kernels.measure.train_dist", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "attnmem.measure.train_dist", "--nproc-per-node", "2",
                 "--sharding", "zero9", "--model", "tiny-llama", "--out", str(tmp_path / "x.csv")],
                timeout=120)
     assert res.returncode != 0
@@ -119,7 +119,7 @@ def test_a_bad_sharding_from_the_command_line_is_one_message(tmp_path) -> None:
 def dist_rows(tmp_path_factory) -> list[dict[str, str]]:
     out = tmp_path_factory.mktemp("train_dist") / "rows.csv"
     # the launcher form (it starts torchrun --standalone itself)
-    res = run_in_session([sys.executable, "-m", "kernels.measure.train_dist", "--nproc-per-node", "2",
+    res = run_in_session([sys.executable, "-m", "attnmem.measure.train_dist", "--nproc-per-node", "2",
                 "--sharding", "ddp", "fsdp", "--model", "tiny-llama", "--seq-len", str(SEQ), "--attention", "sdpa_math",
                 "--precision", "bf16", "amp_bf16", "fp32", "--checkpointing", "both",
                 "--steps", str(STEPS), "--count-buckets", "--quiet", "--out", str(out)],
@@ -149,7 +149,7 @@ def test_ddp_and_fsdp_steps_run_and_every_rank_has_a_row(dist_rows) -> None:
 
 
 def test_held_bytes_equal_calc_layout(dist_rows) -> None:
-    from calc.parallel import layout_bytes, make_layout
+    from attnmem.calc.parallel import layout_bytes, make_layout
 
     model = td.calc_model("tiny-llama", None)
     for r in dist_rows:
@@ -172,7 +172,7 @@ def _single_process_losses(checkpointing: bool) -> list[float]:
     """The same steps in this process on the whole global batch (fp32, no process group)."""
     import torch
 
-    from kernels.measure import train_models as tm
+    from attnmem.measure import train_models as tm
 
     torch.set_num_threads(1)
     hf = tm.build_config(tm.hf_config("tiny-llama"))
@@ -218,7 +218,7 @@ def _odd_worker(out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from kernels.measure import train_models as tm
+    from attnmem.measure import train_models as tm
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -243,9 +243,9 @@ def _odd_worker(out_dir: str) -> None:
 
 
 def test_fsdp2_pads_shards_where_calc_divides(tmp_path) -> None:
-    from calc import ModelConfig
-    from calc.parallel import layout_bytes, make_layout
-    from kernels.measure import train_models as tm
+    from attnmem.calc import ModelConfig
+    from attnmem.calc.parallel import layout_bytes, make_layout
+    from attnmem.measure import train_models as tm
 
     res = run_in_session([*TORCHRUN, "2", str(Path(__file__).resolve()), str(tmp_path)], timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -287,7 +287,7 @@ def test_gpu_sharded_steps_hold_what_calc_says(tmp_path) -> None:
     """llama3-8b-2l at 1,024 tokens on 2 GPUs (NCCL): every row ok, the held bytes equal calc's
     layout, and the peak is reported against the per-GPU prediction."""
     out = tmp_path / "rows.csv"
-    res = run_in_session([*TORCHRUN, "2", "-m", "kernels.measure.train_dist", "--sharding", "ddp", "fsdp",
+    res = run_in_session([*TORCHRUN, "2", "-m", "attnmem.measure.train_dist", "--sharding", "ddp", "fsdp",
                 "--model", "llama3-8b-2l", "--seq-len", "1024", "--attention", "sdpa_flash",
                 "--precision", "bf16", "--count-buckets", "--out", str(out)], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

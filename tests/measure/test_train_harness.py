@@ -1,4 +1,4 @@
-"""The training-step harness (kernels.measure.train) and its model list.
+"""The training-step harness (attnmem.measure.train) and its model list.
 
 On the CPU: the row schema, the configs (their parameter counts in transformers against calc,
 built on the meta device: no memory, no download), the procedure on a tiny Llama (memory
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from kernels.measure import model_common
-from kernels.measure import train_models as tm
-from kernels.measure.harness import STATUSES
-from kernels.measure.train import cli as tcli
-from kernels.measure.train import config as tconfig
-from kernels.measure.train import plan as tplan
-from kernels.measure.train import predict, procedure, worker
-from kernels.measure.train import store as tstore
+from attnmem.measure import model_common
+from attnmem.measure import train_models as tm
+from attnmem.measure.harness import STATUSES
+from attnmem.measure.train import cli as tcli
+from attnmem.measure.train import config as tconfig
+from attnmem.measure.train import plan as tplan
+from attnmem.measure.train import predict, procedure, worker
+from attnmem.measure.train import store as tstore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,8 +51,8 @@ def test_statuses_are_the_attention_points_statuses():
 
 
 def test_import_is_light():
-    code = ("import sys, kernels.measure.train.cli, kernels.measure.train_models, "
-            "kernels.measure.cli, kernels.hf\n"
+    code = ("import sys, attnmem.measure.train.cli, attnmem.measure.train_models, "
+            "attnmem.measure.cli, attnmem.kernels.hf\n"
             "bad = [m for m in ('torch', 'transformers', 'triton', 'streamlit') if m in sys.modules]\n"
             "assert not bad, bad\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -69,10 +69,10 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("name", tm.NAMES)
 def test_param_count_matches_calc_and_shape_fields_match_config(name):
-    """Built on the meta device (no memory): transformers' parameters = calc.param_count."""
+    """Built on the meta device (no memory): transformers' parameters = attnmem.calc.param_count."""
     from transformers import AutoModelForCausalLM
 
-    from calc import ModelConfig, param_count
+    from attnmem.calc import ModelConfig, param_count
 
     d = tm.hf_config(name)
     hf = tm.build_config(dict(d))
@@ -137,12 +137,12 @@ def test_tiny_step_on_cpu(attention, precision, ckpt):
 
 
 def test_prediction_is_calc_training_step():
-    import calc
+    import attnmem.calc
 
     cfg = tconfig.TrainConfig("llama3-8b-2l", 1024, "sdpa_flash", "bf16", False)
     hf = tm.hf_config(cfg.model)
     peak, before, why = predict.predict(cfg, hf)
-    m = calc.training_step(calc.ModelConfig.from_hf_config(hf, name=cfg.model), 1, 1024,
+    m = attnmem.calc.training_step(attnmem.calc.ModelConfig.from_hf_config(hf, name=cfg.model), 1, 1024,
                            attention="sdpa_flash", precision="bf16", checkpointing=False)
     assert why == "" and (peak, before) == (m.peak_bytes, m.before_step_bytes)
 
@@ -240,9 +240,9 @@ def test_runner_skips_longer_after_oom_and_after_the_budget(monkeypatch, tmp_pat
 
 
 def test_command_line_writes_the_schema(tmp_path, monkeypatch):
-    """python -m kernels.measure --train ...: one real child process (under the Triton
+    """python -m attnmem.measure --train ...: one real child process (under the Triton
     interpreter, so that our kernel runs on the CPU), eager and ours on a tiny Llama."""
-    from kernels.measure import cli
+    from attnmem.measure import cli
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # the GPU lock file lives there
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the child inherits it
@@ -354,9 +354,9 @@ def test_gpu_before_step_is_linear_in_layers():
 
 
 def test_attention_repredict_names_a_training_csv(tmp_path, capsys):
-    """`python -m kernels.measure --repredict` on a training-step CSV says what the file is and
+    """`python -m attnmem.measure --repredict` on a training-step CSV says what the file is and
     which command re-predicts it, exit 2, no traceback; a missing file is named the same way."""
-    from kernels.measure.cli import main as attention_main
+    from attnmem.measure.cli import main as attention_main
 
     src = tmp_path / "steps.csv"
     src.write_text("model,arch,layers,batch,seq_len,predicted_peak_bytes\nx,llama,2,1,8,0\n")

@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from calc import LoRA, ModelConfig, lora_adapter_params, training_step
-from calc.training_step import ADAPTER_DTYPES, BASE_DTYPES, LORA_TARGET_SETS
-from kernels.measure import train_models as tm
-from kernels.measure.train import cli as tcli
-from kernels.measure.train import config as tconfig
-from kernels.measure.train import plan as tplan
-from kernels.measure.train import predict, procedure
-from kernels.measure.train import store as tstore
+from attnmem.calc import LoRA, ModelConfig, lora_adapter_params, training_step
+from attnmem.calc.training_step import ADAPTER_DTYPES, BASE_DTYPES, LORA_TARGET_SETS
+from attnmem.measure import train_models as tm
+from attnmem.measure.train import cli as tcli
+from attnmem.measure.train import config as tconfig
+from attnmem.measure.train import plan as tplan
+from attnmem.measure.train import predict, procedure
+from attnmem.measure.train import store as tstore
 
 NEW = ("adapter", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "adapter_dtype",
        "base_dtype", "trainable_params")
@@ -43,7 +43,7 @@ def test_lora_and_qlora_step_through_the_command_line(tmp_path, monkeypatch):
     all-linear, checkpointing on; trainable parameters = calc's count. QLoRA runs where
     bitsandbytes imports (its CPU backend here), else its row says it is not installed."""
     pytest.importorskip("peft")
-    from kernels.measure import cli
+    from attnmem.measure import cli
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # the GPU lock file lives there
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -253,8 +253,8 @@ def test_qlora_base_bytes_match_calc(base):
     scalar per matrix (QuantState.offset), not counted by calc: 4 bytes x 14 matrices."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
-    from kernels.measure.model_common import model_from_config
-    from kernels.measure.train.finetune import quantize_base
+    from attnmem.measure.model_common import model_from_config
+    from attnmem.measure.train.finetune import quantize_base
 
     model = model_from_config(tm.build_config(tm.hf_config("tiny-llama")), torch.bfloat16,
                               "eager")

@@ -10,12 +10,12 @@ import math
 
 import pytest
 
-from kernels.measure import train_models as tm
-from kernels.measure.train import cli as tcli
-from kernels.measure.train import config as tconfig
-from kernels.measure.train import plan as tplan
-from kernels.measure.train import predict
-from kernels.measure.train import store as tstore
+from attnmem.measure import train_models as tm
+from attnmem.measure.train import cli as tcli
+from attnmem.measure.train import config as tconfig
+from attnmem.measure.train import plan as tplan
+from attnmem.measure.train import predict
+from attnmem.measure.train import store as tstore
 
 
 def _cfg(**kw):
@@ -60,12 +60,12 @@ def test_old_csv_without_the_column_reads_as_dense(tmp_path):
 
 
 def test_prediction_passes_the_lengths_and_refuses_what_calc_refuses():
-    import calc
+    import attnmem.calc
 
     d = tm.hf_config("llama3-8b-2l")
     cfg = tconfig.TrainConfig("llama3-8b-2l", 4096, "triton", "bf16", packed="1000+3000+96")
     p = predict.prediction(cfg, d)
-    m = calc.training_step(calc.ModelConfig.from_hf_config(d, name=cfg.model), 1, 4096,
+    m = attnmem.calc.training_step(attnmem.calc.ModelConfig.from_hf_config(d, name=cfg.model), 1, 4096,
                            attention="triton", packed_lengths=(1000, 3000, 96))
     assert (p.peak, p.before, p.message, p.refused) == (m.peak_bytes, m.before_step_bytes, "",
                                                         None)
@@ -115,7 +115,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def test_packed_inputs_are_the_collators():
-    from kernels.measure.train.procedure import packed_inputs
+    from attnmem.measure.train.procedure import packed_inputs
 
     ids = torch.arange(100, 132).unsqueeze(0)
     got = packed_inputs(ids, (10, 16, 6))
@@ -127,9 +127,9 @@ def test_packed_inputs_are_the_collators():
 
 
 def test_packed_rows_run_on_the_cpu(tmp_path, monkeypatch):
-    """python -m kernels.measure --train --packed ...: one real child (under the Triton
+    """python -m attnmem.measure --train --packed ...: one real child (under the Triton
     interpreter, so our kernel runs on the CPU), our kernel and eager on a tiny Llama."""
-    from kernels.measure import cli
+    from attnmem.measure import cli
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -150,9 +150,9 @@ def test_packed_rows_run_on_the_cpu(tmp_path, monkeypatch):
 def _replay(attention: str, ckpt: bool) -> tuple[int, int]:
     """(bytes made by the forward and alive at its end, bytes of the packed inputs) for the
     harness's tiny Llama in bf16 fed procedure.packed_inputs."""
-    from kernels.measure.live_bytes import LiveBytes
-    from kernels.measure.model_common import model_from_config
-    from kernels.measure.train.procedure import packed_inputs
+    from attnmem.measure.live_bytes import LiveBytes
+    from attnmem.measure.model_common import model_from_config
+    from attnmem.measure.train.procedure import packed_inputs
 
     hf = tm.build_config("tiny-llama")
     torch.manual_seed(0)
@@ -181,12 +181,12 @@ def _replay(attention: str, ckpt: bool) -> tuple[int, int]:
 def test_cpu_replay_of_the_harness_inputs_matches_calc(attention, ckpt):
     """What the harness feeds (procedure.packed_inputs) is what calc counts: the forward's
     live bytes equal the predicted activations, and the inputs calc's before-step share."""
-    import calc
-    from calc.training_step import CUBLAS_WORKSPACE_BYTES
+    import attnmem.calc
+    from attnmem.calc.training_step import CUBLAS_WORKSPACE_BYTES
 
     fwd, inputs = _replay(attention, ckpt)
-    model = calc.ModelConfig.from_hf_config(tm.hf_config("tiny-llama"), name="tiny-llama")
-    m = calc.training_step(model, 1, 32, attention="sdpa_cudnn" if attention == "sdpa" else
+    model = attnmem.calc.ModelConfig.from_hf_config(tm.hf_config("tiny-llama"), name="tiny-llama")
+    m = attnmem.calc.training_step(model, 1, 32, attention="sdpa_cudnn" if attention == "sdpa" else
                            attention, checkpointing=ckpt, packed_lengths=(10, 16, 6))
     assert fwd == m.activations_bytes
     assert m.before_step_bytes - m.weights_bytes - m.optimizer_bytes \

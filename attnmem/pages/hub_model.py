@@ -1,0 +1,148 @@
+"""A model from the Hugging Face Hub, by id, for the Model memory and Serving pages.
+
+The id (owner/name) is an input like any other: it lives in the URL (key `hub`, a TextParam
+with huggingface_hub's validate_repo_id rules), so a link reproduces the view of any Hub model;
+config.json itself is never put in the URL. The file is fetched by attnmem.hub (HF_ENDPOINT,
+HF_TOKEN, the local cache and HF_HUB_OFFLINE honoured, size checked before download) and the
+answer is cached per id, endpoint and token: successes for an hour, refusals for a minute (a
+network failure or a licence just accepted is retried soon), both bounded in entries. Every
+failure is one st.error that says what went wrong and what to do; the page then shows its
+default preset and says so (the same view as the link gives on a fresh load).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # imported by a page run alone
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from typing import Any  # noqa: E402
+
+import streamlit as st  # noqa: E402
+
+from attnmem.calc import ModelConfig  # noqa: E402
+from attnmem.calc.quant import describe  # noqa: E402
+from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetch_model  # noqa: E402
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui.url_state import ChoiceParam, TextParam, md_escape, show_raw  # noqa: E402
+from attnmem.pages.ui.weights import gpu_caption, weight_label, weight_spec  # noqa: E402
+
+#: The model-selector choice that opens the id box.
+HUB = "Hugging Face Hub id"
+KEY = "hub"
+SPEC = TextParam(
+    "", REPO_ID_RULE, MAX_REPO_ID_LEN,
+    what="a Hugging Face model id, owner/name (letters, digits, '.', '_', '-'; no '--' or '..')",
+    example="deepseek-ai/DeepSeek-V3",
+)
+_BOX = "_hub_box"  # the text box (not in the URL); KEY holds the last valid id typed or linked
+EXAMPLE = "deepseek-ai/DeepSeek-V3"
+
+
+@st.cache_data(max_entries=64, ttl=3600, show_spinner=False)
+def _fetch(repo_id: str, where: tuple[str, bool, str, str]) -> ModelConfig:
+    """The model, or HubError (not cached). `where` (endpoint, offline flag, token
+    fingerprint, cache folder: attnmem.hub.cache_key) is part of the cache key only."""
+    return fetch_model(repo_id)
+
+
+@st.cache_data(max_entries=64, ttl=60, show_spinner=False)
+def fetch_outcome(repo_id: str, where: tuple[str, bool, str, str]) -> tuple[ModelConfig | None, str | None]:
+    """(model, None) or (None, the message): refusals are cached too, for a minute."""
+    try:
+        return _fetch(repo_id, where), None
+    except HubError as err:
+        return None, str(err)
+
+
+def id_input(where: Any = st) -> str:
+    """The id box; returns the valid id in use ("" for none). A typed value that is not a Hub
+    id is refused with st.error naming it; the last valid id stays in use (and in the URL)."""
+    c.init(KEY, SPEC)
+    current: str = st.session_state[KEY]
+    if _BOX not in st.session_state:
+        st.session_state[_BOX] = current
+    typed = where.text_input(
+        "Hugging Face model id (owner/name)", key=_BOX, max_chars=MAX_REPO_ID_LEN,
+        placeholder=EXAMPLE,
+        help="config.json is fetched from the Hub (HF_ENDPOINT if set) and cached. Gated models "
+             "(e.g. meta-llama/*) need HF_TOKEN set where the app runs, for an account that has "
+             "accepted the licence. With HF_HUB_OFFLINE=1 only the local cache is read.",
+    )
+    text = (typed or "").strip()
+    if text != current:
+        parsed = SPEC.parse(KEY, text)
+        if parsed.warning is None:
+            st.session_state[KEY] = current = parsed.value
+        else:
+            st.error(md_escape(f"{show_raw(text)} is not a Hugging Face model id; accepted: "
+                               f"{SPEC.accepted()}. Still using {current or 'none'}."),
+                     icon=":material/block:")
+    return current
+
+
+def hub_model(where: Any = st) -> ModelConfig | None:
+    """The id box and the model it names; None (after an st.error saying why, or with no id
+    typed yet) when there is none."""
+    repo_id = id_input(where)
+    if not repo_id:
+        return None
+    with st.spinner(f"Fetching config.json of {repo_id} from the Hub…"):
+        model, error = fetch_outcome(repo_id, cache_key())
+    if error is not None:
+        st.error(md_escape(error), icon=":material/block:")  # HubError names the id
+    if model is not None:
+        notes(model, where)
+    return model
+
+
+def notes(model: ModelConfig, where: Any = st) -> None:
+    """What the page should say about how a config was read: read through another type's rules
+    (model.read_as, e.g. Kimi-K2's kimi_k2 as DeepSeek-V3) or quantized as stored."""
+    if model.read_as:
+        where.info(md_escape(f"Read as: {model.read_as}."), icon=":material/info:")
+    if model.quantization is not None:
+        where.caption(md_escape(
+            f"Checkpoint quantization: {describe(model.quantization)}; 'as stored' weights "
+            f"price it (attnmem.calc.weight_bytes(model, 'checkpoint'))."))
+
+
+def weight_dtype(label: str, model: ModelConfig, where: Any = st, key: str = "wdtype"
+                 ) -> tuple[str, ChoiceParam]:
+    """The weight-dtype selector for this model (attnmem.pages.ui.weights): "as stored (checkpoint)"
+    offered first and the default for a quantized checkpoint. When the model changes and the
+    value was the previous model's default, it follows the new model's default, so that a
+    quantized checkpoint opens as stored and a plain one at bf16; a value the user picked
+    stays. Returns the value and the spec to put in the page's URL specs."""
+    spec = weight_spec(model)
+    mark = f"_{key}_default@{st.session_state.get('_url_page', '')}"
+    before = st.session_state.get(mark)
+    if before is not None and before != spec.default and st.session_state.get(key) == before:
+        st.session_state[key] = spec.default
+    st.session_state[mark] = spec.default
+    value = c.select(label, key, spec, where=where, format_func=lambda v: weight_label(v, model))
+    return value, spec
+
+
+def gpu_note(gpu: str, unit: str, what: str = "\"Fits\" and the longest context",
+             where: Any = st) -> None:
+    """A caption under the GPU choice: the memory "fits" uses, the spec figure beside it."""
+    where.caption(md_escape(gpu_caption(gpu, unit, what)))
+
+
+def fallback(default: ModelConfig) -> ModelConfig:
+    """The preset shown while no Hub model has loaded (said in an st.info), so that the page,
+    like its URL, shows the same view on every load."""
+    st.info(md_escape(f"Until a Hub model loads, the default model is shown: {default.name}."))
+    return default
+
+
+def source(model: ModelConfig) -> str:
+    """Where the model's shapes came from, for a page's Sources caption: the Hub address for
+    the model this box loaded (its name is the id), the preset's own source otherwise."""
+    if model.name == st.session_state.get(KEY):
+        return f"{cache_key()[0]}/{model.name}, config.json"
+    return model.source
+

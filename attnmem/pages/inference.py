@@ -1,0 +1,308 @@
+"""Inference: what transformers' generate() holds at its peak, where, and what would change it.
+
+Thin page: widgets (a preset, a Hugging Face Hub id via attnmem/pages/hub_model.py, or a measured
+shape) -> attnmem.calc.inference_step for every attention implementation (attnmem/pages/ui/inference.py runs
+them and keeps each refusal's reason) -> the verdict for the chosen one with the longest prompt
+that fits (attnmem.calc.max_inference_seq_len), stacked bars of the parts at each peak, prefill against
+decode, what chunked prefill saves; and the bundled H200 measurements
+(data/inference_steps_h200.csv) beside the current prediction.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from attnmem.calc import DEFAULT_GPU, DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from attnmem.calc.inference_step import (  # noqa: E402
+    CACHES,
+    INFER_ATTENTION_LABELS,
+    INFER_ATTENTIONS,
+    max_inference_seq_len,
+)
+from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages import hub_model as hub  # noqa: E402
+from attnmem.pages.ui import inference as inf  # noqa: E402
+from attnmem.pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
+
+MEASURED_PREFIX = "measured shape: "
+MEASURED = ("Measured on one NVIDIA H200 (torch 2.11, transformers 5.17) by "
+            "`python -m attnmem.measure --infer --plan h200`: `max_memory_allocated()` over "
+            "`generate()`, random weights from the real configs, bf16.")
+SHAPES = inf.measured_shapes()
+#: Measured configs no preset has (layer cuts): offered as models of their own, so that every
+#: bundled row can be shown beside its prediction.
+EXTRA = {MEASURED_PREFIX + n: m for n, m in SHAPES.items()
+         if inf.same_shape(m, {p: pm for p, pm in MODELS.items()}) is None}
+
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, *EXTRA)),
+    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),  # the same specs as Model memory:
+    "b": IntParam(1, 1, 65_536),  # these carry over between the pages
+    "s": IntParam(8192, 1, MAX_SEQ_LEN),
+    "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "new": IntParam(128, 1, MAX_SEQ_LEN),
+    "attn": ChoiceParam("sdpa", INFER_ATTENTIONS),
+    "cache": ChoiceParam("dynamic", CACHES),
+    "chunk": IntParam(0, 0, MAX_SEQ_LEN),  # 0: the prompt in one forward
+    "mcols": c.ALL_COLUMNS,  # every column of the measured rows, not only MEASURED_FIRST
+}
+#: The parts of the peak that outlive a forward (the rest are its transients), in the first
+#: of the two tables of parts.
+HELD_PARTS = ("weights", "KV cache")
+#: Shorter headers of the measured rows' inputs (the section's title says what they are).
+MEASURED_SHORT = {"new tokens": "new", "prefill chunk": "chunk", "peak (measured)": "measured peak",
+                  "peak (computed)": "computed peak", "peak error": "error"}
+#: The measured rows' columns shown by default: the inputs that identify a row and the peak
+#: against its prediction (the prefill's peak, timings and where fall under "show all").
+MEASURED_FIRST = ("model", "batch", "prompt", "new", "attention", "cache", "chunk",
+                  "measured peak", "computed peak", "error")
+CACHE_HELP = ("dynamic: transformers' DynamicCache, grows by concatenation; static: StaticCache, "
+              "allocated whole for prompt + new tokens.")
+
+
+def label(a: str) -> str:
+    return INFER_ATTENTION_LABELS.get(a, a)
+
+
+@c.cached(max_entries=128)
+def longest_prompt(model, gpu_bytes: int, batch: int, new_tokens: int, kw: tuple) -> int:
+    """Exact integer search over the prompt (attnmem.calc.max_inference_seq_len), cached."""
+    return max_inference_seq_len(model, gpu_bytes, batch, new_tokens, **dict(kw))
+
+
+@c.cached(max_entries=4)
+def measured_table() -> pd.DataFrame:
+    """The bundled rows with the current prediction (~70 inference_step calls: cached)."""
+    return inf.compared_rows(inf.read_measured())
+
+
+c.page_setup("inference")
+st.title("Inference")
+st.markdown("**What does `generate()` hold at its peak, where, and what would change it?** "
+            "Weights, the KV cache and everything the prompt's prefill and each decode step "
+            "allocate, per attention implementation, as transformers runs them.")
+
+top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
+choice = c.select("Model", "model", SPECS["model"], where=top[0])
+used = dict(SPECS)
+if choice == hub.HUB:
+    model = hub.hub_model(where=top[0])
+    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
+        used[hub.KEY] = hub.SPEC
+    if model is None:
+        model = hub.fallback(MODELS[SPECS["model"].default])
+else:
+    model = EXTRA.get(choice) or MODELS[choice]
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+attn = c.select("Attention", "attn", SPECS["attn"], where=top[2], format_func=label)
+row = st.columns(5)
+batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
+new_tokens = c.int_input("New tokens", "new", SPECS["new"], where=row[1])
+wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
+kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3])
+cache = c.select("Cache", "cache", SPECS["cache"], where=row[4], help=CACHE_HELP)
+seq_len = c.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+chunk_in = c.int_input("Prefill chunk (tokens; 0 = the whole prompt in one forward)", "chunk",
+                       SPECS["chunk"], help="generate(prefill_chunk_size=C): the prompt is fed "
+                       "C tokens at a time through the same cache.")
+chunk = chunk_in or None
+
+unit = c.get_unit()
+gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
+hub.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
+kw = dict(weight_dtype=wd, kv_dtype=kvd, cache=cache, prefill_chunk=chunk)
+steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
+st.caption(
+    f"**{c.md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
+    f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, vocabulary "
+    f"{model.vocab_size:,}; trained context "
+    f"{f'{model.max_position_embeddings:,} tokens' if model.max_position_embeddings else 'not stated'}.")
+c.trained_context_note(model, seq_len)
+ctx = model.max_position_embeddings
+if ctx and seq_len <= ctx < seq_len + new_tokens - 1:  # the prompt fits the context, the answer not
+    st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
+            f"{ctx:,} tokens this model was trained for.")
+if not steps:  # calc refuses the model (or the inputs) for every implementation: say why
+    reasons = sorted(set(refused.values()))
+    st.error(c.md_escape("These settings cannot be computed: " + " / ".join(reasons)),
+             icon=":material/block:")
+    c.sync_url(used)
+    st.stop()
+
+# --- the verdict for the chosen attention ---------------------------------------------------
+if attn not in steps:
+    why = refused[attn]
+    where = "this model"
+    if "no kernel" in why:  # attnmem.calc.backends.NoKernel: "'<attention>' cannot run this ...: why"
+        where, why = "these inputs", why.split(": ", 1)[-1]
+    st.error(c.md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
+                         f"below shows the implementations that can."), icon=":material/block:")
+else:
+    m = steps[attn]
+    cols = st.columns(3)
+    cols[0].metric(f"{label(attn)}: peak", c.fmt(m.peak_bytes, unit),
+                   help=f"{c.COMPUTED}: attnmem.calc.inference_step, at '{m.peak_phase}'.")
+    cols[0].caption(f"Peak at **{m.peak_phase}** (computed). Prefill peak "
+                    f"{c.fmt(m.prefill_peak_bytes, unit)}, decode peak "
+                    f"{c.fmt(m.decode_peak_bytes, unit) if m.decode_peak_bytes else 'none (1 new token)'}.")
+    if m.peak_bytes <= gpu_bytes:
+        free = gpu_bytes - m.peak_bytes
+        cols[1].success(f"Fits one {gpu}: {c.fmt(free, unit)} free ({free / gpu_bytes:.0%}), "
+                        "computed.", icon=":material/check_circle:")
+    else:
+        cols[1].error(f"Does not fit one {gpu}: {c.fmt(m.peak_bytes - gpu_bytes, unit)} over "
+                      "(computed).", icon=":material/cancel:")
+    s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
+                           tuple(sorted(dict(kw, attention=attn).items())))
+    if s_max:
+        # the label stays short enough for a third of a 1280 px page (issue 32: it was cut off)
+        cols[2].metric(f"Longest prompt (+{new_tokens:,} new)", f"{s_max:,} tokens",
+                       help=f"{c.COMPUTED}: attnmem.calc.max_inference_seq_len, an exact integer search "
+                            f"over the prompt length, with {new_tokens:,} new "
+                            f"token{'s' if new_tokens > 1 else ''} generated after it.")
+        if ctx and s_max + new_tokens - 1 > ctx:
+            cols[2].info(f"{s_max:,} + {new_tokens:,} tokens pass the {ctx:,} tokens this "
+                         "model was trained for: the memory fits, the model may not work there.")
+    elif m.weights_bytes + m.fixed_bytes >= gpu_bytes:
+        cols[2].error(f"Nothing fits: the weights alone ({c.fmt(m.weights_bytes, unit)}, "
+                      f"computed) exceed the {gpu}'s {c.fmt(gpu_bytes, unit)}.",
+                      icon=":material/block:")
+    else:
+        cols[2].error(f"Nothing fits: not even a 1-token prompt with batch {batch:,} and "
+                      f"{new_tokens:,} new tokens fits the {gpu} (computed).",
+                      icon=":material/block:")
+
+# --- stacked parts at each implementation's peak --------------------------------------------
+names = [label(a) for a in steps]
+parts = list(inf.PART_COLORS) + sorted({p for m in steps.values() for p in m.parts}
+                                       - set(inf.PART_COLORS))
+parts = [p for p in parts if any(m.parts.get(p) for m in steps.values())]  # the ones present
+cap = c.in_unit(gpu_bytes, unit)
+dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
+traces = []
+for part in parts:
+    ys = [m.parts.get(part, 0) for m in steps.values()]
+    traces.append(dict(
+        type="bar", name=part, x=names, y=[c.in_unit(y, unit) for y in ys],
+        marker=dict(color=inf.PART_COLORS.get(part, c.FALLBACK_COLOR)),
+        customdata=[c.fmt(y, unit) for y in ys],
+        hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
+traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
+                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
+                   hovertemplate=f"{gpu}: {c.fmt(gpu_bytes, unit)}<extra></extra>"))
+fig = c.figure(traces, "", f"memory at the peak ({unit})", 460, barmode="stack", shapes=[dict(
+    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
+parts_table = pd.DataFrame([{"attention": a, **{p: m.parts.get(p, 0) for p in parts},
+                             "peak": m.peak_bytes, "peak phase": m.peak_phase}
+                            for a, m in steps.items()])
+st.markdown("**What each implementation holds at its peak** (computed)")
+c.chart(fig, "inference_parts", "inference-peak",
+        parts_table.assign(model=model.name, batch=batch, prompt=seq_len, new_tokens=new_tokens))
+st.caption(f"{c.COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of that "
+           "implementation's peak: weights, the cuBLAS workspace and generate()'s inputs, the "
+           "KV cache then, and the transients alive at that moment by part; the dashed line is "
+           "the GPU's memory. attnmem/calc/inference_step.py lists every moment and tensor with its "
+           "source.")
+# Two tables of the same rows, so that each fits a 1280 px window beside the sidebar: the peak,
+# where it occurs and what outlives the step; then the transients alive at that moment.
+held = [p for p in parts if p in HELD_PARTS]
+c.table(pd.DataFrame([{"implementation": label(a), "peak": c.fmt(m.peak_bytes, unit),
+                       "where": m.peak_phase, **{p: c.fmt(m.parts.get(p, 0), unit) for p in held}}
+                      for a, m in steps.items()]), hide_index=True)
+st.markdown("**The transients alive at each peak** (computed)")
+c.table(pd.DataFrame([{"implementation": label(a), **{p: c.fmt(m.parts.get(p, 0), unit)
+                                                      for p in parts if p not in held}}
+                      for a, m in steps.items()]), hide_index=True)
+for a, why in refused.items():
+    st.markdown(c.md_escape(f"Not drawn: {label(a)}: {why}"))
+
+# --- prefill against decode -------------------------------------------------------------------
+pd_traces = [
+    dict(type="bar", name=phase, x=names,
+         y=[c.in_unit(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
+         customdata=[c.fmt(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
+         marker=dict(color=color), hovertemplate="%{x}<br>" + phase + ": %{customdata}<extra></extra>")
+    for phase, key, color in (("prefill peak", "prefill", "#E69F00"), ("decode peak", "decode", "#0072B2"))]
+pd_traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
+                      name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
+st.markdown("**Prefill peak against decode peak** (computed)")
+c.chart(c.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"), "inference_phases",
+        "inference-prefill-decode",
+        pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
+                       "decode peak": m.decode_peak_bytes} for a, m in steps.items()]))
+st.caption(f"{c.COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
+           "layer; a decode step runs one token per sequence against the full cache. With one "
+           "new token there is no decode step (0).")
+
+shown = steps.get(attn) or next(iter(steps.values()))
+with st.expander(f"Each moment and every tensor at the peak of {label(shown.attention)}"):
+    c.table(pd.DataFrame([{"moment": k, "bytes then (computed)": c.fmt(v, unit)}
+                          for k, v in shown.phases.items()]), hide_index=True)
+    c.table(  # bytes as text: very long prompts pass 64-bit integers in some terms
+        pd.DataFrame([{"part": p, "tensor": t, "size (computed)": c.fmt(x, unit),
+                       "bytes": f"{x:,}"} for p, t, x in shown.peak_terms]), hide_index=True)
+
+# --- chunked prefill ------------------------------------------------------------------------
+chosen = shown.attention
+st.markdown(f"### What chunked prefill saves ({c.md_escape(label(chosen))}; computed)")
+savings = inf.chunk_savings(model, batch, seq_len, new_tokens, attention=chosen, **kw)
+shown_sav = savings.assign(**{
+    "prefill chunk": savings["prefill chunk"].map(
+        lambda x: "whole prompt" if x is None or pd.isna(x) else f"{int(x):,}"),
+    **{col: savings[col].map(lambda b: c.fmt(b, unit)) for col in
+       ("prefill peak", "decode peak", "peak")},
+    "saved": savings["saved"].map(lambda b: "—" if b == 0 else c.fmt(b, unit)),
+})
+c.table(shown_sav, hide_index=True)
+if len(savings) == 1:
+    st.caption(f"The prompt ({seq_len:,} tokens) is no longer than the smallest chunk: chunking "
+               "changes nothing.")
+st.caption(f"{c.COMPUTED}: attnmem.calc.inference_step with prefill_chunk = C (generate's "
+           "prefill_chunk_size). The activations scale with C, the cache with the tokens so far; "
+           "once the prefill is small the decode or the cache decides the peak.")
+
+# --- measured rows --------------------------------------------------------------------------
+st.markdown("### Measured on an H200 against the prediction")
+compared = measured_table()
+if compared.empty:
+    st.info("No bundled inference measurements (data/inference_steps_h200.csv). Run "
+            "`python -m attnmem.measure --infer --plan h200` on a GPU to make them.")
+else:
+    shape = inf.same_shape(model, SHAPES)
+    if shape:
+        view = compared[compared["model"] == shape]
+        st.markdown(c.md_escape(f"Rows measured on this model's shape ({shape}):"))
+    else:
+        view = compared
+        st.markdown(c.md_escape(f"{model.name} was not measured; every bundled row with its "
+                                f"prediction. Measured models: {', '.join(sorted(set(compared['model'])))}."))
+    shown_m = view.copy()
+    for col in ("measured peak", "predicted peak", "measured prefill peak", "predicted prefill peak"):
+        shown_m[col] = shown_m[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+    for col in ("peak error", "prefill error"):
+        shown_m[col] = shown_m[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
+    shown_m["prefill chunk"] = shown_m["prefill chunk"].map(
+        lambda x: "—" if x is None or pd.isna(x) else f"{int(x):,}")
+    shown_m = shown_m.rename(columns={
+        "measured peak": "peak (measured)", "predicted peak": "peak (computed)",
+        "measured prefill peak": "prefill peak (measured)",
+        "predicted prefill peak": "prefill peak (computed)",
+        "predicted where": "where (computed)", "prefill ms": "prefill ms (measured)", "decode ms/token": "decode ms/token (measured)"})
+    c.wide_table(shown_m.rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
+    errs = compared["peak error"].dropna().abs()
+    by_model = compared.groupby("model")["peak error"].apply(lambda e: e.abs().max())
+    st.caption(f"{MEASURED} Computed: attnmem.calc.inference_step for each row's inputs, now. "
+               f"{len(compared)} rows; largest |error| of the peak {errs.max():.2%} ("
+               + ", ".join(f"{k} {v:.2%}" for k, v in by_model.items()) + ").")
+
+c.sync_url(used)

@@ -1,0 +1,289 @@
+"""Kernel speed: the bundled attention kernels against PyTorch's SDPA backends (and
+FlashAttention-4 where the data has it), measured side by side on an H200.
+
+Thin page: the CSVs that `python -m attnmem.measure.bench` wrote on the H200 (data/kernel_speed_*_h200.csv,
+read by attnmem.measure.speed_results.read_rows) -> one chart of TFLOP/s against s per
+implementation and a table with our kernel's ratio to cuDNN, FlashAttention-2 and, when the
+run has it, FlashAttention-4. Everything here is measured; the page names the run (GPU,
+versions, time) it shows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from attnmem.measure.speed_results import OURS, PEERS, read_rows  # noqa: E402
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui.url_state import BoolParam, ChoiceParam  # noqa: E402
+
+# The bundled bench CSVs; ATTNMEM_BENCH_DIR points the page at another folder of them (tests, or
+# a run of your own named as these are).
+BENCH = Path(os.environ.get("ATTNMEM_BENCH_DIR") or ROOT / "data")
+# timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed).
+SOURCES = {
+    "eager calls": ({"fwd": BENCH / "kernel_speed_fwd_eager_h200.csv",
+                     "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_h200.csv"}, (
+        "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
+        "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
+        "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
+        "median of three interleaved rounds.")),
+    "eager, median of 3 rounds": ({"fwd": BENCH / "kernel_speed_fwd_eager_rounds_h200.csv",
+                                   "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_rounds_h200.csv"}, (
+        "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
+        "turn, and the median kept (`python -m attnmem.measure.bench --rounds 3`): slow drift in the shared host's "
+        "load then falls on every backend alike, which one round does not ensure.")),
+    "GPU time (CUDA graphs)": ({"fwd": BENCH / "kernel_speed_fwd_graphs_h200.csv",
+                                "fwd_bwd": BENCH / "kernel_speed_fwdbwd_graphs_h200.csv"}, (
+        "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
+        "host's share.")),
+}
+# Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads), the backward being
+# where GQA changes the work: timing choice -> {pass: bundled CSV}.
+GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "kernel_speed_fwdbwd_gqa_graphs_h200.csv"}}
+
+
+def offer(timing: str, path, how: str) -> None:
+    """A bundled run holding both passes and GQA rows in one file, as a timing choice of its
+    own, when the checkout has the file."""
+    if path.exists():
+        SOURCES[timing] = ({"fwd": path, "fwd_bwd": path}, how)
+        GQA_SOURCES[timing] = {"fwd": path, "fwd_bwd": path}
+
+
+# The run with FlashAttention-4 beside ours, cuDNN and FA2 (`python -m attnmem.measure.bench --preset
+# anchors --rounds 3`).
+offer("eager, 3 rounds, with FlashAttention-4", BENCH / "kernel_speed_peers_eager_h200.csv", (
+    "Eager calls, each implementation timed three times per shape, in turn, in one process "
+    "(`python -m attnmem.measure.bench --preset anchors --rounds 3`, 2026-12-01 17:55 UTC): the "
+    "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
+    "kernels) as a peer."))
+# The backward's whole target grid with FlashAttention-4 (both dtypes, d = 64 and 128, s = 4,096
+# and 16,384, causal and not, MHA and GQA 4:1).
+offer("eager, 3 rounds, FA4 target grid", BENCH / "kernel_speed_targets_eager_h200.csv", (
+    "Eager calls, each implementation timed three times per shape, in turn, in one process "
+    "per dtype (`python -m attnmem.measure.bench --impls triton sdpa_cudnn fa4 --rounds 3` over the "
+    "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), before the anchors "
+    "run's Hopper backward rebuilt its K and V descriptors every step (1.00-1.08x the "
+    "backward alone; attnmem/kernels/flash/NOTES.md)."))
+KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
+PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
+# What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path
+# (attnmem.kernels.flash's default schedule): the Gluon forward at d = 128; at d = 64 the portable
+# Triton forward up to s = 2,048 (4,096 causal), the three-warpgroup Gluon forward above.
+DEFAULT_IMPL = OURS
+DEFAULT_WORDS = {
+    128: "the Gluon forward (two consumer warpgroups) at every length",
+    64: "the portable Triton forward up to s = 2,048 (4,096 with a causal mask), the Gluon "
+        "forward with three consumer warpgroups above",
+}
+
+SPECS = {
+    "kdtype": ChoiceParam("bf16", ("fp16", "bf16")),
+    "kd": ChoiceParam("128", ("64", "128")),
+    "kcausal": BoolParam(False),
+    "kpass": ChoiceParam("fwd", ("fwd", "fwd+bwd")),
+    "ktiming": ChoiceParam("eager calls", tuple(SOURCES)),
+    "kkv": ChoiceParam("32", tuple(KV_WORDS)),
+}
+
+
+@st.cache_data(show_spinner=False, max_entries=12)  # the bundled CSVs
+def load(path: str) -> pd.DataFrame:
+    return pd.DataFrame([vars(r) for r in read_rows(path)])
+
+
+def short(impl: str) -> str:
+    """A peer's label without the 'SDPA ' prefix, for ratio columns ('cuDNN', 'FlashAttention-2')."""
+    return c.impl_label(impl).removeprefix("SDPA ")
+
+
+def headline(impl: str) -> str:
+    """short() without a parenthesis ('FlashAttention-4', not 'FlashAttention-4 (CuTe)'): a
+    metric label fits a quarter of a 1280 px wide page."""
+    return short(impl).split(" (")[0]
+
+
+def ratio_at_top(wide: pd.DataFrame, ref: str) -> tuple[int, float] | None:
+    """(s, ours / ref) at the longest s where both were measured in this run; None if never."""
+    if DEFAULT_IMPL not in wide or ref not in wide:
+        return None
+    both = wide[[DEFAULT_IMPL, ref]].dropna()
+    if both.empty:
+        return None
+    top = int(both.index.max())
+    return top, float(both.loc[top, DEFAULT_IMPL] / both.loc[top, ref])
+
+
+def fa4_elsewhere(dtype: str, d: int, causal: bool, mode: str, kv_heads: int
+                  ) -> tuple[str, int, float] | None:
+    """FlashAttention-4 against our default for this choice from a bundled run that timed both
+    side by side (the chosen timing may not have FA4): (timing, s, ours / FA4), or None."""
+    for timing, (paths, _) in SOURCES.items():
+        path = paths.get(mode)
+        if path is None or not path.exists():
+            continue
+        try:
+            df = load(str(path))
+        except (OSError, ValueError):
+            continue
+        got = df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
+                 & (df["mode"] == mode) & (df["kv_heads"] == kv_heads) & (df["status"] == "ok")]
+        if "fa4" not in set(got["impl"]):
+            continue
+        hit = ratio_at_top(got.pivot_table(index="seq_len", columns="impl", values="tflops"), "fa4")
+        if hit:
+            return timing, *hit
+    return None
+
+
+def gqa_where(kv_heads: int) -> list[str]:
+    """Where rows with kv_heads key/value heads were measured (timing, pass, dtype), in words."""
+    found = []
+    for timing, paths in GQA_SOURCES.items():
+        for path in dict.fromkeys(paths.values()):
+            try:
+                df = load(str(path))
+            except (OSError, ValueError):
+                continue
+            got = df[df["kv_heads"] == kv_heads]
+            for mode, dname in sorted(set(zip(got["mode"], got["dtype"], strict=True))):
+                found.append(f"**{timing}**, {PASS_WORDS.get(mode, mode)}, {dname}")
+    return found
+
+
+c.page_setup("kernel_speed")
+st.title("Kernel speed")
+st.markdown(
+    "**How fast is each attention kernel on a real GPU?** Our bundled kernels and PyTorch's "
+    "SDPA backends, run in one process on the same inputs (B = 1, H = 32 query heads), on an "
+    "NVIDIA H200. "
+    "All figures are **measured** (`python -m attnmem.measure.bench`); TFLOP/s count the forward as "
+    "4·B·H·s²·d (half when causal) and forward + backward as 3.5× that."
+)
+
+cols = st.columns(6)
+dtype = c.radio("dtype", "kdtype", SPECS["kdtype"], where=cols[0])
+d = int(c.radio("head dim d", "kd", SPECS["kd"], where=cols[1]))
+mode = c.radio("pass", "kpass", SPECS["kpass"], where=cols[2])
+timing = c.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
+kv = c.radio("key/value heads", "kkv", SPECS["kkv"], where=cols[4], format_func=KV_WORDS.get)
+causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[5])
+c.sync_url(SPECS)
+
+want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
+paths, how = SOURCES[timing]
+kv_heads = int(kv)
+if kv != "32":
+    paths = GQA_SOURCES.get(timing, {})
+    how += (" Grouped-query attention: 8 key/value heads shared by the 32 query heads "
+            "(SDPA backends called with enable_gqa=True).")
+df = None
+if want in paths:
+    source = paths[want]
+    try:
+        df = load(str(source))
+    except (OSError, ValueError) as exc:
+        st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
+        st.stop()
+    df = df[df["kv_heads"] == kv_heads]
+if kv != "32" and (df is None or df[(df["dtype"] == dtype) & (df["mode"] == want)].empty):
+    st.info("Grouped-query attention (8 key/value heads) was measured for: "
+            + "; ".join(gqa_where(kv_heads)) + ". Choose one of those to see it.")
+    st.stop()
+
+sel = (df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
+          & (df["mode"] == want) & (df["status"] == "ok")] if df is not None else pd.DataFrame())
+if sel.empty:
+    st.info("No measurement for this choice.")
+    st.stop()
+
+r0 = sel.iloc[0]
+fa4_versions = sorted({v for v in sel.loc[sel["impl"] == "fa4", "impl_version"] if v})
+st.caption(
+    f"Measured {r0['timestamp']} on {r0['gpu']}, torch {r0['torch_version']}, triton "
+    f"{r0['triton_version']}"
+    + (f", flash-attn-4 {', '.join(fa4_versions)}" if fa4_versions else "")
+    + f"; source `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source.name}`. "
+    + how
+)
+
+default = DEFAULT_IMPL
+present = set(sel["impl"])
+# ours first, then our kernel's other paths, the peers, and anything else by name
+order = [default, *sorted(i for i in present if i.startswith("triton") and i != default),
+         *PEERS, *sorted(present - {default, *PEERS})]
+impls = [i for i in dict.fromkeys(order) if i in present]
+refs = [p for p in PEERS if p in present]
+traces = []
+for impl in impls:
+    got = sel[sel["impl"] == impl].sort_values("seq_len")
+    name = c.impl_label(impl) + (" · default" if impl == default else "")
+    traces.append(dict(
+        type="scatter", mode="lines+markers", x=got["seq_len"].tolist(), y=got["tflops"].tolist(),
+        name=name, line=dict(color=c.impl_color(impl), width=3 if impl == default else 2),
+        hovertemplate=f"<b>{name}</b><br>s = %{{x:,}}<br>%{{y:.0f}} TFLOP/s<extra></extra>",
+    ))
+lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
+fig = c.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
+               xaxis=c.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
+
+wide = sel.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
+table = pd.DataFrame({"s": wide.index})
+for impl in impls:
+    table[c.impl_label(impl)] = wide[impl].round(0).tolist()
+for ref in refs:
+    if default in wide:
+        table[f"default / {short(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
+if default in wide:
+    # Headlines: our default's speed, and its ratio to each peer at the longest s where both
+    # ran. FlashAttention-4, the fastest peer, is headlined even when this timing did not run
+    # it, from the bundled run that timed it beside ours (named in the label).
+    top = int(wide[default].dropna().index.max())
+    heads = [(f"÷ {headline(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
+             for ref in refs if (r := ratio_at_top(wide, ref))]
+    fa4_note = ""
+    if "fa4" not in refs:
+        other = fa4_elsewhere(dtype, d, causal, want, kv_heads)
+        if other:
+            run_name, s_fa4, ratio = other
+            heads.append((f"÷ {headline('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
+                          f"From the run '{run_name}', which timed FlashAttention-4 and our "
+                          "default side by side; this timing did not run FlashAttention-4."))
+        else:
+            fa4_note = ("FlashAttention-4 was not measured for this dtype, head dim, mask, pass "
+                        "and key/value heads.")
+    mcols = st.columns([1] + [1.15 if why else 1 for _, _, why in heads])  # room for a help icon
+    mcols[0].metric(f"default at s = {top:,} (measured)", f"{wide.loc[top, default]:.0f} TFLOP/s")
+    for col, (label, value, why) in zip(mcols[1:], heads, strict=True):
+        col.metric(label, value, help=why)
+    if fa4_note:
+        st.caption(fa4_note)
+c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
+# Speeds, then the ratios to the peers: two tables, each fits a 1280 px window.
+ratios = [col for col in table.columns if col.startswith("default / ")]
+c.table(table.drop(columns=ratios), hide_index=True, width="stretch")
+if ratios:
+    c.table(table[["s", *ratios]], hide_index=True)
+st.markdown(
+    f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
+    "The forward+backward rows add our backward. On a Hopper GPU, from 4,096 queries with at "
+    "least 256 dK/dV programs of 128 keys (B·H_kv·⌈s/128⌉), that is the Gluon backward: one "
+    "program per 128 keys walks every query head of its group and adds dQ into an fp32 "
+    "buffer with the copy engine's bulk reduce-adds. Elsewhere it is the Triton backward: "
+    "two kernels (dQ, then dK/dV) up to s = 2,048 and on small grids, else one dK/dV kernel "
+    "that also adds dQ into the fp32 buffer; with grouped-query attention on a small grid "
+    "each group of query heads is split over several dK/dV programs whose partial dK, dV "
+    "are summed afterwards. The FlashAttention-4 run times that default; the other bundled "
+    "runs are older and time the Triton backward, and *Gluon backward (forced)* is the "
+    "Gluon one on the same inputs. Full tables and the tuning notes: "
+    "`attnmem/measure/bench/BENCH_H200.md`, `attnmem/kernels/flash/NOTES.md`."
+)

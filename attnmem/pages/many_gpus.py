@@ -1,0 +1,342 @@
+"""Many GPUs: context parallelism (ring attention). How long a context fits on c GPUs, what
+each GPU holds, and what it sends.
+
+Thin page: widgets -> attnmem.calc.context_parallel (per-rank memory replayed from attnmem/kernels/ring and
+torch's context_parallel; traffic; a training estimate) -> metrics, two charts over c = 1 to
+64, the ring schedule as a heatmap (ranks x steps, which key/value block each rank holds) and
+the rank's tensors at its peak; measured points from data/ring_one_rank_h200.csv (written by
+``python -m attnmem.measure.ring.one_rank``) where the shape matches.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from attnmem.calc import DEFAULT_GPU, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from attnmem.calc.context_parallel import (  # noqa: E402
+    CP_IMPL_LABELS,
+    CP_IMPLEMENTATIONS,
+    context_parallel_memory,
+    context_parallel_training,
+    max_context_parallel_attention_seq_len,
+    max_context_parallel_seq_len,
+    ring_comm_bytes,
+    ring_schedule,
+    ring_step_kind,
+    zigzag_chunks,
+)
+from attnmem.calc.units import short_len  # noqa: E402
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "ring_one_rank_h200.csv"
+MAX_C = 64
+#: GPU counts of the longest-context chart (each point is an exact search: a few ms each)
+C_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+MEASURED_SHAPE = "H = 32, d = 128 (the measured shape)"
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", tuple(MODELS)),
+    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "impl": ChoiceParam("triton", CP_IMPLEMENTATIONS),
+    "s": IntParam(131072, 2, MAX_SEQ_LEN),
+    "c": IntParam(8, 1, MAX_C),
+    "pass": ChoiceParam("fwd+bwd", ("fwd", "fwd+bwd")),
+    "dtype": ChoiceParam("bf16", ("bf16", "fp16", "fp32")),
+    "attn": ChoiceParam("model", ("model", MEASURED_SHAPE)),
+    "ckpt": BoolParam(True),
+    "shard": BoolParam(True),
+}
+COLUMNS = {"seq_len", "world_size", "rank", "pass", "status", "peak_bytes", "predicted_bytes",
+           "heads", "kv_heads", "head_dim", "dtype", "batch", "causal"}
+
+
+def read_ring_measurements(path: Path = DATA) -> pd.DataFrame | None:
+    """The one-rank measurements (attnmem.measure.ring.one_rank's CSV), rows with status ok
+    and numbers where numbers belong; None when the file is absent or not that CSV."""
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError):
+        return None
+    if not COLUMNS <= set(df.columns):
+        return None
+    df = df[df["status"].astype(str) == "ok"].copy()
+    for col in ("seq_len", "world_size", "rank", "peak_bytes", "predicted_bytes", "heads",
+                "kv_heads", "head_dim", "batch"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df = df.dropna(subset=["seq_len", "world_size", "rank", "peak_bytes", "predicted_bytes"])
+    df = df[df["peak_bytes"] > 0]
+    for col in ("seq_len", "world_size", "rank", "peak_bytes", "predicted_bytes"):
+        df[col] = df[col].astype("int64")
+    df["error_pct"] = 100.0 * (df["predicted_bytes"] - df["peak_bytes"]) / df["peak_bytes"]
+    return df.reset_index(drop=True)
+
+
+def round_for(s: int, world: int) -> int:
+    """The longest context <= s that zigzag splits over `world` GPUs (a multiple of 2c)."""
+    unit = 2 * world if world > 1 else 1
+    return s // unit * unit
+
+
+@c.cached()
+def per_gpu_sweep(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: str, s: int,
+                  backward: bool) -> pd.DataFrame:
+    rows = []
+    for world in range(1, MAX_C + 1):
+        sw = round_for(s, world)
+        if sw == 0:
+            continue
+        try:
+            m = context_parallel_memory(impl, 1, heads, sw, head_dim, dtype, True, backward,
+                                        world, kv_heads)
+        except ValueError:
+            continue
+        rows.append({"GPUs": world, "seq_len": sw, "inputs_bytes": m.inputs_bytes,
+                     "extra_peak_bytes": m.peak_extra_bytes, "per_gpu_bytes": m.total_bytes,
+                     "worst_rank": m.rank})
+    return pd.DataFrame(rows)
+
+
+@c.cached(max_entries=2048)
+def longest_at(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool, shard: bool,
+               heads: int, kv_heads: int, head_dim: int, world: int) -> dict:
+    """Longest trainable context and longest attention call on `world` GPUs (None: refused)."""
+    model = MODELS[model_name]
+    row: dict = {"GPUs": world}
+    try:
+        row["training_seq_len"] = max_context_parallel_seq_len(
+            model, gpu_bytes, world, impl=impl, checkpointing=ckpt,
+            shard_states=shard)
+    except ValueError:
+        row["training_seq_len"] = None
+    try:
+        row["attention_seq_len"] = max_context_parallel_attention_seq_len(
+            impl, gpu_bytes, 1, heads, head_dim, dtype, True, True, world, kv_heads)
+    except ValueError:
+        row["attention_seq_len"] = None
+    return row
+
+
+def longest_sweep(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool,
+                  shard: bool, heads: int, kv_heads: int, head_dim: int,
+                  selected: int) -> pd.DataFrame:
+    """longest_at over C_POINTS and the selected GPU count (each point cached on its own)."""
+    return pd.DataFrame([longest_at(model_name, gpu_bytes, impl, dtype, ckpt, shard, heads,
+                                    kv_heads, head_dim, world)
+                         for world in sorted({*C_POINTS, selected})])
+
+
+c.page_setup("many_gpus")
+st.title("Many GPUs: context parallelism")
+st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?** Ring "
+            "attention splits the sequence over c GPUs and passes the key/value blocks around "
+            "a ring (causal: zigzag load balancing, rank r holds chunks r and 2c−1−r).")
+
+top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
+model_name = c.select("Model", "model", SPECS["model"], where=top[0])
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1],
+               format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+impl = c.select("Ring", "impl", SPECS["impl"], where=top[2],
+                format_func=lambda i: CP_IMPL_LABELS[i])
+row = st.columns(4)
+world = c.int_input("GPUs in the ring (c)", "c", SPECS["c"], where=row[0])
+pas = c.radio("Pass", "pass", SPECS["pass"], where=row[1])
+dtype = c.select("dtype", "dtype", SPECS["dtype"], where=row[2])
+attn = c.select("Attention shape", "attn", SPECS["attn"], where=row[3])
+row2 = st.columns(2)
+ckpt = c.toggle("Activation checkpointing (training step)", "ckpt", SPECS["ckpt"],
+                where=row2[0])
+shard = c.toggle("Weights, gradients, optimizer sharded over the c GPUs (FSDP)", "shard",
+                 SPECS["shard"], where=row2[1])
+s_in = c.seq_len_input("Total context s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+
+model = MODELS[model_name]
+if attn == "model":
+    heads, kv_heads, head_dim = model.num_heads, model.num_kv_heads, model.head_dim
+else:
+    heads, kv_heads, head_dim = 32, 32, 128
+backward = pas == "fwd+bwd"
+unit = c.get_unit()
+s = round_for(s_in, world)
+if s != s_in:
+    st.info(f"s = {s_in:,} does not split into {2 * world} equal chunks (zigzag over {world} "
+            f"GPUs): using s = {s:,}.")
+if s == 0:
+    st.error(f"s must be at least {2 * world} tokens for {world} GPUs.", icon=":material/block:")
+    c.sync_url(SPECS)
+    st.stop()
+try:
+    mem = context_parallel_memory(impl, 1, heads, s, head_dim, dtype, True, backward, world,
+                                  kv_heads)
+    comm = ring_comm_bytes(1, heads, s, head_dim, dtype, world, kv_heads, backward, impl)
+    longest = longest_sweep(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
+                            head_dim, world)
+except ValueError as err:
+    st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+    c.sync_url(SPECS)
+    st.stop()
+try:
+    train = context_parallel_training(model, world, s, impl=impl,
+                                      checkpointing=ckpt, shard_states=shard)
+except ValueError as err:  # e.g. torch's ring (equal heads only) with a GQA model
+    train = None
+    st.warning(c.md_escape(f"No training estimate for {model.name} with this ring: {err}"))
+
+here = longest[longest["GPUs"] == world].iloc[0]
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Per GPU: one attention call", c.fmt(mem.total_bytes, unit),
+          help=f"{c.COMPUTED}: rank {mem.rank}'s local q, k, v"
+               f"{', dO' if backward else ''} ({c.fmt(mem.inputs_bytes, unit)}) plus its extra "
+               f"peak ({c.fmt(mem.peak_extra_bytes, unit)}), attnmem.calc.context_parallel_memory.")
+ts = here["training_seq_len"]
+m2.metric(f"Longest context on {world} × {gpu.split(' ')[1] if ' ' in gpu else gpu}",
+          "—" if pd.isna(ts) else f"{int(ts):,}",
+          help=f"{c.COMPUTED}: the longest trainable context; {model.name}, causal, batch 1, bf16, AdamW; attnmem.calc.training_step "
+               "on s/c tokens per GPU (FSDP over the c GPUs when sharded) with the ring's "
+               "attention peaks in place of a plain call's (attnmem.calc.max_context_parallel_seq_len).")
+trained = model.max_position_embeddings
+if trained and not pd.isna(ts) and int(ts) > trained:
+    st.info(f"The longest trainable context, {int(ts):,} tokens, is past the {trained:,} "
+            f"{model.name} was trained for: training that far also needs its positions "
+            "extended (e.g. a larger RoPE base), which the memory figure does not include.",
+            icon=":material/warning:")
+if trained and s > trained:
+    st.info(f"s = {s:,} is past the {trained:,} tokens {model.name} was trained for.",
+            icon=":material/warning:")
+m3.metric("Sent per GPU per call", c.fmt(comm.total_bytes, unit),
+          help=f"{c.COMPUTED}: forward (c−1)·2·B·H_kv·(s/c)·d·e = {c.fmt(comm.forward_bytes, unit)}"
+               f"; backward the same plus c·2·B·H_kv·(s/c)·d·4 (fp32 dK, dV) = "
+               f"{c.fmt(comm.backward_bytes, unit)} (Liu et al. 2023, arXiv 2310.01889).")
+step_layers = model.num_layers * (2 if ckpt else 1)
+per_step = model.num_layers * comm.total_bytes + (
+    model.num_layers * comm.forward_bytes if ckpt else 0)
+m4.metric("Sent per GPU per step", c.fmt(per_step, unit),
+          help=f"{c.COMPUTED}: {model.num_layers} layers × (forward + backward)"
+               f"{' + the recomputed forward of checkpointing' if ckpt else ''}.")
+if world == 2:
+    st.caption("Two GPUs hold about what one does for attention alone: the fp32 accumulators "
+               "and the double-buffered blocks cost what halving the sequence saves; from three "
+               "on, each GPU holds less (the rest of the model's activations halve at once).")
+
+left, right = st.columns(2)
+with left:
+    st.markdown(f"**Per GPU, one attention call over s ≈ {short_len(s)} tokens, by GPU count**")
+    sweep = per_gpu_sweep(impl, heads, kv_heads, head_dim, dtype, s_in, backward)
+    traces = [dict(type="scatter", x=sweep["GPUs"].tolist(),
+                   y=[c.in_unit(b, unit) for b in sweep["per_gpu_bytes"]], mode="lines+markers",
+                   name=f"computed: {CP_IMPL_LABELS[impl]}",
+                   hovertemplate="%{x} GPUs: %{y:.3f} " + unit + "<extra></extra>")]
+    measured = read_ring_measurements()
+    shown = None
+    if measured is not None:
+        shown = measured[(measured["heads"] == heads) & (measured["kv_heads"] == kv_heads)
+                         & (measured["head_dim"] == head_dim)
+                         & (measured["dtype"].astype(str) == dtype)
+                         & (measured["pass"].astype(str) == pas) & (measured["seq_len"] == s_in)]
+        if impl == "triton" and len(shown):
+            worst = shown.groupby("world_size", as_index=False)["peak_bytes"].max()
+            inputs = {int(r.GPUs): int(r.inputs_bytes) for r in sweep.itertuples()}
+            traces.append(dict(
+                type="scatter", mode="markers", name="measured (one rank simulated, H200)",
+                x=worst["world_size"].tolist(),
+                y=[c.in_unit(int(b) + inputs.get(int(w), 0), unit)
+                   for w, b in zip(worst["world_size"], worst["peak_bytes"], strict=True)],
+                marker=dict(size=11, symbol="x")))
+    fig = c.figure(traces, "GPUs in the ring (c)", f"per GPU ({unit})", height=360,
+                   yaxis=dict(type="log"))
+    c.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep)
+with right:
+    st.markdown(f"**Longest context on c × {c.md_escape(gpu)}**")
+    traces = [
+        dict(type="scatter", x=longest["GPUs"].tolist(),
+             y=longest["training_seq_len"].tolist(), mode="lines",
+             name=f"training step of {model.name}"),
+        dict(type="scatter", x=longest["GPUs"].tolist(),
+             y=longest["attention_seq_len"].tolist(), mode="lines",
+             name="one attention call, forward+backward"),
+    ]
+    fig = c.figure(traces, "GPUs in the ring (c)", "tokens", height=360, yaxis=dict(type="log"))
+    c.chart(fig, "cp_longest", "many_gpus_longest", longest)
+
+st.markdown(f"**The ring on {world} GPUs: which key/value block each rank holds at each step**")
+shown_c = min(world, 32)
+held = ring_schedule(shown_c)
+text = [[f"{j}" for j in row_] for row_ in held]
+hover = [[f"rank {r}, step {t}: K/V of rank {held[r][t]} (chunks "
+          f"{', '.join(map(str, zigzag_chunks(held[r][t], shown_c)))}), "
+          f"{ring_step_kind(r, shown_c, t, True).replace('_', ' ')}"
+          for t in range(shown_c)] for r in range(shown_c)]
+heat = dict(type="heatmap", z=held, text=text, texttemplate="%{text}" if shown_c <= 16 else "",
+            customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+            colorscale="Viridis", showscale=False, x=list(range(shown_c)),
+            y=list(range(shown_c)))
+fig = c.figure([heat], "step t", "rank r", height=min(120 + 24 * shown_c, 560),
+               yaxis=dict(autorange="reversed"))
+c.chart(fig, "cp_ring", "many_gpus_ring")
+st.caption(("Showing the first 32 ranks. " if world > 32 else "") +
+           "Cell = the rank whose key/value block is held, (r − t) mod c (Liu et al. 2023, "
+           "Algorithm 1). Step 0: the local shard with the causal mask; a block from a lower "
+           "rank: all queries × its first chunk; from a higher rank: the second query chunk × "
+           "all its keys (attnmem.kernels.ring.step_kind; torch's _templated_ring_attention).")
+
+st.markdown(f"**What rank {mem.rank} holds at its peak** (the rank with the largest peak)")
+terms = pd.DataFrame(mem.terms, columns=["tensor", "bytes"])
+terms = pd.concat([pd.DataFrame([{"tensor": "local inputs (q, k, v" + (", dO)" if backward
+                                                                         else ")"),
+                                  "bytes": mem.inputs_bytes}]), terms], ignore_index=True)
+c.table(terms.assign(size=terms["bytes"].map(lambda b: c.fmt(b, unit)))[
+    ["tensor", "size", "bytes"]], hide_index=True)
+if train is not None:
+    st_ = train.step
+    t_rows = pd.DataFrame([
+        {"part": "weights, gradients, AdamW state" + (" (FSDP over the c GPUs)" if shard
+                                                      and world > 1 else ""),
+         "bytes": st_.before_step_bytes},
+        {"part": f"activations of {train.local_seq_len:,} local tokens (end of forward)",
+         "bytes": st_.activations_bytes},
+        {"part": "ring attention, forward extra (one layer)", "bytes": train.ring_forward_bytes},
+        {"part": "ring attention, forward+backward extra (one layer)",
+         "bytes": train.ring_backward_bytes},
+        {"part": f"peak ({train.peak_phase})", "bytes": train.total_bytes},
+    ])
+    with st.expander(f"Training step per GPU at s = {s:,} (bf16, attnmem.calc.training_step on "
+                     f"{train.local_seq_len:,} tokens with the ring's attention): "
+                     f"{c.fmt(train.total_bytes, unit)}"):
+        c.table(t_rows.assign(size=t_rows["bytes"].map(lambda b: c.fmt(b, unit)))[
+            ["part", "size", "bytes"]], hide_index=True)
+
+if measured is None:
+    st.caption("Measured: none yet (data/ring_one_rank_h200.csv is written by `python -m "
+               "attnmem.measure.ring.one_rank --out DIR` on one GPU).")
+else:
+    with st.expander(f"Measured on one GPU: {len(measured)} rank runs, largest |error| "
+                     f"{measured['error_pct'].abs().max():.3f}%"):
+        table = measured.copy()
+        if {"kv_bytes_per_step", "fwd_step_ms"} <= set(table.columns):
+            kv = pd.to_numeric(table["kv_bytes_per_step"], errors="coerce")
+            ms = pd.to_numeric(table["fwd_step_ms"], errors="coerce")
+            # the link speed at which sending the next K/V block takes as long as the step
+            table["link_GBps_to_hide_kv"] = (kv / (ms * 1e-3) / 1e9).round(1)
+        # Memory, then time: two tables of the same runs, each fits a 1280 px window.
+        run = ("seq_len", "world_size", "rank", "pass")
+        for what in (("peak_bytes", "predicted_bytes", "error_pct"),
+                     ("fwd_step_ms", "bwd_step_ms", "link_GBps_to_hide_kv", "gpu")):
+            cols = [col for col in (*run, *what) if col in table.columns]
+            c.table(table[cols], hide_index=True)
+        st.caption("Measured: one rank of the ring simulated on one GPU (its incoming blocks "
+                   "copied in place of communication; attnmem/measure/ring/simulate.py); peak = "
+                   "max_memory_allocated during the call minus memory_allocated before. "
+                   "link_GBps_to_hide_kv: K/V bytes of one step ÷ the step's measured local "
+                   "forward time, the bandwidth at which the send hides behind the work.")
+st.caption(f"{c.COMPUTED} unless marked measured. Per-rank memory: attnmem/calc/context_parallel.py "
+           "(replays attnmem/kernels/ring/ring.py, and torch 2.13's _context_parallel/_attention.py "
+           "for the SDPA rings; torch keeps all c key/value blocks after its all-gather). "
+           f"{step_layers} attention passes per training step.")
+c.sync_url(SPECS)

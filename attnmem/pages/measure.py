@@ -1,0 +1,541 @@
+"""GPU measurement: run real attention implementations, lay measured peaks and times over the
+analytic model, keep every run.
+
+Thin page: widgets -> attnmem.measure.child.run_points (a child process, one measurement per GPU at a
+time) -> attnmem.measure.store (SQLite) -> plotly figures over attnmem.calc.sweep_seq_len. Without a GPU it
+says so and shows the bundled H200 reference (data/attention_calls_h200.csv) or an uploaded results
+CSV (validated by attnmem.measure.store.validate_csv; a bad file changes nothing).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from attnmem.calc import IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
+from attnmem.measure.registry import NAMES, fa4_installed_reason  # noqa: E402
+from attnmem.measure.store import (  # noqa: E402
+    COLUMNS,
+    MAX_UPLOAD_BYTES,
+    ResultStore,
+    attach_predictions,
+    csv_text,
+    read_csv_rows,
+    validate_csv,
+)
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
+
+REFERENCE_CSV = ROOT / "data" / "attention_calls_h200.csv"
+REFERENCE_TRACE_CSV = ROOT / "data" / "attention_calls_trace_h200.csv"
+REF = "ref"
+SEQ_CHOICES = tuple(str(1 << p) for p in range(7, 17))  # 128 .. 65,536
+MODES = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}
+
+SPECS = {
+    # every implementation the registry can measure (fa4 where FlashAttention-4 is installed)
+    "impls": MultiChoiceParam(NAMES, NAMES),
+    "lens": MultiChoiceParam(("512", "1024", "2048", "4096", "8192", "16384"), SEQ_CHOICES),
+    "b": IntParam(1, 1, 64),
+    "h": IntParam(32, 1, 256),
+    "hkv": IntParam(0, 0, 256),
+    "d": IntParam(128, 8, 256),
+    "dtype": ChoiceParam("fp16", ("fp16", "bf16", "fp32")),
+    "causal": BoolParam(False),
+    "mode": ChoiceParam("both", tuple(MODES)),
+    "tmetric": ChoiceParam("TFLOP/s", ("TFLOP/s", "ms")),
+    # "Show all columns" of the wide tables (c.wide_table): the forward and the forward +
+    # backward points, past runs, and the comparison of two runs
+    "fcols": c.ALL_COLUMNS,
+    "bcols": c.ALL_COLUMNS,
+    "rcols": c.ALL_COLUMNS,
+    "ccols": c.ALL_COLUMNS,
+}
+
+
+def error_first(unit: str) -> tuple[str, ...]:
+    """The points' columns shown by default (they fit a 1280 px window beside the sidebar):
+    which call, and its measured peak against the model; reserved growth, time and the note
+    fall under "show all"."""
+    return ("implementation", "mode", "s", "status", f"measured ({unit})", f"model ({unit})",
+            "model error %")
+
+
+#: Past runs: which run, on what, and how many rows (versions and source under "show all").
+RUNS_FIRST = ("run", "started (UTC)", "GPU", "label", "rows")
+#: Two runs compared: the point, each run's status, and B over A (the raw columns under "show all").
+COMPARE_FIRST = ("impl", "seq_len", "backward", "status_a", "status_b", "peak_ratio_b_over_a",
+                 "time_ratio_b_over_a")
+
+
+color = c.impl_color
+label = c.impl_label
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+@st.cache_resource(show_spinner=False)
+def gpu_reason() -> str | None:
+    """None when a CUDA GPU is usable here, else why not."""
+    from attnmem.measure.registry import gpu_reason as reason
+
+    return reason()
+
+
+@st.cache_data(show_spinner=False)
+def reference_rows() -> pd.DataFrame:
+    if not REFERENCE_CSV.exists():
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.DataFrame(read_csv_rows(REFERENCE_CSV), columns=list(COLUMNS))
+
+
+@st.cache_data(show_spinner=False)
+def reference_trace() -> pd.DataFrame:
+    if not REFERENCE_TRACE_CSV.exists():
+        return pd.DataFrame()
+    return pd.read_csv(REFERENCE_TRACE_CSV)
+
+
+def open_store() -> ResultStore | None:
+    try:
+        return ResultStore()
+    except Exception as exc:  # noqa: BLE001 - a page without history still works
+        c.warn(f"The results store could not be opened ({exc}); runs will not be kept.")
+        return None
+
+
+@c.cached()
+def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
+                     causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
+    """calc's peak curves for the implementations it models (a name it does not model gets
+    measured points and no curve)."""
+    impls = tuple(i for i in impls if i in IMPLEMENTATIONS)
+    lens, s = [], lo
+    while s <= hi:  # powers of two and the halfway points (a smooth line on log axes)
+        lens += [s, int(s * 1.5)]
+        s *= 2
+    lens = sorted({x for x in lens if lo <= x <= hi})
+    try:
+        return sweep_seq_len(impls, lens, b, h, d, dtype, causal, bwd, kv_heads=hkv)
+    except ValueError:  # one model refuses this shape: draw the others' curves
+        parts = []
+        for impl in impls:
+            try:
+                parts.append(sweep_seq_len((impl,), lens, b, h, d, dtype, causal, bwd, kv_heads=hkv))
+            except ValueError:
+                continue
+        return pd.concat(parts, ignore_index=True) if parts else sweep_seq_len((), lens, b, h, d,
+                                                                              dtype, causal, bwd)
+
+
+def select_rows(df: pd.DataFrame, impls, b, h, hkv, d, dtype, causal) -> pd.DataFrame:
+    if df.empty:
+        return df
+    kv = hkv or h
+    m = ((df["impl"].isin(impls)) & (df["batch"] == b) & (df["heads"] == h)
+         & (df["kv_heads"].fillna(df["heads"]) == kv) & (df["head_dim"] == d)
+         & (df["dtype"] == dtype) & (df["causal"] == causal))
+    return df[m]
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, title: str) -> go.Figure:
+    fig = go.Figure()
+    drawn: list[list[float]] = []  # model curves already drawn (masked_fill and masked_fill_ coincide)
+    for impl in impls:
+        part = curves[curves["impl"] == impl]
+        ys = [float(v) for v in part["peak_bytes"]]
+        # Within 3% at every s, a curve drawn later would hide an earlier one on log axes: the
+        # later one is dashed and its measured points are open circles, so both show.
+        under = any(len(ys) == len(o) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(ys, o, strict=True))
+                    for o in drawn)
+        drawn.append(ys)
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"], y=[c.in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
+            name=f"{label(impl)} (model)", legendgroup=impl,
+            line=dict(color=color(impl), width=1.5, dash="dash" if under else "dot"),
+            hovertemplate=f"<b>{label(impl)}</b> model<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<extra></extra>",
+        ))
+        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows["peak_extra_bytes"].notna()]
+        if len(got):
+            err = [f"{100 * e:+.2f}%" if e is not None and e == e else "-" for e in got["model_error"]]
+            fig.add_trace(go.Scatter(
+                x=got["seq_len"], y=[c.in_unit(v, unit) for v in got["peak_extra_bytes"]],
+                mode="markers", name=f"{label(impl)} (measured)", legendgroup=impl,
+                marker=dict(symbol="circle-open", size=12, color=color(impl), line=dict(width=2))
+                if under else dict(color=color(impl), size=9, line=dict(width=1, color="white")),
+                customdata=list(zip(err, [f"{int(v):,}" for v in got["peak_extra_bytes"]], strict=True)),
+                hovertemplate=(f"<b>{label(impl)}</b> measured<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
+                               "<br>%{customdata[1]} bytes<br>model error %{customdata[0]}<extra></extra>"),
+            ))
+        oom = rows[(rows["impl"] == impl) & (rows["status"] == "oom")]
+        if len(oom):
+            fig.add_trace(go.Scatter(
+                x=oom["seq_len"], y=[c.in_unit(v, unit) if v == v and v is not None else None
+                                     for v in oom["model_bytes"]],
+                mode="markers", name=f"{label(impl)}: out of memory", legendgroup=impl,
+                marker=dict(symbol="x", size=13, color=color(impl), line=dict(width=2)),
+                hovertemplate=(f"<b>{label(impl)}</b>: out of memory at s = %{{x:,}}"
+                               f"<br>model: %{{y:,.4g}} {unit}<extra></extra>"),
+            ))
+    c.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log", exponentformat="power")
+    # Many implementations: the legend goes under the plot so it never covers the title.
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+                      margin=dict(t=50, b=150))
+    return fig
+
+
+def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure:
+    fig = go.Figure()
+    col = "tflops" if metric == "TFLOP/s" else "median_ms"
+    for impl in impls:
+        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows[col].notna()].sort_values("seq_len")
+        if len(got):
+            fig.add_trace(go.Scatter(
+                x=got["seq_len"], y=got[col], mode="lines+markers", name=label(impl),
+                line=dict(color=color(impl)),
+                hovertemplate=f"<b>{label(impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {metric}<extra></extra>",
+            ))
+    c.style(fig, "sequence length s (log scale)", metric + (" (log)" if col == "median_ms" else ""), 400)
+    fig.update_xaxes(type="log")
+    if col == "median_ms":
+        fig.update_yaxes(type="log")
+    # Many implementations: the legend goes under the plot so it never covers the title.
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+                      margin=dict(t=50, b=150))
+    return fig
+
+
+def _shown(v: float | None, digits: int) -> float | None:
+    """A number rounded as the grid shows it (so its column is sized to what is drawn); a
+    missing value stays missing."""
+    return None if v is None or v != v else round(float(v), digits)
+
+
+def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """Every point: sizes in `unit` to 4 decimals (what the grid draws of a float), the model's
+    error in % to 2, the median time in ms to 3, TFLOP/s whole (the CSV under the chart has
+    the bytes and the raw values)."""
+    t = rows.sort_values(["backward", "impl", "seq_len"])
+    return pd.DataFrame({
+        "implementation": t["impl"].map(label),
+        "mode": ["fwd+bwd" if x else "fwd" for x in t["backward"]],
+        "s": t["seq_len"],
+        "status": t["status"],
+        f"measured ({unit})": [_shown(c.in_unit(v, unit), 4) if v == v and v is not None else None
+                               for v in t["peak_extra_bytes"]],
+        f"model ({unit})": [_shown(c.in_unit(v, unit), 4) if v == v and v is not None else None
+                            for v in t["model_bytes"]],
+        "model error %": [_shown(100 * e, 2) if e is not None else None for e in t["model_error"]],
+        f"reserved growth, measured ({unit})": [
+            _shown(c.in_unit(v, unit), 4) if v == v and v is not None else None for v in t["reserved_extra_bytes"]],
+        f"reserved growth, model ({unit})": [
+            _shown(c.in_unit(v, unit), 4) if v == v and v is not None else None for v in t["model_reserved_bytes"]],
+        "median ms": [_shown(v, 3) for v in t["median_ms"]],
+        "TFLOP/s": [_shown(v, 0) for v in t["tflops"]],
+        "note": t["message"].fillna("").map(lambda m: str(m)[:200]),
+    })
+
+
+# --- the page ------------------------------------------------------------------------------
+
+c.page_setup("measure")
+st.title("GPU measurement")
+st.markdown(
+    "Measured peaks laid over the analytic model. Each point is one attention call: "
+    "`max_memory_allocated()` during the call minus `memory_allocated()` just before it "
+    "(inputs already allocated, caches emptied, warm-up done), timed with CUDA events "
+    "(`triton.testing.do_bench` median). The model's error is shown for every point, never hidden."
+)
+
+reason = gpu_reason()
+try:
+    from attnmem.measure.exposure import measurement_block_reason
+
+    blocked = None if reason else measurement_block_reason()
+except ImportError:  # older checkout without the exposure setting
+    blocked = None
+store = open_store()
+unit = c.get_unit()
+
+# The inputs sit above the results, which take the page's whole width: the tables beside a
+# column of inputs were 525 px wide at 1280 px and scrolled sideways.
+picks = st.columns([3, 2])
+impls = c.multiselect("Implementations", "impls", SPECS["impls"], format_func=label, where=picks[0])
+lens = [int(x) for x in c.multiselect("Sequence lengths", "lens", SPECS["lens"], where=picks[1],
+                                      format_func=lambda v: c.short_len(int(v)))]
+shape = st.columns(4)
+b = c.int_input("Batch B", "b", SPECS["b"], where=shape[0])
+h = c.int_input("Heads H", "h", SPECS["h"], where=shape[1])
+hkv = c.int_input("KV heads (0 = H)", "hkv", SPECS["hkv"], where=shape[2],
+                  help="Fewer key/value heads than H is GQA; 0 means the same as H.")
+d = c.int_input("Head dim d", "d", SPECS["d"], where=shape[3])
+kind = st.columns(4, vertical_alignment="bottom")
+dtype = c.select("dtype", "dtype", SPECS["dtype"], where=kind[0])
+mode = c.select("Pass", "mode", SPECS["mode"], where=kind[1],
+                help="fwd: forward under no_grad; fwd+bwd: forward and backward(dO), gradients count.")
+causal = c.toggle("Causal mask", "causal", SPECS["causal"], where=kind[2])
+kv = hkv if hkv and hkv != h else None
+if kv is not None and h % kv:
+    c.warn(f"Heads H ({h}) must be a multiple of KV heads ({hkv}); using KV heads = H.")
+    kv = None
+backwards = MODES[mode]
+
+# -- run (GPU) or say plainly why not ------------------------------------------------
+fa4_missing = fa4_installed_reason() if "fa4" in impls else None
+if fa4_missing:
+    # the reason is the registry's own text (no user input): shown as written
+    st.caption(f"{label('fa4')} (`fa4`) is not available here: {fa4_missing}. Its points "
+               "are recorded as unavailable, with that reason.")
+if reason:
+    st.info(f"**No GPU here**: {reason}. Nothing can be measured on this machine. Shown "
+            "instead: the bundled reference measured on an NVIDIA H200 with this page's "
+            "harness, or any results CSV you upload below (from `python -m attnmem.measure` "
+            "run on a GPU machine).", icon=":material/info:")
+elif blocked:
+    st.info(blocked, icon=":material/lock:")
+else:
+    run_cols = st.columns([1, 1, 2])
+    go_run = run_cols[0].button("Run measurement", type="primary", disabled=not (impls and lens))
+    run_cols[1].button("Cancel", key="cancel_run",
+                       help="Stops the sweep: the child process is killed, finished rows are kept.",
+                       on_click=lambda: st.session_state.update(cancelled=True))
+    with run_cols[2].expander("Run options"):
+        limit_s = st.number_input("Time limit per point (s)", 5, 1800, 120)
+        label_text = st.text_input("Label of this run", "", max_chars=100)
+    if st.session_state.pop("cancelled", False):
+        st.warning("Cancelled: the rows finished before the cancel are kept in the run.")
+    if go_run:
+        from attnmem.measure.child import GpuBusy, run_points
+        from attnmem.measure.harness import expand_points
+
+        points = expand_points(impls, sorted(lens), batch=b, heads=h, head_dims=[d],
+                               dtypes=[dtype], causals=[causal], backwards=backwards,
+                               kv_heads=kv)
+        progress = st.progress(0.0, text=f"0 of {len(points)} points")
+        live = st.empty()
+        state = {"run": None, "rows": [], "store_error": None}
+
+        def on_result(res, i, n):
+            row = res.to_row()
+            if store is not None and state["store_error"] is None:
+                try:
+                    if state["run"] is None:
+                        state["run"] = store.new_run(
+                            gpu_name=res.gpu_name, driver=res.driver,
+                            torch_version=res.torch_version,
+                            triton_version=res.triton_version,
+                            label=label_text or "page", source="measured")
+                    store.add_row(state["run"], row)
+                except sqlite3.Error as exc:  # locked, disk full, ...: measure on, say so
+                    state["store_error"] = f"{type(exc).__name__}: {exc}"
+            state["rows"].append(row)
+            progress.progress((i + 1) / n, text=f"{i + 1} of {n}: {res.impl} {res.mode} "
+                                                f"s={res.seq_len:,} {res.status}")
+            df_live = attach_predictions(pd.DataFrame(state["rows"], columns=list(COLUMNS)))
+            curves = predicted_curves(tuple(impls), min(lens), max(lens), b, h, d, dtype,
+                                      causal, bool(res.backward), kv)
+            live.plotly_chart(memory_figure(df_live[df_live["backward"] == res.backward],
+                                            curves, impls, unit, "live"),
+                              key=f"live_{i}", theme="streamlit")
+
+        try:
+            summary = run_points(points, on_result=on_result, timeout_s=float(limit_s))
+            live.empty()
+            progress.progress(1.0, text=f"{len(summary.results)} points in {summary.wall_s:.1f} s")
+            if state["run"] is not None:
+                st.session_state["src"] = str(state["run"])
+        except GpuBusy as exc:
+            st.error(str(exc))
+        except OSError as exc:  # e.g. the data directory (GPU lock file) is not writable
+            shown = str(exc).replace("`", "'")  # in a code span: shown as is, no markdown
+            st.error(f"The measurement could not start or go on: `{shown}`. "
+                     "Set XDG_DATA_HOME (or ATTNMEM_DB) to a writable folder.")
+        if state["store_error"]:
+            kept = store.run(state["run"]).n_rows if store is not None and state["run"] else 0
+            st.error(
+                f"The results store ({md_escape(str(store.path) if store else '')}) stopped "
+                f"accepting rows: {md_escape(state['store_error'])}. {kept} row(s) were saved "
+                f"before that; all {len(state['rows'])} measured rows are in the file below.")
+            st.download_button("⬇ This run's rows (CSV)", data=csv_text(state["rows"]).encode(),
+                               file_name="attention-measure-unsaved.csv", mime="text/csv",
+                               key="unsaved_csv")
+
+# -- which results to show ----------------------------------------------------------
+runs = store.runs() if store is not None else []
+options = [REF] + [str(r.id) for r in runs]
+names = {REF: "Bundled reference: NVIDIA H200 (data/attention_calls_h200.csv)"}
+names.update({str(r.id): f"#{r.id} · {r.gpu_name or '?'} · {r.label or r.source} · "
+                         f"{r.n_rows} rows · {r.started[:16]}" for r in runs})
+src_spec = ChoiceParam(REF, tuple(options))
+src = c.select("Results to show", "src", src_spec, format_func=lambda k: names.get(k, k))
+if src == REF:
+    data = reference_rows()
+    if data.empty:
+        st.info("The bundled reference dataset is not in this checkout (data/attention_calls_h200.csv).")
+else:
+    data = store.dataframe(int(src)) if store is not None else pd.DataFrame(columns=list(COLUMNS))
+data = attach_predictions(data) if not data.empty else data.assign(
+    model_bytes=[], model_error=[], model_reserved_bytes=[])
+
+if not impls or not lens:
+    st.info("Pick at least one implementation and one sequence length.")
+else:
+    sel = select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
+    sel = sel[sel["backward"].isin(backwards)] if not sel.empty else sel
+    if not sel.empty:
+        measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
+        long = measured[(measured["seq_len"] >= 1024) & measured["model_error"].notna()]
+        m = st.columns(4)
+        m[0].metric("points shown", f"{len(sel):,}")
+        m[1].metric("measured peaks", f"{len(measured):,}")
+        m[2].metric("out of memory", f"{int((sel['status'] == 'oom').sum()):,}")
+        m[3].metric("worst error",  # a quarter of the column: a longer label is cut off
+                    f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-",
+                    help="The model's worst error: max |attnmem.calc.attention_peak_bytes − measured| / measured, over the points "
+                         "shown with s ≥ 1,024; the issue's bar is 2%.")
+    if not data.empty and sel.empty:
+        have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
+        st.info("No rows for this selection in these results. They hold: "
+                + "; ".join(f"{r.dtype}, d={r.head_dim}, H={r.heads}/{r.kv_heads}, B={r.batch}"
+                            for r in have.head(12).itertuples()))
+    for bwd in backwards:
+        part = sel[sel["backward"] == bwd] if not sel.empty else sel
+        what = ("forward + backward" if bwd else "forward") + (", causal" if causal else "")
+        s_lo = int(min(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
+        s_hi = int(max(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
+        curves = predicted_curves(tuple(impls), s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
+        fig = memory_figure(part, curves, impls, unit, f"Peak extra memory, {what}")
+        c.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
+                part[list(COLUMNS)] if len(part) else None)
+        if len(part):
+            c.wide_table(error_table(part, unit), error_first(unit), "bcols" if bwd else "fcols")
+            st.caption("*measured* and *model*: the extra `max_memory_allocated()` of the call "
+                       "(the caching allocator's blocks, what PyTorch counts); *reserved "
+                       "growth*: how much `memory_reserved()` grew, what nvidia-smi-like tools "
+                       "show (model from attnmem.calc.attention_reserved_bytes; empty where a "
+                       "temporary's size is not known: math backend, eager and cuDNN "
+                       "backward, memory-efficient backward with GQA).")
+            big = part[(part["seq_len"] >= 1024) & part["model_error"].notna()
+                       & (part["model_error"].abs() > 0.02)]
+            if len(big):
+                st.warning("Model error above 2% at s ≥ 1,024 for: "
+                           + ", ".join(sorted({label(i) for i in big["impl"]}))
+                           + ". What each formula cannot know is listed below.")
+    if len(sel):
+        metric = c.radio("Speed as", "tmetric", SPECS["tmetric"])
+        for bwd in backwards:
+            part = sel[sel["backward"] == bwd]
+            if len(part):
+                what = "forward + backward" if bwd else "forward"
+                c.chart(time_figure(part, impls, metric, f"{metric}, {what}"),
+                        f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
+        st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
+                   "that (attnmem.calc.attention_flops), over the median time.")
+    with st.expander("What each formula assumes (and cannot know)"):
+        for impl in impls:
+            st.markdown(f"**{label(impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}")
+
+# -- trace fingerprint ---------------------------------------------------------------
+st.subheader("Trace fingerprint: the kernels one call launches")
+trace = reference_trace()
+if not reason and not blocked:
+    if st.button("Trace the selected implementations (s = 2,048)"):
+        from attnmem.measure.child import GpuBusy, run_trace
+        from attnmem.measure.harness import PointConfig
+
+        cfgs = [PointConfig(i, b, h, 2048, d, dtype, causal, bwd, kv) for i in impls for bwd in backwards]
+        try:
+            with st.spinner("Profiling..."):
+                st.session_state["trace"] = run_trace(cfgs)
+        except GpuBusy as exc:
+            st.error(str(exc))
+    if "trace" in st.session_state:
+        trace = pd.DataFrame(st.session_state["trace"])
+if trace.empty:
+    st.info("No trace fingerprint available (bundled: data/attention_calls_trace_h200.csv).")
+else:
+    tsel = trace[trace["impl"].isin(impls)] if impls else trace
+    if "causal" in tsel:
+        tsel = tsel[tsel["causal"].astype(str).str.lower() == str(causal).lower()]
+    total = tsel[tsel["kernel"] == "(all)"]
+    if len(total):
+        c.table(pd.DataFrame({
+            "implementation": total["impl"].map(label), "mode": total["mode"],
+            "s": total["seq_len"], "kernel launches": total["count"],
+            "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
+        }), hide_index=True)
+    with st.expander("Every kernel (name, launches, share of the call's GPU time)"):
+        # kernel names run to 160 characters, some without a space: an HTML table whose
+        # kernel cells wrap anywhere (causal is left out: the rows are those of the toggle)
+        kernels = tsel[tsel["kernel"] != "(all)"][
+            [x for x in ("impl", "mode", "kernel", "category", "count", "gpu_us", "share", "bytes")
+             if x in tsel]].rename(columns={"count": "launches", "gpu_us": "GPU µs"})
+        c.code_table(kernels, ["kernel"], formats={"GPU µs": "{:.2f}", "share": "{:.1%}"})
+    st.caption("Eager attention launches one kernel per step (matmul, scale, fill, softmax, "
+               "matmul): masked_fill adds an out-of-place copy that masked_fill_ avoids; the "
+               "math backend adds fp32 casts; the fused backends launch one kernel.")
+
+# -- upload, history, compare, export, delete ----------------------------------------
+st.subheader("Results from elsewhere, and past runs")
+up = st.file_uploader("Upload a results CSV (from `python -m attnmem.measure --out ...`)",
+                      type=["csv"], key="upload",
+                      max_upload_size=max(1, MAX_UPLOAD_BYTES // 2**20))
+if up is not None:
+    # Read at most one byte past the limit (never the whole of an oversized upload): the
+    # validator then refuses it by size with a clear message.
+    v = validate_csv(up.read(MAX_UPLOAD_BYTES + 1))
+    if not v.ok:
+        st.error("This file was not imported (nothing changed):\n\n"
+                 + "\n".join(f"- {md_escape(e)}" for e in v.errors))
+    else:
+        st.success(f"{len(v.rows):,} valid rows.")
+        if store is not None and st.button(f"Import {len(v.rows):,} rows as a run"):
+            run_id = store.import_rows(list(v.rows), label=up.name[:100], source="upload")
+            st.session_state["src"] = str(run_id)
+            st.rerun()
+
+if runs:
+    c.wide_table(pd.DataFrame([{
+        "run": r.id, "started (UTC)": r.started, "GPU": r.gpu_name, "driver": r.driver,
+        "torch": r.torch_version, "triton": r.triton_version, "label": r.label,
+        "source": r.source, "rows": r.n_rows} for r in runs]), RUNS_FIRST, "rcols")
+    cmp_cols = st.columns(2)
+    a = cmp_cols[0].selectbox("Compare run A", options[1:], key="cmp_a",
+                              format_func=lambda k: names.get(k, k))
+    bb = cmp_cols[1].selectbox("with run B", options[1:], key="cmp_b",
+                               index=min(1, len(options) - 2),
+                               format_func=lambda k: names.get(k, k))
+    if a and bb and a != bb and store is not None:
+        c.wide_table(store.compare(int(a), int(bb)), COMPARE_FIRST, "ccols")
+    del_cols = st.columns([2, 1, 1])
+    victim = del_cols[0].selectbox("Delete run", options[1:], key="del_run",
+                                   format_func=lambda k: names.get(k, k))
+    sure = del_cols[1].checkbox("I am sure", key="del_sure")
+    if del_cols[2].button("Delete", disabled=not sure) and store is not None and victim:
+        store.delete_run(int(victim))
+        if st.session_state.get("src") == victim:
+            st.session_state["src"] = REF
+        st.rerun()
+export = (csv_text(data[list(COLUMNS)].to_dict("records")) if not data.empty else "")
+st.download_button("⬇ Export the shown results (CSV)", data=export.encode(),
+                   file_name=f"attention-measure-{src}.csv", mime="text/csv",
+                   disabled=not export, key="export_csv")
+
+c.sync_url(SPECS | {"src": ChoiceParam(REF, tuple(options))})

@@ -1,0 +1,301 @@
+"""Model memory: weights + KV cache + attention for a real model, and whether it fits a GPU.
+
+Thin page: read widgets (preset, a Hugging Face Hub id, or an uploaded/pasted config.json) ->
+attnmem.calc.model_memory, attnmem.calc.model_max_seq_len -> verdict, stacked bars,
+table; for MLA models the expanded K/V beside the latent (attnmem.calc.kv.mla_expanded_kv_bytes), for
+hybrids the constant state of their non-attention layers (attnmem.calc.kv.state_bytes). Training memory
+is the Training step page's (attnmem.calc.training_step), linked from here: one answer per question.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import streamlit as st  # noqa: E402
+from streamlit.errors import StreamlitAPIException  # noqa: E402
+
+from attnmem.calc import (  # noqa: E402
+    DEFAULT_GPU,
+    DTYPES,
+    GPUS,
+    IMPL_DTYPES,
+    MAX_SEQ_LEN,
+    MODELS,
+    ModelConfig,
+    active_param_count,
+    gpus_needed,
+    model_max_seq_len,
+    model_memory,
+    param_count,
+)
+from attnmem.calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
+from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages import hub_model as hub  # noqa: E402
+from attnmem.pages.custom_config import CUSTOM, custom_model  # noqa: E402
+from attnmem.pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from attnmem.pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
+
+NAIVE, FLASH = "naive", "sdpa_flash"
+IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
+ACT_DTYPES = ("bf16", "fp16", "fp32")
+STATE = "recurrent state"
+WEIGHTS_FORMULA = {False: "parameter count × bytes per parameter",
+                   True: "as the checkpoint stores them: quantized modules in their format with "
+                         "scales and zeros, the rest at torch_dtype (attnmem.calc.weight_bytes, 'checkpoint')"}
+
+SPECS = {
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
+    "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
+    "adtype": ChoiceParam("bf16", ACT_DTYPES, aliases=DTYPE_ALIASES),
+    "b": IntParam(1, 1, 65_536),
+    "s": IntParam(8192, 1, MAX_SEQ_LEN),
+    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+}
+
+
+@c.cached(max_entries=128)
+def longest_context(
+    model: ModelConfig, gpu_bytes: int, batch: int, wd: str, kvd: str, ad: str, impl: str
+) -> int:
+    """Exact integer search over s (attnmem.calc.model_max_seq_len); cached: ~30 model evaluations."""
+    return model_max_seq_len(model, gpu_bytes, batch, wd, kvd, ad, impl)
+
+
+c.page_setup("model")
+
+
+def training_link(where) -> None:
+    """Training memory lives on the Training step page (attnmem.calc.training_step, as `attnmem train`):
+    this page used to show attention-only training memory, which disagreed with it (issue 32)."""
+    try:
+        where.page_link("attnmem/pages/training.py", label="Training? The Training step page",
+                        icon=":material/model_training:",
+                        help="Weights, gradients, AdamW state and every activation of a step "
+                             "(attnmem.calc.training_step).")
+    except StreamlitAPIException:  # the page run without the app's router (AppTest)
+        where.markdown("Training? [The Training step page](/training)")
+    if st.query_params.get("mode") == "training":  # a link from before the view moved
+        st.info("Training memory is on the Training step page (weights, gradients, AdamW "
+                "state and every activation, attnmem.calc.training_step); this page answers inference.",
+                icon=":material/model_training:")
+
+
+def kv_formula(model: ModelConfig) -> str:
+    """The KV cache formula as it applies to this model (attnmem.calc.kv.kv_cache_bytes)."""
+    if model.is_mla:
+        return ("L·B·s·(kv_lora_rank + qk_rope_head_dim)·e: the MLA latent, all heads together "
+                "(DeepSeek-V2, arXiv 2405.04434, sec. 2.1.2)")
+    if model.kv_layers != model.num_layers:
+        return f"2·L·B·s·H_kv·d·e over the {model.kv_layers} attention layers of {model.num_layers}"
+    return "2·L·B·s·H_kv·d·e (all layers)"
+
+
+def state_formula(model: ModelConfig) -> str:
+    kind = model.state_mixer.kind if model.state_mixer else "state"
+    return (f"{model.state_layers} {kind} layers × (conv + recurrent state elements) × B × e, "
+            "the same for any s (attnmem.calc.kv.state_bytes; shapes from vLLM's "
+            "MambaStateShapeCalculator), at the attention dtype")
+
+
+def breakdown(model: ModelConfig, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
+              runs: tuple[str, ...] = (NAIVE, FLASH)
+              ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """Bytes of each part for each implementation of ``runs`` (naive first), and the formula
+    of each part."""
+    parts: dict[str, dict[str, int]] = {}
+    state = state_bytes(model, batch, ad)
+    lower = counted = ""
+    for impl in runs:
+        mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
+        counted = counted or mm.counted_as
+        # generate()'s prefill peak beyond weights and cache (attnmem.calc.inference_step), or, where
+        # that is not modelled, one attention call (the total is then a lower bound).
+        parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
+                       "attention": mm.total_bytes - mm.weights_bytes - mm.kv_cache_bytes}
+        lower = lower or mm.not_modelled
+        if state:
+            parts[impl][STATE] = state
+    return parts, {
+        "weights": WEIGHTS_FORMULA[wd == CHECKPOINT],
+        "KV cache": kv_formula(model),
+        "attention": ("extra peak of one layer's attention call (attnmem.calc.attention_peak_bytes); "
+                      f"a lower bound: {lower}") if lower else
+        ("the prompt's prefill peak beyond weights and cache: MLP intermediates, hidden "
+         "states, masks, one attention call, cuBLAS workspace (attnmem.calc.inference_step, "
+         "generate() measured within 1% on an H200)" + (f"; {counted}" if counted else "")),
+        STATE: state_formula(model),
+    }
+
+
+st.title("Model memory")
+st.markdown(
+    "**Does my model fit, and at what context length?** Weights, KV cache and the attention "
+    "scores of one layer, for standard (eager) attention and for FlashAttention."
+)
+
+top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
+choice = c.select("Model", "model", SPECS["model"], where=top[0])
+training_link(top[1])
+gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+used = dict(SPECS)
+
+model = MODELS.get(choice)
+origin = model.source if model else ""
+if choice == CUSTOM:
+    model, origin = custom_model(), "uploaded"
+    if model is None:
+        st.info("Upload or paste a config.json to see its memory; until then, the default model is shown.")
+        model = MODELS[SPECS["model"].default]
+elif choice == hub.HUB:
+    model = hub.hub_model(where=top[0])
+    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
+        used[hub.KEY] = hub.SPEC
+    if model is None:
+        model = hub.fallback(MODELS[SPECS["model"].default])
+    origin = hub.source(model)
+
+row = st.columns(5)
+wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[0])
+kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
+ad = c.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
+batch = c.int_input("Batch size", "b", SPECS["b"], where=row[3])
+row[4].caption(" ")
+seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+
+unit = c.get_unit()
+gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
+hub.gpu_note(gpu, unit)
+params = param_count(model)
+st.caption(
+    f"**{c.md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
+    + (f" ({model.kv_layers} with attention)" if model.kv_layers != model.num_layers else "")
+    + f", {model.num_heads} query heads, "
+    + (f"MLA latent {model.kv_lora_rank} + RoPE key {model.qk_rope_head_dim}, qk head dim "
+       f"{model.head_dim}, v head dim {model.v_head_dim}" if model.is_mla else
+       f"{model.num_kv_heads} KV heads, head dim {model.head_dim}")
+    + (f", trained for {model.max_position_embeddings:,} tokens" if model.max_position_embeddings else "")
+    + "."
+    + (f" Active per token: {active_param_count(model) / 1e9:,.2f} B with the input embedding "
+       f"(Mixtral card convention), {active_param_count(model, include_embedding=False) / 1e9:,.2f} B "
+       "without it (DeepSeek, gpt-oss card convention)." if model.num_experts > 1 else "")
+)
+c.trained_context_note(model, seq_len)
+
+# The implementations that run this attention dtype (attnmem.calc.IMPL_DTYPES): FlashAttention-2 takes
+# fp16/bf16 only, so at fp32 the page shows eager alone and says why.
+impls = {i: label for i, label in {NAIVE: "Standard (eager)", FLASH: "FlashAttention"}.items()
+         if ad in IMPL_DTYPES[i]}
+if FLASH not in impls:
+    st.caption(f"FlashAttention-2 runs fp16 and bf16 inputs only (PyTorch's SDPA flash backend): "
+               f"not shown for {ad} attention.")
+try:
+    parts, formulas = breakdown(model, batch, seq_len, wd, kvd, ad, tuple(impls))
+except ValueError as err:  # a config that parses but that the model cannot size: say so
+    st.error(c.md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
+    c.sync_url(used)
+    st.stop()
+totals = {impl: sum(p.values()) for impl, p in parts.items()}
+state = parts[NAIVE].get(STATE, 0)  # constant in s: the longest context fits in what it leaves
+
+summary, picture = st.columns([1, 1.25])
+with summary:
+    cols = st.columns(len(impls))
+    for col, (impl, label) in zip(cols, impls.items(), strict=True):
+        total = totals[impl]
+        with col:
+            st.metric(f"{label}: total", c.fmt(total, unit), help=f"{c.COMPUTED}: {' + '.join(parts[impl])} ({IMPL_NAMES[impl]}).")
+            if total <= gpu_bytes:
+                head = gpu_bytes - total
+                st.success(f"Fits on one {gpu}: headroom {c.fmt(head, unit)} ({head / gpu_bytes:.0%} free).", icon=":material/check_circle:")
+            else:
+                n = gpus_needed(total, gpu_bytes)
+                st.error(
+                    f"Does not fit on one {gpu}: {c.fmt(total - gpu_bytes, unit)} over. "
+                    f"Needs {n} of them (ideal split of the total).",
+                    icon=":material/cancel:",
+                )
+            try:
+                longest: int | None = longest_context(model, max(gpu_bytes - state, 0), batch, wd, kvd, ad, impl)
+            except ValueError:
+                longest = None
+            shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
+            st.metric("Longest context (tokens)", shown,
+                      help="Exact integer search over s of generate()'s prefill peak"
+                      + (" + recurrent state" if state else "") + " ≤ GPU memory (computed).")
+            trained = model.max_position_embeddings
+            if longest and trained and longest > trained:
+                st.info(f"Past the {trained:,} tokens this model was trained for: the "
+                        "memory fits, the model may not work that far.",
+                        icon=":material/warning:")
+            elif longest == 0:
+                st.info("Nothing fits: " + (
+                    "the weights alone exceed the GPU." if parts[impl]["weights"] > gpu_bytes
+                    else "the weights fit, but not a prompt of one token."),
+                    icon=":material/block:")
+
+fig = go.Figure()
+names = list(parts[NAIVE])
+for part in names:
+    fig.add_trace(go.Bar(
+        name=part, x=[impls[i] for i in impls], y=[c.in_unit(parts[i][part], unit) for i in impls],
+        marker_color=c.PART_COLORS[part],
+        customdata=[c.fmt(parts[i][part], unit) for i in impls],
+        hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
+    ))
+fig.add_hline(y=c.in_unit(gpu_bytes, unit), line_dash="dash", layer="above",
+              annotation_text=f"{gpu}: {c.fmt(gpu_bytes, unit)}", annotation_position="top left")
+fig.update_layout(barmode="stack")
+c.style(fig, "", f"memory ({unit})", 420)
+
+table = pd.DataFrame(
+    [{"part": p, **{impls[i]: parts[i][p] for i in impls}, "formula (computed)": formulas[p]} for p in names]
+    + [{"part": "total", **{impls[i]: totals[i] for i in impls}, "formula (computed)": "sum"}]
+)
+with picture:
+    c.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+if model.is_mla:
+    latent_col, expanded_col = st.columns(2)
+    latent = parts[NAIVE]["KV cache"]
+    expanded = mla_expanded_kv_bytes(model, batch, seq_len, kvd)
+    latent_col.metric("KV cache: MLA latent (in the totals)", c.fmt(latent, unit),
+                      help=f"{c.COMPUTED}: {kv_formula(model)}. What vLLM and SGLang keep.")
+    expanded_col.metric("K/V expanded per head (eager)", c.fmt(expanded, unit),
+                        help=f"{c.COMPUTED}: L·B·s·H·(qk_nope + qk_rope + v_head_dim)·e; transformers' "
+                             "modeling_deepseek_v3.py caches per-head keys and values.")
+    st.caption(
+        f"{c.COMPUTED}. Multi-head latent attention caches one latent of "
+        f"{model.kv_lora_rank} + {model.qk_rope_head_dim} elements per token per layer for all "
+        f"{model.num_heads} heads; an eager implementation that expands it into per-head K "
+        f"({model.head_dim}) and V ({model.v_head_dim}) holds {expanded / max(latent, 1):,.1f}× "
+        "more. The totals above count the latent."
+    )
+if state:
+    st.caption(
+        f"{c.COMPUTED}. Hybrid: {model.kv_layers} of {model.num_layers} layers are attention "
+        f"with a KV cache; the other {model.state_layers} hold a constant state of "
+        f"{c.fmt(state_bytes(model, 1, ad), unit)} per sequence ({c.fmt(state, unit)} for B = {batch:,}): "
+        f"{state_formula(model)}."
+    )
+with st.container():
+    # The formulas go under the grid, not in it: the attention one is longer than a 1920 px
+    # page is wide, and the grid cuts a cell off (the CSV download keeps them in a column).
+    shown = table.drop(columns="formula (computed)")
+    for i in impls:
+        shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))
+    c.table(shown, hide_index=True)
+    st.markdown("\n".join(f"- **{c.md_escape(p)}** (computed): {c.md_escape(formulas[p])}" for p in names))
+    st.caption(
+        "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
+        "one after another, so only one layer's scores exist at a time."
+    )
+st.caption(f"{c.COMPUTED}. Formulas: the list above (attnmem.calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
+
+c.sync_url(used)

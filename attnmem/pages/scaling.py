@@ -1,0 +1,313 @@
+"""Scaling: attention memory against sequence length (log-log), one curve per implementation,
+GPU capacities as lines, where each implementation runs out; and against batch or heads (linear).
+
+Thin page: read widgets -> attnmem.calc.sweep_seq_len / attnmem.calc.sweep_param / attnmem.calc.max_seq_len (cached,
+bounded) -> two plotly charts and an out-of-memory table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (AppTest)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from attnmem.calc import (  # noqa: E402
+    ALLOCATOR_NOTE,
+    GPUS,
+    IMPL_DTYPES,
+    IMPL_KIND,
+    IMPL_LABELS,
+    IMPLEMENTATIONS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_SEQ_LEN,
+    PEAK_MODEL_NOTES,
+    attention_peak_breakdown,
+    attention_peak_bytes,
+    attention_reserved_bytes,
+    default_seq_lens,
+    dtype_name,
+    max_seq_len,
+    sweep_param,
+    sweep_seq_len,
+)
+from attnmem.calc.peak import IMPL_HEAD_DIMS, takes_head_dim  # noqa: E402
+from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
+from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
+
+S_MAX_CHOICES = tuple(str(1 << p) for p in range(10, 25))  # 1K .. 16M
+DEFAULT_GPUS = tuple(g for g in ("NVIDIA RTX 4090 24GB", "NVIDIA H100 80GB", "NVIDIA H200 141GB") if g in GPUS)
+
+
+def overlaps(a: list[int], b: list[int]) -> bool:
+    """Within 3% at every point: one curve would hide the other (masked_fill and masked_fill_
+    often coincide); the later one is then drawn dashed with open markers, so both show."""
+    return len(a) == len(b) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(a, b, strict=True))
+
+
+SPECS = {
+    "impls": MultiChoiceParam(IMPLEMENTATIONS, IMPLEMENTATIONS),
+    "b": IntParam(1, 1, 65_536),
+    "h": IntParam(32, 1, MAX_HEADS),
+    "d": IntParam(128, 1, MAX_HEAD_DIM),
+    "dtype": ChoiceParam("fp16", ("fp16", "bf16", "fp32"), aliases=DTYPE_ALIASES),
+    "causal": BoolParam(False),
+    "bwd": BoolParam(False),
+    "gpus": MultiChoiceParam(DEFAULT_GPUS, c.gpu_options(GPUS)),
+    "smax": ChoiceParam("1048576", S_MAX_CHOICES),
+    "by": ChoiceParam("batch", ("batch", "heads")),
+    "s2": IntParam(4096, 1, MAX_SEQ_LEN),
+}
+
+
+@c.cached()
+def seq_sweep(impls: tuple[str, ...], s_hi: int, b: int, h: int, d: int, dtype: str,
+              causal: bool, bwd: bool) -> pd.DataFrame:
+    return sweep_seq_len(impls, default_seq_lens(128, s_hi), b, h, d, dtype, causal, bwd)
+
+
+@c.cached()
+def oom_table(impls: tuple[str, ...], gpus: tuple[str, ...], b: int, h: int, d: int, dtype: str,
+              causal: bool, bwd: bool) -> pd.DataFrame:
+    """Longest s that fits each GPU, per implementation, and the peak there (one cache entry)."""
+    rows = []
+    for gpu in gpus:
+        for impl in impls:
+            s_max = max_seq_len(impl, GPUS[gpu], b, h, d, dtype, causal, bwd)
+            peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd) if s_max else 0
+            rows.append((gpu, impl, s_max, peak))
+    return pd.DataFrame(rows, columns=["gpu", "impl", "max_seq_len", "peak_bytes_at_max"])
+
+
+@c.cached()
+def call_detail(impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
+                causal: bool, bwd: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per implementation at one s: the peak as max_memory_allocated() counts it, the tensor
+    bytes inside it, the allocator's rounding, the reserved growth; and every term."""
+    summary, terms = [], []
+    for impl in impls:
+        parts = attention_peak_breakdown(impl, b, h, s, d, dtype, causal, bwd)
+        reserved = attention_reserved_bytes(impl, b, h, s, d, dtype, causal, bwd)
+        summary.append((impl, sum(t.counted_bytes for t in parts),
+                        sum(t.tensor_bytes for t in parts), sum(t.rounding_bytes for t in parts),
+                        reserved))
+        terms += [(impl, t.label, t.tensors, t.tensor_bytes, t.counted_bytes, t.rounding_bytes)
+                  for t in parts]
+    return (pd.DataFrame(summary, columns=["impl", "allocated_peak_bytes", "tensor_bytes",
+                                           "rounding_bytes", "reserved_growth_bytes"]),
+            pd.DataFrame(terms, columns=["impl", "term", "tensors", "tensor_bytes",
+                                         "counted_bytes", "rounding_bytes"]))
+
+
+@c.cached()
+def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
+                causal: bool, bwd: bool) -> pd.DataFrame:
+    # linear in both, so a dozen points draw the same lines as a hundred (and cost 10x less)
+    values = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+    values = values if by == "batch" else [*values, 80, 96, 112, 128]
+    return sweep_param(by, values, impls, s, b, h, d, dtype, causal, bwd)
+
+
+c.page_setup("scaling")
+st.title("Scaling with sequence length")
+st.markdown(
+    "**Why does attention run out of memory?** Standard attention stores the *s × s* scores, so "
+    "its memory grows with *s²*: a straight line of slope 2 on these log-log axes. "
+    "FlashAttention-style kernels keep only the output and a log-sum-exp per row: slope 1."
+)
+
+controls, main = st.columns([1.4, 2.8])  # wide enough for an implementation's chip at 1280 px
+with controls:
+    impls = c.multiselect(
+        "Implementations", "impls", SPECS["impls"], format_func=lambda i: IMPL_LABELS.get(i, i)
+    )
+    cols = st.columns(2)
+    b = c.int_input("Batch B", "b", SPECS["b"], where=cols[0])
+    h = c.int_input("Heads H", "h", SPECS["h"], where=cols[1])
+    d = c.int_input("Head dim d", "d", SPECS["d"], where=cols[0])
+    dtype = c.select("dtype", "dtype", SPECS["dtype"], where=cols[1])
+    causal = c.toggle("Causal mask", "causal", SPECS["causal"], where=cols[0])
+    bwd = c.toggle("Forward + backward", "bwd", SPECS["bwd"], where=cols[1])
+    gpus = c.multiselect("GPU capacity lines", "gpus", SPECS["gpus"])
+    _init_smax = c.select(
+        "Longest s on the chart", "smax", SPECS["smax"],
+        format_func=lambda v: c.short_len(int(v)),
+    )
+s_hi = int(_init_smax)
+unit = c.get_unit()
+
+with main:
+    # Only the implementations that run this dtype are drawn (attnmem.calc.IMPL_DTYPES): FlashAttention-2,
+    # cuDNN and FlashAttention-4 take fp16/bf16 inputs only, so at fp32 they are named, not priced.
+    idle = [i for i in impls if dtype_name(dtype) not in IMPL_DTYPES[i]]
+    if idle:
+        st.caption(f"Not drawn for {dtype} inputs, which they do not run: "
+                   + ", ".join(IMPL_LABELS.get(i, i) for i in idle) + " (fp16 and bf16 only).")
+    impls = [i for i in impls if i not in idle]
+    # ... and only those that take this head dim (attnmem.calc.IMPL_HEAD_DIMS: the bundled kernel's)
+    narrow = [i for i in impls if not takes_head_dim(i, d)]
+    if narrow:
+        st.caption(f"Not drawn at head dim {d:,}, which they do not take: " + ", ".join(
+            f"{IMPL_LABELS.get(i, i)} ({IMPL_HEAD_DIMS[i][0]}-{IMPL_HEAD_DIMS[i][1]})"
+            for i in narrow) + ".")
+    impls = [i for i in impls if i not in narrow]
+    if not impls:
+        st.info("Pick at least one implementation that runs this dtype and head dim.")
+        c.sync_url(SPECS)
+        st.stop()
+
+    what = "forward + backward" if bwd else "forward"
+    st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
+    df = seq_sweep(tuple(impls), s_hi, b, h, d, dtype, causal, bwd)
+    oom = oom_table(tuple(impls), tuple(gpus), b, h, d, dtype, causal, bwd)
+    traces = []
+    drawn: list[list[int]] = []  # curves already drawn (masked_fill and masked_fill_ often coincide)
+
+    for impl, part in df.groupby("impl", sort=False):
+        label = IMPL_LABELS.get(impl, impl)
+        ys = part["peak_bytes"].tolist()
+        under = any(overlaps(ys, other) for other in drawn)  # dashed, open markers: both show
+        drawn.append(ys)
+        dash = "solid" if IMPL_KIND[impl] == "quadratic" else "dot"
+        traces.append(dict(
+            type="scatter", x=part["seq_len"].tolist(),
+            y=[c.in_unit(v, unit) for v in ys],
+            mode="lines+markers", name=label,
+            line=dict(color=c.impl_color(impl), dash=("dash" if dash == "solid" else "dashdot") if under else dash,
+                      width=2),
+            marker=dict(symbol="circle-open", size=9) if under else {},
+            customdata=[f"{v:,}" for v in ys],
+            hovertemplate=f"<b>{label}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<br>%{{customdata}} bytes<extra></extra>",
+        ))
+    for gpu in gpus:
+        traces.append(c.capacity_dict(gpu, GPUS[gpu], 128, s_hi, unit))
+    marks = [r for r in oom.itertuples(index=False) if 128 <= r.max_seq_len <= s_hi]
+    if marks:
+        traces.append(dict(  # every out-of-memory point in one trace
+            type="scatter", x=[r.max_seq_len for r in marks],
+            y=[c.in_unit(r.peak_bytes_at_max, unit) for r in marks],
+            mode="markers", name="runs out of memory",
+            marker=dict(symbol="x", size=13, color=[c.impl_color(r.impl) for r in marks], line=dict(width=2)),
+            customdata=[[IMPL_LABELS.get(r.impl, r.impl), r.gpu, f"{r.max_seq_len:,}", f"{r.peak_bytes_at_max:,}"]
+                        for r in marks],
+            hovertemplate=("<b>%{customdata[0]}</b> runs out of memory on %{customdata[1]}<br>"
+                           "longest s that fits: %{customdata[2]}<br>peak there: %{customdata[3]} bytes"
+                           "<extra></extra>"),
+        ))
+    fig = c.figure(
+        traces, "sequence length s (tokens, log scale)", f"extra peak memory of one call ({unit}, log scale)",
+        520, xaxis=c.log_len_xaxis(128, s_hi), yaxis=dict(type="log", exponentformat="power"),
+    )
+    c.chart(fig, "scaling_chart", "scaling-seq-len", df)
+    st.caption(
+        f"{c.COMPUTED}: attnmem.calc.attention_peak_bytes, the predicted extra peak of one attention call "
+        "(inputs already allocated). × marks the longest s that fits each GPU (exact integer search, "
+        "attnmem.calc.max_seq_len). Solid lines: quadratic (store s × s); dotted: linear (fused kernels)."
+    )
+
+    quad = [i for i in impls if IMPL_KIND[i] == "quadratic"]
+    lin = [i for i in impls if IMPL_KIND[i] == "linear"]
+    if not gpus:
+        st.info("Pick one or more GPUs to see where each implementation runs out of memory.")
+    if gpus:
+        gpu0 = gpus[-1]
+        st.markdown(f"**On one {gpu0}** (the attention call alone)")
+        mcols = st.columns(2)  # two to a row: "SDPA memory-efficient: longest s" fits at 1280 px
+        found = {}
+        for col, group in zip(mcols, (quad, lin), strict=False):
+            if group:
+                impl = group[0]
+                found[impl] = int(oom[(oom["gpu"] == gpu0) & (oom["impl"] == impl)]["max_seq_len"].iloc[0])
+                col.metric(f"{IMPL_LABELS.get(impl, impl)}: longest s", f"{found[impl]:,}",
+                           help="Computed: exact integer search of attnmem.calc.attention_peak_bytes ≤ GPU memory.")
+        if quad and lin and found[quad[0]]:
+            mcols[0].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
+
+    if len(oom):
+        table = oom.assign(
+            impl=oom["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
+            fits=[f"≥ {v:,}" if v >= MAX_SEQ_LEN else f"{v:,}" for v in oom["max_seq_len"]],
+        )
+        st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
+        # one column per GPU, headed by its name without the vendor (the column fits at 1280 px)
+        wide = table.pivot(index="impl", columns="gpu", values="fits").reset_index()
+        c.table(wide.rename(columns=lambda g: g.removeprefix("NVIDIA ")), hide_index=True)
+
+st.subheader("Memory against batch or heads (linear axes)")
+cols = st.columns([1, 1, 2])
+by = c.radio("Vary", "by", SPECS["by"], where=cols[0])
+s2 = c.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
+df2 = param_sweep(by, tuple(impls), s2, b, h, d, dtype, causal, bwd)
+other = f"H = {h}" if by == "batch" else f"B = {b}"
+traces2 = []
+drawn2: list[list[int]] = []
+for impl, part in df2.groupby("impl", sort=False):
+    ys = part["peak_bytes"].tolist()
+    under = any(overlaps(ys, o) for o in drawn2)
+    drawn2.append(ys)
+    traces2.append(dict(
+        type="scatter", x=part[by].tolist(), y=[c.in_unit(v, unit) for v in ys],
+        mode="lines+markers", name=IMPL_LABELS.get(impl, impl),
+        line=dict(color=c.impl_color(impl), dash="dash" if under else "solid"),
+        marker=dict(symbol="circle-open", size=9) if under else {},
+        customdata=[f"{v:,}" for v in ys],
+        hovertemplate=f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>{by} = %{{x}}<br>%{{y:,.4g}} {unit}"
+        "<br>%{customdata} bytes<extra></extra>",
+    ))
+fig2 = c.figure(
+    traces2,
+    f"{'batch size B' if by == 'batch' else 'heads H'} (s = {s2:,}, {other})", f"extra peak memory ({unit})", 400,
+)
+c.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)
+st.caption(f"{c.COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
+
+st.subheader(f"One call at s = {s2:,}: what PyTorch's allocator counts and reserves")
+summary, terms = call_detail(tuple(impls), s2, b, h, d, dtype, causal, bwd)
+
+
+def _cell(n: int | None) -> str:
+    return "not predicted" if n is None or n != n else c.fmt(int(n), unit)
+
+
+shown = pd.DataFrame({  # the caption names the torch.cuda function behind each column
+    "implementation": summary["impl"].map(lambda i: IMPL_LABELS.get(i, i)),
+    "peak allocated": [_cell(v) for v in summary["allocated_peak_bytes"]],
+    "of which rounding": [f"{int(v):,} B" for v in summary["rounding_bytes"]],
+    "reserved growth": [_cell(None if v is None or v != v else int(v))
+                        for v in summary["reserved_growth_bytes"]],
+})
+c.table(shown, hide_index=True)
+st.caption(
+    f"{c.COMPUTED}. **Peak allocated**: what `torch.cuda.max_memory_allocated()` rises by during "
+    "the call, above the inputs: every tensor counted as the block the caching allocator gives "
+    "it (attnmem.calc.attention_peak_bytes); **of which rounding**: the bytes those blocks add to the "
+    "tensors' own. **Reserved growth**: what `torch.cuda.memory_reserved()` "
+    "rises by: the segments the allocator takes from the GPU for the call, freed temporaries "
+    "included; this is what nvidia-smi's figure grows by (nvidia-smi also shows the CUDA context "
+    "and memory outside PyTorch). Predicted when the cache is emptied before the call, as the "
+    "measurement does, and every temporary is known (attnmem.calc.attention_reserved_bytes); "
+    "\"not predicted\" where it is not. " + ALLOCATOR_NOTE
+)
+with st.expander("Every tensor at the peak, with the allocator's rounding"):
+    for impl, part in terms.groupby("impl", sort=False):
+        st.markdown(f"**{IMPL_LABELS.get(impl, impl)}**")
+        c.text_table(pd.DataFrame({
+            "tensors alive at the peak": part["term"],
+            "count": part["tensors"],
+            "tensor bytes": [f"{v:,}" for v in part["tensor_bytes"]],
+            "counted by the allocator": [f"{v:,}" for v in part["counted_bytes"]],
+            "rounding to allocator blocks": [f"+{v:,} B" if v else "none"
+                                             for v in part["rounding_bytes"]],
+        }))
+
+with st.expander("What each implementation's formula assumes"):
+    for impl in impls:
+        st.markdown(f"**{IMPL_LABELS.get(impl, impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}")
+
+c.sync_url(SPECS)

@@ -1,0 +1,87 @@
+"""The Training step page's fine-tuning pieces: labels for the methods and targets, and the
+side-by-side table. The methods themselves and their calc keywords (calc_kwargs) live in
+attnmem.calc.finetune, which `attnmem train` shares. Pure Python: no streamlit import.
+
+``side_by_side`` answers "which of these fits on my GPU, at what length": one row per method
+with calc's peak at the current length, whether it fits, the longest length that fits
+(attnmem.calc.max_train_seq_len with the same keywords) and, for full training only, the GPUs needed
+(attnmem.calc.train_gpus_needed); a method calc refuses gets its reason instead of numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnmem.calc.finetune import (
+    ADAPTER_DTYPE_CHOICES,
+    DEFAULT_ADAPTER_DTYPE,
+    DEFAULT_RANK,
+    DEFAULT_TARGETS,
+    METHODS,
+    TARGETS,
+    calc_kwargs,
+)
+from attnmem.calc.training_step import max_train_seq_len, train_gpus_needed, training_step
+
+__all__ = ["ADAPTER_DTYPE_CHOICES", "DEFAULT_ADAPTER_DTYPE", "DEFAULT_RANK", "DEFAULT_TARGETS",
+           "MAX_GPUS", "METHODS", "METHOD_LABELS", "TARGETS", "TARGET_LABELS", "calc_kwargs",
+           "never_fits", "side_by_side"]
+
+METHOD_LABELS = {"full": "full training", "lora": "LoRA (frozen bf16 base)",
+                 "qlora": "QLoRA (frozen 4-bit NF4 base)"}
+#: Short enough for the narrow column at 1280 px; the modules are in the select's help.
+TARGET_LABELS = {"attention": "attention", "all-linear": "all-linear"}
+MAX_GPUS = 1024  # the GPUs-needed search's bound, as on the page
+
+
+def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: dict[str, Any],
+                 rank: int = DEFAULT_RANK, targets: str = DEFAULT_TARGETS,
+                 adapter_dtype: str = DEFAULT_ADAPTER_DTYPE, double_quant: bool = False,
+                 ) -> list[dict[str, Any]]:
+    """One row per METHODS: the raw numbers (bytes, tokens, GPUs; None where not applicable)
+    and, where calc refuses the method with these settings, its reason.
+
+    step_kw: the page's other training_step keywords (attention, precision, checkpointing,
+    optimizer, gpus, tp, sharding). GPUs needed is searched for full training only (LoRA is
+    modelled on one GPU), under the page's sharding or ZeRO-3 when it shards nothing."""
+    rows = []
+    for method in METHODS:
+        kw = {**step_kw, **calc_kwargs(method, rank, targets, adapter_dtype, double_quant)}
+        row: dict[str, Any] = {"method": method, "peak_bytes": None, "peak_phase": None,
+                               "fits": None, "longest_context": None, "gpus_needed": None,
+                               "never_fits": False, "refused": None}
+        try:
+            m = training_step(model, batch, seq_len, **kw)
+            row.update(peak_bytes=m.peak_bytes, peak_phase=m.peak_phase,
+                       fits=m.peak_bytes <= gpu_bytes,
+                       longest_context=max_train_seq_len(model, gpu_bytes, batch, **kw))
+        except ValueError as err:
+            row["refused"] = str(err)
+            rows.append(row)
+            continue
+        if method == "full":
+            need_kw = {k: v for k, v in kw.items() if k != "gpus"}
+            if need_kw.get("sharding", "none") == "none":
+                need_kw["sharding"] = "zero3"
+            try:
+                row["gpus_needed"] = train_gpus_needed(model, gpu_bytes, batch, seq_len,
+                                                       max_gpus=MAX_GPUS, **need_kw)
+                if row["gpus_needed"] == 0:  # none up to the bound: does any count fit?
+                    row["never_fits"] = never_fits(model, gpu_bytes, batch, seq_len, need_kw)
+            except ValueError:
+                row["gpus_needed"] = None
+        rows.append(row)
+    return rows
+
+
+#: calc's largest GPU count (attnmem.calc.training_step accepts it): every sharded term is ~0 there.
+MANY_GPUS = 1 << 20
+
+
+def never_fits(model: Any, gpu_bytes: int, batch: int, seq_len: int, kw: dict[str, Any]) -> bool:
+    """True when no number of GPUs fits this step (kw: training_step's keywords but gpus): at
+    2^20 GPUs the sharded states are next to nothing, so what is left is one replica's
+    activations, which more GPUs of this layout never split."""
+    unit = kw.get("tp", 1) * kw.get("ep", 1)  # the GPU count must be a multiple of tp × ep
+    return training_step(model, batch, seq_len, gpus=MANY_GPUS // unit * unit,
+                         **kw).peak_bytes > gpu_bytes
