@@ -296,13 +296,16 @@ def resolve_model(spec: str) -> Any:
     folded = {name.lower(): name for name in attnmem.calc.MODELS}
     if spec.lower() in folded:
         return attnmem.calc.MODELS[folded[spec.lower()]]
-    path = Path(spec)
+    path = Path(spec).expanduser()
     if path.is_file():
-        from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
-
-        with open(path, "rb") as f:
-            d = load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
-        return attnmem.calc.ModelConfig.from_hf_config(d, name=path.stem[:60])
+        return _model_from_file(path)
+    if path.is_dir():
+        inner = path / "config.json"
+        raise UsageError(f"--model {spec[:200]!r} is a folder, not a config.json file; give "
+                         + (str(inner)[:300] if inner.is_file() else "the path of its config.json"))
+    if _names_a_file(spec):
+        raise UsageError(f"--model {spec[:200]!r}: file not found: {str(path.absolute())[:300]}; "
+                         "give a config.json that exists, a preset name or a Hub id (owner/name)")
     from attnmem.hub import fetch_model, looks_like_repo_id
 
     if looks_like_repo_id(spec):
@@ -312,17 +315,65 @@ def resolve_model(spec: str) -> Any:
         f"presets: {', '.join(attnmem.calc.MODELS)}")
 
 
+def _names_a_file(spec: str) -> bool:
+    """Whether --model is written as a file path: a .json name, a path from the root, home or
+    current folder, or more folders than a Hub id (owner/name) has. Such a name that does not
+    exist is a missing file, not a preset or Hub id to look up."""
+    s = spec.strip()
+    return (s.lower().endswith(".json") or s.startswith(("/", "./", "../", "~"))
+            or "\\" in s or s.count("/") > 1)
+
+
+def _model_from_file(path: Any) -> Any:
+    """ModelConfig of a config.json file; what keeps it from being read or used names the file."""
+    import attnmem.calc
+    from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
+
+    shown = repr(str(path)[:300])
+    try:
+        with open(path, "rb") as f:
+            d = load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
+        return attnmem.calc.ModelConfig.from_hf_config(d, name=path.stem[:60])
+    except OSError as err:
+        raise UsageError(f"--model {shown}: cannot read it: {err.strerror or err}") from None
+    except ValueError as err:  # not JSON, not an object, an architecture calc does not know
+        raise UsageError(f"--model {shown}: {err}") from None
+
+
 def gpu_name(spec: str) -> str:
-    """The GPU named exactly, or the one GPU whose name contains `spec` (any case)."""
+    """The GPU named exactly (any case, any spacing), or the one GPU whose name contains
+    `spec`. A spec that matches several is refused with those GPUs and a spelling that picks
+    each; one that matches none, with every GPU."""
     import attnmem.calc
 
+    names = list(attnmem.calc.GPUS)
     if spec in attnmem.calc.GPUS:
         return spec
-    hits = [g for g in attnmem.calc.GPUS if spec.lower() in g.lower()]
+    key = " ".join(spec.split()).lower()
+    for name in names:
+        if name.lower() == key:
+            return name
+    hits = [g for g in names if key and key in g.lower()]
     if len(hits) == 1:
         return hits[0]
-    raise UsageError(f"--gpu {spec[:60]!r} matches {len(hits)} GPUs; choose one of: "
-                     f"{', '.join(attnmem.calc.GPUS)}")
+    if not hits:
+        raise UsageError(f"--gpu {spec[:60]!r} is not a GPU attnmem knows; give one of these "
+                         f"names, or a part of one that no other has (e.g. 'H200'): "
+                         f"{', '.join(names)}")
+    picks = ", ".join(f"--gpu {_distinct_part(g, key, names)!r}" for g in hits[:3])
+    raise UsageError(f"--gpu {spec[:60]!r} matches {len(hits)} GPUs: {', '.join(hits)}; give "
+                     f"one of these names, or a part of one that no other has: {picks}"
+                     + (", ..." if len(hits) > 3 else ""))
+
+
+def _distinct_part(name: str, key: str, names: list[str]) -> str:
+    """The shortest run of whole words of `name` that contains `key` and is in no other GPU's
+    name (any case): what --gpu accepts for it, e.g. 'H100 NVL'. The full name if none is."""
+    words = name.split()
+    runs = [" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)]
+    unique = [r for r in runs if key in r.lower()
+              and sum(r.lower() in other.lower() for other in names) == 1]
+    return min(unique, key=len, default=name)
 
 
 def resolve_gpu(spec: str) -> int:
@@ -417,7 +468,9 @@ def _packed_settings(a: argparse.Namespace) -> None:
     says otherwise is refused, and so is a dense step without --seq-len."""
     if not a.packed:
         if a.seq_len is None:
-            raise UsageError("--seq-len is required (or --packed LENGTHS for a packed row)")
+            raise UsageError("--seq-len is required: the tokens per sequence, e.g. 4096, "
+                             "131,072, 128k or 1M (k = 1,024, M = 1,048,576); or --packed "
+                             "LENGTHS for one padding-free row")
         return
     total = sum(a.packed)
     if total > MAX_SEQ_LEN:
@@ -455,13 +508,15 @@ def _serve(a: argparse.Namespace, model: Any) -> dict:
     from attnmem.calc.serving import prefill_decode_attention, serving_capacity
 
     cap = serving_capacity(
-        model, resolve_gpu(a.gpu), a.seq_len,  # the torch total, as vLLM and the page take it weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype,
+        model, resolve_gpu(a.gpu), a.seq_len,  # the torch total, as vLLM and the page take it
+        weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype,
         act_dtype=a.act_dtype, gpu_memory_utilization=a.gpu_memory_utilization,
         block_size=a.block_size, max_num_batched_tokens=a.max_num_batched_tokens,
         max_num_seqs=a.max_num_seqs, cuda_graph_bytes=a.cuda_graph_bytes,
         non_torch_bytes=a.non_torch_bytes, activation_bytes=a.activation_bytes)
     prefill, decode = prefill_decode_attention(model, a.impl, a.seq_len, 1, a.act_dtype)
-    return {"model": model.name, **asdict(cap), "concurrent_sequences": cap.concurrent_sequences,
+    return {"model": model.name, "gpu": a.gpu, **asdict(cap),
+            "concurrent_sequences": cap.concurrent_sequences,
             "prefill_attention_bytes": prefill, "decode_attention_bytes": decode}
 
 
@@ -634,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     from attnmem.hub import HubError  # imports calc: after parsing, so --help stays fast
 
     try:
+        # the full name from here on: the JSON carries it, the text names it
+        args.gpu = gpu_name(args.gpu)
         model = resolve_model(args.model)
         result = {"memory": _memory, "train": _train, "serve": _serve}[args.command](args, model)
         text = json.dumps(result, indent=2) if args.json else _text(args.command, result, args,
