@@ -47,7 +47,6 @@ from attnmem.calc.params import (
     active_param_count,
     param_breakdown,
     param_count,
-    weight_bytes,
 )
 from attnmem.calc.peak import (
     ALLOCATOR_NOTE,
@@ -112,6 +111,7 @@ from attnmem.calc.units import (
     format_gib,
     to_unit,
 )
+from attnmem.calc.weights import weight_bytes
 
 #: Public functions fuzzed with hostile arguments in their own test files
 #: (tests/calc/test_context_parallel.py, tests/calc/test_training_step.py,
@@ -140,8 +140,8 @@ __all__ = [
     "check_impl", "attention_flops", "attention_peak_bytes", "attention_peak_terms",
     "attention_peak_breakdown", "attention_reserved_bytes", "max_seq_len", "default_seq_lens",
     "sweep_param", "sweep_seq_len",
-    # models, weights, GPUs (attnmem/calc/models.py, attnmem/calc/presets.py, attnmem/calc/params.py, attnmem/calc/kv.py,
-    # attnmem/calc/gpus.py)
+    # models, weights, GPUs (attnmem/calc/models.py, attnmem/calc/presets.py, attnmem/calc/params.py,
+    # attnmem/calc/weights.py, attnmem/calc/kv.py, attnmem/calc/gpus.py)
     "ModelConfig", "QuantConfig", "MODELS", "PRESET_HF_CONFIGS", "fixture_name",
     "ACTIVE_CONVENTIONS", "active_param_count", "param_breakdown", "param_count",
     "weight_bytes", "kv_cache_bytes", "DEFAULT_GPU", "GPUS", "GPU_TORCH_TOTAL",

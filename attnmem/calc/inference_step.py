@@ -88,7 +88,6 @@ from attnmem.calc.backends import NoKernel, inference_refusal, no_fit_without_ke
 from attnmem.calc.fit import largest_fitting
 from attnmem.calc.kv import kv_elements_per_token
 from attnmem.calc.models import ModelConfig, check_model
-from attnmem.calc.params import weight_bytes
 from attnmem.calc.peak import IMPL_LABELS, attention_peak_bytes
 from attnmem.calc.units import (
     MAX_BATCH,
@@ -98,6 +97,7 @@ from attnmem.calc.units import (
     dtype_bytes,
     dtype_name,
 )
+from attnmem.calc.weights import weight_bytes
 
 #: Attention implementations generate() runs here: transformers' eager attention, SDPA with one
 #: backend forced, ours through AttentionInterface, FlashAttention-4.

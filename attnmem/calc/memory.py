@@ -23,10 +23,11 @@ from attnmem.calc.fit import largest_fitting
 from attnmem.calc.inference_step import InferenceMemory, inference_step
 from attnmem.calc.kv import kv_cache_bytes
 from attnmem.calc.models import ModelConfig, check_model
-from attnmem.calc.params import CHECKPOINT, weight_bytes
+from attnmem.calc.params import CHECKPOINT
 from attnmem.calc.peak import attention_peak_bytes
 from attnmem.calc.scores import score_matrix_bytes
 from attnmem.calc.units import dtype_name
+from attnmem.calc.weights import weight_bytes
 
 #: attnmem.calc.peak's implementations as transformers runs them in generate(): the bench's naive
 #: attention is transformers' eager attention there (both materialize the scores).

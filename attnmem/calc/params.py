@@ -1,4 +1,4 @@
-"""Parameter counts and weight memory of a decoder-only transformer.
+"""Parameter counts of a decoder-only transformer.
 
 The count adds up the weight matrices that the Hugging Face `transformers` modeling code
 creates for each architecture (modeling_llama.py and the files derived from it, modeling_gpt2.py):
@@ -30,15 +30,14 @@ creates for each architecture (modeling_llama.py and the files derived from it, 
   `state_layers` others hold the mixer that attnmem/calc/mixers.py counts (Mamba, Mamba-2, Gated
   DeltaNet).
 
-Counts are exact integers; weights in bytes are the count times the bytes per parameter.
+Counts are exact integers; attnmem/calc/weights.py turns them into bytes (the count times the
+bytes per parameter, or the checkpoint's storage through attnmem/calc/quant.py).
 """
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from attnmem.calc.models import ModelConfig, check_model
-from attnmem.calc.units import ceil_bytes, check_bytes_per_element, check_int
+from attnmem.calc.units import check_int
 
 #: Upper bound of the experts argument for dense models (where it is ignored).
 MAX_EXPERTS_ARG = 1_000_000
@@ -181,22 +180,5 @@ def active_param_count(model: ModelConfig, include_embedding: bool = True) -> in
     return total
 
 
-#: weight_bytes' argument for "as the checkpoint stores it" (attnmem/calc/quant.py).
+#: weight_bytes' argument for "as the checkpoint stores it" (attnmem/calc/weights.py).
 CHECKPOINT = "checkpoint"
-
-
-def weight_bytes(model: ModelConfig, bytes_per_param: float | str) -> int:
-    """Bytes to store every weight: param_count x bytes_per_param, rounded up to whole bytes.
-
-    bytes_per_param is a number (4 fp32, 2 bf16/fp16, 1 fp8/int8, 0.5 int4) or a dtype name
-    ("bf16", "int4", "float16", ...); then quantization scales and zero points are not counted.
-    "checkpoint" gives the bytes as the checkpoint stores them: the quantized modules in their
-    format with scales, zeros and block metadata, the rest at torch_dtype
-    (attnmem.calc.quant.checkpoint_weight_bytes; ValueError when config.json says neither).
-    """
-    check_model(model)
-    if isinstance(bytes_per_param, str) and bytes_per_param.strip().lower() == CHECKPOINT:
-        from attnmem.calc.quant import checkpoint_weight_bytes
-        return checkpoint_weight_bytes(model)
-    per_param: Fraction = check_bytes_per_element(bytes_per_param)
-    return ceil_bytes(param_count(model) * per_param)

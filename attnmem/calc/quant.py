@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from attnmem.calc.models import _QUANT_METHODS, ModelConfig, QuantConfig, check_model
+from attnmem.calc.params import param_count
 from attnmem.calc.units import ceil_bytes, dtype_bytes
 
 #: quant_method values this module prices (lower case, as config.json spells them).
@@ -158,7 +159,6 @@ def linear_modules(model: ModelConfig) -> list[LinearModule]:
 def other_params(model: ModelConfig) -> int:
     """Parameters that are not in `linear_modules`: embeddings, positions, norms, biases,
     sinks (attnmem.calc.params.param_count minus the matrices)."""
-    from attnmem.calc.params import param_count
     return param_count(model) - sum(m.params for m in linear_modules(model))
 
 
@@ -225,7 +225,6 @@ def checkpoint_breakdown(model: ModelConfig) -> dict[str, int]:
             "checkpoint stores is unknown: give a dtype (e.g. 'bf16') instead of 'checkpoint'")
     e = dtype_bytes(dtype)
     if q is None:
-        from attnmem.calc.params import param_count
         return {f"unquantized ({dtype})": ceil_bytes(param_count(model) * e)}
     kinds = _QUANTIZED_KINDS[q.method]
     skip = q.modules_to_not_convert

@@ -53,7 +53,7 @@ from attnmem.calc.fit import largest_fitting
 from attnmem.calc.gpus import torch_total_bytes
 from attnmem.calc.kv import kv_elements_per_token, state_bytes
 from attnmem.calc.models import ModelConfig, check_model
-from attnmem.calc.params import CHECKPOINT, weight_bytes
+from attnmem.calc.params import CHECKPOINT
 from attnmem.calc.peak import attention_peak_bytes, check_impl
 from attnmem.calc.units import (
     GIB,
@@ -64,6 +64,7 @@ from attnmem.calc.units import (
     dtype_bytes,
     dtype_name,
 )
+from attnmem.calc.weights import weight_bytes
 
 #: vLLM's default tokens per KV block (CacheConfig.block_size on CUDA).
 DEFAULT_BLOCK_SIZE = 16

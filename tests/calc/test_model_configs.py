@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnmem.calc.models import ModelConfig
-from attnmem.calc.params import active_param_count, param_breakdown, param_count, weight_bytes
+from attnmem.calc.params import active_param_count, param_breakdown, param_count
 from attnmem.calc.presets import MODELS, PRESET_HF_CONFIGS, fixture_name
+from attnmem.calc.weights import weight_bytes
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 
