@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from attnmem.measure import speed_results  # noqa: E402
+from attnmem.measure.bench import impls  # noqa: E402
 from attnmem.measure.bench import speed as bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,7 @@ def test_fa4_absent_is_an_unavailable_row():
     assert bench._fa4_note(["triton"]) == ""
     assert "flash_attn.cute is not installed" in bench._fa4_note(["triton", "fa4"])
     if torch.cuda.is_available():  # on a GPU the call itself reaches the import
-        ms, rel, status = bench.measure("fa4", q.cuda(), k.cuda(), v.cuda(), do.cuda(), False,
+        ms, rel, status = impls.measure("fa4", q.cuda(), k.cuda(), v.cuda(), do.cuda(), False,
                                         "fwd", None)
         assert status == "unavailable" and math.isnan(ms)
 
@@ -136,7 +137,7 @@ def test_three_warpgroup_impl_is_unsupported_off_d64():
     """The opt-in three-warpgroup forward exists at d = 64 only: elsewhere its row says
     "unsupported" instead of stopping the run."""
     q, k, v, do = (torch.randn(1, 2, 8, 128) for _ in range(4))
-    ms, rel, status = bench.measure("triton_sm90_3wg", q, k, v, do, False, "fwd", None)
+    ms, rel, status = impls.measure("triton_sm90_3wg", q, k, v, do, False, "fwd", None)
     assert status == "unsupported" and math.isnan(ms) and math.isnan(rel)
     assert "triton_sm90_3wg" in bench.IMPLS
     # the deleted persistent forward is no longer offered
@@ -150,9 +151,9 @@ def test_measure_refuses_a_wrong_result(monkeypatch, factor, expect_ok):
 
     q, k, v, do = (torch.randn(1, 2, 8, 16) for _ in range(4))
     ref = torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v
-    monkeypatch.setattr(bench, "_impl_fn", lambda name: lambda a, b, c, causal: ref * factor)
+    monkeypatch.setattr(impls, "impl_fn", lambda name: lambda a, b, c, causal: ref * factor)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.25)[1])
-    ms, rel, status = bench.measure("triton", q, k, v, do, False, "fwd", ref)
+    ms, rel, status = impls.measure("triton", q, k, v, do, False, "fwd", ref)
     if expect_ok:
         assert status == "ok" and ms == 0.25 and rel == pytest.approx(factor - 1, abs=1e-6)
     else:
@@ -181,10 +182,10 @@ def test_read_rows_round_trips_and_refuses_other_files(tmp_path):
 def test_rounds_median_worst_error_and_failures():
     """--rounds: the median of the rounds' times, the worst error, and a failed round wins."""
     nan = math.nan
-    assert bench._combine([(3.0, 1e-3, "ok"), (1.0, 2e-3, "ok"), (2.0, nan, "ok")]) == (
+    assert impls.combine([(3.0, 1e-3, "ok"), (1.0, 2e-3, "ok"), (2.0, nan, "ok")]) == (
         2.0, 2e-3, "ok")
-    assert bench._combine([(1.0, nan, "ok"), (3.0, nan, "ok")])[0] == 2.0
-    ms, _, status = bench._combine([(1.0, 1e-3, "ok"), (nan, nan, "oom")])
+    assert impls.combine([(1.0, nan, "ok"), (3.0, nan, "ok")])[0] == 2.0
+    ms, _, status = impls.combine([(1.0, 1e-3, "ok"), (nan, nan, "oom")])
     assert math.isnan(ms) and status == "oom"
     assert bench.parse_args(["--rounds", "3"]).rounds == 3
     for bad in ("0", "x", "-2"):
@@ -202,9 +203,9 @@ def test_run_grid_on_the_cpu(tmp_path, monkeypatch, capsys):
     from attnmem.measure import registry
 
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.5)[1])
-    real = bench._impl_fn
+    real = impls.impl_fn
     eager = lambda q, k, v, causal: registry.naive(q, k, v, causal)  # noqa: E731
-    monkeypatch.setattr(bench, "_impl_fn", lambda name: eager if name in (
+    monkeypatch.setattr(impls, "impl_fn", lambda name: eager if name in (
         "triton", "sdpa_cudnn", "sdpa_flash") else real(name))
     out = tmp_path / "x.csv"
     args = bench.parse_args(["--impls", "triton", "sdpa_cudnn", "sdpa_flash", "fa4",
@@ -247,9 +248,9 @@ def test_run_grid_times_fa4_on_its_own_layout(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_fa4_tensor_reason", lambda q: None)
     monkeypatch.setattr(registry, "fa4_version", lambda: "4.0.0b36")
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.25)[1])
-    real = bench._impl_fn
+    real = impls.impl_fn
     eager = lambda q, k, v, causal: registry.naive(q, k, v, causal)  # noqa: E731
-    monkeypatch.setattr(bench, "_impl_fn", lambda name: eager if name in (
+    monkeypatch.setattr(impls, "impl_fn", lambda name: eager if name in (
         "triton", "sdpa_cudnn") else real(name))
     args = bench.parse_args(["--impls", "triton", "sdpa_cudnn", "fa4", "--shapes",
                              "fp16/16/40/causal/kv=2", "--heads", "4", "--csv",
@@ -263,3 +264,4 @@ def test_run_grid_times_fa4_on_its_own_layout(tmp_path, monkeypatch):
     text = bench.table(list(rows.values()))
     assert text.splitlines()[-1].endswith("| 1.00 | - | 1.00 |")  # ours/cudnn, /flash, /fa4
     assert "flash-attn-4 4.0.0b36" in bench.header(list(rows.values()), args)
+

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from attnmem.measure import speed_results  # noqa: E402
+from attnmem.measure.bench import impls  # noqa: E402
 from attnmem.measure.bench import speed as bench  # noqa: E402
 from attnmem.measure.bench import training  # noqa: E402
 
@@ -232,7 +233,7 @@ def test_packed_rows_on_the_cpu(tmp_path, monkeypatch, capsys):
                              "bf16/16/32/b=2", "--heads", "4", "--rounds", "2", "--csv",
                              str(out)])
     args.packed = [batch]
-    monkeypatch.setattr(bench, "_impl_fn", lambda name: lambda q, k, v, causal: registry.naive(
+    monkeypatch.setattr(impls, "impl_fn", lambda name: lambda q, k, v, causal: registry.naive(
         q, k, v, causal))
     rows = bench.run_grid(args, device="cpu")
     packed = {(r.impl, r.mode): r for r in rows if r.seq_len == batch.total}

@@ -15,7 +15,7 @@ attnmem/kernels/flash/bwd_sm90.py from that commit (``git show``) as a module of
 compiled kernels, and times it as candidate "base"; without it the default of the working tree
 is the base.
 
-1. Correctness of every candidate on attnmem.kernels.dev.bwd_sm90_check's CHECK_SHAPES (ragged,
+1. Correctness of every candidate on attnmem.kernels.dev.grad_check's CHECK_SHAPES (ragged,
    causal and not, GQA, fp16 and bf16, d = 64 and 128): max |grad - fp32 reference| of dQ, dK,
    dV; PASS where each is at most twice plain PyTorch's low-precision error plus a floor (the
    rule of tests/kernels/test_flash_attention.py). Timing runs only if every candidate passes.
@@ -156,7 +156,7 @@ def check(cands: dict) -> bool:
     """Step 1 of the module docstring; prints one line per shape."""
     import torch
 
-    from attnmem.kernels.dev.bwd_sm90_check import CHECK_SHAPES, FLOOR, _grads
+    from attnmem.kernels.dev.grad_check import CHECK_SHAPES, FLOOR, reference_grads
     from attnmem.kernels.flash.route import attention_forward
 
     ok = True
@@ -168,8 +168,8 @@ def check(cands: dict) -> bool:
                        for n in (H, H_kv, H_kv, H))
         scale = 1.0 / math.sqrt(d)
         o, lse2 = attention_forward(q, k, v, causal, scale)
-        ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
-        low = _grads(q, k, v, do, causal, scale)
+        ref = reference_grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
+        low = reference_grads(q, k, v, do, causal, scale)
         limit = [2 * (g.float() - r).abs().max().item() + FLOOR[dtype] for g, r in zip(low, ref, strict=True)]
         parts = []
         for name, fn in cands.items():

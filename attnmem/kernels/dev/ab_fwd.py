@@ -89,7 +89,7 @@ def candidates(variants: list[tuple[str, dict]]) -> dict:
 def check(cands: dict) -> bool:
     import torch
 
-    from attnmem.kernels.dev.bwd_sm90_check import FLOOR
+    from attnmem.kernels.dev.grad_check import FLOOR
     from attnmem.kernels.flash.reference import attention_reference
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from attnmem.calc import attention_flops
 from attnmem.kernels.dev.ab_bwd import variant
+from attnmem.kernels.dev.grad_check import CHECK_SHAPES, FLOOR, reference_grads
 
 # ---- the new backward behind autograd ---------------------------------------------------------
 
@@ -106,17 +107,7 @@ def _fa4():
 
 # ---- correctness --------------------------------------------------------------------------------
 
-CHECK_SHAPES = [
-    # B, H, H_kv, s, d, causal, dtype
-    (1, 4, 4, 1000, 128, False, torch.bfloat16),
-    (1, 4, 4, 1000, 128, True, torch.float16),
-    (2, 8, 2, 780, 128, True, torch.bfloat16),  # GQA 4:1, ragged (s % 4 = 0: `usable`)
-    (1, 4, 4, 1536, 64, False, torch.float16),
-    (1, 8, 2, 1028, 64, True, torch.bfloat16),  # GQA 4:1, ragged
-    (1, 4, 4, 4096, 128, True, torch.bfloat16),
-    (1, 4, 4, 4096, 64, True, torch.float16),
-]
-# --quick checks these instead: bf16, B = 1, H = 32 (the timing shapes' heads, so that the
+# The check runs grad_check.CHECK_SHAPES; --quick checks these instead: bf16, B = 1, H = 32 (the timing shapes' heads, so that the
 # timing reuses the kernels compiled here: Triton specializes the head counts, not s), ragged
 # lengths; d = 64 above 4,096 (the length where the forward turns to fwd_sm90 when causal).
 QUICK_CHECK_SHAPES = [
@@ -125,17 +116,6 @@ QUICK_CHECK_SHAPES = [
     (1, 32, 32, 4100, 64, True, torch.bfloat16),
     (1, 32, 8, 780, 128, True, torch.bfloat16),  # GQA 4:1
 ]
-FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-def _grads(q, k, v, do, causal, scale):
-    """Gradients of the eager reference, in the inputs' dtype."""
-    from attnmem.kernels.flash.reference import attention_reference
-
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    o = attention_reference(q, k, v, causal, scale)
-    return torch.autograd.grad(o, (q, k, v), do)
-
 
 # Another schedule of the new backward by head dim, checked and timed beside its default
 # (attnmem.kernels.dev.ab_bwd.schedule; the flat dQ staging takes only the 64 x 64 partial of the default
@@ -190,8 +170,8 @@ def check(quick: bool = False) -> bool:
                 cur = attention_backward(do, q, k, v, o, lse2, causal, scale)
             except Exception as e:
                 print(f"  (current backward failed: {type(e).__name__}: {str(e)[:200]})")
-        ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
-        low = _grads(q, k, v, do, causal, scale)
+        ref = reference_grads(q.float(), k.float(), v.float(), do.float(), causal, scale)
+        low = reference_grads(q, k, v, do, causal, scale)
         parts = []
         tag = "/".join(f"{TAGS[key]}{int(val)}" for key, val in ALTERNATIVE.get(d, {}).items())
         for i, gname in enumerate(("dq", "dk", "dv")):

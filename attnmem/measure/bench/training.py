@@ -48,6 +48,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from attnmem.measure.bench import impls
+
 __all__ = ["ANCHORS", "DENSE", "LENGTH_POOL", "PACKED", "PackedBatch", "estimate_seconds",
            "packed_flops", "read_packed_column", "summarize", "summary_lines"]
 
@@ -165,18 +167,15 @@ def packed_fn(name: str, cu, lengths: Sequence[int], device: str = "cuda"):
     from attnmem.measure import registry
 
     longest = max(lengths)
-    if name in ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd",
-                "triton_portable_bwd"):
+    if name in impls.CONFIGS:
         from attnmem.kernels.flash.api import flash_attention
-        from attnmem.measure.bench.speed import GENERIC, PORTABLE_BWD, SM90_3WG, SM90_BWD
 
         # "triton": the route's forward and backward (the Hopper packed ones where they
         # apply); "triton_generic": the portable packed forward; "triton_sm90_3wg": the Hopper
         # packed forward with three warpgroups (d = 64 only: the call refuses other head
         # dims); "triton_sm90_bwd" / "triton_portable_bwd": the route's forward with the
         # Hopper / the portable packed backward forced
-        config = {"triton": None, "triton_generic": GENERIC, "triton_sm90_3wg": SM90_3WG,
-                  "triton_sm90_bwd": SM90_BWD, "triton_portable_bwd": PORTABLE_BWD}[name]
+        config = impls.CONFIGS[name]
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, cu_seqlens=cu,
                                                        config=config)
     if name == "fa4":
@@ -284,7 +283,6 @@ def run_packed(args, writer, sink, stamp: dict, versions: dict, device: str = "c
     import torch
 
     from attnmem.measure import registry
-    from attnmem.measure.bench import speed
     from attnmem.measure.speed_results import Row
     from attnmem.measure.store import neutralise
 
@@ -323,11 +321,11 @@ def run_packed(args, writer, sink, stamp: dict, versions: dict, device: str = "c
                                     and not why[n]}
             for _ in range(args.rounds):
                 for name in got:
-                    got[name].append(speed.measure(name, q, k, v, do, causal, mode, ref,
+                    got[name].append(impls.measure(name, q, k, v, do, causal, mode, ref,
                                                    fn=fns[name]))
             for name in args.impls:
                 if name in got:
-                    ms, rel, status = speed._combine(got[name])
+                    ms, rel, status = impls.combine(got[name])
                 else:
                     ms, rel, status = math.nan, math.nan, f"unavailable: {why[name]}"[:240]
                 tf = packed_flops(batch, H, mode) / (ms * 1e-3) / 1e12
@@ -352,7 +350,6 @@ def _reference(q, k, v, batch: PackedBatch, device: str):
     import torch
 
     from attnmem.measure import registry
-    from attnmem.measure.bench import speed
 
     starts = batch.starts()
     outs = []
@@ -362,7 +359,7 @@ def _reference(q, k, v, batch: PackedBatch, device: str):
             out = None
             for r in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
                 try:
-                    out = speed._impl_fn(r)(qs, ks, vs, batch.causal)
+                    out = impls.impl_fn(r)(qs, ks, vs, batch.causal)
                     break
                 except RuntimeError:
                     continue
