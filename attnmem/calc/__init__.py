@@ -134,7 +134,8 @@ __all__ = [
     "DTYPES", "DTYPE_BYTES", "GB", "GIB", "MAX_BATCH", "MAX_HEADS", "MAX_HEAD_DIM",
     "MAX_SEQ_LEN", "check_int", "dtype_bytes", "dtype_name", "format_bytes", "format_gb",
     "format_gib", "to_unit", "score_matrix_bytes", "largest_fitting", "NoKernel",
-    # one attention call (attnmem/calc/peak.py, attnmem/calc/allocator.py, attnmem/calc/fit.py, attnmem/calc/sweep.py)
+    # one attention call (attnmem/calc/peak.py, attnmem/calc/attention_call.py,
+    # attnmem/calc/attention_steps.py, attnmem/calc/allocator.py, attnmem/calc/fit.py, attnmem/calc/sweep.py)
     "AttentionCall", "IMPLEMENTATIONS", "IMPL_DTYPES", "IMPL_KIND", "IMPL_LABELS",
     "PEAK_MODEL_NOTES", "ALLOCATOR_NOTE", "RESERVED_PREDICTED", "PeakTerm", "CachingAllocator",
     "check_impl", "attention_flops", "attention_peak_bytes", "attention_peak_terms",

@@ -137,7 +137,7 @@ _FP32_ROUTING = {"deepseek_v2", "deepseek_v3"}
 #: Qwen2MoeSparseMoeBlock.forward); DeepSeek's run it after (DeepseekV2Moe.forward).
 _SHARED_FIRST = {"qwen2_moe"}
 #: Backends that take k, v with H_kv heads (no repeat): flash, cuDNN, ours, FA4 (enable_gqa or
-#: native GQA). torch's memory-efficient backend expands them itself (attnmem.calc.peak._efficient).
+#: native GQA). torch's memory-efficient backend expands them itself (attnmem.calc.attention_steps._efficient).
 _NATIVE_GQA = ("sdpa_flash", "sdpa_cudnn", "triton", "fa4")
 
 
@@ -170,7 +170,7 @@ class InferenceMemory:
 @dataclass(frozen=True)
 class _StepDims:
     """The model's sizes one generate() step reads, not one attention call's shape
-    (attnmem.calc.peak.AttentionCall): batch, hidden size, query and key/value heads, head dim, and
+    (attnmem.calc.attention_call.AttentionCall): batch, hidden size, query and key/value heads, head dim, and
     the bytes per element of the activations and of the cache."""
 
     b: int

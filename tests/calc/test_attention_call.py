@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import attnmem.calc
-import attnmem.calc.peak
+import attnmem.calc.attention_call
 from attnmem.calc import AttentionCall
 from attnmem.calc.allocator import CachingAllocator, TensorReplay
 
@@ -93,14 +93,14 @@ def test_a_search_checks_the_call_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """max_seq_len and sweep_seq_len check the shape once; each step checks the new length
     only (the call is passed down, not rebuilt from its arguments)."""
     checked: list[str] = []
-    real = attnmem.calc.peak.check_int
+    real = attnmem.calc.attention_call.check_int
 
     def counting(name, value, lo=1, hi=None):
         checked.append(name)
         return real(name, value, lo, hi)
 
-    monkeypatch.setattr(attnmem.calc.peak, "check_int", counting)
-    attnmem.calc.peak._call_lru.cache_clear()  # a remembered call would not be checked at all
+    monkeypatch.setattr(attnmem.calc.attention_call, "check_int", counting)
+    attnmem.calc.attention_call._call_lru.cache_clear()  # a remembered call would not be checked at all
     shape_names = {"batch", "heads", "head_dim", "kv_heads"}  # not the per-call options
     got = attnmem.calc.max_seq_len("sdpa_cudnn", 20 * attnmem.calc.GIB, 3, 24, 96, "fp16", True, True, 6)
     assert got > 0
@@ -108,7 +108,7 @@ def test_a_search_checks_the_call_once(monkeypatch: pytest.MonkeyPatch) -> None:
         "batch", "head_dim", "heads", "kv_heads"], checked
     assert checked.count("seq_len") > 10  # one per step of the search
     checked.clear()
-    attnmem.calc.peak._call_lru.cache_clear()
+    attnmem.calc.attention_call._call_lru.cache_clear()
     attnmem.calc.sweep_seq_len(["triton", "naive"], [128, 256, 512], 5, 24, 96, "fp16", kv_heads=6)
     assert sorted(n for n in checked if n in shape_names) == [
         "batch", "batch", "head_dim", "head_dim", "heads", "heads", "kv_heads", "kv_heads"]
