@@ -19,9 +19,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from attnmem.measure import speed_results  # noqa: E402
-from attnmem.measure.bench import impls  # noqa: E402
+from attnmem.measure.bench import impls, training  # noqa: E402
 from attnmem.measure.bench import speed as bench  # noqa: E402
-from attnmem.measure.bench import training  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEERS4 = ["--impls", "triton", "sdpa_cudnn", "sdpa_flash", "fa4"]
