@@ -5,6 +5,9 @@ route's atomic-dQ and GQA-split choices must be those the memory model counts.""
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 
 pytest.importorskip("torch")
@@ -31,8 +34,10 @@ def call(B=1, H=32, H_kv=32, s_q=4096, s_k=None, d=128, elem=2, causal=True, win
 
 
 def needs_gluon():
-    if route.fwd_sm90 is None:
-        pytest.skip("this Triton has no Gluon Hopper API: the Hopper forward never routes")
+    """Skip only where this Triton has no Gluon; where it has, the Hopper kernels imported."""
+    if route.gluon_missing():
+        pytest.skip("this Triton has no Gluon: the Hopper kernels never route")
+    assert route.fwd_sm90 is not None and route.bwd_sm90 is not None, route.SM90_IMPORT_ERRORS
 
 
 # ---- the forward -----------------------------------------------------------------------------
@@ -170,3 +175,69 @@ def test_window_rule():
         route.check_window(3, False, 10)
     with pytest.raises(ValueError, match="window must be a positive int"):
         route.check_window(True, True, 10)
+
+
+# ---- the Hopper kernels' import ---------------------------------------------------------------
+
+def test_the_hopper_kernels_import_where_triton_has_gluon():
+    """Where this Triton has Gluon (CI's 3.9, the GPU host's 3.6), fwd_sm90 and bwd_sm90
+    imported: no reason is recorded. A bug in either module fails here, instead of turning
+    the Hopper path off and skipping its tests."""
+    if route.gluon_missing():
+        pytest.skip("this Triton has no Gluon (triton.experimental.gluon)")
+    assert route.SM90_IMPORT_ERRORS == {}
+    assert route.fwd_sm90 is not None and route.bwd_sm90 is not None
+
+
+def test_a_broken_hopper_module_is_a_logged_named_reason(tmp_path, monkeypatch, caplog):
+    """A Hopper module that fails to import for any reason but a missing Gluon: None, the
+    reason recorded under its name, one warning naming the module and the exception; a
+    forced Hopper kernel's refusal then says why."""
+    (tmp_path / "broken_sm90.py").write_text("import math\nmath.no_such_function()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(route, "SM90_IMPORT_ERRORS", {})
+    with caplog.at_level(logging.WARNING, logger=route.__name__):
+        assert route._import_sm90("broken_sm90") is None
+    reason = "AttributeError: module 'math' has no attribute 'no_such_function'"
+    assert route.SM90_IMPORT_ERRORS == {"broken_sm90": reason}
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "broken_sm90 failed to import" in record.getMessage()
+    assert reason in record.getMessage()
+    assert route._import_error(None, "broken_sm90") == f"; broken_sm90 failed to import: {reason}"
+    assert route._import_error(route, "broken_sm90") == ""  # imported after all: nothing to say
+    assert route._import_error(None, "other_sm90") == ""
+
+
+def test_a_triton_without_gluon_is_quiet(tmp_path, monkeypatch, caplog):
+    """Only a Triton without Gluon (triton.experimental.gluon not found) makes the Hopper
+    kernels quietly unavailable: no reason recorded, nothing logged."""
+    import triton.experimental
+
+    (tmp_path / "needs_gluon_sm90.py").write_text("from triton.experimental import gluon\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(route, "SM90_IMPORT_ERRORS", {})
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)  # as if absent
+    monkeypatch.delattr(triton.experimental, "gluon", raising=False)
+    assert route.gluon_missing()
+    with caplog.at_level(logging.DEBUG, logger=route.__name__):
+        assert route._import_sm90("needs_gluon_sm90") is None
+    assert route.SM90_IMPORT_ERRORS == {} and caplog.records == []
+
+
+def test_a_forced_hopper_kernel_names_the_failed_import(monkeypatch):
+    """sm90=True / sm90_bwd=True where the Hopper module failed to import: the refusal says
+    which module and why, beside what the kernel needs."""
+    monkeypatch.setattr(route, "fwd_sm90", None)
+    monkeypatch.setattr(route, "bwd_sm90", None)
+    monkeypatch.setattr(route, "SM90_IMPORT_ERRORS", {
+        "attnmem.kernels.flash.fwd_sm90": "NameError: name 'x' is not defined",
+        "attnmem.kernels.flash.bwd_sm90": "TypeError: bad"})
+    with pytest.raises(ValueError, match=r"sm90=True .*; attnmem\.kernels\.flash\.fwd_sm90 "
+                                         r"failed to import: NameError: name 'x'"):
+        route.forward_route(call(), KernelConfig(sm90=True), CPU)
+    with pytest.raises(ValueError, match=r"sm90_bwd=True: .*; attnmem\.kernels\.flash\."
+                                         r"bwd_sm90 failed to import: TypeError: bad"):
+        route.backward_route(call(), KernelConfig(sm90_bwd=True), CPU)
+    with pytest.raises(ValueError, match=r"packed sequences .*bwd_sm90 failed to import"):
+        route.backward_route(call(packed=True), KernelConfig(sm90_bwd=True), CPU)

@@ -22,6 +22,10 @@ else.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
+from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -31,19 +35,57 @@ from attnmem.kernels.flash import bwd, fwd
 from attnmem.kernels.flash.common import LOG2E, Packed, TensorDescriptor, block_d, seq_bucket
 from attnmem.kernels.flash.config import SETTINGS, KernelConfig
 
-try:  # the Hopper Gluon kernels: absent where Triton has no Gluon Hopper API this code knows
-    from attnmem.kernels.flash import fwd_sm90
-except Exception:
-    fwd_sm90 = None
-try:
-    from attnmem.kernels.flash import bwd_sm90
-except Exception:
-    bwd_sm90 = None
+__all__ = ["SM90_IMPORT_ERRORS", "Abilities", "BackwardRoute", "Call", "ForwardRoute",
+           "atomic_by_default", "attention_backward", "attention_forward", "backward_route",
+           "check_window", "descriptors_usable", "dq_tma_usable", "forward_route",
+           "gluon_missing", "kv_split", "probe", "split_for"]
 
-__all__ = ["Abilities", "BackwardRoute", "Call", "ForwardRoute", "atomic_by_default",
-           "attention_backward", "attention_forward", "backward_route", "check_window",
-           "descriptors_usable", "dq_tma_usable", "forward_route", "kv_split", "probe",
-           "split_for"]
+log = logging.getLogger(__name__)
+
+# ---- the Hopper Gluon kernels ------------------------------------------------------------------
+
+#: Why a Hopper Gluon module did not import, by module name ("attnmem.kernels.flash.fwd_sm90",
+#: "attnmem.kernels.flash.bwd_sm90"): "<exception type>: <message>". Empty where both imported,
+#: and where this Triton has no Gluon at all (`gluon_missing`: the kernels are then simply not
+#: available). Anything recorded here is a failure of our module or of a Gluon API it uses:
+#: it is logged once, the route then runs the portable kernels, and the tests fail on it.
+SM90_IMPORT_ERRORS: dict[str, str] = {}
+
+
+def gluon_missing() -> bool:
+    """Whether this Triton has no Gluon (triton.experimental.gluon cannot be found): the one
+    case where the Hopper kernels are quietly not available."""
+    try:
+        return importlib.util.find_spec("triton.experimental.gluon") is None
+    except ModuleNotFoundError:  # no triton.experimental either
+        return True
+
+
+def _import_sm90(name: str) -> ModuleType | None:
+    """The Hopper module ``name`` (dotted), or None where it cannot be imported. A Triton
+    without Gluon is quiet; any other failure is recorded in `SM90_IMPORT_ERRORS` and logged
+    as a warning naming the module and the exception."""
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - recorded and logged, not swallowed
+        if isinstance(exc, ImportError) and gluon_missing():
+            return None
+        SM90_IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
+        log.warning("%s failed to import, so the Hopper kernels it holds are off and the "
+                    "portable Triton kernels run instead: %s", name, SM90_IMPORT_ERRORS[name],
+                    exc_info=exc)
+        return None
+
+
+fwd_sm90 = _import_sm90("attnmem.kernels.flash.fwd_sm90")
+bwd_sm90 = _import_sm90("attnmem.kernels.flash.bwd_sm90")
+
+
+def _import_error(module: ModuleType | None, name: str) -> str:
+    """'' or, where ``name`` failed to import, "; <name> failed to import: <reason>" (for the
+    messages of a forced Hopper kernel that cannot run)."""
+    reason = SM90_IMPORT_ERRORS.get(name) if module is None else None
+    return f"; {name} failed to import: {reason}" if reason else ""
 
 # Below this length bucket the Triton forward loads K/V with pointers even where descriptors
 # work: encoding two tensor maps per launch costs more host time than the copy engine saves
@@ -250,7 +292,8 @@ def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> Fo
                     "sm90=True was asked for, but the Hopper forward cannot run here (it needs "
                     "Triton with Gluon, a compute capability 9.x GPU, fp16/bf16, head dim in "
                     f"{fwd_sm90.HEAD_DIMS if fwd_sm90 else (64, 128)} and 16-byte aligned "
-                    f"strides with unit last stride{packed})")
+                    f"strides with unit last stride{packed})"
+                    + _import_error(fwd_sm90, "attnmem.kernels.flash.fwd_sm90"))
             return ForwardRoute("sm90", sm90_stages=config.sm90_stages,
                                 sm90_block_n=config.sm90_block_n,
                                 sm90_consumers=config.sm90_consumers)
@@ -377,7 +420,8 @@ def _sm90_backward(call: Call, config: KernelConfig | None, can: Abilities, atom
             "sm90_bwd=True: the Hopper backward needs 16-bit inputs with d = 64 or 128 on "
             "a compute-capability-9 GPU, queries a multiple of 4, layouts the copy engine "
             f"reads and no sliding window; got q {(call.B, call.H, call.s_q, call.d)} "
-            f"{call.dtype} on {call.device}, window={call.window}")
+            f"{call.dtype} on {call.device}, window={call.window}"
+            + _import_error(bwd_sm90, "attnmem.kernels.flash.bwd_sm90"))
     return True
 
 
@@ -406,7 +450,8 @@ def _sm90_packed_backward(call: Call, config: KernelConfig | None, can: Abilitie
             "d = 64 or 128 on a compute-capability-9 GPU, layouts the copy engine reads, no "
             f"sliding window and at most {GRID_Y_MAX} sequences x heads; got q "
             f"{(call.H, call.s_q, call.d)} {call.dtype} on {call.device}, {call.n_seq} "
-            f"sequences x {call.H} heads, window={call.window}")
+            f"sequences x {call.H} heads, window={call.window}"
+            + _import_error(bwd_sm90, "attnmem.kernels.flash.bwd_sm90"))
     return True
 
 
