@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from attnmem.calc.hf_defaults import CLASS_HEAD_DIMS, Completed, complete
 from attnmem.calc.mixers import Mixer, gated_deltanet, mamba1, mamba2
 from attnmem.calc.units import MAX_HEAD_DIM, MAX_HEADS, MAX_SEQ_LEN, check_int, dtype_name
 
@@ -127,6 +128,8 @@ class ModelConfig:
     quantization: QuantConfig | None = None  # the checkpoint's quantization_config
     read_as: str = ""  # how the config was read when not by its own model_type's rules, and
     #   what it leaves out (a vision tower): for pages to show; "" when nothing to say
+    defaults_from: str = ""  # the values config.json left out that its transformers config
+    #   class supplied, and that class (attnmem/calc/hf_defaults.py); "" when none were read
 
     @property
     def is_mla(self) -> bool:
@@ -139,16 +142,22 @@ class ModelConfig:
         return self.num_layers if self.attention_layers is None else self.attention_layers
 
     @classmethod
-    def from_hf_config(cls, d: dict, name: str | None = None) -> ModelConfig:
+    def from_hf_config(cls, d: dict, name: str | None = None, *,
+                       with_transformers: bool = True) -> ModelConfig:
         """Build a ModelConfig from a Hugging Face `config.json` dict (already JSON-parsed).
 
-        Multimodal configs that nest the language model under `text_config` (Gemma 3, LLaVA,
-        ...) are read from there, falling back to the top level for keys it lacks. Raises one
-        ValueError naming the missing or wrong key and what is accepted. Nothing is evaluated.
+        Where transformers is importable (and `with_transformers`), the file is first completed
+        by its model type's config class: every value it leaves out is the class's
+        (attnmem/calc/hf_defaults.py), and `defaults_from` names those calc read. Multimodal
+        configs that nest the language model under `text_config` (Gemma 3, LLaVA, ...) are read
+        from there, falling back to the top level for keys it lacks. Raises one ValueError
+        naming the missing or wrong key and what is accepted. Nothing is evaluated.
+        `with_transformers=False` reads the file as written (the bundled presets, whose files
+        give every value the rules read; tests/calc/test_hf_defaults.py checks both reads agree).
         """
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a text label or None, got {name!r}")
-        return _parse_hf_config(d, name)
+        return _parse_hf_config(d, name, with_transformers)
 
 
 def check_model(model: object) -> ModelConfig:
@@ -230,10 +239,22 @@ _NOT_MODELLED = {
 _ATTENTION_FREE = {"mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "xlstm"}
 
 
+#: Said where a value is missing and transformers, whose config class would supply its default,
+#: is not installed.
+HAND_HINT = ("; transformers is not installed here, so the default of this model's config "
+             "class is unknown: install transformers (pip install 'attention-memory[gpu]') or "
+             "give the value in config.json")
+
+
 class _Reader:
     """Key lookup over a config dict, text_config first; every error names the key path."""
 
-    def __init__(self, d: object) -> None:
+    def __init__(self, d: object, hand: bool = False, filled: frozenset[str] = frozenset()) -> None:
+        #: read by hand rules alone (transformers absent): a missing value's class default
+        #: is unknown here, and the error says so
+        self.hand = hand
+        self.filled = filled  # key paths the config class supplied (hf_defaults.complete)
+        self.used: list[str] = []  # those of them this read used, in order
         if not isinstance(d, dict):
             raise ValueError(
                 "config.json must be a JSON object of settings (a dict such as "
@@ -255,7 +276,11 @@ class _Reader:
         for prefix, scope in self.scopes:
             for key in keys:
                 if key in scope:
-                    return prefix + key, scope[key]
+                    path = prefix + key
+                    if (path in self.filled and scope[key] is not None and path not in self.used
+                            and not key.startswith("_")):
+                        self.used.append(path)
+                    return path, scope[key]
         return None
 
     def get_int(
@@ -267,7 +292,8 @@ class _Reader:
             if default is not _MISSING:
                 return default
             also = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
-            raise ValueError(f"config.json: missing '{keys[0]}'{also}, a whole number")
+            raise ValueError(f"config.json: missing '{keys[0]}'{also}, a whole number"
+                             + (HAND_HINT if self.hand else ""))
         path, value = found
         if isinstance(value, str):  # JSON strings are never numbers here: say so plainly
             raise ValueError(
@@ -325,8 +351,20 @@ def _sliding_layers(r: _Reader, model_type: str, layers: int, window: int | None
     return layers  # Mistral v0.1, Phi-3: every layer uses the window
 
 
-def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
-    r = _Reader(d)
+def _parse_hf_config(d: object, name: str | None, with_transformers: bool = True) -> ModelConfig:
+    """Complete `d` by its transformers config class (hf_defaults.complete), then read it. A
+    file the class refuses is read as written first, so that a wrong value in it is named in
+    the file's words; if that read finds nothing, the class's reason is the answer."""
+    done = complete(d) if with_transformers else Completed(d, "", frozenset(), "")  # type: ignore[arg-type]
+    if done.refusal:
+        _read(_Reader(d), name, done)
+        raise ValueError(done.refusal)
+    return _read(_Reader(done.config, hand=not done.transformers_version, filled=done.filled),
+                 name, done)
+
+
+def _read(r: _Reader, name: str | None, done: Completed) -> ModelConfig:
+    """The ModelConfig of a config dict under reader `r` (the file, completed or as written)."""
     model_type = r.get_str("model_type").lower()
     gpt2 = model_type == "gpt2" or (r.find("n_embd") is not None and not model_type)
     read_as = ""
@@ -347,6 +385,11 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     mla = _mla_dims(r) if model_type in _MLA else None
     if mla is not None:  # MLA: q·k width per head is nope + rope (modeling_deepseek_v3.py)
         head_dim = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+    if head_dim is None and r.hand and model_type in CLASS_HEAD_DIMS:
+        raise ValueError(
+            f"config.json: missing 'head_dim'; {model_type}'s config class has its own default "
+            f"({CLASS_HEAD_DIMS[model_type]} in the transformers this was written against), "
+            f"not hidden_size / num_attention_heads" + HAND_HINT)
     if head_dim is None:
         if hidden % heads:
             raise ValueError(
@@ -375,6 +418,8 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
     experts = r.get_int("num_local_experts", "num_experts", "n_routed_experts", lo=0,
                         hi=_MAX_EXPERTS, default=1)
     experts = max(experts, 1)
+    if model_type == "nemotron_h":  # experts only in 'E' blocks, which _hybrid_layers refuses;
+        experts = 1  # NemotronHConfig carries n_routed_experts = 8 for every model
     hybrid = _hybrid_layers(r, model_type, layers, hidden) if model_type in _HYBRID else {}
     mlp_count = hybrid.get("mlp_layers", layers)
     per_token, shared, dense_layers, dense_width = 1, 0, 0, 0
@@ -431,7 +476,7 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         head_dim=head_dim,
         intermediate_size=intermediate,
         vocab_size=vocab,
-        tie_embeddings=r.get_bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT or gpt2),
+        tie_embeddings=_tied(r, done, model_type in _TIED_BY_DEFAULT or gpt2),
         gated_mlp=not classic_mlp,
         num_experts=experts,
         experts_per_token=per_token,
@@ -465,6 +510,8 @@ def _parse_hf_config(d: object, name: str | None) -> ModelConfig:
         torch_dtype=_torch_dtype(r),
         quantization=_quant_config(r),
         read_as=read_as,
+        defaults_from=(f"{done.config_class} defaults (transformers {done.transformers_version}): "
+                       + ", ".join(r.used)) if r.used else "",
     )
 
 
@@ -485,6 +532,17 @@ def _dense_mlp_layers(r: _Reader, layers: int) -> int:
     dense_set = set(only)
     sparse = sum(1 for i in range(layers) if i not in dense_set and (i + 1) % step == 0)
     return layers - sparse
+
+
+def _tied(r: _Reader, done: Completed, default: bool) -> bool:
+    """Whether lm_head shares the embedding. A wrapper built by its transformers class (LLaVA,
+    Gemma 3) decides at the top level: PreTrainedModel reads its own config's
+    tie_word_embeddings, which LlavaConfig.__post_init__ sets from text_config's when only
+    that one is true; a file read as written says it in text_config or at the top."""
+    if done.config_class and len(r.scopes) > 1:
+        outer = {k: v for k, v in r.scopes[-1][1].items() if k != "text_config"}
+        return _Reader(outer).get_bool("tie_word_embeddings", default)
+    return r.get_bool("tie_word_embeddings", default)
 
 
 def _check_known(model_type: str) -> None:

@@ -675,7 +675,7 @@ def fixture_name(repo: str) -> str:
 def _build() -> dict[str, ModelConfig]:
     models = {}
     for name, (repo, config) in PRESET_HF_CONFIGS.items():
-        parsed = ModelConfig.from_hf_config(config, name=name)
+        parsed = ModelConfig.from_hf_config(config, name=name, with_transformers=False)
         source = f"https://huggingface.co/{repo}/blob/main/config.json"
         models[name] = replace(parsed, source=source)
     return models

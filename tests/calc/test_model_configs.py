@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnmem.calc import hf_defaults
 from attnmem.calc.models import ModelConfig
 from attnmem.calc.params import active_param_count, param_breakdown, param_count
 from attnmem.calc.presets import MODELS, PRESET_HF_CONFIGS, fixture_name
@@ -54,6 +55,12 @@ PUBLISHED: dict[str, tuple[int, bool, str]] = {
     "Kimi-K2 (MLA, MoE, fp8)": (1_030_000_000_000, False, "HF moonshotai/Kimi-K2-Instruct: 1.03T"),
     "Qwen2.5 7B Instruct AWQ (int4)": (7_610_000_000, False, "Qwen2.5-7B-Instruct card: 7.61B"),
 }
+
+
+@pytest.fixture
+def hand_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read as the bare command-line install does: transformers not importable."""
+    monkeypatch.setattr(hf_defaults, "_config_mapping", lambda: (None, ""))
 
 
 def llama_like(**overrides: object) -> dict:
@@ -163,7 +170,7 @@ def test_fixture_round_trip(name: str) -> None:
     loaded = json.loads(path.read_text())
     assert loaded == config  # the fixture is the dict the preset was built from
     parsed = ModelConfig.from_hf_config(loaded, name=name)
-    assert replace(parsed, source=MODELS[name].source) == MODELS[name]
+    assert replace(parsed, source=MODELS[name].source, defaults_from="") == MODELS[name]
     again = ModelConfig.from_hf_config(json.loads(json.dumps(loaded)), name=name)
     assert again == parsed
 
@@ -213,6 +220,18 @@ def test_explicit_head_dim_wins() -> None:
     assert m.head_dim == 256 != m.hidden_size // m.num_heads
     # head_dim given: hidden need not divide by heads (Gemma 2 27B: 4608 / 32 = 144, d = 128)
     assert MODELS["Gemma 2 27B"].head_dim == 128
+    assert ModelConfig.from_hf_config(llama_like(head_dim=64)).head_dim == 64
+
+
+def test_hidden_not_dividing_heads_is_refused_for_transformers_reason() -> None:
+    """LlamaConfig refuses hidden 250 over 8 heads even with head_dim given: transformers
+    cannot build that model, and the refusal says so in its words."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match=r"LlamaConfig cannot build.*250"):
+        ModelConfig.from_hf_config(llama_like(hidden_size=250, head_dim=32))
+
+
+def test_explicit_head_dim_wins_by_hand(hand_mode: None) -> None:
     assert ModelConfig.from_hf_config(llama_like(hidden_size=250, head_dim=32)).head_dim == 32
 
 
@@ -382,12 +401,49 @@ BAD_CONFIGS: list[tuple[str, dict, str]] = [
 @pytest.mark.parametrize(
     ("label", "config", "needle"), BAD_CONFIGS, ids=[b[0] for b in BAD_CONFIGS]
 )
-def test_malformed_config_raises_naming_the_key(label: str, config: dict, needle: str) -> None:
+def test_malformed_config_raises_naming_the_key(label: str, config: dict, needle: str,
+                                                hand_mode: None) -> None:
+    """Read by hand (transformers absent): every wrong or missing value is named."""
     with pytest.raises(ValueError) as info:
         ModelConfig.from_hf_config(config)
     message = str(info.value)
     assert message.startswith("config.json")
     assert needle in message, message
+
+
+WRONG_VALUES = [b for b in BAD_CONFIGS if not b[0].startswith(("missing", "gpt2 missing"))
+                and b[0] not in ("hidden not dividing", "text_config not dict")]
+
+
+@pytest.mark.parametrize("label, config, needle", WRONG_VALUES, ids=[b[0] for b in WRONG_VALUES])
+def test_wrong_values_are_named_through_transformers_too(label: str, config: dict,
+                                                          needle: str) -> None:
+    """Completed by the config class, a value the file gets wrong is still named in the
+    file's words (or the class's refusal names it)."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError) as info:
+        ModelConfig.from_hf_config(config)
+    message = str(info.value)
+    assert message.startswith("config.json")
+    assert needle.strip("'").split("'")[0] in message, message
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "num_hidden_layers", "num_attention_heads",
+                                 "intermediate_size", "vocab_size"])
+def test_a_missing_value_comes_from_the_class_and_is_named(key: str) -> None:
+    """transformers builds a Llama whose config.json leaves out a value with LlamaConfig's
+    default; calc reads the same default and says where it came from."""
+    transformers = pytest.importorskip("transformers")
+    config = {k: v for k, v in llama_like().items() if k != key}
+    if key == "hidden_size":
+        config["head_dim"] = 32
+    m = ModelConfig.from_hf_config(config)
+    want = transformers.LlamaConfig.from_dict(dict(config)).to_dict()[key]
+    got = {"hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers,
+           "num_attention_heads": m.num_heads, "intermediate_size": m.intermediate_size,
+           "vocab_size": m.vocab_size}[key]
+    assert got == want
+    assert m.defaults_from.startswith("LlamaConfig defaults") and key in m.defaults_from
 
 
 def test_junk_string_message_reads_well() -> None:
@@ -490,7 +546,8 @@ def test_weight_bytes_linear_in_bytes_per_param(model: ModelConfig, e: int, k: i
 @given(st.integers(1, 64), st.integers(1, 8), st.integers(1, 4))
 def test_parsed_gqa_below_mha(kv: int, group: int, layers: int) -> None:
     heads = kv * group
-    base = llama_like(num_hidden_layers=layers, num_attention_heads=heads, head_dim=16)
+    base = llama_like(num_hidden_layers=layers, num_attention_heads=heads, head_dim=16,
+                      hidden_size=16 * heads)
     gqa = ModelConfig.from_hf_config({**base, "num_key_value_heads": kv})
     mha = ModelConfig.from_hf_config({**base, "num_key_value_heads": heads})
     assert param_count(gqa) <= param_count(mha)
