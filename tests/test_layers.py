@@ -1,9 +1,10 @@
 """The rooms of the one package point one way, and the package is the repository's only name.
 
-Inside ``attnmem``: calc <- kernels <- measure <- pages, and calc <- cli (``attnmem.cli``,
-``attnmem.hub``, ``attnmem.__main__``):
+Inside ``attnmem``: calc <- kernels <- measure <- pages, calc <- trace <- pages, and calc <- cli
+(``attnmem.cli``, ``attnmem.hub``, ``attnmem.__main__``):
 
 - calc (the analytic model) imports none of the other rooms, nor app;
+- trace (real models on the meta device, feeding calc) imports only calc;
 - kernels (what runs attention) imports neither measure, pages, the command line nor app;
   its development probes (``kernels.dev``) are command lines and may use measure's timers;
 - measure imports neither pages, the command line nor app;
@@ -34,7 +35,9 @@ DEV = "attnmem.kernels.dev"
 
 #: room -> the rooms (dotted prefixes) it must not import
 FORBIDDEN = {
-    "attnmem.calc": ("attnmem.kernels", "attnmem.measure", "attnmem.pages", *CLI, "app"),
+    "attnmem.calc": ("attnmem.kernels", "attnmem.measure", "attnmem.pages", "attnmem.trace",
+                     *CLI, "app"),
+    "attnmem.trace": ("attnmem.kernels", "attnmem.measure", "attnmem.pages", *CLI, "app"),
     "attnmem.kernels": ("attnmem.measure", "attnmem.pages", *CLI, "app"),
     "attnmem.measure": ("attnmem.pages", *CLI, "app"),
     "attnmem.cli": ("attnmem.pages", "attnmem.kernels", "attnmem.measure", "app"),
