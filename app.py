@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnmem.pages.common import unit_switch
+from attnmem.pages.ui.units import unit_switch
 
 st.set_page_config(page_title="Attention memory", page_icon="🧮", layout="wide")
 
@@ -37,7 +37,7 @@ _LANDED = "_landed"  # session state: the session's first run is over
 def score_matrix_link(query: dict[str, str]) -> bool:
     """True for a link to "/" made while Score matrix was the app's root page: it names at least
     one input and only Score-matrix inputs (and the unit). A link Will it fit? writes always
-    names its model, GPU and task (attnmem.pages.common.sync_url writes every input), so it is never
+    names its model, GPU and task (attnmem.pages.ui.state.sync_url writes every input), so it is never
     taken for one."""
     keys = set(query) - {"unit"}
     return bool(keys) and keys <= SCORE_KEYS

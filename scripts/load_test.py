@@ -126,7 +126,7 @@ def nearest_pow2(n: int) -> int:
 
 def expected_text(batch: int, heads: int, seq_len: int) -> str:
     """The headline number of the score-matrix page (fp16, unit GB) for these inputs: MB or KB
-    below 1 GB, as the page prints it (attnmem.pages.common.fmt)."""
+    below 1 GB, as the page prints it (attnmem.pages.ui.units.fmt)."""
     return format_bytes(score_matrix_bytes(batch, heads, seq_len, "fp16"), "GB")
 
 

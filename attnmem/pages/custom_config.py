@@ -23,7 +23,7 @@ import streamlit as st  # noqa: E402
 
 from attnmem.calc import ModelConfig  # noqa: E402
 from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui.url_state import md_escape  # noqa: E402
 
 #: The model-selector choice that opens the upload box.
 CUSTOM = "Custom config.json"
@@ -65,7 +65,7 @@ def custom_model(where: Any = st) -> ModelConfig | None:
             st.session_state[_LAST] = model
             return model
     except (ValueError, UnicodeDecodeError, TypeError) as err:
-        st.error(c.md_escape(f"Could not use this config: {err}"), icon=":material/block:")
+        st.error(md_escape(f"Could not use this config: {err}"), icon=":material/block:")
         if _LAST in st.session_state:
             st.info("Still showing the last config that was valid.")
     return st.session_state.get(_LAST)

@@ -26,7 +26,10 @@ from attnmem.calc.io_model import (  # noqa: E402
     tile_schedule,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, init, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
 
 SPECS = {
@@ -46,13 +49,13 @@ TILE_LINE = "rgba(128,128,128,0.7)"
 CURRENT = "#D55E00"
 
 
-@c.cached()
+@cached()
 def demo(n: int, blk: int, causal: bool) -> tuple[list[list[float]], list, list]:
     scores = example_scores(n)
     return scores, tile_schedule(n, blk, blk, causal), online_softmax_trace(scores, blk, blk, causal)
 
 
-c.page_setup("flash")
+page_setup("flash")
 st.title("How FlashAttention works")
 st.markdown(
     "**Why does FlashAttention need so little memory?** It never writes the *s × s* score "
@@ -64,12 +67,12 @@ st.markdown(
 
 st.subheader("1 · The score matrix, tile by tile (a small worked example)")
 cols = st.columns([1, 1, 1, 3])
-n = int(c.select("tokens (s)", "n", SPECS["n"], where=cols[0]))
-blk = int(c.select("tile size", "blk", SPECS["blk"], where=cols[1]))
-causal = c.toggle("causal mask", "causal", SPECS["causal"], where=cols[2])
+n = int(widgets.select("tokens (s)", "n", SPECS["n"], where=cols[0]))
+blk = int(widgets.select("tile size", "blk", SPECS["blk"], where=cols[1]))
+causal = widgets.toggle("causal mask", "causal", SPECS["causal"], where=cols[2])
 scores, tiles, trace = demo(n, blk, causal)
 n_steps = len(trace)
-c.init("step", SPECS["step"])
+init("step", SPECS["step"])
 if st.session_state["step"] > n_steps - 1:
     st.session_state["step"] = n_steps - 1
 with cols[3]:
@@ -111,7 +114,7 @@ fig = {"data": [heat], "layout": dict(
 
 left, right = st.columns([1.2, 1])
 with left:
-    c.chart(fig, "tiles_chart", "flash-tiles")
+    charts.chart(fig, "tiles_chart", "flash-tiles")
     st.caption(
         f"{n}×{n} scores (a deterministic example), tiles of {blk}×{blk}. Orange: the tile on chip "
         "now; green: done; grey: skipped by the causal mask (keys after the query: never loaded "
@@ -129,7 +132,7 @@ with right:
     rows_df = pd.DataFrame([
         {"row": r.row, "running max m": round(r.m, 4), "running sum ℓ": round(r.l, 4)} for r in state.rows
     ])
-    c.table(rows_df, hide_index=True)
+    tables.table(rows_df, hide_index=True)
     st.latex(r"m' = \max\big(m,\ \max_{j \in \text{tile}} S_{ij}\big)")
     st.latex(r"\ell' = e^{m-m'}\,\ell + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}")
     # the output on a line of its own: beside O' it ran past the column at 1280 px
@@ -144,24 +147,24 @@ with right:
 
 st.subheader("2 · What each approach moves to and from GPU memory (HBM), for your shape")
 cols = st.columns(7)
-b = c.int_input("batch B", "b", SPECS["b"], where=cols[0])
-h = c.int_input("heads H", "h", SPECS["h"], where=cols[1])
-s = c.int_input("sequence s", "s", SPECS["s"], where=cols[2])
-d = c.int_input("head dim d", "d", SPECS["d"], where=cols[3])
-dtype = c.select("dtype", "dtype", SPECS["dtype"], where=cols[4])
-br = int(c.select("query block B_r", "br", SPECS["br"], where=cols[5]))
-bc = int(c.select("key block B_c", "bc", SPECS["bc"], where=cols[6]))
-unit = c.get_unit()
+b = widgets.int_input("batch B", "b", SPECS["b"], where=cols[0])
+h = widgets.int_input("heads H", "h", SPECS["h"], where=cols[1])
+s = widgets.int_input("sequence s", "s", SPECS["s"], where=cols[2])
+d = widgets.int_input("head dim d", "d", SPECS["d"], where=cols[3])
+dtype = widgets.select("dtype", "dtype", SPECS["dtype"], where=cols[4])
+br = int(widgets.select("query block B_r", "br", SPECS["br"], where=cols[5]))
+bc = int(widgets.select("key block B_c", "bc", SPECS["bc"], where=cols[6]))
+unit = get_unit()
 e = dtype_bytes(dtype)
 std = standard_io(b, h, s, d, e)
 fl = flash_io(b, h, s, d, e, br, bc, causal)
 
 m = st.columns([1.15, 1, 0.9, 0.95])  # "Standard attention moves (GB)" fits at 1280 px
-m[0].metric(f"Standard attention moves ({unit})", c.fmt(std.total_bytes, unit), help="Computed: (4·N·d + 4·N²)·e per batch and head.")
-m[1].metric(f"FlashAttention moves ({unit})", c.fmt(fl.total_bytes, unit),
+m[0].metric(f"Standard attention moves ({unit})", fmt(std.total_bytes, unit), help="Computed: (4·N·d + 4·N²)·e per batch and head.")
+m[1].metric(f"FlashAttention moves ({unit})", fmt(fl.total_bytes, unit),
             help="Computed: Q read once, O and log-sum-exp written once, K and V read once per query block.")
 onchip = tile_onchip_bytes(br, bc, d, e)
-m[3].metric("On chip per step", c.fmt(onchip, unit),
+m[3].metric("On chip per step", fmt(onchip, unit),
             help=(f"Q_i ({br}×{d}), K_j and V_j ({bc}×{d} each) in {dtype}; the {br}×{bc} score tile, the "
                   f"output accumulator ({br}×{d}) and m, ℓ in fp32. Independent of s. An H100 has "
                   "228 KB of shared memory per SM, plus registers."))
@@ -174,11 +177,11 @@ rows = [
 ]
 io_df = pd.DataFrame(rows)
 palette = ["#0072B2", "#56B4E9", "#D55E00", "#E69F00", "#009E73"]
-fig2 = c.figure(
+fig2 = charts.figure(
     [
         dict(
             type="bar", name=row["what"], y=["standard attention", "FlashAttention"],
-            x=[c.in_unit(row["standard"], unit), c.in_unit(row["flash"], unit)], orientation="h",
+            x=[in_unit(row["standard"], unit), in_unit(row["flash"], unit)], orientation="h",
             marker=dict(color=color), customdata=[f"{row['standard']:,}", f"{row['flash']:,}"],
             hovertemplate="%{y}<br>" + row["what"] + ": %{x:,.4g} " + unit + " (%{customdata} bytes)<extra></extra>",
         )
@@ -186,10 +189,10 @@ fig2 = c.figure(
     ],
     f"bytes moved to/from HBM, one forward pass ({unit})", "", 300, barmode="stack",
 )
-c.chart(fig2, "io_chart", "hbm-traffic", io_df.assign(batch=b, heads=h, seq_len=s, head_dim=d, dtype=dtype,
+charts.chart(fig2, "io_chart", "hbm-traffic", io_df.assign(batch=b, heads=h, seq_len=s, head_dim=d, dtype=dtype,
                                                         block_q=br, block_k=bc, causal=causal))
 st.caption(
-    f"{c.COMPUTED}. Standard attention (Dao et al. 2022, arXiv 2205.14135, Algorithm 0) writes S "
+    f"{COMPUTED}. Standard attention (Dao et al. 2022, arXiv 2205.14135, Algorithm 0) writes S "
     "and P = softmax(S) to HBM and reads them back: Θ(N·d + N²). FlashAttention (FlashAttention-2 "
     f"loop order) reads K and V once per query block, {fl.kv_passes:,} times here: Θ(N²·d²/M) for "
     "SRAM size M (Theorem 2). Counts of the algorithms, not measurements: real kernels add mask "
@@ -197,4 +200,4 @@ st.caption(
     "above applies to both sections."
 )
 
-c.sync_url(SPECS)
+sync_url(SPECS)

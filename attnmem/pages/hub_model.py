@@ -25,7 +25,8 @@ import streamlit as st  # noqa: E402
 from attnmem.calc import ModelConfig  # noqa: E402
 from attnmem.calc.quant import describe  # noqa: E402
 from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetch_model  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui import widgets  # noqa: E402
+from attnmem.pages.ui.state import init  # noqa: E402
 from attnmem.pages.ui.url_state import ChoiceParam, TextParam, md_escape, show_raw  # noqa: E402
 from attnmem.pages.ui.weights import gpu_caption, weight_label, weight_spec  # noqa: E402
 
@@ -60,7 +61,7 @@ def fetch_outcome(repo_id: str, where: tuple[str, bool, str, str]) -> tuple[Mode
 def id_input(where: Any = st) -> str:
     """The id box; returns the valid id in use ("" for none). A typed value that is not a Hub
     id is refused with st.error naming it; the last valid id stays in use (and in the URL)."""
-    c.init(KEY, SPEC)
+    init(KEY, SPEC)
     current: str = st.session_state[KEY]
     if _BOX not in st.session_state:
         st.session_state[_BOX] = current
@@ -100,9 +101,12 @@ def hub_model(where: Any = st) -> ModelConfig | None:
 
 def notes(model: ModelConfig, where: Any = st) -> None:
     """What the page should say about how a config was read: read through another type's rules
-    (model.read_as, e.g. Kimi-K2's kimi_k2 as DeepSeek-V3) or quantized as stored."""
+    (model.read_as, e.g. Kimi-K2's kimi_k2 as DeepSeek-V3), values its transformers config
+    class supplied (model.defaults_from), or quantized as stored."""
     if model.read_as:
         where.info(md_escape(f"Read as: {model.read_as}."), icon=":material/info:")
+    if model.defaults_from:  # values config.json leaves out, from its transformers class
+        where.caption(md_escape(f"Not in config.json, so taken from {model.defaults_from}."))
     if model.quantization is not None:
         where.caption(md_escape(
             f"Checkpoint quantization: {describe(model.quantization)}; 'as stored' weights "
@@ -122,7 +126,7 @@ def weight_dtype(label: str, model: ModelConfig, where: Any = st, key: str = "wd
     if before is not None and before != spec.default and st.session_state.get(key) == before:
         st.session_state[key] = spec.default
     st.session_state[mark] = spec.default
-    value = c.select(label, key, spec, where=where, format_func=lambda v: weight_label(v, model))
+    value = widgets.select(label, key, spec, where=where, format_func=lambda v: weight_label(v, model))
     return value, spec
 
 

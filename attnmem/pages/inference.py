@@ -27,10 +27,19 @@ from attnmem.calc.inference_step import (  # noqa: E402
     max_inference_seq_len,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
 from attnmem.pages import hub_model as hub  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui import inference as inf  # noqa: E402
-from attnmem.pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from attnmem.pages.ui.labels import FALLBACK_COLOR  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    ChoiceParam,
+    IntParam,
+    md_escape,  # noqa: E402
+)
 from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 
 MEASURED_PREFIX = "measured shape: "
@@ -45,7 +54,7 @@ EXTRA = {MEASURED_PREFIX + n: m for n, m in SHAPES.items()
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, *EXTRA)),
-    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),  # the same specs as Model memory:
+    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),  # the same specs as Model memory:
     "b": IntParam(1, 1, 65_536),  # these carry over between the pages
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
     "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
@@ -54,7 +63,7 @@ SPECS = {
     "attn": ChoiceParam("sdpa", INFER_ATTENTIONS),
     "cache": ChoiceParam("dynamic", CACHES),
     "chunk": IntParam(0, 0, MAX_SEQ_LEN),  # 0: the prompt in one forward
-    "mcols": c.ALL_COLUMNS,  # every column of the measured rows, not only MEASURED_FIRST
+    "mcols": tables.ALL_COLUMNS,  # every column of the measured rows, not only MEASURED_FIRST
 }
 #: The parts of the peak that outlive a forward (the rest are its transients), in the first
 #: of the two tables of parts.
@@ -74,26 +83,26 @@ def label(a: str) -> str:
     return INFER_ATTENTION_LABELS.get(a, a)
 
 
-@c.cached(max_entries=128)
+@cached(max_entries=128)
 def longest_prompt(model, gpu_bytes: int, batch: int, new_tokens: int, kw: tuple) -> int:
     """Exact integer search over the prompt (attnmem.calc.max_inference_seq_len), cached."""
     return max_inference_seq_len(model, gpu_bytes, batch, new_tokens, **dict(kw))
 
 
-@c.cached(max_entries=4)
+@cached(max_entries=4)
 def measured_table() -> pd.DataFrame:
     """The bundled rows with the current prediction (~70 inference_step calls: cached)."""
     return inf.compared_rows(inf.read_measured())
 
 
-c.page_setup("inference")
+page_setup("inference")
 st.title("Inference")
 st.markdown("**What does `generate()` hold at its peak, where, and what would change it?** "
             "Weights, the KV cache and everything the prompt's prefill and each decode step "
             "allocate, per attention implementation, as transformers runs them.")
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-choice = c.select("Model", "model", SPECS["model"], where=top[0])
+choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
 used = dict(SPECS)
 if choice == hub.HUB:
     model = hub.hub_model(where=top[0])
@@ -103,40 +112,40 @@ if choice == hub.HUB:
         model = hub.fallback(MODELS[SPECS["model"].default])
 else:
     model = EXTRA.get(choice) or MODELS[choice]
-gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
-attn = c.select("Attention", "attn", SPECS["attn"], where=top[2], format_func=label)
+gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+attn = widgets.select("Attention", "attn", SPECS["attn"], where=top[2], format_func=label)
 row = st.columns(5)
-batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
-new_tokens = c.int_input("New tokens", "new", SPECS["new"], where=row[1])
+batch = widgets.int_input("Batch size", "b", SPECS["b"], where=row[0])
+new_tokens = widgets.int_input("New tokens", "new", SPECS["new"], where=row[1])
 wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
-kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3])
-cache = c.select("Cache", "cache", SPECS["cache"], where=row[4], help=CACHE_HELP)
-seq_len = c.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
-chunk_in = c.int_input("Prefill chunk (tokens; 0 = the whole prompt in one forward)", "chunk",
+kvd = widgets.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3])
+cache = widgets.select("Cache", "cache", SPECS["cache"], where=row[4], help=CACHE_HELP)
+seq_len = widgets.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+chunk_in = widgets.int_input("Prefill chunk (tokens; 0 = the whole prompt in one forward)", "chunk",
                        SPECS["chunk"], help="generate(prefill_chunk_size=C): the prompt is fed "
                        "C tokens at a time through the same cache.")
 chunk = chunk_in or None
 
-unit = c.get_unit()
+unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
 hub.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
 kw = dict(weight_dtype=wd, kv_dtype=kvd, cache=cache, prefill_chunk=chunk)
 steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
 st.caption(
-    f"**{c.md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
+    f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
     f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, vocabulary "
     f"{model.vocab_size:,}; trained context "
     f"{f'{model.max_position_embeddings:,} tokens' if model.max_position_embeddings else 'not stated'}.")
-c.trained_context_note(model, seq_len)
+trained_context_note(model, seq_len)
 ctx = model.max_position_embeddings
 if ctx and seq_len <= ctx < seq_len + new_tokens - 1:  # the prompt fits the context, the answer not
     st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
             f"{ctx:,} tokens this model was trained for.")
 if not steps:  # calc refuses the model (or the inputs) for every implementation: say why
     reasons = sorted(set(refused.values()))
-    st.error(c.md_escape("These settings cannot be computed: " + " / ".join(reasons)),
+    st.error(md_escape("These settings cannot be computed: " + " / ".join(reasons)),
              icon=":material/block:")
-    c.sync_url(used)
+    sync_url(used)
     st.stop()
 
 # --- the verdict for the chosen attention ---------------------------------------------------
@@ -145,37 +154,37 @@ if attn not in steps:
     where = "this model"
     if "no kernel" in why:  # attnmem.calc.backends.NoKernel: "'<attention>' cannot run this ...: why"
         where, why = "these inputs", why.split(": ", 1)[-1]
-    st.error(c.md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
+    st.error(md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
                          f"below shows the implementations that can."), icon=":material/block:")
 else:
     m = steps[attn]
     cols = st.columns(3)
-    cols[0].metric(f"{label(attn)}: peak", c.fmt(m.peak_bytes, unit),
-                   help=f"{c.COMPUTED}: attnmem.calc.inference_step, at '{m.peak_phase}'.")
+    cols[0].metric(f"{label(attn)}: peak", fmt(m.peak_bytes, unit),
+                   help=f"{COMPUTED}: attnmem.calc.inference_step, at '{m.peak_phase}'.")
     cols[0].caption(f"Peak at **{m.peak_phase}** (computed). Prefill peak "
-                    f"{c.fmt(m.prefill_peak_bytes, unit)}, decode peak "
-                    f"{c.fmt(m.decode_peak_bytes, unit) if m.decode_peak_bytes else 'none (1 new token)'}.")
+                    f"{fmt(m.prefill_peak_bytes, unit)}, decode peak "
+                    f"{fmt(m.decode_peak_bytes, unit) if m.decode_peak_bytes else 'none (1 new token)'}.")
     if m.peak_bytes <= gpu_bytes:
         free = gpu_bytes - m.peak_bytes
-        cols[1].success(f"Fits one {gpu}: {c.fmt(free, unit)} free ({free / gpu_bytes:.0%}), "
+        cols[1].success(f"Fits one {gpu}: {fmt(free, unit)} free ({free / gpu_bytes:.0%}), "
                         "computed.", icon=":material/check_circle:")
     else:
-        cols[1].error(f"Does not fit one {gpu}: {c.fmt(m.peak_bytes - gpu_bytes, unit)} over "
+        cols[1].error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over "
                       "(computed).", icon=":material/cancel:")
     s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
                            tuple(sorted(dict(kw, attention=attn).items())))
     if s_max:
         # the label stays short enough for a third of a 1280 px page (issue 32: it was cut off)
         cols[2].metric(f"Longest prompt (+{new_tokens:,} new)", f"{s_max:,} tokens",
-                       help=f"{c.COMPUTED}: attnmem.calc.max_inference_seq_len, an exact integer search "
+                       help=f"{COMPUTED}: attnmem.calc.max_inference_seq_len, an exact integer search "
                             f"over the prompt length, with {new_tokens:,} new "
                             f"token{'s' if new_tokens > 1 else ''} generated after it.")
         if ctx and s_max + new_tokens - 1 > ctx:
             cols[2].info(f"{s_max:,} + {new_tokens:,} tokens pass the {ctx:,} tokens this "
                          "model was trained for: the memory fits, the model may not work there.")
     elif m.weights_bytes + m.fixed_bytes >= gpu_bytes:
-        cols[2].error(f"Nothing fits: the weights alone ({c.fmt(m.weights_bytes, unit)}, "
-                      f"computed) exceed the {gpu}'s {c.fmt(gpu_bytes, unit)}.",
+        cols[2].error(f"Nothing fits: the weights alone ({fmt(m.weights_bytes, unit)}, "
+                      f"computed) exceed the {gpu}'s {fmt(gpu_bytes, unit)}.",
                       icon=":material/block:")
     else:
         cols[2].error(f"Nothing fits: not even a 1-token prompt with batch {batch:,} and "
@@ -187,28 +196,28 @@ names = [label(a) for a in steps]
 parts = list(inf.PART_COLORS) + sorted({p for m in steps.values() for p in m.parts}
                                        - set(inf.PART_COLORS))
 parts = [p for p in parts if any(m.parts.get(p) for m in steps.values())]  # the ones present
-cap = c.in_unit(gpu_bytes, unit)
+cap = in_unit(gpu_bytes, unit)
 dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
 traces = []
 for part in parts:
     ys = [m.parts.get(part, 0) for m in steps.values()]
     traces.append(dict(
-        type="bar", name=part, x=names, y=[c.in_unit(y, unit) for y in ys],
-        marker=dict(color=inf.PART_COLORS.get(part, c.FALLBACK_COLOR)),
-        customdata=[c.fmt(y, unit) for y in ys],
+        type="bar", name=part, x=names, y=[in_unit(y, unit) for y in ys],
+        marker=dict(color=inf.PART_COLORS.get(part, FALLBACK_COLOR)),
+        customdata=[fmt(y, unit) for y in ys],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
 traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
-                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
-                   hovertemplate=f"{gpu}: {c.fmt(gpu_bytes, unit)}<extra></extra>"))
-fig = c.figure(traces, "", f"memory at the peak ({unit})", 460, barmode="stack", shapes=[dict(
+                   name=f"{gpu} ({fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
+                   hovertemplate=f"{gpu}: {fmt(gpu_bytes, unit)}<extra></extra>"))
+fig = charts.figure(traces, "", f"memory at the peak ({unit})", 460, barmode="stack", shapes=[dict(
     type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
 parts_table = pd.DataFrame([{"attention": a, **{p: m.parts.get(p, 0) for p in parts},
                              "peak": m.peak_bytes, "peak phase": m.peak_phase}
                             for a, m in steps.items()])
 st.markdown("**What each implementation holds at its peak** (computed)")
-c.chart(fig, "inference_parts", "inference-peak",
+charts.chart(fig, "inference_parts", "inference-peak",
         parts_table.assign(model=model.name, batch=batch, prompt=seq_len, new_tokens=new_tokens))
-st.caption(f"{c.COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of that "
+st.caption(f"{COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of that "
            "implementation's peak: weights, the cuBLAS workspace and generate()'s inputs, the "
            "KV cache then, and the transients alive at that moment by part; the dashed line is "
            "the GPU's memory. attnmem/calc/inference_step.py lists every moment and tensor with its "
@@ -216,58 +225,58 @@ st.caption(f"{c.COMPUTED}: attnmem.calc.inference_step. Each bar is the moment o
 # Two tables of the same rows, so that each fits a 1280 px window beside the sidebar: the peak,
 # where it occurs and what outlives the step; then the transients alive at that moment.
 held = [p for p in parts if p in HELD_PARTS]
-c.table(pd.DataFrame([{"implementation": label(a), "peak": c.fmt(m.peak_bytes, unit),
-                       "where": m.peak_phase, **{p: c.fmt(m.parts.get(p, 0), unit) for p in held}}
+tables.table(pd.DataFrame([{"implementation": label(a), "peak": fmt(m.peak_bytes, unit),
+                       "where": m.peak_phase, **{p: fmt(m.parts.get(p, 0), unit) for p in held}}
                       for a, m in steps.items()]), hide_index=True)
 st.markdown("**The transients alive at each peak** (computed)")
-c.table(pd.DataFrame([{"implementation": label(a), **{p: c.fmt(m.parts.get(p, 0), unit)
+tables.table(pd.DataFrame([{"implementation": label(a), **{p: fmt(m.parts.get(p, 0), unit)
                                                       for p in parts if p not in held}}
                       for a, m in steps.items()]), hide_index=True)
 for a, why in refused.items():
-    st.markdown(c.md_escape(f"Not drawn: {label(a)}: {why}"))
+    st.markdown(md_escape(f"Not drawn: {label(a)}: {why}"))
 
 # --- prefill against decode -------------------------------------------------------------------
 pd_traces = [
     dict(type="bar", name=phase, x=names,
-         y=[c.in_unit(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
-         customdata=[c.fmt(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
+         y=[in_unit(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
+         customdata=[fmt(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
          marker=dict(color=color), hovertemplate="%{x}<br>" + phase + ": %{customdata}<extra></extra>")
     for phase, key, color in (("prefill peak", "prefill", "#E69F00"), ("decode peak", "decode", "#0072B2"))]
 pd_traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
-                      name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
+                      name=f"{gpu} ({fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
 st.markdown("**Prefill peak against decode peak** (computed)")
-c.chart(c.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"), "inference_phases",
+charts.chart(charts.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"), "inference_phases",
         "inference-prefill-decode",
         pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
                        "decode peak": m.decode_peak_bytes} for a, m in steps.items()]))
-st.caption(f"{c.COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
+st.caption(f"{COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
            "layer; a decode step runs one token per sequence against the full cache. With one "
            "new token there is no decode step (0).")
 
 shown = steps.get(attn) or next(iter(steps.values()))
 with st.expander(f"Each moment and every tensor at the peak of {label(shown.attention)}"):
-    c.table(pd.DataFrame([{"moment": k, "bytes then (computed)": c.fmt(v, unit)}
+    tables.table(pd.DataFrame([{"moment": k, "bytes then (computed)": fmt(v, unit)}
                           for k, v in shown.phases.items()]), hide_index=True)
-    c.table(  # bytes as text: very long prompts pass 64-bit integers in some terms
-        pd.DataFrame([{"part": p, "tensor": t, "size (computed)": c.fmt(x, unit),
+    tables.table(  # bytes as text: very long prompts pass 64-bit integers in some terms
+        pd.DataFrame([{"part": p, "tensor": t, "size (computed)": fmt(x, unit),
                        "bytes": f"{x:,}"} for p, t, x in shown.peak_terms]), hide_index=True)
 
 # --- chunked prefill ------------------------------------------------------------------------
 chosen = shown.attention
-st.markdown(f"### What chunked prefill saves ({c.md_escape(label(chosen))}; computed)")
+st.markdown(f"### What chunked prefill saves ({md_escape(label(chosen))}; computed)")
 savings = inf.chunk_savings(model, batch, seq_len, new_tokens, attention=chosen, **kw)
 shown_sav = savings.assign(**{
     "prefill chunk": savings["prefill chunk"].map(
         lambda x: "whole prompt" if x is None or pd.isna(x) else f"{int(x):,}"),
-    **{col: savings[col].map(lambda b: c.fmt(b, unit)) for col in
+    **{col: savings[col].map(lambda b: fmt(b, unit)) for col in
        ("prefill peak", "decode peak", "peak")},
-    "saved": savings["saved"].map(lambda b: "—" if b == 0 else c.fmt(b, unit)),
+    "saved": savings["saved"].map(lambda b: "—" if b == 0 else fmt(b, unit)),
 })
-c.table(shown_sav, hide_index=True)
+tables.table(shown_sav, hide_index=True)
 if len(savings) == 1:
     st.caption(f"The prompt ({seq_len:,} tokens) is no longer than the smallest chunk: chunking "
                "changes nothing.")
-st.caption(f"{c.COMPUTED}: attnmem.calc.inference_step with prefill_chunk = C (generate's "
+st.caption(f"{COMPUTED}: attnmem.calc.inference_step with prefill_chunk = C (generate's "
            "prefill_chunk_size). The activations scale with C, the cache with the tokens so far; "
            "once the prefill is small the decode or the cache decides the peak.")
 
@@ -281,14 +290,14 @@ else:
     shape = inf.same_shape(model, SHAPES)
     if shape:
         view = compared[compared["model"] == shape]
-        st.markdown(c.md_escape(f"Rows measured on this model's shape ({shape}):"))
+        st.markdown(md_escape(f"Rows measured on this model's shape ({shape}):"))
     else:
         view = compared
-        st.markdown(c.md_escape(f"{model.name} was not measured; every bundled row with its "
+        st.markdown(md_escape(f"{model.name} was not measured; every bundled row with its "
                                 f"prediction. Measured models: {', '.join(sorted(set(compared['model'])))}."))
     shown_m = view.copy()
     for col in ("measured peak", "predicted peak", "measured prefill peak", "predicted prefill peak"):
-        shown_m[col] = shown_m[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+        shown_m[col] = shown_m[col].map(lambda b: "—" if b is None or pd.isna(b) else fmt(b, unit))
     for col in ("peak error", "prefill error"):
         shown_m[col] = shown_m[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
     shown_m["prefill chunk"] = shown_m["prefill chunk"].map(
@@ -298,11 +307,11 @@ else:
         "measured prefill peak": "prefill peak (measured)",
         "predicted prefill peak": "prefill peak (computed)",
         "predicted where": "where (computed)", "prefill ms": "prefill ms (measured)", "decode ms/token": "decode ms/token (measured)"})
-    c.wide_table(shown_m.rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
+    tables.wide_table(shown_m.rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
     errs = compared["peak error"].dropna().abs()
     by_model = compared.groupby("model")["peak error"].apply(lambda e: e.abs().max())
     st.caption(f"{MEASURED} Computed: attnmem.calc.inference_step for each row's inputs, now. "
                f"{len(compared)} rows; largest |error| of the peak {errs.max():.2%} ("
                + ", ".join(f"{k} {v:.2%}" for k, v in by_model.items()) + ").")
 
-c.sync_url(used)
+sync_url(used)

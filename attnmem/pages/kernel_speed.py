@@ -22,8 +22,14 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from attnmem.measure.speed_results import OURS, PEERS, read_rows  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
-from attnmem.pages.ui.url_state import BoolParam, ChoiceParam  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.labels import impl_color, impl_label  # noqa: E402
+from attnmem.pages.ui.state import page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    BoolParam,
+    ChoiceParam,
+    md_escape,  # noqa: E402
+)
 
 # The bundled bench CSVs; ATTNMEM_BENCH_DIR points the page at another folder of them (tests, or
 # a run of your own named as these are).
@@ -103,7 +109,7 @@ def load(path: str) -> pd.DataFrame:
 
 def short(impl: str) -> str:
     """A peer's label without the 'SDPA ' prefix, for ratio columns ('cuDNN', 'FlashAttention-2')."""
-    return c.impl_label(impl).removeprefix("SDPA ")
+    return impl_label(impl).removeprefix("SDPA ")
 
 
 def headline(impl: str) -> str:
@@ -160,7 +166,7 @@ def gqa_where(kv_heads: int) -> list[str]:
     return found
 
 
-c.page_setup("kernel_speed")
+page_setup("kernel_speed")
 st.title("Kernel speed")
 st.markdown(
     "**How fast is each attention kernel on a real GPU?** Our bundled kernels and PyTorch's "
@@ -171,13 +177,13 @@ st.markdown(
 )
 
 cols = st.columns(6)
-dtype = c.radio("dtype", "kdtype", SPECS["kdtype"], where=cols[0])
-d = int(c.radio("head dim d", "kd", SPECS["kd"], where=cols[1]))
-mode = c.radio("pass", "kpass", SPECS["kpass"], where=cols[2])
-timing = c.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
-kv = c.radio("key/value heads", "kkv", SPECS["kkv"], where=cols[4], format_func=KV_WORDS.get)
-causal = c.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[5])
-c.sync_url(SPECS)
+dtype = widgets.radio("dtype", "kdtype", SPECS["kdtype"], where=cols[0])
+d = int(widgets.radio("head dim d", "kd", SPECS["kd"], where=cols[1]))
+mode = widgets.radio("pass", "kpass", SPECS["kpass"], where=cols[2])
+timing = widgets.radio("timing", "ktiming", SPECS["ktiming"], where=cols[3])
+kv = widgets.radio("key/value heads", "kkv", SPECS["kkv"], where=cols[4], format_func=KV_WORDS.get)
+causal = widgets.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[5])
+sync_url(SPECS)
 
 want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
 paths, how = SOURCES[timing]
@@ -192,7 +198,7 @@ if want in paths:
     try:
         df = load(str(source))
     except (OSError, ValueError) as exc:
-        st.error(f"The bundled benchmark data could not be read: {c.md_escape(str(exc))}")
+        st.error(f"The bundled benchmark data could not be read: {md_escape(str(exc))}")
         st.stop()
     df = df[df["kv_heads"] == kv_heads]
 if kv != "32" and (df is None or df[(df["dtype"] == dtype) & (df["mode"] == want)].empty):
@@ -226,20 +232,20 @@ refs = [p for p in PEERS if p in present]
 traces = []
 for impl in impls:
     got = sel[sel["impl"] == impl].sort_values("seq_len")
-    name = c.impl_label(impl) + (" · default" if impl == default else "")
+    name = impl_label(impl) + (" · default" if impl == default else "")
     traces.append(dict(
         type="scatter", mode="lines+markers", x=got["seq_len"].tolist(), y=got["tflops"].tolist(),
-        name=name, line=dict(color=c.impl_color(impl), width=3 if impl == default else 2),
+        name=name, line=dict(color=impl_color(impl), width=3 if impl == default else 2),
         hovertemplate=f"<b>{name}</b><br>s = %{{x:,}}<br>%{{y:.0f}} TFLOP/s<extra></extra>",
     ))
 lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
-fig = c.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
-               xaxis=c.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
+fig = charts.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
+               xaxis=charts.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
 
 wide = sel.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
 table = pd.DataFrame({"s": wide.index})
 for impl in impls:
-    table[c.impl_label(impl)] = wide[impl].round(0).tolist()
+    table[impl_label(impl)] = wide[impl].round(0).tolist()
 for ref in refs:
     if default in wide:
         table[f"default / {short(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
@@ -267,12 +273,12 @@ if default in wide:
         col.metric(label, value, help=why)
     if fa4_note:
         st.caption(fa4_note)
-c.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
+charts.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
 # Speeds, then the ratios to the peers: two tables, each fits a 1280 px window.
 ratios = [col for col in table.columns if col.startswith("default / ")]
-c.table(table.drop(columns=ratios), hide_index=True, width="stretch")
+tables.table(table.drop(columns=ratios), hide_index=True, width="stretch")
 if ratios:
-    c.table(table[["s", *ratios]], hide_index=True)
+    tables.table(table[["s", *ratios]], hide_index=True)
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
     "The forward+backward rows add our backward. On a Hopper GPU, from 4,096 queries with at "

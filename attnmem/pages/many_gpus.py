@@ -33,8 +33,17 @@ from attnmem.calc.context_parallel import (  # noqa: E402
     zigzag_chunks,
 )
 from attnmem.calc.units import short_len  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
-from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    BoolParam,
+    ChoiceParam,
+    IntParam,
+    md_escape,  # noqa: E402
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "data" / "ring_one_rank_h200.csv"
@@ -44,7 +53,7 @@ C_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MEASURED_SHAPE = "H = 32, d = 128 (the measured shape)"
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", tuple(MODELS)),
-    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
     "impl": ChoiceParam("triton", CP_IMPLEMENTATIONS),
     "s": IntParam(131072, 2, MAX_SEQ_LEN),
     "c": IntParam(8, 1, MAX_C),
@@ -85,7 +94,7 @@ def round_for(s: int, world: int) -> int:
     return s // unit * unit
 
 
-@c.cached()
+@cached()
 def per_gpu_sweep(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: str, s: int,
                   backward: bool) -> pd.DataFrame:
     rows = []
@@ -104,7 +113,7 @@ def per_gpu_sweep(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: st
     return pd.DataFrame(rows)
 
 
-@c.cached(max_entries=2048)
+@cached(max_entries=2048)
 def longest_at(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool, shard: bool,
                heads: int, kv_heads: int, head_dim: int, world: int) -> dict:
     """Longest trainable context and longest attention call on `world` GPUs (None: refused)."""
@@ -133,29 +142,29 @@ def longest_sweep(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: 
                          for world in sorted({*C_POINTS, selected})])
 
 
-c.page_setup("many_gpus")
+page_setup("many_gpus")
 st.title("Many GPUs: context parallelism")
 st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?** Ring "
             "attention splits the sequence over c GPUs and passes the key/value blocks around "
             "a ring (causal: zigzag load balancing, rank r holds chunks r and 2c−1−r).")
 
 top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
-model_name = c.select("Model", "model", SPECS["model"], where=top[0])
-gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1],
-               format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
-impl = c.select("Ring", "impl", SPECS["impl"], where=top[2],
+model_name = widgets.select("Model", "model", SPECS["model"], where=top[0])
+gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1],
+               format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+impl = widgets.select("Ring", "impl", SPECS["impl"], where=top[2],
                 format_func=lambda i: CP_IMPL_LABELS[i])
 row = st.columns(4)
-world = c.int_input("GPUs in the ring (c)", "c", SPECS["c"], where=row[0])
-pas = c.radio("Pass", "pass", SPECS["pass"], where=row[1])
-dtype = c.select("dtype", "dtype", SPECS["dtype"], where=row[2])
-attn = c.select("Attention shape", "attn", SPECS["attn"], where=row[3])
+world = widgets.int_input("GPUs in the ring (c)", "c", SPECS["c"], where=row[0])
+pas = widgets.radio("Pass", "pass", SPECS["pass"], where=row[1])
+dtype = widgets.select("dtype", "dtype", SPECS["dtype"], where=row[2])
+attn = widgets.select("Attention shape", "attn", SPECS["attn"], where=row[3])
 row2 = st.columns(2)
-ckpt = c.toggle("Activation checkpointing (training step)", "ckpt", SPECS["ckpt"],
+ckpt = widgets.toggle("Activation checkpointing (training step)", "ckpt", SPECS["ckpt"],
                 where=row2[0])
-shard = c.toggle("Weights, gradients, optimizer sharded over the c GPUs (FSDP)", "shard",
+shard = widgets.toggle("Weights, gradients, optimizer sharded over the c GPUs (FSDP)", "shard",
                  SPECS["shard"], where=row2[1])
-s_in = c.seq_len_input("Total context s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+s_in = widgets.seq_len_input("Total context s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
 model = MODELS[model_name]
 if attn == "model":
@@ -163,14 +172,14 @@ if attn == "model":
 else:
     heads, kv_heads, head_dim = 32, 32, 128
 backward = pas == "fwd+bwd"
-unit = c.get_unit()
+unit = get_unit()
 s = round_for(s_in, world)
 if s != s_in:
     st.info(f"s = {s_in:,} does not split into {2 * world} equal chunks (zigzag over {world} "
             f"GPUs): using s = {s:,}.")
 if s == 0:
     st.error(f"s must be at least {2 * world} tokens for {world} GPUs.", icon=":material/block:")
-    c.sync_url(SPECS)
+    sync_url(SPECS)
     st.stop()
 try:
     mem = context_parallel_memory(impl, 1, heads, s, head_dim, dtype, True, backward, world,
@@ -179,26 +188,26 @@ try:
     longest = longest_sweep(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
                             head_dim, world)
 except ValueError as err:
-    st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
-    c.sync_url(SPECS)
+    st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+    sync_url(SPECS)
     st.stop()
 try:
     train = context_parallel_training(model, world, s, impl=impl,
                                       checkpointing=ckpt, shard_states=shard)
 except ValueError as err:  # e.g. torch's ring (equal heads only) with a GQA model
     train = None
-    st.warning(c.md_escape(f"No training estimate for {model.name} with this ring: {err}"))
+    st.warning(md_escape(f"No training estimate for {model.name} with this ring: {err}"))
 
 here = longest[longest["GPUs"] == world].iloc[0]
 m1, m2, m3, m4 = st.columns(4)
-m1.metric("Per GPU: one attention call", c.fmt(mem.total_bytes, unit),
-          help=f"{c.COMPUTED}: rank {mem.rank}'s local q, k, v"
-               f"{', dO' if backward else ''} ({c.fmt(mem.inputs_bytes, unit)}) plus its extra "
-               f"peak ({c.fmt(mem.peak_extra_bytes, unit)}), attnmem.calc.context_parallel_memory.")
+m1.metric("Per GPU: one attention call", fmt(mem.total_bytes, unit),
+          help=f"{COMPUTED}: rank {mem.rank}'s local q, k, v"
+               f"{', dO' if backward else ''} ({fmt(mem.inputs_bytes, unit)}) plus its extra "
+               f"peak ({fmt(mem.peak_extra_bytes, unit)}), attnmem.calc.context_parallel_memory.")
 ts = here["training_seq_len"]
 m2.metric(f"Longest context on {world} × {gpu.split(' ')[1] if ' ' in gpu else gpu}",
           "—" if pd.isna(ts) else f"{int(ts):,}",
-          help=f"{c.COMPUTED}: the longest trainable context; {model.name}, causal, batch 1, bf16, AdamW; attnmem.calc.training_step "
+          help=f"{COMPUTED}: the longest trainable context; {model.name}, causal, batch 1, bf16, AdamW; attnmem.calc.training_step "
                "on s/c tokens per GPU (FSDP over the c GPUs when sharded) with the ring's "
                "attention peaks in place of a plain call's (attnmem.calc.max_context_parallel_seq_len).")
 trained = model.max_position_embeddings
@@ -210,15 +219,15 @@ if trained and not pd.isna(ts) and int(ts) > trained:
 if trained and s > trained:
     st.info(f"s = {s:,} is past the {trained:,} tokens {model.name} was trained for.",
             icon=":material/warning:")
-m3.metric("Sent per GPU per call", c.fmt(comm.total_bytes, unit),
-          help=f"{c.COMPUTED}: forward (c−1)·2·B·H_kv·(s/c)·d·e = {c.fmt(comm.forward_bytes, unit)}"
+m3.metric("Sent per GPU per call", fmt(comm.total_bytes, unit),
+          help=f"{COMPUTED}: forward (c−1)·2·B·H_kv·(s/c)·d·e = {fmt(comm.forward_bytes, unit)}"
                f"; backward the same plus c·2·B·H_kv·(s/c)·d·4 (fp32 dK, dV) = "
-               f"{c.fmt(comm.backward_bytes, unit)} (Liu et al. 2023, arXiv 2310.01889).")
+               f"{fmt(comm.backward_bytes, unit)} (Liu et al. 2023, arXiv 2310.01889).")
 step_layers = model.num_layers * (2 if ckpt else 1)
 per_step = model.num_layers * comm.total_bytes + (
     model.num_layers * comm.forward_bytes if ckpt else 0)
-m4.metric("Sent per GPU per step", c.fmt(per_step, unit),
-          help=f"{c.COMPUTED}: {model.num_layers} layers × (forward + backward)"
+m4.metric("Sent per GPU per step", fmt(per_step, unit),
+          help=f"{COMPUTED}: {model.num_layers} layers × (forward + backward)"
                f"{' + the recomputed forward of checkpointing' if ckpt else ''}.")
 if world == 2:
     st.caption("Two GPUs hold about what one does for attention alone: the fp32 accumulators "
@@ -230,7 +239,7 @@ with left:
     st.markdown(f"**Per GPU, one attention call over s ≈ {short_len(s)} tokens, by GPU count**")
     sweep = per_gpu_sweep(impl, heads, kv_heads, head_dim, dtype, s_in, backward)
     traces = [dict(type="scatter", x=sweep["GPUs"].tolist(),
-                   y=[c.in_unit(b, unit) for b in sweep["per_gpu_bytes"]], mode="lines+markers",
+                   y=[in_unit(b, unit) for b in sweep["per_gpu_bytes"]], mode="lines+markers",
                    name=f"computed: {CP_IMPL_LABELS[impl]}",
                    hovertemplate="%{x} GPUs: %{y:.3f} " + unit + "<extra></extra>")]
     measured = read_ring_measurements()
@@ -246,14 +255,14 @@ with left:
             traces.append(dict(
                 type="scatter", mode="markers", name="measured (one rank simulated, H200)",
                 x=worst["world_size"].tolist(),
-                y=[c.in_unit(int(b) + inputs.get(int(w), 0), unit)
+                y=[in_unit(int(b) + inputs.get(int(w), 0), unit)
                    for w, b in zip(worst["world_size"], worst["peak_bytes"], strict=True)],
                 marker=dict(size=11, symbol="x")))
-    fig = c.figure(traces, "GPUs in the ring (c)", f"per GPU ({unit})", height=360,
+    fig = charts.figure(traces, "GPUs in the ring (c)", f"per GPU ({unit})", height=360,
                    yaxis=dict(type="log"))
-    c.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep)
+    charts.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep)
 with right:
-    st.markdown(f"**Longest context on c × {c.md_escape(gpu)}**")
+    st.markdown(f"**Longest context on c × {md_escape(gpu)}**")
     traces = [
         dict(type="scatter", x=longest["GPUs"].tolist(),
              y=longest["training_seq_len"].tolist(), mode="lines",
@@ -262,8 +271,8 @@ with right:
              y=longest["attention_seq_len"].tolist(), mode="lines",
              name="one attention call, forward+backward"),
     ]
-    fig = c.figure(traces, "GPUs in the ring (c)", "tokens", height=360, yaxis=dict(type="log"))
-    c.chart(fig, "cp_longest", "many_gpus_longest", longest)
+    fig = charts.figure(traces, "GPUs in the ring (c)", "tokens", height=360, yaxis=dict(type="log"))
+    charts.chart(fig, "cp_longest", "many_gpus_longest", longest)
 
 st.markdown(f"**The ring on {world} GPUs: which key/value block each rank holds at each step**")
 shown_c = min(world, 32)
@@ -277,9 +286,9 @@ heat = dict(type="heatmap", z=held, text=text, texttemplate="%{text}" if shown_c
             customdata=hover, hovertemplate="%{customdata}<extra></extra>",
             colorscale="Viridis", showscale=False, x=list(range(shown_c)),
             y=list(range(shown_c)))
-fig = c.figure([heat], "step t", "rank r", height=min(120 + 24 * shown_c, 560),
+fig = charts.figure([heat], "step t", "rank r", height=min(120 + 24 * shown_c, 560),
                yaxis=dict(autorange="reversed"))
-c.chart(fig, "cp_ring", "many_gpus_ring")
+charts.chart(fig, "cp_ring", "many_gpus_ring")
 st.caption(("Showing the first 32 ranks. " if world > 32 else "") +
            "Cell = the rank whose key/value block is held, (r − t) mod c (Liu et al. 2023, "
            "Algorithm 1). Step 0: the local shard with the causal mask; a block from a lower "
@@ -291,7 +300,7 @@ terms = pd.DataFrame(mem.terms, columns=["tensor", "bytes"])
 terms = pd.concat([pd.DataFrame([{"tensor": "local inputs (q, k, v" + (", dO)" if backward
                                                                          else ")"),
                                   "bytes": mem.inputs_bytes}]), terms], ignore_index=True)
-c.table(terms.assign(size=terms["bytes"].map(lambda b: c.fmt(b, unit)))[
+tables.table(terms.assign(size=terms["bytes"].map(lambda b: fmt(b, unit)))[
     ["tensor", "size", "bytes"]], hide_index=True)
 if train is not None:
     st_ = train.step
@@ -308,8 +317,8 @@ if train is not None:
     ])
     with st.expander(f"Training step per GPU at s = {s:,} (bf16, attnmem.calc.training_step on "
                      f"{train.local_seq_len:,} tokens with the ring's attention): "
-                     f"{c.fmt(train.total_bytes, unit)}"):
-        c.table(t_rows.assign(size=t_rows["bytes"].map(lambda b: c.fmt(b, unit)))[
+                     f"{fmt(train.total_bytes, unit)}"):
+        tables.table(t_rows.assign(size=t_rows["bytes"].map(lambda b: fmt(b, unit)))[
             ["part", "size", "bytes"]], hide_index=True)
 
 if measured is None:
@@ -329,14 +338,14 @@ else:
         for what in (("peak_bytes", "predicted_bytes", "error_pct"),
                      ("fwd_step_ms", "bwd_step_ms", "link_GBps_to_hide_kv", "gpu")):
             cols = [col for col in (*run, *what) if col in table.columns]
-            c.table(table[cols], hide_index=True)
+            tables.table(table[cols], hide_index=True)
         st.caption("Measured: one rank of the ring simulated on one GPU (its incoming blocks "
                    "copied in place of communication; attnmem/measure/ring/simulate.py); peak = "
                    "max_memory_allocated during the call minus memory_allocated before. "
                    "link_GBps_to_hide_kv: K/V bytes of one step ÷ the step's measured local "
                    "forward time, the bandwidth at which the send hides behind the work.")
-st.caption(f"{c.COMPUTED} unless marked measured. Per-rank memory: attnmem/calc/context_parallel.py "
+st.caption(f"{COMPUTED} unless marked measured. Per-rank memory: attnmem/calc/context_parallel.py "
            "(replays attnmem/kernels/ring/ring.py, and torch 2.13's _context_parallel/_attention.py "
            "for the SDPA rings; torch keeps all c key/value blocks after its all-gather). "
            f"{step_layers} attention passes per training step.")
-c.sync_url(SPECS)
+sync_url(SPECS)

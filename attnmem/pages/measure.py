@@ -22,6 +22,7 @@ import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from attnmem.calc import IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
+from attnmem.calc.units import short_len  # noqa: E402
 from attnmem.measure.registry import NAMES, fa4_installed_reason  # noqa: E402
 from attnmem.measure.store import (  # noqa: E402
     COLUMNS,
@@ -32,7 +33,11 @@ from attnmem.measure.store import (  # noqa: E402
     read_csv_rows,
     validate_csv,
 )
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.labels import impl_color, impl_label  # noqa: E402
+from attnmem.pages.ui.messages import warn  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
 
 REFERENCE_CSV = ROOT / "data" / "attention_calls_h200.csv"
@@ -53,12 +58,12 @@ SPECS = {
     "causal": BoolParam(False),
     "mode": ChoiceParam("both", tuple(MODES)),
     "tmetric": ChoiceParam("TFLOP/s", ("TFLOP/s", "ms")),
-    # "Show all columns" of the wide tables (c.wide_table): the forward and the forward +
+    # "Show all columns" of the wide tables (tables.wide_table): the forward and the forward +
     # backward points, past runs, and the comparison of two runs
-    "fcols": c.ALL_COLUMNS,
-    "bcols": c.ALL_COLUMNS,
-    "rcols": c.ALL_COLUMNS,
-    "ccols": c.ALL_COLUMNS,
+    "fcols": tables.ALL_COLUMNS,
+    "bcols": tables.ALL_COLUMNS,
+    "rcols": tables.ALL_COLUMNS,
+    "ccols": tables.ALL_COLUMNS,
 }
 
 
@@ -77,8 +82,8 @@ COMPARE_FIRST = ("impl", "seq_len", "backward", "status_a", "status_b", "peak_ra
                  "time_ratio_b_over_a")
 
 
-color = c.impl_color
-label = c.impl_label
+color = impl_color
+label = impl_label
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -110,11 +115,11 @@ def open_store() -> ResultStore | None:
     try:
         return ResultStore()
     except Exception as exc:  # noqa: BLE001 - a page without history still works
-        c.warn(f"The results store could not be opened ({exc}); runs will not be kept.")
+        warn(f"The results store could not be opened ({exc}); runs will not be kept.")
         return None
 
 
-@c.cached()
+@cached()
 def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
                      causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
     """calc's peak curves for the implementations it models (a name it does not model gets
@@ -163,7 +168,7 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
                     for o in drawn)
         drawn.append(ys)
         fig.add_trace(go.Scatter(
-            x=part["seq_len"], y=[c.in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
+            x=part["seq_len"], y=[in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
             name=f"{label(impl)} (model)", legendgroup=impl,
             line=dict(color=color(impl), width=1.5, dash="dash" if under else "dot"),
             hovertemplate=f"<b>{label(impl)}</b> model<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<extra></extra>",
@@ -172,7 +177,7 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
         if len(got):
             err = [f"{100 * e:+.2f}%" if e is not None and e == e else "-" for e in got["model_error"]]
             fig.add_trace(go.Scatter(
-                x=got["seq_len"], y=[c.in_unit(v, unit) for v in got["peak_extra_bytes"]],
+                x=got["seq_len"], y=[in_unit(v, unit) for v in got["peak_extra_bytes"]],
                 mode="markers", name=f"{label(impl)} (measured)", legendgroup=impl,
                 marker=dict(symbol="circle-open", size=12, color=color(impl), line=dict(width=2))
                 if under else dict(color=color(impl), size=9, line=dict(width=1, color="white")),
@@ -183,14 +188,14 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
         oom = rows[(rows["impl"] == impl) & (rows["status"] == "oom")]
         if len(oom):
             fig.add_trace(go.Scatter(
-                x=oom["seq_len"], y=[c.in_unit(v, unit) if v == v and v is not None else None
+                x=oom["seq_len"], y=[in_unit(v, unit) if v == v and v is not None else None
                                      for v in oom["model_bytes"]],
                 mode="markers", name=f"{label(impl)}: out of memory", legendgroup=impl,
                 marker=dict(symbol="x", size=13, color=color(impl), line=dict(width=2)),
                 hovertemplate=(f"<b>{label(impl)}</b>: out of memory at s = %{{x:,}}"
                                f"<br>model: %{{y:,.4g}} {unit}<extra></extra>"),
             ))
-    c.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
+    charts.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log", exponentformat="power")
     # Many implementations: the legend goes under the plot so it never covers the title.
@@ -211,7 +216,7 @@ def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure
                 line=dict(color=color(impl)),
                 hovertemplate=f"<b>{label(impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {metric}<extra></extra>",
             ))
-    c.style(fig, "sequence length s (log scale)", metric + (" (log)" if col == "median_ms" else ""), 400)
+    charts.style(fig, "sequence length s (log scale)", metric + (" (log)" if col == "median_ms" else ""), 400)
     fig.update_xaxes(type="log")
     if col == "median_ms":
         fig.update_yaxes(type="log")
@@ -238,15 +243,15 @@ def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
         "mode": ["fwd+bwd" if x else "fwd" for x in t["backward"]],
         "s": t["seq_len"],
         "status": t["status"],
-        f"measured ({unit})": [_shown(c.in_unit(v, unit), 4) if v == v and v is not None else None
+        f"measured ({unit})": [_shown(in_unit(v, unit), 4) if v == v and v is not None else None
                                for v in t["peak_extra_bytes"]],
-        f"model ({unit})": [_shown(c.in_unit(v, unit), 4) if v == v and v is not None else None
+        f"model ({unit})": [_shown(in_unit(v, unit), 4) if v == v and v is not None else None
                             for v in t["model_bytes"]],
         "model error %": [_shown(100 * e, 2) if e is not None else None for e in t["model_error"]],
         f"reserved growth, measured ({unit})": [
-            _shown(c.in_unit(v, unit), 4) if v == v and v is not None else None for v in t["reserved_extra_bytes"]],
+            _shown(in_unit(v, unit), 4) if v == v and v is not None else None for v in t["reserved_extra_bytes"]],
         f"reserved growth, model ({unit})": [
-            _shown(c.in_unit(v, unit), 4) if v == v and v is not None else None for v in t["model_reserved_bytes"]],
+            _shown(in_unit(v, unit), 4) if v == v and v is not None else None for v in t["model_reserved_bytes"]],
         "median ms": [_shown(v, 3) for v in t["median_ms"]],
         "TFLOP/s": [_shown(v, 0) for v in t["tflops"]],
         "note": t["message"].fillna("").map(lambda m: str(m)[:200]),
@@ -255,7 +260,7 @@ def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
 
 # --- the page ------------------------------------------------------------------------------
 
-c.page_setup("measure")
+page_setup("measure")
 st.title("GPU measurement")
 st.markdown(
     "Measured peaks laid over the analytic model. Each point is one attention call: "
@@ -272,28 +277,28 @@ try:
 except ImportError:  # older checkout without the exposure setting
     blocked = None
 store = open_store()
-unit = c.get_unit()
+unit = get_unit()
 
 # The inputs sit above the results, which take the page's whole width: the tables beside a
 # column of inputs were 525 px wide at 1280 px and scrolled sideways.
 picks = st.columns([3, 2])
-impls = c.multiselect("Implementations", "impls", SPECS["impls"], format_func=label, where=picks[0])
-lens = [int(x) for x in c.multiselect("Sequence lengths", "lens", SPECS["lens"], where=picks[1],
-                                      format_func=lambda v: c.short_len(int(v)))]
+impls = widgets.multiselect("Implementations", "impls", SPECS["impls"], format_func=label, where=picks[0])
+lens = [int(x) for x in widgets.multiselect("Sequence lengths", "lens", SPECS["lens"], where=picks[1],
+                                      format_func=lambda v: short_len(int(v)))]
 shape = st.columns(4)
-b = c.int_input("Batch B", "b", SPECS["b"], where=shape[0])
-h = c.int_input("Heads H", "h", SPECS["h"], where=shape[1])
-hkv = c.int_input("KV heads (0 = H)", "hkv", SPECS["hkv"], where=shape[2],
+b = widgets.int_input("Batch B", "b", SPECS["b"], where=shape[0])
+h = widgets.int_input("Heads H", "h", SPECS["h"], where=shape[1])
+hkv = widgets.int_input("KV heads (0 = H)", "hkv", SPECS["hkv"], where=shape[2],
                   help="Fewer key/value heads than H is GQA; 0 means the same as H.")
-d = c.int_input("Head dim d", "d", SPECS["d"], where=shape[3])
+d = widgets.int_input("Head dim d", "d", SPECS["d"], where=shape[3])
 kind = st.columns(4, vertical_alignment="bottom")
-dtype = c.select("dtype", "dtype", SPECS["dtype"], where=kind[0])
-mode = c.select("Pass", "mode", SPECS["mode"], where=kind[1],
+dtype = widgets.select("dtype", "dtype", SPECS["dtype"], where=kind[0])
+mode = widgets.select("Pass", "mode", SPECS["mode"], where=kind[1],
                 help="fwd: forward under no_grad; fwd+bwd: forward and backward(dO), gradients count.")
-causal = c.toggle("Causal mask", "causal", SPECS["causal"], where=kind[2])
+causal = widgets.toggle("Causal mask", "causal", SPECS["causal"], where=kind[2])
 kv = hkv if hkv and hkv != h else None
 if kv is not None and h % kv:
-    c.warn(f"Heads H ({h}) must be a multiple of KV heads ({hkv}); using KV heads = H.")
+    warn(f"Heads H ({h}) must be a multiple of KV heads ({hkv}); using KV heads = H.")
     kv = None
 backwards = MODES[mode]
 
@@ -384,7 +389,7 @@ names = {REF: "Bundled reference: NVIDIA H200 (data/attention_calls_h200.csv)"}
 names.update({str(r.id): f"#{r.id} · {r.gpu_name or '?'} · {r.label or r.source} · "
                          f"{r.n_rows} rows · {r.started[:16]}" for r in runs})
 src_spec = ChoiceParam(REF, tuple(options))
-src = c.select("Results to show", "src", src_spec, format_func=lambda k: names.get(k, k))
+src = widgets.select("Results to show", "src", src_spec, format_func=lambda k: names.get(k, k))
 if src == REF:
     data = reference_rows()
     if data.empty:
@@ -422,10 +427,10 @@ else:
         s_hi = int(max(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
         curves = predicted_curves(tuple(impls), s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
         fig = memory_figure(part, curves, impls, unit, f"Peak extra memory, {what}")
-        c.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
+        charts.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
                 part[list(COLUMNS)] if len(part) else None)
         if len(part):
-            c.wide_table(error_table(part, unit), error_first(unit), "bcols" if bwd else "fcols")
+            tables.wide_table(error_table(part, unit), error_first(unit), "bcols" if bwd else "fcols")
             st.caption("*measured* and *model*: the extra `max_memory_allocated()` of the call "
                        "(the caching allocator's blocks, what PyTorch counts); *reserved "
                        "growth*: how much `memory_reserved()` grew, what nvidia-smi-like tools "
@@ -439,12 +444,12 @@ else:
                            + ", ".join(sorted({label(i) for i in big["impl"]}))
                            + ". What each formula cannot know is listed below.")
     if len(sel):
-        metric = c.radio("Speed as", "tmetric", SPECS["tmetric"])
+        metric = widgets.radio("Speed as", "tmetric", SPECS["tmetric"])
         for bwd in backwards:
             part = sel[sel["backward"] == bwd]
             if len(part):
                 what = "forward + backward" if bwd else "forward"
-                c.chart(time_figure(part, impls, metric, f"{metric}, {what}"),
+                charts.chart(time_figure(part, impls, metric, f"{metric}, {what}"),
                         f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
         st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
                    "that (attnmem.calc.attention_flops), over the median time.")
@@ -476,7 +481,7 @@ else:
         tsel = tsel[tsel["causal"].astype(str).str.lower() == str(causal).lower()]
     total = tsel[tsel["kernel"] == "(all)"]
     if len(total):
-        c.table(pd.DataFrame({
+        tables.table(pd.DataFrame({
             "implementation": total["impl"].map(label), "mode": total["mode"],
             "s": total["seq_len"], "kernel launches": total["count"],
             "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
@@ -487,7 +492,7 @@ else:
         kernels = tsel[tsel["kernel"] != "(all)"][
             [x for x in ("impl", "mode", "kernel", "category", "count", "gpu_us", "share", "bytes")
              if x in tsel]].rename(columns={"count": "launches", "gpu_us": "GPU µs"})
-        c.code_table(kernels, ["kernel"], formats={"GPU µs": "{:.2f}", "share": "{:.1%}"})
+        tables.code_table(kernels, ["kernel"], formats={"GPU µs": "{:.2f}", "share": "{:.1%}"})
     st.caption("Eager attention launches one kernel per step (matmul, scale, fill, softmax, "
                "matmul): masked_fill adds an out-of-place copy that masked_fill_ avoids; the "
                "math backend adds fp32 casts; the fused backends launch one kernel.")
@@ -512,7 +517,7 @@ if up is not None:
             st.rerun()
 
 if runs:
-    c.wide_table(pd.DataFrame([{
+    tables.wide_table(pd.DataFrame([{
         "run": r.id, "started (UTC)": r.started, "GPU": r.gpu_name, "driver": r.driver,
         "torch": r.torch_version, "triton": r.triton_version, "label": r.label,
         "source": r.source, "rows": r.n_rows} for r in runs]), RUNS_FIRST, "rcols")
@@ -523,7 +528,7 @@ if runs:
                                index=min(1, len(options) - 2),
                                format_func=lambda k: names.get(k, k))
     if a and bb and a != bb and store is not None:
-        c.wide_table(store.compare(int(a), int(bb)), COMPARE_FIRST, "ccols")
+        tables.wide_table(store.compare(int(a), int(bb)), COMPARE_FIRST, "ccols")
     del_cols = st.columns([2, 1, 1])
     victim = del_cols[0].selectbox("Delete run", options[1:], key="del_run",
                                    format_func=lambda k: names.get(k, k))
@@ -538,4 +543,4 @@ st.download_button("⬇ Export the shown results (CSV)", data=export.encode(),
                    file_name=f"attention-measure-{src}.csv", mime="text/csv",
                    disabled=not export, key="export_csv")
 
-c.sync_url(SPECS | {"src": ChoiceParam(REF, tuple(options))})
+sync_url(SPECS | {"src": ChoiceParam(REF, tuple(options))})

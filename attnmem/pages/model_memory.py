@@ -36,10 +36,19 @@ from attnmem.calc import (  # noqa: E402
 )
 from attnmem.calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
 from attnmem.pages import hub_model as hub  # noqa: E402
 from attnmem.pages.custom_config import CUSTOM, custom_model  # noqa: E402
-from attnmem.pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.labels import MEMORY_PART_COLORS  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    ChoiceParam,
+    IntParam,
+    md_escape,  # noqa: E402
+)
 from attnmem.pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
 
 NAIVE, FLASH = "naive", "sdpa_flash"
@@ -57,11 +66,11 @@ SPECS = {
     "adtype": ChoiceParam("bf16", ACT_DTYPES, aliases=DTYPE_ALIASES),
     "b": IntParam(1, 1, 65_536),
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
-    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
 }
 
 
-@c.cached(max_entries=128)
+@cached(max_entries=128)
 def longest_context(
     model: ModelConfig, gpu_bytes: int, batch: int, wd: str, kvd: str, ad: str, impl: str
 ) -> int:
@@ -69,7 +78,7 @@ def longest_context(
     return model_max_seq_len(model, gpu_bytes, batch, wd, kvd, ad, impl)
 
 
-c.page_setup("model")
+page_setup("model")
 
 
 def training_link(where) -> None:
@@ -142,9 +151,9 @@ st.markdown(
 )
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-choice = c.select("Model", "model", SPECS["model"], where=top[0])
+choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
 training_link(top[1])
-gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
+gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
 used = dict(SPECS)
 
 model = MODELS.get(choice)
@@ -164,18 +173,18 @@ elif choice == hub.HUB:
 
 row = st.columns(5)
 wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[0])
-kvd = c.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
-ad = c.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
-batch = c.int_input("Batch size", "b", SPECS["b"], where=row[3])
+kvd = widgets.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
+ad = widgets.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
+batch = widgets.int_input("Batch size", "b", SPECS["b"], where=row[3])
 row[4].caption(" ")
-seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+seq_len = widgets.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
-unit = c.get_unit()
+unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
 hub.gpu_note(gpu, unit)
 params = param_count(model)
 st.caption(
-    f"**{c.md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
+    f"**{md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
     + (f" ({model.kv_layers} with attention)" if model.kv_layers != model.num_layers else "")
     + f", {model.num_heads} query heads, "
     + (f"MLA latent {model.kv_lora_rank} + RoPE key {model.qk_rope_head_dim}, qk head dim "
@@ -187,7 +196,7 @@ st.caption(
        f"(Mixtral card convention), {active_param_count(model, include_embedding=False) / 1e9:,.2f} B "
        "without it (DeepSeek, gpt-oss card convention)." if model.num_experts > 1 else "")
 )
-c.trained_context_note(model, seq_len)
+trained_context_note(model, seq_len)
 
 # The implementations that run this attention dtype (attnmem.calc.IMPL_DTYPES): FlashAttention-2 takes
 # fp16/bf16 only, so at fp32 the page shows eager alone and says why.
@@ -199,8 +208,8 @@ if FLASH not in impls:
 try:
     parts, formulas = breakdown(model, batch, seq_len, wd, kvd, ad, tuple(impls))
 except ValueError as err:  # a config that parses but that the model cannot size: say so
-    st.error(c.md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
-    c.sync_url(used)
+    st.error(md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
+    sync_url(used)
     st.stop()
 totals = {impl: sum(p.values()) for impl, p in parts.items()}
 state = parts[NAIVE].get(STATE, 0)  # constant in s: the longest context fits in what it leaves
@@ -211,14 +220,14 @@ with summary:
     for col, (impl, label) in zip(cols, impls.items(), strict=True):
         total = totals[impl]
         with col:
-            st.metric(f"{label}: total", c.fmt(total, unit), help=f"{c.COMPUTED}: {' + '.join(parts[impl])} ({IMPL_NAMES[impl]}).")
+            st.metric(f"{label}: total", fmt(total, unit), help=f"{COMPUTED}: {' + '.join(parts[impl])} ({IMPL_NAMES[impl]}).")
             if total <= gpu_bytes:
                 head = gpu_bytes - total
-                st.success(f"Fits on one {gpu}: headroom {c.fmt(head, unit)} ({head / gpu_bytes:.0%} free).", icon=":material/check_circle:")
+                st.success(f"Fits on one {gpu}: headroom {fmt(head, unit)} ({head / gpu_bytes:.0%} free).", icon=":material/check_circle:")
             else:
                 n = gpus_needed(total, gpu_bytes)
                 st.error(
-                    f"Does not fit on one {gpu}: {c.fmt(total - gpu_bytes, unit)} over. "
+                    f"Does not fit on one {gpu}: {fmt(total - gpu_bytes, unit)} over. "
                     f"Needs {n} of them (ideal split of the total).",
                     icon=":material/cancel:",
                 )
@@ -245,33 +254,33 @@ fig = go.Figure()
 names = list(parts[NAIVE])
 for part in names:
     fig.add_trace(go.Bar(
-        name=part, x=[impls[i] for i in impls], y=[c.in_unit(parts[i][part], unit) for i in impls],
-        marker_color=c.PART_COLORS[part],
-        customdata=[c.fmt(parts[i][part], unit) for i in impls],
+        name=part, x=[impls[i] for i in impls], y=[in_unit(parts[i][part], unit) for i in impls],
+        marker_color=MEMORY_PART_COLORS[part],
+        customdata=[fmt(parts[i][part], unit) for i in impls],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
     ))
-fig.add_hline(y=c.in_unit(gpu_bytes, unit), line_dash="dash", layer="above",
-              annotation_text=f"{gpu}: {c.fmt(gpu_bytes, unit)}", annotation_position="top left")
+fig.add_hline(y=in_unit(gpu_bytes, unit), line_dash="dash", layer="above",
+              annotation_text=f"{gpu}: {fmt(gpu_bytes, unit)}", annotation_position="top left")
 fig.update_layout(barmode="stack")
-c.style(fig, "", f"memory ({unit})", 420)
+charts.style(fig, "", f"memory ({unit})", 420)
 
 table = pd.DataFrame(
     [{"part": p, **{impls[i]: parts[i][p] for i in impls}, "formula (computed)": formulas[p]} for p in names]
     + [{"part": "total", **{impls[i]: totals[i] for i in impls}, "formula (computed)": "sum"}]
 )
 with picture:
-    c.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+    charts.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
 if model.is_mla:
     latent_col, expanded_col = st.columns(2)
     latent = parts[NAIVE]["KV cache"]
     expanded = mla_expanded_kv_bytes(model, batch, seq_len, kvd)
-    latent_col.metric("KV cache: MLA latent (in the totals)", c.fmt(latent, unit),
-                      help=f"{c.COMPUTED}: {kv_formula(model)}. What vLLM and SGLang keep.")
-    expanded_col.metric("K/V expanded per head (eager)", c.fmt(expanded, unit),
-                        help=f"{c.COMPUTED}: L·B·s·H·(qk_nope + qk_rope + v_head_dim)·e; transformers' "
+    latent_col.metric("KV cache: MLA latent (in the totals)", fmt(latent, unit),
+                      help=f"{COMPUTED}: {kv_formula(model)}. What vLLM and SGLang keep.")
+    expanded_col.metric("K/V expanded per head (eager)", fmt(expanded, unit),
+                        help=f"{COMPUTED}: L·B·s·H·(qk_nope + qk_rope + v_head_dim)·e; transformers' "
                              "modeling_deepseek_v3.py caches per-head keys and values.")
     st.caption(
-        f"{c.COMPUTED}. Multi-head latent attention caches one latent of "
+        f"{COMPUTED}. Multi-head latent attention caches one latent of "
         f"{model.kv_lora_rank} + {model.qk_rope_head_dim} elements per token per layer for all "
         f"{model.num_heads} heads; an eager implementation that expands it into per-head K "
         f"({model.head_dim}) and V ({model.v_head_dim}) holds {expanded / max(latent, 1):,.1f}× "
@@ -279,9 +288,9 @@ if model.is_mla:
     )
 if state:
     st.caption(
-        f"{c.COMPUTED}. Hybrid: {model.kv_layers} of {model.num_layers} layers are attention "
+        f"{COMPUTED}. Hybrid: {model.kv_layers} of {model.num_layers} layers are attention "
         f"with a KV cache; the other {model.state_layers} hold a constant state of "
-        f"{c.fmt(state_bytes(model, 1, ad), unit)} per sequence ({c.fmt(state, unit)} for B = {batch:,}): "
+        f"{fmt(state_bytes(model, 1, ad), unit)} per sequence ({fmt(state, unit)} for B = {batch:,}): "
         f"{state_formula(model)}."
     )
 with st.container():
@@ -289,13 +298,13 @@ with st.container():
     # page is wide, and the grid cuts a cell off (the CSV download keeps them in a column).
     shown = table.drop(columns="formula (computed)")
     for i in impls:
-        shown[impls[i]] = shown[impls[i]].map(lambda b: c.fmt(b, unit))
-    c.table(shown, hide_index=True)
-    st.markdown("\n".join(f"- **{c.md_escape(p)}** (computed): {c.md_escape(formulas[p])}" for p in names))
+        shown[impls[i]] = shown[impls[i]].map(lambda b: fmt(b, unit))
+    tables.table(shown, hide_index=True)
+    st.markdown("\n".join(f"- **{md_escape(p)}** (computed): {md_escape(formulas[p])}" for p in names))
     st.caption(
         "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
         "one after another, so only one layer's scores exist at a time."
     )
-st.caption(f"{c.COMPUTED}. Formulas: the list above (attnmem.calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({c.md_escape(origin)}).")
+st.caption(f"{COMPUTED}. Formulas: the list above (attnmem.calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({md_escape(origin)}).")
 
-c.sync_url(used)
+sync_url(used)

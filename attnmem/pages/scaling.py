@@ -37,8 +37,16 @@ from attnmem.calc import (  # noqa: E402
     sweep_seq_len,
 )
 from attnmem.calc.peak import IMPL_HEAD_DIMS, takes_head_dim  # noqa: E402
-from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.calc.units import (
+    DTYPE_ALIASES,  # noqa: E402
+    short_len,  # noqa: E402
+)
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.labels import impl_color  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 
 S_MAX_CHOICES = tuple(str(1 << p) for p in range(10, 25))  # 1K .. 16M
@@ -59,20 +67,20 @@ SPECS = {
     "dtype": ChoiceParam("fp16", ("fp16", "bf16", "fp32"), aliases=DTYPE_ALIASES),
     "causal": BoolParam(False),
     "bwd": BoolParam(False),
-    "gpus": MultiChoiceParam(DEFAULT_GPUS, c.gpu_options(GPUS)),
+    "gpus": MultiChoiceParam(DEFAULT_GPUS, gpu_options(GPUS)),
     "smax": ChoiceParam("1048576", S_MAX_CHOICES),
     "by": ChoiceParam("batch", ("batch", "heads")),
     "s2": IntParam(4096, 1, MAX_SEQ_LEN),
 }
 
 
-@c.cached()
+@cached()
 def seq_sweep(impls: tuple[str, ...], s_hi: int, b: int, h: int, d: int, dtype: str,
               causal: bool, bwd: bool) -> pd.DataFrame:
     return sweep_seq_len(impls, default_seq_lens(128, s_hi), b, h, d, dtype, causal, bwd)
 
 
-@c.cached()
+@cached()
 def oom_table(impls: tuple[str, ...], gpus: tuple[str, ...], b: int, h: int, d: int, dtype: str,
               causal: bool, bwd: bool) -> pd.DataFrame:
     """Longest s that fits each GPU, per implementation, and the peak there (one cache entry)."""
@@ -85,7 +93,7 @@ def oom_table(impls: tuple[str, ...], gpus: tuple[str, ...], b: int, h: int, d: 
     return pd.DataFrame(rows, columns=["gpu", "impl", "max_seq_len", "peak_bytes_at_max"])
 
 
-@c.cached()
+@cached()
 def call_detail(impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
                 causal: bool, bwd: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per implementation at one s: the peak as max_memory_allocated() counts it, the tensor
@@ -105,7 +113,7 @@ def call_detail(impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: s
                                          "counted_bytes", "rounding_bytes"]))
 
 
-@c.cached()
+@cached()
 def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
                 causal: bool, bwd: bool) -> pd.DataFrame:
     # linear in both, so a dozen points draw the same lines as a hundred (and cost 10x less)
@@ -114,7 +122,7 @@ def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int,
     return sweep_param(by, values, impls, s, b, h, d, dtype, causal, bwd)
 
 
-c.page_setup("scaling")
+page_setup("scaling")
 st.title("Scaling with sequence length")
 st.markdown(
     "**Why does attention run out of memory?** Standard attention stores the *s × s* scores, so "
@@ -124,23 +132,23 @@ st.markdown(
 
 controls, main = st.columns([1.4, 2.8])  # wide enough for an implementation's chip at 1280 px
 with controls:
-    impls = c.multiselect(
+    impls = widgets.multiselect(
         "Implementations", "impls", SPECS["impls"], format_func=lambda i: IMPL_LABELS.get(i, i)
     )
     cols = st.columns(2)
-    b = c.int_input("Batch B", "b", SPECS["b"], where=cols[0])
-    h = c.int_input("Heads H", "h", SPECS["h"], where=cols[1])
-    d = c.int_input("Head dim d", "d", SPECS["d"], where=cols[0])
-    dtype = c.select("dtype", "dtype", SPECS["dtype"], where=cols[1])
-    causal = c.toggle("Causal mask", "causal", SPECS["causal"], where=cols[0])
-    bwd = c.toggle("Forward + backward", "bwd", SPECS["bwd"], where=cols[1])
-    gpus = c.multiselect("GPU capacity lines", "gpus", SPECS["gpus"])
-    _init_smax = c.select(
+    b = widgets.int_input("Batch B", "b", SPECS["b"], where=cols[0])
+    h = widgets.int_input("Heads H", "h", SPECS["h"], where=cols[1])
+    d = widgets.int_input("Head dim d", "d", SPECS["d"], where=cols[0])
+    dtype = widgets.select("dtype", "dtype", SPECS["dtype"], where=cols[1])
+    causal = widgets.toggle("Causal mask", "causal", SPECS["causal"], where=cols[0])
+    bwd = widgets.toggle("Forward + backward", "bwd", SPECS["bwd"], where=cols[1])
+    gpus = widgets.multiselect("GPU capacity lines", "gpus", SPECS["gpus"])
+    _init_smax = widgets.select(
         "Longest s on the chart", "smax", SPECS["smax"],
-        format_func=lambda v: c.short_len(int(v)),
+        format_func=lambda v: short_len(int(v)),
     )
 s_hi = int(_init_smax)
-unit = c.get_unit()
+unit = get_unit()
 
 with main:
     # Only the implementations that run this dtype are drawn (attnmem.calc.IMPL_DTYPES): FlashAttention-2,
@@ -159,7 +167,7 @@ with main:
     impls = [i for i in impls if i not in narrow]
     if not impls:
         st.info("Pick at least one implementation that runs this dtype and head dim.")
-        c.sync_url(SPECS)
+        sync_url(SPECS)
         st.stop()
 
     what = "forward + backward" if bwd else "forward"
@@ -177,36 +185,36 @@ with main:
         dash = "solid" if IMPL_KIND[impl] == "quadratic" else "dot"
         traces.append(dict(
             type="scatter", x=part["seq_len"].tolist(),
-            y=[c.in_unit(v, unit) for v in ys],
+            y=[in_unit(v, unit) for v in ys],
             mode="lines+markers", name=label,
-            line=dict(color=c.impl_color(impl), dash=("dash" if dash == "solid" else "dashdot") if under else dash,
+            line=dict(color=impl_color(impl), dash=("dash" if dash == "solid" else "dashdot") if under else dash,
                       width=2),
             marker=dict(symbol="circle-open", size=9) if under else {},
             customdata=[f"{v:,}" for v in ys],
             hovertemplate=f"<b>{label}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<br>%{{customdata}} bytes<extra></extra>",
         ))
     for gpu in gpus:
-        traces.append(c.capacity_dict(gpu, GPUS[gpu], 128, s_hi, unit))
+        traces.append(charts.capacity_dict(gpu, GPUS[gpu], 128, s_hi, unit))
     marks = [r for r in oom.itertuples(index=False) if 128 <= r.max_seq_len <= s_hi]
     if marks:
         traces.append(dict(  # every out-of-memory point in one trace
             type="scatter", x=[r.max_seq_len for r in marks],
-            y=[c.in_unit(r.peak_bytes_at_max, unit) for r in marks],
+            y=[in_unit(r.peak_bytes_at_max, unit) for r in marks],
             mode="markers", name="runs out of memory",
-            marker=dict(symbol="x", size=13, color=[c.impl_color(r.impl) for r in marks], line=dict(width=2)),
+            marker=dict(symbol="x", size=13, color=[impl_color(r.impl) for r in marks], line=dict(width=2)),
             customdata=[[IMPL_LABELS.get(r.impl, r.impl), r.gpu, f"{r.max_seq_len:,}", f"{r.peak_bytes_at_max:,}"]
                         for r in marks],
             hovertemplate=("<b>%{customdata[0]}</b> runs out of memory on %{customdata[1]}<br>"
                            "longest s that fits: %{customdata[2]}<br>peak there: %{customdata[3]} bytes"
                            "<extra></extra>"),
         ))
-    fig = c.figure(
+    fig = charts.figure(
         traces, "sequence length s (tokens, log scale)", f"extra peak memory of one call ({unit}, log scale)",
-        520, xaxis=c.log_len_xaxis(128, s_hi), yaxis=dict(type="log", exponentformat="power"),
+        520, xaxis=charts.log_len_xaxis(128, s_hi), yaxis=dict(type="log", exponentformat="power"),
     )
-    c.chart(fig, "scaling_chart", "scaling-seq-len", df)
+    charts.chart(fig, "scaling_chart", "scaling-seq-len", df)
     st.caption(
-        f"{c.COMPUTED}: attnmem.calc.attention_peak_bytes, the predicted extra peak of one attention call "
+        f"{COMPUTED}: attnmem.calc.attention_peak_bytes, the predicted extra peak of one attention call "
         "(inputs already allocated). × marks the longest s that fits each GPU (exact integer search, "
         "attnmem.calc.max_seq_len). Solid lines: quadratic (store s × s); dotted: linear (fused kernels)."
     )
@@ -237,12 +245,12 @@ with main:
         st.markdown("**Where each implementation runs out of memory** (the attention call alone, nothing else on the GPU)")
         # one column per GPU, headed by its name without the vendor (the column fits at 1280 px)
         wide = table.pivot(index="impl", columns="gpu", values="fits").reset_index()
-        c.table(wide.rename(columns=lambda g: g.removeprefix("NVIDIA ")), hide_index=True)
+        tables.table(wide.rename(columns=lambda g: g.removeprefix("NVIDIA ")), hide_index=True)
 
 st.subheader("Memory against batch or heads (linear axes)")
 cols = st.columns([1, 1, 2])
-by = c.radio("Vary", "by", SPECS["by"], where=cols[0])
-s2 = c.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
+by = widgets.radio("Vary", "by", SPECS["by"], where=cols[0])
+s2 = widgets.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
 df2 = param_sweep(by, tuple(impls), s2, b, h, d, dtype, causal, bwd)
 other = f"H = {h}" if by == "batch" else f"B = {b}"
 traces2 = []
@@ -252,27 +260,27 @@ for impl, part in df2.groupby("impl", sort=False):
     under = any(overlaps(ys, o) for o in drawn2)
     drawn2.append(ys)
     traces2.append(dict(
-        type="scatter", x=part[by].tolist(), y=[c.in_unit(v, unit) for v in ys],
+        type="scatter", x=part[by].tolist(), y=[in_unit(v, unit) for v in ys],
         mode="lines+markers", name=IMPL_LABELS.get(impl, impl),
-        line=dict(color=c.impl_color(impl), dash="dash" if under else "solid"),
+        line=dict(color=impl_color(impl), dash="dash" if under else "solid"),
         marker=dict(symbol="circle-open", size=9) if under else {},
         customdata=[f"{v:,}" for v in ys],
         hovertemplate=f"<b>{IMPL_LABELS.get(impl, impl)}</b><br>{by} = %{{x}}<br>%{{y:,.4g}} {unit}"
         "<br>%{customdata} bytes<extra></extra>",
     ))
-fig2 = c.figure(
+fig2 = charts.figure(
     traces2,
     f"{'batch size B' if by == 'batch' else 'heads H'} (s = {s2:,}, {other})", f"extra peak memory ({unit})", 400,
 )
-c.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)
-st.caption(f"{c.COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
+charts.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)
+st.caption(f"{COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
 
 st.subheader(f"One call at s = {s2:,}: what PyTorch's allocator counts and reserves")
 summary, terms = call_detail(tuple(impls), s2, b, h, d, dtype, causal, bwd)
 
 
 def _cell(n: int | None) -> str:
-    return "not predicted" if n is None or n != n else c.fmt(int(n), unit)
+    return "not predicted" if n is None or n != n else fmt(int(n), unit)
 
 
 shown = pd.DataFrame({  # the caption names the torch.cuda function behind each column
@@ -282,9 +290,9 @@ shown = pd.DataFrame({  # the caption names the torch.cuda function behind each 
     "reserved growth": [_cell(None if v is None or v != v else int(v))
                         for v in summary["reserved_growth_bytes"]],
 })
-c.table(shown, hide_index=True)
+tables.table(shown, hide_index=True)
 st.caption(
-    f"{c.COMPUTED}. **Peak allocated**: what `torch.cuda.max_memory_allocated()` rises by during "
+    f"{COMPUTED}. **Peak allocated**: what `torch.cuda.max_memory_allocated()` rises by during "
     "the call, above the inputs: every tensor counted as the block the caching allocator gives "
     "it (attnmem.calc.attention_peak_bytes); **of which rounding**: the bytes those blocks add to the "
     "tensors' own. **Reserved growth**: what `torch.cuda.memory_reserved()` "
@@ -297,7 +305,7 @@ st.caption(
 with st.expander("Every tensor at the peak, with the allocator's rounding"):
     for impl, part in terms.groupby("impl", sort=False):
         st.markdown(f"**{IMPL_LABELS.get(impl, impl)}**")
-        c.text_table(pd.DataFrame({
+        tables.text_table(pd.DataFrame({
             "tensors alive at the peak": part["term"],
             "count": part["tensors"],
             "tensor bytes": [f"{v:,}" for v in part["tensor_bytes"]],
@@ -310,4 +318,4 @@ with st.expander("What each implementation's formula assumes"):
     for impl in impls:
         st.markdown(f"**{IMPL_LABELS.get(impl, impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}")
 
-c.sync_url(SPECS)
+sync_url(SPECS)

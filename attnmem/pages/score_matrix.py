@@ -25,7 +25,11 @@ from attnmem.calc import (  # noqa: E402
 )
 from attnmem.calc.allocator import fresh_block_bytes, get_allocation_size, round_size  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui.labels import impl_color  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import ChoiceParam, FloatParam, IntParam  # noqa: E402
 
 CUSTOM = "custom"
@@ -46,7 +50,7 @@ def dtype_label(name: str) -> str:
     return f"{name} ({float(e):g} byte{'s' if e != 1 else ''})"
 
 
-@c.cached()
+@cached()
 def curve(batch: int, heads: int, e: float | str) -> pd.DataFrame:
     """Score-matrix bytes at powers of two (the chart's line)."""
     return pd.DataFrame(
@@ -54,7 +58,7 @@ def curve(batch: int, heads: int, e: float | str) -> pd.DataFrame:
     )
 
 
-c.page_setup("score")
+page_setup("score")
 st.title("Score matrix memory")
 st.markdown(
     "**How much memory does one attention layer's score matrix take?** Standard attention "
@@ -63,15 +67,15 @@ st.markdown(
 )
 
 cols = st.columns([1, 1, 1.3])
-batch = c.int_input("Batch size B", "b", SPECS["b"], where=cols[0])
-heads = c.int_input("Attention heads H", "h", SPECS["h"], where=cols[1])
-dtype = c.select(
+batch = widgets.int_input("Batch size B", "b", SPECS["b"], where=cols[0])
+heads = widgets.int_input("Attention heads H", "h", SPECS["h"], where=cols[1])
+dtype = widgets.select(
     "Score dtype (bytes per element e)", "dtype", SPECS["dtype"], where=cols[2],
     format_func=dtype_label,
 )
 used = dict(SPECS)
 if dtype == CUSTOM:
-    raw_e = c.float_input(
+    raw_e = widgets.float_input(
         "Custom bytes per element e", "e", SPECS["e"], where=cols[2], step=0.125, format="%.3f",
         help="Rounded to a multiple of 1/8 byte (one bit): 0.5 for 4-bit, 0.75 for 6-bit.",
     )
@@ -81,20 +85,20 @@ else:
     del used["e"]
     e = dtype
     e_value = float(DTYPE_BYTES[dtype])
-seq_len = c.seq_len_input("Sequence length s", "s", SPECS["s"])
+seq_len = widgets.seq_len_input("Sequence length s", "s", SPECS["s"])
 
 n_bytes = score_matrix_bytes(batch, heads, seq_len, e)
-unit = c.get_unit()
+unit = get_unit()
 
 m1, m2, m3 = st.columns(3)
 other = "GiB" if unit == "GB" else "GB"
-# c.fmt switches to MB/KB (MiB/KiB) below one GB (GiB): a small shape never shows '0.00 GB'
-m1.metric(f"Score matrix, one layer ({unit})", c.fmt(n_bytes, unit), help=c.COMPUTED + ": B·H·s²·e.")
-m2.metric(f"same, in {other}", c.fmt(n_bytes, other))
+# fmt switches to MB/KB (MiB/KiB) below one GB (GiB): a small shape never shows '0.00 GB'
+m1.metric(f"Score matrix, one layer ({unit})", fmt(n_bytes, unit), help=COMPUTED + ": B·H·s²·e.")
+m2.metric(f"same, in {other}", fmt(n_bytes, other))
 if 2 * seq_len <= MAX_SEQ_LEN:
     doubled = score_matrix_bytes(batch, heads, 2 * seq_len, e)
     m3.metric(
-        f"×2 length (s = {2 * seq_len:,})", c.fmt(doubled, unit),
+        f"×2 length (s = {2 * seq_len:,})", fmt(doubled, unit),
         delta=f"×{doubled / n_bytes:g} memory", delta_color="off",
         help="Twice the sequence length, four times the memory: s appears squared.",
     )
@@ -105,13 +109,13 @@ st.latex(
     rf"\ \text{{bytes}} = {n_bytes:,}\ \text{{bytes}}".replace(",", "{,}")
 )
 st.caption(
-    f"{c.COMPUTED}. Formula: Vaswani et al. 2017 (arXiv 1706.03762), eq. 1: Q·Kᵀ holds one "
+    f"{COMPUTED}. Formula: Vaswani et al. 2017 (arXiv 1706.03762), eq. 1: Q·Kᵀ holds one "
     "score per query-key pair. GB = 10⁹ bytes, GiB = 2³⁰ bytes. This is one layer and only the "
     "scores: standard attention also keeps the softmax output of the same size (see Scaling)."
 )
 counted, segment = fresh_block_bytes(n_bytes), get_allocation_size(round_size(n_bytes))
 st.caption(
-    f"{c.COMPUTED}, what PyTorch shows for this one tensor on an emptied cache: "
+    f"{COMPUTED}, what PyTorch shows for this one tensor on an emptied cache: "
     f"**allocated** (`torch.cuda.memory_allocated()`) {counted:,} bytes, the caching allocator's "
     f"block ({counted - n_bytes:+,} bytes: rounded up to 512 B, and a leftover of at most 1 MiB in "
     f"its segment is not split off); **reserved** (`torch.cuda.memory_reserved()`, what nvidia-smi "
@@ -127,10 +131,10 @@ for factor in (0.5, 1, 2, 4):
         b = score_matrix_bytes(batch, heads, s, e)
         rows.append({"seq_len": s, "bytes": b, "GB": b / 1e9, "GiB": b / 2**30, "× memory": b / n_bytes})
 table = pd.DataFrame(rows)
-left, right = st.columns([1.3, 1.2])  # the table's columns (common.fit_widths) fit at 1280 px
+left, right = st.columns([1.3, 1.2])  # the table's columns (attnmem.pages.ui.tables.fit_widths) fit at 1280 px
 with left:
     st.markdown("**Double the length, quadruple the memory**")
-    c.table(  # as text: byte counts can exceed 64-bit integers (B = 10^6, s = 10^8)
+    tables.table(  # as text: byte counts can exceed 64-bit integers (B = 10^6, s = 10^8)
         pd.DataFrame({
             "s": [f"{s:,}" for s in table["seq_len"]],
             "bytes": [f"{b:,}" for b in table["bytes"]],
@@ -147,25 +151,25 @@ with right:
     marks = [(seq_len, n_bytes, "your s")]
     if 2 * seq_len <= MAX_SEQ_LEN:
         marks.append((2 * seq_len, doubled, "2 s: ×4"))
-    fig = c.figure(
+    fig = charts.figure(
         [
             dict(
-                type="scatter", x=df["seq_len"].tolist(), y=[c.in_unit(b, unit) for b in df["bytes"].tolist()],
-                mode="lines+markers", name="B·H·s²·e", line=dict(color=c.impl_color("naive")),
+                type="scatter", x=df["seq_len"].tolist(), y=[in_unit(b, unit) for b in df["bytes"].tolist()],
+                mode="lines+markers", name="B·H·s²·e", line=dict(color=impl_color("naive")),
                 customdata=[f"{b:,} bytes" for b in df["bytes"].tolist()],
                 hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + " (%{customdata})<extra></extra>",
             ),
             dict(
-                type="scatter", x=[m[0] for m in marks], y=[c.in_unit(m[1], unit) for m in marks],
+                type="scatter", x=[m[0] for m in marks], y=[in_unit(m[1], unit) for m in marks],
                 mode="markers+text", text=[m[2] for m in marks], textposition="top left", name="your shape",
-                marker=dict(size=12, symbol="diamond", color=c.impl_color("triton")),
+                marker=dict(size=12, symbol="diamond", color=impl_color("triton")),
                 hovertemplate="s = %{x:,}<br>%{y:,.4g} " + unit + "<extra></extra>",
             ),
-            c.capacity_dict(DEFAULT_GPU, gpu_bytes, CURVE_LENS[0], CURVE_LENS[-1], unit),
+            charts.capacity_dict(DEFAULT_GPU, gpu_bytes, CURVE_LENS[0], CURVE_LENS[-1], unit),
         ],
         "sequence length s (tokens, log scale)", f"score matrix, one layer ({unit}, log scale)", 380,
-        xaxis=c.log_len_xaxis(CURVE_LENS[0], CURVE_LENS[-1]), yaxis=dict(type="log", exponentformat="power"),
+        xaxis=charts.log_len_xaxis(CURVE_LENS[0], CURVE_LENS[-1]), yaxis=dict(type="log", exponentformat="power"),
     )
-    c.chart(fig, "score_chart", "score-matrix", df.assign(batch=batch, heads=heads, bytes_per_element=e_value))
+    charts.chart(fig, "score_chart", "score-matrix", df.assign(batch=batch, heads=heads, bytes_per_element=e_value))
 
-c.sync_url(used)
+sync_url(used)

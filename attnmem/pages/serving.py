@@ -34,15 +34,25 @@ from attnmem.calc.serving import (  # noqa: E402
     serving_capacity,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
 from attnmem.pages import hub_model as hub  # noqa: E402
-from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, FloatParam, IntParam  # noqa: E402
+from attnmem.pages.ui import tables, widgets  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    BoolParam,
+    ChoiceParam,
+    FloatParam,
+    IntParam,
+    md_escape,  # noqa: E402
+)
 from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 
 MIB = 2**20
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB)),
-    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
     "s": IntParam(32768, 1, MAX_SEQ_LEN),
     "util": FloatParam(0.9, 0.0, 1.0, lo_open=True),
     "block": ChoiceParam("16", tuple(str(b) for b in BLOCK_SIZES)),
@@ -55,13 +65,13 @@ SPECS = {
     "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
 }
 
-c.page_setup("serving")
+page_setup("serving")
 st.title("Serving")
 st.markdown("**How many requests of length s fit on my GPU, and what is the longest context one "
             "request can have?** KV blocks as vLLM allocates them.")
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-choice = c.select("Model", "model", SPECS["model"], where=top[0])
+choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
 used = dict(SPECS)
 if choice == hub.HUB:
     model = hub.hub_model(where=top[0])
@@ -71,21 +81,21 @@ if choice == hub.HUB:
         model = hub.fallback(MODELS[SPECS["model"].default])
 else:
     model = MODELS[choice]
-gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
-util = c.float_input("gpu_memory_utilization", "util", SPECS["util"], where=top[2])
+gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+util = widgets.float_input("gpu_memory_utilization", "util", SPECS["util"], where=top[2])
 row = st.columns(5)
-block = c.select("Block size (tokens)", "block", SPECS["block"], where=row[0])
-mnbt = c.int_input("max_num_batched_tokens", "mnbt", SPECS["mnbt"], where=row[1])
-seqs = c.int_input("max_num_seqs", "seqs", SPECS["seqs"], where=row[2])
+block = widgets.select("Block size (tokens)", "block", SPECS["block"], where=row[0])
+mnbt = widgets.int_input("max_num_batched_tokens", "mnbt", SPECS["mnbt"], where=row[1])
+seqs = widgets.int_input("max_num_seqs", "seqs", SPECS["seqs"], where=row[2])
 wd, used["wdtype"] = hub.weight_dtype("Weights dtype", model, where=row[3])
-kvd = c.select("KV cache dtype (fp8 halves it)", "kvdtype", SPECS["kvdtype"], where=row[4])
+kvd = widgets.select("KV cache dtype (fp8 halves it)", "kvdtype", SPECS["kvdtype"], where=row[4])
 row2 = st.columns(3)
-graphs = c.int_input("CUDA graphs (MiB)", "graphs_mib", SPECS["graphs_mib"], where=row2[0])
-nontorch = c.int_input("Non-torch memory (MiB)", "nontorch_mib", SPECS["nontorch_mib"], where=row2[1])
-graphs_in = c.toggle("CUDA graphs taken from the budget (vLLM ≥ 0.21)", "graphs_in", SPECS["graphs_in"], where=row2[2])
-seq_len = c.seq_len_input("Context length per request s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
+graphs = widgets.int_input("CUDA graphs (MiB)", "graphs_mib", SPECS["graphs_mib"], where=row2[0])
+nontorch = widgets.int_input("Non-torch memory (MiB)", "nontorch_mib", SPECS["nontorch_mib"], where=row2[1])
+graphs_in = widgets.toggle("CUDA graphs taken from the budget (vLLM ≥ 0.21)", "graphs_in", SPECS["graphs_in"], where=row2[2])
+seq_len = widgets.seq_len_input("Context length per request s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
-unit = c.get_unit()
+unit = get_unit()
 # vLLM's budget is gpu_memory_utilization x the total torch reports (torch.cuda.mem_get_info):
 # attnmem.calc.gpus.torch_total_bytes, the spec-sheet figure only where no torch figure is sourced.
 gpu_bytes = usable_bytes(gpu)
@@ -98,21 +108,21 @@ try:
                            cuda_graphs_in_budget=graphs_in)
     attention = {impl: prefill_decode_attention(model, impl, seq_len) for impl in IMPLEMENTATIONS}
 except ValueError as err:
-    st.error(c.md_escape(f"These settings cannot be computed for {model.name}: {err}"), icon=":material/block:")
-    c.sync_url(used)
+    st.error(md_escape(f"These settings cannot be computed for {model.name}: {err}"), icon=":material/block:")
+    sync_url(used)
     st.stop()
 
 m1, m2, m3 = st.columns(3)
-m1.metric("KV blocks available", f"{cap.num_blocks:,}", help=f"{c.COMPUTED}: pool // (page per layer × attention layers), vllm/v1/core/kv_cache_utils.py get_num_blocks.")
+m1.metric("KV blocks available", f"{cap.num_blocks:,}", help=f"{COMPUTED}: pool // (page per layer × attention layers), vllm/v1/core/kv_cache_utils.py get_num_blocks.")
 m2.metric(f"Concurrent requests of {seq_len:,} tokens", f"{cap.concurrent_sequences:,}",
-          help=f"{c.COMPUTED}: pool // bytes per request ({cap.max_concurrency:,} by KV memory; capped by max_num_seqs = {seqs:,}).")
+          help=f"{COMPUTED}: pool // bytes per request ({cap.max_concurrency:,} by KV memory; capped by max_num_seqs = {seqs:,}).")
 m3.metric("Longest context of one request (tokens)", f"{cap.max_context:,}",
-          help=f"{c.COMPUTED}: exact search, as vLLM's estimate_max_model_len.")
+          help=f"{COMPUTED}: exact search, as vLLM's estimate_max_model_len.")
 if cap.kv_pool_bytes == 0:
     st.error("Nothing is left for the KV cache: weights, activations and overheads exceed the budget.", icon=":material/cancel:")
 elif cap.concurrent_sequences == 0:  # a pool, but not one whole request of s tokens in it
-    st.error(f"Not one request of {seq_len:,} tokens fits: it needs {c.fmt(cap.bytes_per_sequence, unit)} "
-             f"of KV cache and the pool holds {c.fmt(cap.kv_pool_bytes, unit)}. The longest request "
+    st.error(f"Not one request of {seq_len:,} tokens fits: it needs {fmt(cap.bytes_per_sequence, unit)} "
+             f"of KV cache and the pool holds {fmt(cap.kv_pool_bytes, unit)}. The longest request "
              f"that fits is {cap.max_context:,} tokens.", icon=":material/cancel:")
 trained = model.max_position_embeddings
 if trained and cap.max_context > trained:  # vLLM itself refuses max_model_len past the config's
@@ -137,17 +147,17 @@ table = pd.DataFrame(gpu_rows + [
     {"part": "KV cache pool", "bytes": cap.kv_pool_bytes},
     {"part": "one request of s tokens (KV blocks + state)", "bytes": cap.bytes_per_sequence},
 ])
-shown = table.assign(size=table["bytes"].map(lambda b: c.fmt(b, unit)))
-c.table(shown[["part", "size", "bytes"]], hide_index=True)
+shown = table.assign(size=table["bytes"].map(lambda b: fmt(b, unit)))
+tables.table(shown[["part", "size", "bytes"]], hide_index=True)
 
 st.markdown("**Attention of one layer, prefill (s_q = s) against decode (s_q = 1)**")
 rows = []
 for impl, (prefill, decode) in attention.items():
-    rows.append({"implementation": IMPL_LABELS[impl], "prefill": c.fmt(prefill, unit),
-                 "decode": c.fmt(decode, unit)})
-c.table(pd.DataFrame(rows), hide_index=True)
-st.caption(f"{c.COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
+    rows.append({"implementation": IMPL_LABELS[impl], "prefill": fmt(prefill, unit),
+                 "decode": fmt(decode, unit)})
+tables.table(pd.DataFrame(rows), hide_index=True)
+st.caption(f"{COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
            "kv_cache_utils.py; overhead defaults from vLLM start-up logs (attnmem/calc/serving.py). "
            "Prefill: attnmem.calc.attention_peak_bytes; decode: the same terms with s_q = 1. "
-           f"Model shapes: {c.md_escape(hub.source(model))}.")
-c.sync_url(used)
+           f"Model shapes: {md_escape(hub.source(model))}.")
+sync_url(used)

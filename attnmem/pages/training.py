@@ -36,10 +36,20 @@ from attnmem.calc import (  # noqa: E402
 from attnmem.calc.backends import NoKernel  # noqa: E402
 from attnmem.calc.training_step import LORA_PART, OPTIMIZERS, PHASES  # noqa: E402
 from attnmem.calc.training_step import LoRA as calc_lora  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
+from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui import finetune as ft_  # noqa: E402
 from attnmem.pages.ui.labels import TRAINING_PART_COLORS  # noqa: E402
-from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
+from attnmem.pages.ui.messages import COMPUTED, longest_past_trained_note, trained_context_note  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    BoolParam,
+    ChoiceParam,
+    IntParam,
+    MultiChoiceParam,
+    md_escape,  # noqa: E402
+)
 from attnmem.pages.ui.weights import gpu_caption, usable_bytes  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "training_steps_h200.csv"
@@ -94,7 +104,7 @@ SPECS = {
     "tp": IntParam(1, 1, 1024),
     "shard": ChoiceParam("none", SHARDINGS),
     "ep": IntParam(1, 1, 65_536),  # expert-parallel degree (MoE models only)
-    "gpu": ChoiceParam(H100, c.gpu_options(GPUS)),
+    "gpu": ChoiceParam(H100, gpu_options(GPUS)),
     # Fine-tuning method (issue 34): full training, LoRA on a bf16 base, QLoRA on a 4-bit base.
     "ft": ChoiceParam("full", ft_.METHODS),
     "rank": IntParam(ft_.DEFAULT_RANK, 1, 1 << 16),
@@ -102,9 +112,9 @@ SPECS = {
     "adt": ChoiceParam(ft_.DEFAULT_ADAPTER_DTYPE, ft_.ADAPTER_DTYPE_CHOICES),
     "dq": BoolParam(False),
     # every column of a wide table, not only its first ones (each fits a 1280 px window)
-    "mcols": c.ALL_COLUMNS,  # the measured single-GPU rows
-    "dcols": c.ALL_COLUMNS,  # the measured sharded rows
-    "acols": c.ALL_COLUMNS,  # "Can I train a 7B at 32k on one GPU?"
+    "mcols": tables.ALL_COLUMNS,  # the measured single-GPU rows
+    "dcols": tables.ALL_COLUMNS,  # the measured sharded rows
+    "acols": tables.ALL_COLUMNS,  # "Can I train a 7B at 32k on one GPU?"
 }
 #: calc's reason for refusing a method, in side_by_side_table (written under the table).
 REASON = "calc's reason (not computed)"
@@ -122,7 +132,7 @@ DIST_FIRST = ("sharding", "GPUs", "rank", "model", "batch", "s", "measured", "pr
 #: "Can I train a 7B at 32k?": the answer by default; where the peak occurs under "show all".
 SEVEN_B_FIRST = ("model", "attention", "checkpointing", "peak", "fits one H200",
                  "fits one H100", "2-layer step (ms)")
-#: Colours of the stacked parts (Okabe & Ito, as attnmem.pages.common).
+#: Colours of the stacked parts (Okabe & Ito, as attnmem.pages.ui.labels).
 PART_COLORS = {**TRAINING_PART_COLORS, "MoE": "#117733",  # green
                LORA_PART: "#332288"}  # indigo (issue 34's parts)
 
@@ -278,13 +288,13 @@ def side_by_side_table(rows: list[dict[str, Any]], unit: str,
             if r["gpus_needed"] == 0 else "—")
         out.append({
             "method": ft_.METHOD_LABELS[r["method"]],
-            "peak": c.fmt(r["peak_bytes"], unit) if ok else "—",
+            "peak": fmt(r["peak_bytes"], unit) if ok else "—",
             "fits": ("yes" if r["fits"] else "no") if ok else "—",
             "longest context": (f"{r['longest_context']:,}" if r["longest_context"] else "none")
             if ok else "—",
             "GPUs (full training)": gpus_cell,
             "measured peak (H200)":
-                c.fmt(measured_peak[r["method"]], unit) if r["method"] in measured_peak else
+                fmt(measured_peak[r["method"]], unit) if r["method"] in measured_peak else
                 "no row at these inputs" if r["method"] in measured_methods else
                 "not measured yet",
             REASON: "" if ok else r["refused"],
@@ -298,7 +308,7 @@ def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     if "checkpointing" in shown:
         shown["checkpointing"] = shown["checkpointing"].map(lambda x: "on" if x else "off")
     for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
-        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else c.fmt(b, unit))
+        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else fmt(b, unit))
     if "packed" in shown.columns:  # dense rows: no packed lengths
         packed = shown["packed"].map(lambda t: t is not None and not pd.isna(t))
         # the method says "packed" too: the lengths' column is not among a narrow table's first
@@ -309,7 +319,7 @@ def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     return shown
 
 
-@c.cached(max_entries=256)
+@cached(max_entries=256)
 def longest(choice: str, gpu_bytes: int, batch: int, kw: tuple, ft: tuple = ()) -> int:
     """Exact search over s (attnmem.calc.max_train_seq_len); cached by the model's name (hashing a
     ModelConfig costs more than the search). ft: the fine-tuning settings (method, rank,
@@ -318,12 +328,12 @@ def longest(choice: str, gpu_bytes: int, batch: int, kw: tuple, ft: tuple = ()) 
                              **ft_.calc_kwargs(*ft) if ft else {})
 
 
-@c.cached(max_entries=256)
+@cached(max_entries=256)
 def needed(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
     return train_gpus_needed(CHOICES[choice], gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
 
 
-@c.cached(max_entries=256)
+@cached(max_entries=256)
 def never_fits(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bool:
     """True when no number of GPUs fits: at 2^20 GPUs the sharded states are next to nothing,
     so what is left is one replica's activations, which more GPUs of this layout never split."""
@@ -362,7 +372,7 @@ def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
                 rows.append({
                     "model": name, "attention": TRAIN_ATTENTION_LABELS[attn],
                     "checkpointing": "on" if ckpt else "off",
-                    "peak": c.fmt(m.peak_bytes, unit),
+                    "peak": fmt(m.peak_bytes, unit),
                     "fits one H200": "yes" if m.peak_bytes <= usable_bytes(H200) else "no",
                     "fits one H100": "yes" if m.peak_bytes <= usable_bytes(H100) else "no",
                     "where": m.peak_phase,
@@ -371,62 +381,62 @@ def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-c.page_setup("training")
+page_setup("training")
 st.title("Training step")
 st.markdown("**How much memory does one training step take, where is its peak, and does it "
             "fit?** Weights, gradients, AdamW's two moments and every activation autograd "
             "keeps, per attention implementation, per GPU.")
 
 top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
-choice = c.select("Model", "model", SPECS["model"], where=top[0])
-gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
-prec = c.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
+choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
+gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+prec = widgets.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
 tune = st.columns([2.2, 1, 1.6, 1, 1.4])
-method = c.radio("What is trained", "ft", SPECS["ft"], where=tune[0],
+method = widgets.radio("What is trained", "ft", SPECS["ft"], where=tune[0],
                  format_func=lambda m: ft_.METHOD_LABELS[m],
                  help="Full training: every weight gets a gradient and AdamW state. LoRA (peft): "
                       "the base is frozen; only rank-r adapters train. QLoRA: LoRA on a base "
                       "stored in bitsandbytes 4-bit NF4.")
 full = method == "full"
-rank = c.int_input("LoRA rank r", "rank", SPECS["rank"], where=tune[1], disabled=full)
-targets = c.select("LoRA targets", "targets", SPECS["targets"], where=tune[2], disabled=full,
+rank = widgets.int_input("LoRA rank r", "rank", SPECS["rank"], where=tune[1], disabled=full)
+targets = widgets.select("LoRA targets", "targets", SPECS["targets"], where=tune[2], disabled=full,
                    format_func=lambda t: ft_.TARGET_LABELS[t],
                    help="attention: q, k, v, o; all-linear: q, k, v, o, gate, up, down "
                         "(never lm_head, as peft's all-linear)")
-adt = c.select("Adapter dtype", "adt", SPECS["adt"], where=tune[3], disabled=full,
+adt = widgets.select("Adapter dtype", "adt", SPECS["adt"], where=tune[3], disabled=full,
                help="fp32: peft's default (autocast_adapter_dtype=True); bf16: "
                     "autocast_adapter_dtype=False")
-dq = c.toggle("Double quantization (QLoRA)", "dq", SPECS["dq"], where=tune[4],
+dq = widgets.toggle("Double quantization (QLoRA)", "dq", SPECS["dq"], where=tune[4],
               disabled=method != "qlora",
               help="bnb_4bit_use_double_quant: the absmax constants in 8 bits")
 ft_settings = (rank, targets, adt, dq)
 ft_kw = ft_.calc_kwargs(method, *ft_settings)
 row = st.columns([1, 1, 1, 3])
-opt = c.select("Optimizer", "opt", SPECS["opt"], where=row[1])
-batch = c.int_input("Batch size", "b", SPECS["b"], where=row[0])
-ckpt = c.toggle("Activation checkpointing (every layer)", "ckpt", SPECS["ckpt"], where=row[2])
-attns = c.multiselect("Attention implementations", "attns", SPECS["attns"], where=row[3],
+opt = widgets.select("Optimizer", "opt", SPECS["opt"], where=row[1])
+batch = widgets.int_input("Batch size", "b", SPECS["b"], where=row[0])
+ckpt = widgets.toggle("Activation checkpointing (every layer)", "ckpt", SPECS["ckpt"], where=row[2])
+attns = widgets.multiselect("Attention implementations", "attns", SPECS["attns"], where=row[3],
                       format_func=lambda a: TRAIN_ATTENTION_LABELS.get(a, a))
 if not attns:
     attns = list(DEFAULT_ATTNS)
-seq_len = c.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 20)
+seq_len = widgets.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi_pow2=1 << 20)
 lay = st.columns(4)
-gpus = c.int_input("GPUs N (= tensor parallel × data parallel)", "gpus", SPECS["gpus"], where=lay[0])
-tp = c.int_input("Tensor-parallel degree t", "tp", SPECS["tp"], where=lay[1])
-shard = c.select("Sharding over data-parallel replicas", "shard", SPECS["shard"], where=lay[2],
+gpus = widgets.int_input("GPUs N (= tensor parallel × data parallel)", "gpus", SPECS["gpus"], where=lay[0])
+tp = widgets.int_input("Tensor-parallel degree t", "tp", SPECS["tp"], where=lay[1])
+shard = widgets.select("Sharding over data-parallel replicas", "shard", SPECS["shard"], where=lay[2],
                  format_func=lambda s: SHARDING_LABELS[s])
 model = CHOICES[choice]
-ep = c.int_input("Expert-parallel degree (MoE)", "ep", SPECS["ep"], where=lay[3],
+ep = widgets.int_input("Expert-parallel degree (MoE)", "ep", SPECS["ep"], where=lay[3],
                  disabled=model.num_experts <= 1,
                  help="Each of ep data-parallel ranks holds 1/ep of every layer's experts; "
                       "tokens reach them by all-to-all, balanced routing assumed (counted, not "
                       "measured). It divides N / t and the experts per layer.")
 ep = ep if model.num_experts > 1 else 1
 
-unit = c.get_unit()
+unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
-st.caption(c.md_escape(gpu_caption(gpu, unit, what="\"Fits\", the longest context and GPUs needed")))
-c.trained_context_note(model, seq_len)
+st.caption(md_escape(gpu_caption(gpu, unit, what="\"Fits\", the longest context and GPUs needed")))
+trained_context_note(model, seq_len)
 kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard,
           ep=ep)
 
@@ -437,8 +447,8 @@ def side_by_side_section() -> None:
     rows = ft_.side_by_side(model, gpu_bytes, batch, seq_len, dict(kw, attention=attns[0]),
                             *ft_settings)
     st.markdown("### Which of these fits on my GPU, at what length?")
-    st.markdown(f"{c.md_escape(model.name)}, batch {batch:,}, s = {seq_len:,}, "
-                f"{TRAIN_ATTENTION_LABELS[attns[0]]}, on {c.md_escape(gpu)}; LoRA rank {rank}, "
+    st.markdown(f"{md_escape(model.name)}, batch {batch:,}, s = {seq_len:,}, "
+                f"{TRAIN_ATTENTION_LABELS[attns[0]]}, on {md_escape(gpu)}; LoRA rank {rank}, "
                 f"{targets}, {adt} adapters; QLoRA double quantization {'on' if dq else 'off'}.")
     methods = set(compared["method"]) if not compared.empty else set()
     peaks = {}
@@ -450,18 +460,18 @@ def side_by_side_section() -> None:
         peaks = {r["method"]: int(r["measured peak"]) for _, r in at.iterrows()}
     fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
     where = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
-    st.markdown(f"**On {c.md_escape(where)} at s = {seq_len:,}**: "
+    st.markdown(f"**On {md_escape(where)} at s = {seq_len:,}**: "
                 + (f"fits with {', '.join(fit_names)} (computed)." if fit_names else
                    "none of full training, LoRA or QLoRA fits (computed)."))
     side = side_by_side_table(rows, unit, peaks, methods)
-    c.table(side.drop(columns=[REASON]), hide_index=True)
+    tables.table(side.drop(columns=[REASON]), hide_index=True)
     for name, why in zip(side["method"], side[REASON], strict=True):
         if why:
-            st.markdown(c.md_escape(f"{name}: not computed: {why}"))
-    c.longest_past_trained_note(model, max(((r["longest_context"] or 0) for r in rows
+            st.markdown(md_escape(f"{name}: not computed: {why}"))
+    longest_past_trained_note(model, max(((r["longest_context"] or 0) for r in rows
                                             if r["refused"] is None), default=0))
     lora_measured = len(methods - {"full"})
-    st.caption(f"{c.COMPUTED}: the peak and whether it fits from attnmem.calc.training_step, the "
+    st.caption(f"{COMPUTED}: the peak and whether it fits from attnmem.calc.training_step, the "
                "longest context from attnmem.calc.max_train_seq_len with the same "
                "keywords, and the GPUs needed from attnmem.calc.train_gpus_needed for full training (LoRA is modelled on "
                "one GPU). Measured: the bundled H200 steps (data/training_steps_h200.csv) "
@@ -485,19 +495,19 @@ try:
     if not steps:
         raise ValueError(" / ".join(no_kernel.values()))
 except ValueError as err:
-    st.error(c.md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+    st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
     side_by_side_section()
-    c.sync_url(SPECS)
+    sync_url(SPECS)
     st.stop()
 for a, why in no_kernel.items():
-    st.warning(c.md_escape(f"Not computed: {TRAIN_ATTENTION_LABELS[a]}: {why}"),
+    st.warning(md_escape(f"Not computed: {TRAIN_ATTENTION_LABELS[a]}: {why}"),
                icon=":material/block:")
 
 first_attn = next(iter(steps))
 first = steps[first_attn]
 dp = gpus // tp
 st.caption(
-    f"**{c.md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
+    f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
     f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, MLP "
     f"{model.intermediate_size:,}, vocabulary {model.vocab_size:,}. Per GPU: {gpus:,} GPU(s) = "
     f"tensor parallel {tp} × data parallel {dp}, sharding {SHARDING_LABELS[shard]}"
@@ -506,13 +516,13 @@ st.caption(
 cols = st.columns(len(steps))
 for col, (a, m) in zip(cols, steps.items(), strict=True):
     with col:
-        st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak", c.fmt(m.peak_bytes, unit),
-                  help=f"{c.COMPUTED}: the peak per GPU, attnmem.calc.training_step, at '{m.peak_phase}'.")
-        st.caption(f"Peak at **{m.peak_phase}**; before the step {c.fmt(m.before_step_bytes, unit)}.")
+        st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak", fmt(m.peak_bytes, unit),
+                  help=f"{COMPUTED}: the peak per GPU, attnmem.calc.training_step, at '{m.peak_phase}'.")
+        st.caption(f"Peak at **{m.peak_phase}**; before the step {fmt(m.before_step_bytes, unit)}.")
         if m.peak_bytes <= gpu_bytes:
-            st.success(f"Fits one {gpu} ({c.fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
+            st.success(f"Fits one {gpu} ({fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
         else:
-            st.error(f"Does not fit one {gpu}: {c.fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
+            st.error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
 
 # Stacked bars: what exists before the step, then the activations at the end of the forward;
 # the peak of the step as a marker (its moment holds some of these, and gradients).
@@ -542,14 +552,14 @@ for part in parts:
     if not any(ys):
         continue
     traces.append(dict(
-        type="bar", name=part, x=labels, y=[c.in_unit(y, unit) for y in ys],
-        marker=dict(color=PART_COLORS[part]), customdata=[c.fmt(y, unit) for y in ys],
+        type="bar", name=part, x=labels, y=[in_unit(y, unit) for y in ys],
+        marker=dict(color=PART_COLORS[part]), customdata=[fmt(y, unit) for y in ys],
         hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
 traces.append(dict(
     type="scatter", mode="markers", name="peak of the step", x=labels,
-    y=[c.in_unit(m.peak_bytes, unit) for m in steps.values()],
+    y=[in_unit(m.peak_bytes, unit) for m in steps.values()],
     marker=dict(symbol="diamond", size=14, color="#CC3311"),
-    customdata=[f"{c.fmt(m.peak_bytes, unit)} at {m.peak_phase}" for m in steps.values()],
+    customdata=[f"{fmt(m.peak_bytes, unit)} at {m.peak_phase}" for m in steps.values()],
     hovertemplate="%{x}<br>peak: %{customdata}<extra></extra>"))
 if shape and len(hits) and gpus == 1:  # the H200's measured peak beside each prediction
     got = {r["attention"]: r for _, r in hits.iterrows()}
@@ -557,37 +567,37 @@ if shape and len(hits) and gpus == 1:  # the H200's measured peak beside each pr
     traces.append(dict(
         type="scatter", mode="markers", name="measured peak (H200)",
         x=[TRAIN_ATTENTION_LABELS[a] for a in shown_at],
-        y=[c.in_unit(got[a]["measured peak"], unit) for a in shown_at],
+        y=[in_unit(got[a]["measured peak"], unit) for a in shown_at],
         marker=dict(symbol="x-thin", size=16, line=dict(width=3, color="#000000")),
-        customdata=[f"{c.fmt(got[a]['measured peak'], unit)} (prediction "
+        customdata=[f"{fmt(got[a]['measured peak'], unit)} (prediction "
                     f"{got[a]['peak error']:+.2%})" for a in shown_at],
         hovertemplate="%{x}<br>measured: %{customdata}<extra></extra>"))
-cap = c.in_unit(gpu_bytes, unit)  # the GPU as a line across the whole (categorical) axis
+cap = in_unit(gpu_bytes, unit)  # the GPU as a line across the whole (categorical) axis
 dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
 traces.append(dict(type="scatter", mode="lines", x=labels, y=[cap] * len(labels), line=dash,
-                   name=f"{gpu} ({c.fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
-                   hovertemplate=f"{gpu}: {c.fmt(gpu_bytes, unit)}<extra></extra>"))
-fig = c.figure(traces, "", f"memory per GPU ({unit})", 460, barmode="stack", shapes=[dict(
+                   name=f"{gpu} ({fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
+                   hovertemplate=f"{gpu}: {fmt(gpu_bytes, unit)}<extra></extra>"))
+fig = charts.figure(traces, "", f"memory per GPU ({unit})", 460, barmode="stack", shapes=[dict(
     type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
 table = pd.DataFrame([{"attention": a, **{p: part_bytes(m, p) for p in parts},
                        "gradients": m.gradients_bytes, "peak": m.peak_bytes,
                        "peak phase": m.peak_phase} for a, m in steps.items()])
-c.chart(fig, "training_chart", "training-step", table.assign(model=model.name, batch=batch, seq_len=seq_len))
-st.caption(f"{c.COMPUTED}. Bars: before the step (weights, AdamW state, buffers: cuBLAS "
+charts.chart(fig, "training_chart", "training-step", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+st.caption(f"{COMPUTED}. Bars: before the step (weights, AdamW state, buffers: cuBLAS "
            "workspaces, inputs and the layout's) plus the activations alive at the end of the "
            "forward; the diamond is the step's peak (attnmem/calc/training_step.py lists each moment "
            "and every tensor with its source).")
 
 st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
 # A moment the model does not have (the tied embedding's backward of an untied model) is left out.
-c.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: c.fmt(m.phases[ph], unit)
+tables.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: fmt(m.phases[ph], unit)
                                               for a, m in steps.items()}}
                            for ph in PHASES if ph in next(iter(steps.values())).phases]),
              hide_index=True)
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn]):
-    c.text_table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
-        pd.DataFrame([{"part": p, "tensor": lab, "size": c.fmt(x, unit), "bytes": f"{x:,}"}
+    tables.text_table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
+        pd.DataFrame([{"part": p, "tensor": lab, "size": fmt(x, unit), "bytes": f"{x:,}"}
                       for p, lab, x in first.activation_terms]))
 
 fit_rows = []
@@ -614,9 +624,9 @@ for a in steps:
                      "longest trainable context on this layout": f"{s_max:,}" if s_max else "none",
                      f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
                          need_text})
-st.markdown(f"**Longest context and GPUs needed on {c.md_escape(gpu)}** (exact integer searches)")
-c.table(pd.DataFrame(fit_rows), hide_index=True)
-c.longest_past_trained_note(model, max(longest_seen, default=0))
+st.markdown(f"**Longest context and GPUs needed on {md_escape(gpu)}** (exact integer searches)")
+tables.table(pd.DataFrame(fit_rows), hide_index=True)
+longest_past_trained_note(model, max(longest_seen, default=0))
 if never_any:
     st.caption("*Never fits*: one replica's activations alone exceed the GPU, so no number of "
                "GPUs fits (ZeRO-3 shards weights, gradients and optimizer state, not activations).")
@@ -635,7 +645,7 @@ if not compared.empty:
         st.markdown("No measured row matches these inputs (pick a *measured shape* model, one "
                     "GPU, and a measured length): every bundled row with its prediction.")
         view = compared
-    c.wide_table(shown_table(view, unit).rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
+    tables.wide_table(shown_table(view, unit).rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
     errs = compared["peak error"].dropna()
     big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
     if len(errs):
@@ -652,7 +662,7 @@ if dist_rows.empty:
                "same models and writes data/training_steps_dist_h200.csv, which this section "
                "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
 else:
-    c.wide_table(shown_table(dist_rows, unit).rename(columns=MEASURED_SHORT), DIST_FIRST, "dcols")
+    tables.wide_table(shown_table(dist_rows, unit).rename(columns=MEASURED_SHORT), DIST_FIRST, "dcols")
     errs = dist_rows["peak error"].dropna()
     st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
                f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "
@@ -672,10 +682,10 @@ for gpu_name, col in ((H200, "fits one H200"), (H100, "fits one H100")):
     else:
         said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
                          f"{r['peak']})" for _, r in ok.iterrows())
-        st.markdown(f"- **One {gpu_name}**: {c.md_escape(said)}.")
-c.wide_table(answer, SEVEN_B_FIRST, "acols")
+        st.markdown(f"- **One {gpu_name}**: {md_escape(said)}.")
+tables.wide_table(answer, SEVEN_B_FIRST, "acols")
 st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
            "keep only an output and a log-sum-exp per row.")
 
-c.sync_url(SPECS)
+sync_url(SPECS)

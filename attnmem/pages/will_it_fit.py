@@ -25,16 +25,27 @@ from streamlit.errors import StreamlitAPIException  # noqa: E402
 from attnmem.calc import DEFAULT_GPU, DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
 from attnmem.calc.gpus import torch_total_bytes  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import common as c  # noqa: E402
 from attnmem.pages import hub_model as hub  # noqa: E402
 from attnmem.pages.custom_config import CUSTOM, custom_model  # noqa: E402
-from attnmem.pages.ui import fit  # noqa: E402
-from attnmem.pages.ui.url_state import ChoiceParam, IntParam  # noqa: E402
+from attnmem.pages.ui import (  # noqa: E402
+    fit,  # noqa: E402
+    tables,
+    widgets,
+)
+from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
+from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
+from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.units import fmt  # noqa: E402
+from attnmem.pages.ui.url_state import (  # noqa: E402
+    ChoiceParam,
+    IntParam,
+    md_escape,  # noqa: E402
+)
 
 # The same specs as the pages that explain each task, so that values carry over between them.
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
-    "gpu": ChoiceParam(DEFAULT_GPU, c.gpu_options(GPUS)),
+    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
     "task": ChoiceParam("inference", fit.TASKS),
     "b": IntParam(1, 1, 65_536),
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
@@ -85,16 +96,16 @@ def link(path: str, title: str, icon: str, what: str, query: dict[str, str]) -> 
     try:
         st.page_link(path, label=f"{title}: {what}", icon=icon, query_params=query)
     except StreamlitAPIException:
-        st.markdown(f"[{title}](/{Path(path).stem}): " + c.md_escape(what))
+        st.markdown(f"[{title}](/{Path(path).stem}): " + md_escape(what))
 
 
-c.page_setup("will_it_fit")
+page_setup("will_it_fit")
 st.title("Will it fit?")
 st.markdown("**Does this model run this task at this context length on this GPU?** One answer, "
             "from the same function the task's own page uses.")
 
 top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
-choice = c.select("Model", "model", SPECS["model"], where=top[0])
+choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
 used: dict[str, Any] = dict(SPECS)
 if choice == hub.HUB:
     model = hub.hub_model(where=top[0])
@@ -113,15 +124,15 @@ elif choice == CUSTOM:
 else:
     model = MODELS[choice]
     origin = model.source
-gpu = c.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({c.fmt(GPUS[g])})")
-task = c.select("Task", "task", SPECS["task"], where=top[2], format_func=fit.TASK_LABELS.get,
+gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+task = widgets.select("Task", "task", SPECS["task"], where=top[2], format_func=fit.TASK_LABELS.get,
                 help="LoRA and QLoRA here use the Training step page's defaults (rank 16, all "
                      "linear layers, fp32 adapters); that page changes each of them.")
 row = st.columns(3)
-batch = c.int_input(BATCH_LABEL[task], "b", SPECS["b"], where=row[0])
+batch = widgets.int_input(BATCH_LABEL[task], "b", SPECS["b"], where=row[0])
 new_tokens = 1
 if task == "inference":
-    new_tokens = c.int_input("New tokens", "new", SPECS["new"], where=row[1])
+    new_tokens = widgets.int_input("New tokens", "new", SPECS["new"], where=row[1])
 else:
     del used["new"]
 if task in ("inference", "serving"):
@@ -130,22 +141,22 @@ if task in ("inference", "serving"):
 else:
     del used["wdtype"]
     wd = "bf16"
-seq_len = c.seq_len_input(UNITS_LABEL[task], "s", SPECS["s"], hi_pow2=1 << 24)
+seq_len = widgets.seq_len_input(UNITS_LABEL[task], "s", SPECS["s"], hi_pow2=1 << 24)
 
-unit = c.get_unit()
+unit = get_unit()
 # "Fits" uses the memory torch can allocate on this GPU where it is sourced (attnmem.calc.gpus), as the
 # task pages do; the spec-sheet figure is shown beside it.
 gpu_bytes = torch_total_bytes(gpu)
-st.caption(f"{gpu}: \"fits\" uses {c.fmt(gpu_bytes, unit)}"
+st.caption(f"{gpu}: \"fits\" uses {fmt(gpu_bytes, unit)}"
            + (f", what torch can allocate (attnmem.calc.gpus.torch_total_bytes); the spec sheet says "
-              f"{c.fmt(GPUS[gpu], unit)}." if gpu_bytes != GPUS[gpu] else
+              f"{fmt(GPUS[gpu], unit)}." if gpu_bytes != GPUS[gpu] else
               ", the spec sheet's figure (no torch figure sourced for it)."))
 trained = model.max_position_embeddings
-st.caption(f"**{c.md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
+st.caption(f"**{md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
            f"{model.num_kv_heads} KV heads, trained context "
            f"{f'{trained:,} tokens' if trained else 'not stated'}; shapes from "
-           f"{c.md_escape(origin)}.")
-c.trained_context_note(model, seq_len)
+           f"{md_escape(origin)}.")
+trained_context_note(model, seq_len)
 if trained and seq_len <= trained < seq_len + new_tokens - 1:  # the prompt fits, the answer not
     st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
             f"{trained:,} tokens this model was trained for.")
@@ -170,30 +181,30 @@ else:
         del query["model"]
 
 if v.refused:  # calc does not model this model for this task: its reason, no numbers
-    st.error(c.md_escape(f"{fit.TASK_LABELS[task]} is not modelled for {model.name}: "
+    st.error(md_escape(f"{fit.TASK_LABELS[task]} is not modelled for {model.name}: "
                          f"{v.refused}"), icon=":material/block:")
 else:
     for note in v.notes:
-        st.caption(c.md_escape(note))
+        st.caption(md_escape(note))
     limit_name = gpu if v.limit_bytes == gpu_bytes else f"vLLM's budget on the {gpu}"
     if v.fits:
         free = v.limit_bytes - v.peak_bytes
-        st.success(f"**Fits** on one {gpu}: peak {c.fmt(v.peak_bytes, unit)} of "
-                   f"{c.fmt(v.limit_bytes, unit)} ({limit_name}), {c.fmt(free, unit)} free. "
+        st.success(f"**Fits** on one {gpu}: peak {fmt(v.peak_bytes, unit)} of "
+                   f"{fmt(v.limit_bytes, unit)} ({limit_name}), {fmt(free, unit)} free. "
                    f"Computed by {v.source}.", icon=":material/check_circle:")
     else:
-        st.error(f"**Does not fit** on one {gpu}: peak {c.fmt(v.peak_bytes, unit)} against "
-                 f"{c.fmt(v.limit_bytes, unit)} ({limit_name}), "
-                 f"{c.fmt(v.peak_bytes - v.limit_bytes, unit)} over. Computed by {v.source}.",
+        st.error(f"**Does not fit** on one {gpu}: peak {fmt(v.peak_bytes, unit)} against "
+                 f"{fmt(v.limit_bytes, unit)} ({limit_name}), "
+                 f"{fmt(v.peak_bytes - v.limit_bytes, unit)} over. Computed by {v.source}.",
                  icon=":material/cancel:")
     m1, m2, m3 = st.columns(3)
-    m1.metric("Peak", c.fmt(v.peak_bytes, unit),
-              help=f"{c.COMPUTED}: {v.source}" + (f", attention {v.attention}" if v.attention else "")
+    m1.metric("Peak", fmt(v.peak_bytes, unit),
+              help=f"{COMPUTED}: {v.source}" + (f", attention {v.attention}" if v.attention else "")
               + f"; at {v.where}.")
     longest = ("none" if v.longest == 0 else
                f"≥ {v.longest:,}" if v.longest_at_bound else f"{v.longest:,}")
     m2.metric("Longest context that fits (tokens)", longest,
-              help=f"{c.COMPUTED}: {v.longest_source}, an exact integer search"
+              help=f"{COMPUTED}: {v.longest_source}, an exact integer search"
               + (f" (it stops at {MAX_SEQ_LEN:,}, the longest calc accepts)" if v.longest_at_bound else "")
               + ".")
     if v.gpus is None:
@@ -203,8 +214,8 @@ else:
     else:
         shown = f"{v.gpus:,}"
     m3.metric(f"{gpu.removeprefix('NVIDIA ')} GPUs needed at s = {seq_len:,}", shown,
-              help=f"{c.COMPUTED}: {v.gpus_how}.")
-    st.caption(f"Peak at **{c.md_escape(v.where)}** (computed, {v.source}).")
+              help=f"{COMPUTED}: {v.gpus_how}.")
+    st.caption(f"Peak at **{md_escape(v.where)}** (computed, {v.source}).")
     if v.longest == 0:
         st.error(f"Nothing fits: {v.nothing_fits}.", icon=":material/block:")
     elif trained and v.longest + new_tokens - 1 > trained:
@@ -219,13 +230,13 @@ else:
         st.error(f"Never fits at any number of {gpu} GPUs: {why}.", icon=":material/block:")
 
     total = max(v.peak_bytes, 1)
-    table = pd.DataFrame([{"part of the peak": p, "size (computed)": c.fmt(x, unit),
+    table = pd.DataFrame([{"part of the peak": p, "size (computed)": fmt(x, unit),
                            "share": f"{x / total:.0%}", "bytes": f"{x:,}"}
                           for p, x in v.parts.items()]
-                         + [{"part of the peak": "peak", "size (computed)": c.fmt(v.peak_bytes, unit),
+                         + [{"part of the peak": "peak", "size (computed)": fmt(v.peak_bytes, unit),
                              "share": "100%", "bytes": f"{v.peak_bytes:,}"}])
-    c.table(table, hide_index=True)
-    st.caption(f"{c.COMPUTED}: {v.source}. " + {
+    tables.table(table, hide_index=True)
+    st.caption(f"{COMPUTED}: {v.source}. " + {
         "inference": "transformers' generate() with a dynamic cache (bf16 KV cache), SDPA "
                      "attention with torch choosing its backend; measured within about 1% on "
                      "an H200.",
@@ -253,4 +264,4 @@ if choice == CUSTOM:
     st.caption("The config.json given here carries over to Model memory; the other pages take "
                "a preset or a Hub id, so they open with their own model.")
 
-c.sync_url(used)
+sync_url(used)

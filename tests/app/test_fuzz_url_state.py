@@ -165,7 +165,7 @@ def test_accepted_number_means_what_the_text_says(text: str) -> None:
 @FUZZ
 @given(key=st.sampled_from(sorted(SPECS)), value=st.one_of(HOSTILE, raw_text))
 def test_is_valid_answers_for_anything(key: str, value: Any) -> None:
-    """attnmem.pages.common keeps widget values in the session and asks is_valid: never a traceback."""
+    """attnmem.pages.ui.state keeps widget values in the session and asks is_valid: never a traceback."""
     assert SPECS[key].is_valid(value) in (True, False)
 
 

@@ -125,7 +125,7 @@ MAIN_COLUMN_PX = 820
 
 
 def _widths(grid) -> dict[str, int]:
-    """The column widths the page gave a grid (attnmem.pages.common.fit_widths), by header."""
+    """The column widths the page gave a grid (attnmem.pages.ui.tables.fit_widths), by header."""
     cfg = json.loads(grid.proto.columns)
     return {k: v["width"] for k, v in cfg.items() if "width" in v}
 

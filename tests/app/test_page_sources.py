@@ -3,7 +3,7 @@
 - Every file a page or app.py names (a `*.md` name, a relative path) exists in this
   repository: a caption that sends the user to notes kept beside the repository sends them
   nowhere.
-- Tables go through attnmem.pages.common.table, which shows a missing cell as a dash; a bare
+- Tables go through attnmem.pages.ui.tables.table, which shows a missing cell as a dash; a bare
   st.dataframe shows the text "None".
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "attnmem" / "pages").rglob("*.py")) + [ROOT / "app.py"]
+TABLES = ROOT / "attnmem" / "pages" / "ui" / "tables.py"  # the helper itself
 _MD = re.compile(r"[A-Za-z0-9_./-]*[A-Za-z0-9_-]+\.md\b")
 _UP = re.compile(r"\.\./[A-Za-z0-9_./-]+")
 
@@ -35,13 +36,13 @@ def test_pages_name_only_files_in_the_repository() -> None:
 
 
 def test_tables_show_missing_cells_as_a_dash() -> None:
-    bare = [f"{src.relative_to(ROOT)}:{n}" for src in SOURCES if src.name != "common.py"
+    bare = [f"{src.relative_to(ROOT)}:{n}" for src in SOURCES if src != TABLES
             for n, line in enumerate(src.read_text().splitlines(), 1) if "st.dataframe(" in line]
-    assert not bare, f"use c.table (missing cells as '—'), not st.dataframe: {bare}"
+    assert not bare, f"use tables.table (missing cells as '—'), not st.dataframe: {bare}"
 
 
 def test_table_helper_sets_the_placeholder() -> None:
-    from attnmem.pages import common as c
+    from attnmem.pages.ui import tables
 
     seen = {}
 
@@ -49,5 +50,5 @@ def test_table_helper_sets_the_placeholder() -> None:
         def dataframe(self, data, **kw):
             seen.update(kw)
 
-    c.table([1], where=Where(), hide_index=True)
-    assert seen == {"placeholder": c.MISSING, "hide_index": True}
+    tables.table([1], where=Where(), hide_index=True)
+    assert seen == {"placeholder": tables.MISSING, "hide_index": True}

@@ -257,7 +257,7 @@ def test_model_config_with_duplicate_keys_is_refused() -> None:
 def test_csv_downloads_escape_formulas_in_any_text_dtype() -> None:
     import pandas as pd
 
-    from attnmem.pages.common import csv_bytes
+    from attnmem.pages.ui.charts import csv_bytes
 
     for dtype in (object, "string", "category"):
         df = pd.DataFrame({"model": pd.Series(["=cmd|' /C calc'!A0", "+1", "ok"], dtype=dtype), "b": [1, 2, 3]})

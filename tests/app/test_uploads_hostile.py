@@ -382,7 +382,7 @@ def test_escape_cell_leaves_harmless_values() -> None:
 
 
 def test_page_csv_downloads_escape_text_columns() -> None:
-    from attnmem.pages.common import csv_bytes
+    from attnmem.pages.ui.charts import csv_bytes
 
     df = pd.DataFrame({"model": INJECTIONS + EMBEDDED, "bytes": range(len(INJECTIONS) + 3)})
     assert_no_formula(csv_bytes(df).decode())

@@ -8,7 +8,7 @@ chips), a selectbox's shown value (an <input> that clips), a multiselect's chip 
 scrolls sideways, and an HTML table (st.table) that scrolls sideways in its box (a "wide
 table"). st.dataframe draws on a canvas (glide data grid), so its cells cannot be read here:
 the pages give their tables column widths that fit the content instead
-(attnmem/pages/common.fit_widths), and a grid whose columns together are wider than its container
+(attnmem/pages/ui/tables.fit_widths), and a grid whose columns together are wider than its container
 (its scroller's scrollWidth > clientWidth: the table scrolls sideways, its right-hand columns
 out of view) is reported as a "wide table", named by its column headers.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from attnmem.pages.common import CHAR_WIDTHS
+from attnmem.pages.ui.tables import CHAR_WIDTHS
 from tests.browser.test_offline import off_machine
 from tests.browser.test_pages_in_chromium import CHROMIUM, LAUNCH_ARGS, TIMEOUT_MS, _app_server
 
@@ -227,7 +227,7 @@ def test_nothing_is_cut_off(walk: Walk, size: tuple[int, int]) -> None:
 
 
 def test_column_widths_hold_the_grid_font(walk: Walk) -> None:
-    """attnmem.pages.common.fit_widths sizes a column from CHAR_WIDTHS: no character may be wider in
+    """attnmem.pages.ui.tables.fit_widths sizes a column from CHAR_WIDTHS: no character may be wider in
     the font the grid draws with than listed there, or a cell that was given its width would
     be cut off (the grid draws on a canvas, so test_nothing_is_cut_off cannot see it)."""
     font = walk.grid_font
@@ -235,7 +235,7 @@ def test_column_widths_hold_the_grid_font(walk: Walk) -> None:
     assert font["loaded"], f"the grid's font is not loaded (a fallback font is wider): {font['fonts']}"
     wider = {ch: (round(px, 2), CHAR_WIDTHS[ch]) for ch, px in font["widths"].items()
              if px > CHAR_WIDTHS[ch] + 1e-6}
-    assert not wider, f"wider in {font['fonts']} than attnmem.pages.common.CHAR_WIDTHS ([measured, listed] px): {wider}"
+    assert not wider, f"wider in {font['fonts']} than attnmem.pages.ui.tables.CHAR_WIDTHS ([measured, listed] px): {wider}"
 
 
 def test_no_page_requests_another_host(walk: Walk) -> None:

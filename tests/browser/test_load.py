@@ -37,9 +37,9 @@ def _decorator_name(node: ast.expr) -> tuple[str, ast.Call | None]:
 def test_every_cache_with_arguments_is_bounded() -> None:
     """st.cache_data/cache_resource keep one entry per distinct argument tuple: without
     max_entries, sessions moving sliders through new values grow the server forever.
-    (attnmem.pages.common.cached has a default bound; a function without arguments has one entry.)"""
+    (attnmem.pages.ui.state.cached has a default bound; a function without arguments has one entry.)"""
     unbounded = []
-    for path in [ROOT / "app.py", *sorted((ROOT / "attnmem" / "pages").glob("*.py"))]:
+    for path in [ROOT / "app.py", *sorted((ROOT / "attnmem" / "pages").rglob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -54,10 +54,10 @@ def test_every_cache_with_arguments_is_bounded() -> None:
     assert not unbounded, f"caches without max_entries: {unbounded}"
 
 
-def test_common_cached_helper_is_bounded() -> None:
-    tree = ast.parse((ROOT / "attnmem" / "pages" / "common.py").read_text())
+def test_cached_helper_is_bounded() -> None:
+    tree = ast.parse((ROOT / "attnmem" / "pages" / "ui" / "state.py").read_text())
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "cached")
-    assert "max_entries" in ast.unparse(fn), "attnmem.pages.common.cached must pass max_entries"
+    assert "max_entries" in ast.unparse(fn), "attnmem.pages.ui.state.cached must pass max_entries"
 
 
 def test_helpers() -> None:

@@ -1,4 +1,14 @@
-"""UI helpers the pages share, pure Python and tested on their own: URL state (``url_state``),
-spreadsheet-safe exports (``export``) and the one table of implementation labels and colours
-(``labels``). No streamlit import here. Uploaded config.json files are read within limits by
-attnmem.calc.config_json, which the command line shares."""
+"""What the pages share, so that a page is its inputs, one calc call and a view.
+
+Pure Python, no streamlit import, tested on their own: URL parsing (``url_state``),
+spreadsheet-safe exports (``export``), the one table of implementation labels and colours
+(``labels``), the weight-dtype choice and the GPU memory "fits" uses (``weights``), and each
+page's logic that is not the model's (``fit``, ``inference``, ``finetune``).
+
+Streamlit widgets: URL-bound input state (``state``) and the inputs bound to it (``widgets``),
+the GB/GiB switch and byte formatting (``units``), tables (``tables``), charts and their
+downloads (``charts``), warnings and notes (``messages``), and the model and GPU pickers
+(``pickers``).
+
+Uploaded config.json files are read within limits by attnmem.calc.config_json, which the
+command line shares."""

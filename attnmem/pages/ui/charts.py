@@ -1,0 +1,113 @@
+"""Charts and their downloads: the common plotly layout, log axes of sequence lengths, a GPU's
+memory as a dashed line, and `chart`, which draws a figure with its "chart as HTML" and
+"numbers as CSV" buttons. Streamlit widgets.
+
+The CSV a button serves is formula-safe (attnmem.pages.ui.export): a spreadsheet never runs a
+cell of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+import streamlit as st
+
+from attnmem.calc.units import short_len
+from attnmem.pages.ui.export import safe_csv_bytes
+from attnmem.pages.ui.units import fmt, in_unit
+
+
+def csv_bytes(df: pd.DataFrame) -> bytes:
+    """The CSV a download button serves: formula-safe, every text cell quoted."""
+    return safe_csv_bytes(df)
+
+
+def download_csv(df: pd.DataFrame, file_name: str, key: str, where: Any = st) -> None:
+    """A 'numbers as CSV' button; the file is built only when clicked."""
+    where.download_button(
+        "⬇ Numbers (CSV)", data=lambda: csv_bytes(df), file_name=file_name, mime="text/csv",
+        key=key, on_click="ignore",
+    )
+
+
+def download_html(fig: go.Figure | dict[str, Any], file_name: str, key: str, where: Any = st) -> None:
+    """A 'chart as HTML' button (interactive, works offline); built only when clicked."""
+    where.download_button(
+        "⬇ Chart (HTML)", data=lambda: pio.to_html(fig, include_plotlyjs=True, full_html=True),
+        file_name=file_name, mime="text/html", key=key, on_click="ignore",
+        help="An interactive copy of the chart. For a PNG, use the camera icon in the chart's toolbar.",
+    )
+
+
+def style(fig: go.Figure, x_title: str, y_title: str, height: int = 430) -> go.Figure:
+    """Common layout. No template and no background colours: st.plotly_chart's Streamlit
+    theme follows the app's light or dark theme."""
+    fig.update_layout(
+        height=height,
+        margin=dict(l=10, r=10, t=40, b=10),
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        hoverlabel=dict(namelength=-1),
+    )
+    return fig
+
+
+def figure(
+    traces: list[dict[str, Any]],
+    x_title: str,
+    y_title: str,
+    height: int = 430,
+    xaxis: dict[str, Any] | None = None,
+    yaxis: dict[str, Any] | None = None,
+    **layout: Any,
+) -> dict[str, Any]:
+    """A plotly figure as a plain dict (same layout as `style`).
+
+    Building go.Figure objects validates every property in Python (~40 ms for a dozen traces);
+    st.plotly_chart validates a dict once anyway, so dicts keep slider re-runs fast.
+    """
+    lay: dict[str, Any] = dict(
+        height=height,
+        margin=dict(l=10, r=10, t=40, b=10),
+        xaxis=dict(title=dict(text=x_title), **(xaxis or {})),
+        yaxis=dict(title=dict(text=y_title), **(yaxis or {})),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        hoverlabel=dict(namelength=-1),
+    )
+    lay.update(layout)
+    return {"data": traces, "layout": lay}
+
+
+def log_len_xaxis(lo: int, hi: int) -> dict[str, Any]:
+    """Log x axis of sequence lengths, ticks at powers of four labelled 128, 512, 2K, 8K, ..."""
+    ticks = [1 << p for p in range(max(lo, 1).bit_length() - 1, hi.bit_length(), 2)]
+    return dict(type="log", tickvals=ticks, ticktext=[short_len(t) for t in ticks])
+
+
+def capacity_dict(name: str, n_bytes: int, x0: float, x1: float, unit: str) -> dict[str, Any]:
+    """A GPU's memory as a dashed horizontal line with a legend entry and hover value, as a
+    plain dict (see `figure`). A trace, not an add_hline shape: hline annotations land in the
+    wrong place on log axes."""
+    y = in_unit(n_bytes, unit)
+    return dict(
+        type="scatter", x=[x0, x1], y=[y, y], mode="lines", name=f"{name} ({fmt(n_bytes, unit)})",
+        line=dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5),
+        hovertemplate=f"{name}: {fmt(n_bytes, unit)} ({n_bytes:,} bytes)<extra></extra>",
+    )
+
+
+def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.DataFrame | None = None) -> None:
+    """Draw a figure (theme follows the app) with its download buttons underneath."""
+    st.plotly_chart(
+        fig, key=key, theme="streamlit",
+        config={"displaylogo": False, "toImageButtonOptions": {"filename": file_stem, "scale": 2}},
+    )
+    row = st.container(horizontal=True, horizontal_alignment="left")
+    download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=row)
+    if df is not None:
+        download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=row)
+

@@ -1,0 +1,146 @@
+"""URL-bound input state: every page's inputs live in the URL and carry over between pages.
+Streamlit session state.
+
+Each input has a key, which is also its query-parameter name, and a spec from
+attnmem.pages.ui.url_state that says its type, default and bounds. Before a widget is drawn,
+`init` puts its value into st.session_state: the value this page's widget already has, else the
+URL's (parsed; a bad value gives the default and a st.warning naming the key, the value and
+what is accepted), else the last value this session gave an input of the same name and spec on
+any page, else the default. After the page has drawn everything, `sync_url` writes the page's
+inputs back into the URL, so the address bar is always a link to the current view. Every page
+calls `page_setup(name)` first and `sync_url(specs)` last.
+
+The memory unit (GB or GiB, key `unit`) is one of these values on every page: app.py draws its
+switch (attnmem.pages.ui.units.unit_switch) and `sync_url` writes it into every URL. `cached`
+is the bounded st.cache_data the pages keep their sweeps in between runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import streamlit as st
+
+from attnmem.pages.ui.messages import warn
+from attnmem.pages.ui.url_state import (
+    BoolParam,
+    ChoiceParam,
+    FloatParam,
+    IntParam,
+    MultiChoiceParam,
+    TextParam,
+)
+
+Spec = IntParam | FloatParam | ChoiceParam | BoolParam | MultiChoiceParam | TextParam
+
+UNIT_KEY = "unit"
+UNIT_SPEC = ChoiceParam("GB", ("GB", "GiB"))
+_KEEP = "_url_keep"  # session_state: (URL name, spec) -> last value used on any page
+_OWNER = "_url_owner"  # session_state: key -> page whose widget holds it now
+_PAGE = "_url_page"  # session_state: the page being drawn
+
+
+def _query_raw(key: str) -> str | list[str] | None:
+    """The raw URL value(s) of a key: None if absent, a string, or a list if repeated."""
+    values = st.query_params.get_all(key)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else list(values)
+
+
+def _valid(spec: Spec, value: Any) -> bool:
+    if isinstance(spec, MultiChoiceParam):
+        return isinstance(value, (list, tuple)) and spec.is_valid(tuple(value))
+    return spec.is_valid(value)
+
+
+def _widget_value(spec: Spec, value: Any) -> Any:
+    return list(value) if isinstance(spec, MultiChoiceParam) else value
+
+
+def page_setup(name: str) -> None:
+    """Call first on every page: names the page whose widgets the following calls draw."""
+    st.session_state[_PAGE] = name
+
+
+def claim(key: str, page: str | None = None) -> bool:
+    """Record that `key` now belongs to this page's widget; True if it already did.
+
+    Widget state survives one run after a page switch, so a key that another page's widget
+    used (same URL name, different widget) must be set again explicitly, or the new widget
+    would start from its own default instead of the shared value.
+    """
+    owners: dict[str, str] = st.session_state.setdefault(_OWNER, {})
+    page = page if page is not None else st.session_state.get(_PAGE, "")
+    mine = owners.get(key) == page
+    owners[key] = page
+    return mine
+
+
+def _keep_key(key: str, spec: Spec) -> str:
+    """Values are shared across pages by URL name AND spec: the same name with the same type,
+    default and bounds means the same input (H on Score matrix, Scaling and the explainer);
+    the same name with another spec (the score page's dtype, which has 'custom') is its own."""
+    return f"{key}\x1f{spec!r}"
+
+
+def init(key: str, spec: Spec, page: str | None = None) -> None:
+    """Put the value of widget `key` into session_state before the widget is drawn.
+
+    The value is written on every run, even when it is this page's widget's own value: a
+    value written through session_state is sent to the browser with the widget, so the box
+    on screen always shows the value this run computes with. Left unwritten, the browser
+    draws the widget from what it remembers for that widget, which after a page switch in
+    the middle of a run can be another visit's value (issue 32: the widgets showed a T4 and
+    s = 1 while the numbers were the H100's and 8,192's).
+    """
+    keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
+    if claim(key, page) and key in st.session_state and _valid(spec, st.session_state[key]):
+        st.session_state[key] = st.session_state[key]
+        return
+    kept = keep.get(_keep_key(key, spec))
+    raw = _query_raw(key)
+    parsed = spec.parse(key, raw) if raw is not None else None
+    if parsed is not None and parsed.warning:
+        warn(parsed.warning)
+        value = spec.default
+    elif parsed is not None:
+        value = parsed.value
+    elif kept is not None and _valid(spec, kept):
+        value = kept
+    else:
+        value = spec.default
+    st.session_state[key] = _widget_value(spec, value)
+
+
+def sync_url(specs: Mapping[str, Spec]) -> None:
+    """Write the page's inputs (and the unit) into the URL; remember them for other pages."""
+    keep: dict[str, Any] = st.session_state.setdefault(_KEEP, {})
+    wanted: dict[str, str] = {UNIT_KEY: get_unit()}
+    keep[_keep_key(UNIT_KEY, UNIT_SPEC)] = wanted[UNIT_KEY]
+    for key, spec in specs.items():
+        if key in st.session_state:
+            value = st.session_state[key]
+            value = tuple(value) if isinstance(spec, MultiChoiceParam) else value
+            keep[_keep_key(key, spec)] = value
+            wanted[key] = spec.to_url(value)
+    if st.query_params.to_dict() != wanted:
+        st.query_params.from_dict(wanted)
+
+
+def get_unit() -> str:
+    """'GB' or 'GiB': the sidebar switch's value, else the URL's, else GB."""
+    value = st.session_state.get(UNIT_KEY)
+    if value in UNIT_SPEC.choices:
+        return value
+    parsed = UNIT_SPEC.parse(UNIT_KEY, _query_raw(UNIT_KEY))
+    if parsed.warning is None and _query_raw(UNIT_KEY) is not None:
+        return parsed.value
+    kept = st.session_state.get(_KEEP, {}).get(_keep_key(UNIT_KEY, UNIT_SPEC))
+    return kept if kept in UNIT_SPEC.choices else UNIT_SPEC.default
+
+
+def cached(max_entries: int = 64) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """st.cache_data for sweeps, bounded so a long session cannot grow memory without limit."""
+    return st.cache_data(max_entries=max_entries, show_spinner=False)

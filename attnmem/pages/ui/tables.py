@@ -1,0 +1,177 @@
+"""Tables that read without scrolling sideways in a 1280 px window with the sidebar open.
+Streamlit widgets.
+
+`table` is st.dataframe with missing cells shown as a dash and every column as wide as its
+longest cell or header in the grid's font (`fit_widths`: the grid draws on a canvas, so nothing
+in the DOM shows a cut-off cell); `text_table` and `code_table` are HTML tables whose cells wrap;
+`wide_table` shows the columns that answer its question and a URL-bound "show all" checkbox.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from attnmem.pages.ui.url_state import BoolParam
+from attnmem.pages.ui.widgets import toggle
+
+#: What a table shows for a missing value (Streamlit's default is the text "None").
+MISSING = "—"
+
+
+#: Advance width in px of each character in st.dataframe's grid, whose cells and headers are
+#: drawn in 400 14px "Source Sans" (the grid's --gdg-base-font-style, --gdg-header-font-style
+#: and --gdg-font-family under Streamlit's theme): measured with canvas measureText in Debian's
+#: Chromium, rounded up to 0.1 px. tests/browser/test_layout.py measures them again in the
+#: running app and fails if a character is wider than listed here.
+_WIDTH_GROUPS: tuple[tuple[str, float], ...] = (
+    (' ', 2.8),
+    ('|', 3.4),
+    ("',.:;ij·′", 3.5),
+    ('l', 3.6),
+    ('I', 3.7),
+    ('!f', 4.1),
+    ('()[]{}', 4.3),
+    ('-', 4.4),
+    ('t', 4.8),
+    ('/\\r', 4.9),
+    ('ᵀ', 5.0),
+    ('²³', 5.2),
+    ('ℓ', 5.8),
+    ('*s', 5.9),
+    ('"?z', 6.0),
+    ('x', 6.3),
+    ('c', 6.4),
+    ('vy', 6.6),
+    ('Y', 6.7),
+    ('J–', 6.8),
+    ('L', 6.9),
+    ('0123456789#$+<=>F^_ek~×≥≤≈é±', 7.0),
+    ('ag', 7.1),
+    ('X', 7.2),
+    ('V', 7.3),
+    ('E', 7.4),
+    ('S', 7.5),
+    ('TZ`o', 7.6),
+    ('Ahnuσ', 7.7),
+    ('bdpq', 7.8),
+    ('µ', 7.9),
+    ('CPR', 8.0),
+    ('K', 8.2),
+    ('B', 8.3),
+    ('&', 8.6),
+    ('DG→', 8.7),
+    ('NU', 9.1),
+    ('H', 9.2),
+    ('OQ', 9.3),
+    ('w', 10.1),
+    ('M', 10.2),
+    ('∞', 11.0),
+    ('W', 11.1),
+    ('—', 11.2),
+    ('%', 11.6),
+    ('m', 11.7),
+    ('@', 11.9),
+    ('…', 13.3),
+)
+CHAR_WIDTHS: dict[str, float] = {ch: px for chars, px in _WIDTH_GROUPS for ch in chars}
+#: A character not measured counts as the widest one measured (the ellipsis "…").
+WIDEST_CHAR_PX = max(CHAR_WIDTHS.values())
+#: A cell's padding (the grid's --gdg-cell-horizontal-padding, 8 px, on each side) plus 4 px
+#: to spare; no column wider than MAX_COL_PX.
+CELL_PAD_PX, MAX_COL_PX = 20, 640
+
+
+def text_px(text: str) -> float:
+    """Width in px of `text` in the grid's font: the sum of its characters' advance widths
+    (CHAR_WIDTHS; canvas measureText of a string equals that sum for this font, no kerning)."""
+    return sum(CHAR_WIDTHS.get(ch, WIDEST_CHAR_PX) for ch in text)
+
+
+def fit_widths(data: pd.DataFrame, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A pixel width per column that holds its longest cell and its header (issue 32: a grid
+    sized by its first data cut "1,099,511,627,776" to "1,099,511,627,77" when the numbers
+    grew; the grid draws on a canvas, so nothing in the DOM shows the cut). Columns `given`
+    a config keep theirs."""
+    cfg: dict[str, Any] = dict(given or {})
+    for col in data.columns:
+        if col in cfg or not isinstance(col, str):
+            continue
+        cells = data[col].head(2000)
+        widest = float(cells.map(lambda v: text_px(MISSING if v is None or v != v else
+                                                   f"{v:,}" if isinstance(v, int) else str(v))).max()
+                       if len(cells) else 0)
+        px = max(widest, text_px(col))
+        cfg[col] = st.column_config.Column(width=min(MAX_COL_PX, math.ceil(CELL_PAD_PX + px)))
+    return cfg
+
+
+def table(data: Any, where: Any = st, **kw: Any) -> Any:
+    """st.dataframe with missing cells shown as a dash instead of "None" (measured tables
+    have columns a row does not fill: a failed run has no time, an old row no version), and
+    every column as wide as its content (fit_widths)."""
+    kw.setdefault("placeholder", MISSING)
+    if isinstance(data, pd.DataFrame):
+        kw["column_config"] = fit_widths(data, kw.get("column_config"))
+    return where.dataframe(data, **kw)
+
+
+def text_table(data: pd.DataFrame, where: Any = st) -> Any:
+    """A table whose cells are sentences (what each tensor is, why it is kept) as st.table:
+    HTML, whose cells wrap at the container's width, where st.dataframe's grid draws each cell
+    on one line and scrolls sideways once the longest does not fit. No index; missing cells
+    a dash, as in `table`."""
+    return where.table(data.astype(object).where(data.notna(), MISSING), hide_index=True)
+
+
+def code_table(data: pd.DataFrame, long: Iterable[str], where: Any = st,
+               formats: Mapping[str, str] | None = None) -> Any:
+    """`text_table` for cells that hold long names without spaces (CUDA kernel names, C++
+    templates such as "sm80_xmma_gemm_f32f32_..._tilesize64x256x8_stage3"): in the columns
+    `long`, a line may break anywhere (CSS overflow-wrap: anywhere), where st.table breaks
+    only at a space and a 100-character name pushes the table wider than its container. The
+    rule goes through a pandas Styler, which st.table renders: st.table draws each cell's text
+    as markdown, a paragraph in a div, both with overflow-wrap: normal, so the rule names
+    them (and its id selector outranks their class rules). Numbers in the columns of
+    `formats` are shown with that format string (e.g. "{:.2f}"); the other columns keep
+    their words whole."""
+    cols = list(data.columns)
+    unknown = [col for col in [*long, *(formats or {})] if col not in cols]
+    if unknown:
+        raise ValueError(f"code_table: columns {unknown} are not in the table ({cols})")
+    styled = data.style.set_table_styles(
+        [{"selector": f"td.col{cols.index(col)} {tag}", "props": [("overflow-wrap", "anywhere")]}
+         for col in long for tag in ("div", "p")])
+    styled = styled.format(na_rep=MISSING)
+    for col, spec in (formats or {}).items():
+        styled = styled.format(spec, subset=[col], na_rep=MISSING)
+    return where.table(styled, hide_index=True)
+
+
+#: The URL value of a "show all columns" checkbox (wide_table): off unless the link says so.
+ALL_COLUMNS = BoolParam(False)
+
+
+def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = st,
+               spec: BoolParam = ALL_COLUMNS, **kw: Any) -> Any:
+    """A table of more columns than a 1280 px window shows beside the sidebar: the columns
+    `first` (in that order) by default, every column once the checkbox above it is ticked.
+    The checkbox is an input like the others (URL key `key`: put `key: spec` in the page's
+    specs for sync_url), so a link keeps the choice; its help names the columns it adds."""
+    kw.setdefault("hide_index", True)
+    first = list(first)
+    missing = [col for col in first if col not in data.columns]
+    if missing:
+        raise ValueError(f"wide_table: columns {missing} are not in the table ({list(data.columns)})")
+    rest = [col for col in data.columns if col not in first]
+    if not rest:
+        return table(data, where, **kw)
+    more = f"adds {', '.join(map(str, rest))}" if len(rest) <= 2 else f"{len(rest)} more"
+    every = toggle(f"Show all {len(data.columns)} columns ({more})", key, spec, where=where,
+                   help="Adds: " + ", ".join(map(str, rest)))
+    return table(data if every else data[first], where, **kw)
+
