@@ -94,8 +94,9 @@ SM90_QUERY_BLOCK = {64: 128, 128: 64}
 def sm90_region(batch: int, kv_heads: int, s_q: int, s_k: int, head_dim: int,
                 elem_bytes: int) -> bool:
     """Whether the default backward takes the Hopper path: no GQA split, atomic dQ (module
-    docstring). 16-bit, d = 64 or 128, and B·H_kv·⌈s_k/128⌉ ≥ 256 programs from s_q = 4,096;
-    at 512 ≤ s_q < 4,096, ≥ 512 programs and B·s_q ≥ 8,192 queries."""
+    docstring). 16-bit, d in ATOMIC_HEAD_DIMS, and B·H_kv·⌈s_k/SM90_KEY_BLOCK⌉ ≥
+    SM90_MIN_PROGRAMS programs from s_q = SM90_LONG_SEQ; at SM90_MIN_SEQ ≤ s_q < SM90_LONG_SEQ,
+    ≥ SM90_MIN_PROGRAMS_SHORT programs and B·s_q ≥ SM90_MIN_TOKENS_SHORT queries."""
     if elem_bytes != 2 or head_dim not in ATOMIC_HEAD_DIMS or s_q < SM90_MIN_SEQ:
         return False
     programs = batch * kv_heads * _cdiv(s_k, SM90_KEY_BLOCK)
@@ -113,9 +114,11 @@ def sm90_dq_rows(s_q: int, head_dim: int) -> int:
     return _cdiv(s_q, bm) * bm
 
 
-#: The packed Hopper backward's grids put sequences x query heads on CUDA's grid dimension y
-#: (its stats and cast kernels; the main kernel sequences x key/value heads), at most this many.
-SM90_PACKED_GRID_Y_MAX = 65535
+#: CUDA's limit on a grid's dimension y (gridDim.y), which the kernels check their grids against.
+GRID_Y_MAX = 65535
+#: The packed Hopper backward's grids put sequences x query heads on dimension y (its stats and
+#: cast kernels; the main kernel sequences x key/value heads), at most this many.
+SM90_PACKED_GRID_Y_MAX = GRID_Y_MAX
 
 
 def sm90_packed(n_seq: int, heads: int, kv_heads: int, max_len: int, total: int,
@@ -171,7 +174,7 @@ def kv_split(batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, head_dim
     """S: how many dK/dV programs share one key block of one key/value head (1 without GQA).
 
     1 in the Hopper region (`sm90_region`); elsewhere the smallest divisor S of the group
-    H/H_kv with B·H_kv·S·⌈s_k/128⌉ ≥ 1,024, else the whole group."""
+    H/H_kv with B·H_kv·S·⌈s_k/KV_SPLIT_BLOCK⌉ ≥ KV_SPLIT_MIN_PROGRAMS, else the whole group."""
     if sm90_region(batch, kv_heads, s_q, s_k, head_dim, elem_bytes):
         return 1
     return _triton_split(batch, heads, kv_heads, s_k)
@@ -181,9 +184,10 @@ def atomic_dq(batch: int, heads: int, kv_heads: int, s_q: int, s_k: int, head_di
               elem_bytes: int) -> bool:
     """Whether the backward adds dQ with atomics into an fp32 buffer by default.
 
-    Always in the Hopper region (`sm90_region`); elsewhere for 16-bit inputs, d = 64 or 128,
-    max(s_q, s_k) > 2,048 and B·H_kv·S·⌈s_k/BLOCK_N⌉ ≥ 2,048 dK/dV programs (S from
-    `kv_split`). The kernel also keeps the deterministic backward under
+    Always in the Hopper region (`sm90_region`); elsewhere for 16-bit inputs, d in
+    ATOMIC_HEAD_DIMS, max(s_q, s_k) ≥ ATOMIC_MIN_LEN and B·H_kv·S·⌈s_k/BLOCK_N⌉ ≥
+    ATOMIC_MIN_PROGRAMS dK/dV programs (BLOCK_N from ATOMIC_KEY_BLOCK, S from `kv_split`).
+    The kernel also keeps the deterministic backward under
     ``torch.use_deterministic_algorithms(True)``, a flag this pure rule does not see."""
     if sm90_region(batch, kv_heads, s_q, s_k, head_dim, elem_bytes):
         return True

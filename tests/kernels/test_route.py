@@ -96,6 +96,23 @@ def test_forward_settings_turn_the_defaults_off(monkeypatch):
     assert route.forward_route(call(d=128), KernelConfig(sm90=True), HOPPER).kernel == "sm90"
 
 
+def test_descriptors_from_the_length_bucket_desc_min_bucket():
+    """The portable forward reads K/V through descriptors by default (Hopper, 16-bit) where
+    the keys' length bucket reaches `route.DESC_MIN_BUCKET`: `common.seq_bucket` rounds up to
+    a power of two, so the switch lies between half the bucket and one key more."""
+    from attnmem.kernels.flash.common import seq_bucket
+
+    first = route.DESC_MIN_BUCKET // 2 + 1
+    assert seq_bucket(first) == route.DESC_MIN_BUCKET > seq_bucket(first - 1)
+    for s_k, want in ((first - 1, False), (first, True), (route.DESC_MIN_BUCKET, True)):
+        r = route.forward_route(call(s_q=s_k, s_k=s_k), KernelConfig(sm90=False), HOPPER)
+        assert (r.kernel, r.use_desc) == ("triton", want), s_k
+        fp32 = route.forward_route(call(s_q=s_k, s_k=s_k, elem=4), KernelConfig(sm90=False),
+                                   HOPPER)
+        assert (fp32.kernel, fp32.use_desc) == ("triton", False)
+    assert (first - 1, first) == (1024, 1025)  # what the constant's comment says
+
+
 # ---- the backward ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, can, want", [

@@ -152,16 +152,17 @@ def flash_attention(
                           (O, dQ; dK, dV; the log-sum-exp and delta = rowsum(dO*O), fp32)
                           + 4*B*H*s_q*d where the backward adds dQ with atomics into an fp32
                           buffer: by default for fp16/bf16 at d = 64 and 128 in the Hopper
-                          region (B*H_kv*ceil(s_k/128) >= 256 from s_q = 4,096; >= 512 and
-                          B*s_q >= 8,192 from s_q = 512; `attnmem.calc.dispatch.sm90_region`, where
-                          Hopper runs the Gluon backward),
-                          or max(s_q, s_k) > 2,048 and B*H_kv*S*ceil(s_k/BLOCK_N) >= 2,048
-                          (BLOCK_N = d; attnmem/kernels/flash/route.py, `atomic_by_default`),
+                          region (`attnmem.calc.dispatch.sm90_region`, where Hopper runs the
+                          Gluon backward), or where max(s_q, s_k) and the dK/dV programs
+                          B*H_kv*S*ceil(s_k/BLOCK_N) reach `attnmem.calc.dispatch`'s
+                          ATOMIC_MIN_LEN and ATOMIC_MIN_PROGRAMS (BLOCK_N = d;
+                          `attnmem.calc.dispatch.atomic_dq`, route.py's `atomic_by_default`),
                           unless torch.use_deterministic_algorithms(True) is in force (the
                           atomic adds make dQ nondeterministic in its last bits)
                           + 2*B*H_kv*S*s_k*d*e with GQA where the backward splits each group
                           over S programs (partial dK, dV sums; outside the Hopper region,
-                          S > 1 when B*H_kv*ceil(s_k/128) < 1,024: `route.kv_split`)
+                          S > 1 when B*H_kv*ceil(s_k/128) is below
+                          `attnmem.calc.dispatch.KV_SPLIT_MIN_PROGRAMS`: `route.kv_split`)
     Under torch.no_grad() the forward still writes the log-sum-exp (the same kernel runs).
 
     ``config``: a `KernelConfig` (every field None by default: the kernels' own rules) to
@@ -178,14 +179,16 @@ def flash_attention(
 
     On a Hopper GPU (compute capability 9.x, Triton with Gluon), fp16/bf16 run the
     hand-scheduled forward of ``fwd_sm90`` (same outputs, faster; see its docstring) at
-    d = 128, and at d = 64 when s_q and s_k both exceed 2,048 (4,096 when causal; with three
-    consumer warpgroups: 192 query rows per program). ``KernelConfig(sm90=False)`` turns it off;
-    ``KernelConfig(sm90=True)`` selects it for d = 64 at any length,
+    d = 128, and at d = 64 when s_q and s_k both reach ``fwd_sm90.THREE_WG_MIN_LEN`` for the
+    causal flag (with three consumer warpgroups: 192 query rows per program).
+    ``KernelConfig(sm90=False)`` turns it off; ``KernelConfig(sm90=True)`` selects it for
+    d = 64 at any length,
     ``KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)`` with three warpgroups,
     ``sm90=False`` the portable Triton forward. Elsewhere, on a Hopper GPU (Triton >= 3.4)
     the Triton forward reads K and V through tensor descriptors (the TMA copy engine) for
-    16-bit inputs with s_k > 1024 whose (batch, head, seq) flatten into rows (the contiguous
-    layout), and through pointers otherwise (``KernelConfig(use_desc=...)`` forces either).
+    16-bit inputs whose keys reach the length bucket ``route.DESC_MIN_BUCKET`` and whose
+    (batch, head, seq) flatten into rows (the contiguous layout), and through pointers
+    otherwise (``KernelConfig(use_desc=...)`` forces either).
     No environment variable changes any of this: `KernelConfig` is the only way to choose.
 
     Packed sequences (variable length, ``cu_seqlens``): several sequences concatenated along
@@ -204,9 +207,10 @@ def flash_attention(
     that tensor lives and is not modified, so the layers of one model step pay it once). On
     a Hopper GPU the forward of a packed call without a window runs the Gluon kernel's packed
     form where the dense rule above would run it for the longest sequence (d = 128; d = 64
-    past 2,048 keys and queries, 4,096 causal; ``KernelConfig(sm90=...)`` forces either way;
-    `fwd_sm90.attention_forward_sm90_packed`), else the portable Triton forward. The backward
-    of a packed call without a window is the Gluon backward's packed form on a Hopper GPU
+    from ``fwd_sm90.THREE_WG_MIN_LEN`` keys and queries; ``KernelConfig(sm90=...)`` forces
+    either way; `fwd_sm90.attention_forward_sm90_packed`), else the portable Triton forward.
+    The backward of a packed call without a window is the Gluon backward's packed form on a
+    Hopper GPU
     (fp16/bf16, d = 64 or 128, `attnmem.calc.dispatch.sm90_packed`; ``KernelConfig(sm90_bwd=...)``
     forces either way; `bwd_sm90.attention_backward_sm90_packed`), else the portable
     two-kernel one; neither splits a GQA group. Its memory, beyond q, k, v (and dO), whichever

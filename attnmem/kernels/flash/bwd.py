@@ -33,9 +33,9 @@ Splitting dQ from dK/dV costs two extra tile products (the dQ pass recomputes Q 
 dO V^T: 7 products of s_q * s_k * d instead of 5), but needs neither atomic adds nor an fp32
 dQ buffer, and the result is deterministic.
 
-Longer sequences (`route.atomic_by_default`: 16-bit, d = 64 or 128, the longer length above
-2,048, at least 2,048 dK/dV programs, or attnmem.calc.dispatch's Hopper region, `sm90_region`, where a
-Hopper GPU runs the Gluon backward, bwd_sm90.py, instead;
+Longer sequences (`route.atomic_by_default`, the rule of `attnmem.calc.dispatch.atomic_dq`:
+16-bit, d = 64 or 128, its ATOMIC_MIN_LEN and ATOMIC_MIN_PROGRAMS, or its Hopper region,
+`sm90_region`, where a Hopper GPU runs the Gluon backward, bwd_sm90.py, instead;
 ``KernelConfig.atomic_dq`` True/False forces either): a small
 kernel computes delta first, and the dK/dV programs also add their share scale * dS K of every
 query block's dQ into a zeroed fp32 buffer, which is cast to the inputs' dtype at the end.

@@ -681,12 +681,14 @@ def _descriptor_ok(t: torch.Tensor) -> bool:
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor | None = None,
            o: torch.Tensor | None = None) -> bool:
     """Whether this backward can run these inputs: a CUDA device of compute capability 9.x,
-    fp16/bf16, d in HEAD_DIMS, B * H_kv and the key blocks below the grid's 65,536 limit, and q, k, v (and dO,
-    O when given) in layouts a TMA descriptor can describe (O and dO also need unit last
-    strides for the delta kernel, which the descriptor rule implies)."""
+    fp16/bf16, d in HEAD_DIMS, B * H_kv and the key blocks within a grid dimension's
+    `dispatch.GRID_Y_MAX`, and q, k, v (and dO, O when given) in layouts a TMA descriptor can
+    describe (O and dO also need unit last strides for the delta kernel, which the descriptor
+    rule implies)."""
     if q.device.type != "cuda" or q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
-    if q.shape[0] * k.shape[1] >= 65536 or k.shape[2] > 65535 * BLOCK_N:
+    grid = dispatch.GRID_Y_MAX
+    if q.shape[0] * k.shape[1] > grid or k.shape[2] > grid * BLOCK_N:
         return False
     if q.shape[2] % 4:  # lse2 and delta rows of s_q fp32: 16-byte strides for the copy engine
         return False

@@ -104,7 +104,8 @@ class KernelConfig:
     tiles: Tiles | None = None
     # The portable forward loads its unmasked K/V tiles through tensor descriptors (TMA):
     # True forces it (ValueError where the layout or Triton cannot), False keeps pointer
-    # loads, None lets `route.forward_route` decide (Hopper, 16-bit, s_k >= 2,048).
+    # loads, None lets `route.forward_route` decide (Hopper, 16-bit, keys from the length
+    # bucket `route.DESC_MIN_BUCKET` up).
     use_desc: bool | None = None
     # The Hopper Gluon forward (fwd_sm90): True runs it (ValueError where it cannot run),
     # False runs the portable Triton forward, None the default rule (`route.forward_route`).

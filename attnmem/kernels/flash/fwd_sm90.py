@@ -52,7 +52,7 @@ block(s) of causal attention and the ragged tail run with one (two loops with th
 At d = 64 a third consumer warpgroup fits (CONSUMERS = 3, BLOCK_M = 192, FlashAttention-3's
 tile there): three warpgroups of 160 registers and the loader share the register file, and
 each K/V block loaded serves 192 query rows instead of 128. ``flash_attention`` runs it by
-default at d = 64 once both lengths exceed 2,048 (4,096 causal; `default_schedule`);
+default at d = 64 once both lengths reach `THREE_WG_MIN_LEN` (`default_schedule`);
 ``KernelConfig(sm90=True, sm90_consumers=3)`` selects it at any length.
 
 Computing part of each step's probabilities by a polynomial on the FMA units instead of the
@@ -99,6 +99,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnmem.calc import dispatch
 from attnmem.kernels.flash import common
 from attnmem.kernels.flash.launcher import DirectLauncher
 
@@ -515,7 +516,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def _layout_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     if q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
         return False
-    if q.shape[1] * q.shape[0] >= 65536:  # grid's second dimension: B * H
+    if q.shape[1] * q.shape[0] > dispatch.GRID_Y_MAX:  # grid's second dimension: B * H
         return False
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(idx)[0] != 9:

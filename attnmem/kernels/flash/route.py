@@ -87,13 +87,16 @@ def _import_error(module: ModuleType | None, name: str) -> str:
     reason = SM90_IMPORT_ERRORS.get(name) if module is None else None
     return f"; {name} failed to import: {reason}" if reason else ""
 
-# Below this length bucket the Triton forward loads K/V with pointers even where descriptors
-# work: encoding two tensor maps per launch costs more host time than the copy engine saves
-# on short keys (attnmem/kernels/flash/NOTES.md, "accumulate inside tl.dot, tensor descriptors").
+# The Triton forward loads K/V through tensor descriptors (Hopper, 16-bit) for keys whose
+# length bucket (`common.seq_bucket`: s_k rounded up to a power of two) is at least this, so
+# from s_k = 1,025 on; the stored tiles of these buckets were tuned with descriptors. Below,
+# pointer loads: encoding two tensor maps per launch costs more host time than the copy
+# engine saves on short keys (attnmem/kernels/flash/NOTES.md, "accumulate inside tl.dot,
+# tensor descriptors"). The one statement of this threshold: docstrings name it.
 DESC_MIN_BUCKET = 2048
-# Grid dimension 1 (y) holds at most 65,535 programs: the Hopper forward's packed grid puts
-# sequences x heads there (CUDA's limit on gridDim.y).
-GRID_Y_MAX = 65535
+# Grid dimension 1 (y) holds at most this many programs (CUDA's limit on gridDim.y): the
+# Hopper forward's packed grid puts sequences x heads there.
+GRID_Y_MAX = dispatch.GRID_Y_MAX
 
 kv_split = dispatch.kv_split
 
@@ -241,7 +244,8 @@ class ForwardRoute(NamedTuple):
 def _use_desc(call: Call, force: bool | None, can: Abilities) -> bool:
     """Whether the Triton forward loads K/V through tensor descriptors: ``force`` True/False
     decides (True raises where the layout cannot); by default on a Hopper GPU for 16-bit
-    inputs with keys of DESC_MIN_BUCKET and more, unless SETTINGS.descriptors is off."""
+    inputs whose keys' length bucket reaches `DESC_MIN_BUCKET`, unless SETTINGS.descriptors
+    is off."""
     if force is False:
         return False
     if force is None and not (SETTINGS.descriptors and call.elem == 2
@@ -263,7 +267,8 @@ def forward_route(call: Call, config: KernelConfig | None, can: Abilities) -> Fo
     run), False the Triton one; None the rule: on a Hopper GPU whose Gluon forward takes the
     tensors (fp16/bf16, d = 64 or 128, layouts the copy engine reads), where
     `fwd_sm90.default_schedule` has a schedule (d = 128 at any length, d = 64 when both
-    lengths exceed 2,048, 4,096 when causal), unless SETTINGS.sm90 is off.
+    lengths reach `fwd_sm90.THREE_WG_MIN_LEN` for the causal flag), unless SETTINGS.sm90 is
+    off.
 
     Packed sequences (``cu_seqlens``) follow the same rule with the longest query and key
     sequence as the lengths (the long sequences carry most of a batch's work) and run
