@@ -693,8 +693,12 @@ def main(argv: list[str] | None = None) -> int:
         args.gpu = gpu_name(args.gpu)
         model = resolve_model(args.model)
         result = {"memory": _memory, "train": _train, "serve": _serve}[args.command](args, model)
+        # how a config.json was read: values its transformers config class supplied
+        result["defaults_from"] = model.defaults_from
         text = json.dumps(result, indent=2) if args.json else _text(args.command, result, args,
                                                                       model)
+        if model.defaults_from and not args.json:
+            text += f"\nnot in config.json, so taken from {model.defaults_from}"
     except (UsageError, HubError, ValueError, TypeError, OSError) as err:
         return _fail(args.command, err)
     print(text)

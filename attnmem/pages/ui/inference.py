@@ -26,7 +26,8 @@ DATA = Path(__file__).resolve().parents[3] / "data" / "inference_steps_h200.csv"
 #: Chunk sizes the chunked-prefill table compares with the whole prompt (and the user's own).
 CHUNKS = (512, 2048, 8192)
 #: ModelConfig fields that name or describe a config but do not change its memory.
-_NOT_SHAPE = ("name", "source", "read_as", "max_position_embeddings", "torch_dtype")
+_NOT_SHAPE = ("name", "source", "read_as", "defaults_from", "max_position_embeddings",
+              "torch_dtype")
 
 
 def run_all(model: ModelConfig, batch: int, prompt_len: int, new_tokens: int,
