@@ -87,7 +87,8 @@ skipped = sum(t.skipped for t in tiles)
 z = [[None if causal and j > i else scores[i][j] for j in range(n)] for i in range(n)]
 heat = dict(
     type="heatmap", z=z, x=list(range(n)), y=list(range(n)), colorscale="RdBu", reversescale=True,
-    zmid=0, showscale=False, text=[[("" if v is None else f"{v:.1f}") for v in row] for row in z],
+    zmid=0, showscale=False,  # + 0.0: a score that rounds to zero reads 0.0, not -0.0
+    text=[[("" if v is None else f"{round(v, 1) + 0.0:.1f}") for v in row] for row in z],
     hovertemplate="query %{y}, key %{x}<br>score %{z:.2f}<extra></extra>",
 )
 if n <= 16:
@@ -190,7 +191,7 @@ fig2 = charts.figure(
     f"bytes moved to/from HBM, one forward pass ({unit})", "", 300, barmode="stack",
 )
 charts.chart(fig2, "io_chart", "hbm-traffic", io_df.assign(batch=b, heads=h, seq_len=s, head_dim=d, dtype=dtype,
-                                                        block_q=br, block_k=bc, causal=causal))
+                                                             block_q=br, block_k=bc, causal=causal))
 st.caption(
     f"{COMPUTED}. Standard attention (Dao et al. 2022, arXiv 2205.14135, Algorithm 0) writes S "
     "and P = softmax(S) to HBM and reads them back: Θ(N·d + N²). FlashAttention (FlashAttention-2 "

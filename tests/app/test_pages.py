@@ -597,3 +597,15 @@ def test_model_page_quantized_defaults_as_stored_and_follows_the_model() -> None
     at.selectbox(key="wdtype").set_value("fp16").run()  # a value the user picks stays
     at.selectbox(key="model").set_value("gpt-oss-20b (MoE, MXFP4)").run()
     assert at.selectbox(key="wdtype").value == "fp16"
+
+
+def test_flash_explainer_heatmap_never_reads_minus_zero() -> None:
+    """A score that rounds to zero is written 0.0 in the heatmap's cells, not -0.0."""
+    import json
+
+    seen = set()
+    for chart in run("flash", n="16", blk="4").get("plotly_chart"):
+        for trace in json.loads(chart.proto.spec).get("data", []):
+            if trace.get("type") == "heatmap":
+                seen |= {t for row in trace.get("text", []) for t in row}
+    assert seen and "-0.0" not in seen and "0.0" in seen
