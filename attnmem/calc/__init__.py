@@ -150,7 +150,8 @@ __all__ = [
     # a model's memory (attnmem/calc/memory.py, attnmem/calc/training.py)
     "MemoryBreakdown", "gpus_needed", "model_max_seq_len", "model_memory", "TrainingAttention",
     "saved_for_backward_bytes", "training_attention", "training_attention_bytes",
-    # a training step (attnmem/calc/training_step.py, attnmem/calc/parallel.py)
+    # a training step (attnmem/calc/training_step.py and its parts attnmem/calc/train_*.py,
+    # attnmem/calc/parallel.py)
     "Layout", "PRECISIONS", "SHARDINGS", "SHARDING_LABELS", "TRAIN_ATTENTIONS",
     "TRAIN_ATTENTION_LABELS", "TrainingStepMemory", "LoRA", "BASE_DTYPES",
     "training_step", "max_train_seq_len", "train_gpus_needed",

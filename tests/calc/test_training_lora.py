@@ -5,7 +5,8 @@ tiny Llama's step through peft (skipped where torch, transformers or peft are mi
 The replays count live tensor storages (attnmem.measure.live_bytes.LiveBytes) over one step
 after a warm-up: the bytes alive at the end of the forward equal calc's activations exactly;
 the step's peak is within 1% (CPU has no cuBLAS workspace and no CUDA softmax `tmp`, which are
-taken out of the prediction, module docstring of attnmem.calc.training_step)."""
+taken out of the prediction: attnmem.calc.train_common.CUBLAS_WORKSPACE_BYTES and
+attnmem.calc.train_dense._attention_backward_extra)."""
 
 from __future__ import annotations
 

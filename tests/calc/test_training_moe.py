@@ -37,7 +37,7 @@ QWEN3 = ModelConfig(name="tiny-qwen3-moe", num_layers=2, hidden_size=64, num_hea
 
 
 def test_moe_block_by_hand() -> None:
-    """One Qwen3-MoE layer's MoE block, bf16, S = T·k pairs (attnmem.calc.training_step._moe_terms)."""
+    """One Qwen3-MoE layer's MoE block, bf16, S = T·k pairs (attnmem.calc.train_moe._moe_terms)."""
     b, s = 2, 128
     t, h, i, e, k = b * s, 64, 48, 8, 2
     pairs = t * k
@@ -105,7 +105,7 @@ OSS = ModelConfig(name="tiny-gpt-oss", num_layers=2, hidden_size=64, num_heads=4
 
 
 def test_gpt_oss_layer_by_hand() -> None:
-    """One gpt-oss layer, eager, bf16 (attnmem.calc.training_step._gpt_oss_layer_terms): fp32 norm
+    """One gpt-oss layer, eager, bf16 (attnmem.calc.train_gpt_oss._gpt_oss_layer_terms): fp32 norm
     outputs, the sink column in the probabilities, the row-max indices, the clamped SwiGLU's
     four S×I tensors and the bias gathers' sorted ids."""
     b, s = 2, 128
@@ -282,7 +282,7 @@ def test_ep_activations_and_backward() -> None:
     """ep = 2 on 2 GPUs: the same S pairs per rank (balanced routing) and two int64 sort
     indices per layer more; each all-to-all's backward holds two S×h buffers at once and frees
     its index; the local experts' gradients are half of all experts'."""
-    from attnmem.calc.training_step import (
+    from attnmem.calc.train_moe import (
         _ep_combine_backward,
         _ep_dispatch_backward,
         _moe_block_grads,

@@ -51,7 +51,9 @@ def test_triton_packed_backward_terms_follow_the_hopper_rule() -> None:
     portable two-kernel backward's delta, dk, dv, dq, no buffer; a dense row of T in the
     Hopper region adds its own fp32 buffer of T rows."""
     from attnmem.calc.peak import varlen_peak_breakdown
-    from attnmem.calc.training_step import _attention_backward_extra, _dims, _packed_window
+    from attnmem.calc.train_common import _dims
+    from attnmem.calc.train_dense import _attention_backward_extra
+    from attnmem.calc.train_packed import _packed_window
 
     lengths = (8192, 8192, 8192, 8192)
     total = sum(lengths)

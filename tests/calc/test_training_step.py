@@ -262,7 +262,7 @@ def test_cpu_replay_matches(attention: str, precision: str, ckpt: bool) -> None:
 
 def test_gpt2_block_by_hand() -> None:
     """GPT-2 (LayerNorm, fused c_attn, gelu_new in torch ops, dropout 0.1 everywhere): one
-    block's saved bytes, bf16, eager, term by term (attnmem.calc.training_step._gpt2_layer_terms)."""
+    block's saved bytes, bf16, eager, term by term (attnmem.calc.train_dense._gpt2_layer_terms)."""
     gpt2 = MODELS["GPT-2 (124M)"]
     b, s, h, heads, i = 1, 1024, 768, 12, 3072
     t, n = b * s, b * heads * s * s
