@@ -171,8 +171,8 @@ def _parser() -> argparse.ArgumentParser:
                             "(k = 1,024, M = 1,048,576). Required"
                             if name == "memory" else
                             "tokens per sequence: 131072, 131,072, 128k or 1M (k = 1,024, "
-                            "M = 1,048,576). Required, except with --packed (default: "
-                            "the packed total)"
+                            "M = 1,048,576). default: the packed total with --packed, else "
+                            f"{TRAIN_SEQ_LEN:,}"
                             if name == "train" else
                             "context length of each request in tokens: 131072, 131,072, "
                             "128k or 1M (k = 1,024, M = 1,048,576). Required")
@@ -458,19 +458,24 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     one = max(a.packed) if a.packed else a.seq_len
     return {"model": model.name, **adapter, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
             "fits": result.peak_bytes <= gpu, "packed_lengths": list(a.packed or ()),
+            "seq_len": a.seq_len, "seq_len_is_default": bool(getattr(a, "seq_len_default", False)),
             "longest_context": longest, "trained_context": trained,
             "seq_len_past_trained_context": bool(trained and one > trained),
             "longest_context_past_trained_context": bool(trained and (longest or 0) > trained)}
 
 
+#: `train`'s length when --seq-len is not given: the Training step page's default
+#: (attnmem/pages/training.py SPECS["s"]; tests/cli/test_input_messages.py checks they agree).
+TRAIN_SEQ_LEN = 4096
+
+
 def _packed_settings(a: argparse.Namespace) -> None:
     """--packed sets batch 1 and --seq-len to the lengths' sum; a --seq-len or --batch that
-    says otherwise is refused, and so is a dense step without --seq-len."""
+    says otherwise is refused. A dense step without --seq-len is at TRAIN_SEQ_LEN."""
     if not a.packed:
+        a.seq_len_default = a.seq_len is None
         if a.seq_len is None:
-            raise UsageError("--seq-len is required: the tokens per sequence, e.g. 4096, "
-                             "131,072, 128k or 1M (k = 1,024, M = 1,048,576); or --packed "
-                             "LENGTHS for one padding-free row")
+            a.seq_len = TRAIN_SEQ_LEN
         return
     total = sum(a.packed)
     if total > MAX_SEQ_LEN:
@@ -588,7 +593,9 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
             if a.packed else "")
     trained = r["trained_context"]
     past = _trained_note(max(a.packed) if a.packed else a.seq_len, trained)
-    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{pack}"
+    default = " (the default; --seq-len sets it)" if getattr(a, "seq_len_default", False) else ""
+    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{default}"
+             f"{pack}"
              f"{past}, {r['attention']}, precision {r['precision']}, checkpointing "
              f"{'on' if r['checkpointing'] else 'off'}"]
     if r["adapter"] == "none":

@@ -135,14 +135,18 @@ def test_a_bad_config_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize("adapter", ["none", "lora", "qlora"])
-def test_train_without_seq_len_says_how_to_give_one(capsys: pytest.CaptureFixture[str],
-                                                    adapter: str) -> None:
-    """No command has a default length (the pages' defaults differ: 4,096 on Training step,
-    8,192 on Model memory, 32,768 on Serving), so train asks for one as memory and serve do,
-    naming the forms a length takes."""
-    err = refused(capsys, "train", "--model", LLAMA, "--adapter", adapter)
-    assert "--seq-len is required" in err and "--packed" in err
-    assert "128k" in err and "1M" in err, err
+def test_train_without_seq_len_uses_the_training_pages_default(
+        capsys: pytest.CaptureFixture[str], adapter: str) -> None:
+    """train without --seq-len runs at the Training step page's default length and says so;
+    memory and serve, whose pages start at other lengths, still ask for one."""
+    from attnmem.cli import TRAIN_SEQ_LEN
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "attnmem" / "pages" / "training.py").read_text(encoding="utf-8")
+    assert f'"s": IntParam({TRAIN_SEQ_LEN}, 1, MAX_SEQ_LEN)' in page
+    assert run_json(capsys, "train", "--model", LLAMA, "--adapter", adapter)["seq_len"] == 4096
+    assert main(["train", "--model", LLAMA, "--adapter", adapter]) == 0
+    assert "s = 4,096 tokens (the default; --seq-len sets it)" in capsys.readouterr().out
     assert "--seq-len" in refused(capsys, "memory", "--model", LLAMA)
 
 
