@@ -5,8 +5,8 @@ model with a stated layer count: the full depth where one H200 holds the model i
 (Llama 3.1 8B, Qwen2.5 7B, Mistral 7B, Llama 3.2 1B, DeepSeek-V2-Lite), a cut where it does not
 or where a few layers show everything (Gemma 3 27B, Qwen3-30B-A3B: ``-<n>l`` in the name).
 Sources: the fixture configs in ``tests/fixtures/hf_configs/`` (the Hub model cards'
-config.json), read through ``attnmem.measure.train_models`` where it has them; a multimodal
-config (Gemma 3) gives its ``text_config``, as ``Gemma3ForCausalLM`` is built from it.
+config.json, ``attnmem.measure.model_common.FIXTURES``); a multimodal config (Gemma 3) gives
+its ``text_config``, as ``Gemma3ForCausalLM`` is built from it.
 
 Layer cuts keep the architecture's layer pattern because ``layer_types`` is dropped and
 re-derived by the config class for the new depth (``Gemma3TextConfig.__init__``: layer i is
@@ -19,19 +19,19 @@ Mistral's sliding window, Gemma 3's interleaving, Qwen3-MoE, DeepSeek-V2's MLA) 
 tests.
 
 ``hf_config(name, layers=None)`` gives the dict (``use_cache`` on: generation),
-``build_config`` the transformers config object (``train_models.build_config``). No torch or
+``build_config`` the transformers config object, both as ``attnmem.measure.model_common``'s
+``model_config`` and ``config_object`` make them for every model list. No torch or
 transformers at import time.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from attnmem.measure import train_models
+from attnmem.measure.model_common import TINY_LLAMA, Models, config_object, model_config
 
-#: Not real models: tiny widths of the measured architectures, for the CPU tests.
-_TINY_LLAMA = copy.deepcopy(train_models.MODELS["tiny-llama"][0])
+#: Not real models: tiny widths of the measured architectures, for the CPU tests (and
+#: model_common.TINY_LLAMA).
 _TINY_MISTRAL = {
     "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
     "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -74,7 +74,7 @@ _QWEN2_MOE = {
 }
 
 #: name -> (base config: fixture file stem or a dict, layers, what it stands for)
-MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
+MODELS: Models = {
     "llama3.1-8b": ("Llama-3.1-8B", 32, "Llama 3.1 8B, full depth: GQA 32/8, 128k vocab"),
     "qwen2.5-7b": ("Qwen2.5-7B", 28, "Qwen2.5 7B, full depth: GQA 28/4, q/k/v bias, 152k vocab"),
     "mistral-7b": ("Mistral-7B-v0.1", 32, "Mistral 7B v0.1, full depth: sliding window 4,096 "
@@ -98,7 +98,7 @@ MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
                       "global layers alternating, logit soft-capping (eager only), 256k vocab"),
     "qwen2-moe-8l": (_QWEN2_MOE, 8, "Qwen2-MoE (Qwen1.5-MoE-A2.7B widths) cut to 8 layers: "
                      "a shared expert beside 60 routed, top 4"),
-    "tiny-llama": (_TINY_LLAMA, 2, "CPU tests: Llama, hidden 64, 4 heads, 2 KV heads"),
+    "tiny-llama": (TINY_LLAMA, 2, "CPU tests: Llama, hidden 64, 4 heads, 2 KV heads"),
     "tiny-mistral": (_TINY_MISTRAL, 2, "CPU tests: Mistral, sliding window 16"),
     "tiny-gemma3": (_TINY_GEMMA3, 6, "CPU tests: Gemma 3 text, 5 local (window 16) + 1 global"),
     "tiny-qwen3-moe": (_TINY_QWEN3_MOE, 2, "CPU tests: Qwen3-MoE, 4 experts, 2 active"),
@@ -107,41 +107,13 @@ MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
 
 NAMES: tuple[str, ...] = tuple(MODELS)
 
-#: Keys a source config leaves to its config class's defaults, written out so that calc reads
-#: the same values transformers uses (Gemma 3's multimodal config.json has no text vocab_size:
-#: Gemma3TextConfig's default, 262,208, is the real model's).
-_EXPLICIT: dict[str, dict[str, Any]] = {"gemma3-27b-12l": {"vocab_size": 262208}}
-
-
-def _base(src: str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(src, dict):
-        return copy.deepcopy(src)
-    import json
-
-    d = json.loads((train_models.FIXTURES / f"{src}.json").read_text())
-    if "text_config" in d:  # multimodal (Gemma 3): the language model's own config
-        d = dict(d["text_config"])
-    return d
-
-
 def hf_config(name: str, layers: int | None = None) -> dict[str, Any]:
-    """The config.json dict of ``name`` (MODELS) with its layer count (or ``layers``)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown inference model {name!r}; known: {', '.join(NAMES)}")
-    src, n_layers, _ = MODELS[name]
-    d = _base(src)
-    n = n_layers if layers is None else layers
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"layers must be a whole number >= 1, got {layers!r}")
-    for key, value in _EXPLICIT.get(name, {}).items():
-        d.setdefault(key, value)
-    d["num_hidden_layers"] = n
-    d["use_cache"] = True  # generation keeps a KV cache
-    d.pop("layer_types", None)  # re-derived by the config class for the new depth
-    return d
+    """The config.json dict of ``name`` (MODELS) with its layer count (or ``layers``, a whole
+    number >= 1) and a KV cache (generation); ``model_common.model_config``."""
+    return model_config(MODELS, name, layers, what="inference", use_cache=True)
 
 
 def build_config(name_or_dict: str | dict[str, Any]) -> Any:
-    """The transformers config object of a MODELS name or a config dict."""
-    d = hf_config(name_or_dict) if isinstance(name_or_dict, str) else name_or_dict
-    return train_models.build_config(copy.deepcopy(d))
+    """The transformers config object (AutoConfig.for_model) of a MODELS name or a dict."""
+    return config_object(hf_config(name_or_dict) if isinstance(name_or_dict, str)
+                         else name_or_dict)

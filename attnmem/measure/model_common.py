@@ -16,7 +16,11 @@ training steps (``attnmem.measure.train_dist``) and inference (``attnmem.measure
 - Configurations and rows: ``DictConfig`` (a configuration's ``to_dict`` / ``from_dict``, what
   the worker protocol carries), ``ModelRow`` (a row's first columns: the model and its shape,
   ``shape_fields``; ``to_row``).
-- CSV cells and command-line lists: ``cell``, ``words``, ``choices``, ``ints``.
+- CSV cells and command-line lists: ``cell``, ``words``, ``choices``, ``ints``, ``whole``.
+- Model configurations (``attnmem.measure.train_models``, ``attnmem.measure.infer_models``):
+  ``model_config`` (a model list's config.json dict with its layer count), ``config_object``
+  (the transformers config of such a dict), ``base_config`` (a fixture in ``FIXTURES`` or a
+  dict), ``TINY_LLAMA`` (the CPU tests' tiny Llama).
 
 No torch or transformers at import time.
 """
@@ -24,11 +28,14 @@ No torch or transformers at import time.
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import IO, Any
 
 #: Attention names of the whole-model harnesses: ``eager`` (transformers'
@@ -285,3 +292,81 @@ def ints(values: Sequence[str], what: str, lo: int) -> list[int]:
     if not out or any(v < lo for v in out):
         raise SystemExit(f"error: {what} must be whole numbers >= {lo}, got {' '.join(values)}")
     return out
+
+
+def whole(v: Any, lo: int) -> bool:
+    """Whether ``v`` is a whole number >= lo: an int, not a bool (True is not a count)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+# --------------------------------------------------------------------------------------------
+# Model configurations.
+# --------------------------------------------------------------------------------------------
+
+#: The fixture configs (the Hub model cards' config.json) the model lists are built from.
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf_configs"
+
+#: Not a real model: the CPU tests' tiny Llama (2 layers, hidden 64), in both model lists.
+TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "hidden_act": "silu",
+}
+
+#: A model list: name -> (base config: fixture file stem or a dict, layers, what it stands for).
+Models = Mapping[str, tuple[Any, int, str]]
+
+
+#: Keys a fixture leaves to its config class's defaults, written out so that calc reads the
+#: same values transformers uses (Gemma 3's multimodal config.json has no text vocab_size:
+#: Gemma3TextConfig's default, 262,208, is the real model's).
+FIXTURE_DEFAULTS: dict[str, dict[str, Any]] = {"gemma-3-27b-it": {"vocab_size": 262208}}
+
+
+def base_config(src: str | dict[str, Any]) -> dict[str, Any]:
+    """A copy of the config dict ``src``, or the fixture ``FIXTURES/<src>.json`` with its
+    ``FIXTURE_DEFAULTS``; a multimodal config (Gemma 3) gives its ``text_config``, the
+    language model's own config."""
+    if isinstance(src, dict):
+        return copy.deepcopy(src)
+    d = json.loads((FIXTURES / f"{src}.json").read_text())
+    if "text_config" in d:
+        d = dict(d["text_config"])
+    for key, value in FIXTURE_DEFAULTS.get(src, {}).items():
+        d.setdefault(key, value)
+    return d
+
+
+def model_config(models: Models, name: str, layers: int | None, *, what: str,
+                 use_cache: bool) -> dict[str, Any]:
+    """The config.json dict of ``name`` in ``models`` (``what`` names the list in the error:
+    "training", "inference"; the base from `base_config`), with the list's layer count or
+    ``layers`` (a whole number >= 1, else ValueError) and ``use_cache``. Dropped:
+    ``layer_types`` (the config class re-derives it for the new depth) and
+    ``quantization_config`` (the harnesses build bf16 weights from the config, so a
+    checkpoint's quantization, gpt-oss's MXFP4 experts, does not apply)."""
+    if name not in models:
+        raise ValueError(f"unknown {what} model {name!r}; known: {', '.join(models)}")
+    src, n_layers, _ = models[name]
+    n = n_layers if layers is None else layers
+    if not whole(n, 1):
+        raise ValueError(f"layers must be a whole number >= 1, got {layers!r}")
+    d = base_config(src)
+    d["num_hidden_layers"] = n
+    d["use_cache"] = use_cache
+    d.pop("quantization_config", None)
+    d.pop("layer_types", None)
+    return d
+
+
+def config_object(d: dict[str, Any]) -> Any:
+    """The transformers config object (AutoConfig.for_model) of a config.json dict (imports
+    transformers; ``d`` is not changed)."""
+    from transformers import AutoConfig
+
+    d = copy.deepcopy(d)
+    model_type = d.pop("model_type")
+    for key in ("architectures", "torch_dtype", "transformers_version"):
+        d.pop(key, None)
+    return AutoConfig.for_model(model_type, **d)

@@ -8,7 +8,8 @@ the model is there; otherwise the config.json of the model named in ``SOURCES`` 
 written here, and checked against calc's reading of them in the tests).
 
 ``hf_config(name)`` gives the dict, ``build_config(name)`` the transformers config object
-(imports transformers); ``sliding_layers(config_dict)`` lists (layer, window) of the layers
+(imports transformers), both as ``attnmem.measure.model_common.model_config`` and
+``config_object`` make them for every model list; ``sliding_layers(config_dict)`` lists (layer, window) of the layers
 that attend through a sliding window, as transformers' modeling code decides it: a config with
 ``layer_types`` windows its ``"sliding_attention"`` layers, a config without it (Mistral,
 Phi-3) windows every layer when ``sliding_window`` is set.
@@ -18,12 +19,9 @@ No torch or transformers at import time.
 
 from __future__ import annotations
 
-import copy
-import json
-from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf_configs"
+from attnmem.measure.model_common import TINY_LLAMA, Models, config_object, model_config
 
 #: Where each base config comes from: a fixture file name, or a dict written here.
 _QWEN3_4B = {  # Qwen/Qwen3-4B config.json
@@ -45,15 +43,9 @@ _LLAMA2_7B = {  # meta-llama/Llama-2-7b-hf config.json (multi-head attention: 32
     "tie_word_embeddings": False, "torch_dtype": "float16", "use_cache": True,
     "vocab_size": 32000,
 }
-_TINY_LLAMA = {  # not a real model: the CPU tests' tiny Llama (2 layers, hidden 64)
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "hidden_act": "silu",
-}
 
 #: name -> (base config: fixture file stem or a dict, layers, what it stands for)
-MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
+MODELS: Models = {
     "llama3-8b-2l": ("Llama-3.1-8B", 2, "Llama 3.1 8B widths, GQA 32/8, 128k vocab, untied"),
     "llama3-8b-4l": ("Llama-3.1-8B", 4, "the same with 4 layers (per-layer cost: 4l - 2l)"),
     "llama3.2-1b-2l": ("Llama-3.2-1B", 2, "Llama 3.2 1B widths, GQA 32/8, d = 64, tied"),
@@ -74,56 +66,21 @@ MODELS: dict[str, tuple[str | dict[str, Any], int, str]] = {
                          "GQA 32/4, q/k norm, 152k vocab"),
     "gpt-oss-20b-2l": ("gpt-oss-20b", 2, "gpt-oss-20b in bf16 (no MXFP4), 32 experts of 2,880, "
                        "top 4, GQA 64/8, d = 64, sinks, layer 0 sliding (128), 201k vocab"),
-    "tiny-llama": (_TINY_LLAMA, 2, "CPU tests only: hidden 64, 4 heads, 2 KV heads, vocab 128"),
+    "tiny-llama": (TINY_LLAMA, 2, "CPU tests only: hidden 64, 4 heads, 2 KV heads, vocab 128"),
 }
 
 NAMES: tuple[str, ...] = tuple(MODELS)
 
-#: Keys a source config leaves to its config class's defaults, written out so that calc reads
-#: the same values transformers uses (Gemma 3's multimodal config.json has no text vocab_size:
-#: Gemma3TextConfig's default, 262,208, is the real model's).
-_EXPLICIT: dict[str, dict[str, Any]] = {"gemma3-27b-2l": {"vocab_size": 262208}}
-
-
-def _base(src: str | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(src, dict):
-        return copy.deepcopy(src)
-    d = json.loads((FIXTURES / f"{src}.json").read_text())
-    if "text_config" in d:  # multimodal (Gemma 3): the language model's own config
-        d = dict(d["text_config"])
-    return d
-
-
 def hf_config(name: str, layers: int | None = None) -> dict[str, Any]:
-    """The config.json dict of ``name`` (MODELS), with its layer count (or ``layers``)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown training model {name!r}; known: {', '.join(NAMES)}")
-    src, n_layers, _ = MODELS[name]
-    d = _base(src)
-    n = n_layers if layers is None else int(layers)
-    if n < 1:
-        raise ValueError(f"layers must be >= 1, got {layers}")
-    for key, value in _EXPLICIT.get(name, {}).items():
-        d.setdefault(key, value)
-    d["num_hidden_layers"] = n
-    d["use_cache"] = False  # training: no KV cache
-    # A training step builds bf16 weights from the config (from_config): the checkpoint's
-    # quantization (gpt-oss's MXFP4 experts) does not apply.
-    d.pop("quantization_config", None)
-    d.pop("layer_types", None)  # re-derived by the config class for the new depth
-    return d
+    """The config.json dict of ``name`` (MODELS), with its layer count (or ``layers``, a whole
+    number >= 1) and no KV cache (training); ``model_common.model_config``."""
+    return model_config(MODELS, name, layers, what="training", use_cache=False)
 
 
 def build_config(name_or_dict: str | dict[str, Any]) -> Any:
     """The transformers config object (AutoConfig.for_model) of a MODELS name or a dict."""
-    from transformers import AutoConfig
-
-    d = hf_config(name_or_dict) if isinstance(name_or_dict, str) else copy.deepcopy(name_or_dict)
-    model_type = d.pop("model_type")
-    d.pop("architectures", None)
-    d.pop("torch_dtype", None)
-    d.pop("transformers_version", None)
-    return AutoConfig.for_model(model_type, **d)
+    return config_object(hf_config(name_or_dict) if isinstance(name_or_dict, str)
+                         else name_or_dict)
 
 
 def sliding_layers(cfg: Any) -> list[tuple[int, int]]:

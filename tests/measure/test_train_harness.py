@@ -114,7 +114,7 @@ def test_sliding_layers_follow_the_modeling_code():
 def test_bad_model_names_and_layers_are_refused():
     with pytest.raises(ValueError, match="unknown training model 'gpt5'"):
         tm.hf_config("gpt5")
-    with pytest.raises(ValueError, match="layers must be >= 1"):
+    with pytest.raises(ValueError, match="layers must be a whole number >= 1, got 0"):
         tm.hf_config("llama3-8b-2l", layers=0)
     assert tm.hf_config("llama3-8b-2l", layers=6)["num_hidden_layers"] == 6
 

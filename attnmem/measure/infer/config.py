@@ -65,7 +65,7 @@ from typing import Any
 
 from attnmem.measure import infer_models
 from attnmem.measure import model_common as mc
-from attnmem.measure.model_common import DictConfig, ModelRow, typed_columns
+from attnmem.measure.model_common import DictConfig, ModelRow, typed_columns, whole
 
 __all__ = ["ATTENTIONS", "BOOL_COLUMNS", "CACHES", "FLOAT_COLUMNS", "INFER_COLUMNS",
            "INT_COLUMNS", "SDPA_BACKENDS", "InferConfig", "InferResult", "check_config",
@@ -173,10 +173,6 @@ INFER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(InferResult))
 INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = typed_columns(InferResult)
 
 
-def _whole(v: Any, lo: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-
 def check_config(cfg: InferConfig) -> str | None:
     """What is wrong with cfg's arguments (a message naming the value), or None."""
     if cfg.model not in infer_models.MODELS:
@@ -187,11 +183,11 @@ def check_config(cfg: InferConfig) -> str | None:
         return f"unknown cache {cfg.cache!r}; known: {', '.join(CACHES)}"
     for name in ("prompt_len", "batch", "new_tokens"):
         v = getattr(cfg, name)
-        if not _whole(v, 1):
+        if not whole(v, 1):
             return f"{name} must be a whole number >= 1, got {v!r}"
-    if cfg.prefill_chunk is not None and not _whole(cfg.prefill_chunk, 1):
+    if cfg.prefill_chunk is not None and not whole(cfg.prefill_chunk, 1):
         return f"prefill_chunk must be None or a whole number >= 1, got {cfg.prefill_chunk!r}"
-    if cfg.layers is not None and not _whole(cfg.layers, 1):
+    if cfg.layers is not None and not whole(cfg.layers, 1):
         return f"layers must be None or a whole number >= 1, got {cfg.layers!r}"
     return None
 

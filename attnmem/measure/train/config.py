@@ -80,6 +80,7 @@ from attnmem.measure.model_common import (
     ModelRow,
     shape_fields,
     typed_columns,
+    whole,
 )
 
 __all__ = ["ADAPTERS", "ADAPTER_DTYPES", "ATTENTIONS", "BASE_DTYPES", "BOOL_COLUMNS",
@@ -287,9 +288,9 @@ def check_config(cfg: TrainConfig) -> str | None:
         return f"unknown precision {cfg.precision!r}; known: {', '.join(PRECISIONS)}"
     for name, lo in (("seq_len", 2), ("batch", 1), ("steps", 1)):
         v = getattr(cfg, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        if not whole(v, lo):
             return f"{name} must be a whole number >= {lo}, got {v!r}"
-    if cfg.layers is not None and (not isinstance(cfg.layers, int) or cfg.layers < 1):
+    if cfg.layers is not None and not whole(cfg.layers, 1):
         return f"layers must be a whole number >= 1, got {cfg.layers!r}"
     return check_packed(cfg) or check_adapter(cfg)
 
