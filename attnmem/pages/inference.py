@@ -38,7 +38,7 @@ from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
     IntParam,
-    md_escape,  # noqa: E402
+    md_escape,
 )
 from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 
@@ -122,8 +122,8 @@ kvd = widgets.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3]
 cache = widgets.select("Cache", "cache", SPECS["cache"], where=row[4], help=CACHE_HELP)
 seq_len = widgets.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 chunk_in = widgets.int_input("Prefill chunk (tokens; 0 = the whole prompt in one forward)", "chunk",
-                       SPECS["chunk"], help="generate(prefill_chunk_size=C): the prompt is fed "
-                       "C tokens at a time through the same cache.")
+                             SPECS["chunk"], help="generate(prefill_chunk_size=C): the prompt is fed "
+                             "C tokens at a time through the same cache.")
 chunk = chunk_in or None
 
 unit = get_unit()
@@ -155,7 +155,7 @@ if attn not in steps:
     if "no kernel" in why:  # attnmem.calc.backends.NoKernel: "'<attention>' cannot run this ...: why"
         where, why = "these inputs", why.split(": ", 1)[-1]
     st.error(md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
-                         f"below shows the implementations that can."), icon=":material/block:")
+                       f"below shows the implementations that can."), icon=":material/block:")
 else:
     m = steps[attn]
     cols = st.columns(3)
@@ -216,7 +216,7 @@ parts_table = pd.DataFrame([{"attention": a, **{p: m.parts.get(p, 0) for p in pa
                             for a, m in steps.items()])
 st.markdown("**What each implementation holds at its peak** (computed)")
 charts.chart(fig, "inference_parts", "inference-peak",
-        parts_table.assign(model=model.name, batch=batch, prompt=seq_len, new_tokens=new_tokens))
+             parts_table.assign(model=model.name, batch=batch, prompt=seq_len, new_tokens=new_tokens))
 st.caption(f"{COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of that "
            "implementation's peak: weights, the cuBLAS workspace and generate()'s inputs, the "
            "KV cache then, and the transients alive at that moment by part; the dashed line is "
@@ -226,12 +226,12 @@ st.caption(f"{COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of 
 # where it occurs and what outlives the step; then the transients alive at that moment.
 held = [p for p in parts if p in HELD_PARTS]
 tables.table(pd.DataFrame([{"implementation": label(a), "peak": fmt(m.peak_bytes, unit),
-                       "where": m.peak_phase, **{p: fmt(m.parts.get(p, 0), unit) for p in held}}
-                      for a, m in steps.items()]), hide_index=True)
+                            "where": m.peak_phase, **{p: fmt(m.parts.get(p, 0), unit) for p in held}}
+                           for a, m in steps.items()]), hide_index=True)
 st.markdown("**The transients alive at each peak** (computed)")
 tables.table(pd.DataFrame([{"implementation": label(a), **{p: fmt(m.parts.get(p, 0), unit)
-                                                      for p in parts if p not in held}}
-                      for a, m in steps.items()]), hide_index=True)
+                                                           for p in parts if p not in held}}
+                           for a, m in steps.items()]), hide_index=True)
 for a, why in refused.items():
     st.markdown(md_escape(f"Not drawn: {label(a)}: {why}"))
 
@@ -246,9 +246,9 @@ pd_traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names
                       name=f"{gpu} ({fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
 st.markdown("**Prefill peak against decode peak** (computed)")
 charts.chart(charts.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"), "inference_phases",
-        "inference-prefill-decode",
-        pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
-                       "decode peak": m.decode_peak_bytes} for a, m in steps.items()]))
+             "inference-prefill-decode",
+             pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
+                            "decode peak": m.decode_peak_bytes} for a, m in steps.items()]))
 st.caption(f"{COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
            "layer; a decode step runs one token per sequence against the full cache. With one "
            "new token there is no decode step (0).")
@@ -256,7 +256,7 @@ st.caption(f"{COMPUTED}. The prefill runs the whole prompt (or one chunk) throug
 shown = steps.get(attn) or next(iter(steps.values()))
 with st.expander(f"Each moment and every tensor at the peak of {label(shown.attention)}"):
     tables.table(pd.DataFrame([{"moment": k, "bytes then (computed)": fmt(v, unit)}
-                          for k, v in shown.phases.items()]), hide_index=True)
+                               for k, v in shown.phases.items()]), hide_index=True)
     tables.table(  # bytes as text: very long prompts pass 64-bit integers in some terms
         pd.DataFrame([{"part": p, "tensor": t, "size (computed)": fmt(x, unit),
                        "bytes": f"{x:,}"} for p, t, x in shown.peak_terms]), hide_index=True)
@@ -294,7 +294,7 @@ else:
     else:
         view = compared
         st.markdown(md_escape(f"{model.name} was not measured; every bundled row with its "
-                                f"prediction. Measured models: {', '.join(sorted(set(compared['model'])))}."))
+                              f"prediction. Measured models: {', '.join(sorted(set(compared['model'])))}."))
     shown_m = view.copy()
     for col in ("measured peak", "predicted peak", "measured prefill peak", "predicted prefill peak"):
         shown_m[col] = shown_m[col].map(lambda b: "—" if b is None or pd.isna(b) else fmt(b, unit))

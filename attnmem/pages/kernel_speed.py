@@ -28,7 +28,7 @@ from attnmem.pages.ui.state import page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
     ChoiceParam,
-    md_escape,  # noqa: E402
+    md_escape,
 )
 
 # The bundled bench CSVs; ATTNMEM_BENCH_DIR points the page at another folder of them (tests, or
@@ -240,7 +240,7 @@ for impl in impls:
     ))
 lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
 fig = charts.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
-               xaxis=charts.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
+                    xaxis=charts.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
 
 wide = sel.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
 table = pd.DataFrame({"s": wide.index})

@@ -42,7 +42,7 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
     ChoiceParam,
     IntParam,
-    md_escape,  # noqa: E402
+    md_escape,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,9 +151,9 @@ st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?**
 top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
 model_name = widgets.select("Model", "model", SPECS["model"], where=top[0])
 gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1],
-               format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+                     format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
 impl = widgets.select("Ring", "impl", SPECS["impl"], where=top[2],
-                format_func=lambda i: CP_IMPL_LABELS[i])
+                      format_func=lambda i: CP_IMPL_LABELS[i])
 row = st.columns(4)
 world = widgets.int_input("GPUs in the ring (c)", "c", SPECS["c"], where=row[0])
 pas = widgets.radio("Pass", "pass", SPECS["pass"], where=row[1])
@@ -161,9 +161,9 @@ dtype = widgets.select("dtype", "dtype", SPECS["dtype"], where=row[2])
 attn = widgets.select("Attention shape", "attn", SPECS["attn"], where=row[3])
 row2 = st.columns(2)
 ckpt = widgets.toggle("Activation checkpointing (training step)", "ckpt", SPECS["ckpt"],
-                where=row2[0])
+                      where=row2[0])
 shard = widgets.toggle("Weights, gradients, optimizer sharded over the c GPUs (FSDP)", "shard",
-                 SPECS["shard"], where=row2[1])
+                       SPECS["shard"], where=row2[1])
 s_in = widgets.seq_len_input("Total context s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
 model = MODELS[model_name]
@@ -259,7 +259,7 @@ with left:
                    for w, b in zip(worst["world_size"], worst["peak_bytes"], strict=True)],
                 marker=dict(size=11, symbol="x")))
     fig = charts.figure(traces, "GPUs in the ring (c)", f"per GPU ({unit})", height=360,
-                   yaxis=dict(type="log"))
+                        yaxis=dict(type="log"))
     charts.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep)
 with right:
     st.markdown(f"**Longest context on c × {md_escape(gpu)}**")
@@ -287,7 +287,7 @@ heat = dict(type="heatmap", z=held, text=text, texttemplate="%{text}" if shown_c
             colorscale="Viridis", showscale=False, x=list(range(shown_c)),
             y=list(range(shown_c)))
 fig = charts.figure([heat], "step t", "rank r", height=min(120 + 24 * shown_c, 560),
-               yaxis=dict(autorange="reversed"))
+                    yaxis=dict(autorange="reversed"))
 charts.chart(fig, "cp_ring", "many_gpus_ring")
 st.caption(("Showing the first 32 ranks. " if world > 32 else "") +
            "Cell = the rank whose key/value block is held, (r − t) mod c (Liu et al. 2023, "

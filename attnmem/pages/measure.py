@@ -284,17 +284,17 @@ unit = get_unit()
 picks = st.columns([3, 2])
 impls = widgets.multiselect("Implementations", "impls", SPECS["impls"], format_func=label, where=picks[0])
 lens = [int(x) for x in widgets.multiselect("Sequence lengths", "lens", SPECS["lens"], where=picks[1],
-                                      format_func=lambda v: short_len(int(v)))]
+                                            format_func=lambda v: short_len(int(v)))]
 shape = st.columns(4)
 b = widgets.int_input("Batch B", "b", SPECS["b"], where=shape[0])
 h = widgets.int_input("Heads H", "h", SPECS["h"], where=shape[1])
 hkv = widgets.int_input("KV heads (0 = H)", "hkv", SPECS["hkv"], where=shape[2],
-                  help="Fewer key/value heads than H is GQA; 0 means the same as H.")
+                        help="Fewer key/value heads than H is GQA; 0 means the same as H.")
 d = widgets.int_input("Head dim d", "d", SPECS["d"], where=shape[3])
 kind = st.columns(4, vertical_alignment="bottom")
 dtype = widgets.select("dtype", "dtype", SPECS["dtype"], where=kind[0])
 mode = widgets.select("Pass", "mode", SPECS["mode"], where=kind[1],
-                help="fwd: forward under no_grad; fwd+bwd: forward and backward(dO), gradients count.")
+                      help="fwd: forward under no_grad; fwd+bwd: forward and backward(dO), gradients count.")
 causal = widgets.toggle("Causal mask", "causal", SPECS["causal"], where=kind[2])
 kv = hkv if hkv and hkv != h else None
 if kv is not None and h % kv:
@@ -428,7 +428,7 @@ else:
         curves = predicted_curves(tuple(impls), s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
         fig = memory_figure(part, curves, impls, unit, f"Peak extra memory, {what}")
         charts.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
-                part[list(COLUMNS)] if len(part) else None)
+                     part[list(COLUMNS)] if len(part) else None)
         if len(part):
             tables.wide_table(error_table(part, unit), error_first(unit), "bcols" if bwd else "fcols")
             st.caption("*measured* and *model*: the extra `max_memory_allocated()` of the call "
@@ -450,7 +450,7 @@ else:
             if len(part):
                 what = "forward + backward" if bwd else "forward"
                 charts.chart(time_figure(part, impls, metric, f"{metric}, {what}"),
-                        f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
+                             f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
         st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
                    "that (attnmem.calc.attention_flops), over the median time.")
     with st.expander("What each formula assumes (and cannot know)"):

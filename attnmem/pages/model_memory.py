@@ -47,7 +47,7 @@ from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
     IntParam,
-    md_escape,  # noqa: E402
+    md_escape,
 )
 from attnmem.pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
 

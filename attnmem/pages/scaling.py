@@ -37,10 +37,7 @@ from attnmem.calc import (  # noqa: E402
     sweep_seq_len,
 )
 from attnmem.calc.peak import IMPL_HEAD_DIMS, takes_head_dim  # noqa: E402
-from attnmem.calc.units import (
-    DTYPE_ALIASES,  # noqa: E402
-    short_len,  # noqa: E402
-)
+from attnmem.calc.units import DTYPE_ALIASES, short_len  # noqa: E402
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_color  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402

@@ -45,7 +45,7 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
     FloatParam,
     IntParam,
-    md_escape,  # noqa: E402
+    md_escape,
 )
 from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 

@@ -27,11 +27,7 @@ from attnmem.calc.gpus import torch_total_bytes  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
 from attnmem.pages import hub_model as hub  # noqa: E402
 from attnmem.pages.custom_config import CUSTOM, custom_model  # noqa: E402
-from attnmem.pages.ui import (  # noqa: E402
-    fit,  # noqa: E402
-    tables,
-    widgets,
-)
+from attnmem.pages.ui import fit, tables, widgets  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
 from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
@@ -39,7 +35,7 @@ from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
     IntParam,
-    md_escape,  # noqa: E402
+    md_escape,
 )
 
 # The same specs as the pages that explain each task, so that values carry over between them.
@@ -126,8 +122,8 @@ else:
     origin = model.source
 gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
 task = widgets.select("Task", "task", SPECS["task"], where=top[2], format_func=fit.TASK_LABELS.get,
-                help="LoRA and QLoRA here use the Training step page's defaults (rank 16, all "
-                     "linear layers, fp32 adapters); that page changes each of them.")
+                      help="LoRA and QLoRA here use the Training step page's defaults (rank 16, all "
+                           "linear layers, fp32 adapters); that page changes each of them.")
 row = st.columns(3)
 batch = widgets.int_input(BATCH_LABEL[task], "b", SPECS["b"], where=row[0])
 new_tokens = 1
@@ -182,7 +178,7 @@ else:
 
 if v.refused:  # calc does not model this model for this task: its reason, no numbers
     st.error(md_escape(f"{fit.TASK_LABELS[task]} is not modelled for {model.name}: "
-                         f"{v.refused}"), icon=":material/block:")
+                       f"{v.refused}"), icon=":material/block:")
 else:
     for note in v.notes:
         st.caption(md_escape(note))
