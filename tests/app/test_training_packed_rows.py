@@ -7,14 +7,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import attnmem.pages.training as page
+import attnmem.pages.ui.training as tr
 
 KEYS = ["model", "method", "batch", "seq_len", "attention", "precision", "checkpointing"]
 
 
 @pytest.fixture(scope="module")
 def rows() -> pd.DataFrame:
-    measured = page.read_measured()
+    measured = tr.read_measured()
     if measured.empty or "packed_lengths" not in measured.columns:
         pytest.skip("no packed rows bundled")
     # the packed rows and the dense twins measured between them (one run, one process):
@@ -22,7 +22,7 @@ def rows() -> pd.DataFrame:
     stamps = pd.to_datetime(measured["timestamp"], errors="coerce", utc=True)
     packed = measured["packed_lengths"].notna() & (measured["packed_lengths"] != "")
     run = (stamps >= stamps[packed].min()) & (stamps <= stamps[packed].max())
-    return page.predicted_rows(measured[run])
+    return tr.predicted_rows(measured[run])
 
 
 def test_packed_rows_are_predicted_with_their_lengths(rows: pd.DataFrame) -> None:
@@ -69,5 +69,5 @@ def test_packed_minus_dense_is_predicted(rows: pd.DataFrame) -> None:
 
 def test_dense_lookups_skip_packed_rows(rows: pd.DataFrame) -> None:
     """shown_table writes a dash, never None, where a row is dense."""
-    shown = page.shown_table(rows.head(3).assign(packed=None), "GB")
+    shown = tr.shown_table(rows.head(3).assign(packed=None), "GB")
     assert (shown["packed"] == "—").all()

@@ -103,16 +103,16 @@ def test_seven_b_at_32k_answer() -> None:
 
 
 def test_measured_rows_get_predictions(tmp_path: Path, monkeypatch) -> None:
-    import attnmem.pages.training as page  # the helpers, without running the page
+    import attnmem.pages.ui.training as tr  # the helpers, without running the page
 
     shape = "llama3-8b-2l"
-    model = page.CHOICES[page.MEASURED_PREFIX + shape]
+    model = tr.CHOICES[tr.MEASURED_PREFIX + shape]
     m = attnmem.calc.training_step(model, 1, 2048, attention="sdpa_flash", precision="bf16")
     df = pd.DataFrame([{"model": shape, "layers": 2, "batch": 1, "seq_len": 2048,
                         "attention": "sdpa_flash", "precision": "bf16", "checkpointing": False,
                         "status": "ok", "peak_bytes": int(m.peak_bytes * 1.01),
                         "before_step_bytes": m.before_step_bytes, "step_ms": 12.0}])
-    out = page.predicted_rows(df)
+    out = tr.predicted_rows(df)
     assert out.loc[0, "predicted peak"] == m.peak_bytes
     assert abs(out.loc[0, "peak error"] - (1 / 1.01 - 1)) < 1e-6
     assert out.loc[0, "before error"] == 0
@@ -123,12 +123,12 @@ def test_bundled_h200_rows_are_predicted_within_the_targets() -> None:
     3% and before-step within 1%, with the current calc (the page's table)."""
     import pytest
 
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
 
-    measured = page.read_measured()
+    measured = tr.read_measured()
     if measured.empty:
         pytest.skip("no data/training_steps_h200.csv bundled yet")
-    rows = page.predicted_rows(measured)
+    rows = tr.predicted_rows(measured)
     assert len(rows) > 0 and rows["predicted peak"].notna().all()
     worst = rows["peak error"].abs()
     assert worst.max() <= 0.03, rows.loc[worst.nlargest(3).index]
@@ -142,9 +142,9 @@ def test_bundled_h200_rows_cover_the_reference_the_issue_asks_for() -> None:
     7-8B-shaped model at two depths."""
     import pytest
 
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
 
-    m = page.read_measured()
+    m = tr.read_measured()
     if m.empty:
         pytest.skip("no data/training_steps_h200.csv bundled yet")
     ok = m[m["status"] == "ok"]
@@ -166,14 +166,14 @@ def test_bundled_h200_rows_cover_the_reference_the_issue_asks_for() -> None:
 def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
     import pytest
 
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
 
-    measured = page.read_measured()
+    measured = tr.read_measured()
     hit = measured[(measured.get("model") == "llama3-8b-2l") & (measured.get("seq_len") == 8192)
                    & (measured.get("status") == "ok")] if not measured.empty else measured
     if hit.empty:
         pytest.skip("no bundled llama3-8b-2l row at s = 8,192")
-    at = run({"model": page.MEASURED_PREFIX + "llama3-8b-2l", "s": "8192",
+    at = run({"model": tr.MEASURED_PREFIX + "llama3-8b-2l", "s": "8192",
               "attns": "sdpa_flash,triton"})
     assert not at.exception
     assert any("Rows matching these inputs" in m.value for m in at.markdown)
@@ -187,10 +187,10 @@ def test_sharded_rows_get_their_layouts_prediction(tmp_path: Path) -> None:
     before-step and the bytes the rank holds; a single-GPU CSV is refused by name."""
     import pytest
 
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
     from attnmem.measure import train_dist, train_models
 
-    assert page.read_measured_dist(tmp_path / "absent.csv").empty
+    assert tr.read_measured_dist(tmp_path / "absent.csv").empty
     model = attnmem.calc.ModelConfig.from_hf_config(train_models.hf_config("llama3-8b-2l"),
                                             name="llama3-8b-2l")
     rows = []
@@ -207,7 +207,7 @@ def test_sharded_rows_get_their_layouts_prediction(tmp_path: Path) -> None:
                          "optimizer_bytes": m.optimizer_bytes + 1000})
     path = tmp_path / "dist.csv"
     train_dist._write_rows(path, rows, header=True)
-    out = page.predicted_dist_rows(page.read_measured_dist(path))
+    out = tr.predicted_dist_rows(tr.read_measured_dist(path))
     assert len(out) == 4 and set(out["GPUs"]) == {2} and set(out["sharding"]) == {"ddp", "fsdp"}
     assert (out["peak error"] - (1 / 1.02 - 1)).abs().max() < 1e-6
     assert (out["before error"] == 0).all() and (out["weights error"] == 0).all()
@@ -221,9 +221,9 @@ def test_sharded_rows_get_their_layouts_prediction(tmp_path: Path) -> None:
 
 
 def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch) -> None:
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
 
-    if page.DIST_DATA.exists():
+    if tr.DIST_DATA.exists():
         import pytest
 
         pytest.skip("sharded rows are bundled: the section shows them")
@@ -335,10 +335,10 @@ def test_a_refusal_shows_calcs_reason() -> None:
 
 
 def test_moe_models_are_offered_and_refused_ones_say_why() -> None:
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
 
     for name in ("Mixtral 8x7B", "Qwen3 30B-A3B (MoE)", "DeepSeek-V3 (MLA, MoE)"):
-        assert name in page.CHOICES
+        assert name in tr.CHOICES
     at = run({"model": "Qwen3 30B-A3B (MoE)", "s": "2048", "attns": "sdpa_flash"})
     assert not at.exception and not at.warning
     m = attnmem.calc.training_step(attnmem.calc.MODELS["Qwen3 30B-A3B (MoE)"], 1, 2048, attention="sdpa_flash")
@@ -394,16 +394,16 @@ def test_wide_tables_show_their_other_columns_one_click_away() -> None:
     """The measured rows and the 7B answer fit a 1280 px window with their first columns; the
     URL's mcols / acols (the checkboxes above them) add the rest, same rows; the activation
     terms are a wrapping HTML table holding every term's exact bytes."""
-    import attnmem.pages.training as page
+    import attnmem.pages.ui.training as tr
 
     at = run({})
     assert not at.exception
     answer = next(d.value for d in at.dataframe if "fits one H200" in d.value.columns)
-    assert list(answer.columns) == list(page.SEVEN_B_FIRST)
+    assert list(answer.columns) == list(tr.SEVEN_B_FIRST)
     measured = next((d.value for d in at.dataframe if "predicted" in d.value.columns), None)
     if measured is not None:
-        assert list(measured.columns) == list(page.MEASURED_FIRST)
-        packed = page.predicted_rows(page.read_measured())["packed"].notna().sum()
+        assert list(measured.columns) == list(tr.MEASURED_FIRST)
+        packed = tr.predicted_rows(tr.read_measured())["packed"].notna().sum()
         assert measured["method"].str.endswith(", packed").sum() == packed  # told apart
     full = run({"mcols": "true", "acols": "true"})
     assert not full.exception

@@ -1,0 +1,444 @@
+"""The Training step page's logic, kept out of the page (pure: calc, pandas and the measurement
+package's torch-free modules; no Streamlit).
+
+- `CHOICES`: the presets and the measured training shapes (attnmem.measure.train_models) the
+  model selector offers;
+- `run_all`: attnmem.calc.training_step for each chosen attention, with the reason of each one
+  torch has no kernel for;
+- `bundled`: the bundled H200 rows (data/training_steps_h200.csv and the sharded steps of
+  data/training_steps_dist_h200.csv) beside the current prediction for each
+  (`predicted_rows`, `predicted_dist_rows`) and its relative error;
+- the tables and the chart the page draws from these: `step_figure`, `shown_table`,
+  `side_by_side_table`, `seven_b_at_32k`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from attnmem.calc import (
+    MODELS,
+    PRECISIONS,
+    TRAIN_ATTENTION_LABELS,
+    ModelConfig,
+    training_step,
+)
+from attnmem.calc.backends import NoKernel
+from attnmem.calc.training_step import LORA_PART
+from attnmem.calc.training_step import LoRA as calc_lora
+from attnmem.calc.units import format_bytes, to_unit
+from attnmem.pages.ui import finetune as ft_
+from attnmem.pages.ui.labels import TRAINING_PART_COLORS
+from attnmem.pages.ui.weights import usable_bytes
+
+DATA = Path(__file__).resolve().parents[3] / "data" / "training_steps_h200.csv"
+#: Sharded steps (DDP, FSDP2) on several GPUs, one row per rank (attnmem.measure.train_dist).
+DIST_DATA = DATA.with_name("training_steps_dist_h200.csv")
+#: train_dist's sharding names as attnmem.calc.parallel's layouts (train_dist.CALC_SHARDING).
+DIST_SHARDINGS = {"ddp": "none", "fsdp": "fsdp"}
+H200, H100 = "NVIDIA H200 141GB", "NVIDIA H100 80GB"
+MEASURED_PREFIX = "measured shape: "
+#: calc's reason for refusing a method, in side_by_side_table (written under the table).
+REASON = "calc's reason (not computed)"
+#: Shorter headers of the measured rows (the section's title says they are peaks per GPU;
+#: checkpointing's cells say on or off).
+MEASURED_SHORT = {"seq_len": "s", "checkpointing": "ckpt", "measured peak": "measured",
+                  "predicted peak": "predicted", "peak error": "error"}
+#: The measured rows' columns shown by default: the inputs that tell the rows apart and the
+#: peak against its prediction (the packed lengths, before-step bytes, the phase and the time
+#: under "show all"; a packed row's method says "packed").
+MEASURED_FIRST = ("model", "method", "batch", "s", "attention", "precision", "ckpt",
+                  "measured", "predicted", "error")
+#: The same for a rank of a sharded step.
+DIST_FIRST = ("sharding", "GPUs", "rank", "model", "batch", "s", "measured", "predicted", "error")
+#: "Can I train a 7B at 32k?": the answer by default; where the peak occurs under "show all".
+SEVEN_B_FIRST = ("model", "attention", "checkpointing", "peak", "fits one H200",
+                 "fits one H100", "2-layer step (ms)")
+#: Colours of the stacked parts (Okabe & Ito, as attnmem.pages.ui.labels).
+PART_COLORS = {**TRAINING_PART_COLORS, "MoE": "#117733",  # green
+               LORA_PART: "#332288"}  # indigo (issue 34's parts)
+#: The parts that exist before the step, first in the stacked bars; the activations follow.
+BEFORE_STEP = ("weights", "optimizer state", "buffers")
+PARTS = (*BEFORE_STEP, *[p for p in PART_COLORS if p not in BEFORE_STEP])
+
+
+def _train_models() -> dict[str, dict[str, Any]]:
+    """The measured training shapes (attnmem.measure.train_models), when that module is here."""
+    try:
+        from attnmem.measure import train_models
+    except ImportError:  # pragma: no cover - the measurement package is part of the repo
+        return {}
+    out = {}
+    for name in train_models.NAMES:
+        if name.startswith("tiny"):
+            continue
+        try:
+            out[name] = train_models.hf_config(name)
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def _choices() -> dict[str, ModelConfig]:
+    """Every preset (MoE models are counted, issue 34; a model calc refuses, such as MLA,
+    hybrids or gpt-oss with an attention other than eager, shows calc's reason on the page
+    instead of numbers), then each measured shape under MEASURED_PREFIX."""
+    out = dict(MODELS)
+    for name, cfg in _train_models().items():
+        try:
+            out[MEASURED_PREFIX + name] = ModelConfig.from_hf_config(cfg, name=name)
+        except ValueError:
+            pass
+    return out
+
+
+CHOICES = _choices()
+
+
+def measured_shape(choice: str) -> str | None:
+    """The measurement name of a choice that is a measured shape, else None."""
+    return choice[len(MEASURED_PREFIX):] if choice.startswith(MEASURED_PREFIX) else None
+
+
+def run_all(model: ModelConfig, batch: int, seq_len: int, attentions: Iterable[str],
+            **kw: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """attnmem.calc.training_step for each attention: ({attention: result}, {attention: why torch
+    has no kernel for it at these inputs}). ValueError when calc refuses the inputs, or when
+    no attention has a kernel (the reasons joined)."""
+    steps: dict[str, Any] = {}
+    no_kernel: dict[str, str] = {}
+    for a in attentions:
+        try:
+            steps[a] = training_step(model, batch, seq_len, attention=a, **kw)
+        except NoKernel as err:
+            no_kernel[a] = str(err)
+    if not steps:
+        raise ValueError(" / ".join(no_kernel.values()))
+    return steps, no_kernel
+
+
+# --- the bundled measurements beside the prediction -------------------------------------------
+
+
+def read_measured(path: Path = DATA) -> pd.DataFrame:
+    """The bundled training-step rows through the measurement system's reader
+    (attnmem.measure.train.store.read_rows); an empty frame when the file is not there."""
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        from attnmem.measure.train.store import read_rows
+    except ImportError:  # the reader is the measurement system's; read the CSV plainly
+        return pd.read_csv(path)
+    return pd.DataFrame(read_rows(path))
+
+
+def read_measured_dist(path: Path = DIST_DATA) -> pd.DataFrame:
+    """The bundled sharded training-step rows (attnmem.measure.train_dist.read_rows); an empty
+    frame when the file is not there."""
+    if not path.exists():
+        return pd.DataFrame()
+    from attnmem.measure.train_dist import read_rows
+
+    return pd.DataFrame(read_rows(path))
+
+
+def _row_model(row: pd.Series) -> ModelConfig | None:
+    name = str(row.get("model", ""))
+    try:
+        from attnmem.measure import train_models
+
+        layers = row.get("layers")
+        layers = None if layers is None or pd.isna(layers) else int(layers)
+        return ModelConfig.from_hf_config(train_models.hf_config(name, layers=layers), name=name)
+    except (ImportError, ValueError, OSError, TypeError):
+        return None
+
+
+def _row_method(r: pd.Series) -> tuple[str, dict[str, Any]]:
+    """A measured row's method (full, lora, qlora) and its adapter keywords for calc (the
+    harness's adapter columns; a row without them is full training)."""
+    adapter = r.get("adapter")
+    if adapter is None or pd.isna(adapter) or adapter in ("", "none"):
+        return "full", {}
+    base = r.get("base_dtype")
+    base = "bf16" if base is None or pd.isna(base) or not base else str(base)
+    try:
+        lora = calc_lora(rank=int(r["lora_rank"]), alpha=float(r.get("lora_alpha") or 16.0),
+                         targets=str(r.get("lora_targets") or ft_.DEFAULT_TARGETS),
+                         dropout=float(r.get("lora_dropout") or 0.0),
+                         adapter_dtype=str(r.get("adapter_dtype") or "fp32"))
+    except (TypeError, ValueError, KeyError):
+        return "lora" if base == "bf16" else "qlora", {"adapters": "unreadable"}
+    return "lora" if base == "bf16" else "qlora", {"adapters": lora, "base_dtype": base}
+
+
+def _row_packed(r: pd.Series) -> tuple[int, ...]:
+    """A measured row's packed sequence lengths (the harness's ``packed_lengths`` column,
+    '1000+3000+96'); () for a dense row or one without the column."""
+    text = r.get("packed_lengths")
+    if text is None or (isinstance(text, float) and pd.isna(text)) or text == "":
+        return ()
+    from attnmem.measure.train.config import parse_pack
+
+    return parse_pack(str(text))
+
+
+def _compared(r: pd.Series, layout: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+    """One measured row beside attnmem.calc.training_step's prediction for it (``layout``: the
+    gpus/sharding keywords, empty for one GPU, None for a layout calc does not know): the
+    shared columns, and the prediction (None where calc cannot make one)."""
+    model, m = _row_model(r), None
+    method, ft_kw = _row_method(r)
+    packed = _row_packed(r)
+    if packed:
+        ft_kw = {**ft_kw, "packed_lengths": packed}
+    if layout is not None and model is not None and r.get("precision") in PRECISIONS:
+        try:
+            m = training_step(model, int(r["batch"]), int(r["seq_len"]),
+                              attention=str(r["attention"]), precision=str(r["precision"]),
+                              checkpointing=bool(r["checkpointing"]), **layout, **ft_kw)
+        except (ValueError, TypeError):
+            pass
+    pred = None if m is None else m.peak_bytes
+    before = None if m is None else m.before_step_bytes
+    peak, mb = int(r["peak_bytes"]), r.get("before_step_bytes")
+    return {
+        "model": r["model"], "method": method,
+        "batch": int(r["batch"]), "seq_len": int(r["seq_len"]),
+        "packed": "+".join(map(str, packed)) if packed else None,
+        "attention": r["attention"], "precision": r["precision"],
+        "checkpointing": bool(r["checkpointing"]),
+        "measured peak": peak, "predicted peak": pred,
+        "peak error": None if pred is None else (pred - peak) / peak,
+        "measured before": None if pd.isna(mb) else int(mb), "predicted before": before,
+        "before error": None if before is None or pd.isna(mb) else (before - mb) / mb,
+    }, m
+
+
+def _measured_ok(df: pd.DataFrame) -> Iterator[pd.Series]:
+    """The rows of df with status ok and a measured peak."""
+    for _, r in df.iterrows():
+        if r.get("status") == "ok" and not pd.isna(r.get("peak_bytes")):
+            yield r
+
+
+def predicted_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Every measured row (status ok) with the current prediction and its relative error."""
+    rows = []
+    for r in _measured_ok(df):
+        row, m = _compared(r, {})
+        rows.append({**row, "predicted phase": None if m is None else m.peak_phase,
+                     "step_ms": r.get("step_ms")})
+    return pd.DataFrame(rows)
+
+
+def predicted_dist_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Every measured rank (status ok) of a sharded step with attnmem.calc.training_step's per-GPU
+    prediction for its layout (gpus = world_size, DDP as sharding "none", FSDP2 as "fsdp")
+    and the relative errors of the peak, before-step and the bytes the rank holds."""
+    rows = []
+    for r in _measured_ok(df):
+        sharding = DIST_SHARDINGS.get(str(r.get("sharding")))
+        n = int(r["world_size"])
+        row, m = _compared(r, {"gpus": n, "sharding": sharding} if sharding else None)
+        row = {"sharding": r["sharding"], "GPUs": n, "rank": r.get("rank"), **row,
+               "step_ms": r.get("step_ms")}
+        if m is not None:  # what the rank holds, counted from its tensors
+            for part, p in (("weights", m.weights_bytes), ("gradients", m.gradients_bytes),
+                            ("optimizer", m.optimizer_bytes)):
+                got = r.get(f"{part}_bytes")
+                row[f"{part} error"] = None if got is None or pd.isna(got) or not got else \
+                    (p - got) / got
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+class Bundled(NamedTuple):
+    """The bundled measurements as the page shows them."""
+
+    rows: pd.DataFrame  #: data/training_steps_h200.csv as read (empty when absent)
+    compared: pd.DataFrame  #: its rows with status ok beside the prediction (predicted_rows)
+    dist: pd.DataFrame  #: the sharded ranks beside the prediction (predicted_dist_rows)
+
+
+def bundled(path: Path = DATA, dist_path: Path = DIST_DATA) -> Bundled:
+    """Every bundled training-step row and sharded rank, each beside the current prediction."""
+    rows = read_measured(path)
+    dist = read_measured_dist(dist_path)
+    return Bundled(rows, predicted_rows(rows) if not rows.empty else pd.DataFrame(),
+                   predicted_dist_rows(dist) if not dist.empty else pd.DataFrame())
+
+
+def matching_rows(compared: pd.DataFrame, shape: str | None, batch: int, seq_len: int,
+                  precision: str, checkpointing: bool, attentions: Sequence[str],
+                  method: str | None = None) -> pd.DataFrame:
+    """The dense compared rows measured at exactly these inputs (any method when ``method`` is
+    None); empty when there are none."""
+    if compared.empty:
+        return compared
+    hit = ((compared["model"] == shape) & (compared["batch"] == batch)
+           & (compared["seq_len"] == seq_len) & (compared["precision"] == precision)
+           & (compared["checkpointing"] == checkpointing)
+           & compared["attention"].isin(attentions) & compared["packed"].isna())
+    if method is not None:
+        hit &= compared["method"] == method
+    return compared[hit]
+
+
+# --- what the page shows ----------------------------------------------------------------------
+
+
+def part_bytes(m: Any, part: str) -> int:
+    """The bytes of one of PARTS in a training_step result: the states before the step, the
+    buffers (the rest of before-step), or an activation part."""
+    if part == "weights":
+        return m.weights_bytes
+    if part == "optimizer state":
+        return m.optimizer_bytes
+    if part == "buffers":
+        return m.before_step_bytes - m.weights_bytes - m.optimizer_bytes
+    return m.part(part)
+
+
+def step_figure(steps: dict[str, Any], unit: str, gpu: str, gpu_bytes: int,
+                measured: pd.DataFrame | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The stacked bars of each attention's step (what exists before the step, then the
+    activations at the end of the forward), the step's peak as a marker, the H200's measured
+    peak where ``measured`` has a row for the attention, and the GPU as a dashed line: (traces,
+    the figure's layout keywords for attnmem.pages.ui.charts.figure)."""
+    labels = [TRAIN_ATTENTION_LABELS[a] for a in steps]
+    traces = []
+    for part in PARTS:
+        ys = [part_bytes(m, part) for m in steps.values()]
+        if not any(ys):
+            continue
+        traces.append(dict(
+            type="bar", name=part, x=labels, y=[to_unit(y, unit) for y in ys],
+            marker=dict(color=PART_COLORS[part]), customdata=[format_bytes(y, unit) for y in ys],
+            hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
+    traces.append(dict(
+        type="scatter", mode="markers", name="peak of the step", x=labels,
+        y=[to_unit(m.peak_bytes, unit) for m in steps.values()],
+        marker=dict(symbol="diamond", size=14, color="#CC3311"),
+        customdata=[f"{format_bytes(m.peak_bytes, unit)} at {m.peak_phase}" for m in steps.values()],
+        hovertemplate="%{x}<br>peak: %{customdata}<extra></extra>"))
+    if measured is not None and len(measured):  # the H200's measured peak beside each prediction
+        got = {r["attention"]: r for _, r in measured.iterrows()}
+        shown_at = [a for a in steps if a in got]
+        traces.append(dict(
+            type="scatter", mode="markers", name="measured peak (H200)",
+            x=[TRAIN_ATTENTION_LABELS[a] for a in shown_at],
+            y=[to_unit(got[a]["measured peak"], unit) for a in shown_at],
+            marker=dict(symbol="x-thin", size=16, line=dict(width=3, color="#000000")),
+            customdata=[f"{format_bytes(got[a]['measured peak'], unit)} (prediction "
+                        f"{got[a]['peak error']:+.2%})" for a in shown_at],
+            hovertemplate="%{x}<br>measured: %{customdata}<extra></extra>"))
+    cap = to_unit(gpu_bytes, unit)  # the GPU as a line across the whole (categorical) axis
+    dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
+    traces.append(dict(type="scatter", mode="lines", x=labels, y=[cap] * len(labels), line=dash,
+                       name=f"{gpu} ({format_bytes(gpu_bytes, unit)})", zorder=1,  # above the bars
+                       hovertemplate=f"{gpu}: {format_bytes(gpu_bytes, unit)}<extra></extra>"))
+    layout = dict(barmode="stack", shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y",
+                                                y0=cap, y1=cap, line=dash, layer="above")])
+    return traces, layout
+
+
+def step_table(steps: dict[str, Any]) -> pd.DataFrame:
+    """The chart's numbers, in bytes: each part, the gradients, the peak and where it occurs."""
+    return pd.DataFrame([{"attention": a, **{p: part_bytes(m, p) for p in PARTS},
+                          "gradients": m.gradients_bytes, "peak": m.peak_bytes,
+                          "peak phase": m.peak_phase} for a, m in steps.items()])
+
+
+def side_by_side_table(rows: list[dict[str, Any]], unit: str,
+                       measured_peak: dict[str, int] | None = None,
+                       measured_methods: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """attnmem.pages.ui.finetune.side_by_side's rows for display: sizes in `unit`, "—" where a method
+    has no such number, calc's reason where it refuses the method (column REASON: the page
+    writes it under the table, a sentence being too long for a cell). measured_peak: the H200's
+    measured peak of a bundled row at exactly these inputs, by method; measured_methods: the
+    methods the bundled CSV has rows of at all."""
+    measured_peak = measured_peak or {}
+    out = []
+    for r in rows:
+        ok = r["refused"] is None
+        gpus_cell = "—" if r["method"] != "full" else (
+            "—" if not ok else f"{r['gpus_needed']:,}" if r["gpus_needed"] else
+            ("never fits" if r.get("never_fits") else f"more than {ft_.MAX_GPUS:,}")
+            if r["gpus_needed"] == 0 else "—")
+        out.append({
+            "method": ft_.METHOD_LABELS[r["method"]],
+            "peak": format_bytes(r["peak_bytes"], unit) if ok else "—",
+            "fits": ("yes" if r["fits"] else "no") if ok else "—",
+            "longest context": (f"{r['longest_context']:,}" if r["longest_context"] else "none")
+            if ok else "—",
+            "GPUs (full training)": gpus_cell,
+            "measured peak (H200)":
+                format_bytes(measured_peak[r["method"]], unit) if r["method"] in measured_peak else
+                "no row at these inputs" if r["method"] in measured_methods else
+                "not measured yet",
+            REASON: "" if ok else r["refused"],
+        })
+    return pd.DataFrame(out)
+
+
+def shown_table(df: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """df for display: byte columns in ``unit``, errors as signed percentages, "—" for none."""
+    shown = df.copy()
+    if "checkpointing" in shown:
+        shown["checkpointing"] = shown["checkpointing"].map(lambda x: "on" if x else "off")
+    for col in ("measured peak", "predicted peak", "measured before", "predicted before"):
+        shown[col] = shown[col].map(lambda b: "—" if b is None or pd.isna(b) else format_bytes(b, unit))
+    if "packed" in shown.columns:  # dense rows: no packed lengths
+        packed = shown["packed"].map(lambda t: t is not None and not pd.isna(t))
+        # the method says "packed" too: the lengths' column is not among a narrow table's first
+        shown["method"] = [f"{m}, packed" if p else m for m, p in zip(shown["method"], packed, strict=True)]
+        shown["packed"] = shown["packed"].map(lambda t: "—" if t is None or pd.isna(t) else t)
+    for col in [x for x in shown.columns if x.endswith(" error")]:
+        shown[col] = shown[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
+    return shown
+
+
+def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
+    """Which attention trains a Llama-2-7B / Llama-3-8B at s = 32,768, B = 1, bf16 on one
+    H200 or H100: predicted peak (with and without checkpointing) and, where bundled, the
+    measured step time of the few-layer model of the same widths."""
+    models: dict[str, ModelConfig] = {"Llama 3.1 8B": MODELS["Llama 3.1 8B"]}
+    try:
+        from attnmem.measure import train_models
+
+        models["Llama 2 7B"] = ModelConfig.from_hf_config(
+            train_models.hf_config("llama2-7b-2l", layers=32), name="Llama 2 7B")
+    except (ImportError, ValueError, OSError):
+        pass
+    shape_of = {"Llama 3.1 8B": "llama3-8b-2l", "Llama 2 7B": "llama2-7b-2l"}
+    rows = []
+    for name, model in models.items():
+        for attn in ("eager", "sdpa_flash", "sdpa_cudnn", "triton"):
+            for ckpt in (False, True):
+                m = training_step(model, 1, 32768, attention=attn, precision="bf16",
+                                  checkpointing=ckpt)
+                ms = None
+                if not measured.empty and "step_ms" in measured:
+                    hit = measured[(measured["model"] == shape_of[name])
+                                   & (measured["seq_len"] == 32768)
+                                   & (measured["attention"] == attn)
+                                   & (measured["precision"] == "bf16")
+                                   & (measured["checkpointing"] == ckpt)
+                                   & (measured["status"] == "ok")]
+                    if len(hit):
+                        ms = float(hit["step_ms"].iloc[0])
+                rows.append({
+                    "model": name, "attention": TRAIN_ATTENTION_LABELS[attn],
+                    "checkpointing": "on" if ckpt else "off",
+                    "peak": format_bytes(m.peak_bytes, unit),
+                    "fits one H200": "yes" if m.peak_bytes <= usable_bytes(H200) else "no",
+                    "fits one H100": "yes" if m.peak_bytes <= usable_bytes(H100) else "no",
+                    "where": m.peak_phase,
+                    "2-layer step (ms)": "—" if ms is None else f"{ms:,.0f}",
+                })
+    return pd.DataFrame(rows)
