@@ -115,8 +115,8 @@ from attnmem.calc.weights import weight_bytes
 
 #: Public functions fuzzed with hostile arguments in their own test files
 #: (tests/calc/test_context_parallel.py, tests/calc/test_training_step.py,
-#: tests/calc/test_models_now.py) rather than in tests/calc/test_fuzz_hostile_inputs.py, which
-#: lists these tuples as covered.
+#: tests/calc/test_models_now.py) rather than in tests/calc/test_fuzz_hostile_inputs.py and
+#: tests/calc/test_fuzz_hostile_models.py, which lists these tuples as covered.
 CONTEXT_PARALLEL_FUNCTIONS = (
     context_parallel_memory, context_parallel_peak_bytes, context_parallel_terms,
     context_parallel_training, max_context_parallel_attention_seq_len,
@@ -126,9 +126,9 @@ TRAINING_STEP_FUNCTIONS = (training_step, max_train_seq_len, train_gpus_needed)
 CHECKPOINT_FUNCTIONS = (checkpoint_breakdown, checkpoint_weight_bytes, torch_total_bytes)
 
 #: What `from attnmem.calc import *` gives, grouped as attnmem/calc/API.md lists it. Every function here is
-#: fuzzed (tests/calc/test_fuzz_hostile_inputs.py or the files named above). Importable from
-#: calc but not listed: the varlen, inference-step, checkpoint and MoE names marked † in
-#: attnmem/calc/API.md, tested in their own files.
+#: fuzzed (tests/calc/test_fuzz_hostile_inputs.py, tests/calc/test_fuzz_hostile_models.py or
+#: the files named above). Importable from calc but not listed: the varlen, inference-step,
+#: checkpoint and MoE names marked † in attnmem/calc/API.md, tested in their own files.
 __all__ = [
     # units, dtypes, limits (attnmem/calc/units.py, attnmem/calc/scores.py, attnmem/calc/fit.py)
     "DTYPES", "DTYPE_BYTES", "GB", "GIB", "MAX_BATCH", "MAX_HEADS", "MAX_HEAD_DIM",
