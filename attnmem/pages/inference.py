@@ -1,7 +1,7 @@
 """Inference: what transformers' generate() holds at its peak, where, and what would change it.
 
-Thin page: widgets (a preset, a Hugging Face Hub id via attnmem/pages/hub_model.py, or a measured
-shape) -> attnmem.calc.inference_step for every attention implementation (attnmem/pages/ui/inference.py runs
+Thin page: widgets (the model picker of attnmem/pages/ui/pickers.py: a preset, a Hugging Face
+Hub id or a measured shape) -> attnmem.calc.inference_step for every attention implementation (attnmem/pages/ui/inference.py runs
 them and keeps each refusal's reason) -> the verdict for the chosen one with the longest prompt
 that fits (attnmem.calc.max_inference_seq_len), stacked bars of the parts at each peak, prefill against
 decode, what chunked prefill saves; and the bundled H200 measurements
@@ -19,7 +19,7 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from attnmem.calc import DEFAULT_GPU, DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from attnmem.calc import DTYPES, MAX_SEQ_LEN, MODELS  # noqa: E402
 from attnmem.calc.inference_step import (  # noqa: E402
     CACHES,
     INFER_ATTENTION_LABELS,
@@ -27,12 +27,11 @@ from attnmem.calc.inference_step import (  # noqa: E402
     max_inference_seq_len,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import hub_model as hub  # noqa: E402
-from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
+from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui import inference as inf  # noqa: E402
 from attnmem.pages.ui.labels import FALLBACK_COLOR  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
-from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -54,7 +53,7 @@ EXTRA = {MEASURED_PREFIX + n: m for n, m in SHAPES.items()
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, *EXTRA)),
-    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),  # the same specs as Model memory:
+    "gpu": pickers.GPU_SPEC,  # the same specs as Model memory:
     "b": IntParam(1, 1, 65_536),  # these carry over between the pages
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
     "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
@@ -102,22 +101,15 @@ st.markdown("**What does `generate()` hold at its peak, where, and what would ch
             "allocate, per attention implementation, as transformers runs them.")
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
-used = dict(SPECS)
-if choice == hub.HUB:
-    model = hub.hub_model(where=top[0])
-    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
-        used[hub.KEY] = hub.SPEC
-    if model is None:
-        model = hub.fallback(MODELS[SPECS["model"].default])
-else:
-    model = EXTRA.get(choice) or MODELS[choice]
-gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+picked = pickers.model_picker(SPECS["model"], {**MODELS, **EXTRA}, where=top[0])
+model = picked.model
+used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
+gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
 attn = widgets.select("Attention", "attn", SPECS["attn"], where=top[2], format_func=label)
 row = st.columns(5)
 batch = widgets.int_input("Batch size", "b", SPECS["b"], where=row[0])
 new_tokens = widgets.int_input("New tokens", "new", SPECS["new"], where=row[1])
-wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
+wd, used["wdtype"] = pickers.weight_dtype("Weights dtype / quantization", model, where=row[2])
 kvd = widgets.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[3])
 cache = widgets.select("Cache", "cache", SPECS["cache"], where=row[4], help=CACHE_HELP)
 seq_len = widgets.seq_len_input("Prompt length (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
@@ -128,7 +120,7 @@ chunk = chunk_in or None
 
 unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
-hub.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
+pickers.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
 kw = dict(weight_dtype=wd, kv_dtype=kvd, cache=cache, prefill_chunk=chunk)
 steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
 st.caption(

@@ -19,7 +19,7 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from attnmem.calc import DEFAULT_GPU, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from attnmem.calc import GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
 from attnmem.calc.context_parallel import (  # noqa: E402
     CP_IMPL_LABELS,
     CP_IMPLEMENTATIONS,
@@ -33,9 +33,8 @@ from attnmem.calc.context_parallel import (  # noqa: E402
     zigzag_chunks,
 )
 from attnmem.calc.units import short_len  # noqa: E402
-from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
-from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -53,7 +52,7 @@ C_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MEASURED_SHAPE = "H = 32, d = 128 (the measured shape)"
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", tuple(MODELS)),
-    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
+    "gpu": pickers.GPU_SPEC,
     "impl": ChoiceParam("triton", CP_IMPLEMENTATIONS),
     "s": IntParam(131072, 2, MAX_SEQ_LEN),
     "c": IntParam(8, 1, MAX_C),
@@ -149,9 +148,9 @@ st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?**
             "a ring (causal: zigzag load balancing, rank r holds chunks r and 2c−1−r).")
 
 top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
-model_name = widgets.select("Model", "model", SPECS["model"], where=top[0])
-gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1],
-                     format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+picked = pickers.model_picker(SPECS["model"], MODELS, where=top[0])
+model_name, model = picked.choice, picked.model
+gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
 impl = widgets.select("Ring", "impl", SPECS["impl"], where=top[2],
                       format_func=lambda i: CP_IMPL_LABELS[i])
 row = st.columns(4)
@@ -166,7 +165,6 @@ shard = widgets.toggle("Weights, gradients, optimizer sharded over the c GPUs (F
                        SPECS["shard"], where=row2[1])
 s_in = widgets.seq_len_input("Total context s (tokens)", "s", SPECS["s"], hi_pow2=1 << 24)
 
-model = MODELS[model_name]
 if attn == "model":
     heads, kv_heads, head_dim = model.num_heads, model.num_kv_heads, model.head_dim
 else:

@@ -21,9 +21,7 @@ import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitAPIException  # noqa: E402
 
 from attnmem.calc import (  # noqa: E402
-    DEFAULT_GPU,
     DTYPES,
-    GPUS,
     IMPL_DTYPES,
     MAX_SEQ_LEN,
     MODELS,
@@ -36,12 +34,11 @@ from attnmem.calc import (  # noqa: E402
 )
 from attnmem.calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import hub_model as hub  # noqa: E402
-from attnmem.pages.custom_config import CUSTOM, custom_model  # noqa: E402
-from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
+from attnmem.pages.ui import hub_model as hub  # noqa: E402
+from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.labels import MEMORY_PART_COLORS  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
-from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -66,7 +63,7 @@ SPECS = {
     "adtype": ChoiceParam("bf16", ACT_DTYPES, aliases=DTYPE_ALIASES),
     "b": IntParam(1, 1, 65_536),
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
-    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
+    "gpu": pickers.GPU_SPEC,
 }
 
 
@@ -151,28 +148,18 @@ st.markdown(
 )
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
+choice = pickers.model_select(SPECS["model"], where=top[0])
 training_link(top[1])
-gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[2], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
-used = dict(SPECS)
-
-model = MODELS.get(choice)
-origin = model.source if model else ""
-if choice == CUSTOM:
-    model, origin = custom_model(), "uploaded"
-    if model is None:
-        st.info("Upload or paste a config.json to see its memory; until then, the default model is shown.")
-        model = MODELS[SPECS["model"].default]
-elif choice == hub.HUB:
-    model = hub.hub_model(where=top[0])
-    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
-        used[hub.KEY] = hub.SPEC
-    if model is None:
-        model = hub.fallback(MODELS[SPECS["model"].default])
-    origin = hub.source(model)
+gpu = pickers.gpu_picker(SPECS["gpu"], where=top[2])
+picked = pickers.pick_model(choice, MODELS, SPECS["model"].default, where=top[0],
+                            waiting="Upload or paste a config.json to see its memory; until "
+                                    "then, the default model is shown.",
+                            custom_origin="uploaded")
+model = picked.model
+used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
 
 row = st.columns(5)
-wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[0])
+wd, used["wdtype"] = pickers.weight_dtype("Weights dtype / quantization", model, where=row[0])
 kvd = widgets.select("KV cache dtype", "kvdtype", SPECS["kvdtype"], where=row[1])
 ad = widgets.select("Attention (activation) dtype", "adtype", SPECS["adtype"], where=row[2])
 batch = widgets.int_input("Batch size", "b", SPECS["b"], where=row[3])
@@ -181,7 +168,7 @@ seq_len = widgets.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi
 
 unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
-hub.gpu_note(gpu, unit)
+pickers.gpu_note(gpu, unit)
 params = param_count(model)
 st.caption(
     f"**{md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
@@ -305,6 +292,6 @@ with st.container():
         "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
         "one after another, so only one layer's scores exist at a time."
     )
-st.caption(f"{COMPUTED}. Formulas: the list above (attnmem.calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({md_escape(origin)}).")
+st.caption(f"{COMPUTED}. Formulas: the list above (attnmem.calc.model_memory); KV cache {kv_formula(model)}; model shapes from each model's config.json ({md_escape(picked.origin)}).")
 
 sync_url(used)

@@ -1,6 +1,6 @@
 """Serving: how many requests of length s fit on my GPU, and the longest context one can have.
 
-Thin page: widgets (a preset or a Hugging Face Hub id, attnmem/pages/hub_model.py) -> attnmem.calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
+Thin page: widgets (the model picker of attnmem/pages/ui/pickers.py: a preset or a Hugging Face Hub id) -> attnmem.calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
 and vllm/v1/core/kv_cache_utils.py, see attnmem/calc/serving.py) -> metrics and a table; prefill vs
 decode attention of one layer per implementation (attnmem.calc.serving.prefill_decode_attention).
 """
@@ -17,7 +17,6 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from attnmem.calc import (  # noqa: E402
-    DEFAULT_GPU,
     DTYPES,
     GPUS,
     IMPL_LABELS,
@@ -34,10 +33,9 @@ from attnmem.calc.serving import (  # noqa: E402
     serving_capacity,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import hub_model as hub  # noqa: E402
-from attnmem.pages.ui import tables, widgets  # noqa: E402
+from attnmem.pages.ui import hub_model as hub  # noqa: E402
+from attnmem.pages.ui import pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
-from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -52,7 +50,7 @@ from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 MIB = 2**20
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB)),
-    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
+    "gpu": pickers.GPU_SPEC,
     "s": IntParam(32768, 1, MAX_SEQ_LEN),
     "util": FloatParam(0.9, 0.0, 1.0, lo_open=True),
     "block": ChoiceParam("16", tuple(str(b) for b in BLOCK_SIZES)),
@@ -71,23 +69,16 @@ st.markdown("**How many requests of length s fit on my GPU, and what is the long
             "request can have?** KV blocks as vLLM allocates them.")
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
-used = dict(SPECS)
-if choice == hub.HUB:
-    model = hub.hub_model(where=top[0])
-    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
-        used[hub.KEY] = hub.SPEC
-    if model is None:
-        model = hub.fallback(MODELS[SPECS["model"].default])
-else:
-    model = MODELS[choice]
-gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+picked = pickers.model_picker(SPECS["model"], MODELS, where=top[0])
+model = picked.model
+used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
+gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
 util = widgets.float_input("gpu_memory_utilization", "util", SPECS["util"], where=top[2])
 row = st.columns(5)
 block = widgets.select("Block size (tokens)", "block", SPECS["block"], where=row[0])
 mnbt = widgets.int_input("max_num_batched_tokens", "mnbt", SPECS["mnbt"], where=row[1])
 seqs = widgets.int_input("max_num_seqs", "seqs", SPECS["seqs"], where=row[2])
-wd, used["wdtype"] = hub.weight_dtype("Weights dtype", model, where=row[3])
+wd, used["wdtype"] = pickers.weight_dtype("Weights dtype", model, where=row[3])
 kvd = widgets.select("KV cache dtype (fp8 halves it)", "kvdtype", SPECS["kvdtype"], where=row[4])
 row2 = st.columns(3)
 graphs = widgets.int_input("CUDA graphs (MiB)", "graphs_mib", SPECS["graphs_mib"], where=row2[0])
@@ -99,7 +90,7 @@ unit = get_unit()
 # vLLM's budget is gpu_memory_utilization x the total torch reports (torch.cuda.mem_get_info):
 # attnmem.calc.gpus.torch_total_bytes, the spec-sheet figure only where no torch figure is sourced.
 gpu_bytes = usable_bytes(gpu)
-hub.gpu_note(gpu, unit, what="The budget (× gpu_memory_utilization) and the KV pool")
+pickers.gpu_note(gpu, unit, what="The budget (× gpu_memory_utilization) and the KV pool")
 try:
     cap = serving_capacity(model, gpu_bytes, seq_len, weight_dtype=wd, kv_dtype=kvd,
                            gpu_memory_utilization=util, block_size=int(block),
@@ -159,5 +150,5 @@ tables.table(pd.DataFrame(rows), hide_index=True)
 st.caption(f"{COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
            "kv_cache_utils.py; overhead defaults from vLLM start-up logs (attnmem/calc/serving.py). "
            "Prefill: attnmem.calc.attention_peak_bytes; decode: the same terms with s_q = 1. "
-           f"Model shapes: {md_escape(hub.source(model))}.")
+           f"Model shapes: {md_escape(picked.origin)}.")
 sync_url(used)

@@ -30,11 +30,10 @@ from attnmem.calc import (  # noqa: E402
     train_gpus_needed,
 )
 from attnmem.calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
-from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
+from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import finetune as ft_  # noqa: E402
 from attnmem.pages.ui import training as tr  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, longest_past_trained_note, trained_context_note  # noqa: E402
-from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -44,7 +43,7 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
     MultiChoiceParam,
     md_escape,
 )
-from attnmem.pages.ui.weights import gpu_caption, usable_bytes  # noqa: E402
+from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 
 PRECISION_LABELS = {"bf16": "bf16 parameters and AdamW state",
                     "amp_bf16": "fp32 parameters under autocast(bf16)"}
@@ -62,7 +61,7 @@ SPECS = {
     "tp": IntParam(1, 1, 1024),
     "shard": ChoiceParam("none", SHARDINGS),
     "ep": IntParam(1, 1, 65_536),  # expert-parallel degree (MoE models only)
-    "gpu": ChoiceParam(tr.H100, gpu_options(GPUS)),
+    "gpu": ChoiceParam(tr.H100, pickers.gpu_options(GPUS)),
     # Fine-tuning method (issue 34): full training, LoRA on a bf16 base, QLoRA on a 4-bit base.
     "ft": ChoiceParam("full", ft_.METHODS),
     "rank": IntParam(ft_.DEFAULT_RANK, 1, 1 << 16),
@@ -104,8 +103,9 @@ st.markdown("**How much memory does one training step take, where is its peak, a
             "keeps, per attention implementation, per GPU.")
 
 top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
-choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
-gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+picked = pickers.model_picker(SPECS["model"], tr.CHOICES, where=top[0])
+choice, model = picked.choice, picked.model
+gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
 prec = widgets.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
 tune = st.columns([2.2, 1, 1.6, 1, 1.4])
 method = widgets.radio("What is trained", "ft", SPECS["ft"], where=tune[0],
@@ -141,7 +141,6 @@ gpus = widgets.int_input("GPUs N (= tensor parallel × data parallel)", "gpus", 
 tp = widgets.int_input("Tensor-parallel degree t", "tp", SPECS["tp"], where=lay[1])
 shard = widgets.select("Sharding over data-parallel replicas", "shard", SPECS["shard"], where=lay[2],
                        format_func=lambda s: SHARDING_LABELS[s])
-model = tr.CHOICES[choice]
 ep = widgets.int_input("Expert-parallel degree (MoE)", "ep", SPECS["ep"], where=lay[3],
                        disabled=model.num_experts <= 1,
                        help="Each of ep data-parallel ranks holds 1/ep of every layer's experts; "
@@ -151,7 +150,7 @@ ep = ep if model.num_experts > 1 else 1
 
 unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
-st.caption(md_escape(gpu_caption(gpu, unit, what="\"Fits\", the longest context and GPUs needed")))
+pickers.gpu_note(gpu, unit, what="\"Fits\", the longest context and GPUs needed")
 trained_context_note(model, seq_len)
 kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard,
           ep=ep)

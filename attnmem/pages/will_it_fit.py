@@ -1,7 +1,7 @@
 """Will it fit? The one question most users bring, answered in one view.
 
-Thin page: model (a preset, a Hugging Face Hub id (attnmem/pages/hub_model.py) or an uploaded or
-pasted config.json (attnmem/pages/custom_config.py)), GPU, task, context
+Thin page: model (the model picker of attnmem/pages/ui/pickers.py: a preset, a Hugging Face Hub
+id or an uploaded or pasted config.json), GPU, task, context
 and batch -> attnmem/pages/ui/fit.py, which asks the one calc function that answers the task
 everywhere else (inference: attnmem.calc.inference_step; serving: attnmem.calc.serving_capacity; training:
 attnmem.calc.training_step) -> a verdict, the peak's parts and where it occurs, the longest context
@@ -22,14 +22,13 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 from streamlit.errors import StreamlitAPIException  # noqa: E402
 
-from attnmem.calc import DEFAULT_GPU, DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from attnmem.calc import DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
 from attnmem.calc.gpus import torch_total_bytes  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages import hub_model as hub  # noqa: E402
-from attnmem.pages.custom_config import CUSTOM, custom_model  # noqa: E402
-from attnmem.pages.ui import fit, tables, widgets  # noqa: E402
+from attnmem.pages.ui import fit, pickers, tables, widgets  # noqa: E402
+from attnmem.pages.ui import hub_model as hub  # noqa: E402
+from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
-from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
 from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -41,7 +40,7 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
 # The same specs as the pages that explain each task, so that values carry over between them.
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
-    "gpu": ChoiceParam(DEFAULT_GPU, gpu_options(GPUS)),
+    "gpu": pickers.GPU_SPEC,
     "task": ChoiceParam("inference", fit.TASKS),
     "b": IntParam(1, 1, 65_536),
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
@@ -101,26 +100,12 @@ st.markdown("**Does this model run this task at this context length on this GPU?
             "from the same function the task's own page uses.")
 
 top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
-choice = widgets.select("Model", "model", SPECS["model"], where=top[0])
-used: dict[str, Any] = dict(SPECS)
-if choice == hub.HUB:
-    model = hub.hub_model(where=top[0])
-    if st.session_state.get(hub.KEY):  # the id, not the file, goes into the URL
-        used[hub.KEY] = hub.SPEC
-    if model is None:
-        model = hub.fallback(MODELS[SPECS["model"].default])
-    origin = hub.source(model)
-elif choice == CUSTOM:
-    model, origin = custom_model(), "the config.json given here"
-    if model is None:
-        st.info("Upload or paste a config.json to see whether it fits; until then, the default "
-                "model is shown.")
-        model = MODELS[SPECS["model"].default]
-        origin = model.source
-else:
-    model = MODELS[choice]
-    origin = model.source
-gpu = widgets.select("GPU", "gpu", SPECS["gpu"], where=top[1], format_func=lambda g: f"{g} ({fmt(GPUS[g])})")
+picked = pickers.model_picker(SPECS["model"], MODELS, where=top[0],
+                              waiting="Upload or paste a config.json to see whether it fits; "
+                                      "until then, the default model is shown.")
+choice, model = picked.choice, picked.model
+used: dict[str, Any] = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
+gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
 task = widgets.select("Task", "task", SPECS["task"], where=top[2], format_func=fit.TASK_LABELS.get,
                       help="LoRA and QLoRA here use the Training step page's defaults (rank 16, all "
                            "linear layers, fp32 adapters); that page changes each of them.")
@@ -132,8 +117,8 @@ if task == "inference":
 else:
     del used["new"]
 if task in ("inference", "serving"):
-    # a quantized checkpoint opens "as stored", as on the task pages (attnmem/pages/hub_model.py)
-    wd, used["wdtype"] = hub.weight_dtype("Weights dtype / quantization", model, where=row[2])
+    # a quantized checkpoint opens "as stored", as on the task pages (attnmem/pages/ui/pickers.py)
+    wd, used["wdtype"] = pickers.weight_dtype("Weights dtype / quantization", model, where=row[2])
 else:
     del used["wdtype"]
     wd = "bf16"
@@ -151,7 +136,7 @@ trained = model.max_position_embeddings
 st.caption(f"**{md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
            f"{model.num_kv_heads} KV heads, trained context "
            f"{f'{trained:,} tokens' if trained else 'not stated'}; shapes from "
-           f"{md_escape(origin)}.")
+           f"{md_escape(picked.origin)}.")
 trained_context_note(model, seq_len)
 if trained and seq_len <= trained < seq_len + new_tokens - 1:  # the prompt fits, the answer not
     st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
@@ -165,7 +150,7 @@ else:
     v = fit.training(model, gpu_bytes, batch, seq_len, task)
 
 query = {"model": choice, "gpu": gpu, "s": str(seq_len), "b": str(batch)}
-if choice == hub.HUB and st.session_state.get(hub.KEY):
+if hub.KEY in picked.specs:
     query[hub.KEY] = st.session_state[hub.KEY]
 if task == "inference":
     query |= {"new": str(new_tokens), "wdtype": wd}

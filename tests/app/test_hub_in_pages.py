@@ -1,4 +1,4 @@
-"""Hub ids on the Model memory and Serving pages (attnmem/pages/hub_model.py), against the fake Hub on
+"""Hub ids on the Model memory and Serving pages (attnmem/pages/ui/hub_model.py), against the fake Hub on
 localhost (tests/cli/fake_hub.py through HF_ENDPOINT; no network): a good id renders that model
 and stays in the URL, gated / unknown / no config.json / not a language model / no network each
 give one clear st.error, a garbage id in the URL or in the box is refused by name. Also the

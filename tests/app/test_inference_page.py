@@ -264,7 +264,7 @@ def test_largest_accepted_values_are_a_message_not_a_traceback() -> None:
 
 
 def test_a_hub_id_is_the_model_shown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The Hub-id box of the other model pages (attnmem/pages/hub_model.py), against the fake Hub."""
+    """The Hub-id box of the other model pages (attnmem/pages/ui/hub_model.py), against the fake Hub."""
     from tests.cli.fake_hub import FakeHub
 
     repo = "deepseek-ai/DeepSeek-V3"

@@ -64,6 +64,11 @@ def page_setup(name: str) -> None:
     st.session_state[_PAGE] = name
 
 
+def current_page() -> str:
+    """The page being drawn (page_setup's name; "" before any page has run)."""
+    return st.session_state.get(_PAGE, "")
+
+
 def claim(key: str, page: str | None = None) -> bool:
     """Record that `key` now belongs to this page's widget; True if it already did.
 
@@ -72,7 +77,7 @@ def claim(key: str, page: str | None = None) -> bool:
     would start from its own default instead of the shared value.
     """
     owners: dict[str, str] = st.session_state.setdefault(_OWNER, {})
-    page = page if page is not None else st.session_state.get(_PAGE, "")
+    page = page if page is not None else current_page()
     mine = owners.get(key) == page
     owners[key] = page
     return mine

@@ -1,5 +1,5 @@
-"""A model from an uploaded or pasted Hugging Face config.json, for the Model memory and Will it
-fit? pages.
+"""A model from an uploaded or pasted Hugging Face config.json, for the model pickers
+(attnmem.pages.ui.pickers) of the Model memory and Will it fit? pages. Streamlit widgets.
 
 The file is parsed by the bounded JSON loader attnmem.calc.config_json (size, nesting depth, NaN/Infinity and duplicate
 keys refused before json.loads; never executed) and then by calc's ModelConfig.from_hf_config,
@@ -11,19 +11,14 @@ carries over between the pages that accept a config.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import IO, Any
 
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # imported by a page run alone
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import streamlit as st
 
-from typing import IO, Any  # noqa: E402
-
-import streamlit as st  # noqa: E402
-
-from attnmem.calc import ModelConfig  # noqa: E402
-from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json  # noqa: E402
-from attnmem.pages.ui.url_state import md_escape  # noqa: E402
+from attnmem.calc import ModelConfig
+from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
+from attnmem.pages.ui.url_state import md_escape
 
 #: The model-selector choice that opens the upload box.
 CUSTOM = "Custom config.json"

@@ -1,4 +1,5 @@
-"""A model from the Hugging Face Hub, by id, for the Model memory and Serving pages.
+"""A model from the Hugging Face Hub, by id, for the model pickers (attnmem.pages.ui.pickers).
+Streamlit widgets.
 
 The id (owner/name) is an input like any other: it lives in the URL (key `hub`, a TextParam
 with huggingface_hub's validate_repo_id rules), so a link reproduces the view of any Hub model;
@@ -12,23 +13,15 @@ default preset and says so (the same view as the link gives on a fresh load).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from typing import Any
 
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # imported by a page run alone
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import streamlit as st
 
-from typing import Any  # noqa: E402
-
-import streamlit as st  # noqa: E402
-
-from attnmem.calc import ModelConfig  # noqa: E402
-from attnmem.calc.quant import describe  # noqa: E402
-from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetch_model  # noqa: E402
-from attnmem.pages.ui import widgets  # noqa: E402
-from attnmem.pages.ui.state import init  # noqa: E402
-from attnmem.pages.ui.url_state import ChoiceParam, TextParam, md_escape, show_raw  # noqa: E402
-from attnmem.pages.ui.weights import gpu_caption, weight_label, weight_spec  # noqa: E402
+from attnmem.calc import ModelConfig
+from attnmem.calc.quant import describe
+from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetch_model
+from attnmem.pages.ui.state import init
+from attnmem.pages.ui.url_state import TextParam, md_escape, show_raw
 
 #: The model-selector choice that opens the id box.
 HUB = "Hugging Face Hub id"
@@ -111,29 +104,6 @@ def notes(model: ModelConfig, where: Any = st) -> None:
         where.caption(md_escape(
             f"Checkpoint quantization: {describe(model.quantization)}; 'as stored' weights "
             f"price it (attnmem.calc.weight_bytes(model, 'checkpoint'))."))
-
-
-def weight_dtype(label: str, model: ModelConfig, where: Any = st, key: str = "wdtype"
-                 ) -> tuple[str, ChoiceParam]:
-    """The weight-dtype selector for this model (attnmem.pages.ui.weights): "as stored (checkpoint)"
-    offered first and the default for a quantized checkpoint. When the model changes and the
-    value was the previous model's default, it follows the new model's default, so that a
-    quantized checkpoint opens as stored and a plain one at bf16; a value the user picked
-    stays. Returns the value and the spec to put in the page's URL specs."""
-    spec = weight_spec(model)
-    mark = f"_{key}_default@{st.session_state.get('_url_page', '')}"
-    before = st.session_state.get(mark)
-    if before is not None and before != spec.default and st.session_state.get(key) == before:
-        st.session_state[key] = spec.default
-    st.session_state[mark] = spec.default
-    value = widgets.select(label, key, spec, where=where, format_func=lambda v: weight_label(v, model))
-    return value, spec
-
-
-def gpu_note(gpu: str, unit: str, what: str = "\"Fits\" and the longest context",
-             where: Any = st) -> None:
-    """A caption under the GPU choice: the memory "fits" uses, the spec figure beside it."""
-    where.caption(md_escape(gpu_caption(gpu, unit, what)))
 
 
 def fallback(default: ModelConfig) -> ModelConfig:
