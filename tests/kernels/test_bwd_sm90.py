@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 
 import pytest
 from _hopper import hopper_reason
@@ -454,3 +455,45 @@ def test_forced_where_the_default_would_not_route(monkeypatch):
     ref = torch.autograd.grad(flash_attention(q, k, v, causal=True), (q, k, v), do)
     for g, r in zip(got, ref, strict=True):
         assert (g.float() - r.float()).abs().max().item() < 0.05
+
+
+def test_ab_bwd_loads_a_commits_kernel_with_that_commits_partitions(tmp_path):
+    """attnmem.kernels.dev.ab_bwd.load_at (the A/B tool's --against): bwd_sm90.py at a commit
+    imports the device code of bwd_sm90_partitions.py at the same commit, not the working
+    tree's, and the real module is put back; a commit without the partitions file loads the
+    kernel file alone. Checked on a made-up repository (no Gluon needed)."""
+    import subprocess
+
+    from attnmem.kernels.dev import ab_bwd
+
+    part_name = "attnmem.kernels.flash.bwd_sm90_partitions"
+    assert set(ab_bwd.KERNEL_PARTS) == {part_name}
+    flash = tmp_path / "attnmem" / "kernels" / "flash"
+    flash.mkdir(parents=True)
+
+    def git(*args):
+        out = subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True,
+                             text=True, check=True, env={"GIT_AUTHOR_NAME": "t",
+                                                         "GIT_AUTHOR_EMAIL": "t@t",
+                                                         "GIT_COMMITTER_NAME": "t",
+                                                         "GIT_COMMITTER_EMAIL": "t@t",
+                                                         "HOME": str(tmp_path)})
+        return out.stdout.strip()
+
+    git("init", "-q")
+    (flash / "bwd_sm90.py").write_text("WHERE = 'one file'\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "one file")
+    old = git("rev-parse", "HEAD")
+    (flash / "bwd_sm90_partitions.py").write_text("WHERE = 'the commit partitions'\n")
+    (flash / "bwd_sm90.py").write_text(f"from {part_name} import WHERE\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "split")
+    new = git("rev-parse", "HEAD")
+
+    before = sys.modules.get(part_name)
+    mod = ab_bwd.load_at(new, root=str(tmp_path))
+    assert mod.WHERE == "the commit partitions"
+    assert sys.modules.get(part_name) is before
+    assert ab_bwd.load_at(old, root=str(tmp_path)).WHERE == "one file"
+    assert sys.modules.get(part_name) is before

@@ -52,6 +52,11 @@ DEFAULT_SHAPES = ["32/32/4096/128/0", "32/32/4096/128/1", "32/32/16384/128/0",
                   "32/32/16384/128/1", "32/8/8192/128/1", "32/32/8192/64/1", "32/32/8192/64/0",
                   "32/8/8192/64/0"]
 KERNEL_FILE = "attnmem/kernels/flash/bwd_sm90.py"
+# The modules of our package KERNEL_FILE imports its device code from, by file: `load_at`
+# loads each as it was at the same commit (where the file exists there) and has KERNEL_FILE
+# import that copy, so a commit's kernel runs with its own partitions.
+KERNEL_PARTS = {"attnmem.kernels.flash.bwd_sm90_partitions":
+                "attnmem/kernels/flash/bwd_sm90_partitions.py"}
 
 
 def parse_variant(text: str, settings: dict | None = None) -> tuple[str, dict[str, int]]:
@@ -82,24 +87,53 @@ def parse_variant(text: str, settings: dict | None = None) -> tuple[str, dict[st
     return name, opts
 
 
+def _show(root: str, commit: str, path: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", root, "show", f"{commit}:{path}"], capture_output=True,
+                          text=True)
+
+
+def _module_from(folder: str, name: str, source: str):
+    """``source`` written to ``folder``/``name``.py and imported as module ``name`` (Gluon
+    reads its kernels' source from the file)."""
+    path = os.path.join(folder, f"{name}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def load_at(commit: str, root: str | None = None):
     """attnmem/kernels/flash/bwd_sm90.py as it was at ``commit``, imported as a module of its own
-    (written to a temporary file: Gluon reads its kernels' source from the file)."""
-    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    got = subprocess.run(["git", "-C", root, "show", f"{commit}:{KERNEL_FILE}"],
-                         capture_output=True, text=True)
+    (written to a temporary file), with the `KERNEL_PARTS` of that commit: while it imports,
+    each part's name in sys.modules is that commit's copy (put back afterwards), so its kernels
+    compile that commit's device code, not the working tree's."""
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    got = _show(root, commit, KERNEL_FILE)
     if got.returncode:
         raise SystemExit(f"--against {commit!r}: git cannot show {KERNEL_FILE} there "
                          f"({got.stderr.strip()[:200]})")
     folder = tempfile.mkdtemp(prefix="ab_bwd_")
-    path = os.path.join(folder, f"bwd_sm90_at_{re.sub(r'[^A-Za-z0-9]', '_', commit)}.py")
-    with open(path, "w") as f:
-        f.write(got.stdout)
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    tag = re.sub(r"[^A-Za-z0-9]", "_", commit)
+    saved = {}
+    try:
+        for name, path in KERNEL_PARTS.items():
+            part = _show(root, commit, path)
+            if part.returncode:  # not there at that commit: the kernel file holds it all
+                continue
+            saved[name] = sys.modules.get(name)
+            sys.modules[name] = _module_from(
+                folder, f"{name.rsplit('.', 1)[1]}_at_{tag}", part.stdout)
+        return _module_from(folder, f"bwd_sm90_at_{tag}", got.stdout)
+    finally:
+        for name, real in saved.items():
+            if real is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = real
 
 
 @contextlib.contextmanager
