@@ -1,7 +1,8 @@
 """Transformer model shapes: the ModelConfig dataclass and Hugging Face config.json parsing.
 
 Everything the memory model needs to know about an architecture lives in ModelConfig; the
-formulas that use it live in params.py (weights) and kv.py (KV cache); presets in presets.py.
+formulas that use it live in params.py (parameters), weights.py (their bytes) and kv.py (KV
+cache); presets in presets.py; values a config.json leaves out come from hf_defaults.py.
 
 `ModelConfig.from_hf_config` reads the keys that the Hugging Face `transformers` configuration
 classes define (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig,
