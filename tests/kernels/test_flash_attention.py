@@ -14,17 +14,16 @@ first imported, so the interpreter cases run in ONE child process started with
 TRITON_INTERPRET=1 (this file run as a script); each parametrized test then reports its own
 case from that run. Nothing in this pytest process is switched to interpreter mode. The
 interpreter has no bf16: those runs use fp16 and fp32. The full grid of shapes runs on a GPU
-as tests marked ``gpu``.
+as tests marked ``gpu`` (tests/kernels/test_flash_attention_gpu.py); the harness both files
+use (the tolerance rule, the poisoning) is tests/kernels/_flash_check.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
@@ -34,130 +33,18 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+# tests/kernels/_flash_check.py: the shared harness (the interpreter child runs this file as a
+# script, from this folder)
+from _flash_check import (  # noqa: E402
+    GPU_CONFIG,
+    HAS_CUDA,
+    HOPPER,
+    check_against_reference,
+    inputs,
+    poison_empty,
+)
+
 from attnmem.kernels.flash.config import KernelConfig, Tiles  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
-KERNEL_MODULES = ("attnmem.kernels.flash.fwd", "attnmem.kernels.flash.bwd", "attnmem.kernels.flash.api")
-# Fixed tiles, so the GPU grid compiles once per (d, causal, dtype) and never autotunes: the
-# portable forward and the two-kernel backward with those tiles.
-GPU_CONFIG = KernelConfig(tiles=Tiles(64, 64, 4, 2), sm90=False, atomic_dq=False)
-GPU_CONFIG_D256 = KernelConfig(tiles=Tiles(32, 32, 4, 2), sm90=False, atomic_dq=False)
-# Absolute error floor per dtype, on O(1) outputs and gradients.
-FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-@pytest.fixture(scope="module")
-def fa():
-    """attnmem.kernels.flash.api, imported in this process (compiled kernels; no driver call)."""
-    return importlib.import_module("attnmem.kernels.flash.api")
-
-
-def _nan_filled(t: torch.Tensor) -> torch.Tensor:
-    return t.fill_(float("nan")) if t.is_floating_point() else t
-
-
-@contextlib.contextmanager
-def poison_empty():
-    """Every buffer allocated inside is NaN-filled: the kernels' one allocation helper
-    (`attnmem.kernels.flash.common.empty`: O, lse2, delta, dQ, dK, dV, the partial dK/dV sums), and
-    torch.empty / torch.empty_like / Tensor.new_empty for anything else on the way."""
-    from attnmem.kernels.flash import common
-
-    real = (common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty)
-    own_new_empty = "new_empty" in torch.Tensor.__dict__  # else it is TensorBase's
-
-    def wrap(fn):
-        return lambda *args, **kwargs: _nan_filled(fn(*args, **kwargs))
-
-    common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty = map(wrap, real)
-    try:
-        yield
-    finally:
-        common.empty, torch.empty, torch.empty_like, torch.Tensor.new_empty = real
-        if not own_new_empty:
-            del torch.Tensor.new_empty
-
-
-@pytest.fixture
-def poisoned():
-    with poison_empty():
-        yield
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------------------------
-def _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout="contiguous"):
-    """Fresh random q, k, v (requiring grad) and dO; layout 'bshd' gives non-contiguous views."""
-    def make(h, s):
-        if layout == "bshd":  # stored as (B, s, h, d), viewed as (B, h, s, d)
-            return torch.randn(B, s, h, d, device=device).transpose(1, 2).to(dtype)
-        return torch.randn(B, h, s, d, device=device).to(dtype)
-
-    q, k, v = make(H, s_q), make(H_kv, s_k), make(H_kv, s_k)
-    do = torch.randn(B, H, s_q, d, device=device).to(dtype)
-    return [t.detach().requires_grad_() for t in (q, k, v)] + [do]
-
-
-def _forward_backward(fn, q, k, v, do):
-    """out and (dq, dk, dv) of fn on leaf copies of q, k, v."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = fn(*leaves)
-    out.backward(do.to(out.dtype))
-    return out.detach(), [t.grad.detach() for t in leaves]
-
-
-def assert_within(name: str, got: torch.Tensor, ref: torch.Tensor, base: torch.Tensor,
-                  floor: float) -> None:
-    """|got - ref| <= 2 * max|base - ref| + floor + one unit in the last place of got's dtype
-    at |ref|, everywhere; on failure, say which elements.
-
-    The last term is the rounding of the stored result itself: an output accumulated in fp32
-    and rounded to fp16 can land one unit from the reference when the exact value is near a
-    rounding midpoint, even where plain torch happened to round the other way (error 0). It
-    matters only for large values (a dV summed over ~1000 rows: 1 unit = 0.0078 at 9.7).
-    """
-    ulp = torch.finfo(got.dtype).eps
-    got, ref, base = got.double(), ref.double(), base.double()
-    base_err = (base - ref).abs().max().item()
-    bound = 2 * base_err + floor + ulp * ref.abs()
-    err = (got - ref).abs()
-    bad = ~(err <= bound)  # NaN counts as bad
-    if bad.any():
-        bound = bound.max().item()
-        idx = bad.nonzero()[:8].tolist()
-        lines = [f"  at {tuple(i)}: got {got[tuple(i)].item():.6g}, ref {ref[tuple(i)].item():.6g}"
-                 for i in idx]
-        pytest.fail(
-            f"{name}: {int(bad.sum())} of {bad.numel()} elements off by more than {bound:.3g} "
-            f"(max error {err.nan_to_num(float('inf')).max().item():.3g}, NaN: "
-            f"{int(got.isnan().sum())}, plain torch error {base_err:.3g}):\n"
-            + "\n".join(lines))
-
-
-def check_against_reference(fa, B, H, H_kv, s_q, s_k, d, causal, dtype, device,
-                            layout="contiguous", config=None, scale=None):
-    """Kernel vs fp64/fp32 reference vs plain eager in `dtype`, forward and every gradient."""
-    from attnmem.kernels.flash.reference import attention_reference
-
-    q, k, v, do = _inputs(B, H, H_kv, s_q, s_k, d, dtype, device, layout)
-    hi = torch.float64 if device == "cpu" else torch.float32
-
-    def kernel(a, b, c):
-        return fa.flash_attention(a, b, c, causal=causal, scale=scale, config=config)
-
-    out, grads = _forward_backward(kernel, q, k, v, do)
-    ref, ref_grads = _forward_backward(
-        lambda a, b, c: attention_reference(a.to(hi), b.to(hi), c.to(hi), causal, scale),
-        q, k, v, do)
-    base, base_grads = _forward_backward(
-        lambda a, b, c: attention_reference(a, b, c, causal, scale), q, k, v, do)
-    assert out.shape == (B, H, s_q, d) and out.dtype == dtype
-    floor = FLOOR[dtype]
-    assert_within("out", out, ref, base, floor)
-    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads, strict=True):
-        assert g.shape == r.shape
-        assert_within(name, g, r, b, floor)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,6 +270,160 @@ def test_descriptors_only_for_layouts_that_flatten_into_rows(fa):
 
 
 # ---------------------------------------------------------------------------------------------
+# which kernels run real tensors; the Hopper forward's compile
+# ---------------------------------------------------------------------------------------------
+def test_forward_choice_rules():
+    """Which forward runs real CPU tensors: the Triton kernel whatever the config says, except
+    that sm90=True, where the Gluon kernel cannot run, says why instead of running something
+    else."""
+    route = importlib.import_module("attnmem.kernels.flash.route")
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+
+    def kernel(config):
+        return route.forward_route(route.Call.of(q, q, False, None), config,
+                                   route.probe(q, q, q)).kernel
+
+    assert kernel(KernelConfig(sm90=False)) == "triton"
+    assert kernel(None) == "triton"  # CPU tensors
+    assert kernel(KernelConfig()) == "triton"
+    with pytest.raises(ValueError, match="sm90=True"):
+        kernel(KernelConfig(sm90=True))
+
+
+def test_bulk_dq_adds_need_cuda_and_pow2_head_dim():
+    """Bulk reduce-adds of dQ need a CUDA tensor (never under the interpreter), a head dim that
+    is a power of two, and are refused when a config turns them off."""
+    from attnmem.kernels.flash.route import dq_tma_usable
+
+    cpu = torch.empty(1, 1, 1, 64)
+    assert not dq_tma_usable(cpu, 64)
+    assert not dq_tma_usable(cpu, 80, force=None)
+    if HOPPER:
+        gpu = torch.empty(1, 1, 1, 64, device="cuda")
+        assert dq_tma_usable(gpu, 64) and dq_tma_usable(gpu, 128)
+        assert not dq_tma_usable(gpu, 80) and not dq_tma_usable(gpu, 64, force=False)
+
+
+def test_backward_choice_rules(monkeypatch):
+    """Which backward route.attention_backward launches, with the launches recorded instead of
+    run (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's
+    atomic_dq first; tiles alone leave the choice to the rule."""
+    from attnmem.kernels.flash import bwd as bwd
+    from attnmem.kernels.flash import route
+
+    launched = []
+    monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, *a, **k: launched.append(name))
+    monkeypatch.setattr(bwd, "DELTA_LAUNCHER", lambda grid, key, args, kw: launched.append("delta"))
+
+    def names(B, H, H_kv, s, d, dtype=torch.float16, config=None, **kw):
+        q, do, o = (torch.zeros(B, H, s, d, dtype=dtype) for _ in range(3))
+        k, v = (torch.zeros(B, H_kv, s, d, dtype=dtype) for _ in range(2))
+        lse2 = torch.zeros(B, H, s)
+        launched.clear()
+        dq, dk, dv = route.attention_backward(do, q, k, v, o, lse2, False, 0.1, config, **kw)
+        assert dq.dtype == dtype and dq.shape == q.shape and dk.shape == k.shape
+        return launched[:]
+
+    atomic, two = ["delta", "dkdv_atomic"], ["dq", "dkdv"]
+    assert names(1, 32, 32, 4096, 64) == atomic  # 32 x 64 = 2,048 dK/dV programs
+    assert names(1, 32, 32, 2048, 64) == two  # not longer than 2,048
+    assert names(1, 32, 32, 3072, 128) == two  # 32 x 24 = 768 programs
+    assert names(4, 32, 32, 3072, 128) == atomic  # 3,072
+    assert names(1, 32, 32, 4096, 128) == atomic  # the Hopper region (1,024 programs of 128)
+    assert names(1, 32, 8, 3072, 64) == two  # GQA split over 4: 8 x 4 x 48 = 1,536
+    assert names(1, 32, 8, 4096, 128) == atomic  # the region: 8 x 32 = 256 programs, no split
+    assert names(1, 32, 4, 4096, 128) == two  # 4 x 32 = 128: Triton's split 8, two kernels
+    assert names(1, 32, 32, 4096, 80) == two  # head dim
+    assert names(1, 32, 32, 4096, 64, torch.float32) == two  # dtype
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(atomic_dq=False)) == two
+    assert names(1, 2, 2, 100, 64, config=KernelConfig(atomic_dq=True)) == atomic
+    assert names(1, 32, 32, 4096, 64, config=GPU_CONFIG) == two  # tiles, atomic_dq=False
+    tiles = GPU_CONFIG.tiles
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(tiles=tiles)) == atomic
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(dkdv_tiles=tiles,
+                                                          atomic_dq=False)) == two
+    assert names(1, 32, 32, 4096, 64, config=KernelConfig(sm90=True)) == atomic  # forward only
+    # deterministic mode keeps the deterministic backward (a config's switch still wins)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert names(1, 32, 32, 4096, 64) == two
+        assert names(1, 32, 32, 4096, 64, config=KernelConfig(atomic_dq=True)) == atomic
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_gqa_split_of_the_dkdv_grid(monkeypatch):
+    """The GQA split of the dK/dV grid (`kv_split`, a config's kv_split), with the launches
+    recorded instead of run: the third grid axis, the partial sums' shape, the refusals."""
+    from attnmem.kernels.flash import bwd as bwd
+    from attnmem.kernels.flash import route
+
+    grids = []
+    monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, meta, bucket, cfg, args, grid,
+                        **k: grids.append((name, grid({"BLOCK_N": 128, "BLOCK_M": 64}),
+                                           args[6].shape)))
+    monkeypatch.setattr(bwd, "DELTA_LAUNCHER", lambda grid, key, args, kw: None)
+
+    def dkdv(B, H, H_kv, s, config=None):
+        q, do, o = (torch.zeros(B, H, s, 64, dtype=torch.float16) for _ in range(3))
+        k, v = (torch.zeros(B, H_kv, s, 64, dtype=torch.float16) for _ in range(2))
+        grids.clear()
+        dq, dk, dv = route.attention_backward(do, q, k, v, o, torch.zeros(B, H, s), True, 0.1,
+                                            config)
+        assert dk.shape == k.shape and dv.shape == v.shape
+        return [g[1:] for g in grids if g[0].startswith("dkdv")][0]
+
+    # (key blocks, B * H_kv, split), and the tensor the programs write
+    assert dkdv(1, 32, 32, 4096) == ((32, 32, 1), (1, 32, 4096, 64))  # MHA: no split
+    assert dkdv(1, 32, 8, 3072) == ((24, 8, 4), (1, 32, 3072, 64))  # 8 x 24 blocks: x4
+    assert dkdv(1, 32, 8, 4096) == ((32, 8, 1), (1, 8, 4096, 64))  # the Hopper region: none
+    assert dkdv(1, 32, 8, 16384) == ((128, 8, 1), (1, 8, 16384, 64))  # 1,024 blocks already
+    assert dkdv(1, 32, 8, 4096, KernelConfig(kv_split=2)) == ((32, 8, 2), (1, 16, 4096, 64))
+    assert dkdv(1, 32, 8, 4096, KernelConfig(kv_split=1)) == ((32, 8, 1), (1, 8, 4096, 64))
+    for bad in (3, 8):  # not a divisor of the group: refused at the call, which knows it
+        with pytest.raises(ValueError, match=f"kv_split must be a positive divisor of the "
+                                             f"GQA group H / H_kv = 32 / 8 = 4, got {bad!r}"):
+            dkdv(1, 32, 8, 4096, KernelConfig(kv_split=bad))
+    for bad in (0, 2.0, True, "2"):  # not a positive int: refused when the config is built
+        with pytest.raises(ValueError, match=r"kv_split must be a positive int or None"):
+            dkdv(1, 32, 8, 4096, KernelConfig(kv_split=bad))
+
+
+def test_where_the_sm90_forward_is_the_default():
+    """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
+    stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
+    warpgroups, two stages)."""
+    route = importlib.import_module("attnmem.kernels.flash.route")
+    if route.gluon_missing():
+        pytest.skip("this Triton has no Gluon")
+    k90 = route.fwd_sm90
+    assert k90 is not None, route.SM90_IMPORT_ERRORS
+    for causal in (False, True):
+        assert k90.default_schedule(128, 1, 1, causal) == (2, 2)
+        assert k90.default_schedule(128, 16384, 300, causal) == (2, 2)
+        assert k90.default_schedule(64, 2048, 16384, causal) is None
+        assert k90.default_schedule(64, 16384, 2048, causal) is None
+        assert k90.default_schedule(64, 4097, 8192, causal) == (3, 2)
+        assert k90.default_schedule(80, 8192, 8192, causal) is None
+    assert k90.default_schedule(64, 2049, 4096, False) == (3, 2)
+    assert k90.default_schedule(64, 2049, 4096, True) is None
+
+
+def test_sm90_forward_compiles_without_spills():
+    """The Gluon forward compiles for sm_90 on this machine (no GPU needed: Triton's compiler
+    and ptxas run on the CPU), without register spills and within the 227 KiB of shared
+    memory one block may use."""
+    pytest.importorskip("triton.experimental.gluon")  # only a Triton without Gluon skips
+    from attnmem.kernels.dev import compile_sm90 as mod
+    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3)):
+        ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
+        regs, spills = mod._ptxas_usage(ck.asm["ptx"])
+        assert spills == "0", f"{args}: ptxas reports {spills} bytes of spill stores ({regs} regs)"
+        assert ck.metadata.shared <= 227 * 1024
+        assert ck.asm["ptx"].count("wgmma.wait_group.sync.aligned 1") >= 1  # the overlap
+
+
+# ---------------------------------------------------------------------------------------------
 # interpreter (CPU) subset: small shapes, fp32 and fp16
 # ---------------------------------------------------------------------------------------------
 INTERP_CASES = [
@@ -411,7 +452,7 @@ def _stride0_grad_case(fa):
     """out.sum().backward() hands the kernel an expanded (stride-0) dO."""
     from attnmem.kernels.flash.reference import attention_reference
 
-    q, k, v, _ = _inputs(1, 2, 1, 9, 9, 16, torch.float32, "cpu")
+    q, k, v, _ = inputs(1, 2, 1, 9, 9, 16, torch.float32, "cpu")
     fa.flash_attention(q, k, v, causal=True).sum().backward()
     q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
     attention_reference(q2, k2, v2, causal=True).sum().backward()
@@ -593,442 +634,6 @@ def test_poisoning_catches_a_skipped_tile(interp_results, case):
     assert not msg.startswith("passed"), msg
     nan = [int(n) for n in __import__("re").findall(r"NaN: (\d+)", msg)]
     assert nan and nan[0] > 0, msg
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU: the full grid
-# ---------------------------------------------------------------------------------------------
-GPU_SEQ = [1, 17, 97, 128, 1000, 1025]
-GPU_DIMS = [16, 64, 80, 96, 128, 256]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("group", [1, 4, 8])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", GPU_DIMS)
-@pytest.mark.parametrize("s", GPU_SEQ)
-def test_gpu_grid_matches_reference(fa, poisoned, s, d, causal, group, dtype):
-    config = GPU_CONFIG_D256 if d > 128 else GPU_CONFIG
-    check_against_reference(fa, 2, 8, 8 // group, s, s, d, causal, dtype, "cuda", config=config)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("s_q,s_k", [(17, 97), (1025, 128), (128, 1000), (1, 1025), (1000, 1)])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 96])
-def test_gpu_unequal_lengths_match_reference(fa, poisoned, s_q, s_k, d, causal):
-    check_against_reference(fa, 2, 4, 2, s_q, s_k, d, causal, torch.bfloat16, "cuda",
-                            config=GPU_CONFIG)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["bshd"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
-                         ids=["fp16", "bf16", "fp32"])
-def test_gpu_strided_views_and_fp32_match_reference(fa, poisoned, layout, dtype):
-    check_against_reference(fa, 2, 8, 2, 300, 300, 64, True, dtype, "cuda", layout=layout,
-                            config=GPU_CONFIG, scale=0.2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [16, 64, 128, 256])
-@pytest.mark.parametrize("s_q,s_k", [(1, 1), (97, 97), (1025, 1025), (2065, 2065), (130, 1000),
-                                     (1000, 130)])
-def test_gpu_descriptor_loads_match_reference(fa, poisoned, s_q, s_k, d, causal, dtype):
-    """K/V through tensor descriptors (TMA), forced on, GQA 4: ragged tails and diagonals."""
-    config = dataclasses.replace(GPU_CONFIG_D256 if d > 128 else GPU_CONFIG, use_desc=True)
-    check_against_reference(fa, 2, 8, 2, s_q, s_k, d, causal, dtype, "cuda", config=config)
-
-
-HOPPER = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("group", [1, 4])
-@pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 17), (97, 97), (128, 128), (1000, 1000),
-                                     (1025, 1025), (2065, 2065), (130, 1000), (1000, 130),
-                                     (1, 1025), (1025, 1), (300, 4100)])
-def test_gpu_sm90_forward_matches_reference(fa, poisoned, s_q, s_k, group, d, causal, dtype):
-    """The hand-scheduled Hopper forward (fwd_sm90), forced on: ragged tails,
-    diagonals, s_q != s_k, GQA; gradients through the Triton backward on its O and lse2."""
-    check_against_reference(fa, 2, 8, 8 // group, s_q, s_k, d, causal, dtype, "cuda",
-                            config=KernelConfig(sm90=True))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("s_q,s_k", [(1, 1), (200, 1000), (1025, 1025), (4100, 300)])
-def test_gpu_sm90_ring_depths_agree(fa, poisoned, s_q, s_k, causal, stages):
-    """Both ring depths (K/V slots) give the same answer."""
-    config = fa.KernelConfig(sm90=True, sm90_stages=stages)
-    check_against_reference(fa, 1, 4, 2, s_q, s_k, 128, causal, torch.bfloat16, "cuda",
-                            config=config)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("group", [1, 4])
-@pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 300), (192, 192), (200, 1000), (1025, 1025),
-                                     (4100, 300), (385, 4100)])
-def test_gpu_sm90_three_warpgroups_match_reference(fa, poisoned, s_q, s_k, group, causal, dtype):
-    """Three consumer warpgroups (BLOCK_M = 192) at d = 64: tile edges at 192-row steps,
-    ragged tails, s_q != s_k, GQA; forward and every gradient against the reference."""
-    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, 64, causal, dtype, "cuda",
-                            config=KernelConfig(sm90=True, sm90_consumers=3))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("s_q,s_k,d,group", [(1, 1, 64, 1), (97, 1000, 128, 4), (1025, 1025, 64, 1),
-                                             (1000, 300, 80, 2), (2048, 2048, 128, 1)])
-def test_gpu_atomic_dq_backward_matches_reference(fa, poisoned, s_q, s_k, d, group, causal, dtype):
-    """The atomic-dQ backward (KernelConfig(atomic_dq=True), default tiles): every gradient against
-    the reference, as the default backward is checked. On Hopper, d = 64 and 128 add dQ with
-    the copy engine's bulk reduce-add (d = 80 with element-wise atomics)."""
-    from attnmem.kernels.flash.route import dq_tma_usable
-
-    q = torch.empty(1, 1, 1, d, device="cuda", dtype=dtype)
-    assert dq_tma_usable(q, d) == (HOPPER and d in (64, 128))
-    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, dtype, "cuda",
-                            config=KernelConfig(atomic_dq=True))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("s_q,s_k,d,group", [(97, 1000, 128, 4), (1025, 1025, 64, 1)])
-def test_gpu_elementwise_atomic_dq_matches_reference(fa, poisoned, s_q, s_k, d, group, causal):
-    """dq_tma=False: the element-wise atomic adds where bulk reduce-adds would run."""
-    check_against_reference(fa, 2, 4, 4 // group, s_q, s_k, d, causal, torch.float16, "cuda",
-                            config=KernelConfig(atomic_dq=True, dq_tma=False))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-def test_gpu_sm90_three_warpgroups_refused_off_d64(fa):
-    """Three warpgroups exist at d = 64 only: asked elsewhere, the call says so instead of
-    running."""
-    q = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
-    for fields, words in ((dict(sm90=True, sm90_consumers=3), "at d = 128"),
-                          (dict(sm90=True, sm90_consumers=4), "got 4")):
-        qq = q if "d = 128" in words else q[..., :64].contiguous()
-        with pytest.raises(ValueError, match=words):
-            fa.flash_attention(qq, qq, qq, config=KernelConfig(**fields))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gpu_sm90_takes_strided_views_without_copies(fa, poisoned, dtype):
-    """(B, s, H, d) storage viewed as (B, H, s, d): the descriptors take the strides as they are."""
-    # twice: the first call in a fresh process compiles through the JIT, the second one finds
-    # the compiled kernel (otherwise whether it ran direct depends on what ran before in the
-    # same pytest worker)
-    for _ in range(2):
-        check_against_reference(fa, 2, 8, 2, 300, 700, 128, True, dtype, "cuda", layout="bshd",
-                                config=KernelConfig(sm90=True), scale=0.2)
-    # the repeated call went through the direct launch of the compiled kernel, on
-    # Triton 3.6 straight to its C launch function with the encoded tensor maps kept
-    launcher = importlib.import_module("attnmem.kernels.flash.fwd_sm90").LAUNCHER
-    assert launcher.direct_calls > 0
-    if importlib.import_module("triton").__version__.startswith("3.6."):
-        assert launcher.raw_calls > 0 and launcher.encoded
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
-def test_gpu_direct_launch_never_reuses_a_mismatched_kernel(fa, poisoned, d):
-    """After the first call of a configuration the compiled kernels are launched without the
-    JIT's dispatch (launcher.DirectLauncher). A call whose arguments specialise differently must not
-    reuse a kernel compiled for others: the same shapes in turn as contiguous tensors,
-    (B, s, H, d) views and another GQA group, each twice, each against the reference; then
-    inputs at a 2-byte offset (not 16-byte aligned), against the same inputs aligned."""
-    from attnmem.kernels.flash import common, route
-
-    def direct_calls():
-        sm90 = route.fwd_sm90.LAUNCHER.direct_calls if route.fwd_sm90 is not None else 0
-        return sum(lau.direct_calls for lau in common.LAUNCHERS.values()) + sm90
-
-    before = direct_calls()
-    for layout, h_kv in (("contiguous", 4), ("bshd", 4), ("contiguous", 1), ("bshd", 4)):
-        for _ in range(2):
-            check_against_reference(fa, 2, 4, h_kv, 300, 300, d, True, torch.float16, "cuda",
-                                    layout=layout)
-    assert direct_calls() > before
-
-    def offset(shape):  # a view starting 2 bytes into its buffer
-        n = math.prod(shape)
-        return torch.randn(n + 1, device="cuda", dtype=torch.float16)[1:].view(shape)
-
-    def run(q, k, v, do):  # no copies: the kernels see these very views
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = fa.flash_attention(*leaves, causal=True)
-        out.backward(do)
-        return [out.detach()] + [t.grad for t in leaves]
-
-    q, k, v, do = (offset((2, 4, 300, d)) for _ in range(4))
-    assert q.data_ptr() % 16 and k.data_ptr() % 16
-    want = run(*(t.clone() for t in (q, k, v, do)))  # aligned first: its kernels get cached
-    for _ in range(2):
-        got = run(q, k, v, do)
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)
-
-
-def test_forward_choice_rules():
-    """Which forward runs real CPU tensors: the Triton kernel whatever the config says, except
-    that sm90=True, where the Gluon kernel cannot run, says why instead of running something
-    else."""
-    route = importlib.import_module("attnmem.kernels.flash.route")
-    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
-
-    def kernel(config):
-        return route.forward_route(route.Call.of(q, q, False, None), config,
-                                   route.probe(q, q, q)).kernel
-
-    assert kernel(KernelConfig(sm90=False)) == "triton"
-    assert kernel(None) == "triton"  # CPU tensors
-    assert kernel(KernelConfig()) == "triton"
-    with pytest.raises(ValueError, match="sm90=True"):
-        kernel(KernelConfig(sm90=True))
-
-
-def test_bulk_dq_adds_need_cuda_and_pow2_head_dim():
-    """Bulk reduce-adds of dQ need a CUDA tensor (never under the interpreter), a head dim that
-    is a power of two, and are refused when a config turns them off."""
-    from attnmem.kernels.flash.route import dq_tma_usable
-
-    cpu = torch.empty(1, 1, 1, 64)
-    assert not dq_tma_usable(cpu, 64)
-    assert not dq_tma_usable(cpu, 80, force=None)
-    if HOPPER:
-        gpu = torch.empty(1, 1, 1, 64, device="cuda")
-        assert dq_tma_usable(gpu, 64) and dq_tma_usable(gpu, 128)
-        assert not dq_tma_usable(gpu, 80) and not dq_tma_usable(gpu, 64, force=False)
-
-
-def test_backward_choice_rules(monkeypatch):
-    """Which backward route.attention_backward launches, with the launches recorded instead of
-    run (CPU tensors, no kernel): the atomic-dQ one by `atomic_by_default`, a config's
-    atomic_dq first; tiles alone leave the choice to the rule."""
-    from attnmem.kernels.flash import bwd as bwd
-    from attnmem.kernels.flash import route
-
-    launched = []
-    monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, *a, **k: launched.append(name))
-    monkeypatch.setattr(bwd, "DELTA_LAUNCHER", lambda grid, key, args, kw: launched.append("delta"))
-
-    def names(B, H, H_kv, s, d, dtype=torch.float16, config=None, **kw):
-        q, do, o = (torch.zeros(B, H, s, d, dtype=dtype) for _ in range(3))
-        k, v = (torch.zeros(B, H_kv, s, d, dtype=dtype) for _ in range(2))
-        lse2 = torch.zeros(B, H, s)
-        launched.clear()
-        dq, dk, dv = route.attention_backward(do, q, k, v, o, lse2, False, 0.1, config, **kw)
-        assert dq.dtype == dtype and dq.shape == q.shape and dk.shape == k.shape
-        return launched[:]
-
-    atomic, two = ["delta", "dkdv_atomic"], ["dq", "dkdv"]
-    assert names(1, 32, 32, 4096, 64) == atomic  # 32 x 64 = 2,048 dK/dV programs
-    assert names(1, 32, 32, 2048, 64) == two  # not longer than 2,048
-    assert names(1, 32, 32, 3072, 128) == two  # 32 x 24 = 768 programs
-    assert names(4, 32, 32, 3072, 128) == atomic  # 3,072
-    assert names(1, 32, 32, 4096, 128) == atomic  # the Hopper region (1,024 programs of 128)
-    assert names(1, 32, 8, 3072, 64) == two  # GQA split over 4: 8 x 4 x 48 = 1,536
-    assert names(1, 32, 8, 4096, 128) == atomic  # the region: 8 x 32 = 256 programs, no split
-    assert names(1, 32, 4, 4096, 128) == two  # 4 x 32 = 128: Triton's split 8, two kernels
-    assert names(1, 32, 32, 4096, 80) == two  # head dim
-    assert names(1, 32, 32, 4096, 64, torch.float32) == two  # dtype
-    assert names(1, 32, 32, 4096, 64, config=KernelConfig(atomic_dq=False)) == two
-    assert names(1, 2, 2, 100, 64, config=KernelConfig(atomic_dq=True)) == atomic
-    assert names(1, 32, 32, 4096, 64, config=GPU_CONFIG) == two  # tiles, atomic_dq=False
-    tiles = GPU_CONFIG.tiles
-    assert names(1, 32, 32, 4096, 64, config=KernelConfig(tiles=tiles)) == atomic
-    assert names(1, 32, 32, 4096, 64, config=KernelConfig(dkdv_tiles=tiles,
-                                                          atomic_dq=False)) == two
-    assert names(1, 32, 32, 4096, 64, config=KernelConfig(sm90=True)) == atomic  # forward only
-    # deterministic mode keeps the deterministic backward (a config's switch still wins)
-    torch.use_deterministic_algorithms(True)
-    try:
-        assert names(1, 32, 32, 4096, 64) == two
-        assert names(1, 32, 32, 4096, 64, config=KernelConfig(atomic_dq=True)) == atomic
-    finally:
-        torch.use_deterministic_algorithms(False)
-
-
-def test_gqa_split_of_the_dkdv_grid(monkeypatch):
-    """The GQA split of the dK/dV grid (`kv_split`, a config's kv_split), with the launches
-    recorded instead of run: the third grid axis, the partial sums' shape, the refusals."""
-    from attnmem.kernels.flash import bwd as bwd
-    from attnmem.kernels.flash import route
-
-    grids = []
-    monkeypatch.setattr(bwd, "launch", lambda tuned, plain, name, meta, bucket, cfg, args, grid,
-                        **k: grids.append((name, grid({"BLOCK_N": 128, "BLOCK_M": 64}),
-                                           args[6].shape)))
-    monkeypatch.setattr(bwd, "DELTA_LAUNCHER", lambda grid, key, args, kw: None)
-
-    def dkdv(B, H, H_kv, s, config=None):
-        q, do, o = (torch.zeros(B, H, s, 64, dtype=torch.float16) for _ in range(3))
-        k, v = (torch.zeros(B, H_kv, s, 64, dtype=torch.float16) for _ in range(2))
-        grids.clear()
-        dq, dk, dv = route.attention_backward(do, q, k, v, o, torch.zeros(B, H, s), True, 0.1,
-                                            config)
-        assert dk.shape == k.shape and dv.shape == v.shape
-        return [g[1:] for g in grids if g[0].startswith("dkdv")][0]
-
-    # (key blocks, B * H_kv, split), and the tensor the programs write
-    assert dkdv(1, 32, 32, 4096) == ((32, 32, 1), (1, 32, 4096, 64))  # MHA: no split
-    assert dkdv(1, 32, 8, 3072) == ((24, 8, 4), (1, 32, 3072, 64))  # 8 x 24 blocks: x4
-    assert dkdv(1, 32, 8, 4096) == ((32, 8, 1), (1, 8, 4096, 64))  # the Hopper region: none
-    assert dkdv(1, 32, 8, 16384) == ((128, 8, 1), (1, 8, 16384, 64))  # 1,024 blocks already
-    assert dkdv(1, 32, 8, 4096, KernelConfig(kv_split=2)) == ((32, 8, 2), (1, 16, 4096, 64))
-    assert dkdv(1, 32, 8, 4096, KernelConfig(kv_split=1)) == ((32, 8, 1), (1, 8, 4096, 64))
-    for bad in (3, 8):  # not a divisor of the group: refused at the call, which knows it
-        with pytest.raises(ValueError, match=f"kv_split must be a positive divisor of the "
-                                             f"GQA group H / H_kv = 32 / 8 = 4, got {bad!r}"):
-            dkdv(1, 32, 8, 4096, KernelConfig(kv_split=bad))
-    for bad in (0, 2.0, True, "2"):  # not a positive int: refused when the config is built
-        with pytest.raises(ValueError, match=r"kv_split must be a positive int or None"):
-            dkdv(1, 32, 8, 4096, KernelConfig(kv_split=bad))
-
-
-def test_where_the_sm90_forward_is_the_default():
-    """Where the Gluon forward is the default: d = 128 at every length (two warpgroups, two
-    stages), d = 64 only when both lengths exceed 2,048, or 4,096 with a causal mask (three
-    warpgroups, two stages)."""
-    route = importlib.import_module("attnmem.kernels.flash.route")
-    if route.gluon_missing():
-        pytest.skip("this Triton has no Gluon")
-    k90 = route.fwd_sm90
-    assert k90 is not None, route.SM90_IMPORT_ERRORS
-    for causal in (False, True):
-        assert k90.default_schedule(128, 1, 1, causal) == (2, 2)
-        assert k90.default_schedule(128, 16384, 300, causal) == (2, 2)
-        assert k90.default_schedule(64, 2048, 16384, causal) is None
-        assert k90.default_schedule(64, 16384, 2048, causal) is None
-        assert k90.default_schedule(64, 4097, 8192, causal) == (3, 2)
-        assert k90.default_schedule(80, 8192, 8192, causal) is None
-    assert k90.default_schedule(64, 2049, 4096, False) == (3, 2)
-    assert k90.default_schedule(64, 2049, 4096, True) is None
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_d64_long_runs_three_warpgroups_by_default(fa, poisoned, causal):
-    """d = 64 past 4,096 runs the three-warpgroup forward without any config (the default
-    schedule, causal or not), and its output and gradients match the reference."""
-    k90 = importlib.import_module("attnmem.kernels.flash.fwd_sm90")
-    before = len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls
-    check_against_reference(fa, 1, 2, 2, 4100, 4300, 64, causal, torch.bfloat16, "cuda")
-    assert len(k90.LAUNCHER.cache) + k90.LAUNCHER.direct_calls > before
-    assert any(key[1][5] == 3 for key in k90.LAUNCHER.cache)  # (.., consumers = 3, ..)
-
-
-def test_sm90_forward_compiles_without_spills():
-    """The Gluon forward compiles for sm_90 on this machine (no GPU needed: Triton's compiler
-    and ptxas run on the CPU), without register spills and within the 227 KiB of shared
-    memory one block may use."""
-    pytest.importorskip("triton.experimental.gluon")  # only a Triton without Gluon skips
-    from attnmem.kernels.dev import compile_sm90 as mod
-    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3)):
-        ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
-        regs, spills = mod._ptxas_usage(ck.asm["ptx"])
-        assert spills == "0", f"{args}: ptxas reports {spills} bytes of spill stores ({regs} regs)"
-        assert ck.metadata.shared <= 227 * 1024
-        assert ck.asm["ptx"].count("wgmma.wait_group.sync.aligned 1") >= 1  # the overlap
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_gpu_autotuned_choices_match_reference(fa, poisoned, d, causal):
-    """The autotuner's choices are correct too (config=None)."""
-    check_against_reference(fa, 1, 8, 8, 1025, 1025, d, causal, torch.bfloat16, "cuda")
-
-
-def _peak_extra_bytes(call, leaves) -> int:
-    """Peak bytes allocated by call() beyond what was allocated before it, after a first call
-    (compilation) and with the leaves' gradients unset, so that the call allocates them."""
-    call()  # compile
-    for t in leaves:
-        t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    call()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("s", [2048, 4096])
-@pytest.mark.parametrize("forward", ["triton", "sm90"])
-@pytest.mark.parametrize("backward", [False, True])
-def test_gpu_peak_memory_matches_formula(fa, backward, forward, s):
-    """Peak extra bytes of one call equal the documented formula (allocator rounding aside),
-    with either forward kernel; the sm90 case's backward is the Hopper region's (16 x 4 x 16 =
-    1,024 dK/dV programs over 16 x 2,048 queries at s = 2,048, 2,048 programs at 4,096), which
-    adds dQ atomically into the fp32 buffer (counted); the triton case's (tiles given,
-    atomic_dq off) is the two-kernel one."""
-    if forward == "sm90" and not HOPPER:
-        pytest.skip("the Gluon forward runs on compute capability 9.x only")
-    B, H, H_kv, d = 16, 8, 4, 128
-    q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.bfloat16, "cuda")
-    cfg = GPU_CONFIG if forward == "triton" else KernelConfig(sm90=True)
-    atomic = forward == "sm90"
-    from attnmem.calc.dispatch import sm90_region
-    from attnmem.kernels.flash.route import atomic_by_default
-
-    assert atomic_by_default(B, H, H_kv, s, s, d, 2)
-    assert sm90_region(B, H_kv, s, s, d, 2)
-
-    def call():
-        if backward:
-            fa.flash_attention(q, k, v, causal=True, config=cfg).backward(do)
-        else:
-            with torch.no_grad():
-                fa.flash_attention(q, k, v, causal=True, config=cfg)
-
-    peak = _peak_extra_bytes(call, (q, k, v))
-    want = (fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=atomic) if backward
-            else fa.forward_bytes(B, H, s, d, 2))
-    assert want <= peak <= want + 8 * 512, (peak, want)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("s", [2048, 4096])
-def test_gpu_peak_memory_with_gqa_split_matches_formula(fa, s):
-    """Peak extra bytes of forward + backward with a GQA group of 8 split over programs equal
-    the formula: at s = 2,048 the partial dK, dV sums (S = 8), at 4,096 also the atomic
-    backward's fp32 buffer (S = 8: 4 x 8 x 64 = 2,048 dK/dV programs)."""
-    from attnmem.kernels.flash.route import atomic_by_default, kv_split
-
-    B, H, H_kv, d = 1, 32, 4, 64
-    assert kv_split(B, H, H_kv, s, s, d, 2) == 8  # 4 x 32 = 128 programs: not the Hopper region
-    assert atomic_by_default(B, H, H_kv, s, s, d, 2) == (s > 2048)
-    q, k, v, do = _inputs(B, H, H_kv, s, s, d, torch.float16, "cuda")
-
-    def call():
-        fa.flash_attention(q, k, v, causal=False).backward(do)
-
-    peak = _peak_extra_bytes(call, (q, k, v))
-    want = fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2)
-    assert want == fa.forward_backward_bytes(B, H, H_kv, s, s, d, 2, atomic=False, split=1) + (
-        2 * 8 * B * H_kv * s * d * 2) + (B * H * s * d * 4 if s > 2048 else 0)
-    assert want <= peak <= want + 10 * 512, (peak, want)
 
 
 if __name__ == "__main__" and "--interp-worker" in sys.argv:
