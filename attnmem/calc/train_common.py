@@ -25,7 +25,8 @@ TRAIN_ATTENTIONS: tuple[str, ...] = ("eager", *IMPLEMENTATIONS)
 TRAIN_ATTENTION_LABELS: dict[str, str] = {"eager": "transformers eager", **IMPL_LABELS,
                                           "fa4": "FlashAttention-4"}
 PRECISIONS: tuple[str, ...] = ("bf16", "amp_bf16")
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw_fused", "sgd")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit",
+                               "adafactor", "sgd")
 #: Activation parts, in the order the breakdown lists them.
 PARTS: tuple[str, ...] = (
     "attention", "projections", "MLP", "norms", "residuals", "rotary", "embeddings",
@@ -69,6 +70,9 @@ class TrainingStepMemory:
     attention: str = ""
     precision: str = ""
     checkpointing: bool = False
+    # paged_adamw_8bit: optimizer state in CUDA unified memory, part of optimizer_bytes but not
+    # of before_step_bytes, the phases or the peak (max_memory_allocated does not see it)
+    optimizer_paged_bytes: int = 0
 
     @property
     def activations_bytes(self) -> int:

@@ -53,6 +53,7 @@ from attnmem.calc.train_dense import (
     _layer_terms,
     _model_terms,
 )
+from attnmem.calc.train_optimizer import LIBRARY_OPTIMIZERS, lora_tensors, optimizer_state
 from attnmem.calc.train_packed import (
     _check_kernel,
     _checkpoint_terms,
@@ -425,6 +426,11 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
     weights += lo.e * adapter
     grads = lo.e * adapter  # torch makes .grad in the parameter's dtype
     opt = 0 if optimizer == "sgd" else 2 * lo.e * adapter  # exp_avg, exp_avg_sq like the param
+    paged = tmp = 0
+    if optimizer in LIBRARY_OPTIMIZERS:  # only the adapters are trainable: only they have state
+        st = optimizer_state(optimizer, lora_tensors(_lora_shapes(model), lo.targets, lo.rank,
+                                                     model.num_layers), lo.e, 1)
+        opt, paged, tmp = st.device, st.paged, st.step_temporary
     fixed = CUBLAS_WORKSPACE_BYTES + _input_bytes(dm)
     before = weights + opt + fixed
     base = before
@@ -463,11 +469,13 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
     else:
         at_first = after_loss - (L - 1) * a_rest
     phases[PHASES[5]] = base + at_first + (L - 1) * g_layer + dh + extra_first
-    tmp = ceil_bytes(Fraction(opt, 2)) if optimizer == "adamw" else 0
+    if optimizer == "adamw":
+        tmp = ceil_bytes(Fraction(opt, 2))
     phases[PHASES[7]] = before + grads + tmp
     phase = max(phases, key=phases.__getitem__)
     return TrainingStepMemory(
-        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations=parts,
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt + paged,
+        optimizer_paged_bytes=paged, activations=parts,
         buffers_bytes=0, before_step_bytes=before, peak_bytes=phases[phase], peak_phase=phase,
         phases=phases, activation_terms=tuple(terms), layout=lay, attention=attention,
         precision="bf16", checkpointing=checkpointing)

@@ -86,6 +86,7 @@ from attnmem.calc.train_moe import MOE_MODEL_TYPES as MOE_MODEL_TYPES
 from attnmem.calc.train_moe import NORM_TOPK_DEFAULT as NORM_TOPK_DEFAULT
 from attnmem.calc.train_moe import SENTINEL_LABEL as SENTINEL_LABEL
 from attnmem.calc.train_moe import _aux_loss_terms, _check_moe_args
+from attnmem.calc.train_optimizer import LIBRARY_OPTIMIZERS, optimizer_state, param_tensors
 from attnmem.calc.train_packed import PACKED_ATTENTIONS as PACKED_ATTENTIONS
 from attnmem.calc.train_packed import PACKED_REFUSED as PACKED_REFUSED
 from attnmem.calc.train_packed import (
@@ -126,7 +127,12 @@ def training_step(
 
     attention: TRAIN_ATTENTIONS; precision: "bf16" | "amp_bf16"; checkpointing: full per-layer
     activation checkpointing as gradient_checkpointing_enable() sets it; optimizer: "adamw"
-    (torch's default foreach path), "adamw_fused" (no temporaries) or "sgd" (no state);
+    (torch's default foreach path), "adamw_fused" (no temporaries), "sgd" (torch.optim.SGD
+    with its default momentum 0: no state), or, counted per tensor in
+    attnmem/calc/train_optimizer.py, "adamw_8bit" (bitsandbytes AdamW8bit), "paged_adamw_8bit"
+    (PagedAdamW8bit: optimizer_bytes counts all its state, optimizer_paged_bytes the part in
+    CUDA unified memory, which before_step_bytes, the phases and peak_bytes leave out, as
+    max_memory_allocated does) and "adafactor" (transformers Adafactor, defaults);
     gpus, tp, sharding: the parallel layout (attnmem.calc.parallel: "none" = DDP replicas when
     gpus > tp, "zero1", "zero2", "zero3", "fsdp"); use_cache: whether the forward builds a
     KV cache (the measured step passes use_cache=False; transformers' own default is on).
@@ -153,6 +159,9 @@ def training_step(
     norm_topk, aux = _check_moe_args(model, ep, norm_topk_prob, router_aux_loss, precision,
                                      tp, adapters)
     lay = make_layout(model, gpus, tp, sharding, ep)
+    if optimizer in LIBRARY_OPTIMIZERS and lay.tp > 1:
+        raise ValueError(f"optimizer {optimizer!r} with tp={lay.tp}: per-tensor state is counted "
+                         "for whole tensors only; accepted with tp > 1: adamw, adamw_fused, sgd")
     cache = check_bool("use_cache", use_cache)
     lengths = check_packed(model, packed_lengths, b, s, attention, cache)
     if not isinstance(base_dtype, str) or base_dtype not in BASE_DTYPES:
@@ -251,6 +260,11 @@ def _full_step(model: ModelConfig, dm: _Dims, attention: str, precision: str,
 
     weights, grads = w["weights"], w["gradients"]
     opt = 0 if optimizer == "sgd" else w["optimizer"]
+    paged = tmp = 0
+    if optimizer in LIBRARY_OPTIMIZERS:
+        st = optimizer_state(optimizer, param_tensors(model), 4 if amp else 2,
+                             lay.dp if lay.sharding != "none" else 1)
+        opt, paged, tmp = st.device, st.paged, st.step_temporary
     fixed = CUBLAS_WORKSPACE_BYTES + _input_bytes(dm)
     before = weights + opt + w["persistent_buffers"] + fixed
     base = before + w["step_buffers"]
@@ -326,11 +340,13 @@ def _full_step(model: ModelConfig, dm: _Dims, attention: str, precision: str,
         g_emb = ceil_bytes(g_per_param * pb["embeddings"])
         phases[PHASES[6]] = base + grads + (g_emb if amp else 2 * g_emb)
     # Optimizer step: weights + gradients + state + the foreach temporary (AdamW).
-    tmp = ceil_bytes(Fraction(opt, 2)) if optimizer == "adamw" else 0
+    if optimizer == "adamw":
+        tmp = ceil_bytes(Fraction(opt, 2))
     phases[PHASES[7]] = before + grads + tmp
     phase = max(phases, key=phases.__getitem__)
     return TrainingStepMemory(
-        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations=parts,
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt + paged,
+        optimizer_paged_bytes=paged, activations=parts,
         buffers_bytes=w["persistent_buffers"] + w["step_buffers"], before_step_bytes=before,
         peak_bytes=phases[phase], peak_phase=phase, phases=phases, activation_terms=tuple(terms),
         layout=lay, attention=attention, precision=precision, checkpointing=checkpointing)
