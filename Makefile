@@ -18,12 +18,40 @@ test:
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile
 
-# Needs an NVIDIA GPU: only the tests marked gpu. Eight worker processes, because on a fresh
-# machine (empty Triton cache) compiling the kernels dominates: about 4 s per test serially,
-# the whole suite in 2.5 minutes on an H200 host's 16 cores this way. Peaks are per process
-# (max_memory_allocated), so the workers do not disturb each other's measurements.
+# Needs an NVIDIA GPU: only the tests marked gpu, in several worker processes, because on a
+# fresh machine (empty Triton cache) compiling the kernels dominates: about 4 s per test
+# serially, the whole suite in 2.5 minutes in 8 workers on an H200 host's 16 cores. Peaks are
+# per process (max_memory_allocated), so the workers do not disturb each other's measurements,
+# but they share the GPU's memory: each worker's caching allocator keeps what its largest test
+# so far reserved (on an 80 GB H100, 14 workers failed 8 tests that pass in 8). So the count
+# (GPU_WORKERS) is sized from the free memory of the GPU the tests use (nvidia-smi, the first
+# of CUDA_VISIBLE_DEVICES, else GPU 0) and the CPUs:
+#   workers = min((free - GPU_LARGEST_MIB) / GPU_WORKER_MIB + 1, CPUs / 2), at least 1.
+# GPU_WORKER_MIB, 10 GiB, is what a worker holds after the large tests most workers meet: the
+# fp32 eager references at s = 8,192 of test_ring_attention's simulated ranks and
+# test_sliding_window's 8,192-key case (B = 1, H = 8: one score matrix 8 x 8,192^2 x 4 B =
+# 2 GiB, about 3.6 of them alive at the reference backward's peak, measured on the CPU at
+# s = 2,048 and scaled: 7.3 GiB), plus the CUDA context, Triton's loaded kernels and the
+# allocator's rounding (about 1 GiB), rounded up. GPU_LARGEST_MIB, 20 GiB, is the one test
+# above that, test_train_harness's Llama-3.1-8B 4-layer training step (19.3 GB peak by calc's
+# prediction), held once beside the others. CPUs / 2: the measured 8 workers on 16 cores
+# (each worker's compiles also run ptxas). An 80 GB H100 gets 6, a 141 GB H200 with 16 cores
+# 8. Without nvidia-smi: GPU_WORKERS_NO_GPU. `make test-gpu GPU_WORKERS=N` sets the count.
+GPU_WORKER_MIB ?= 10240
+GPU_LARGEST_MIB ?= 20480
+GPU_WORKERS_NO_GPU ?= 2
+GPU_WORKERS ?= $$(dev=$${CUDA_VISIBLE_DEVICES%%,*}; \
+	free=$$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits \
+		-i "$${dev:-0}" 2>/dev/null | head -n 1 | tr -d ' '); \
+	cpus=$$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); \
+	case "$$free" in ''|*[!0-9]*) echo $(GPU_WORKERS_NO_GPU); exit;; esac; \
+	n=$$(( (free - $(GPU_LARGEST_MIB)) / $(GPU_WORKER_MIB) + 1 )); \
+	[ $$n -gt $$(( cpus / 2 )) ] && n=$$(( cpus / 2 )); \
+	[ $$n -lt 1 ] && n=1; echo $$n)
+
 test-gpu:
-	$(PY) -m pytest -m gpu -n 8
+	@n=$(GPU_WORKERS); echo "make test-gpu: $$n worker(s)"; \
+	$(PY) -m pytest -m gpu -n $$n
 
 # Hostile input, faults, exposure and a load smoke (docs/ROBUSTNESS.md); also part of `make test`.
 # RUN_LOAD=1 adds the 5-session x 15 s browser load run.
