@@ -20,7 +20,8 @@ training steps (``attnmem.measure.train_dist``) and inference (``attnmem.measure
 - Model configurations (``attnmem.measure.train_models``, ``attnmem.measure.infer_models``):
   ``model_config`` (a model list's config.json dict with its layer count), ``config_object``
   (the transformers config of such a dict), ``base_config`` (a fixture in ``FIXTURES`` or a
-  dict), ``TINY_LLAMA`` (the CPU tests' tiny Llama).
+  dict), ``TINY_LLAMA`` (the CPU tests' tiny Llama), ``sliding_layers`` (a built config's
+  windowed layers, which ``shape_fields`` reads).
 
 No torch or transformers at import time.
 """
@@ -130,8 +131,6 @@ def model_from_config(hf: Any, dtype: Any, attn_implementation: str) -> Any:
 def shape_fields(hf: Any) -> dict[str, Any]:
     """A row's shape columns (arch, layers, hidden, intermediate, heads, kv_heads, head_dim,
     vocab, tied, sliding_window) from a transformers config object."""
-    from attnmem.measure.train_models import sliding_layers
-
     heads = int(hf.num_attention_heads)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     return {
@@ -370,3 +369,24 @@ def config_object(d: dict[str, Any]) -> Any:
     for key in ("architectures", "torch_dtype", "transformers_version"):
         d.pop(key, None)
     return AutoConfig.for_model(model_type, **d)
+
+
+def sliding_layers(cfg: Any) -> list[tuple[int, int]]:
+    """(layer index, window) of every layer that attends through a sliding window.
+
+    ``cfg`` is a transformers config object (``config_object``: its class has derived
+    ``layer_types`` where the architecture has them; a raw dict may not have, so none is taken).
+    As transformers' modeling code decides it: a config with ``layer_types`` windows its
+    ``"sliding_attention"`` layers, a config without it (Mistral, Phi-3) every layer when
+    ``sliding_window`` is set (and ``use_sliding_window`` is not False).
+    """
+    if isinstance(cfg, dict):
+        raise TypeError("sliding_layers needs a transformers config object (build_config)")
+    window = getattr(cfg, "sliding_window", None)
+    if window is None or getattr(cfg, "use_sliding_window", True) is False:
+        return []
+    n = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        return [(i, int(window)) for i in range(n)]
+    return [(i, int(window)) for i, t in enumerate(types) if t == "sliding_attention"]

@@ -9,10 +9,8 @@ written here, and checked against calc's reading of them in the tests).
 
 ``hf_config(name)`` gives the dict, ``build_config(name)`` the transformers config object
 (imports transformers), both as ``attnmem.measure.model_common.model_config`` and
-``config_object`` make them for every model list; ``sliding_layers(config_dict)`` lists (layer, window) of the layers
-that attend through a sliding window, as transformers' modeling code decides it: a config with
-``layer_types`` windows its ``"sliding_attention"`` layers, a config without it (Mistral,
-Phi-3) windows every layer when ``sliding_window`` is set.
+``config_object`` make them for every model list (``model_common.sliding_layers`` reads a
+built config's windowed layers).
 
 No torch or transformers at import time.
 """
@@ -81,21 +79,3 @@ def build_config(name_or_dict: str | dict[str, Any]) -> Any:
     """The transformers config object (AutoConfig.for_model) of a MODELS name or a dict."""
     return config_object(hf_config(name_or_dict) if isinstance(name_or_dict, str)
                          else name_or_dict)
-
-
-def sliding_layers(cfg: Any) -> list[tuple[int, int]]:
-    """(layer index, window) of every layer that attends through a sliding window.
-
-    ``cfg`` is a transformers config object (``build_config``: its class has derived
-    ``layer_types`` where the architecture has them; a raw dict may not have, so none is taken).
-    """
-    if isinstance(cfg, dict):
-        raise TypeError("sliding_layers needs a transformers config object (build_config)")
-    window = getattr(cfg, "sliding_window", None)
-    if window is None or getattr(cfg, "use_sliding_window", True) is False:
-        return []
-    n = int(cfg.num_hidden_layers)
-    types = getattr(cfg, "layer_types", None)
-    if types is None:
-        return [(i, int(window)) for i in range(n)]
-    return [(i, int(window)) for i, t in enumerate(types) if t == "sliding_attention"]

@@ -102,13 +102,13 @@ def test_the_model_list_covers_the_issue():
 
 
 def test_sliding_layers_follow_the_modeling_code():
-    assert tm.sliding_layers(tm.build_config("llama3-8b-2l")) == []
-    assert tm.sliding_layers(tm.build_config("qwen2.5-7b-2l")) == []  # use_sliding_window off
-    assert tm.sliding_layers(tm.build_config("mistral-7b-2l")) == [(0, 4096), (1, 4096)]
-    assert tm.sliding_layers(tm.build_config("gemma2-9b-2l")) == [(0, 4096)]
-    assert tm.sliding_layers(tm.build_config("gemma3-27b-2l")) == [(0, 1024), (1, 1024)]
+    assert model_common.sliding_layers(tm.build_config("llama3-8b-2l")) == []
+    assert model_common.sliding_layers(tm.build_config("qwen2.5-7b-2l")) == []  # use_sliding_window off
+    assert model_common.sliding_layers(tm.build_config("mistral-7b-2l")) == [(0, 4096), (1, 4096)]
+    assert model_common.sliding_layers(tm.build_config("gemma2-9b-2l")) == [(0, 4096)]
+    assert model_common.sliding_layers(tm.build_config("gemma3-27b-2l")) == [(0, 1024), (1, 1024)]
     with pytest.raises(TypeError):
-        tm.sliding_layers({"sliding_window": 4})
+        model_common.sliding_layers({"sliding_window": 4})
 
 
 def test_bad_model_names_and_layers_are_refused():
