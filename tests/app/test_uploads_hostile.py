@@ -437,8 +437,8 @@ HOSTILE_CONFIGS = {
     "malformed": FakeUpload("c.json", 0, b"{not json"),
     "wrong types": FakeUpload("c.json", 0, json.dumps(
         {**LLAMA, "num_hidden_layers": "32"}).encode()),
-    "missing keys": FakeUpload("c.json", 0, json.dumps(
-        {k: v for k, v in LLAMA.items() if k != "hidden_size"}).encode()),
+    "missing keys": FakeUpload("c.json", 0, json.dumps(  # no model_type: no class to fill in
+        {k: v for k, v in LLAMA.items() if k not in ("hidden_size", "model_type")}).encode()),
     "absurd values": FakeUpload("c.json", 0, json.dumps(
         {**LLAMA, "num_hidden_layers": 10**30}).encode()),
     "negative": FakeUpload("c.json", 0, json.dumps({**LLAMA, "vocab_size": -1}).encode()),

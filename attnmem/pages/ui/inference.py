@@ -87,7 +87,8 @@ def measured_shapes() -> dict[str, ModelConfig]:
         if name.startswith("tiny"):
             continue
         try:
-            out[name] = ModelConfig.from_hf_config(infer_models.hf_config(name), name=name)
+            out[name] = ModelConfig.from_hf_config(infer_models.hf_config(name), name=name,
+                                                   with_transformers=False)
         except (ValueError, OSError):
             continue
     return out
@@ -117,7 +118,7 @@ def _row_model(name: str, layers: Any, cache: dict) -> ModelConfig | None:
 
             n = None if layers is None or pd.isna(layers) else int(layers)
             cache[key] = ModelConfig.from_hf_config(infer_models.hf_config(name, layers=n),
-                                                    name=name)
+                                                    name=name, with_transformers=False)
         except (ImportError, ValueError, OSError, TypeError):
             cache[key] = None
     return cache[key]

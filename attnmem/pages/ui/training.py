@@ -90,7 +90,8 @@ def _choices() -> dict[str, ModelConfig]:
     out = dict(MODELS)
     for name, cfg in _train_models().items():
         try:
-            out[MEASURED_PREFIX + name] = ModelConfig.from_hf_config(cfg, name=name)
+            out[MEASURED_PREFIX + name] = ModelConfig.from_hf_config(cfg, name=name,
+                                                                    with_transformers=False)
         except ValueError:
             pass
     return out
@@ -153,7 +154,8 @@ def _row_model(row: pd.Series) -> ModelConfig | None:
 
         layers = row.get("layers")
         layers = None if layers is None or pd.isna(layers) else int(layers)
-        return ModelConfig.from_hf_config(train_models.hf_config(name, layers=layers), name=name)
+        return ModelConfig.from_hf_config(train_models.hf_config(name, layers=layers), name=name,
+                                          with_transformers=False)
     except (ImportError, ValueError, OSError, TypeError):
         return None
 
@@ -412,7 +414,8 @@ def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
         from attnmem.measure import train_models
 
         models["Llama 2 7B"] = ModelConfig.from_hf_config(
-            train_models.hf_config("llama2-7b-2l", layers=32), name="Llama 2 7B")
+            train_models.hf_config("llama2-7b-2l", layers=32), name="Llama 2 7B",
+            with_transformers=False)
     except (ImportError, ValueError, OSError):
         pass
     shape_of = {"Llama 3.1 8B": "llama3-8b-2l", "Llama 2 7B": "llama2-7b-2l"}
