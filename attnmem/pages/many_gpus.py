@@ -19,20 +19,19 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run on its own (
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from attnmem.calc import GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
+from attnmem.calc import GPUS, MAX_SEQ_LEN, MODELS, cp_sweep  # noqa: E402
 from attnmem.calc.context_parallel import (  # noqa: E402
     CP_IMPL_LABELS,
     CP_IMPLEMENTATIONS,
     context_parallel_memory,
     context_parallel_training,
-    max_context_parallel_attention_seq_len,
-    max_context_parallel_seq_len,
     ring_comm_bytes,
     ring_schedule,
     ring_step_kind,
     zigzag_chunks,
 )
 from attnmem.calc.units import short_len  # noqa: E402
+from attnmem.measure.ring import results as ring_results  # noqa: E402
 from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
@@ -44,101 +43,33 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
     md_escape,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "data" / "ring_one_rank_h200.csv"
-MAX_C = 64
-#: GPU counts of the longest-context chart (each point is an exact search: a few ms each)
-C_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MEASURED_SHAPE = "H = 32, d = 128 (the measured shape)"
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", tuple(MODELS)),
     "gpu": pickers.GPU_SPEC,
     "impl": ChoiceParam("triton", CP_IMPLEMENTATIONS),
     "s": IntParam(131072, 2, MAX_SEQ_LEN),
-    "c": IntParam(8, 1, MAX_C),
+    "c": IntParam(8, 1, cp_sweep.MAX_C),
     "pass": ChoiceParam("fwd+bwd", ("fwd", "fwd+bwd")),
     "dtype": ChoiceParam("bf16", ("bf16", "fp16", "fp32")),
     "attn": ChoiceParam("model", ("model", MEASURED_SHAPE)),
     "ckpt": BoolParam(True),
     "shard": BoolParam(True),
 }
-COLUMNS = {"seq_len", "world_size", "rank", "pass", "status", "peak_bytes", "predicted_bytes",
-           "heads", "kv_heads", "head_dim", "dtype", "batch", "causal"}
-
-
-def read_ring_measurements(path: Path = DATA) -> pd.DataFrame | None:
-    """The one-rank measurements (attnmem.measure.ring.one_rank's CSV), rows with status ok
-    and numbers where numbers belong; None when the file is absent or not that CSV."""
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError):
-        return None
-    if not COLUMNS <= set(df.columns):
-        return None
-    df = df[df["status"].astype(str) == "ok"].copy()
-    for col in ("seq_len", "world_size", "rank", "peak_bytes", "predicted_bytes", "heads",
-                "kv_heads", "head_dim", "batch"):
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = df.dropna(subset=["seq_len", "world_size", "rank", "peak_bytes", "predicted_bytes"])
-    df = df[df["peak_bytes"] > 0]
-    for col in ("seq_len", "world_size", "rank", "peak_bytes", "predicted_bytes"):
-        df[col] = df[col].astype("int64")
-    df["error_pct"] = 100.0 * (df["predicted_bytes"] - df["peak_bytes"]) / df["peak_bytes"]
-    return df.reset_index(drop=True)
-
-
-def round_for(s: int, world: int) -> int:
-    """The longest context <= s that zigzag splits over `world` GPUs (a multiple of 2c)."""
-    unit = 2 * world if world > 1 else 1
-    return s // unit * unit
 
 
 @cached()
 def per_gpu_sweep(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: str, s: int,
                   backward: bool) -> pd.DataFrame:
-    rows = []
-    for world in range(1, MAX_C + 1):
-        sw = round_for(s, world)
-        if sw == 0:
-            continue
-        try:
-            m = context_parallel_memory(impl, 1, heads, sw, head_dim, dtype, True, backward,
-                                        world, kv_heads)
-        except ValueError:
-            continue
-        rows.append({"GPUs": world, "seq_len": sw, "inputs_bytes": m.inputs_bytes,
-                     "extra_peak_bytes": m.peak_extra_bytes, "per_gpu_bytes": m.total_bytes,
-                     "worst_rank": m.rank})
-    return pd.DataFrame(rows)
+    return cp_sweep.per_gpu_sweep(impl, heads, kv_heads, head_dim, dtype, s, backward)
 
 
 @cached(max_entries=2048)
 def longest_at(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool, shard: bool,
                heads: int, kv_heads: int, head_dim: int, world: int) -> dict:
-    """Longest trainable context and longest attention call on `world` GPUs (None: refused)."""
-    model = MODELS[model_name]
-    row: dict = {"GPUs": world}
-    try:
-        row["training_seq_len"] = max_context_parallel_seq_len(
-            model, gpu_bytes, world, impl=impl, checkpointing=ckpt,
-            shard_states=shard)
-    except ValueError:
-        row["training_seq_len"] = None
-    try:
-        row["attention_seq_len"] = max_context_parallel_attention_seq_len(
-            impl, gpu_bytes, 1, heads, head_dim, dtype, True, True, world, kv_heads)
-    except ValueError:
-        row["attention_seq_len"] = None
-    return row
-
-
-def longest_sweep(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool,
-                  shard: bool, heads: int, kv_heads: int, head_dim: int,
-                  selected: int) -> pd.DataFrame:
-    """longest_at over C_POINTS and the selected GPU count (each point cached on its own)."""
-    return pd.DataFrame([longest_at(model_name, gpu_bytes, impl, dtype, ckpt, shard, heads,
-                                    kv_heads, head_dim, world)
-                         for world in sorted({*C_POINTS, selected})])
+    """attnmem.calc.cp_sweep.longest_at, cached point by point by the model's name."""
+    return cp_sweep.longest_at(MODELS[model_name], gpu_bytes, impl, dtype, ckpt, shard, heads,
+                               kv_heads, head_dim, world)
 
 
 page_setup("many_gpus")
@@ -171,7 +102,7 @@ else:
     heads, kv_heads, head_dim = 32, 32, 128
 backward = pas == "fwd+bwd"
 unit = get_unit()
-s = round_for(s_in, world)
+s = cp_sweep.round_for(s_in, world)
 if s != s_in:
     st.info(f"s = {s_in:,} does not split into {2 * world} equal chunks (zigzag over {world} "
             f"GPUs): using s = {s:,}.")
@@ -183,8 +114,9 @@ try:
     mem = context_parallel_memory(impl, 1, heads, s, head_dim, dtype, True, backward, world,
                                   kv_heads)
     comm = ring_comm_bytes(1, heads, s, head_dim, dtype, world, kv_heads, backward, impl)
-    longest = longest_sweep(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
-                            head_dim, world)
+    longest = cp_sweep.longest_sweep(
+        lambda c: longest_at(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
+                             head_dim, c), world)
 except ValueError as err:
     st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
     sync_url(SPECS)
@@ -240,15 +172,12 @@ with left:
                    y=[in_unit(b, unit) for b in sweep["per_gpu_bytes"]], mode="lines+markers",
                    name=f"computed: {CP_IMPL_LABELS[impl]}",
                    hovertemplate="%{x} GPUs: %{y:.3f} " + unit + "<extra></extra>")]
-    measured = read_ring_measurements()
+    measured = ring_results.read_ring_measurements()
     shown = None
     if measured is not None:
-        shown = measured[(measured["heads"] == heads) & (measured["kv_heads"] == kv_heads)
-                         & (measured["head_dim"] == head_dim)
-                         & (measured["dtype"].astype(str) == dtype)
-                         & (measured["pass"].astype(str) == pas) & (measured["seq_len"] == s_in)]
+        shown = ring_results.rows_of_shape(measured, heads, kv_heads, head_dim, dtype, pas, s_in)
         if impl == "triton" and len(shown):
-            worst = shown.groupby("world_size", as_index=False)["peak_bytes"].max()
+            worst = ring_results.worst_rank_peaks(shown)
             inputs = {int(r.GPUs): int(r.inputs_bytes) for r in sweep.itertuples()}
             traces.append(dict(
                 type="scatter", mode="markers", name="measured (one rank simulated, H200)",
@@ -325,12 +254,7 @@ if measured is None:
 else:
     with st.expander(f"Measured on one GPU: {len(measured)} rank runs, largest |error| "
                      f"{measured['error_pct'].abs().max():.3f}%"):
-        table = measured.copy()
-        if {"kv_bytes_per_step", "fwd_step_ms"} <= set(table.columns):
-            kv = pd.to_numeric(table["kv_bytes_per_step"], errors="coerce")
-            ms = pd.to_numeric(table["fwd_step_ms"], errors="coerce")
-            # the link speed at which sending the next K/V block takes as long as the step
-            table["link_GBps_to_hide_kv"] = (kv / (ms * 1e-3) / 1e9).round(1)
+        table = ring_results.with_link_speed(measured)
         # Memory, then time: two tables of the same runs, each fits a 1280 px window.
         run = ("seq_len", "world_size", "rank", "pass")
         for what in (("peak_bytes", "predicted_bytes", "error_pct"),

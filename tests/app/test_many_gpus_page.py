@@ -1,10 +1,9 @@
 """attnmem/pages/many_gpus.py: its numbers are attnmem.calc.context_parallel's, every input is in the URL, bad
-URL values are refused with a warning, the ring picture is a ranks x steps heatmap, and the
-measurement reader takes attnmem.measure.ring.one_rank's CSV (and ignores anything else)."""
+URL values are refused with a warning, the ring picture is a ranks x steps heatmap, and measured points are drawn where the bundled
+one-rank CSV has the shape (its reader: tests/measure/test_ring_results.py)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from pathlib import Path
@@ -85,35 +84,13 @@ def test_torch_ring_with_the_measured_shape_runs() -> None:
     assert any("No training estimate" in w.value for w in at.warning)  # Llama 3.1 8B is GQA
 
 
-def test_reader_takes_the_script_csv_and_ignores_others(tmp_path: Path) -> None:
-    from attnmem.measure.ring.one_rank import FIELDS
-    from attnmem.pages.many_gpus import read_ring_measurements
-
-    path = tmp_path / "ring.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        base = dict(impl="triton", dtype="bf16", batch=1, heads=32, kv_heads=32, head_dim=128,
-                    seq_len=16384, world_size=2, local_seq_len=8192, causal=True,
-                    **{"pass": "fwd"})
-        w.writerow({**base, "rank": 0, "status": "ok", "peak_bytes": 1000,
-                    "predicted_bytes": 1010})
-        w.writerow({**base, "rank": 1, "status": "oom", "peak_bytes": "",
-                    "predicted_bytes": 2000})
-    df = read_ring_measurements(path)
-    assert len(df) == 1 and df["error_pct"].iloc[0] == pytest.approx(1.0)
-    assert read_ring_measurements(tmp_path / "absent.csv") is None
-    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
-    assert read_ring_measurements(tmp_path / "other.csv") is None
-
-
 def test_measured_points_are_drawn_when_the_csv_has_the_shape(tmp_path: Path,
                                                               monkeypatch) -> None:
     """The page reads data/ring_one_rank_h200.csv; with one there for this shape, a
     'measured' trace appears (checked by pointing the reader at a temporary file)."""
-    import attnmem.pages.many_gpus as page
+    from attnmem.measure.ring.results import DATA, read_ring_measurements
 
-    df = page.read_ring_measurements(page.DATA)
+    df = read_ring_measurements(DATA)
     if df is None:
         pytest.skip("no data/ring_one_rank_h200.csv yet (the lead writes it on a GPU)")
     row = df.iloc[0]
