@@ -1,17 +1,32 @@
 """Sweeps of the analytic model as pandas DataFrames, ready for plotting.
 
 Each row is one (implementation, x) point with the predicted extra peak of attnmem.calc.peak and, for
-reference, the score-matrix size B·H·s²·e of attnmem.calc.scores.
+reference, the score-matrix size B·H·s²·e of attnmem.calc.scores. Beside them, the tables the
+Scaling and GPU measurement pages draw from the same model: where each implementation runs
+out of memory on each GPU (`oom_table`, attnmem.calc.fit.max_seq_len), one call's peak split
+into the allocator's blocks and its reserved growth (`call_detail`), and the model's curves
+under measured points (`predicted_curves`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import pandas as pd
 
-from attnmem.calc.peak import IMPL_KIND, AttentionCall, attention_peak_bytes, call_of, check_impl
+from attnmem.calc.fit import max_seq_len
+from attnmem.calc.gpus import GPUS
+from attnmem.calc.peak import (
+    IMPL_KIND,
+    IMPLEMENTATIONS,
+    AttentionCall,
+    attention_peak_breakdown,
+    attention_peak_bytes,
+    attention_reserved_bytes,
+    call_of,
+    check_impl,
+)
 from attnmem.calc.scores import score_matrix_bytes
 from attnmem.calc.units import MAX_BATCH, MAX_HEADS, MAX_SEQ_LEN, check_int
 
@@ -111,3 +126,75 @@ def sweep_param(
             peak = attention_peak_bytes(replace(call, **{name: v}))
             rows.append((call.impl, IMPL_KIND[call.impl], int(v), peak))
     return pd.DataFrame(rows, columns=["impl", "kind", name, "peak_bytes"])
+
+
+def param_values(by: str) -> list[int]:
+    """The batch (or heads) values of a linear sweep: linear in both, so a dozen points draw
+    the same lines as a hundred (and cost 10x less); heads go on to 128."""
+    values = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+    return values if by == "batch" else [*values, 80, 96, 112, 128]
+
+
+def oom_table(impls: Iterable[str], gpus: Iterable[str], b: int, h: int, d: int, dtype: str,
+              causal: bool, bwd: bool, gpu_bytes: Mapping[str, int] = GPUS) -> pd.DataFrame:
+    """Longest s that fits each GPU (attnmem.calc.fit.max_seq_len, an exact integer search), per
+    implementation, and the peak there (0 where nothing fits): columns gpu, impl, max_seq_len,
+    peak_bytes_at_max."""
+    rows = []
+    for gpu in gpus:
+        for impl in impls:
+            s_max = max_seq_len(impl, gpu_bytes[gpu], b, h, d, dtype, causal, bwd)
+            peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd) if s_max else 0
+            rows.append((gpu, impl, s_max, peak))
+    return pd.DataFrame(rows, columns=["gpu", "impl", "max_seq_len", "peak_bytes_at_max"])
+
+
+def call_detail(impls: Iterable[str], s: int, b: int, h: int, d: int, dtype: str, causal: bool,
+                bwd: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per implementation at one s: the peak as max_memory_allocated() counts it, the tensor
+    bytes inside it, the allocator's rounding, the reserved growth
+    (attnmem.calc.peak.attention_reserved_bytes; None where not predicted); and every term
+    (attnmem.calc.peak.attention_peak_breakdown)."""
+    summary, terms = [], []
+    for impl in impls:
+        parts = attention_peak_breakdown(impl, b, h, s, d, dtype, causal, bwd)
+        reserved = attention_reserved_bytes(impl, b, h, s, d, dtype, causal, bwd)
+        summary.append((impl, sum(t.counted_bytes for t in parts),
+                        sum(t.tensor_bytes for t in parts), sum(t.rounding_bytes for t in parts),
+                        reserved))
+        terms += [(impl, t.label, t.tensors, t.tensor_bytes, t.counted_bytes, t.rounding_bytes)
+                  for t in parts]
+    return (pd.DataFrame(summary, columns=["impl", "allocated_peak_bytes", "tensor_bytes",
+                                           "rounding_bytes", "reserved_growth_bytes"]),
+            pd.DataFrame(terms, columns=["impl", "term", "tensors", "tensor_bytes",
+                                         "counted_bytes", "rounding_bytes"]))
+
+
+def curve_seq_lens(lo: int, hi: int) -> list[int]:
+    """Powers of two from lo and the halfway points (1.5 x each) within [lo, hi]: a smooth
+    line on log axes."""
+    lens, s = [], lo
+    while s <= hi:
+        lens += [s, int(s * 1.5)]
+        s *= 2
+    return sorted({x for x in lens if lo <= x <= hi})
+
+
+def predicted_curves(impls: Iterable[str], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
+                     causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
+    """`sweep_seq_len` over `curve_seq_lens(lo, hi)` for the implementations the model knows (a
+    name it does not model gets measured points and no curve); where one implementation refuses
+    the shape, the others' curves."""
+    impls = tuple(i for i in impls if i in IMPLEMENTATIONS)
+    lens = curve_seq_lens(lo, hi)
+    try:
+        return sweep_seq_len(impls, lens, b, h, d, dtype, causal, bwd, kv_heads=hkv)
+    except ValueError:  # one model refuses this shape: draw the others' curves
+        parts = []
+        for impl in impls:
+            try:
+                parts.append(sweep_seq_len((impl,), lens, b, h, d, dtype, causal, bwd, kv_heads=hkv))
+            except ValueError:
+                continue
+        return pd.concat(parts, ignore_index=True) if parts else sweep_seq_len((), lens, b, h, d,
+                                                                              dtype, causal, bwd)

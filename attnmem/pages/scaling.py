@@ -1,8 +1,9 @@
 """Scaling: attention memory against sequence length (log-log), one curve per implementation,
 GPU capacities as lines, where each implementation runs out; and against batch or heads (linear).
 
-Thin page: read widgets -> attnmem.calc.sweep_seq_len / attnmem.calc.sweep_param / attnmem.calc.max_seq_len (cached,
-bounded) -> two plotly charts and an out-of-memory table.
+Thin page: read widgets -> attnmem.calc.sweep (sweep_seq_len, sweep_param, oom_table over
+attnmem.calc.max_seq_len, call_detail; cached, bounded) -> two plotly charts and an
+out-of-memory table.
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from attnmem.calc import (  # noqa: E402
     MAX_HEADS,
     MAX_SEQ_LEN,
     PEAK_MODEL_NOTES,
-    attention_peak_breakdown,
-    attention_peak_bytes,
-    attention_reserved_bytes,
     default_seq_lens,
     dtype_name,
-    max_seq_len,
+    sweep,
     sweep_param,
     sweep_seq_len,
 )
@@ -48,12 +46,6 @@ from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiCh
 
 S_MAX_CHOICES = tuple(str(1 << p) for p in range(10, 25))  # 1K .. 16M
 DEFAULT_GPUS = tuple(g for g in ("NVIDIA RTX 4090 24GB", "NVIDIA H100 80GB", "NVIDIA H200 141GB") if g in GPUS)
-
-
-def overlaps(a: list[int], b: list[int]) -> bool:
-    """Within 3% at every point: one curve would hide the other (masked_fill and masked_fill_
-    often coincide); the later one is then drawn dashed with open markers, so both show."""
-    return len(a) == len(b) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(a, b, strict=True))
 
 
 SPECS = {
@@ -80,43 +72,19 @@ def seq_sweep(impls: tuple[str, ...], s_hi: int, b: int, h: int, d: int, dtype: 
 @cached()
 def oom_table(impls: tuple[str, ...], gpus: tuple[str, ...], b: int, h: int, d: int, dtype: str,
               causal: bool, bwd: bool) -> pd.DataFrame:
-    """Longest s that fits each GPU, per implementation, and the peak there (one cache entry)."""
-    rows = []
-    for gpu in gpus:
-        for impl in impls:
-            s_max = max_seq_len(impl, GPUS[gpu], b, h, d, dtype, causal, bwd)
-            peak = attention_peak_bytes(impl, b, h, s_max, d, dtype, causal, bwd) if s_max else 0
-            rows.append((gpu, impl, s_max, peak))
-    return pd.DataFrame(rows, columns=["gpu", "impl", "max_seq_len", "peak_bytes_at_max"])
+    return sweep.oom_table(impls, gpus, b, h, d, dtype, causal, bwd)
 
 
 @cached()
 def call_detail(impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
                 causal: bool, bwd: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per implementation at one s: the peak as max_memory_allocated() counts it, the tensor
-    bytes inside it, the allocator's rounding, the reserved growth; and every term."""
-    summary, terms = [], []
-    for impl in impls:
-        parts = attention_peak_breakdown(impl, b, h, s, d, dtype, causal, bwd)
-        reserved = attention_reserved_bytes(impl, b, h, s, d, dtype, causal, bwd)
-        summary.append((impl, sum(t.counted_bytes for t in parts),
-                        sum(t.tensor_bytes for t in parts), sum(t.rounding_bytes for t in parts),
-                        reserved))
-        terms += [(impl, t.label, t.tensors, t.tensor_bytes, t.counted_bytes, t.rounding_bytes)
-                  for t in parts]
-    return (pd.DataFrame(summary, columns=["impl", "allocated_peak_bytes", "tensor_bytes",
-                                           "rounding_bytes", "reserved_growth_bytes"]),
-            pd.DataFrame(terms, columns=["impl", "term", "tensors", "tensor_bytes",
-                                         "counted_bytes", "rounding_bytes"]))
+    return sweep.call_detail(impls, s, b, h, d, dtype, causal, bwd)
 
 
 @cached()
 def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int, dtype: str,
                 causal: bool, bwd: bool) -> pd.DataFrame:
-    # linear in both, so a dozen points draw the same lines as a hundred (and cost 10x less)
-    values = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
-    values = values if by == "batch" else [*values, 80, 96, 112, 128]
-    return sweep_param(by, values, impls, s, b, h, d, dtype, causal, bwd)
+    return sweep_param(by, sweep.param_values(by), impls, s, b, h, d, dtype, causal, bwd)
 
 
 page_setup("scaling")
@@ -177,7 +145,7 @@ with main:
     for impl, part in df.groupby("impl", sort=False):
         label = IMPL_LABELS.get(impl, impl)
         ys = part["peak_bytes"].tolist()
-        under = any(overlaps(ys, other) for other in drawn)  # dashed, open markers: both show
+        under = any(charts.overlaps(ys, other) for other in drawn)  # dashed, open markers: both show
         drawn.append(ys)
         dash = "solid" if IMPL_KIND[impl] == "quadratic" else "dot"
         traces.append(dict(
@@ -254,7 +222,7 @@ traces2 = []
 drawn2: list[list[int]] = []
 for impl, part in df2.groupby("impl", sort=False):
     ys = part["peak_bytes"].tolist()
-    under = any(overlaps(ys, o) for o in drawn2)
+    under = any(charts.overlaps(ys, o) for o in drawn2)
     drawn2.append(ys)
     traces2.append(dict(
         type="scatter", x=part[by].tolist(), y=[in_unit(v, unit) for v in ys],

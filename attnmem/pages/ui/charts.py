@@ -20,6 +20,12 @@ from attnmem.pages.ui.export import safe_csv_bytes
 from attnmem.pages.ui.units import fmt, in_unit
 
 
+def overlaps(a: list[int] | list[float], b: list[int] | list[float]) -> bool:
+    """Within 3% at every point: one curve would hide the other (masked_fill and masked_fill_
+    often coincide); the later one is then drawn dashed with open markers, so both show."""
+    return len(a) == len(b) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(a, b, strict=True))
+
+
 def csv_bytes(df: pd.DataFrame) -> bytes:
     """The CSV a download button serves: formula-safe, every text cell quoted."""
     return safe_csv_bytes(df)
