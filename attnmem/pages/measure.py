@@ -2,7 +2,7 @@
 analytic model, keep every run.
 
 Thin page: widgets -> attnmem.measure.child.run_points (a child process, one measurement per GPU at a
-time) -> attnmem.measure.store (SQLite) -> plotly figures over attnmem.calc.sweep_seq_len. Without a GPU it
+time) -> attnmem.measure.store (SQLite) -> plotly figures (attnmem.pages.ui.measured_calls) over attnmem.calc.sweep.predicted_curves. Without a GPU it
 says so and shows the bundled H200 reference (data/attention_calls_h200.csv) or an uploaded results
 CSV (validated by attnmem.measure.store.validate_csv; a bad file changes nothing).
 """
@@ -18,11 +18,11 @@ if str(ROOT) not in sys.path:  # run on its own (AppTest)
     sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from attnmem.calc import IMPLEMENTATIONS, PEAK_MODEL_NOTES, sweep_seq_len  # noqa: E402
+from attnmem.calc import PEAK_MODEL_NOTES, sweep  # noqa: E402
 from attnmem.calc.units import short_len  # noqa: E402
+from attnmem.measure import reference  # noqa: E402
 from attnmem.measure.registry import NAMES, fa4_installed_reason  # noqa: E402
 from attnmem.measure.store import (  # noqa: E402
     COLUMNS,
@@ -30,18 +30,15 @@ from attnmem.measure.store import (  # noqa: E402
     ResultStore,
     attach_predictions,
     csv_text,
-    read_csv_rows,
     validate_csv,
 )
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
-from attnmem.pages.ui.labels import impl_color, impl_label  # noqa: E402
+from attnmem.pages.ui.labels import impl_label  # noqa: E402
+from attnmem.pages.ui.measured_calls import error_first, error_table, memory_figure, time_figure  # noqa: E402
 from attnmem.pages.ui.messages import warn  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
-from attnmem.pages.ui.units import in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
 
-REFERENCE_CSV = ROOT / "data" / "attention_calls_h200.csv"
-REFERENCE_TRACE_CSV = ROOT / "data" / "attention_calls_trace_h200.csv"
 REF = "ref"
 SEQ_CHOICES = tuple(str(1 << p) for p in range(7, 17))  # 128 .. 65,536
 MODES = {"fwd": (False,), "fwd+bwd": (True,), "both": (False, True)}
@@ -67,14 +64,6 @@ SPECS = {
 }
 
 
-def error_first(unit: str) -> tuple[str, ...]:
-    """The points' columns shown by default (they fit a 1280 px window beside the sidebar):
-    which call, and its measured peak against the model; reserved growth, time and the note
-    fall under "show all"."""
-    return ("implementation", "mode", "s", "status", f"measured ({unit})", f"model ({unit})",
-            "model error %")
-
-
 #: Past runs: which run, on what, and how many rows (versions and source under "show all").
 RUNS_FIRST = ("run", "started (UTC)", "GPU", "label", "rows")
 #: Two runs compared: the point, each run's status, and B over A (the raw columns under "show all").
@@ -82,7 +71,6 @@ COMPARE_FIRST = ("impl", "seq_len", "backward", "status_a", "status_b", "peak_ra
                  "time_ratio_b_over_a")
 
 
-color = impl_color
 label = impl_label
 
 
@@ -99,16 +87,12 @@ def gpu_reason() -> str | None:
 
 @st.cache_data(show_spinner=False)
 def reference_rows() -> pd.DataFrame:
-    if not REFERENCE_CSV.exists():
-        return pd.DataFrame(columns=list(COLUMNS))
-    return pd.DataFrame(read_csv_rows(REFERENCE_CSV), columns=list(COLUMNS))
+    return reference.reference_rows()
 
 
 @st.cache_data(show_spinner=False)
 def reference_trace() -> pd.DataFrame:
-    if not REFERENCE_TRACE_CSV.exists():
-        return pd.DataFrame()
-    return pd.read_csv(REFERENCE_TRACE_CSV)
+    return reference.reference_trace()
 
 
 def open_store() -> ResultStore | None:
@@ -122,140 +106,7 @@ def open_store() -> ResultStore | None:
 @cached()
 def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
                      causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
-    """calc's peak curves for the implementations it models (a name it does not model gets
-    measured points and no curve)."""
-    impls = tuple(i for i in impls if i in IMPLEMENTATIONS)
-    lens, s = [], lo
-    while s <= hi:  # powers of two and the halfway points (a smooth line on log axes)
-        lens += [s, int(s * 1.5)]
-        s *= 2
-    lens = sorted({x for x in lens if lo <= x <= hi})
-    try:
-        return sweep_seq_len(impls, lens, b, h, d, dtype, causal, bwd, kv_heads=hkv)
-    except ValueError:  # one model refuses this shape: draw the others' curves
-        parts = []
-        for impl in impls:
-            try:
-                parts.append(sweep_seq_len((impl,), lens, b, h, d, dtype, causal, bwd, kv_heads=hkv))
-            except ValueError:
-                continue
-        return pd.concat(parts, ignore_index=True) if parts else sweep_seq_len((), lens, b, h, d,
-                                                                              dtype, causal, bwd)
-
-
-def select_rows(df: pd.DataFrame, impls, b, h, hkv, d, dtype, causal) -> pd.DataFrame:
-    if df.empty:
-        return df
-    kv = hkv or h
-    m = ((df["impl"].isin(impls)) & (df["batch"] == b) & (df["heads"] == h)
-         & (df["kv_heads"].fillna(df["heads"]) == kv) & (df["head_dim"] == d)
-         & (df["dtype"] == dtype) & (df["causal"] == causal))
-    return df[m]
-
-
-# --- figures -------------------------------------------------------------------------------
-
-
-def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, title: str) -> go.Figure:
-    fig = go.Figure()
-    drawn: list[list[float]] = []  # model curves already drawn (masked_fill and masked_fill_ coincide)
-    for impl in impls:
-        part = curves[curves["impl"] == impl]
-        ys = [float(v) for v in part["peak_bytes"]]
-        # Within 3% at every s, a curve drawn later would hide an earlier one on log axes: the
-        # later one is dashed and its measured points are open circles, so both show.
-        under = any(len(ys) == len(o) and all(abs(x - y) <= 0.03 * max(x, y) for x, y in zip(ys, o, strict=True))
-                    for o in drawn)
-        drawn.append(ys)
-        fig.add_trace(go.Scatter(
-            x=part["seq_len"], y=[in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
-            name=f"{label(impl)} (model)", legendgroup=impl,
-            line=dict(color=color(impl), width=1.5, dash="dash" if under else "dot"),
-            hovertemplate=f"<b>{label(impl)}</b> model<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<extra></extra>",
-        ))
-        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows["peak_extra_bytes"].notna()]
-        if len(got):
-            err = [f"{100 * e:+.2f}%" if e is not None and e == e else "-" for e in got["model_error"]]
-            fig.add_trace(go.Scatter(
-                x=got["seq_len"], y=[in_unit(v, unit) for v in got["peak_extra_bytes"]],
-                mode="markers", name=f"{label(impl)} (measured)", legendgroup=impl,
-                marker=dict(symbol="circle-open", size=12, color=color(impl), line=dict(width=2))
-                if under else dict(color=color(impl), size=9, line=dict(width=1, color="white")),
-                customdata=list(zip(err, [f"{int(v):,}" for v in got["peak_extra_bytes"]], strict=True)),
-                hovertemplate=(f"<b>{label(impl)}</b> measured<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
-                               "<br>%{customdata[1]} bytes<br>model error %{customdata[0]}<extra></extra>"),
-            ))
-        oom = rows[(rows["impl"] == impl) & (rows["status"] == "oom")]
-        if len(oom):
-            fig.add_trace(go.Scatter(
-                x=oom["seq_len"], y=[in_unit(v, unit) if v == v and v is not None else None
-                                     for v in oom["model_bytes"]],
-                mode="markers", name=f"{label(impl)}: out of memory", legendgroup=impl,
-                marker=dict(symbol="x", size=13, color=color(impl), line=dict(width=2)),
-                hovertemplate=(f"<b>{label(impl)}</b>: out of memory at s = %{{x:,}}"
-                               f"<br>model: %{{y:,.4g}} {unit}<extra></extra>"),
-            ))
-    charts.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log", exponentformat="power")
-    # Many implementations: the legend goes under the plot so it never covers the title.
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
-                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
-                      margin=dict(t=50, b=150))
-    return fig
-
-
-def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure:
-    fig = go.Figure()
-    col = "tflops" if metric == "TFLOP/s" else "median_ms"
-    for impl in impls:
-        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows[col].notna()].sort_values("seq_len")
-        if len(got):
-            fig.add_trace(go.Scatter(
-                x=got["seq_len"], y=got[col], mode="lines+markers", name=label(impl),
-                line=dict(color=color(impl)),
-                hovertemplate=f"<b>{label(impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {metric}<extra></extra>",
-            ))
-    charts.style(fig, "sequence length s (log scale)", metric + (" (log)" if col == "median_ms" else ""), 400)
-    fig.update_xaxes(type="log")
-    if col == "median_ms":
-        fig.update_yaxes(type="log")
-    # Many implementations: the legend goes under the plot so it never covers the title.
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
-                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
-                      margin=dict(t=50, b=150))
-    return fig
-
-
-def _shown(v: float | None, digits: int) -> float | None:
-    """A number rounded as the grid shows it (so its column is sized to what is drawn); a
-    missing value stays missing."""
-    return None if v is None or v != v else round(float(v), digits)
-
-
-def error_table(rows: pd.DataFrame, unit: str) -> pd.DataFrame:
-    """Every point: sizes in `unit` to 4 decimals (what the grid draws of a float), the model's
-    error in % to 2, the median time in ms to 3, TFLOP/s whole (the CSV under the chart has
-    the bytes and the raw values)."""
-    t = rows.sort_values(["backward", "impl", "seq_len"])
-    return pd.DataFrame({
-        "implementation": t["impl"].map(label),
-        "mode": ["fwd+bwd" if x else "fwd" for x in t["backward"]],
-        "s": t["seq_len"],
-        "status": t["status"],
-        f"measured ({unit})": [_shown(in_unit(v, unit), 4) if v == v and v is not None else None
-                               for v in t["peak_extra_bytes"]],
-        f"model ({unit})": [_shown(in_unit(v, unit), 4) if v == v and v is not None else None
-                            for v in t["model_bytes"]],
-        "model error %": [_shown(100 * e, 2) if e is not None else None for e in t["model_error"]],
-        f"reserved growth, measured ({unit})": [
-            _shown(in_unit(v, unit), 4) if v == v and v is not None else None for v in t["reserved_extra_bytes"]],
-        f"reserved growth, model ({unit})": [
-            _shown(in_unit(v, unit), 4) if v == v and v is not None else None for v in t["model_reserved_bytes"]],
-        "median ms": [_shown(v, 3) for v in t["median_ms"]],
-        "TFLOP/s": [_shown(v, 0) for v in t["tflops"]],
-        "note": t["message"].fillna("").map(lambda m: str(m)[:200]),
-    })
+    return sweep.predicted_curves(impls, lo, hi, b, h, d, dtype, causal, bwd, hkv)
 
 
 # --- the page ------------------------------------------------------------------------------
@@ -402,7 +253,7 @@ data = attach_predictions(data) if not data.empty else data.assign(
 if not impls or not lens:
     st.info("Pick at least one implementation and one sequence length.")
 else:
-    sel = select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
+    sel = reference.select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
     sel = sel[sel["backward"].isin(backwards)] if not sel.empty else sel
     if not sel.empty:
         measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
