@@ -370,3 +370,9 @@ def _triton_varlen(sh: AttentionCall, lens: list[int], window: int | None) -> li
                   _a("dq", sh.out_bytes())]
     return steps
 
+
+
+def steps_of(call: AttentionCall) -> list[Step]:
+    """The allocation sequence of one call of `call.impl` (the steps above, in order): what
+    attnmem.trace allocates for a fused attention call that the meta device cannot run."""
+    return _MODELS[call.impl](call)

@@ -1,0 +1,157 @@
+"""Every tensor storage a piece of torch code makes and frees, in order, on any device (meta too).
+
+`Recorder` is a TorchDispatchMode: each tensor an op returns is looked up by its storage; a
+storage not seen before is an allocation of `nbytes` (a view, or an in-place op's result, is
+not), and a weak-reference finalizer on the storage records its free when the last tensor on it
+dies (CPython frees at the last reference, so the order is the program's). On the meta device
+storages have sizes but no memory, so a 70B model's forward at 128k tokens costs nothing but
+the Python of its modules.
+
+Each allocation is labelled with the op and the innermost module running (`track_modules`), so
+a peak can be said in the model's own names. `replay` feeds the events through
+attnmem.calc.allocator.CachingAllocator: what `torch.cuda.max_memory_allocated()` counts is
+each tensor as the block the CUDA caching allocator hands out (512-byte rounding, whole blocks
+where the large pool does not split), and phases (`mark`) get their own peaks.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnmem.calc.allocator import CachingAllocator
+
+#: ("a", id, nbytes, label) | ("f", id) | ("m", phase name)
+Event = tuple
+
+
+@dataclass
+class PhasePeak:
+    """The highest "allocated" of one phase, above the bytes alive before recording started,
+    and the allocations alive at that moment: label -> (tensors, bytes as blocks)."""
+
+    name: str
+    peak: int = 0
+    at_peak: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class Recorder:
+    """Allocation and free events of the storages made under `with recorder:`."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._torch = torch
+        self._seen = WeakIdKeyDictionary()
+        self.events: list[Event] = []
+        self.stack: list[str] = []
+        self._next = 0
+        rec = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                for o in out if isinstance(out, (tuple, list)) else [out]:
+                    rec._add(o, func)
+                return out
+
+        self._mode = _Mode()
+
+    def known(self, *tensors: Any) -> None:
+        """Storages that exist before recording (parameters, buffers): never counted."""
+        for t in tensors:
+            if isinstance(t, self._torch.Tensor):
+                self._seen[t.untyped_storage()] = -1
+
+    def _add(self, t: Any, func: Any) -> None:
+        if not isinstance(t, self._torch.Tensor):
+            return
+        st = t.untyped_storage()
+        if st in self._seen:
+            return
+        i = self._next
+        self._next += 1
+        self._seen[st] = i
+        where = self.stack[-1] if self.stack else ""
+        op = getattr(func, "__name__", str(func)).split(".")[0]
+        self.events.append(("a", i, st.nbytes(), f"{where}|{op}"))
+        weakref.finalize(st, self.events.append, ("f", i))
+
+    def mark(self, phase: str) -> None:
+        """Start a phase: `replay` reports each phase's own peak."""
+        self.events.append(("m", phase))
+
+    def __enter__(self) -> Recorder:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+    @contextmanager
+    def track_modules(self, model: Any) -> Iterator[None]:
+        """Keep `stack` (qualified names of the modules running) current inside the block."""
+        handles = []
+        for name, mod in model.named_modules():
+            def pre(_m: Any, _a: Any, name: str = name) -> None:
+                self.stack.append(name)
+
+            def post(_m: Any, _a: Any, _o: Any) -> None:
+                if self.stack:
+                    self.stack.pop()
+
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def replay(events: list[Event], expandable: bool = False) -> dict[str, PhasePeak]:
+    """Each phase's peak "allocated" (bytes above the start of recording) and what is alive
+    then, with every tensor as the CUDA caching allocator's block (attnmem.calc.allocator).
+    Two passes: the first finds each phase's peak event, the second lists what is alive there
+    (listing at every new high would be quadratic in a long forward)."""
+    phases: dict[str, PhasePeak] = {}
+    where: dict[str, int] = {}
+    cur: PhasePeak | None = None
+    for i, a, _handles in _run(events, expandable):
+        ev = events[i]
+        if ev[0] == "m":
+            cur = phases.setdefault(ev[1], PhasePeak(ev[1]))
+            if ev[1] not in where or a.allocated > cur.peak:
+                cur.peak, where[ev[1]] = a.allocated, i
+        elif cur is not None and ev[0] == "a" and a.allocated > cur.peak:
+            cur.peak, where[cur.name] = a.allocated, i
+    wanted = {i: name for name, i in where.items()}
+    for i, a, handles in _run(events, expandable):
+        if i in wanted:
+            alive: dict[str, tuple[int, int]] = {}
+            for h, label in handles.values():
+                if h >= 0:
+                    n, b = alive.get(label, (0, 0))
+                    alive[label] = (n + 1, b + a.block_size(h))
+            phases[wanted[i]].at_peak = alive
+    return phases
+
+
+def _run(events: list[Event], expandable: bool) -> Iterator[tuple[int, CachingAllocator, dict]]:
+    """Replay the events; yield (index, allocator, live handles) after each."""
+    a = CachingAllocator(expandable)
+    handles: dict[int, tuple[int, str]] = {}
+    for i, ev in enumerate(events):
+        if ev[0] == "a":
+            handles[ev[1]] = (a.malloc(ev[2]) if ev[2] > 0 else -1, ev[3])
+        elif ev[0] == "f":
+            h, _ = handles.pop(ev[1], (-1, ""))
+            if h >= 0:
+                a.free(h)
+        yield i, a, handles
