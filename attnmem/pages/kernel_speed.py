@@ -2,7 +2,7 @@
 FlashAttention-4 where the data has it), measured side by side on an H200.
 
 Thin page: the CSVs that `python -m attnmem.measure.bench` wrote on the H200 (data/kernel_speed_*_h200.csv,
-read by attnmem.measure.speed_results.read_rows) -> one chart of TFLOP/s against s per
+offered and read by attnmem.measure.speed_runs) -> one chart of TFLOP/s against s per
 implementation and a table with our kernel's ratio to cuDNN, FlashAttention-2 and, when the
 run has it, FlashAttention-4. Everything here is measured; the page names the run (GPU,
 versions, time) it shows.
@@ -10,7 +10,6 @@ versions, time) it shows.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,9 +20,10 @@ if str(ROOT) not in sys.path:  # run on its own (AppTest)
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from attnmem.measure.speed_results import OURS, PEERS, read_rows  # noqa: E402
+from attnmem.measure import speed_runs  # noqa: E402
+from attnmem.measure.speed_results import OURS, PEERS  # noqa: E402
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
-from attnmem.pages.ui.labels import impl_color, impl_label  # noqa: E402
+from attnmem.pages.ui.labels import impl_color, impl_label, peer_headline, peer_label  # noqa: E402
 from attnmem.pages.ui.state import page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
@@ -31,57 +31,10 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
     md_escape,
 )
 
-# The bundled bench CSVs; ATTNMEM_BENCH_DIR points the page at another folder of them (tests, or
-# a run of your own named as these are).
-BENCH = Path(os.environ.get("ATTNMEM_BENCH_DIR") or ROOT / "data")
-# timing choice -> ({pass: bundled CSV}, what the caption says about how it was timed).
-SOURCES = {
-    "eager calls": ({"fwd": BENCH / "kernel_speed_fwd_eager_h200.csv",
-                     "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_h200.csv"}, (
-        "Eager calls, as a user makes them: at s ≤ 2,048 a forward is 15–90 µs of GPU work "
-        "(forward + backward 70–600 µs), and host time (Python, autograd, launches, on a shared "
-        "host) weighs in for every backend; switch *timing* to see the GPU time alone, or the "
-        "median of three interleaved rounds.")),
-    "eager, median of 3 rounds": ({"fwd": BENCH / "kernel_speed_fwd_eager_rounds_h200.csv",
-                                   "fwd_bwd": BENCH / "kernel_speed_fwdbwd_eager_rounds_h200.csv"}, (
-        "Eager calls at s ≤ 2,048 only, each implementation timed three times per shape, in "
-        "turn, and the median kept (`python -m attnmem.measure.bench --rounds 3`): slow drift in the shared host's "
-        "load then falls on every backend alike, which one round does not ensure.")),
-    "GPU time (CUDA graphs)": ({"fwd": BENCH / "kernel_speed_fwd_graphs_h200.csv",
-                                "fwd_bwd": BENCH / "kernel_speed_fwdbwd_graphs_h200.csv"}, (
-        "Each call captured in a CUDA graph and replayed: the kernels' GPU time, without the "
-        "host's share.")),
-}
-# Grouped-query attention (H_kv = 8 key/value heads for H = 32 query heads), the backward being
-# where GQA changes the work: timing choice -> {pass: bundled CSV}.
-GQA_SOURCES = {"GPU time (CUDA graphs)": {"fwd_bwd": BENCH / "kernel_speed_fwdbwd_gqa_graphs_h200.csv"}}
-
-
-def offer(timing: str, path, how: str) -> None:
-    """A bundled run holding both passes and GQA rows in one file, as a timing choice of its
-    own, when the checkout has the file."""
-    if path.exists():
-        SOURCES[timing] = ({"fwd": path, "fwd_bwd": path}, how)
-        GQA_SOURCES[timing] = {"fwd": path, "fwd_bwd": path}
-
-
-# The run with FlashAttention-4 beside ours, cuDNN and FA2 (`python -m attnmem.measure.bench --preset
-# anchors --rounds 3`).
-offer("eager, 3 rounds, with FlashAttention-4", BENCH / "kernel_speed_peers_eager_h200.csv", (
-    "Eager calls, each implementation timed three times per shape, in turn, in one process "
-    "(`python -m attnmem.measure.bench --preset anchors --rounds 3`, 2026-12-01 17:55 UTC): the "
-    "shapes of the project's kernel anchors, with FlashAttention-4 (flash-attn-4, its sm90 "
-    "kernels) as a peer."))
-# The backward's whole target grid with FlashAttention-4 (both dtypes, d = 64 and 128, s = 4,096
-# and 16,384, causal and not, MHA and GQA 4:1).
-offer("eager, 3 rounds, FA4 target grid", BENCH / "kernel_speed_targets_eager_h200.csv", (
-    "Eager calls, each implementation timed three times per shape, in turn, in one process "
-    "per dtype (`python -m attnmem.measure.bench --impls triton sdpa_cudnn fa4 --rounds 3` over the "
-    "kernel issue's 32 target shapes, 2026-12-01 17:39 and 17:42 UTC), before the anchors "
-    "run's Hopper backward rebuilt its K and V descriptors every step (1.00-1.08x the "
-    "backward alone; attnmem/kernels/flash/NOTES.md)."))
+# timing choice -> ({pass: CSV}, how it was timed); the grouped-query CSVs (ATTNMEM_BENCH_DIR
+# points the page at another folder of them)
+SOURCES, GQA_SOURCES = speed_runs.sources()
 KV_WORDS = {"32": "32 (MHA)", "8": "8 (GQA 4:1)"}
-PASS_WORDS = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 # What flash_attention runs by default on a Hopper GPU: "triton" in the bench is that path
 # (attnmem.kernels.flash's default schedule): the Gluon forward at d = 128; at d = 64 the portable
 # Triton forward up to s = 2,048 (4,096 causal), the three-warpgroup Gluon forward above.
@@ -104,66 +57,7 @@ SPECS = {
 
 @st.cache_data(show_spinner=False, max_entries=12)  # the bundled CSVs
 def load(path: str) -> pd.DataFrame:
-    return pd.DataFrame([vars(r) for r in read_rows(path)])
-
-
-def short(impl: str) -> str:
-    """A peer's label without the 'SDPA ' prefix, for ratio columns ('cuDNN', 'FlashAttention-2')."""
-    return impl_label(impl).removeprefix("SDPA ")
-
-
-def headline(impl: str) -> str:
-    """short() without a parenthesis ('FlashAttention-4', not 'FlashAttention-4 (CuTe)'): a
-    metric label fits a quarter of a 1280 px wide page."""
-    return short(impl).split(" (")[0]
-
-
-def ratio_at_top(wide: pd.DataFrame, ref: str) -> tuple[int, float] | None:
-    """(s, ours / ref) at the longest s where both were measured in this run; None if never."""
-    if DEFAULT_IMPL not in wide or ref not in wide:
-        return None
-    both = wide[[DEFAULT_IMPL, ref]].dropna()
-    if both.empty:
-        return None
-    top = int(both.index.max())
-    return top, float(both.loc[top, DEFAULT_IMPL] / both.loc[top, ref])
-
-
-def fa4_elsewhere(dtype: str, d: int, causal: bool, mode: str, kv_heads: int
-                  ) -> tuple[str, int, float] | None:
-    """FlashAttention-4 against our default for this choice from a bundled run that timed both
-    side by side (the chosen timing may not have FA4): (timing, s, ours / FA4), or None."""
-    for timing, (paths, _) in SOURCES.items():
-        path = paths.get(mode)
-        if path is None or not path.exists():
-            continue
-        try:
-            df = load(str(path))
-        except (OSError, ValueError):
-            continue
-        got = df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
-                 & (df["mode"] == mode) & (df["kv_heads"] == kv_heads) & (df["status"] == "ok")]
-        if "fa4" not in set(got["impl"]):
-            continue
-        hit = ratio_at_top(got.pivot_table(index="seq_len", columns="impl", values="tflops"), "fa4")
-        if hit:
-            return timing, *hit
-    return None
-
-
-def gqa_where(kv_heads: int) -> list[str]:
-    """Where rows with kv_heads key/value heads were measured (timing, pass, dtype), in words."""
-    found = []
-    for timing, paths in GQA_SOURCES.items():
-        for path in dict.fromkeys(paths.values()):
-            try:
-                df = load(str(path))
-            except (OSError, ValueError):
-                continue
-            got = df[df["kv_heads"] == kv_heads]
-            for mode, dname in sorted(set(zip(got["mode"], got["dtype"], strict=True))):
-                found.append(f"**{timing}**, {PASS_WORDS.get(mode, mode)}, {dname}")
-    return found
+    return speed_runs.load_frame(path)
 
 
 page_setup("kernel_speed")
@@ -203,7 +97,7 @@ if want in paths:
     df = df[df["kv_heads"] == kv_heads]
 if kv != "32" and (df is None or df[(df["dtype"] == dtype) & (df["mode"] == want)].empty):
     st.info("Grouped-query attention (8 key/value heads) was measured for: "
-            + "; ".join(gqa_where(kv_heads)) + ". Choose one of those to see it.")
+            + "; ".join(speed_runs.gqa_where(GQA_SOURCES, kv_heads, load)) + ". Choose one of those to see it.")
     st.stop()
 
 sel = (df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
@@ -248,20 +142,20 @@ for impl in impls:
     table[impl_label(impl)] = wide[impl].round(0).tolist()
 for ref in refs:
     if default in wide:
-        table[f"default / {short(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
+        table[f"default / {peer_label(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
 if default in wide:
     # Headlines: our default's speed, and its ratio to each peer at the longest s where both
     # ran. FlashAttention-4, the fastest peer, is headlined even when this timing did not run
     # it, from the bundled run that timed it beside ours (named in the label).
     top = int(wide[default].dropna().index.max())
-    heads = [(f"÷ {headline(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
-             for ref in refs if (r := ratio_at_top(wide, ref))]
+    heads = [(f"÷ {peer_headline(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
+             for ref in refs if (r := speed_runs.ratio_at_top(wide, ref, default))]
     fa4_note = ""
     if "fa4" not in refs:
-        other = fa4_elsewhere(dtype, d, causal, want, kv_heads)
+        other = speed_runs.fa4_elsewhere(SOURCES, dtype, d, causal, want, kv_heads, load)
         if other:
             run_name, s_fa4, ratio = other
-            heads.append((f"÷ {headline('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
+            heads.append((f"÷ {peer_headline('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
                           f"From the run '{run_name}', which timed FlashAttention-4 and our "
                           "default side by side; this timing did not run FlashAttention-4."))
         else:

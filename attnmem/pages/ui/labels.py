@@ -14,7 +14,7 @@ from __future__ import annotations
 from attnmem.calc import IMPL_LABELS as CALC_LABELS
 
 __all__ = ["FALLBACK_COLOR", "IMPL_COLORS", "IMPL_LABELS", "MEMORY_PART_COLORS",
-           "TRAINING_PART_COLORS", "impl_color", "impl_label"]
+           "TRAINING_PART_COLORS", "impl_color", "impl_label", "peer_headline", "peer_label"]
 
 IMPL_COLORS: dict[str, str] = {
     "naive": "#D55E00",  # vermillion
@@ -69,3 +69,14 @@ def impl_color(impl: str) -> str:
 def impl_label(impl: str) -> str:
     """The display label of an implementation name (the name itself if none is known)."""
     return IMPL_LABELS.get(impl, impl)
+
+
+def peer_label(impl: str) -> str:
+    """A peer's label without the 'SDPA ' prefix, for ratio columns ('cuDNN', 'FlashAttention-2')."""
+    return impl_label(impl).removeprefix("SDPA ")
+
+
+def peer_headline(impl: str) -> str:
+    """peer_label() without a parenthesis ('FlashAttention-4', not 'FlashAttention-4 (CuTe)'): a
+    metric label fits a quarter of a 1280 px wide page."""
+    return peer_label(impl).split(" (")[0]
