@@ -1,6 +1,7 @@
 """Score matrix: how much memory one layer's s × s attention scores take, B·H·s²·e bytes.
 
-Thin page: read widgets -> attnmem.calc.score_matrix_bytes -> metrics, formula, table, chart.
+Thin page: read widgets -> attnmem.calc.scores (score_matrix_bytes, score_curve,
+score_doublings) -> metrics, formula, table, chart.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from attnmem.calc import (  # noqa: E402
     score_matrix_bytes,
 )
 from attnmem.calc.allocator import fresh_block_bytes, get_allocation_size, round_size  # noqa: E402
+from attnmem.calc.scores import CURVE_LENS, score_curve, score_doublings  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_color  # noqa: E402
@@ -40,7 +42,6 @@ SPECS = {
     "dtype": ChoiceParam("fp16", (*DTYPES, CUSTOM), aliases=DTYPE_ALIASES),
     "e": FloatParam(2.0, 0.125, 64.0),
 }
-CURVE_LENS = tuple(1 << p for p in range(7, 25))  # 128 .. 16,777,216
 
 
 def dtype_label(name: str) -> str:
@@ -52,10 +53,7 @@ def dtype_label(name: str) -> str:
 
 @cached()
 def curve(batch: int, heads: int, e: float | str) -> pd.DataFrame:
-    """Score-matrix bytes at powers of two (the chart's line)."""
-    return pd.DataFrame(
-        {"seq_len": CURVE_LENS, "bytes": [score_matrix_bytes(batch, heads, s, e) for s in CURVE_LENS]}
-    )
+    return score_curve(batch, heads, e)
 
 
 page_setup("score")
@@ -124,13 +122,7 @@ st.caption(
     "c10/cuda/CUDACachingAllocator.cpp round_size, get_allocation_size, should_split."
 )
 
-rows = []
-for factor in (0.5, 1, 2, 4):
-    s = int(seq_len * factor)
-    if 1 <= s <= MAX_SEQ_LEN and s * 2 == int(seq_len * factor * 2):
-        b = score_matrix_bytes(batch, heads, s, e)
-        rows.append({"seq_len": s, "bytes": b, "GB": b / 1e9, "GiB": b / 2**30, "× memory": b / n_bytes})
-table = pd.DataFrame(rows)
+table = score_doublings(batch, heads, seq_len, e)
 left, right = st.columns([1.3, 1.2])  # the table's columns (attnmem.pages.ui.tables.fit_widths) fit at 1280 px
 with left:
     st.markdown("**Double the length, quadruple the memory**")

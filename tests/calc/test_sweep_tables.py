@@ -1,6 +1,7 @@
-"""attnmem.calc.sweep's tables for the Scaling and GPU measurement pages: each cell is the
-model's own number (max_seq_len, attention_peak_bytes, attention_peak_breakdown,
-attention_reserved_bytes, sweep_seq_len)."""
+"""attnmem.calc.sweep's tables for the Scaling and GPU measurement pages, and attnmem.calc.scores'
+for the Score matrix page: each cell is the model's own number (max_seq_len,
+attention_peak_bytes, attention_peak_breakdown, attention_reserved_bytes, sweep_seq_len,
+score_matrix_bytes)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,16 @@ def test_predicted_curves_skip_unmodelled_names_and_refusals() -> None:
     # FlashAttention-2 refuses fp32: the eager curve is still drawn
     df = predicted_curves(("naive", "sdpa_flash"), 512, 2048, 1, 32, 128, "fp32", False, False, None)
     assert set(df["impl"]) == {"naive"}
+
+
+def test_score_curve_and_doublings() -> None:
+    from attnmem.calc.scores import CURVE_LENS, score_curve, score_doublings, score_matrix_bytes
+
+    df = score_curve(1, 32, "fp16")
+    assert df["seq_len"].tolist() == list(CURVE_LENS)
+    assert df["bytes"].iloc[5] == score_matrix_bytes(1, 32, CURVE_LENS[5], 2)
+    t = score_doublings(1, 32, 4096, "fp16")
+    assert t["seq_len"].tolist() == [2048, 4096, 8192, 16384]
+    assert t["× memory"].tolist() == [0.25, 1.0, 4.0, 16.0]
+    assert t["bytes"].iloc[1] == 1_073_741_824 and t["GiB"].iloc[1] == 1.0
+    assert score_doublings(1, 1, 1, 2)["seq_len"].tolist() == [1, 2, 4]  # s/2 is not whole
