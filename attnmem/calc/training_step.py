@@ -400,3 +400,18 @@ def train_gpus_needed(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: i
     while hi > 1 and fits(hi - 1):
         hi -= 1
     return hi * unit
+
+
+#: calc's largest GPU count (train_gpus_needed's bound, training_step accepts it): every
+#: sharded term is next to nothing there.
+MANY_GPUS = 1 << 20
+
+
+def never_fits(model: ModelConfig, gpu_bytes: int, batch: int, seq_len: int,
+               kw: dict) -> bool:
+    """True when no number of GPUs fits this step (kw: training_step's keywords but gpus): at
+    2^20 GPUs the sharded states are next to nothing, so what is left is one replica's
+    activations, which more GPUs of this layout never split."""
+    unit = kw.get("tp", 1) * kw.get("ep", 1)  # the GPU count must be a multiple of tp × ep
+    return training_step(model, batch, seq_len, gpus=MANY_GPUS // unit * unit,
+                         **kw).peak_bytes > gpu_bytes

@@ -1,7 +1,7 @@
 """Model memory: weights + KV cache + attention for a real model, and whether it fits a GPU.
 
 Thin page: read widgets (preset, a Hugging Face Hub id, or an uploaded/pasted config.json) ->
-attnmem.calc.model_memory, attnmem.calc.model_max_seq_len -> verdict, stacked bars,
+attnmem.calc.memory_parts (attnmem.calc.model_memory by part), attnmem.calc.model_max_seq_len -> verdict, stacked bars,
 table; for MLA models the expanded K/V beside the latent (attnmem.calc.kv.mla_expanded_kv_bytes), for
 hybrids the constant state of their non-attention layers (attnmem.calc.kv.state_bytes). Training memory
 is the Training step page's (attnmem.calc.training_step), linked from here: one answer per question.
@@ -29,10 +29,17 @@ from attnmem.calc import (  # noqa: E402
     active_param_count,
     gpus_needed,
     model_max_seq_len,
-    model_memory,
     param_count,
 )
 from attnmem.calc.kv import mla_expanded_kv_bytes, state_bytes  # noqa: E402
+from attnmem.calc.memory_parts import (  # noqa: E402
+    FLASH,
+    NAIVE,
+    STATE,
+    kv_formula,
+    memory_parts,
+    state_formula,
+)
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
 from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
@@ -46,15 +53,10 @@ from attnmem.pages.ui.url_state import (  # noqa: E402
     IntParam,
     md_escape,
 )
-from attnmem.pages.ui.weights import CHECKPOINT, usable_bytes  # noqa: E402
+from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 
-NAIVE, FLASH = "naive", "sdpa_flash"
 IMPL_NAMES = {NAIVE: "eager attention with masked_fill", FLASH: "PyTorch SDPA, FlashAttention-2 backend"}
 ACT_DTYPES = ("bf16", "fp16", "fp32")
-STATE = "recurrent state"
-WEIGHTS_FORMULA = {False: "parameter count × bytes per parameter",
-                   True: "as the checkpoint stores them: quantized modules in their format with "
-                         "scales and zeros, the rest at torch_dtype (attnmem.calc.weight_bytes, 'checkpoint')"}
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
@@ -92,53 +94,6 @@ def training_link(where) -> None:
         st.info("Training memory is on the Training step page (weights, gradients, AdamW "
                 "state and every activation, attnmem.calc.training_step); this page answers inference.",
                 icon=":material/model_training:")
-
-
-def kv_formula(model: ModelConfig) -> str:
-    """The KV cache formula as it applies to this model (attnmem.calc.kv.kv_cache_bytes)."""
-    if model.is_mla:
-        return ("L·B·s·(kv_lora_rank + qk_rope_head_dim)·e: the MLA latent, all heads together "
-                "(DeepSeek-V2, arXiv 2405.04434, sec. 2.1.2)")
-    if model.kv_layers != model.num_layers:
-        return f"2·L·B·s·H_kv·d·e over the {model.kv_layers} attention layers of {model.num_layers}"
-    return "2·L·B·s·H_kv·d·e (all layers)"
-
-
-def state_formula(model: ModelConfig) -> str:
-    kind = model.state_mixer.kind if model.state_mixer else "state"
-    return (f"{model.state_layers} {kind} layers × (conv + recurrent state elements) × B × e, "
-            "the same for any s (attnmem.calc.kv.state_bytes; shapes from vLLM's "
-            "MambaStateShapeCalculator), at the attention dtype")
-
-
-def breakdown(model: ModelConfig, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
-              runs: tuple[str, ...] = (NAIVE, FLASH)
-              ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
-    """Bytes of each part for each implementation of ``runs`` (naive first), and the formula
-    of each part."""
-    parts: dict[str, dict[str, int]] = {}
-    state = state_bytes(model, batch, ad)
-    lower = counted = ""
-    for impl in runs:
-        mm = model_memory(model, batch, seq_len, wd, kvd, ad, impl)
-        counted = counted or mm.counted_as
-        # generate()'s prefill peak beyond weights and cache (attnmem.calc.inference_step), or, where
-        # that is not modelled, one attention call (the total is then a lower bound).
-        parts[impl] = {"weights": mm.weights_bytes, "KV cache": mm.kv_cache_bytes,
-                       "attention": mm.total_bytes - mm.weights_bytes - mm.kv_cache_bytes}
-        lower = lower or mm.not_modelled
-        if state:
-            parts[impl][STATE] = state
-    return parts, {
-        "weights": WEIGHTS_FORMULA[wd == CHECKPOINT],
-        "KV cache": kv_formula(model),
-        "attention": ("extra peak of one layer's attention call (attnmem.calc.attention_peak_bytes); "
-                      f"a lower bound: {lower}") if lower else
-        ("the prompt's prefill peak beyond weights and cache: MLP intermediates, hidden "
-         "states, masks, one attention call, cuBLAS workspace (attnmem.calc.inference_step, "
-         "generate() measured within 1% on an H200)" + (f"; {counted}" if counted else "")),
-        STATE: state_formula(model),
-    }
 
 
 st.title("Model memory")
@@ -193,7 +148,7 @@ if FLASH not in impls:
     st.caption(f"FlashAttention-2 runs fp16 and bf16 inputs only (PyTorch's SDPA flash backend): "
                f"not shown for {ad} attention.")
 try:
-    parts, formulas = breakdown(model, batch, seq_len, wd, kvd, ad, tuple(impls))
+    parts, formulas = memory_parts(model, batch, seq_len, wd, kvd, ad, tuple(impls))
 except ValueError as err:  # a config that parses but that the model cannot size: say so
     st.error(md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
     sync_url(used)

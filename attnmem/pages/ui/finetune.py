@@ -5,7 +5,8 @@ attnmem.calc.finetune, which `attnmem train` shares. Pure Python: no streamlit i
 ``side_by_side`` answers "which of these fits on my GPU, at what length": one row per method
 with calc's peak at the current length, whether it fits, the longest length that fits
 (attnmem.calc.max_train_seq_len with the same keywords) and, for full training only, the GPUs needed
-(attnmem.calc.train_gpus_needed); a method calc refuses gets its reason instead of numbers.
+(attnmem.calc.train_gpus_needed; attnmem.calc.training_step.never_fits where none up to the bound
+fits); a method calc refuses gets its reason instead of numbers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from attnmem.calc.finetune import (
     TARGETS,
     calc_kwargs,
 )
-from attnmem.calc.training_step import max_train_seq_len, train_gpus_needed, training_step
+from attnmem.calc.training_step import (
+    max_train_seq_len,
+    never_fits,
+    train_gpus_needed,
+    training_step,
+)
 
 __all__ = ["ADAPTER_DTYPE_CHOICES", "DEFAULT_ADAPTER_DTYPE", "DEFAULT_RANK", "DEFAULT_TARGETS",
            "MAX_GPUS", "METHODS", "METHOD_LABELS", "TARGETS", "TARGET_LABELS", "calc_kwargs",
@@ -72,16 +78,3 @@ def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: 
                 row["gpus_needed"] = None
         rows.append(row)
     return rows
-
-
-#: calc's largest GPU count (attnmem.calc.training_step accepts it): every sharded term is ~0 there.
-MANY_GPUS = 1 << 20
-
-
-def never_fits(model: Any, gpu_bytes: int, batch: int, seq_len: int, kw: dict[str, Any]) -> bool:
-    """True when no number of GPUs fits this step (kw: training_step's keywords but gpus): at
-    2^20 GPUs the sharded states are next to nothing, so what is left is one replica's
-    activations, which more GPUs of this layout never split."""
-    unit = kw.get("tp", 1) * kw.get("ep", 1)  # the GPU count must be a multiple of tp × ep
-    return training_step(model, batch, seq_len, gpus=MANY_GPUS // unit * unit,
-                         **kw).peak_bytes > gpu_bytes

@@ -36,6 +36,7 @@ from attnmem.calc import (
 from attnmem.calc.backends import NoKernel
 from attnmem.calc.finetune import calc_kwargs
 from attnmem.calc.serving import DEFAULT_MAX_NUM_SEQS, sequence_bytes, serving_capacity
+from attnmem.calc.training_step import MANY_GPUS  # a step that does not fit there never fits
 
 TASKS: tuple[str, ...] = ("inference", "serving", "training", "lora", "qlora")
 TASK_LABELS = {
@@ -59,9 +60,6 @@ INFER_ORDER = ("sdpa", "eager")
 #: counted.
 TRAIN_ATTENTION = "sdpa_flash"
 TRAIN_FALLBACKS = ("sdpa_efficient", "sdpa_cudnn")
-#: Largest GPU count the training search tries: at 2^20 GPUs every sharded term is next to
-#: nothing, so a step that does not fit there never fits (the Training page's test too).
-MANY_GPUS = 1 << 20
 #: serving_capacity's settings the page does not expose (the Serving page's defaults).
 SERVING_BLOCK = 16
 SERVING_MNBT = 8192
