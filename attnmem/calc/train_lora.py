@@ -18,7 +18,8 @@ frozen), so what precedes its first adapter keeps nothing (_lora_layer_terms). C
 keeps the layer inputs as in full training. QLoRA ("nf4", "nf4_dq"): the decoder's linear
 weights as bitsandbytes' Params4bit (attnmem.calc.quant.quantized_matrix_bytes), the rest bf16 (as a
 BitsAndBytesConfig load with torch_dtype=bfloat16 leaves them, without
-prepare_model_for_kbit_training's fp32 upcast, which is not modelled), and the bf16 out×in copy
+prepare_model_for_kbit_training's fp32 upcast, counted with kbit_prepare=True in
+attnmem/calc/train_recipes.py), and the bf16 out×in copy
 that MatMul4Bit dequantizes in its forward and backward, one matrix at a time, added to the
 layers' backward moments. Checked: the CPU replays through peft 0.21
 (tests/calc/test_training_lora.py) for the bf16 base; the 4-bit terms are counted from
@@ -53,6 +54,12 @@ from attnmem.calc.train_dense import (
     _layer_terms,
     _model_terms,
 )
+from attnmem.calc.train_liger import (
+    LIGER_PHASE,
+    flce_forward_extra,
+    liger_layer_terms,
+    liger_model_terms,
+)
 from attnmem.calc.train_optimizer import LIBRARY_OPTIMIZERS, lora_tensors, optimizer_state
 from attnmem.calc.train_packed import (
     _check_kernel,
@@ -63,6 +70,13 @@ from attnmem.calc.train_packed import (
     _packed_bool_masks,
     _packed_terms,
     _packed_window,
+)
+from attnmem.calc.train_recipes import (
+    attention_backward_extra_fp32,
+    kbit_backward_extra,
+    kbit_layer_terms,
+    kbit_model_terms,
+    kbit_upcast_bytes,
 )
 from attnmem.calc.units import ceil_bytes, check_int
 
@@ -387,9 +401,11 @@ def _lora_backward_extra(model: ModelConfig, dm: _Dims, impl: str, layer: list, 
 
 def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing: bool,
               optimizer: str, cache: bool, lo: _Lora, base_dtype: str,
-              lengths: tuple[int, ...] = ()) -> TrainingStepMemory:
+              lengths: tuple[int, ...] = (), kbit: bool = False, liger: bool = False,
+              offload: bool = False) -> TrainingStepMemory:
     """The step with a frozen base and LoRA adapters, as training_step composes it (module
-    docstring)."""
+    docstring); kbit: after peft's prepare_model_for_kbit_training (attnmem/calc/
+    train_recipes.py: fp32 norms, embeddings and lm_head, an fp32 residual stream)."""
     lay = make_layout(model, 1, 1, "none")
     dm = dataclasses.replace(_dims(model, b, s, 1), lengths=lengths,
                              window=_packed_window(model, lengths))
@@ -403,8 +419,12 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
     mk = masked > 0
     first = _lora_layer_terms(model, dm, attention, keep_cache, mk, lo, True)
     rest = _lora_layer_terms(model, dm, attention, keep_cache, mk, lo, False)
+    if kbit:  # every layer's input requires grad (enable_input_require_grads): layer 0 too
+        first = rest = kbit_layer_terms(dm, attention, lo.targets, lo.rank, lo.dropout)
+    if liger:  # attnmem/calc/train_liger.py
+        first, rest = liger_layer_terms(first, dm), liger_layer_terms(rest, dm)
     a_first, a_rest = (sum(x for _, _, x in k) for k in (first, rest))
-    stream = 2
+    stream = 4 if kbit else 2  # the residual stream is fp32 after the prepare step
     terms: list[tuple[str, str, int]] = []
     inputs = L * stream * dm.t * dm.h
     if checkpointing:
@@ -414,7 +434,12 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
         terms += [(p, f"{lab} (layer 0)", x) for p, lab, x in first]
         if L > 1:
             terms += [(p, f"{lab} (× {L - 1} layers)", (L - 1) * x) for p, lab, x in rest]
-    terms += _lora_model_terms(model, dm, attention)
+    if kbit:
+        terms += kbit_model_terms(dm)
+    elif liger:  # lm_head frozen: the fused loss makes no weight gradient
+        terms += liger_model_terms(_model_terms(model, dm, False, attention), dm, 0)
+    else:
+        terms += _lora_model_terms(model, dm, attention)
     terms += _packed_terms(dm, attention)
     parts = dict.fromkeys((*PARTS, LORA_PART), 0)
     for p, _, x in terms:
@@ -423,7 +448,7 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
 
     adapter = _adapter_params(model, lo)
     weights, deq = _base_weight_bytes(model, base_dtype)
-    weights += lo.e * adapter
+    weights += lo.e * adapter + (kbit_upcast_bytes(model) if kbit else 0)
     grads = lo.e * adapter  # torch makes .grad in the parameter's dtype
     opt = 0 if optimizer == "sgd" else 2 * lo.e * adapter  # exp_avg, exp_avg_sq like the param
     paged = tmp = 0
@@ -453,16 +478,35 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
     phases[PHASES[0]] = (base + shared + masks + kept + partial
                          + _attention_forward_extra(attention, dm) + stream * dm.t * dm.h)
     kept_all = layers_saved if not checkpointing else inputs
-    phases[PHASES[1]] = (base + shared + masks + kept_all
-                         + stream * dm.t * dm.h + (4 + 4 + 2) * dm.t * dm.h + 4 * dm.t)
+    # the final norm: its input, the fp32 copy, x·rsqrt and the bf16 cast (kbit: x is fp32
+    # already, x·rsqrt and the fp32 weight product)
+    norm_out = (4 + 4 + 4) * dm.t * dm.h if kbit else (2 + 4 + 4 + 2) * dm.t * dm.h
+    if liger:  # LigerRMSNorm: its input and output
+        norm_out = (2 + 2) * dm.t * dm.h
+    phases[PHASES[1]] = base + shared + masks + kept_all + norm_out + 4 * dm.t
     phases[PHASES[2]] = base + acts + 2 * 4 * tv
     # lm_head backward: the bf16 gradient of the logits and of lm_head's input; no weight
     # gradient (frozen: mm's mat2 gradient is not computed).
-    phases[PHASES[3]] = base + acts - lsm - tanh_logits - _labels_bytes(dm) + 2 * tv + 2 * dm.t * dm.h
+    # (kbit: lm_head is fp32, so the logits' gradient is log_softmax's fp32 one, and its input
+    # gradient fp32)
+    e_lm = 4 if kbit else 2
+    phases[PHASES[3]] = (base + acts - lsm - tanh_logits - _labels_bytes(dm)
+                         + (0 if kbit else 2 * tv) + e_lm * dm.t * dm.h + (4 * tv if kbit else 0))
+    if liger:  # the fused loss: no log-softmax, no logits' gradients (train_liger.py)
+        del phases[PHASES[2]], phases[PHASES[3]]
+        phases[LIGER_PHASE] = base + acts + 2 * dm.t * dm.h + flce_forward_extra(dm, 0)
     after_loss = acts - head_saved
     dh = stream * dm.t * dm.h
     extra_last = _lora_backward_extra(model, dm, attention, last, lo, g_layer, deq)
     extra_first = _lora_backward_extra(model, dm, attention, first, lo, g_layer, deq)
+    if kbit:
+        attn = (-_core_saved(last) + 4 * sum(lo.rank * (i + o) for n, (i, o) in
+                                             _lora_shapes(model).items()
+                                             if n in lo.targets and n != "q_proj"
+                                             and n != "k_proj" and n != "v_proj")
+                + attention_backward_extra_fp32(attention, dm))
+        extra_last = extra_first = kbit_backward_extra(dm, attn, lo.targets, lo.rank, lo.dropout,
+                                                     deq)
     phases[PHASES[4]] = base + after_loss + dh + extra_last + (a_last if checkpointing else 0)
     if checkpointing:  # the later layers' inputs are freed, layer 0 is recomputed
         at_first = after_loss - (L - 1) * stream * dm.t * dm.h + a_first

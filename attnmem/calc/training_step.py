@@ -75,6 +75,13 @@ from attnmem.calc.train_dense import (
 )
 from attnmem.calc.train_gpt_oss import GPT_OSS_ATTENTIONS as GPT_OSS_ATTENTIONS
 from attnmem.calc.train_gpt_oss import _check_gpt_oss_args, _gpt_oss_attention_forward_extra
+from attnmem.calc.train_liger import LIGER_PHASE as LIGER_PHASE
+from attnmem.calc.train_liger import (
+    check_liger,
+    flce_forward_extra,
+    liger_layer_terms,
+    liger_model_terms,
+)
 from attnmem.calc.train_lora import ADAPTER_DTYPES as ADAPTER_DTYPES
 from attnmem.calc.train_lora import BASE_DTYPES as BASE_DTYPES
 from attnmem.calc.train_lora import LORA_PART as LORA_PART
@@ -100,6 +107,7 @@ from attnmem.calc.train_packed import (
     _packed_window,
 )
 from attnmem.calc.train_packed import check_packed as check_packed
+from attnmem.calc.train_recipes import check_kbit, check_offload, offload_phases
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bool, check_int
 
 
@@ -122,6 +130,9 @@ def training_step(
     norm_topk_prob: bool | None = None,
     router_aux_loss: bool = False,
     packed_lengths: tuple[int, ...] | None = None,
+    kbit_prepare: bool = False,
+    liger: bool = False,
+    offload_activations: bool = False,
 ) -> TrainingStepMemory:
     """Per-GPU memory of one training step (module docstring: every term and its source).
 
@@ -148,6 +159,11 @@ def training_step(
     (padding-free training: batch 1, seq_len = their sum, position_ids restarting at each;
     attnmem/calc/train_packed.py; PACKED_ATTENTIONS say which attentions, and why the
     others are refused).
+    Recipe levers (issue 43): kbit_prepare: peft's prepare_model_for_kbit_training before
+    get_peft_model (QLoRA; attnmem/calc/train_recipes.py); liger: Liger's kernels as
+    apply_liger_kernel_to_llama patches them (attnmem/calc/train_liger.py);
+    offload_activations: saved tensors in pinned host memory (torch.autograd.graph.save_on_cpu;
+    with checkpointing, transformers' offload=True; attnmem/calc/train_recipes.py).
     Raises ValueError naming the bad value and what is accepted.
     """
     check_model(model)
@@ -166,11 +182,15 @@ def training_step(
     lengths = check_packed(model, packed_lengths, b, s, attention, cache)
     if not isinstance(base_dtype, str) or base_dtype not in BASE_DTYPES:
         raise ValueError(f"unknown base_dtype {base_dtype!r}; accepted: {', '.join(BASE_DTYPES)}")
+    kbit = check_kbit(model, kbit_prepare, adapters, base_dtype, attention, checkpointing,
+                      lengths)
+    lig = check_liger(model, liger, precision, kbit, lay.tp)
+    off = check_offload(offload_activations, lengths, model, adapters, lig)
     if adapters is not None:
         lo = _check_lora(adapters)
         _check_lora_model(model, precision, gpus, tp, sharding)
         return _lora_step(model, b, s, attention, checkpointing, optimizer, cache, lo, base_dtype,
-                          lengths)
+                          lengths, kbit, lig, off)
     if base_dtype != "bf16":
         raise ValueError(f"base_dtype {base_dtype!r} without adapters: a 4-bit base has no "
                          "trainable weights; pass adapters=LoRA(...) (QLoRA)")
@@ -180,8 +200,10 @@ def training_step(
     dm = dataclasses.replace(_dims(model, b, s, lay.tp), ep=lay.ep, lengths=lengths,
                              window=_packed_window(model, lengths))
     pb = param_breakdown(model)
-    fwd = _forward(model, dm, attention, amp, cache, checkpointing, norm_topk, aux, lay.tp, pb)
-    return _full_step(model, dm, attention, precision, checkpointing, optimizer, lay, pb, fwd)
+    fwd = _forward(model, dm, attention, amp, cache, checkpointing, norm_topk, aux, lay.tp, pb,
+                   lig)
+    return _full_step(model, dm, attention, precision, checkpointing, optimizer, lay, pb, fwd,
+                      lig, off)
 
 
 @dataclass(frozen=True)
@@ -197,7 +219,7 @@ class _Forward:
 
 def _forward(model: ModelConfig, dm: _Dims, attention: str, amp: bool, cache: bool,
              checkpointing: bool, norm_topk: bool, aux: bool, tp: int, pb: dict[str, int],
-             ) -> _Forward:
+             liger: bool = False) -> _Forward:
     """The tensors a full-training step keeps at the end of its forward: the layers' (or the
     checkpoints'), the model's, a packed row's, the auxiliary loss's and autocast's copies."""
     L = model.num_layers
@@ -206,6 +228,8 @@ def _forward(model: ModelConfig, dm: _Dims, attention: str, amp: bool, cache: bo
     kinds = [(n, mk, _layer_terms(model, dm, attention, amp, cache and not checkpointing, mk,
                                   norm_topk))
              for n, mk in ((masked, True), (L - masked, False)) if n]
+    if liger:
+        kinds = [(n, mk, liger_layer_terms(k, dm)) for n, mk, k in kinds]
     # The moments take the larger kind of layer; the layers' total is exact.
     layer = max((k for _, _, k in kinds), key=lambda k: sum(x for _, _, x in k))
     a_layer = sum(x for _, _, x in layer)
@@ -221,7 +245,10 @@ def _forward(model: ModelConfig, dm: _Dims, attention: str, amp: bool, cache: bo
             what = "" if not mk else " with a packed-sequence mask" if dm.lengths else \
                 " with a sliding-window mask"
             terms += [(p, f"{lab} (× {n} layers{what})", n * x) for p, lab, x in kind]
-    terms += _model_terms(model, dm, amp, attention)
+    model_terms = _model_terms(model, dm, amp, attention)
+    if liger:  # the fused loss saves lm_head's weight gradient (bf16 full training, tp = 1)
+        model_terms = liger_model_terms(model_terms, dm, 2 * pb["lm_head"])
+    terms += model_terms
     terms += _packed_terms(dm, attention)
     if aux:
         terms += _aux_loss_terms(model, dm)
@@ -244,7 +271,8 @@ def _forward(model: ModelConfig, dm: _Dims, attention: str, amp: bool, cache: bo
 
 def _full_step(model: ModelConfig, dm: _Dims, attention: str, precision: str,
                checkpointing: bool, optimizer: str, lay: Layout, pb: dict[str, int],
-               fwd: _Forward) -> TrainingStepMemory:
+               fwd: _Forward, liger: bool = False, offload: bool = False,
+               ) -> TrainingStepMemory:
     """The moments of a full-training step (dense or MoE; module docstring) from what its
     forward keeps and what the layout holds per GPU (attnmem.calc.parallel)."""
     L = model.num_layers
@@ -307,6 +335,8 @@ def _full_step(model: ModelConfig, dm: _Dims, attention: str, precision: str,
         final_norm = (4 + 4 + 4) * dm.t * dm.h + 4 * dm.t
     if oss:  # the fp32 weight product and its bf16 cast beside the two saved fp32 copies
         final_norm = (2 + 4 + 4 + 4 + 2) * dm.t * dm.h + 4 * dm.t
+    if liger:  # LigerRMSNorm: its input and output, one fp32 rstd per row
+        final_norm = (2 + 2) * dm.t * dm.h + 4 * dm.t
     phases[PHASES[1]] = base + shared + masks + layers_kept + final_norm
     # Loss backward: nll_loss's gradient and log_softmax's gradient (fp32, T×V each) beside
     # every saved tensor (the bf16 logits died with the model output: `.loss` is all the
@@ -323,7 +353,10 @@ def _full_step(model: ModelConfig, dm: _Dims, attention: str, precision: str,
     else:
         lm = before_lm + 2 * tv + 2 * dm.t * dm.h + g_lm
     phases[PHASES[3]] = base + lm
-    # Backward of a layer: what it saved (recomputed under checkpointing), the gradient of the
+    if liger:  # the fused loss: no log-softmax, no logits' gradients, lm_head's done in it
+        del phases[PHASES[2]], phases[PHASES[3]]
+        phases[LIGER_PHASE] = base + acts + 2 * dm.t * dm.h + flce_forward_extra(
+            dm, 2 * pb["lm_head"])    # Backward of a layer: what it saved (recomputed under checkpointing), the gradient of the
     # residual stream, the gradients already made, and the larger of its MLP backward and its
     # attention call's backward. By then the loss, lm_head and final norm have freed theirs.
     extra = _layer_backward_extra(layer, attention, dm, model, g_per_param, lay.tp, g_expert)
@@ -343,6 +376,15 @@ def _full_step(model: ModelConfig, dm: _Dims, attention: str, precision: str,
     if optimizer == "adamw":
         tmp = ceil_bytes(Fraction(opt, 2))
     phases[PHASES[7]] = before + grads + tmp
+    if offload:
+        ckpt_in = L * stream * dm.t * dm.h if checkpointing else 0
+        phases = offload_phases(
+            phases, acts=acts, kept_fwd=kept,
+            layers_kept=layers_kept, after_loss=after_loss, layer=a_layer,
+            first=a_layer, layers_before_first=ceil_bytes(after_loss - (L - 1) * step_down),
+            lsm=lsm, lm_in=2 * dm.t * dm.h,
+            head_w=2 * ceil_bytes(Fraction(pb["lm_head"] or pb["embeddings"], lay.tp)),
+            layer_w=2 * max(dm.inter, dm.q) * dm.h, ckpt_inputs=ckpt_in, stream_th=dh)
     phase = max(phases, key=phases.__getitem__)
     return TrainingStepMemory(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt + paged,
