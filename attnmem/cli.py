@@ -30,6 +30,8 @@ DEFAULT_GPU = "NVIDIA H100 80GB"  # attnmem.calc.DEFAULT_GPU
 IMPLEMENTATIONS = ("naive", "naive_inplace", "sdpa_math", "sdpa_efficient", "sdpa_flash",
                    "sdpa_cudnn", "triton", "fa4")  # attnmem.calc.IMPLEMENTATIONS
 TRAIN_ATTENTIONS = ("eager", *IMPLEMENTATIONS)  # attnmem.calc.TRAIN_ATTENTIONS
+TRAIN_OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit", "adafactor",
+                    "sgd")  # attnmem.calc.training_step.OPTIMIZERS
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int4")  # attnmem.calc.DTYPES
 PRECISIONS = ("bf16", "amp_bf16")  # attnmem.calc.training_step.PRECISIONS
 # fine-tuning: attnmem.calc.finetune's methods ("none" is the page's "full"), targets,
@@ -245,6 +247,29 @@ def _parser() -> argparse.ArgumentParser:
                                 "1/E of every layer's experts, tokens reach them by all-to-all "
                                 "(balanced routing assumed); it divides --gpus and the experts "
                                 "(default: 1)")
+        if name == "train":  # the recipe levers (issue 43; attnmem.calc.train_levers)
+            s.add_argument("--optimizer", default="adamw", choices=TRAIN_OPTIMIZERS,
+                           metavar="OPT", help="optimizer: " + ", ".join(TRAIN_OPTIMIZERS)
+                           + " (default: %(default)s)")
+            s.add_argument("--kbit-prepare", action="store_true",
+                           help="peft's prepare_model_for_kbit_training before the adapters "
+                                "(QLoRA recipes: fp32 embeddings, lm_head and norms; needs "
+                                "--adapter qlora and --checkpointing; default: off)")
+            s.add_argument("--liger", action="store_true",
+                           help="Liger's kernels (RMSNorm, SwiGLU, RoPE, fused linear "
+                                "cross-entropy; default: off)")
+            s.add_argument("--offload-activations", action="store_true",
+                           help="saved activations in pinned host memory (save_on_cpu; "
+                                "default: off)")
+            s.add_argument("--trl-args", default=None, metavar="ARGS",
+                           help="TRL SFTConfig arguments as JSON or key=value list (e.g. "
+                                "'per_device_train_batch_size=2,max_length=4096,"
+                                "use_liger_kernel=true'): they set batch, length, "
+                                "checkpointing, optimizer, Liger, offloading, packing")
+            s.add_argument("--cheapest", action="store_true",
+                           help="also search the fewest levers (Liger, 8-bit or paged AdamW, "
+                                "checkpointing, offloading) whose peak fits --gpu, with each "
+                                "lever's saving")
         if name == "serve":
             s.add_argument("--gpu-memory-utilization", type=fraction_type, metavar="F",
                            default=DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -437,7 +462,10 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     # the Training page's call: its method, rank, targets, adapter dtype and double quantization
     # become the same adapters/base_dtype keywords (attnmem.calc.finetune.calc_kwargs)
     kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
-              gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft))
+              gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft),
+              optimizer=a.optimizer, kbit_prepare=a.kbit_prepare, liger=a.liger,
+              offload_activations=a.offload_activations)
+    trl = _trl_settings(a, kw)
     _packed_settings(a)
     result = attnmem.calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
     lora = kw.get("adapters")
@@ -456,12 +484,47 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     # against the context the model was trained for
     trained = model.max_position_embeddings
     one = max(a.packed) if a.packed else a.seq_len
+    levers = _cheapest(a, model, kw, gpu) if a.cheapest else None
     return {"model": model.name, **adapter, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
+            "optimizer": kw["optimizer"], "kbit_prepare": kw["kbit_prepare"],
+            "liger": kw["liger"], "offload_activations": kw["offload_activations"],
+            "trl": trl, "cheapest": levers,
             "fits": result.peak_bytes <= gpu, "packed_lengths": list(a.packed or ()),
             "seq_len": a.seq_len, "seq_len_is_default": bool(getattr(a, "seq_len_default", False)),
             "longest_context": longest, "trained_context": trained,
             "seq_len_past_trained_context": bool(trained and one > trained),
             "longest_context_past_trained_context": bool(trained and (longest or 0) > trained)}
+
+
+def _trl_settings(a: argparse.Namespace, kw: dict) -> dict | None:
+    """--trl-args: TRL's arguments (attnmem.calc.train_levers.trl_kwargs) set batch, length,
+    packing and the levers; what they leave out keeps TRL's defaults, not this command's."""
+    if a.trl_args is None:
+        return None
+    from attnmem.calc.train_levers import parse_trl_args, trl_kwargs
+
+    m = trl_kwargs(parse_trl_args(a.trl_args))
+    kw.update({k: v for k, v in m.kwargs.items() if k != "packed_lengths"})
+    a.batch, a.seq_len = m.batch, m.seq_len
+    a.seq_len_default = False
+    a.packed = m.kwargs.get("packed_lengths")
+    return {"batch": m.batch, "seq_len": m.seq_len, "kwargs": {k: list(v) if isinstance(v, tuple)
+            else v for k, v in m.kwargs.items()}, "notes": list(m.notes),
+            "ignored": list(m.ignored)}
+
+
+def _cheapest(a: argparse.Namespace, model: Any, kw: dict, gpu: int) -> dict:
+    """--cheapest: the fewest levers that fit the GPU (attnmem.calc.train_levers.cheapest_fit)."""
+    import attnmem.calc
+    from attnmem.calc.train_levers import cheapest_fit
+
+    def step(**k: Any) -> Any:
+        return attnmem.calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed,
+                                          **k)
+
+    combo, peak, rows = cheapest_fit(step, gpu, kw)
+    return {"levers": combo, "peak_bytes": peak, "fits": bool(rows) or peak <= gpu,
+            "savings": [{"lever": r.lever, "saving_bytes": r.saving_bytes} for r in rows]}
 
 
 #: `train`'s length when --seq-len is not given: the Training step page's default
@@ -597,7 +660,16 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{default}"
              f"{pack}"
              f"{past}, {r['attention']}, precision {r['precision']}, checkpointing "
-             f"{'on' if r['checkpointing'] else 'off'}"]
+             f"{'on' if r['checkpointing'] else 'off'}, optimizer {r['optimizer']}"
+             + "".join(f", {n}" for n, on in (("peft kbit prepare", r["kbit_prepare"]),
+                                              ("Liger", r["liger"]),
+                                              ("offloaded activations",
+                                               r["offload_activations"])) if on)]
+    if r["trl"]:
+        lines += [f"  TRL: {n}" for n in r["trl"]["notes"]]
+        if r["trl"]["ignored"]:
+            lines.append(f"  TRL arguments that change no memory here: "
+                         f"{', '.join(r['trl']['ignored'])}")
     if r["adapter"] == "none":
         lines.append(f"full training: {r['trainable_params']:,} trainable parameters")
     else:
@@ -626,6 +698,18 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
         lines.append(f"  longest context that fits on one: {_tokens(longest)}"
                      f"{_trained_note(longest, trained)}" if longest else
                      "  longest context that fits on one: none, not even one token")
+    c = r["cheapest"]
+    if c is not None:
+        if not c["fits"]:
+            lines.append("  no combination of Liger, 8-bit/paged AdamW, checkpointing and "
+                         f"offloading fits (smallest peak {b(c['peak_bytes'])})")
+        elif not c["levers"]:
+            lines.append("  cheapest combination that fits: as it is, no lever needed")
+        else:
+            lines.append(f"  cheapest combination that fits: {' + '.join(c['levers'])}, "
+                         f"peak {b(c['peak_bytes'])}")
+            lines += _table([(f"    {s['lever']} saves", b(s["saving_bytes"]))
+                             for s in c["savings"]])
     return "\n".join(lines)
 
 

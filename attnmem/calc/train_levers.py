@@ -1,0 +1,232 @@
+"""TRL's SFTTrainer arguments as training_step keywords (`trl_kwargs`), and the cheapest
+combination of memory levers that fits a GPU (`cheapest_fit`). Pure: stdlib only.
+
+TRL defaults (huggingface/trl at f2cd577, trl/trainer/sft_config.py, SFTConfig): max_length
+1024, packing False (packing_strategy "bfd", which turns padding-free on), padding_free False,
+gradient_checkpointing True and bf16 True (SFTConfig's overrides of TrainingArguments),
+use_liger_kernel False, activation_offloading False, loss_type "chunked_nll" unless
+use_liger_kernel ("nll" then). transformers' TrainingArguments (5.25): per_device_train_batch_size
+8, optim "adamw_torch_fused", gradient_checkpointing_kwargs None. What the mapping assumes:
+- bf16=True runs the forward under autocast; a model loaded in bf16 (TRL's dtype "auto" on a
+  bf16 checkpoint) keeps bf16 weights, whose matmuls autocast leaves as they are: precision
+  "bf16". fp16 is refused.
+- Rows: without packing or padding_free, every row padded to max_length (the worst case of
+  padding to the longest): batch × max_length. padding_free or packing ("bfd"/"bfd_split"):
+  the batch flattened into one row of sequences of max_length each (the worst case):
+  packed_lengths = (max_length,) × batch.
+- loss_type "chunked_nll" (TRL's default) is counted as "nll" (the whole log-softmax): an
+  upper bound, said in the notes.
+- activation_offloading (TRL's OffloadActivations: skips parameters and tensors under 1 KiB,
+  keeps up to 5 tensors stashed on the GPU) is counted as save_on_cpu: an upper bound on the
+  parameters' side.
+- TRL's SFTTrainer does not call peft's prepare_model_for_kbit_training: kbit_prepare stays
+  False unless the user's script calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: TRL / transformers optim names -> training_step's optimizer.
+TRL_OPTIMS: dict[str, str] = {
+    "adamw_torch": "adamw", "adamw_torch_fused": "adamw_fused", "adamw_bnb_8bit": "adamw_8bit",
+    "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
+    "adafactor": "adafactor", "sgd": "sgd",
+}
+TRL_DEFAULTS: dict[str, object] = {
+    "gradient_checkpointing": True, "gradient_checkpointing_kwargs": None, "bf16": True,
+    "fp16": False, "optim": "adamw_torch_fused", "padding_free": False, "packing": False,
+    "packing_strategy": "bfd", "use_liger_kernel": False, "per_device_train_batch_size": 8,
+    "max_length": 1024, "loss_type": None, "activation_offloading": False,
+}
+_BOOLS = ("gradient_checkpointing", "bf16", "fp16", "padding_free", "packing",
+          "use_liger_kernel", "activation_offloading")
+
+
+@dataclass(frozen=True)
+class TrlMapping:
+    """training_step's arguments (batch, seq_len and keywords) and the notes on what was
+    assumed; `ignored`: keys that change no memory here."""
+
+    batch: int
+    seq_len: int
+    kwargs: dict
+    notes: tuple[str, ...]
+    ignored: tuple[str, ...]
+
+
+def parse_trl_args(text: str) -> dict:
+    """A JSON object, or key=value pairs separated by commas, spaces or new lines (values read
+    as JSON where they parse: true, 4, "x"; Python's True/False/None too; else strings)."""
+    if not isinstance(text, str):
+        raise ValueError(f"TRL arguments must be text, not {text!r}")
+    t = text.strip()
+    if not t:
+        return {}
+    if t.startswith("{"):
+        try:
+            out = json.loads(t)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"TRL arguments: not valid JSON ({err.msg} at {err.pos})") from None
+        if not isinstance(out, dict):
+            raise ValueError("TRL arguments: the JSON must be an object of name: value")
+        return out
+    out = {}
+    for item in t.replace("\n", ",").replace(" ", ",").split(","):
+        item = item.strip().removeprefix("--")
+        if not item:
+            continue
+        if "=" not in item:
+            raise ValueError(f"TRL arguments: {item!r} is not key=value")
+        k, v = (x.strip() for x in item.split("=", 1))
+        lit = {"True": True, "False": False, "None": None}
+        try:
+            out[k] = lit[v] if v in lit else json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def trl_kwargs(args: dict) -> TrlMapping:
+    """Map SFTConfig arguments (module docstring) to training_step's; ValueError names the
+    value refused and what is accepted."""
+    if not isinstance(args, dict):
+        raise ValueError(f"TRL arguments must be a mapping, not {args!r}")
+    a = {**TRL_DEFAULTS, **args}
+    notes = []
+    for k in _BOOLS:
+        if not isinstance(a[k], bool):
+            raise ValueError(f"TRL {k}={a[k]!r}: accepted: true or false")
+    if a["fp16"]:
+        raise ValueError("TRL fp16=True: not counted; accepted: bf16=true or false (fp16 false)")
+    b, s = a["per_device_train_batch_size"], a["max_length"]
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"TRL per_device_train_batch_size={b!r}: accepted: a whole number >= 1")
+    if s is None:
+        raise ValueError("TRL max_length=None (no truncation): the longest row is not known; "
+                         "accepted: a whole number >= 1")
+    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        raise ValueError(f"TRL max_length={s!r}: accepted: a whole number >= 1")
+    optim = a["optim"]
+    if not isinstance(optim, str) or optim not in TRL_OPTIMS:
+        raise ValueError(f"TRL optim={optim!r}: accepted: {', '.join(TRL_OPTIMS)}")
+    gk = a["gradient_checkpointing_kwargs"]
+    if gk not in (None, {}) and not (isinstance(gk, dict) and set(gk) <= {"use_reentrant"}
+                                      and isinstance(gk.get("use_reentrant"), bool)):
+        raise ValueError(f"TRL gradient_checkpointing_kwargs={gk!r}: accepted: null, {{}} or "
+                         '{"use_reentrant": true|false}')
+    if isinstance(gk, dict) and gk.get("use_reentrant"):
+        notes.append("use_reentrant=True keeps the same layer inputs as the non-reentrant "
+                     "checkpointing counted")
+    loss = a["loss_type"]
+    if loss is None:
+        loss = "nll" if a["use_liger_kernel"] else "chunked_nll"
+    if loss not in ("nll", "chunked_nll"):
+        raise ValueError(f"TRL loss_type={loss!r}: accepted: nll, chunked_nll")
+    if loss == "chunked_nll" and a["use_liger_kernel"]:
+        raise ValueError("TRL loss_type='chunked_nll' with use_liger_kernel=True: TRL refuses "
+                         "it too; accepted: loss_type nll with Liger")
+    if loss == "chunked_nll":
+        notes.append("loss_type chunked_nll (TRL's default) is counted as nll, the whole "
+                     "log-softmax: an upper bound")
+    strategy = a["packing_strategy"]
+    if strategy not in ("bfd", "bfd_split", "wrapped"):
+        raise ValueError(f"TRL packing_strategy={strategy!r}: accepted: bfd, bfd_split, wrapped")
+    free = a["padding_free"] or (a["packing"] and strategy != "wrapped")
+    kw: dict = {"checkpointing": a["gradient_checkpointing"], "precision": "bf16",
+                "optimizer": TRL_OPTIMS[optim], "liger": a["use_liger_kernel"],
+                "offload_activations": a["activation_offloading"]}
+    if a["bf16"]:
+        notes.append("bf16=True: autocast over a bf16 model, counted as precision bf16")
+    if a["activation_offloading"]:
+        notes.append("activation_offloading counted as torch's save_on_cpu (TRL's skips "
+                     "parameters: an upper bound)")
+    if free:
+        kw["packed_lengths"] = (s,) * b
+        notes.append(f"padding-free: {b} sequence(s) of max_length {s:,} flattened into one row")
+        batch, seq = 1, b * s
+    else:
+        notes.append(f"rows padded to max_length: {b} × {s:,} tokens")
+        batch, seq = b, s
+    ignored = tuple(k for k in args if k not in TRL_DEFAULTS)
+    return TrlMapping(batch, seq, kw, tuple(notes), ignored)
+
+
+#: The levers `cheapest_fit` tries, cheapest first within each (what each costs: checkpointing
+#: recomputes the forward, offloading copies to the host, 8-bit states lose precision).
+LEVERS: tuple[tuple[str, dict], ...] = (
+    ("liger", {"liger": True}),
+    ("8-bit AdamW", {"optimizer": "adamw_8bit"}),
+    ("paged 8-bit AdamW", {"optimizer": "paged_adamw_8bit"}),
+    ("checkpointing", {"checkpointing": True}),
+    ("offload activations", {"offload_activations": True}),
+)
+
+
+@dataclass(frozen=True)
+class LeverRow:
+    lever: str
+    peak_bytes: int
+    saving_bytes: int  # peak without this lever (the rest of the combination kept) − with it
+    fits: bool
+
+
+def cheapest_fit(step: Callable[..., object], gpu_bytes: int, base: dict,
+                 ) -> tuple[list[str], int, list[LeverRow]]:
+    """Fewest levers (then the lowest peak) on top of `base` whose peak fits gpu_bytes, trying
+    every subset of LEVERS that training_step accepts (refused ones are skipped; one optimizer
+    at a time). `step(**kwargs)` returns a TrainingStepMemory. Returns (the levers, the peak,
+    one row per lever of the choice: its saving against the choice without it); ([], peak of
+    the smallest peak tried, []) with no fit."""
+    from itertools import combinations
+
+    def peak(kw: dict) -> int | None:
+        try:
+            return step(**kw).peak_bytes
+        except ValueError:
+            return None
+
+    names = [n for n, _ in LEVERS]
+    table = dict(LEVERS)
+    best_miss = None
+    for k in range(len(names) + 1):
+        found = []
+        for combo in combinations(names, k):
+            if sum("optimizer" in table[n] for n in combo) > 1:
+                continue
+            kw = dict(base)
+            for n in combo:
+                kw.update(table[n])
+            p = peak(kw)
+            if p is None:
+                continue
+            if p <= gpu_bytes:
+                found.append((p, combo, kw))
+            elif best_miss is None or p < best_miss:
+                best_miss = p
+        if found:
+            p, combo, kw = min(found, key=lambda x: x[0])
+            rows = []
+            for n in combo:
+                without = {**base, **{k2: v for m in combo if m != n for k2, v in table[m].items()}}
+                pw = peak(without)
+                rows.append(LeverRow(n, p, (pw - p) if pw is not None else 0, True))
+            return list(combo), p, rows
+    return [], best_miss or 0, []
+
+
+def lever_savings(step: Callable[..., object], base: dict) -> list[tuple[str, int | None]]:
+    """Each lever alone on top of `base`: its saving in peak bytes (None where refused)."""
+    try:
+        p0 = step(**base).peak_bytes
+    except ValueError:
+        return [(n, None) for n, _ in LEVERS]
+    out: list[tuple[str, int | None]] = []
+    for n, kw in LEVERS:
+        try:
+            out.append((n, p0 - step(**{**base, **kw}).peak_bytes))
+        except ValueError:
+            out.append((n, None))
+    return out
