@@ -265,11 +265,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="TRL SFTConfig arguments as JSON or key=value list (e.g. "
                                 "'per_device_train_batch_size=2,max_length=4096,"
                                 "use_liger_kernel=true'): they set batch, length, "
-                                "checkpointing, optimizer, Liger, offloading, packing")
+                                "checkpointing, optimizer, Liger, offloading, packing; default: none)")
             s.add_argument("--cheapest", action="store_true",
                            help="also search the fewest levers (Liger, 8-bit or paged AdamW, "
                                 "checkpointing, offloading) whose peak fits --gpu, with each "
-                                "lever's saving")
+                                "lever's saving (default: off)")
         if name == "serve":
             s.add_argument("--gpu-memory-utilization", type=fraction_type, metavar="F",
                            default=DEFAULT_GPU_MEMORY_UTILIZATION,
