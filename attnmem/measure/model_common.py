@@ -272,13 +272,20 @@ def words(values: Sequence[str]) -> list[str]:
     return [w.strip() for v in values for w in v.split(",") if w.strip()]
 
 
-def choices(values: Sequence[str], known: Sequence[str], what: str) -> list[str]:
-    """The words of ``values``, each one of ``known`` (else SystemExit naming both)."""
+def _exit(message: str) -> SystemExit:
+    return SystemExit(f"error: {message}")
+
+
+def choices(values: Sequence[str], known: Sequence[str], what: str,
+            refuse: Callable[[str], Exception] = _exit) -> list[str]:
+    """The words of ``values``, each one of ``known``; else ``refuse(message)`` is raised, the
+    message naming both ("unknown model(s) gpt5; accepted: ..."): by default a SystemExit
+    that prints "error: " and the message (the single-GPU command lines); the sharded
+    command line passes its Refusal, printed by rank 0 only."""
     got = words(values)
     bad = [w for w in got if w not in known]
     if bad or not got:
-        raise SystemExit(f"error: unknown {what} {', '.join(bad) or '(none)'}; known: "
-                         f"{', '.join(known)}")
+        raise refuse(f"unknown {what} {', '.join(bad) or '(none)'}; accepted: {', '.join(known)}")
     return got
 
 

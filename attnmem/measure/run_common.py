@@ -266,16 +266,11 @@ class RowStore:
                     if c not in have:
                         con.execute(f"ALTER TABLE {p}_rows ADD COLUMN {c} {k}")
 
-    @contextlib.contextmanager
-    def _connect(self) -> Any:
-        con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA foreign_keys=ON")
-            con.row_factory = sqlite3.Row
-            yield con
-        finally:
-            con.close()
+    def _connect(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """The results database's one way of connecting (attnmem.measure.store.connect)."""
+        from attnmem.measure.store import connect
+
+        return connect(self.path)
 
     def new_run(self, *, gpu: str = "", label: str = "") -> int:
         with self._connect() as con:

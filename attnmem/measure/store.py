@@ -22,6 +22,7 @@ line, the pages' downloads and the benchmark's CSV use it too).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -39,7 +40,7 @@ from attnmem.measure.schema import COLUMNS, DTYPES, STATUSES, canonical_dtype
 
 __all__ = ["COLUMNS", "DTYPES", "FORMULA_START", "MAX_UPLOAD_BYTES", "MAX_UPLOAD_ROWS",
            "REQUIRED_COLS", "STATUSES", "ResultStore", "Run", "Validation",
-           "attach_predictions", "csv_text", "data_dir", "default_db_path", "neutralise",
+           "attach_predictions", "connect", "csv_text", "data_dir", "default_db_path", "neutralise",
            "read_csv_rows", "validate_csv"]
 
 INT_COLS = ("batch", "heads", "kv_heads", "seq_len", "head_dim", "peak_extra_bytes",
@@ -113,6 +114,26 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+@contextmanager
+def connect(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+    """A connection to the results database, opened the one way every table's writer and
+    reader opens it (ResultStore here, attnmem.measure.run_common.RowStore for the inference
+    and training rows in the same file): autocommit (one transaction per statement, so each
+    row is kept as it is measured), a 30 s wait for a lock, WAL (readers never block the
+    writer), synchronous=NORMAL (in WAL mode a commit survives a crash of the process; a power
+    loss may undo the last commits, never corrupt the file: sqlite.org/pragma.html#pragma_synchronous),
+    foreign keys on (a run's rows go with it), rows by column name."""
+    con = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("PRAGMA foreign_keys=ON")
+        con.row_factory = sqlite3.Row
+        yield con
+    finally:
+        con.close()
+
+
 class ResultStore:
     """SQLite results store. Cheap to create; every method opens its own connection."""
 
@@ -122,17 +143,8 @@ class ResultStore:
         with self._connect() as con:
             con.executescript(_SCHEMA)
 
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=NORMAL")
-            con.execute("PRAGMA foreign_keys=ON")
-            con.row_factory = sqlite3.Row
-            yield con
-        finally:
-            con.close()
+    def _connect(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return connect(self.path)
 
     # -- writing ---------------------------------------------------------------------------
 

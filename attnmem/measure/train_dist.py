@@ -101,6 +101,7 @@ from attnmem.measure.model_common import (
     attention_context,
     attn_implementation,
     cell,
+    choices,
     environment,
     kernels_hf_check,
     model_from_config,
@@ -233,26 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _choices(values: Sequence[str], known: Sequence[str], what: str) -> list[str]:
-    got = words(values)
-    bad = [w for w in got if w not in known]
-    if bad or not got:
-        raise Refusal(f"unknown {what} {', '.join(repr(b) for b in bad) or '(none)'}; "
-                      f"accepted: {', '.join(known)}")
-    return got
-
-
 def configs_from_args(args: argparse.Namespace, world_size: int) -> list[DistConfig]:
     """Every configuration of the command line, checked (Refusal names what is wrong)."""
     if world_size < 2:
         raise Refusal(f"world size {world_size}: a sharded step needs at least 2 processes "
                       "(torchrun --nproc-per-node N with N >= 2); one GPU is "
                       "`python -m attnmem.measure --train`")
-    shardings = _choices(args.sharding, SHARDINGS, "sharding(s)")
-    models = _choices(args.model, train_models.NAMES, "model(s)")
-    attentions = _choices(args.attention, ATTENTIONS, "attention(s)")
-    precisions = _choices(args.precision, PRECISIONS, "precision(s)")
-    ck = _choices(args.checkpointing, ("off", "on", "both"), "checkpointing value(s)")
+    shardings = choices(args.sharding, SHARDINGS, "sharding(s)", Refusal)
+    models = choices(args.model, train_models.NAMES, "model(s)", Refusal)
+    attentions = choices(args.attention, ATTENTIONS, "attention(s)", Refusal)
+    precisions = choices(args.precision, PRECISIONS, "precision(s)", Refusal)
+    ck = choices(args.checkpointing, ("off", "on", "both"), "checkpointing value(s)",
+                 Refusal)
     checkpointings = sorted({c for w in ck for c in {"off": [False], "on": [True],
                                                       "both": [False, True]}[w]})
     try:

@@ -392,3 +392,18 @@ def test_attach_predictions_gives_reserved_growth_where_calc_predicts_it() -> No
     assert want is not None and got[0] == want
     assert attention_reserved_bytes("sdpa_math", 2, 16, 3000, 64, "bf16", False, True) is None
     assert got[1] is None or got[1] != got[1]  # None (or NaN in a float column)
+
+
+def test_one_way_to_connect_for_every_table(tmp_path) -> None:
+    """ResultStore and the inference/training RowStore share the database file and open it
+    the one way (attnmem.measure.store.connect): WAL, synchronous NORMAL, foreign keys on."""
+    from attnmem.measure import store as store_mod
+    from attnmem.measure.run_common import RowStore
+
+    db = tmp_path / "r.db"
+    for con_of in (store_mod.ResultStore(db)._connect, lambda: RowStore._connect(
+            type("S", (), {"path": db})())):
+        with con_of() as con:
+            assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert con.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+            assert con.execute("PRAGMA foreign_keys").fetchone()[0] == 1
