@@ -8,8 +8,13 @@ page's logic that is not the model's (``fit``, ``inference``, ``finetune``).
 Streamlit widgets: URL-bound input state (``state``) and the inputs bound to it (``widgets``),
 the GB/GiB switch and byte formatting (``units``), tables (``tables``), charts and their
 downloads (``charts``), the measured calls' charts and points table (``measured_calls``),
-warnings and notes (``messages``), and the model, weight-dtype and GPU pickers (``pickers``) with the two model sources they open: a Hugging Face Hub id
-(``hub_model``) and an uploaded or pasted config.json (``custom_config``).
+warnings and notes (``messages``), and the model, weight-dtype and GPU pickers (``pickers``)
+with the two model sources they open: a Hugging Face Hub id (``hub_model``) and an uploaded or
+pasted config.json (``custom_config``).
+
+What is not the view lives in its room: computation in attnmem.calc (the pages' sweeps and
+tables too: ``sweep``, ``cp_sweep``, ``scores``, ``memory_parts``), measured data read back in
+attnmem.measure (``reference``, ``speed_runs``, ``ring.results``).
 
 Uploaded config.json files are read within limits by attnmem.calc.config_json, which the
 command line shares."""
