@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from attnmem.pages.ui.navigation import nav_guard
 from attnmem.pages.ui.units import unit_switch
 
 st.set_page_config(page_title="Attention memory", page_icon="🧮", layout="wide")
@@ -63,6 +64,7 @@ if not st.session_state.get(_LANDED):
     if page is PAGES[0] and score_matrix_link(st.query_params.to_dict()):
         st.switch_page(PAGES[1], query_params=st.query_params.to_dict())
 with st.sidebar:
+    nav_guard()  # first, before any URL write: one history entry per page visit
     unit_switch()
     st.caption(
         "Numbers marked *computed* come from the analytic model (formula cited beside them); "
