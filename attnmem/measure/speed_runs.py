@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnmem.measure.speed_results import OURS, read_rows
+from attnmem.measure.speed_results import OURS, PEERS, read_rows
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 #: timing choice -> ({pass: CSV}, what the caption says about how it was timed)
@@ -87,6 +87,21 @@ def sources(bench: Path | None = None) -> tuple[Sources, GqaSources]:
 def load_frame(path: str) -> pd.DataFrame:
     """One bench CSV as a DataFrame, one row per `Row` (ValueError, OSError: not readable)."""
     return pd.DataFrame([vars(r) for r in read_rows(path)])
+
+
+def shown_order(present: set[str], ours: str = OURS) -> tuple[list[str], list[str]]:
+    """The implementations measured in a run in the order the page shows them (ours first,
+    then our kernel's other paths, the peers, and anything else by name), and the peers among
+    them (what our TFLOP/s are divided by)."""
+    order = [ours, *sorted(i for i in present if i.startswith("triton") and i != ours),
+             *PEERS, *sorted(present - {ours, *PEERS})]
+    return ([i for i in dict.fromkeys(order) if i in present],
+            [p for p in PEERS if p in present])
+
+
+def tflops_by_length(rows: pd.DataFrame, impls: list[str]) -> pd.DataFrame:
+    """TFLOP/s indexed by s, one column per implementation of `impls` (in that order)."""
+    return rows.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
 
 
 def ratio_at_top(wide: pd.DataFrame, ref: str, ours: str = OURS) -> tuple[int, float] | None:

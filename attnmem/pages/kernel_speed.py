@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from attnmem.measure import speed_runs  # noqa: E402
-from attnmem.measure.speed_results import OURS, PEERS  # noqa: E402
+from attnmem.measure.speed_results import OURS  # noqa: E402
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_color, impl_label, peer_headline, peer_label  # noqa: E402
 from attnmem.pages.ui.state import page_setup, sync_url  # noqa: E402
@@ -117,12 +117,7 @@ st.caption(
 )
 
 default = DEFAULT_IMPL
-present = set(sel["impl"])
-# ours first, then our kernel's other paths, the peers, and anything else by name
-order = [default, *sorted(i for i in present if i.startswith("triton") and i != default),
-         *PEERS, *sorted(present - {default, *PEERS})]
-impls = [i for i in dict.fromkeys(order) if i in present]
-refs = [p for p in PEERS if p in present]
+impls, refs = speed_runs.shown_order(set(sel["impl"]), default)
 traces = []
 for impl in impls:
     got = sel[sel["impl"] == impl].sort_values("seq_len")
@@ -136,7 +131,7 @@ lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
 fig = charts.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
                     xaxis=charts.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
 
-wide = sel.pivot_table(index="seq_len", columns="impl", values="tflops").reindex(columns=impls)
+wide = speed_runs.tflops_by_length(sel, impls)
 table = pd.DataFrame({"s": wide.index})
 for impl in impls:
     table[impl_label(impl)] = wide[impl].round(0).tolist()

@@ -42,3 +42,13 @@ def test_fa4_and_gqa_from_the_bundled_runs() -> None:
         assert timing in sources and s > 0 and ratio > 0
     where = speed_runs.gqa_where(gqa, 8)
     assert where and all(w.startswith("**") for w in where)
+
+
+def test_shown_order_puts_ours_first_then_paths_peers_rest() -> None:
+    impls, refs = speed_runs.shown_order({"zz", "fa4", "sdpa_cudnn", "triton_bwd_sm90", OURS})
+    assert impls == [OURS, "triton_bwd_sm90", "sdpa_cudnn", "fa4", "zz"]
+    assert refs == ["sdpa_cudnn", "fa4"]
+    rows = pd.DataFrame({"seq_len": [1024, 1024, 2048], "impl": [OURS, "fa4", OURS],
+                         "tflops": [100.0, 50.0, 300.0]})
+    wide = speed_runs.tflops_by_length(rows, [OURS, "fa4"])
+    assert wide.columns.tolist() == [OURS, "fa4"] and wide.loc[1024, "fa4"] == 50.0
