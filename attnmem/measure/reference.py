@@ -43,3 +43,13 @@ def select_rows(df: pd.DataFrame, impls: Iterable[str], b: int, h: int, hkv: int
          & (df["kv_heads"].fillna(df["heads"]) == kv) & (df["head_dim"] == d)
          & (df["dtype"] == dtype) & (df["causal"] == causal))
     return df[m]
+
+
+def trace_rows(trace: pd.DataFrame, impls: Iterable[str], causal: bool) -> pd.DataFrame:
+    """The trace rows of these implementations (all of them when none is picked) with this
+    mask, where the trace records it (the string "True"/"False" in any case)."""
+    impls = list(impls)
+    rows = trace[trace["impl"].isin(impls)] if impls else trace
+    if "causal" in rows:
+        rows = rows[rows["causal"].astype(str).str.lower() == str(causal).lower()]
+    return rows

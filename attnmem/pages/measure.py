@@ -327,9 +327,7 @@ if not reason and not blocked:
 if trace.empty:
     st.info("No trace fingerprint available (bundled: data/attention_calls_trace_h200.csv).")
 else:
-    tsel = trace[trace["impl"].isin(impls)] if impls else trace
-    if "causal" in tsel:
-        tsel = tsel[tsel["causal"].astype(str).str.lower() == str(causal).lower()]
+    tsel = reference.trace_rows(trace, impls, causal)
     total = tsel[tsel["kernel"] == "(all)"]
     if len(total):
         tables.table(pd.DataFrame({

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnmem.measure.reference import reference_rows, reference_trace, select_rows
+from attnmem.measure.reference import reference_rows, reference_trace, select_rows, trace_rows
 from attnmem.measure.store import COLUMNS
 
 
@@ -26,3 +26,11 @@ def test_select_rows_of_one_shape() -> None:
     assert select_rows(df, ["triton"], 1, 32, 8, 128, "fp16", False).index.tolist() == [1]
     assert select_rows(df, ["naive"], 1, 32, 0, 128, "fp16", False).empty
     assert select_rows(df.iloc[:0], ["triton"], 1, 32, 0, 128, "fp16", False).empty
+
+
+def test_trace_rows_of_the_picked_calls() -> None:
+    trace = pd.DataFrame({"impl": ["naive", "naive", "triton"], "causal": ["True", "false", "FALSE"],
+                          "kernel": ["(all)"] * 3})
+    assert trace_rows(trace, ["naive"], False).index.tolist() == [1]
+    assert trace_rows(trace, [], False).index.tolist() == [1, 2]
+    assert trace_rows(trace.drop(columns="causal"), ["triton"], True).index.tolist() == [2]
