@@ -33,7 +33,12 @@ from attnmem.calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
 from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import finetune as ft_  # noqa: E402
 from attnmem.pages.ui import training as tr  # noqa: E402
-from attnmem.pages.ui.messages import COMPUTED, longest_past_trained_note, trained_context_note  # noqa: E402
+from attnmem.pages.ui.messages import (  # noqa: E402
+    COMPUTED,
+    longest_past_trained_note,
+    trained_context_note,
+    warn,
+)
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
@@ -68,6 +73,11 @@ SPECS = {
     "targets": ChoiceParam(ft_.DEFAULT_TARGETS, ft_.TARGETS),
     "adt": ChoiceParam(ft_.DEFAULT_ADAPTER_DTYPE, ft_.ADAPTER_DTYPE_CHOICES),
     "dq": BoolParam(False),
+    # Recipe levers (issue 43), beside "opt" and "ckpt": what makes the step fit
+    "kbit": BoolParam(False),
+    "liger": BoolParam(False),
+    "offload": BoolParam(False),
+    "pf": BoolParam(False),
     # every column of a wide table, not only its first ones (each fits a 1280 px window)
     "mcols": tables.ALL_COLUMNS,  # the measured single-GPU rows
     "dcols": tables.ALL_COLUMNS,  # the measured sharded rows
@@ -94,6 +104,24 @@ def never_fits(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bo
     """True when no number of GPUs fits: at 2^20 GPUs the sharded states are next to nothing,
     so what is left is one replica's activations, which more GPUs of this layout never split."""
     return ft_.never_fits(tr.CHOICES[choice], gpu_bytes, batch, s, dict(kw))
+
+
+def apply_trl() -> None:
+    """The TRL box's button: calc's mapping of the pasted arguments sets the page's inputs
+    (attnmem.pages.ui.training.trl_settings), which the URL then keeps; a refusal is said."""
+    try:
+        got = tr.trl_settings(st.session_state.get("_trl_text", ""))
+    except ValueError as err:
+        st.session_state["_trl_said"] = ("refused", str(err))
+        return
+    for key, value in got.values.items():
+        if SPECS[key].is_valid(value):
+            st.session_state[key] = value
+        else:  # inside TRL's range, outside this page's (s above MAX_SEQ_LEN)
+            st.session_state["_trl_said"] = ("refused", f"{key}={value!r} is outside this page's "
+                                             "range")
+            return
+    st.session_state["_trl_said"] = ("applied", got.notes, got.ignored)
 
 
 page_setup("training")
@@ -148,10 +176,50 @@ ep = widgets.int_input("Expert-parallel degree (MoE)", "ep", SPECS["ep"], where=
                             "measured). It divides N / t and the experts per layer.")
 ep = ep if model.num_experts > 1 else 1
 
+# The answer comes first on screen (visible at 1280 x 800); the recipe levers and the TRL box
+# are drawn below it but read before it is computed.
+answer_box = st.container()
+lever_box = st.expander("What makes it fit: recipe levers, the cheapest combination that fits, "
+                        "your TRL arguments", expanded=True)
+with lever_box:
+    st.text_area("Paste your TRL SFTConfig arguments (JSON, or key=value lines)", key="_trl_text",
+                 height=90, max_chars=4000,
+                 placeholder='{"per_device_train_batch_size": 4, "max_length": 4096, '
+                             '"optim": "paged_adamw_8bit", "use_liger_kernel": true}',
+                 help="The arguments that change memory (gradient_checkpointing, bf16, optim, "
+                      "padding_free, packing, use_liger_kernel, activation_offloading, "
+                      "per_device_train_batch_size, max_length) set this page's inputs; the "
+                      "others keep TRL's defaults (attnmem/calc/train_levers.py cites them).")
+    st.button("Apply the TRL arguments", on_click=apply_trl)
+    trl_said = st.session_state.pop("_trl_said", None)
+    if trl_said and trl_said[0] == "refused":
+        warn(f"TRL arguments not applied: {trl_said[1]}")
+    elif trl_said:
+        st.caption(md_escape("TRL arguments applied: " + "; ".join(trl_said[1])
+                             + (f". Ignored (no memory effect here): {', '.join(trl_said[2])}"
+                                if trl_said[2] else "")))
+    lev = st.columns(4)
+    kbit = widgets.toggle(tr.LEVER_LABELS["kbit"], "kbit", SPECS["kbit"], where=lev[0],
+                          disabled=method != "qlora",
+                          help="QLoRA only: fp32 embeddings, lm_head and norms, checkpointing "
+                               "with input gradients (peft's source, attnmem/calc/train_recipes.py)")
+    liger = widgets.toggle(tr.LEVER_LABELS["liger"], "liger", SPECS["liger"], where=lev[1],
+                           help="apply_liger_kernel_to_llama: the full logits are never built "
+                                "(attnmem/calc/train_liger.py)")
+    offload = widgets.toggle(tr.LEVER_LABELS["offload"], "offload", SPECS["offload"], where=lev[2],
+                             help="torch.autograd.graph.save_on_cpu(pin_memory=True): saved "
+                                  "tensors wait in host memory (full training only)")
+    pf = widgets.toggle(tr.LEVER_LABELS["pf"], "pf", SPECS["pf"], where=lev[3],
+                        help=f"The {batch:,} sequence(s) of s tokens in one row with position_ids "
+                             "restarting at each (attnmem/calc/train_packed.py)")
+    cheapest_box = st.container()
+
+step_b, step_s, packed = tr.step_shape(batch, seq_len, pf)
+levers = tr.lever_kwargs(method, kbit, liger, offload, packed)
+plain = not levers  # the measured rows and the searches over s are for dense rows, no levers
+
 unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
-pickers.gpu_note(gpu, unit, what="\"Fits\", the longest context and GPUs needed")
-trained_context_note(model, seq_len)
 kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, sharding=shard,
           ep=ep)
 bundled = tr.bundled()  # the H200 rows beside their predictions
@@ -162,7 +230,7 @@ shape = tr.measured_shape(choice)
 def side_by_side_section() -> None:
     """Full, LoRA and QLoRA side by side for this model, batch, length and GPU (first attention
     selected), every number computed; a method calc refuses shows the reason."""
-    rows = ft_.side_by_side(model, gpu_bytes, batch, seq_len, dict(kw, attention=attns[0]),
+    rows = ft_.side_by_side(model, gpu_bytes, step_b, step_s, dict(kw, attention=attns[0], **levers),
                             *ft_settings)
     st.markdown("### Which of these fits on my GPU, at what length?")
     st.markdown(f"{md_escape(model.name)}, batch {batch:,}, s = {seq_len:,}, "
@@ -170,7 +238,7 @@ def side_by_side_section() -> None:
                 f"{targets}, {adt} adapters; QLoRA double quantization {'on' if dq else 'off'}.")
     methods = set(compared["method"]) if not compared.empty else set()
     peaks = {}
-    if shape and gpus == 1:
+    if shape and gpus == 1 and plain:
         at = tr.matching_rows(compared, shape, batch, seq_len, prec, ckpt, attns[:1])
         peaks = {r["method"]: int(r["measured peak"]) for _, r in at.iterrows()}
     fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
@@ -196,42 +264,104 @@ def side_by_side_section() -> None:
                   "include LoRA/QLoRA rows (below, with their predictions)."))
 
 
-try:
-    steps, no_kernel = tr.run_all(model, batch, seq_len, attns, **kw, **ft_kw)
-except ValueError as err:
-    st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
-    side_by_side_section()
-    sync_url(SPECS)
-    st.stop()
-for a, why in no_kernel.items():
-    st.warning(md_escape(f"Not computed: {TRAIN_ATTENTION_LABELS[a]}: {why}"),
-               icon=":material/block:")
-
-first_attn = next(iter(steps))
-first = steps[first_attn]
-dp = gpus // tp
-st.caption(
-    f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
-    f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, MLP "
-    f"{model.intermediate_size:,}, vocabulary {model.vocab_size:,}. Per GPU: {gpus:,} GPU(s) = "
-    f"tensor parallel {tp} × data parallel {dp}, sharding {SHARDING_LABELS[shard]}"
-    + (f", experts split over {ep} ranks (all-to-all, balanced routing)." if ep > 1 else "."))
-
-cols = st.columns(len(steps))
-for col, (a, m) in zip(cols, steps.items(), strict=True):
-    with col:
-        st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak", fmt(m.peak_bytes, unit),
-                  help=f"{COMPUTED}: the peak per GPU, attnmem.calc.training_step, at '{m.peak_phase}'.")
-        st.caption(f"Peak at **{m.peak_phase}**; before the step {fmt(m.before_step_bytes, unit)}.")
-        if m.peak_bytes <= gpu_bytes:
-            st.success(f"Fits one {gpu} ({fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
+def cheapest_section(attention: str) -> None:
+    """Under the levers: the fewest levers on top of these settings that fit the GPU
+    (attnmem.calc.train_levers.cheapest_fit) with each one's saving, and each lever alone."""
+    base = dict(kw, attention=attention, **ft_kw, **levers)
+    best = tr.cheapest(model, step_b, step_s, gpu_bytes, base, unit)
+    where = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
+    with cheapest_box:
+        st.markdown(f"**Cheapest combination that fits {md_escape(where)} at s = {seq_len:,}** "
+                    f"({TRAIN_ATTENTION_LABELS[attention]}, on top of the settings above)")
+        if not best.fits:
+            st.error(md_escape(f"No combination of Liger, 8-bit or paged 8-bit AdamW, checkpointing and "
+                 f"offloading fits {where}; the smallest peak computed is "
+                 f"{fmt(best.peak_bytes, unit)}." if best.peak_bytes else
+                 "No combination of the levers is computed for these settings (calc's reasons "
+                 "under the table below)."), icon=":material/cancel:")
+        elif not best.levers:
+            st.success(f"Fits as it is ({fmt(best.peak_bytes, unit)}): no lever needed "
+                       "(computed).", icon=":material/check_circle:")
         else:
-            st.error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
+            st.success(md_escape(f"Fits with {' + '.join(best.levers)}: peak "
+                                 f"{fmt(best.peak_bytes, unit)} (computed)."),
+                       icon=":material/check_circle:")
+            tables.table(best.combo, hide_index=True)
+        st.markdown("Each lever alone on top of these settings:")
+        alone = best.alone
+        tables.table(alone.drop(columns=[tr.REASON]), hide_index=True)
+        for name, why in zip(alone["lever"], alone[tr.REASON], strict=True):
+            if why and why != "already on":  # calc's reason, as the side-by-side table says it
+                st.markdown(md_escape(f"{name}: not computed: {why}"))
+        if alone.attrs.get("base_refused"):
+            st.markdown(md_escape("These settings without another lever: not computed: "
+                                  + alone.attrs["base_refused"]))
+        st.caption(f"{COMPUTED}: every peak from attnmem.calc.training_step, each lever counted "
+                   "from its library's source (attnmem/calc/train_optimizer.py, train_liger.py, "
+                   "train_recipes.py); the fewest levers, then the lowest peak, from "
+                   "attnmem.calc.train_levers.cheapest_fit; a lever's saving is the combination's "
+                   "peak without it minus with it. Order of cost: Liger, 8-bit AdamW, paged "
+                   "8-bit AdamW (its state in CUDA unified memory, not counted in the peak, as "
+                   "max_memory_allocated does not), checkpointing (recomputes the forward), "
+                   "offloading (copies to the host). Not measured on a GPU yet.")
+
+
+with answer_box:
+    pickers.gpu_note(gpu, unit, what="\"Fits\", the longest context and GPUs needed")
+    trained_context_note(model, seq_len)
+    try:
+        steps, no_kernel, lever_refused = tr.run_levers(model, step_b, step_s, attns,
+                                                        dict(kw, **ft_kw), levers)
+    except tr.LeverRefusal as err:
+        warn(f"These levers cannot be computed with these settings: {err}")
+        cheapest_section(attns[0])
+        side_by_side_section()
+        sync_url(SPECS)
+        st.stop()
+    except ValueError as err:
+        st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+        cheapest_box.caption("No cheapest combination: these settings are refused without any "
+                             "lever (the message above).")
+        side_by_side_section()
+        sync_url(SPECS)
+        st.stop()
+    for a, why in no_kernel.items():
+        st.warning(md_escape(f"Not computed: {TRAIN_ATTENTION_LABELS[a]}: {why}"),
+                   icon=":material/block:")
+    for a, why in lever_refused.items():
+        warn(f"Not computed with these levers: {TRAIN_ATTENTION_LABELS[a]}: {why}")
+
+    first_attn = next(iter(steps))
+    first = steps[first_attn]
+    dp = gpus // tp
+    st.caption(
+        f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
+        f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, MLP "
+        f"{model.intermediate_size:,}, vocabulary {model.vocab_size:,}. Per GPU: {gpus:,} GPU(s) = "
+        f"tensor parallel {tp} × data parallel {dp}, sharding {SHARDING_LABELS[shard]}"
+        + (f", experts split over {ep} ranks (all-to-all, balanced routing)." if ep > 1 else ".")
+        + (f" Levers: {md_escape(tr.levers_said(levers, opt, ckpt))}." if not plain or opt != "adamw" else ""))
+
+    cols = st.columns(len(steps))
+    for col, (a, m) in zip(cols, steps.items(), strict=True):
+        with col:
+            st.metric(f"{TRAIN_ATTENTION_LABELS[a]}: peak", fmt(m.peak_bytes, unit),
+                      help=f"{COMPUTED}: the peak per GPU, attnmem.calc.training_step, at '{m.peak_phase}'.")
+            st.caption(f"Peak at **{m.peak_phase}**; before the step {fmt(m.before_step_bytes, unit)}."
+                       + (f" Paged optimizer state in CUDA unified memory, not counted: "
+                          f"{fmt(m.optimizer_paged_bytes, unit)}." if m.optimizer_paged_bytes else ""))
+            if m.peak_bytes <= gpu_bytes:
+                st.success(f"Fits one {gpu} ({fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
+            else:
+                st.error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
+cheapest_section(first_attn)
 
 # Stacked bars: what exists before the step, then the activations at the end of the forward;
 # the peak of the step as a marker (its moment holds some of these, and gradients), and the
 # H200's measured peak where a bundled row has exactly these inputs.
 hits = tr.matching_rows(compared, shape, batch, seq_len, prec, ckpt, attns, method=method)
+if not plain:  # the bundled rows ran without the recipe levers
+    hits = hits.iloc[0:0]
 traces, layout = tr.step_figure(steps, unit, gpu, gpu_bytes,
                                 hits if shape and gpus == 1 else None)
 charts.chart(charts.figure(traces, "", f"memory per GPU ({unit})", 460, **layout),
@@ -246,7 +376,7 @@ st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
 # A moment the model does not have (the tied embedding's backward of an untied model) is left out.
 tables.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: fmt(m.phases[ph], unit)
                                             for a, m in steps.items()}}
-                           for ph in PHASES if ph in first.phases]), hide_index=True)
+                           for ph in tr.moments(first.phases, PHASES)]), hide_index=True)
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn]):
     tables.text_table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
@@ -256,19 +386,28 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn
 fit_rows = []
 longest_seen = []
 never_any = False
-for a in steps:
-    ka = tuple(sorted(dict(kw, attention=a).items()))
+lever_kw = {k: v for k, v in levers.items() if k != "packed_lengths"}
+for a in steps if not pf else ():  # a padding-free row's lengths are given: no search over s
+    ka = tuple(sorted(dict(kw, attention=a, **lever_kw).items()))
     s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
     longest_seen.append(s_max)
     ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
                                 sharding="zero3" if shard == "none" else shard, tp=tp,
-                                ep=ep).items()))
-    n_need = 0 if not full else needed(choice, gpu_bytes, batch, seq_len, ka_need)
+                                ep=ep, **lever_kw).items()))
+    try:
+        n_need = 0 if not full else needed(choice, gpu_bytes, batch, seq_len, ka_need)
+        never = full and not n_need and never_fits(choice, gpu_bytes, batch, seq_len, ka_need)
+        why_not = ""
+    except ValueError as err:  # a lever calc does not count on a sharded layout
+        n_need, never, why_not = 0, False, str(err)
     if not full:
         need_text = "— (LoRA and QLoRA are modelled on one GPU)"
+    elif why_not:
+        need_text = "not computed"
+        warn(f"GPUs needed with {TRAIN_ATTENTION_LABELS[a]}: not computed: {why_not}")
     elif n_need:
         need_text = f"{n_need:,}"
-    elif never_fits(choice, gpu_bytes, batch, seq_len, ka_need):
+    elif never:
         need_text = "never fits"  # why: the caption under the table (a long cell is cut off)
         never_any = True
     else:
@@ -278,7 +417,11 @@ for a in steps:
                      f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
                          need_text})
 st.markdown(f"**Longest context and GPUs needed on {md_escape(gpu)}** (exact integer searches)")
-tables.table(pd.DataFrame(fit_rows), hide_index=True)
+if pf:
+    st.caption("Padding-free: the row's sequence lengths are given (batch × s), so there is no "
+               "longest context to search for, nor a GPU count (the layouts count dense rows).")
+else:
+    tables.table(pd.DataFrame(fit_rows), hide_index=True)
 longest_past_trained_note(model, max(longest_seen, default=0))
 if never_any:
     st.caption("*Never fits*: one replica's activations alone exceed the GPU, so no number of "

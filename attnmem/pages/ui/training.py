@@ -445,3 +445,178 @@ def seven_b_at_32k(measured: pd.DataFrame, unit: str) -> pd.DataFrame:
                     "2-layer step (ms)": "—" if ms is None else f"{ms:,.0f}",
                 })
     return pd.DataFrame(rows)
+
+
+# --- what makes it fit: the recipe levers (issue 43) ------------------------------------------
+
+#: The page's lever inputs (URL keys) and what they say, beside the optimizer and checkpointing.
+LEVER_LABELS = {
+    "kbit": "peft prepare_model_for_kbit_training (QLoRA)",
+    "liger": "Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)",
+    "offload": "Offload activations to the CPU (save_on_cpu)",
+    "pf": "Padding-free: the batch packed into one row (TRL padding_free / packing)",
+}
+
+
+class LeverRefusal(ValueError):
+    """calc refuses the levers chosen, where the same step without them is computed."""
+
+
+def step_shape(batch: int, seq_len: int, padding_free: bool) -> tuple[int, int, tuple[int, ...] | None]:
+    """(batch, seq_len, packed_lengths) as training_step takes them: padding-free puts the
+    batch's `batch` sequences of seq_len into one row (TRL's padding_free, worst case: every
+    sequence at max_length), as attnmem.calc.train_levers.trl_kwargs does."""
+    if padding_free:
+        return 1, batch * seq_len, (seq_len,) * batch
+    return batch, seq_len, None
+
+
+def lever_kwargs(method: str, kbit: bool, liger: bool, offload: bool,
+                 packed: tuple[int, ...] | None) -> dict[str, Any]:
+    """The recipe keywords of training_step the page's levers set (kbit only for QLoRA: the
+    prepare step is for a k-bit base; the input is kept, not applied, for the others)."""
+    kw: dict[str, Any] = {}
+    if kbit and method == "qlora":
+        kw["kbit_prepare"] = True
+    if liger:
+        kw["liger"] = True
+    if offload:
+        kw["offload_activations"] = True
+    if packed:
+        kw["packed_lengths"] = packed
+    return kw
+
+
+def run_levers(model: ModelConfig, batch: int, seq_len: int, attentions: Iterable[str],
+               base_kw: dict[str, Any], levers: dict[str, Any],
+               ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """run_all with the levers: ({attention: result}, {attention: no kernel}, {attention:
+    calc's reason for refusing the levers}). A refusal that does not come from the levers (the
+    same step without them is refused too) is raised as run_all raises it; LeverRefusal when
+    the levers are refused for every attention."""
+    if not levers:
+        steps, no_kernel = run_all(model, batch, seq_len, attentions, **base_kw)
+        return steps, no_kernel, {}
+    steps: dict[str, Any] = {}
+    no_kernel: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    plain_b, plain_s = (batch, seq_len)
+    if "packed_lengths" in levers:  # the same tokens as dense rows
+        plain_b, plain_s = len(levers["packed_lengths"]), levers["packed_lengths"][0]
+    for a in attentions:
+        try:
+            steps[a] = training_step(model, batch, seq_len, attention=a, **base_kw, **levers)
+        except NoKernel as err:
+            no_kernel[a] = str(err)
+        except ValueError as err:
+            try:
+                training_step(model, plain_b, plain_s, attention=a, **base_kw)
+            except NoKernel as err2:
+                no_kernel[a] = str(err2)
+                continue
+            # any other ValueError: not the levers' refusal; raised as run_all raises it
+            refused[a] = str(err)
+    if not steps:
+        if refused:
+            raise LeverRefusal(" / ".join(dict.fromkeys(refused.values())))
+        raise ValueError(" / ".join(no_kernel.values()))
+    return steps, no_kernel, refused
+
+
+#: The levers cheapest_fit tries, as the page's inputs call them.
+LEVER_INPUT = {"liger": "Liger kernels", "8-bit AdamW": "optimizer adamw_8bit",
+               "paged 8-bit AdamW": "optimizer paged_adamw_8bit",
+               "checkpointing": "activation checkpointing",
+               "offload activations": "offload activations"}
+
+
+class Cheapest(NamedTuple):
+    """What makes it fit (attnmem.calc.train_levers): the fewest levers on top of the page's
+    settings whose peak fits (`levers`, `peak_bytes`, `fits`), the saving of each lever of that
+    combination (`combo`), and each lever alone on top of the settings (`alone`, with calc's
+    reason where refused)."""
+
+    levers: list[str]
+    peak_bytes: int
+    fits: bool
+    combo: pd.DataFrame
+    alone: pd.DataFrame
+
+
+def cheapest(model: ModelConfig, batch: int, seq_len: int, gpu_bytes: int,
+             base: dict[str, Any], unit: str) -> Cheapest:
+    """calc's cheapest_fit and each lever alone over the page's step (base: every keyword of
+    training_step but the model, batch and length), as tables in `unit`."""
+    from attnmem.calc.train_levers import LEVERS, cheapest_fit
+
+    def step(**kw: Any) -> Any:
+        return training_step(model, batch, seq_len, **kw)
+
+    levers, peak, rows = cheapest_fit(step, gpu_bytes, base)
+    fits = bool(rows) or (not levers and 0 < peak <= gpu_bytes)
+    combo = pd.DataFrame([{"lever": r.lever, "input on this page": LEVER_INPUT.get(r.lever, r.lever),
+                           "saving (computed)": format_bytes(r.saving_bytes, unit)} for r in rows],
+                         columns=["lever", "input on this page", "saving (computed)"])
+    try:
+        p0: int | None = step(**base).peak_bytes
+        why0 = ""
+    except ValueError as err:
+        p0, why0 = None, str(err)
+    alone = []
+    for name, kw in LEVERS:
+        row = {"lever": name, "peak with it": "—", "saving": "—", "fits": "—",
+               "calc's reason (not computed)": ""}
+        if all(base.get(k) == v for k, v in kw.items()):
+            row["calc's reason (not computed)"] = "already on"
+        try:
+            p = step(**{**base, **kw}).peak_bytes
+            row.update({"peak with it": format_bytes(p, unit),
+                        "saving": "—" if p0 is None else format_bytes(p0 - p, unit),
+                        "fits": "yes" if p <= gpu_bytes else "no"})
+        except ValueError as err:
+            row["calc's reason (not computed)"] = str(err)
+        alone.append(row)
+    alone_df = pd.DataFrame(alone)
+    if why0:
+        alone_df.attrs["base_refused"] = why0
+    return Cheapest(levers, peak, fits, combo, alone_df)
+
+
+#: The page inputs TRL's arguments set (attnmem.calc.train_levers.trl_kwargs).
+TRL_KEYS = ("b", "s", "prec", "ckpt", "opt", "liger", "offload", "pf")
+
+
+class TrlSettings(NamedTuple):
+    values: dict[str, Any]  #: page key -> value (TRL_KEYS)
+    notes: tuple[str, ...]  #: what the mapping assumed (calc's notes)
+    ignored: tuple[str, ...]  #: keys that change no memory here
+
+
+def trl_settings(text: str) -> TrlSettings:
+    """TRL SFTConfig arguments pasted as JSON or key=value lines -> the page's inputs;
+    ValueError naming the bad value and what is accepted (calc's message)."""
+    from attnmem.calc.train_levers import parse_trl_args, trl_kwargs
+
+    m = trl_kwargs(parse_trl_args(text))
+    packed = m.kwargs.get("packed_lengths")
+    b, s = (len(packed), packed[0]) if packed else (m.batch, m.seq_len)
+    values = {"b": b, "s": s, "prec": m.kwargs["precision"], "ckpt": m.kwargs["checkpointing"],
+              "opt": m.kwargs["optimizer"], "liger": m.kwargs["liger"],
+              "offload": m.kwargs["offload_activations"], "pf": bool(packed)}
+    return TrlSettings(values, m.notes, m.ignored)
+
+
+def moments(phases: dict[str, int], order: Sequence[str]) -> list[str]:
+    """The moments of a step in calc's order (`order`: PHASES), then the ones a lever adds
+    (Liger's fused loss: attnmem.calc.train_liger.LIGER_PHASE); absent ones left out."""
+    return [p for p in order if p in phases] + [p for p in phases if p not in order]
+
+
+def levers_said(levers: dict[str, Any], optimizer: str, checkpointing: bool) -> str:
+    """The levers in force, in words, for the caption above the answer."""
+    said = [f"optimizer {optimizer}"] + (["checkpointing"] if checkpointing else [])
+    said += [LEVER_LABELS[k] for k, on in (("kbit", levers.get("kbit_prepare")),
+                                           ("liger", levers.get("liger")),
+                                           ("offload", levers.get("offload_activations")),
+                                           ("pf", levers.get("packed_lengths"))) if on]
+    return ", ".join(said)
