@@ -133,6 +133,18 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _new_cache(model) -> Any:
+    """The cache generate() makes before the first forward (`_prepare_cache_for_generation`):
+    a DynamicCache of the text config where the model takes one, else None (the model makes
+    its own, as Mamba-style models do)."""
+    from transformers import DynamicCache
+
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is not None and not supports():
+        return None
+    return DynamicCache(config=model.config.get_text_config(decoder=True))
+
+
 def _cache_bytes(cache: Any) -> int:
     import torch
 
@@ -191,11 +203,12 @@ def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Tra
         kw = {cache_kw: cache} if cache is not None else {}
         return model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, **kw)
 
-    def step(ids: Any, mask: Any, cache: Any) -> tuple[Any, Any, Any]:
-        """One generate() iteration: the forward, the fp32 last logits, argmax, cat."""
-        feed = ids if cache is None else ids[:, -1:]
+    def step(ids: Any, mask: Any, cache: Any, first: bool = False) -> tuple[Any, Any, Any]:
+        """One generate() iteration: the forward (the whole prompt when `first`, else the
+        last token), the fp32 last logits, argmax, cat."""
+        feed = ids if first else ids[:, -1:]
         out = forward(feed, cache)
-        cache = out.past_key_values
+        cache = out["cache"] if "cache" in out else out.past_key_values  # 5.25 / 5.17
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         nxt = logits.argmax(-1)
@@ -210,7 +223,7 @@ def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Tra
             rec.mark("prefill")
             ids = torch.zeros(b, s, dtype=torch.long, device=meta)
             mask = torch.ones(b, s, dtype=torch.long, device=meta)
-            ids, mask, cache = step(ids, mask, None)
+            ids, mask, cache = step(ids, mask, _new_cache(model), first=True)
             if n >= 2:
                 _experts(model, "batched_mm")
                 if n >= 3:
@@ -219,7 +232,7 @@ def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Tra
                     ids = torch.zeros(b, s + n - 3, dtype=torch.long, device=meta)
                     mask = torch.ones(b, s + n - 3, dtype=torch.long, device=meta)
                     _experts(model, "grouped_mm")
-                    ids, mask, cache = step(ids, mask, None)
+                    ids, mask, cache = step(ids, mask, _new_cache(model), first=True)
                     _experts(model, "batched_mm")
                     ids, mask, cache = step(ids, mask, cache)
                 rec.mark("decode")
