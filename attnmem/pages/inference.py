@@ -27,9 +27,11 @@ from attnmem.calc.inference_step import (  # noqa: E402
     max_inference_seq_len,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
+from attnmem.pages.ui import charts, pickers, tables, traced, widgets  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui import inference as inf  # noqa: E402
+from attnmem.pages.ui import traced_view as tv  # noqa: E402
+from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.labels import FALLBACK_COLOR  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
 from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
@@ -52,7 +54,7 @@ EXTRA = {MEASURED_PREFIX + n: m for n, m in SHAPES.items()
          if inf.same_shape(m, {p: pm for p, pm in MODELS.items()}) is None}
 
 SPECS = {
-    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, *EXTRA)),
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM, *EXTRA)),
     "gpu": pickers.GPU_SPEC,  # the same specs as Model memory:
     "b": IntParam(1, 1, 65_536),  # these carry over between the pages
     "s": IntParam(8192, 1, MAX_SEQ_LEN),
@@ -101,7 +103,7 @@ st.markdown("**What does `generate()` hold at its peak, where, and what would ch
             "allocate, per attention implementation, as transformers runs them.")
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-picked = pickers.model_picker(SPECS["model"], {**MODELS, **EXTRA}, where=top[0])
+picked = pickers.model_picker(SPECS["model"], {**MODELS, **EXTRA}, where=top[0], traceable=True)
 model = picked.model
 used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
 gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
@@ -122,6 +124,15 @@ unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
 pickers.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
 kw = dict(weight_dtype=wd, kv_dtype=kvd, cache=cache, prefill_chunk=chunk)
+if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
+    tv.model_caption(picked.traced)
+    with st.spinner(tv.SPINNER):
+        answer = traced.inference(picked.traced, batch, seq_len, new_tokens, attn, wd,
+                                  gpu_bytes=gpu_bytes, kv_dtype=kvd, cache=cache,
+                                  prefill_chunk=chunk)
+    tv.show_inference(answer, gpu, gpu_bytes, unit, new_tokens, label(attn))
+    sync_url(used)
+    st.stop()
 steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
 st.caption(
     f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
@@ -182,6 +193,7 @@ else:
         cols[2].error(f"Nothing fits: not even a 1-token prompt with batch {batch:,} and "
                       f"{new_tokens:,} new tokens fits the {gpu} (computed).",
                       icon=":material/block:")
+    st.caption(traced.rules_from())
 
 # --- stacked parts at each implementation's peak --------------------------------------------
 names = [label(a) for a in steps]

@@ -25,7 +25,7 @@ from streamlit.errors import StreamlitAPIException  # noqa: E402
 from attnmem.calc import DTYPES, GPUS, MAX_SEQ_LEN, MODELS  # noqa: E402
 from attnmem.calc.gpus import torch_total_bytes  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages.ui import fit, pickers, tables, widgets  # noqa: E402
+from attnmem.pages.ui import fit, pickers, tables, traced, widgets  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
@@ -77,6 +77,24 @@ ATTENTION_LINKS = [
     ("attnmem/pages/flash_explainer.py", "How FlashAttention works", ":material/bolt:",
      "why FlashAttention needs so little memory"),
 ]
+#: What each task's verdict assumes, said under its table (calc's rules).
+TASK_NOTES = {
+    "inference": "transformers' generate() with a dynamic cache (bf16 KV cache), SDPA "
+                 "attention with torch choosing its backend; measured within about 1% on "
+                 "an H200.",
+    "serving": "vLLM's accounting: the budget is 0.9 × the GPU; weights, the profiling "
+               "run's activations, non-torch memory and CUDA graphs come off it first; "
+               "the KV pool holds the requests (block size 16, bf16 cache).",
+    "training": "bf16 parameters, gradients and AdamW's two moments, SDPA's "
+                "FlashAttention-2, no activation checkpointing, one GPU; the Training step "
+                "page changes each of these.",
+    "lora": "a frozen bf16 base; LoRA adapters of rank 16 on every linear layer (fp32, "
+            "peft's default), their gradients and AdamW state; SDPA's FlashAttention-2, no "
+            "checkpointing, one GPU; measured within 0.3% on an H200.",
+    "qlora": "a frozen base in 4-bit NF4 (bitsandbytes); LoRA adapters of rank 16 on every "
+             "linear layer (fp32), their gradients and AdamW state; SDPA's "
+             "FlashAttention-2, no checkpointing, one GPU; measured within 0.3% on an H200.",
+}
 UNITS_LABEL = {"inference": "Prompt length s (tokens)", "serving": "Context per request s (tokens)",
                "training": "Sequence length s (tokens)", "lora": "Sequence length s (tokens)",
                "qlora": "Sequence length s (tokens)"}
@@ -102,7 +120,7 @@ st.markdown("**Does this model run this task at this context length on this GPU?
 top = st.columns([1.7, 2, 2.3])  # the third choice's longest value fits at 1280 px
 picked = pickers.model_picker(SPECS["model"], MODELS, where=top[0],
                               waiting="Upload or paste a config.json to see whether it fits; "
-                                      "until then, the default model is shown.")
+                                      "until then, the default model is shown.", traceable=True)
 choice, model = picked.choice, picked.model
 used: dict[str, Any] = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
 gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
@@ -132,17 +150,25 @@ st.caption(f"{gpu}: \"fits\" uses {fmt(gpu_bytes, unit)}"
            + (f", what torch can allocate (attnmem.calc.gpus.torch_total_bytes); the spec sheet says "
               f"{fmt(GPUS[gpu], unit)}." if gpu_bytes != GPUS[gpu] else
               ", the spec sheet's figure (no torch figure sourced for it)."))
-trained = model.max_position_embeddings
-st.caption(f"**{md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
-           f"{model.num_kv_heads} KV heads, trained context "
-           f"{f'{trained:,} tokens' if trained else 'not stated'}; shapes from "
-           f"{md_escape(picked.origin)}.")
-trained_context_note(model, seq_len)
+unruled = picked.traced  # a model outside calc's rules: the trace answers (inference only)
+trained = None if unruled else model.max_position_embeddings
+if unruled:
+    st.caption(md_escape(f"{unruled.name}: model type '{unruled.model_type}', which calc's rules "
+                         f"do not cover: traced on the meta device; config from {picked.origin}."))
+else:
+    st.caption(f"**{md_escape(model.name)}**: {model.num_layers} layers, {model.num_heads} query / "
+               f"{model.num_kv_heads} KV heads, trained context "
+               f"{f'{trained:,} tokens' if trained else 'not stated'}; shapes from "
+               f"{md_escape(picked.origin)}.")
+    trained_context_note(model, seq_len)
 if trained and seq_len <= trained < seq_len + new_tokens - 1:  # the prompt fits, the answer not
     st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
             f"{trained:,} tokens this model was trained for.")
 
-if task == "inference":
+if unruled:
+    with st.spinner("Tracing transformers' own modules on the meta device…"):
+        v = traced.fit_verdict(unruled, task, gpu_bytes, batch, seq_len, new_tokens, wd)
+elif task == "inference":
     v = fit.inference(model, gpu_bytes, batch, seq_len, new_tokens, wd)
 elif task == "serving":
     v = fit.serving(model, gpu_bytes, batch, seq_len, wd)
@@ -158,13 +184,19 @@ elif task == "serving":
     query = {k: x for k, x in query.items() if k != "b"} | {"wdtype": wd}
 else:
     query["ft"] = fit.TRAIN_METHODS[task]  # the Training page opens on the same method
-    if choice not in MODELS or v.refused:  # the Training page offers the models it can count
+    if choice not in MODELS or v.refused or unruled:  # the Training page offers the models it can count
         del query["model"]
 
 if v.refused:  # calc does not model this model for this task: its reason, no numbers
-    st.error(md_escape(f"{fit.TASK_LABELS[task]} is not modelled for {model.name}: "
-                       f"{v.refused}"), icon=":material/block:")
+    name = unruled.name if unruled else model.name
+    if unruled and task == "inference":  # the trace could not answer: a warning naming why
+        st.warning(md_escape(f"{fit.TASK_LABELS[task]} cannot be traced for {name}: "
+                             f"{v.refused}"), icon=":material/warning:")
+    else:
+        st.error(md_escape(f"{fit.TASK_LABELS[task]} is not modelled for {name}: "
+                           f"{v.refused}"), icon=":material/block:")
 else:
+    said = traced.TRACED if v.counted_from else COMPUTED  # what counted the numbers
     for note in v.notes:
         st.caption(md_escape(note))
     limit_name = gpu if v.limit_bytes == gpu_bytes else f"vLLM's budget on the {gpu}"
@@ -180,14 +212,20 @@ else:
                  icon=":material/cancel:")
     m1, m2, m3 = st.columns(3)
     m1.metric("Peak", fmt(v.peak_bytes, unit),
-              help=f"{COMPUTED}: {v.source}" + (f", attention {v.attention}" if v.attention else "")
+              help=f"{said}: {v.source}" + (f", attention {v.attention}" if v.attention else "")
               + f"; at {v.where}.")
-    longest = ("none" if v.longest == 0 else
-               f"≥ {v.longest:,}" if v.longest_at_bound else f"{v.longest:,}")
-    m2.metric("Longest context that fits (tokens)", longest,
-              help=f"{COMPUTED}: {v.longest_source}, an exact integer search"
-              + (f" (it stops at {MAX_SEQ_LEN:,}, the longest calc accepts)" if v.longest_at_bound else "")
-              + ".")
+    if v.longest_unknown:  # a traced search stopped at its time budget: the bracket, no guess
+        m2.metric("Longest context that fits (tokens)", "not searched to the token",
+                  help=f"{said}: {v.longest_source}. The traces made give: {v.longest_unknown}.")
+        st.caption(md_escape(f"Longest context not searched to the token for a traced model: "
+                             f"the traces made within the time budget give {v.longest_unknown}."))
+    else:
+        longest = ("none" if v.longest == 0 else
+                   f"≥ {v.longest:,}" if v.longest_at_bound else f"{v.longest:,}")
+        m2.metric("Longest context that fits (tokens)", longest,
+                  help=f"{said}: {v.longest_source}, an exact integer search"
+                  + (f" (it stops at {MAX_SEQ_LEN:,}, the longest calc accepts)"
+                     if v.longest_at_bound else "") + ".")
     if v.gpus is None:
         shown = "not modelled"
     elif v.gpus == 0:
@@ -195,9 +233,9 @@ else:
     else:
         shown = f"{v.gpus:,}"
     m3.metric(f"{gpu.removeprefix('NVIDIA ')} GPUs needed at s = {seq_len:,}", shown,
-              help=f"{COMPUTED}: {v.gpus_how}.")
+              help=f"{said}: {v.gpus_how}.")
     st.caption(f"Peak at **{md_escape(v.where)}** (computed, {v.source}).")
-    if v.longest == 0:
+    if v.longest == 0 and v.nothing_fits:
         st.error(f"Nothing fits: {v.nothing_fits}.", icon=":material/block:")
     elif trained and v.longest + new_tokens - 1 > trained:
         st.info(f"The longest context that fits, {v.longest:,} tokens"
@@ -217,32 +255,31 @@ else:
                          + [{"part of the peak": "peak", "size (computed)": fmt(v.peak_bytes, unit),
                              "share": "100%", "bytes": f"{v.peak_bytes:,}"}])
     tables.table(table, hide_index=True)
-    st.caption(f"{COMPUTED}: {v.source}. " + {
-        "inference": "transformers' generate() with a dynamic cache (bf16 KV cache), SDPA "
-                     "attention with torch choosing its backend; measured within about 1% on "
-                     "an H200.",
-        "serving": "vLLM's accounting: the budget is 0.9 × the GPU; weights, the profiling "
-                   "run's activations, non-torch memory and CUDA graphs come off it first; "
-                   "the KV pool holds the requests (block size 16, bf16 cache).",
-        "training": "bf16 parameters, gradients and AdamW's two moments, SDPA's "
-                    "FlashAttention-2, no activation checkpointing, one GPU; the Training step "
-                    "page changes each of these.",
-        "lora": "a frozen bf16 base; LoRA adapters of rank 16 on every linear layer (fp32, "
-                "peft's default), their gradients and AdamW state; SDPA's FlashAttention-2, no "
-                "checkpointing, one GPU; measured within 0.3% on an H200.",
-        "qlora": "a frozen base in 4-bit NF4 (bitsandbytes); LoRA adapters of rank 16 on every "
-                 "linear layer (fp32), their gradients and AdamW state; SDPA's "
-                 "FlashAttention-2, no checkpointing, one GPU; measured within 0.3% on an H200.",
-    }[task])
+    if v.counted_from:  # traced: where the peak is, and what it was counted from
+        st.markdown(f"**Where the peak is: the largest allocations alive at {md_escape(v.where)}**")
+        tables.table(pd.DataFrame([{**r, "size (computed)": fmt(r["bytes"], unit),
+                                    "bytes": f"{r['bytes']:,}"} for r in v.at_peak]),
+                     hide_index=True)
+        st.caption(md_escape(v.counted_from))
+    else:
+        st.caption(traced.rules_from(v.source))
+    note = (f"transformers' generate() with a dynamic cache (K/V in the weights' dtype), "
+            f"{v.attention} attention; every tensor from the model's own code."
+            if v.counted_from else TASK_NOTES[task])
+    st.caption(f"{said}: {v.source}. {note}")
 
 st.markdown("**What each part is, and what changes it**")
 for path, title, icon, what in LINKS[task] + ATTENTION_LINKS:
     q = query if path in (LINKS[task][0][0], "attnmem/pages/model_memory.py") else {}
-    if choice == CUSTOM and path != "attnmem/pages/model_memory.py":  # the others take no config.json
+    takes = (("attnmem/pages/inference.py",) if unruled else  # the trace answers it there only
+             ("attnmem/pages/model_memory.py", "attnmem/pages/inference.py"))
+    if choice == CUSTOM and path not in takes:  # the others take no config.json
         q = {k: x for k, x in q.items() if k != "model"}
     link(path, title, icon, what, q)
 if choice == CUSTOM:
-    st.caption("The config.json given here carries over to Model memory; the other pages take "
-               "a preset or a Hub id, so they open with their own model.")
+    st.caption("The config.json given here carries over to Inference (traced there too)"
+               if unruled else "The config.json given here carries over to Model memory and "
+               "Inference; the other pages take a preset or a Hub id, so they open with their "
+               "own model.")
 
 sync_url(used)

@@ -87,6 +87,13 @@ class Verdict:
     gpus_how: str = ""  # how the count is made
     nothing_fits: str = ""  # why not even the shortest context fits ("" if one does)
     notes: tuple[str, ...] = ()
+    #: Where the search for `longest` stopped short (a traced model: attnmem.pages.ui.traced):
+    #: the bracket its traces give, e.g. "fits at 8,192, not at 16,384"; "" when exact.
+    longest_unknown: str = ""
+    #: The "counted from" line ("" for calc's rules: the page says it) and, for a traced
+    #: answer, the largest allocations alive at the peak (attnmem.pages.ui.traced.where_rows).
+    counted_from: str = ""
+    at_peak: tuple[dict, ...] = ()
 
 
 def _refused(task: str, source: str, gpu_bytes: int, err: Exception) -> Verdict:

@@ -19,7 +19,15 @@ import streamlit as st
 
 from attnmem.calc import ModelConfig
 from attnmem.calc.quant import describe
-from attnmem.hub import MAX_REPO_ID_LEN, REPO_ID_RULE, HubError, cache_key, fetch_model
+from attnmem.hub import (
+    MAX_REPO_ID_LEN,
+    REPO_ID_RULE,
+    HubError,
+    cache_key,
+    fetch_config_dict,
+    fetch_model,
+)
+from attnmem.pages.ui import traced
 from attnmem.pages.ui.state import init
 from attnmem.pages.ui.url_state import TextParam, md_escape, show_raw
 
@@ -51,6 +59,21 @@ def fetch_outcome(repo_id: str, where: tuple[str, bool, str, str]) -> tuple[Mode
         return None, str(err)
 
 
+@st.cache_data(max_entries=64, ttl=60, show_spinner=False)
+def unruled_outcome(repo_id: str, where: tuple[str, bool, str, str], refusal: str
+                    ) -> traced.Unruled | None:
+    """The Hub model as attnmem.pages.ui.traced.Unruled where calc refused it (`refusal`) for a
+    model type it has no rules for and the trace can run here; else None. config.json comes
+    from huggingface_hub's cache, which the failed read has just filled."""
+    if traced.missing() is not None:
+        return None
+    try:
+        d = fetch_config_dict(repo_id)
+    except HubError:
+        return None
+    return traced.Unruled.of(d, repo_id, refusal) if traced.outside_rules(d) else None
+
+
 def id_input(where: Any = st) -> str:
     """The id box; returns the valid id in use ("" for none). A typed value that is not a Hub
     id is refused with st.error naming it; the last valid id stays in use (and in the URL)."""
@@ -77,14 +100,22 @@ def id_input(where: Any = st) -> str:
     return current
 
 
-def hub_model(where: Any = st) -> ModelConfig | None:
+def hub_model(where: Any = st, traceable: bool = False) -> ModelConfig | traced.Unruled | None:
     """The id box and the model it names; None (after an st.error saying why, or with no id
-    typed yet) when there is none."""
+    typed yet) when there is none. With `traceable` (a page that answers models outside calc's
+    rules by the trace), such a model comes back as attnmem.pages.ui.traced.Unruled instead of
+    being refused; where the trace cannot run here, the refusal says why."""
     repo_id = id_input(where)
     if not repo_id:
         return None
     with st.spinner(f"Fetching config.json of {repo_id} from the Hub…"):
         model, error = fetch_outcome(repo_id, cache_key())
+        if error is not None and traceable:
+            unruled = unruled_outcome(repo_id, cache_key(), error)
+            if unruled is not None:
+                return unruled
+            if traced.missing() is not None and "'model_type'" in error:
+                error = f"{error} ({traced.missing()})"
     if error is not None:
         st.error(md_escape(error), icon=":material/block:")  # HubError names the id
     if model is not None:
@@ -117,6 +148,11 @@ def source(model: ModelConfig) -> str:
     """Where the model's shapes came from, for a page's Sources caption: the Hub address for
     the model this box loaded (its name is the id), the preset's own source otherwise."""
     if model.name == st.session_state.get(KEY):
-        return f"{cache_key()[0]}/{model.name}, config.json"
+        return source_of(model.name)
     return model.source
+
+
+def source_of(repo_id: str) -> str:
+    """The Hub address of a model's config.json."""
+    return f"{cache_key()[0]}/{repo_id}, config.json"
 

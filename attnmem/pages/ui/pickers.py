@@ -20,7 +20,7 @@ from typing import Any
 import streamlit as st
 
 from attnmem.calc import DEFAULT_GPU, GPUS, ModelConfig
-from attnmem.pages.ui import custom_config, hub_model, widgets
+from attnmem.pages.ui import custom_config, hub_model, traced, widgets
 from attnmem.pages.ui.state import Spec, current_page
 from attnmem.pages.ui.units import fmt
 from attnmem.pages.ui.url_state import ChoiceParam, md_escape
@@ -44,6 +44,9 @@ class Picked:
     model: ModelConfig  #: the model the page computes with
     origin: str  #: where its shapes came from, for the page's sources caption
     specs: dict[str, Spec] = field(default_factory=dict)  #: URL specs the choice adds (the Hub id)
+    #: A model outside calc's rules, on a page that passed `traceable`: the page answers it by
+    #: the trace (attnmem.pages.ui.traced); `model` is then the default preset, not this model.
+    traced: traced.Unruled | None = None
 
 
 def model_select(spec: ChoiceParam, where: Any = st) -> str:
@@ -53,19 +56,25 @@ def model_select(spec: ChoiceParam, where: Any = st) -> str:
 
 def pick_model(choice: str, presets: Mapping[str, ModelConfig], default: str, where: Any = st,
                waiting: str = "Upload or paste a config.json; until then, the default model is shown.",
-               custom_origin: str = "the config.json given here") -> Picked:
+               custom_origin: str = "the config.json given here", traceable: bool = False) -> Picked:
     """The model a selector's choice names: a preset, the Hub id box's model (drawn in `where`,
     under the selector) or the uploaded config's (the boxes drawn below the page's first row).
     Until either has loaded, the preset `default`, with an st.info saying so (`waiting` for an
-    upload)."""
+    upload). With `traceable`, a Hub or uploaded model outside calc's rules comes back in
+    `Picked.traced` (its `model` the preset `default`) instead of being refused."""
     if choice == hub_model.HUB:
-        model = hub_model.hub_model(where=where)
+        model = hub_model.hub_model(where=where, traceable=traceable)
         specs = {hub_model.KEY: hub_model.SPEC} if st.session_state.get(hub_model.KEY) else {}
+        if isinstance(model, traced.Unruled):
+            return Picked(choice, presets[default], hub_model.source_of(model.name), specs,
+                          traced=model)
         if model is None:
             model = hub_model.fallback(presets[default])
         return Picked(choice, model, hub_model.source(model), specs)
     if choice == custom_config.CUSTOM:
-        model = custom_config.custom_model()
+        model = custom_config.custom_model(traceable=traceable)
+        if isinstance(model, traced.Unruled):
+            return Picked(choice, presets[default], custom_origin, traced=model)
         if model is None:
             st.info(waiting)
             model = presets[default]
