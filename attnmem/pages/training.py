@@ -110,17 +110,12 @@ def apply_trl() -> None:
     """The TRL box's button: calc's mapping of the pasted arguments sets the page's inputs
     (attnmem.pages.ui.training.trl_settings), which the URL then keeps; a refusal is said."""
     try:
-        got = tr.trl_settings(st.session_state.get("_trl_text", ""))
+        got = tr.trl_settings(st.session_state.get("_trl_text", ""), SPECS)
     except ValueError as err:
         st.session_state["_trl_said"] = ("refused", str(err))
         return
     for key, value in got.values.items():
-        if SPECS[key].is_valid(value):
-            st.session_state[key] = value
-        else:  # inside TRL's range, outside this page's (s above MAX_SEQ_LEN)
-            st.session_state["_trl_said"] = ("refused", f"{key}={value!r} is outside this page's "
-                                             "range")
-            return
+        st.session_state[key] = value
     st.session_state["_trl_said"] = ("applied", got.notes, got.ignored)
 
 
@@ -294,8 +289,9 @@ def cheapest_section(attention: str) -> None:
             if why and why != "already on":  # calc's reason, as the side-by-side table says it
                 st.markdown(md_escape(f"{name}: not computed: {why}"))
         if alone.attrs.get("base_refused"):
-            st.markdown(md_escape("These settings without another lever: not computed: "
-                                  + alone.attrs["base_refused"]))
+            st.markdown(md_escape("These settings as chosen are not computed ("
+                                  + alone.attrs["base_refused"] + "): the combination and "
+                                  "the table start from them without Liger and offloading."))
         st.caption(f"{COMPUTED}: every peak from attnmem.calc.training_step, each lever counted "
                    "from its library's source (attnmem/calc/train_optimizer.py, train_liger.py, "
                    "train_recipes.py); the fewest levers, then the lowest peak, from "

@@ -546,12 +546,20 @@ class Cheapest(NamedTuple):
 def cheapest(model: ModelConfig, batch: int, seq_len: int, gpu_bytes: int,
              base: dict[str, Any], unit: str) -> Cheapest:
     """calc's cheapest_fit and each lever alone over the page's step (base: every keyword of
-    training_step but the model, batch and length), as tables in `unit`."""
+    training_step but the model, batch and length), as tables in `unit`. Where calc refuses
+    `base` itself, the search starts from it without Liger and offloading, and the table's
+    attrs["base_refused"] holds calc's reason."""
     from attnmem.calc.train_levers import LEVERS, cheapest_fit
 
     def step(**kw: Any) -> Any:
         return training_step(model, batch, seq_len, **kw)
 
+    why0 = ""
+    try:
+        step(**base)
+    except ValueError as err:  # the chosen levers refused together: search from the step
+        why0 = str(err)         # without Liger and offloading (both are levers tried)
+        base = {**base, "liger": False, "offload_activations": False}
     levers, peak, rows = cheapest_fit(step, gpu_bytes, base)
     fits = bool(rows) or (not levers and 0 < peak <= gpu_bytes)
     combo = pd.DataFrame([{"lever": r.lever, "input on this page": LEVER_INPUT.get(r.lever, r.lever),
@@ -559,9 +567,8 @@ def cheapest(model: ModelConfig, batch: int, seq_len: int, gpu_bytes: int,
                          columns=["lever", "input on this page", "saving (computed)"])
     try:
         p0: int | None = step(**base).peak_bytes
-        why0 = ""
-    except ValueError as err:
-        p0, why0 = None, str(err)
+    except ValueError:
+        p0 = None
     alone = []
     for name, kw in LEVERS:
         row = {"lever": name, "peak with it": "—", "saving": "—", "fits": "—",
@@ -592,9 +599,16 @@ class TrlSettings(NamedTuple):
     ignored: tuple[str, ...]  #: keys that change no memory here
 
 
-def trl_settings(text: str) -> TrlSettings:
+#: The TRL argument behind each page input TRL sets (for the messages).
+TRL_NAMES = {"b": "per_device_train_batch_size", "s": "max_length", "prec": "bf16",
+             "ckpt": "gradient_checkpointing", "opt": "optim", "liger": "use_liger_kernel",
+             "offload": "activation_offloading", "pf": "padding_free / packing"}
+
+
+def trl_settings(text: str, specs: dict[str, Any] | None = None) -> TrlSettings:
     """TRL SFTConfig arguments pasted as JSON or key=value lines -> the page's inputs;
-    ValueError naming the bad value and what is accepted (calc's message)."""
+    ValueError naming the bad value and what is accepted (calc's message, or, with `specs`,
+    the page's url_state spec of an input whose range is narrower than TRL's)."""
     from attnmem.calc.train_levers import parse_trl_args, trl_kwargs
 
     m = trl_kwargs(parse_trl_args(text))
@@ -603,6 +617,12 @@ def trl_settings(text: str) -> TrlSettings:
     values = {"b": b, "s": s, "prec": m.kwargs["precision"], "ckpt": m.kwargs["checkpointing"],
               "opt": m.kwargs["optimizer"], "liger": m.kwargs["liger"],
               "offload": m.kwargs["offload_activations"], "pf": bool(packed)}
+    for key, value in values.items():
+        spec = (specs or {}).get(key)
+        if spec is not None and not spec.is_valid(value):
+            lo, hi = getattr(spec, "lo", None), getattr(spec, "hi", None)
+            raise ValueError(f"TRL {TRL_NAMES[key]}={value!r}: outside this page's range"
+                             + (f"; accepted: {lo:,} to {hi:,}" if lo is not None else ""))
     return TrlSettings(values, m.notes, m.ignored)
 
 
