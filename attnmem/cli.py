@@ -768,6 +768,109 @@ def _text(command: str, result: dict, a: argparse.Namespace, model: Any) -> str:
     return _text_serve(result, a, gpu, b, model.max_position_embeddings)
 
 
+def _raw_config(spec: str) -> dict | None:
+    """config.json of --model as a dict where it names a file or a Hub id (not a preset)."""
+    from pathlib import Path
+
+    from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
+    from attnmem.hub import fetch_config_dict, looks_like_repo_id
+
+    path = Path(spec).expanduser()
+    if path.is_file():
+        with open(path, "rb") as f:
+            return load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
+    if not _names_a_file(spec) and looks_like_repo_id(spec):
+        return fetch_config_dict(spec)
+    return None
+
+
+def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
+    """`attnmem memory` for a model calc has no rules for: generate()'s peak traced on the
+    meta device (attnmem.trace.inference), or None where there is no config to trace. A trace
+    that cannot run raises ValueError with both reasons."""
+    from attnmem.calc.backends import NoKernel
+    from attnmem.calc.memory import INFERENCE_IMPL
+
+    try:
+        d = _raw_config(a.model)
+    except (OSError, ValueError):
+        return None
+    if d is None:
+        return None
+    try:
+        from attnmem.trace.inference import TRACE_ATTENTIONS, trace_inference
+    except ImportError as err:  # the bare CLI install: no torch or transformers
+        raise UsageError(f"{no_rules}; tracing the model instead needs torch and transformers "
+                         f"({err})") from None
+    attention = INFERENCE_IMPL.get(a.impl, a.impl)
+    if attention not in TRACE_ATTENTIONS:
+        raise UsageError(f"{no_rules}; the trace runs --impl {', '.join(TRACE_ATTENTIONS)} "
+                         f"(naive as eager), got --impl {a.impl!r}")
+    if a.weight_dtype != a.act_dtype or a.kv_dtype != a.act_dtype:
+        raise UsageError(f"{no_rules}; the trace runs the model in one dtype: give the same "
+                         f"--weight-dtype, --kv-dtype and --act-dtype (got {a.weight_dtype}, "
+                         f"{a.kv_dtype}, {a.act_dtype})")
+    counted_as = ""
+    try:
+        try:
+            t = trace_inference(d, a.batch, a.seq_len, 1, attention=attention,
+                                dtype=a.act_dtype)
+        except NoKernel as err:
+            # as calc's model_memory does: count generate() as transformers runs it by default
+            # (SDPA, torch choosing the backend), and say so
+            t = trace_inference(d, a.batch, a.seq_len, 1, attention="sdpa", dtype=a.act_dtype)
+            counted_as = f"counted as SDPA with torch's choice of backend: {err}"
+    except NoKernel as err:
+        raise UsageError(f"--impl {a.impl}: {err}") from None
+    except ValueError as err:
+        raise UsageError(f"{no_rules}; and the trace: {err}") from None
+    kind = d.get("model_type")
+    gpu = resolve_gpu(a.gpu)
+    trained = d.get("max_position_embeddings") or (d.get("text_config") or {}).get(
+        "max_position_embeddings")
+    return {"model": str(a.model)[:200], "model_class": t.model_class, "batch": t.batch,
+            "seq_len": t.prompt_len, "impl": a.impl, "dtype": t.dtype,
+            "weights_bytes": t.weights_bytes, "kv_cache_bytes": t.kv_cache_bytes,
+            "workspace_bytes": t.fixed_bytes, "activation_bytes": t.activation_bytes,
+            "total_bytes": t.peak_bytes, "peak_phase": t.peak_phase,
+            "at_peak": [list(x) for x in t.at_peak[:8]], "gpu": a.gpu, "gpu_bytes": gpu,
+            "fits": t.peak_bytes <= gpu, "trained_context": trained,
+            "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
+            "longest_context": None,
+            "counted_as": counted_as,
+            "counted_from": f"trace: transformers {t.transformers_version}'s {t.model_class} "
+                            "run on the meta device, fused attention per attnmem.calc.peak "
+                            f"(calc has no rules for model_type {kind!r})",
+            "trace_seconds": round(t.seconds, 2)}
+
+
+def _text_traced(r: dict, a: argparse.Namespace) -> str:
+    from attnmem.calc.units import format_bytes
+
+    def b(n: int) -> str:
+        return format_bytes(n, a.unit)
+
+    rows = [("weights and buffers", b(r["weights_bytes"])), ("KV cache", b(r["kv_cache_bytes"])),
+            ("cuBLAS workspace", b(r["workspace_bytes"])),
+            ("inputs and transients at the peak", b(r["activation_bytes"])),
+            (f"peak of generate(), at {r['peak_phase']}", b(r["total_bytes"]))]
+    past = (f" (past the {r['trained_context']:,} tokens it was trained for)"
+            if r["seq_len_past_trained_context"] else "")
+    lines = [f"{r['model']} ({r['model_class']}): inference, batch {r['batch']:,}, "
+             f"s = {_tokens(r['seq_len'])}{past}, {r['impl']}, {r['dtype']}", ""]
+    lines += _table(rows) + [""]
+    lines.append("largest tensors at the peak: " + "; ".join(
+        f"{where.replace('|', ' ')} {b(n)}" for where, _, n in r["at_peak"][:4]))
+    if r["counted_as"]:
+        lines.append(r["counted_as"])
+    lines.append(f"counted from the {r['counted_from']}")
+    verdict = "fits" if r["fits"] else "does not fit"
+    lines.append(f"{r['gpu']} ({b(r['gpu_bytes'])}): {verdict}")
+    lines.append("  longest context: not searched for a traced model (each length is one "
+                 f"trace of {r['trace_seconds']} s); try --seq-len values")
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def _fail(command: str, err: BaseException) -> int:
     print(f"attnmem {command}: error: {err}", file=sys.stderr)
     return 2
@@ -782,7 +885,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # the full name from here on: the JSON carries it, the text names it
         args.gpu = gpu_name(args.gpu)
-        model = resolve_model(args.model)
+        try:
+            model = resolve_model(args.model)
+        except (UsageError, ValueError) as no_rules:
+            traced = _traced_memory(args, no_rules) if args.command == "memory" else None
+            if traced is None:
+                raise
+            print(json.dumps(traced, indent=2) if args.json else _text_traced(traced, args))
+            return 0
         result = {"memory": _memory, "train": _train, "serve": _serve}[args.command](args, model)
         # how a config.json was read: values its transformers config class supplied
         result["defaults_from"] = model.defaults_from

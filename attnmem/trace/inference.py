@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from attnmem.calc.backends import NoKernel
 from attnmem.calc.inference_step import CUBLAS_WORKSPACE_BYTES
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int
 from attnmem.trace.fake_attention import SDPA_BACKENDS, sdpa_as
@@ -240,6 +241,12 @@ def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Tra
             state["cache"] = _cache_bytes(cache)
             rec.mark("end")
             del ids, mask, cache
+    except NoKernel:
+        raise
+    except Exception as e:  # the model's own code refuses these inputs, or cannot run on meta
+        raise ValueError(f"transformers' {type(model).__name__} could not run generate()'s "
+                         f"forward on the meta device: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]}") from None
     finally:
         _experts(model, "grouped_mm")
     phases = replay(rec.events)

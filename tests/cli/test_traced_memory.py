@@ -1,0 +1,59 @@
+"""`attnmem memory` for a model whose type calc has no rules for: the meta-device trace answers
+(attnmem.trace.inference), says so, and refuses what it cannot run with both reasons."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from attnmem.cli import main  # noqa: E402
+from attnmem.trace.inference import trace_inference  # noqa: E402
+
+
+def _olmo2(tmp_path) -> tuple[str, dict]:
+    cfg = transformers.Olmo2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=1000, pad_token_id=None)
+    d = {**cfg.to_dict(), "model_type": "olmo2"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(d))
+    return str(path), d
+
+
+def test_a_type_without_rules_is_traced_and_says_so(tmp_path, capsys) -> None:
+    path, d = _olmo2(tmp_path)
+    assert main(["memory", "--model", path, "--seq-len", "300", "--batch", "2",
+                 "--gpu", "H100 80GB", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    t = trace_inference(d, 2, 300, 1, attention="sdpa_flash")
+    assert r["total_bytes"] == t.peak_bytes
+    assert r["total_bytes"] == (r["weights_bytes"] + r["kv_cache_bytes"]
+                                + r["workspace_bytes"] + r["activation_bytes"])
+    assert r["counted_from"].startswith("trace: transformers") and "'olmo2'" in \
+        r["counted_from"]
+    assert r["fits"] is True and r["longest_context"] is None
+    assert main(["memory", "--model", path, "--seq-len", "300", "--gpu", "H100 80GB"]) == 0
+    text = capsys.readouterr().out
+    assert "counted from the trace" in text and "not searched for a traced model" in text
+
+
+def test_what_the_trace_cannot_run_is_refused_with_both_reasons(tmp_path, capsys) -> None:
+    path, _ = _olmo2(tmp_path)
+    assert main(["memory", "--model", path, "--seq-len", "300", "--gpu", "H100 80GB",
+                 "--kv-dtype", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "'olmo2' is not one this calculator has rules for" in err
+    assert "one dtype" in err and "fp8" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model_type": "olmo2", "hidden_size": 64, "vocab_size": 100,
+                               "num_hidden_layers": 1, "pad_token_id": None,
+                               "num_attention_heads": 4,
+                               "intermediate_size": -5}))  # no such layer
+    assert main(["memory", "--model", str(bad), "--seq-len", "300",
+                 "--gpu", "H100 80GB"]) == 2
+    err = capsys.readouterr().err
+    assert "rules for" in err and "and the trace:" in err
