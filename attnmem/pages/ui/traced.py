@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -126,12 +127,18 @@ def unsupported(attention: str, dtype: str, kv_dtype: str | None = None,
     return out
 
 
+#: One trace at a time per process: the trace hooks the cached (shared) meta model's modules,
+#: and Streamlit runs each session's script in its own thread.
+_LOCK = threading.Lock()
+
+
 def _trace(model: Unruled, batch: int, prompt_len: int, new_tokens: int, attention: str,
            dtype: str):
     from attnmem.trace.inference import trace_inference
 
-    return trace_inference(model.config, batch, prompt_len, new_tokens, attention=attention,
-                           dtype=dtype)
+    with _LOCK:
+        return trace_inference(model.config, batch, prompt_len, new_tokens,
+                               attention=attention, dtype=dtype)
 
 
 def inference(model: Unruled, batch: int, prompt_len: int, new_tokens: int,
