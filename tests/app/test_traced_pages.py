@@ -181,3 +181,11 @@ def test_longest_prompt_search_is_exact_when_it_finishes() -> None:
     assert trace_inference(TINY, 1, lg.fits + 1, 2).peak_bytes > limit
     short = traced.longest_prompt(model, limit, 1, 2, "sdpa", "bf16", 16, 0.0)  # no budget
     assert not short.exact and short.traces == 1 and short.fits == 16
+
+
+def test_a_hostile_size_is_refused_before_transformers_builds_anything() -> None:
+    huge = {**TINY, "num_hidden_layers": 10**9}
+    at = upload(INFERENCE, huge, name="huge")
+    shown = texts(at.warning)
+    assert "'num_hidden_layers' is 1,000,000,000" in shown and not at.exception
+    assert not at.metric

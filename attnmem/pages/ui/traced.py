@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from attnmem.calc import gpus_needed
+from attnmem.calc.backends import NoKernel
 from attnmem.calc.models import KNOWN_MODEL_TYPES
 from attnmem.calc.units import MAX_SEQ_LEN
 from attnmem.pages.ui.fit import TASK_LABELS, Verdict
@@ -95,6 +96,29 @@ def missing() -> str | None:
             "calc's rules, cannot run (pip install 'attention-memory[gpu]')")
 
 
+#: Bounds on what the trace is asked to build (a meta model costs host time per module, not
+#: memory): every real config is far inside them (Llama 3.1 405B has 126 layers, Kimi-K2 384
+#: experts); a hostile upload is refused before transformers builds anything.
+TRACE_LIMITS = {"layers": 512, "experts": 4096}
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def too_large(d: dict) -> str | None:
+    """Why a config is too large to trace here (layers or experts past TRACE_LIMITS), or None."""
+    scopes = [d] + [v for v in d.values() if isinstance(v, dict)]
+    for scope in scopes:
+        for what, keys in (("layers", _LAYER_KEYS), ("experts", _EXPERT_KEYS)):
+            for key in keys:
+                value = scope.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) \
+                        and value > TRACE_LIMITS[what]:
+                    return (f"'{key}' is {value:,}; the trace builds at most "
+                            f"{TRACE_LIMITS[what]:,} {what} (each is a module built and run on "
+                            "the meta device)")
+    return None
+
+
 @dataclass(frozen=True)
 class Answer:
     """One trace for the page's inputs, or why there is none (`refused`)."""
@@ -147,7 +171,7 @@ def inference(model: Unruled, batch: int, prompt_len: int, new_tokens: int,
     """generate()'s peak for the inputs by the trace, and with `gpu_bytes` the longest prompt
     that fits (`longest_prompt`); kw: kv_dtype, cache, prefill_chunk (the Inference page's
     inputs the trace may not run: then `refused` says which and why)."""
-    why = missing()
+    why = missing() or too_large(model.config)
     if why is None:
         bad = unsupported(attention, dtype, **kw)
         why = "the trace does not run " + "; ".join(bad) if bad else None
@@ -157,6 +181,10 @@ def inference(model: Unruled, batch: int, prompt_len: int, new_tokens: int,
         t = _trace(model, batch, prompt_len, new_tokens, attention, dtype)
     except ValueError as err:  # NoKernel is a ValueError too
         return Answer(model, attention, refused=str(err))
+    except Exception as err:  # the model's own code failed on meta: said, never a traceback
+        return Answer(model, attention, refused=(
+            f"the trace failed in the model's code ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:300]})"))
     longest = None
     if gpu_bytes is not None:
         longest = longest_prompt(model, gpu_bytes, batch, new_tokens, attention, dtype,
@@ -187,9 +215,10 @@ def longest_prompt(model: Unruled, gpu_bytes: int, batch: int, new_tokens: int,
     bracket, then bisection to the integer, as attnmem.calc.max_inference_seq_len does over the
     rules. Each step is one trace (0.1-3 s, cached by its inputs); a step is begun only while
     the last one's time still fits in `budget_s` wall seconds (SEARCH_BUDGET_S by default).
-    When the budget runs out the bracket found so far is returned (never an extrapolation): "fits at X, not at Y". A length
-    a forced backend has no kernel for counts as not fitting, as calc's search counts it.
-    Cached by its inputs, so a page re-run shows the same answer."""
+    When the budget runs out the bracket found so far is returned (never an extrapolation):
+    "fits at X, not at Y"; so is it when a trace fails for a reason other than NoKernel. A
+    length a forced backend has no kernel for counts as not fitting, as calc's search counts
+    it. Cached by its inputs, so a page re-run shows the same answer."""
     budget_s = SEARCH_BUDGET_S if budget_s is None else budget_s
     hi_limit = MAX_SEQ_LEN - new_tokens
     t0 = time.perf_counter()
@@ -201,8 +230,10 @@ def longest_prompt(model: Unruled, gpu_bytes: int, batch: int, new_tokens: int,
         t = time.perf_counter()
         try:
             ok = _trace(model, batch, s, new_tokens, attention, dtype).peak_bytes <= gpu_bytes
-        except ValueError:
+        except NoKernel:  # no kernel at this length: does not fit, as calc's search counts it
             ok = False
+        except Exception as err:  # any other failure ends the search: no guess past it
+            raise _Stopped(f"a trace failed at {s:,} tokens ({type(err).__name__})") from None
         count += 1
         last = time.perf_counter() - t
         return ok
@@ -213,20 +244,34 @@ def longest_prompt(model: Unruled, gpu_bytes: int, batch: int, new_tokens: int,
     def done(lo: int, hi: int | None, exact: bool, note: str) -> Longest:
         return Longest(lo, hi, exact, count, time.perf_counter() - t0, note)
 
-    s = min(max(start, 1), hi_limit)
-    lo, hi = 0, None  # lo fits (0: none found yet), hi does not (None: none found yet)
+    state = {"lo": 0, "hi": None}  # lo fits (0: none found yet), hi does not (None: none yet)
+    try:
+        return _search(fits, time_left, done, state, min(max(start, 1), hi_limit), hi_limit,
+                       new_tokens)
+    except _Stopped as stop:
+        return done(state["lo"], state["hi"], False, str(stop))
+
+
+class _Stopped(Exception):
+    """A trace of the longest-prompt search failed for a reason other than NoKernel."""
+
+
+def _search(fits, time_left, done, state: dict, s: int, hi_limit: int, new_tokens: int
+            ) -> Longest:
+    """longest_prompt's steps; `state` holds the bracket so far (for a stopped search)."""
+    lo, hi = 0, None
     if fits(s):
-        lo = s
+        lo = state["lo"] = s
     else:
-        hi = s
+        hi = state["hi"] = s
     while hi is None and lo < hi_limit:  # double up to a length that does not fit
         if not time_left():
             return done(lo, None, False, "search stopped at its time budget while doubling")
         nxt = min(lo * 2, hi_limit)
         if fits(nxt):
-            lo = nxt
+            lo = state["lo"] = nxt
         else:
-            hi = nxt
+            hi = state["hi"] = nxt
     if hi is None:
         return done(lo, None, True, f"the longest prompt the trace accepts ({hi_limit:,} "
                                     f"tokens with {new_tokens:,} new) fits")
@@ -235,9 +280,9 @@ def longest_prompt(model: Unruled, gpu_bytes: int, batch: int, new_tokens: int,
             return done(0, hi, False, "search stopped at its time budget while halving")
         nxt = hi // 2
         if fits(nxt):
-            lo = nxt
+            lo = state["lo"] = nxt
         else:
-            hi = nxt
+            hi = state["hi"] = nxt
     if lo == 0:
         return done(0, 1, True, "not even a 1-token prompt fits")
     while hi - lo > 1:
@@ -245,9 +290,9 @@ def longest_prompt(model: Unruled, gpu_bytes: int, batch: int, new_tokens: int,
             return done(lo, hi, False, "search stopped at its time budget while bisecting")
         mid = (lo + hi) // 2
         if fits(mid):
-            lo = mid
+            lo = state["lo"] = mid
         else:
-            hi = mid
+            hi = state["hi"] = mid
     return done(lo, hi, True, "exact integer search over traces")
 
 
