@@ -238,9 +238,10 @@ def test_uploaded_config_is_sized_by_calc_and_not_put_in_the_url() -> None:
     at.selectbox(key="task").set_value("training").run()  # the same config for another task
     t = training_step(model, 1, 4096, attention="sdpa_flash")
     assert metrics(at)["Peak"] == format_bytes(t.peak_bytes)
-    # only Model memory takes the config: the other pages' links do not name the choice
+    # only Model memory and Inference take the config: the other pages' links do not name it
     links = {x.proto.label.split(":")[0]: x.proto.query_string for x in at.get("page_link")}
-    assert all("model=" not in q for q in links.values()), links
+    assert all("model=" not in q for t, q in links.items()
+               if t not in ("Model memory", "Inference")), links
 
 
 def test_pasted_bad_config_is_refused_and_the_last_good_one_stays() -> None:
