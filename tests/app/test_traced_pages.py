@@ -189,3 +189,12 @@ def test_a_hostile_size_is_refused_before_transformers_builds_anything() -> None
     shown = texts(at.warning)
     assert "'num_hidden_layers' is 1,000,000,000" in shown and not at.exception
     assert not at.metric
+
+
+def test_a_quantized_unruled_checkpoint_says_its_weights_are_traced_unquantized() -> None:
+    fp8 = {**TINY, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                           "weight_block_size": [128, 128]}}
+    at = upload(INFERENCE, fp8, name="fp8")
+    assert not at.exception
+    assert any("stored quantized (fp8)" in i.value.replace("\\", "") for i in at.info), \
+        texts(at.info) + texts(at.warning)

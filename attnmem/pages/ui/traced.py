@@ -128,6 +128,7 @@ class Answer:
     refused: str = ""
     traced: Any = None  # attnmem.trace.inference.TracedInference
     longest: Longest | None = None  # where `inference` was given the GPU's bytes
+    notes: tuple[str, ...] = ()  # what the page should say beside the numbers
 
 
 def unsupported(attention: str, dtype: str, kv_dtype: str | None = None,
@@ -189,7 +190,21 @@ def inference(model: Unruled, batch: int, prompt_len: int, new_tokens: int,
     if gpu_bytes is not None:
         longest = longest_prompt(model, gpu_bytes, batch, new_tokens, attention, dtype,
                                  prompt_len, SEARCH_BUDGET_S)
-    return Answer(model, attention, traced=t, longest=longest)
+    return Answer(model, attention, traced=t, longest=longest, notes=quantized_note(model, dtype))
+
+
+def quantized_note(model: Unruled, dtype: str) -> tuple[str, ...]:
+    """A quantized checkpoint is built by the trace in `dtype` (transformers quantizes at load
+    time, which the meta build does not run): its weights are counted at that width."""
+    q = model.config.get("quantization_config")
+    if not isinstance(q, dict):
+        inner = model.config.get("text_config")
+        q = inner.get("quantization_config") if isinstance(inner, dict) else None
+    if not isinstance(q, dict):
+        return ()
+    method = str(q.get("quant_method", "quantized"))[:40]
+    return (f"This checkpoint is stored quantized ({method}); the trace builds the model in "
+            f"{dtype}, so its weights and peak are for {dtype} weights, not as stored.",)
 
 
 @dataclass(frozen=True)
@@ -351,7 +366,7 @@ def fit_verdict(model: Unruled, task: str, gpu_bytes: int, batch: int, prompt_le
         return Verdict(task, src, gpu_bytes, refused=" / ".join(
             dict.fromkeys(a.refused for a in answers)) + f". calc's rules: {model.refusal}")
     t, lg = ans.traced, ans.longest
-    notes = []
+    notes = list(ans.notes)
     if len(answers) > 1:
         notes.append(f"SDPA cannot be traced for this model ({answers[0].refused}): eager "
                      "attention is used instead.")

@@ -55,6 +55,8 @@ def show_inference(ans: traced.Answer, gpu: str, gpu_bytes: int, unit: str, new_
              f"refuse it too: {ans.model.refusal}")
         return
     t, longest = ans.traced, ans.longest
+    for note in ans.notes:
+        st.info(md_escape(note), icon=":material/info:")
     cols = st.columns(3)
     cols[0].metric(f"{label}: peak", fmt(t.peak_bytes, unit),
                    help=f"{TRACED}: attnmem.trace.inference.trace_inference, at '{t.peak_phase}'.")
