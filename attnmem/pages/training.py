@@ -124,6 +124,7 @@ st.title("Training step")
 st.markdown("**How much memory does one training step take, where is its peak, and does it "
             "fit?** Weights, gradients, AdamW's two moments and every activation autograd "
             "keeps, per attention implementation, per GPU.")
+top_answer = st.container()  # the answer in one line, filled once computed (seen at 1280 × 800)
 
 top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
 picked = pickers.model_picker(SPECS["model"], tr.CHOICES, where=top[0])
@@ -220,6 +221,7 @@ kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, s
 bundled = tr.bundled()  # the H200 rows beside their predictions
 compared = bundled.compared
 shape = tr.measured_shape(choice)
+where_said = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
 
 
 def side_by_side_section() -> None:
@@ -259,12 +261,12 @@ def side_by_side_section() -> None:
                   "include LoRA/QLoRA rows (below, with their predictions)."))
 
 
-def cheapest_section(attention: str) -> None:
+def cheapest_section(attention: str) -> tr.Cheapest:
     """Under the levers: the fewest levers on top of these settings that fit the GPU
     (attnmem.calc.train_levers.cheapest_fit) with each one's saving, and each lever alone."""
     base = dict(kw, attention=attention, **ft_kw, **levers)
     best = tr.cheapest(model, step_b, step_s, gpu_bytes, base, unit)
-    where = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
+    where = where_said
     with cheapest_box:
         st.markdown(f"**Cheapest combination that fits {md_escape(where)} at s = {seq_len:,}** "
                     f"({TRAIN_ATTENTION_LABELS[attention]}, on top of the settings above)")
@@ -300,6 +302,7 @@ def cheapest_section(attention: str) -> None:
                    "8-bit AdamW (its state in CUDA unified memory, not counted in the peak, as "
                    "max_memory_allocated does not), checkpointing (recomputes the forward), "
                    "offloading (copies to the host). Not measured on a GPU yet.")
+    return best
 
 
 with answer_box:
@@ -310,12 +313,15 @@ with answer_box:
                                                         dict(kw, **ft_kw), levers)
     except tr.LeverRefusal as err:
         warn(f"These levers cannot be computed with these settings: {err}")
+        top_answer.markdown("**Not computed with these levers**: calc's reason and what "
+                            "makes it fit are below the inputs.")
         cheapest_section(attns[0])
         side_by_side_section()
         sync_url(SPECS)
         st.stop()
     except ValueError as err:
         st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
+        top_answer.markdown("**Not computed**: calc's reason is below the inputs.")
         cheapest_box.caption("No cheapest combination: these settings are refused without any "
                              "lever (the message above).")
         side_by_side_section()
@@ -350,7 +356,10 @@ with answer_box:
                 st.success(f"Fits one {gpu} ({fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
             else:
                 st.error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
-cheapest_section(first_attn)
+# what makes it fit: for the attention with the lowest peak (the one closest to fitting)
+best_attn = min(steps, key=lambda a: steps[a].peak_bytes)
+best = cheapest_section(best_attn)
+top_answer.markdown(tr.headline(steps, gpu_bytes, md_escape(where_said), unit, best, best_attn))
 
 # Stacked bars: what exists before the step, then the activations at the end of the forward;
 # the peak of the step as a marker (its moment holds some of these, and gradients), and the

@@ -123,6 +123,9 @@ def test_the_cheapest_table_is_calcs_cheapest_fit() -> None:
     row = alone[alone["lever"] == "liger"].iloc[0]
     assert row["peak with it"] == gb(liger) and row["saving"] == gb(p0 - liger)
     assert any("cheapest_fit" in c.value for c in at.caption)  # said to be computed, and how
+    # the answer's one line at the top (seen at 1280 x 800 without scrolling) says it too
+    top = next(x for x in unescaped(at.markdown) if x.startswith("**Answer on one"))
+    assert f"**{gb(p0)}, does not fit**" in top and f"**{' + '.join(levers)}**" in top
     # a step that fits as it is needs no lever
     at = run({"model": "Llama 3.1 8B", "s": "1024", "attns": "sdpa_flash", "ft": "lora"})
     assert any("no lever needed" in x.value for x in at.success)

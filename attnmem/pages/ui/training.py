@@ -640,3 +640,27 @@ def levers_said(levers: dict[str, Any], optimizer: str, checkpointing: bool) -> 
                                            ("offload", levers.get("offload_activations")),
                                            ("pf", levers.get("packed_lengths"))) if on]
     return ", ".join(said)
+
+
+def headline(steps: dict[str, Any], gpu_bytes: int, where: str, unit: str,
+             best: Cheapest | None, best_attn: str | None = None) -> str:
+    """The answer in one line of markdown for the top of the page (seen at 1280 × 800 without
+    scrolling): each attention's peak per GPU and whether it fits `where`, and, where one does
+    not, the cheapest combination of levers that fits for `best_attn` (default: the first);
+    `where` comes markdown-escaped (numbers and labels here are ours)."""
+    parts = []
+    for a, m in steps.items():
+        over = m.peak_bytes - gpu_bytes
+        parts.append(f"{TRAIN_ATTENTION_LABELS[a]} **{format_bytes(m.peak_bytes, unit)}, "
+                     + ("fits**" if over <= 0 else
+                        f"does not fit** ({format_bytes(over, unit)} over)"))
+    text = f"**Answer on {where}** (computed, peak per GPU): " + " · ".join(parts) + "."
+    if best is not None and any(m.peak_bytes > gpu_bytes for m in steps.values()):
+        first = TRAIN_ATTENTION_LABELS[best_attn or next(iter(steps))]  # the cheapest table's
+        if best.fits and best.levers:
+            text += (f" What makes {first} fit: **{' + '.join(best.levers)}** "
+                     f"({format_bytes(best.peak_bytes, unit)}; *What makes it fit*, below).")
+        elif not best.fits:
+            text += f" No combination of the levers makes {first} fit (*What makes it fit*, below)."
+    return text
+
