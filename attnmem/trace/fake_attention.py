@@ -76,6 +76,14 @@ def fake_sdpa(backend: str):
                 cols = -(-cols // 16) * 16
             lead = attn_mask.numel() // (attn_mask.shape[-2] * attn_mask.shape[-1])
             temps.append(tmp(lead * rows * cols * query.element_size()))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+            if q != kv or d != d_v:
+                raise ValueError("the trace's training attention takes as many queries as keys "
+                                 f"and one head dim (got {q} queries over {kv} keys, d = {d}, "
+                                 f"d_v = {d_v})")
+            call = AttentionCall(impl, b, h, q, d, dtype, causal=bool(is_causal),
+                                 backward=True, kv_heads=h_kv if enable_gqa else h)
+            return _Fused.apply(query, key, value, call, *temps)
         out = torch.empty(b, q, h, d_v, dtype=query.dtype, device=dev).transpose(1, 2)
         if q == kv and attn_mask is None and d == d_v:
             call = AttentionCall(impl, b, h, q, d, dtype, causal=bool(is_causal),
@@ -99,6 +107,99 @@ def fake_sdpa(backend: str):
         return out
 
     return sdpa
+
+
+#: Labels at which an implementation's allocation sequence (attention_steps) enters its
+#: backward: everything before is the forward's, kept for the backward.
+_BACKWARD_STARTS = ("contiguous copies of dO", "dO copied", "dq", "dk", "row sums of dO",
+                    "dP", "fp32 dq")
+
+
+def _split(steps: list) -> tuple[list, list]:
+    for i, st in enumerate(steps):
+        if isinstance(st, _A) and st.label.startswith(_BACKWARD_STARTS):
+            return steps[:i], steps[i:]
+    return steps, []
+
+
+def _alloc(steps: list, first_shaped: dict[str, Any], dev: Any) -> tuple[dict, list]:
+    """Allocate `steps` (freeing keyed ones as they say); a step whose label is a key of
+    `first_shaped` makes that tensor (its first size) in place of a blob. Returns the shaped
+    tensors made and the blobs still alive."""
+    import torch
+
+    shaped: dict[str, Any] = {}
+    alive: list[Any] = []
+    keyed: dict[str, list[Any]] = {}
+    for step in steps:
+        if not isinstance(step, _A):
+            keyed.pop(step.key, None)
+            continue
+        sizes = list(step.sizes)
+        made: list[Any] = []
+        for label, like in first_shaped.items():
+            if label not in shaped and (step.label == label
+                                        or step.label.startswith(label + " ")):
+                shapes = like if isinstance(like, list) else [like]
+                for want in shapes:
+                    shaped.setdefault(label, []).append(want())
+                sizes = sizes[len(shapes):]
+                break
+        made += [torch.empty(int(n), dtype=torch.uint8, device=dev) for n in sizes if n > 0]
+        (keyed.setdefault(step.key, []) if step.key else alive).extend(made)
+    return shaped, alive
+
+
+def _fused_function():
+    import torch
+
+    class Fused(torch.autograd.Function):
+        """A fused attention call with its backward, allocating as the backend does: the
+        forward's steps (the output and what the backend saves: log-sum-exp, rng state), kept
+        with q, k, v for the backward (save_for_backward, so checkpointing drops and remakes
+        them as it does the real ones); the backward's steps, of which dq, dk, dv are returned
+        and the rest freed when it returns."""
+
+        @staticmethod
+        def forward(ctx, query, key, value, call, *extra):
+            fwd, bwd = _split(steps_of(call))
+            b, h, s, d = query.shape
+            dev = query.device
+            shaped, alive = _alloc(fwd, {"output": lambda: torch.empty(
+                b, s, h, d, dtype=query.dtype, device=dev).transpose(1, 2)}, dev)
+            out = shaped["output"][0]
+            ctx.call, ctx.bwd, ctx.n_extra = call, bwd, len(extra)
+            ctx.save_for_backward(query, key, value, out, *alive, *extra)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            query, key, value = ctx.saved_tensors[:3]
+            dev = query.device
+            shaped, _ = _alloc(ctx.bwd, {
+                "dq": lambda: torch.empty(query.shape[0], query.shape[2], query.shape[1],
+                                          query.shape[3], dtype=query.dtype,
+                                          device=dev).transpose(1, 2),
+                "dk, dv": [lambda: torch.empty_like(key), lambda: torch.empty_like(value)],
+            }, dev)
+            dq = shaped.get("dq", [torch.empty_like(query)])[0]
+            dk, dv = shaped.get("dk, dv", [torch.empty_like(key), torch.empty_like(value)])
+            return (dq, dk, dv, None) + (None,) * ctx.n_extra
+
+    return Fused
+
+
+class _LazyFused:
+    _cls = None
+
+    @classmethod
+    def apply(cls, *args):
+        if cls._cls is None:
+            cls._cls = _fused_function()
+        return cls._cls.apply(*args)
+
+
+_Fused = _LazyFused
 
 
 @contextmanager

@@ -3,7 +3,9 @@
 `Recorder` is a TorchDispatchMode: each tensor an op returns is looked up by its storage; a
 storage not seen before is an allocation of `nbytes` (a view, or an in-place op's result, is
 not), and a weak-reference finalizer on the storage records its free when the last tensor on it
-dies (CPython frees at the last reference, so the order is the program's). On the meta device
+dies (CPython frees at the last reference, so the order is the program's); temporaries a CUDA
+kernel makes inside an op, which its meta kernel does not, come from attnmem.trace.cuda_only.
+On the meta device
 storages have sizes but no memory, so a 70B model's forward at 128k tokens costs nothing but
 the Python of its modules.
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnmem.calc.allocator import CachingAllocator
+from attnmem.trace.cuda_only import temporaries
 
 #: ("a", id, nbytes, label) | ("f", id) | ("m", phase name)
 Event = tuple
@@ -35,13 +38,14 @@ class PhasePeak:
 
     name: str
     peak: int = 0
+    start: int = 0  # "allocated" when the phase began
     at_peak: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class Recorder:
     """Allocation and free events of the storages made under `with recorder:`."""
 
-    def __init__(self) -> None:
+    def __init__(self, devices: tuple[str, ...] = ("meta",)) -> None:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils.weak import WeakIdKeyDictionary
@@ -51,12 +55,17 @@ class Recorder:
         self.events: list[Event] = []
         self.stack: list[str] = []
         self._next = 0
+        self._devices = devices  # the device that stands for the GPU; CPU tensors are not its
         rec = self
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                    kwargs: Any = None) -> Any:
+                held = temporaries(func, args)  # a CUDA kernel's own temporaries
+                for t in held:
+                    rec._add(t, func)
                 out = func(*args, **(kwargs or {}))
+                del held
                 for o in out if isinstance(out, (tuple, list)) else [out]:
                     rec._add(o, func)
                 return out
@@ -70,7 +79,7 @@ class Recorder:
                 self._seen[t.untyped_storage()] = -1
 
     def _add(self, t: Any, func: Any) -> None:
-        if not isinstance(t, self._torch.Tensor):
+        if not isinstance(t, self._torch.Tensor) or t.device.type not in self._devices:
             return
         st = t.untyped_storage()
         if st in self._seen:
@@ -126,7 +135,9 @@ def replay(events: list[Event], expandable: bool = False) -> dict[str, PhasePeak
     for i, a, _handles in _run(events, expandable):
         ev = events[i]
         if ev[0] == "m":
-            cur = phases.setdefault(ev[1], PhasePeak(ev[1]))
+            if ev[1] not in phases:
+                phases[ev[1]] = PhasePeak(ev[1], start=a.allocated)
+            cur = phases[ev[1]]
             if ev[1] not in where or a.allocated > cur.peak:
                 cur.peak, where[ev[1]] = a.allocated, i
         elif cur is not None and ev[0] == "a" and a.allocated > cur.peak:
