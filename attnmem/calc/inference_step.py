@@ -43,6 +43,14 @@ Inside a layer (the largest moment of each part, with everything above):
 - gated MLP `down(act(gate(x)) * up(x))`: act(gate(x)), up(x) and their product, 3·T·I·e
   (Phi-3's fused gate_up: the 2·T·I output stays while act and the product are made, 4·T·I·e);
   the residual (T·h·e) and the norm output;
+- eager only, from the attention to the layer's end (residual add, post-attention norm, the
+  MLP or MoE, prefill and decode): the attention weights, B·H·c·keys·e.
+  eager_attention_forward returns them (softmax(dtype=float32) `.to(query.dtype)`, dropout
+  p = 0 returns its input) and the decoder layer keeps them in a local until it returns
+  (modeling_llama.py LlamaDecoderLayer.forward: `hidden_states, _ = self.self_attn(...)`; the
+  files built from it and modeling_deepseek_v2.py likewise, modeling_phi3.py as
+  `self_attn_weights`). SDPA, ours and FA4 return None. (Training counts them already: they
+  are the P that P·V saves, attnmem.calc.train_dense.)
 - MoE as transformers 5 runs it on a GPU (integrations/moe.py grouped_mm_experts_forward, the
   prefill's default): S = T·k token-expert pairs; the sorted hidden states (S·h), then the
   larger of two moments: inside the gate, the gate_up projection (S·2I) with act(gate) and
@@ -50,7 +58,10 @@ Inside a layer (the largest moment of each part, with everything above):
   its un-permuted copy (3·S·h more) with the int64 sort, permutation and inverse (4·S·8). The
   gate's moment is the larger where 4·I > 3·h (Mixtral; measured on the H200, 2026-12-02,
   after the down projection's alone had left Mixtral's prefill 1.5-17% under); the router's
-  logits (T·E·e) and fp32 softmax (T·E·4). Decode switches to batched_mm (generation/utils.py
+  logits (T·E·e; DeepSeek's fp32), which the block keeps in `_` through the experts
+  (modeling_mixtral.py MixtralSparseMoeBlock.forward: `_, top_k_weights, top_k_index =
+  self.gate(hidden_states)`; Qwen2/3-MoE and DeepSeek alike), its fp32 softmax dying in the
+  gate. Decode switches to batched_mm (generation/utils.py
   _optimize_model_for_decode), which gathers each pair's expert matrices: S·3·I·h·e. Shared
   experts run as a dense MLP of their width: after the routed ones in DeepSeek, before them in
   Qwen2-MoE (whose output then waits through the routed experts). Qwen2-MoE also builds a
@@ -461,10 +472,14 @@ def _mlp_moment(model: ModelConfig, sh: _StepDims, t: int, moe: bool, decode: bo
                  k * t * width * e)]
     k, i = model.experts_per_token, model.intermediate_size
     pairs = t * k
-    # The router's logits and softmax die inside the gate; its top-k weights and indices stay.
+    # The gate returns (logits, top-k weights, indices) and the block keeps all three: the
+    # logits in `_` (modeling_mixtral.py MixtralSparseMoeBlock.forward `_, top_k_weights,
+    # top_k_index = self.gate(hidden_states)`; Qwen2/3-MoE and DeepSeek-V2/V3 alike) until it
+    # returns. DeepSeek's are fp32 (F.linear of fp32 copies); the fp32 softmax dies in the gate.
+    route_e = 4 if model.model_type in _FP32_ROUTING else e  # the top-k weights' and logits'
     router = [("MoE", "top-k routing weights (fp32) and expert indices (int64)",
-               t * k * (4 + 8))]
-    route_e = 4 if model.model_type in _FP32_ROUTING else e  # the top-k weights' dtype
+               t * k * (4 + 8)),
+              ("MoE", "router logits, held by the block's `_`", t * model.num_experts * route_e)]
     if decode:
         routed = [("MoE", "batched_mm: each pair's expert matrices gathered (S·3·I·h)",
                    pairs * 3 * i * h * e),
@@ -500,12 +515,29 @@ def _mlp_moment(model: ModelConfig, sh: _StepDims, t: int, moe: bool, decode: bo
         alt = [("MLP", "shared expert: act, up, product", 3 * t * shared * e)]
         if sum(x for *_, x in alt) > sum(x for *_, x in best):
             best = alt
-    elif shared:
-        alt = [("MoE", "routed experts' output", t * h * e),
-               ("MLP", "shared expert: act, up, product", 3 * t * shared * e)]
+    elif shared:  # after the routed experts: the router's outputs are still the block's locals
+        alt = router + [("MoE", "routed experts' output", t * h * e),
+                        ("MLP", "shared expert: act, up, product", 3 * t * shared * e)]
         if sum(x for *_, x in alt) > sum(x for *_, x in best):
             best = alt
     return best
+
+
+def _held_attention_weights(sh: _StepDims, attention: str, c: int, keys: int,
+                            ) -> list[tuple[str, str, int]]:
+    """Eager attention's probabilities, alive from the attention to the layer's end.
+
+    eager_attention_forward returns them (B, H, c, keys) after softmax(dtype=float32)
+    `.to(query.dtype)` and dropout (p = 0 returns its input), the attention returns them beside
+    o_proj's output, and the decoder layer keeps them in `_` until it returns
+    (modeling_llama.py LlamaDecoderLayer.forward: `hidden_states, _ = self.self_attn(...)`; the
+    files built from it and modeling_deepseek_v2.py likewise, Phi-3 as `self_attn_weights`):
+    through the residual add, the post-attention norm and the whole MLP or MoE block. SDPA,
+    ours and FA4 return None."""
+    if attention != "eager":
+        return []
+    return [("attention", "eager's attention weights (B·H·c·keys, e), held by the layer's `_`",
+             sh.b * sh.heads * c * keys * sh.e)]
 
 
 def _attention_side(model: ModelConfig, sh: _StepDims, attention: str, t: int, c: int,
@@ -553,6 +585,7 @@ def _prefill_moments(model: ModelConfig, sh: _StepDims, attention: str, past: in
     # Attention: the larger of a full and a sliding layer (evaluated as the last layer).
     full, sliding = _layers(model)
     att_best: list = []
+    held_keys = 0  # the most keys a layer attends to: eager's weights it holds after
     for kind, masked in (("full", full_m > 0), ("sliding", slide_m > 0)):
         if (kind == "full" and not full) or (kind == "sliding" and not sliding):
             continue
@@ -564,6 +597,7 @@ def _prefill_moments(model: ModelConfig, sh: _StepDims, attention: str, past: in
             k_keys = c + past
             terms.append(("KV cache", "the sliding layer's concatenated k and v (past + chunk)",
                           _layer_cache(model, sh, c + past)))
+        held_keys = max(held_keys, k_keys)
         terms += (_attention_side(model, sh, attention, t, c, k_keys, masked)
                   + _attention_call(model, sh, attention, c, k_keys, masked))
         if sum(x for *_, x in terms) > sum(x for *_, x in att_best):
@@ -582,6 +616,7 @@ def _prefill_moments(model: ModelConfig, sh: _StepDims, attention: str, past: in
     moe = model.num_experts > 1 and (model.mlp_layers or model.num_layers) > model.dense_mlp_layers
     mlp = _mlp_moment(model, sh, t, moe=moe, decode=False)
     resid = [("hidden states", "the residual after attention", t * sh.h * sh.e)]
+    resid += _held_attention_weights(sh, attention, c, held_keys)
     out.append((PHASES[2], base + hidden_in + cache + resid + normed + mlp))
     if model.num_experts > 1 and model.dense_mlp_layers:  # DeepSeek's dense first layers
         dense = _mlp_moment(model, sh, t, moe=False, decode=False)
@@ -632,10 +667,12 @@ def _decode_moments(model: ModelConfig, sh: _StepDims, attention: str, s: int, n
            + _attention_call(model, sh, attention, 1, keys, masked))
     if sliding and not full:
         w = model.sliding_window
-        att = (_attention_side(model, sh, attention, t, 1, min(w, keys), masked)
-               + _attention_call(model, sh, attention, 1, min(w, keys), masked))
+        keys = min(w, keys)
+        att = (_attention_side(model, sh, attention, t, 1, keys, masked)
+               + _attention_call(model, sh, attention, 1, keys, masked))
     if model.num_experts > 1:
-        att_or_moe = _mlp_moment(model, sh, t, moe=True, decode=True)
+        att_or_moe = (_held_attention_weights(sh, attention, 1, keys)
+                      + _mlp_moment(model, sh, t, moe=True, decode=True))
         if sum(x for *_, x in att_or_moe) > sum(x for *_, x in att):
             att = att_or_moe
     out.append((PHASES[5], base + cache + att))

@@ -135,6 +135,31 @@ def test_cpu_replay_chunked_prefill_with_a_window_attends_to_the_kept_window() -
         assert abs(predicted - got) <= 0.015 * got, (chunk, predicted, got)
 
 
+def test_cpu_replay_eager_weights_held_through_the_mlp() -> None:
+    """Eager attention returns its probabilities (B·H·c·keys, e) and the decoder layer keeps
+    them in `_` through the post-attention norm and the MLP / MoE (modeling_llama.py
+    LlamaDecoderLayer.forward `hidden_states, _ = self.self_attn(...)`); an MoE block keeps the
+    router's logits likewise. A wide MLP and a short prompt put the peak at the MLP: without
+    them calc was 7.1% under for this Llama and 5.4% under for this DeepSeek-V2 (MLA, fp32
+    router logits, a dense first layer); now within 0.01%."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    llama = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, vocab_size=1000, max_position_embeddings=4096)
+    deepseek = transformers.DeepseekV2Config(
+        hidden_size=128, intermediate_size=1024, moe_intermediate_size=1024, n_routed_experts=8,
+        num_experts_per_tok=4, n_shared_experts=2, first_k_dense_replace=1,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64,
+        q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+        vocab_size=1000, max_position_embeddings=4096)
+    for cfg in (llama, deepseek):
+        got, predicted = _replay_peak(cfg, "eager", "eager")
+        model = ModelConfig.from_hf_config(cfg.to_dict())
+        assert inference_step(model, 1, 256, 2, attention="eager").peak_phase == PHASES[2]
+        assert abs(predicted - got) <= 0.001 * got, (cfg.model_type, predicted, got)
+
+
 def test_cpu_replay_qwen2_moe_shared_expert_first_and_its_unused_sliding_mask() -> None:
     """A tiny Qwen2-MoE: the shared expert runs before the routed ones (its output waits
     through them), and the model builds a sliding-window mask no layer reads. Without both,
