@@ -454,19 +454,10 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     from dataclasses import asdict
 
     import attnmem.calc
-    from attnmem.calc.finetune import calc_kwargs
     from attnmem.calc.training_step import lora_adapter_params
 
-    ft = _adapter_settings(a)
+    ft, kw, trl = _train_settings(a)
     gpu = resolve_gpu(a.gpu)
-    # the Training page's call: its method, rank, targets, adapter dtype and double quantization
-    # become the same adapters/base_dtype keywords (attnmem.calc.finetune.calc_kwargs)
-    kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
-              gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft),
-              optimizer=a.optimizer, kbit_prepare=a.kbit_prepare, liger=a.liger,
-              offload_activations=a.offload_activations)
-    trl = _trl_settings(a, kw)
-    _packed_settings(a)
     result = attnmem.calc.training_step(model, a.batch, a.seq_len, packed_lengths=a.packed, **kw)
     lora = kw.get("adapters")
     adapter = {"adapter": "none" if ft["method"] == "full" else ft["method"],
@@ -494,6 +485,24 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
             "longest_context": longest, "trained_context": trained,
             "seq_len_past_trained_context": bool(trained and one > trained),
             "longest_context_past_trained_context": bool(trained and (longest or 0) > trained)}
+
+
+def _train_settings(a: argparse.Namespace) -> tuple[dict, dict, dict | None]:
+    """`train`'s options as the Training page's call: (the adapter settings, calc's
+    training_step keywords, what --trl-args set); --trl-args and --packed also set a.batch,
+    a.seq_len and a.packed."""
+    from attnmem.calc.finetune import calc_kwargs
+
+    ft = _adapter_settings(a)
+    # the Training page's call: its method, rank, targets, adapter dtype and double quantization
+    # become the same adapters/base_dtype keywords (attnmem.calc.finetune.calc_kwargs)
+    kw = dict(attention=a.impl, precision=a.act_dtype, checkpointing=a.checkpointing,
+              gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft),
+              optimizer=a.optimizer, kbit_prepare=a.kbit_prepare, liger=a.liger,
+              offload_activations=a.offload_activations)
+    trl = _trl_settings(a, kw)
+    _packed_settings(a)
+    return ft, kw, trl
 
 
 def _trl_settings(a: argparse.Namespace, kw: dict) -> dict | None:
@@ -784,13 +793,10 @@ def _raw_config(spec: str) -> dict | None:
     return None
 
 
-def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
-    """`attnmem memory` for a model calc has no rules for: generate()'s peak traced on the
-    meta device (attnmem.trace.inference), or None where there is no config to trace. A trace
-    that cannot run raises ValueError with both reasons."""
-    from attnmem.calc.backends import NoKernel
-    from attnmem.calc.memory import INFERENCE_IMPL
-
+def _config_to_trace(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
+    """--model's config.json as a dict, for the trace of a model calc has no rules for; None
+    where --model names no file or Hub id to trace (calc's refusal then stands). UsageError
+    (with calc's reason) where torch or transformers, which the trace runs, are not here."""
     try:
         d = _raw_config(a.model)
     except (OSError, ValueError):
@@ -798,10 +804,40 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
     if d is None:
         return None
     try:
-        from attnmem.trace.inference import TRACE_ATTENTIONS, trace_inference
+        import attnmem.trace.inference  # noqa: F401  (imports torch and transformers)
     except ImportError as err:  # the bare CLI install: no torch or transformers
         raise UsageError(f"{no_rules}; tracing the model instead needs torch and transformers "
                          f"({err})") from None
+    return d
+
+
+def _trace_counted_from(t: Any, d: dict) -> str:
+    """The "counted from" line of a traced answer (after "counted from the ")."""
+    return (f"trace: transformers {t.transformers_version}'s {t.model_class} run on the meta "
+            "device, fused attention per attnmem.calc.peak (calc has no rules for model_type "
+            f"{d.get('model_type')!r})")
+
+
+def _trained_context_of(d: dict) -> int | None:
+    """max_position_embeddings of a config dict (its text_config's for a multimodal one)."""
+    inner = d.get("text_config")
+    got = d.get("max_position_embeddings") or (
+        inner.get("max_position_embeddings") if isinstance(inner, dict) else None)
+    return got if isinstance(got, int) and not isinstance(got, bool) else None
+
+
+def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
+    """`attnmem memory` for a model calc has no rules for: generate()'s peak traced on the
+    meta device (attnmem.trace.inference), or None where there is no config to trace. A trace
+    that cannot run raises ValueError with both reasons."""
+    from attnmem.calc.backends import NoKernel
+    from attnmem.calc.memory import INFERENCE_IMPL
+
+    d = _config_to_trace(a, no_rules)
+    if d is None:
+        return None
+    from attnmem.trace.inference import TRACE_ATTENTIONS, trace_inference
+
     attention = INFERENCE_IMPL.get(a.impl, a.impl)
     if attention not in TRACE_ATTENTIONS:
         raise UsageError(f"{no_rules}; the trace runs --impl {', '.join(TRACE_ATTENTIONS)} "
@@ -824,10 +860,8 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
         raise UsageError(f"--impl {a.impl}: {err}") from None
     except ValueError as err:
         raise UsageError(f"{no_rules}; and the trace: {err}") from None
-    kind = d.get("model_type")
     gpu = resolve_gpu(a.gpu)
-    trained = d.get("max_position_embeddings") or (d.get("text_config") or {}).get(
-        "max_position_embeddings")
+    trained = _trained_context_of(d)
     return {"model": str(a.model)[:200], "model_class": t.model_class, "batch": t.batch,
             "seq_len": t.prompt_len, "impl": a.impl, "dtype": t.dtype,
             "weights_bytes": t.weights_bytes, "kv_cache_bytes": t.kv_cache_bytes,
@@ -838,10 +872,137 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
             "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
             "longest_context": None,
             "counted_as": counted_as,
-            "counted_from": f"trace: transformers {t.transformers_version}'s {t.model_class} "
-                            "run on the meta device, fused attention per attnmem.calc.peak "
-                            f"(calc has no rules for model_type {kind!r})",
+            "counted_from": _trace_counted_from(t, d),
             "trace_seconds": round(t.seconds, 2)}
+
+
+def _untraced_train_options(a: argparse.Namespace, ft: dict, kw: dict) -> list[str]:
+    """The `train` options (as --trl-args left them) that the training trace does not run,
+    each said with the option's name (empty: everything asked is traced)."""
+    from attnmem.trace.training import TRACE_ATTENTIONS
+
+    bad = []
+    if kw["precision"] != "bf16":
+        bad.append(f"--act-dtype {kw['precision']} (the trace runs bf16: bf16 parameters and "
+                   "AdamW state, no autocast)")
+    if ft["method"] == "qlora":
+        bad.append("--adapter qlora (bitsandbytes' 4-bit base is not traced; --adapter lora "
+                   "is)")
+    elif ft["method"] == "lora" and ft["adapter_dtype"] != "fp32":
+        bad.append(f"--adapter-dtype {ft['adapter_dtype']} (the trace runs peft's default fp32 "
+                   "adapters)")
+    if kw["optimizer"] != "adamw":
+        bad.append(f"--optimizer {kw['optimizer']} (the trace runs torch's AdamW, foreach)")
+    bad += [f"{flag} (not traced)" for flag, on in (
+        ("--kbit-prepare", kw["kbit_prepare"]), ("--liger", kw["liger"]),
+        ("--offload-activations", kw["offload_activations"])) if on]
+    if a.packed:
+        bad.append("--packed (the trace runs dense rows of --seq-len tokens)")
+    if kw["attention"] not in TRACE_ATTENTIONS:
+        bad.append(f"--impl {kw['attention']} (the trace runs transformers' eager attention and "
+                   "SDPA's flash, memory-efficient and cuDNN backends)")
+    layout = [f"{flag} {v:,}" if isinstance(v, int) else f"{flag} {v}" for flag, v, off in (
+        ("--gpus", kw["gpus"], 1), ("--sharding", kw["sharding"], "none"), ("--ep", kw["ep"], 1))
+        if v != off]
+    if layout:
+        bad.append(f"{', '.join(layout)} (the trace runs one GPU)")
+    if a.cheapest:
+        bad.append("--cheapest (the levers it searches are not traced)")
+    return bad
+
+
+def _traced_train(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
+    """`attnmem train` for a model calc has no rules for: one training step's peak traced on
+    the meta device (attnmem.trace.training: full training or LoRA, bf16, AdamW, one GPU), or
+    None where there is no config to trace. What the trace does not run is refused, each
+    option named, with what it runs; a trace that cannot run, with both reasons."""
+    from attnmem.calc.backends import NoKernel
+    from attnmem.calc.train_lora import LORA_TARGET_SETS
+
+    d = _config_to_trace(a, no_rules)
+    if d is None:
+        return None
+    from attnmem.trace.training import TRACE_ATTENTIONS, trace_training
+
+    ft, kw, trl = _train_settings(a)
+    bad = _untraced_train_options(a, ft, kw)
+    if bad:
+        raise UsageError(
+            f"{no_rules}; the trace that answers such models does not run "
+            + "; ".join(bad) + (" (as --trl-args set them)" if trl else "")
+            + ". It runs full training or --adapter lora (fp32 adapters), --act-dtype bf16, "
+            f"--optimizer adamw, --impl {' / '.join(x for x in TRACE_ATTENTIONS if x != 'sdpa')}"
+            ", with or without --checkpointing, on one GPU")
+    lora = kw.get("adapters")
+    targets = (LORA_TARGET_SETS[lora.targets] if isinstance(lora.targets, str)
+               else tuple(lora.targets)) if lora else ()
+    try:
+        t = trace_training(d, a.batch, a.seq_len, attention=kw["attention"], dtype="bf16",
+                           checkpointing=kw["checkpointing"],
+                           lora_rank=lora.rank if lora else None,
+                           **({"lora_targets": targets} if lora else {}))
+    except NoKernel as err:
+        raise UsageError(f"--impl {kw['attention']}: {err}") from None
+    except ValueError as err:
+        raise UsageError(f"{no_rules}; and the trace: {err}") from None
+    except Exception as err:  # the model's own code on meta: said, never a traceback
+        raise UsageError(f"{no_rules}; and the trace failed in the model's code "
+                         f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
+    gpu = resolve_gpu(a.gpu)
+    trained = _trained_context_of(d)
+    return {"model": str(a.model)[:200], "model_class": t.model_class,
+            "adapter": "none" if ft["method"] == "full" else ft["method"],
+            "lora_rank": t.lora_rank, "lora_targets": list(targets) if lora else None,
+            "adapter_dtype": "fp32" if lora else None, "trainable_params": t.trainable_params,
+            "batch": t.batch, "seq_len": t.seq_len,
+            "seq_len_is_default": bool(getattr(a, "seq_len_default", False)),
+            "attention": t.attention, "precision": t.dtype, "checkpointing": t.checkpointing,
+            "optimizer": "adamw", "trl": trl,
+            "weights_bytes": t.weights_bytes, "before_step_bytes": t.before_step_bytes,
+            "peak_bytes": t.peak_bytes, "at_peak": [list(x) for x in t.at_peak[:8]],
+            "gpu": a.gpu, "gpu_bytes": gpu, "fits": t.peak_bytes <= gpu,
+            "trained_context": trained,
+            "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
+            "longest_context": None, "counted_from": _trace_counted_from(t, d),
+            "trace_seconds": round(t.seconds, 2)}
+
+
+def _text_traced_train(r: dict, a: argparse.Namespace) -> str:
+    from attnmem.calc.units import format_bytes
+
+    def b(n: int) -> str:
+        return format_bytes(n, a.unit)
+
+    past = (f" (past the {r['trained_context']:,} tokens it was trained for)"
+            if r["seq_len_past_trained_context"] else "")
+    default = " (the default; --seq-len sets it)" if r["seq_len_is_default"] else ""
+    lines = [f"{r['model']} ({r['model_class']}): training step, batch {r['batch']:,}, "
+             f"s = {_tokens(r['seq_len'])}{default}{past}, {r['attention']}, precision "
+             f"{r['precision']}, checkpointing {'on' if r['checkpointing'] else 'off'}, "
+             "optimizer adamw (foreach)"]
+    if r["trl"]:
+        lines += [f"  TRL: {n}" for n in r["trl"]["notes"]]
+    if r["adapter"] == "none":
+        lines.append(f"full training: {r['trainable_params']:,} trainable parameters")
+    else:
+        lines.append(f"LoRA (peft): rank {r['lora_rank']}, targets "
+                     f"{', '.join(r['lora_targets'])}, fp32 adapters "
+                     f"({r['trainable_params']:,} trainable parameters), frozen base bf16")
+    lines.append("")
+    rows = [("weights and buffers", b(r["weights_bytes"])),
+            ("AdamW state, inputs and cuBLAS workspaces",
+             b(r["before_step_bytes"] - r["weights_bytes"])),
+            ("before the step", b(r["before_step_bytes"])),
+            ("peak of the step", b(r["peak_bytes"]))]
+    lines += _table(rows) + [""]
+    lines.append("largest tensors at the peak: " + "; ".join(
+        f"{(where.replace('|', ' ').strip() or where)} {b(n)}" for where, _, n in r["at_peak"][:4]))
+    lines.append(f"counted from the {r['counted_from']}")
+    verdict = "fits" if r["fits"] else "does not fit"
+    lines.append(f"{r['gpu']} ({b(r['gpu_bytes'])}): {verdict}")
+    lines.append("  longest context: not searched for a traced model (each length is one "
+                 f"trace of {r['trace_seconds']} s); try --seq-len values")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _text_traced(r: dict, a: argparse.Namespace) -> str:
@@ -888,10 +1049,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             model = resolve_model(args.model)
         except (UsageError, ValueError) as no_rules:
-            traced = _traced_memory(args, no_rules) if args.command == "memory" else None
+            answer, text_of = {"memory": (_traced_memory, _text_traced),
+                               "train": (_traced_train, _text_traced_train)}.get(
+                                   args.command, (None, None))
+            traced = answer(args, no_rules) if answer else None
             if traced is None:
                 raise
-            print(json.dumps(traced, indent=2) if args.json else _text_traced(traced, args))
+            print(json.dumps(traced, indent=2) if args.json else text_of(traced, args))
             return 0
         result = {"memory": _memory, "train": _train, "serve": _serve}[args.command](args, model)
         # how a config.json was read: values its transformers config class supplied
