@@ -183,14 +183,51 @@ def trace_inference(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
     return _trace(json.dumps(d, sort_keys=True), b, s, n, attention, dtype)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """One traced generate(): the storage events (attnmem.trace.recorder) and what the replay
+    needs besides them."""
+
+    events: tuple
+    weights_bytes: int
+    cache_bytes: int
+    model_class: str
+
+
 @lru_cache(maxsize=256)
 def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> TracedInference:
+    t0 = time.perf_counter()
+    rec = record(text, b, s, n, attention, dtype)
+    return result(rec, b, s, n, attention, dtype, time.perf_counter() - t0)
+
+
+def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
+           seconds: float) -> TracedInference:
+    """TracedInference of recorded events: replayed through the caching allocator."""
+    import transformers
+
+    phases = replay(list(rec.events))
+    base = rec.weights_bytes + CUBLAS_WORKSPACE_BYTES
+    pre = phases["prefill"]
+    dec: PhasePeak | None = phases.get("decode")
+    top = dec if dec is not None and dec.peak > pre.peak else pre
+    at_peak = tuple(sorted(((k, c, by) for k, (c, by) in top.at_peak.items()),
+                           key=lambda x: -x[2]))
+    return TracedInference(
+        model_class=rec.model_class, batch=b, prompt_len=s, new_tokens=n,
+        attention=attention, dtype=dtype, weights_bytes=rec.weights_bytes,
+        fixed_bytes=CUBLAS_WORKSPACE_BYTES, prefill_peak_bytes=base + pre.peak,
+        decode_peak_bytes=None if dec is None else base + dec.peak,
+        kv_cache_bytes=rec.cache_bytes, at_peak=at_peak, peak_phase=top.name,
+        seconds=seconds, transformers_version=transformers.__version__)
+
+
+def record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Recorded:
+    """Run generate()'s steps on the meta device (module docstring) and keep the events."""
     import contextlib
 
     import torch
-    import transformers
 
-    t0 = time.perf_counter()
     model = _built(text, dtype, "eager" if attention == "eager" else "sdpa")
     cache_kw = _cache_kw(model)
     rec = Recorder()
@@ -249,18 +286,5 @@ def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Tra
                          f"{' '.join(str(e).split())[:300]}") from None
     finally:
         _experts(model, "grouped_mm")
-    phases = replay(rec.events)
-    weights = _held_bytes(model)
-    base = weights + CUBLAS_WORKSPACE_BYTES
-    pre = phases["prefill"]
-    dec: PhasePeak | None = phases.get("decode")
-    top = dec if dec is not None and dec.peak > pre.peak else pre
-    at_peak = tuple(sorted(((k, c, by) for k, (c, by) in top.at_peak.items()),
-                           key=lambda x: -x[2]))
-    return TracedInference(
-        model_class=type(model).__name__, batch=b, prompt_len=s, new_tokens=n,
-        attention=attention, dtype=dtype, weights_bytes=weights,
-        fixed_bytes=CUBLAS_WORKSPACE_BYTES, prefill_peak_bytes=base + pre.peak,
-        decode_peak_bytes=None if dec is None else base + dec.peak,
-        kv_cache_bytes=state["cache"], at_peak=at_peak, peak_phase=top.name,
-        seconds=time.perf_counter() - t0, transformers_version=transformers.__version__)
+    return Recorded(tuple(rec.events), _held_bytes(model), state["cache"],
+                    type(model).__name__)

@@ -1,0 +1,165 @@
+"""generate()'s traced peak at any prompt length from a few traces: each tensor as a polynomial.
+
+A trace (attnmem.trace.inference) is a list of storage events. For one model, batch, number of
+new tokens, attention and dtype, the program that makes them does not depend on the prompt
+length s, as long as no branch does (a sliding window shorter than the keys, a chunked-
+attention boundary, a mask transformers stops skipping): then every trace has the same events
+in the same order, and each tensor's size is a polynomial in s of degree at most 2 (the
+activations B·s·w, eager's scores B·H·s², the cache B·(s + N)·w, constants).
+
+`LengthModel` traces three lengths, solves each event's quadratic exactly (rational
+arithmetic), and checks it on a fourth and a fifth trace: one event off by one byte, or any
+event added, dropped or moved, and there is no model (None), so the caller traces each length
+itself. Between its fitted lengths the model gives each tensor's exact size; the peak is then
+the same allocator replay as a trace's (attnmem.calc.allocator), with no model code run: tens
+of milliseconds against seconds. Outside [lo, hi] it is not used.
+
+Sizes that are not polynomials in s would be rounded (the memory-efficient backend pads its
+mask's columns to 16; FlashAttention's split-KV count depends on the tiles): they fail the
+checks, or, between checked lengths, differ by the rounding only; `peak` is exact at the
+traced lengths and the callers confirm a searched answer with a trace of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+from attnmem.trace.inference import Recorded, TracedInference, record, result
+
+#: Shortest span worth a model: below it the callers trace each length.
+MIN_SPAN = 64
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Each event of a traced generate() with its size as a quadratic in the prompt length."""
+
+    lo: int
+    hi: int
+    skeleton: tuple  # the events, sizes replaced by their index in `coeffs`
+    coeffs: tuple[tuple[Fraction, Fraction, Fraction], ...]
+    cache: tuple[Fraction, Fraction, Fraction]
+    weights_bytes: int
+    model_class: str
+    key: tuple  # (config text, batch, new tokens, attention, dtype)
+    seconds: float  # the traces it took
+
+    def recorded(self, s: int) -> Recorded:
+        if not self.lo <= s <= self.hi:
+            raise ValueError(f"prompt_len {s}: this model covers {self.lo} to {self.hi}")
+        sizes = [_eval(c, s) for c in self.coeffs]
+        events = tuple(ev if ev[0] != "a" else (ev[0], ev[1], sizes[ev[2]], ev[3])
+                       for ev in self.skeleton)
+        return Recorded(events, self.weights_bytes, _eval(self.cache, s), self.model_class)
+
+    def peak(self, s: int) -> TracedInference:
+        """The trace at prompt length s, from the model (no model code runs)."""
+        t0 = time.perf_counter()
+        _, b, n, attention, dtype = self.key
+        return result(self.recorded(s), b, s, n, attention, dtype, time.perf_counter() - t0)
+
+
+def _eval(c: tuple[Fraction, Fraction, Fraction], s: int) -> int:
+    v = c[0] * s * s + c[1] * s + c[2]
+    return int(v)
+
+
+def _quadratic(xs: tuple[int, int, int], ys: tuple[int, int, int]
+               ) -> tuple[Fraction, Fraction, Fraction]:
+    """The a, b, c of a·x² + b·x + c through three points (Lagrange, exact)."""
+    (x0, x1, x2), (y0, y1, y2) = xs, ys
+    l0 = Fraction(y0, (x0 - x1) * (x0 - x2))
+    l1 = Fraction(y1, (x1 - x0) * (x1 - x2))
+    l2 = Fraction(y2, (x2 - x0) * (x2 - x1))
+    a = l0 + l1 + l2
+    b = -(l0 * (x1 + x2) + l1 * (x0 + x2) + l2 * (x0 + x1))
+    c = l0 * x1 * x2 + l1 * x0 * x2 + l2 * x0 * x1
+    return a, b, c
+
+
+def _shape(ev: tuple) -> tuple:
+    return ev if ev[0] != "a" else (ev[0], ev[1], ev[3])
+
+
+def length_model(d: dict, batch: int, new_tokens: int, attention: str, dtype: str, lo: int,
+                 hi: int) -> LengthModel | None:
+    """A LengthModel over prompt lengths lo..hi, or None where the traces' events do not
+    follow one program with quadratic sizes (see the module docstring)."""
+    if hi - lo < MIN_SPAN:
+        return None
+    return _model(json.dumps(d, sort_keys=True), batch, new_tokens, attention, dtype, lo, hi)
+
+
+@lru_cache(maxsize=64)
+def _model(text: str, b: int, n: int, attention: str, dtype: str, lo: int,
+           hi: int) -> LengthModel | None:
+    t0 = time.perf_counter()
+    fit_at = (lo, (lo + hi) // 2, hi)
+    check_at = ((3 * lo + hi) // 4, (lo + 3 * hi) // 4)
+    runs = {s: record(text, b, s, n, attention, dtype) for s in (*fit_at, *check_at)}
+    first = runs[lo].events
+    if any(len(r.events) != len(first) for r in runs.values()):
+        return None
+    skeleton: list[tuple] = []
+    coeffs: list[tuple[Fraction, Fraction, Fraction]] = []
+    for i, ev in enumerate(first):
+        evs = [runs[s].events[i] for s in (*fit_at, *check_at)]
+        if any(_shape(e) != _shape(ev) for e in evs):
+            return None
+        if ev[0] != "a":
+            skeleton.append(ev)
+            continue
+        c = _quadratic(fit_at, tuple(e[2] for e in evs[:3]))
+        if any(_eval(c, s) != e[2] for s, e in zip(check_at, evs[3:], strict=True)):
+            return None
+        skeleton.append(("a", ev[1], len(coeffs), ev[3]))
+        coeffs.append(c)
+    cache = _quadratic(fit_at, tuple(runs[s].cache_bytes for s in fit_at))
+    if any(_eval(cache, s) != runs[s].cache_bytes for s in check_at):
+        return None
+    return LengthModel(lo, hi, tuple(skeleton), tuple(coeffs), cache, runs[lo].weights_bytes,
+                       runs[lo].model_class, (text, b, n, attention, dtype),
+                       time.perf_counter() - t0)
+
+
+def longest_prompt(d: dict, batch: int, new_tokens: int, attention: str, dtype: str,
+                   budget: int, limit: int) -> tuple[int, str]:
+    """The longest prompt whose traced generate() peak is at most `budget` bytes, up to
+    `limit` tokens, and how it was found. Doubling from 1,024 tokens with a trace each, then a
+    search inside the last bracket on a LengthModel (exact between its traces), confirmed by
+    tracing the answer and the next length. Where no LengthModel holds (a branch on s inside
+    the bracket) the bisection traces each length. 0: not even one token fits."""
+    from attnmem.trace.inference import trace_inference
+
+    def fits(s: int) -> bool:
+        return trace_inference(d, batch, s, new_tokens, attention=attention,
+                               dtype=dtype).peak_bytes <= budget
+
+    if not fits(1):
+        return 0, "not even a 1-token prompt fits"
+    lo, hi = 1, min(1024, limit)
+    while fits(hi):
+        if hi >= limit:
+            return limit, f"fits at the limit of {limit:,} tokens"
+        lo, hi = hi, min(2 * hi, limit)
+    model = length_model(d, batch, new_tokens, attention, dtype, lo, hi)
+    how = "bisected on a length model, confirmed by a trace" if model else \
+        "bisected with a trace per length"
+
+    def fits_fast(s: int) -> bool:
+        return model.peak(s).peak_bytes <= budget if model else fits(s)
+
+    while hi - lo > 1:  # lo fits, hi does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_fast(mid) else (lo, mid)
+    if model and not (fits(lo) and not fits(hi)):  # a size the model rounded: trace around it
+        while lo > 1 and not fits(lo):
+            lo -= 1
+        while lo + 1 <= limit and fits(lo + 1):
+            lo += 1
+        how = "bisected on a length model, then corrected by traces"
+    return lo, how
