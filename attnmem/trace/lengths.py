@@ -51,16 +51,30 @@ class LengthModel:
     def recorded(self, s: int) -> Recorded:
         if not self.lo <= s <= self.hi:
             raise ValueError(f"prompt_len {s}: this model covers {self.lo} to {self.hi}")
-        sizes = [_eval(c, s) for c in self.coeffs]
+        s2 = s * s  # integer numerators over one denominator: no Fraction per event
+        sizes = [(a * s2 + b * s + c) // den for a, b, c, den in self.integer_coeffs]
         events = tuple(ev if ev[0] != "a" else (ev[0], ev[1], sizes[ev[2]], ev[3])
                        for ev in self.skeleton)
         return Recorded(events, self.weights_bytes, _eval(self.cache, s), self.model_class)
+
+    @property
+    def integer_coeffs(self) -> tuple[tuple[int, int, int, int], ...]:
+        cached = self.__dict__.get("_int")
+        if cached is None:
+            cached = tuple(_integer(c) for c in self.coeffs)
+            object.__setattr__(self, "_int", cached)
+        return cached
 
     def peak(self, s: int) -> TracedInference:
         """The trace at prompt length s, from the model (no model code runs)."""
         t0 = time.perf_counter()
         _, b, n, attention, dtype = self.key
         return result(self.recorded(s), b, s, n, attention, dtype, time.perf_counter() - t0)
+
+
+def _integer(c: tuple[Fraction, Fraction, Fraction]) -> tuple[int, int, int, int]:
+    den = c[0].denominator * c[1].denominator * c[2].denominator
+    return (int(c[0] * den), int(c[1] * den), int(c[2] * den), den)
 
 
 def _eval(c: tuple[Fraction, Fraction, Fraction], s: int) -> int:
