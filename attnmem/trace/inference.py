@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -222,8 +223,19 @@ def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
         seconds=seconds, transformers_version=transformers.__version__)
 
 
+#: One trace at a time per process: a trace hooks the cached model's modules and patches
+#: F.scaled_dot_product_attention, so two at once (Streamlit sessions are threads; the length
+#: model's background traces) would record each other's tensors.
+TRACE_LOCK = threading.RLock()
+
+
 def record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Recorded:
     """Run generate()'s steps on the meta device (module docstring) and keep the events."""
+    with TRACE_LOCK:
+        return _record(text, b, s, n, attention, dtype)
+
+
+def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Recorded:
     import contextlib
 
     import torch

@@ -23,11 +23,13 @@ traced lengths and the callers confirm a searched answer with a trace of its own
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from attnmem.calc.units import MAX_SEQ_LEN
 from attnmem.trace.inference import Recorded, TracedInference, record, result
 
 #: Shortest span worth a model: below it the callers trace each length.
@@ -177,3 +179,54 @@ def longest_prompt(d: dict, batch: int, new_tokens: int, attention: str, dtype: 
             lo += 1
         how = "bisected on a length model, then corrected by traces"
     return lo, how
+
+
+#: LengthModels built or being built, by (config text, batch, new tokens, attention, dtype):
+#: (lo, hi) -> the model, or None where none holds (not tried again).
+_MODELS: dict[tuple, dict[tuple[int, int], LengthModel | None]] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def span_around(s: int) -> tuple[int, int]:
+    """The lengths a model is built over for a page at prompt length s: half to twice s."""
+    return max(1, s // 2), min(2 * s, MAX_SEQ_LEN - 1)
+
+
+def trace_at(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
+             attention: str = "sdpa", dtype: str = "bf16", background: bool = True
+             ) -> TracedInference:
+    """generate()'s trace at prompt_len: from a LengthModel that covers it (a replay, tens of
+    milliseconds), else a trace of its own; then, with `background`, a LengthModel over
+    `span_around(prompt_len)` is built in a thread, so that the next lengths nearby (a slider's
+    moves) are replays. The answers are the same either way (exact between a model's traces;
+    see the module docstring for sizes it would round)."""
+    from attnmem.trace.inference import trace_inference
+
+    text = json.dumps(d, sort_keys=True)
+    key = (text, batch, new_tokens, attention, dtype)
+    with _MODELS_LOCK:
+        held = [m for m in _MODELS.get(key, {}).values()
+                if m is not None and m.lo <= prompt_len <= m.hi]
+    if held:
+        return held[0].peak(prompt_len)
+    t = trace_inference(d, batch, prompt_len, new_tokens, attention=attention, dtype=dtype)
+    lo, hi = span_around(prompt_len)
+    with _MODELS_LOCK:
+        tried = _MODELS.setdefault(key, {})
+        if (lo, hi) in tried or hi - lo < MIN_SPAN:
+            return t
+        tried[(lo, hi)] = None  # being built; None also when no model holds
+
+    def build() -> None:
+        try:
+            m = length_model(d, batch, new_tokens, attention, dtype, lo, hi)
+        except Exception:  # a length the model's code refuses: no model, traces answer
+            m = None
+        with _MODELS_LOCK:
+            _MODELS[key][(lo, hi)] = m
+
+    if background:
+        threading.Thread(target=build, daemon=True, name="attnmem-length-model").start()
+    else:
+        build()
+    return t

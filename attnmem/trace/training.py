@@ -32,7 +32,7 @@ from attnmem.calc.backends import NoKernel
 from attnmem.calc.train_common import CUBLAS_WORKSPACE_BYTES
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int
 from attnmem.trace.fake_attention import sdpa_as
-from attnmem.trace.inference import TRACE_ATTENTIONS, _built, _held_bytes
+from attnmem.trace.inference import TRACE_ATTENTIONS, TRACE_LOCK, _built, _held_bytes
 from attnmem.trace.recorder import Recorder, replay
 
 #: The dtypes a training trace runs: the harness's bf16 (parameters and moments in bf16, no
@@ -103,6 +103,12 @@ def _unpacked():
 @lru_cache(maxsize=64)
 def _trace(text: str, b: int, s: int, attention: str, dtype: str, checkpointing: bool,
            lora_rank: int | None, targets: tuple[str, ...]) -> TracedTraining:
+    with TRACE_LOCK:
+        return _locked(text, b, s, attention, dtype, checkpointing, lora_rank, targets)
+
+
+def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing: bool,
+            lora_rank: int | None, targets: tuple[str, ...]) -> TracedTraining:
     import copy
 
     import torch
