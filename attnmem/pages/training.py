@@ -32,7 +32,11 @@ from attnmem.calc import (  # noqa: E402
 from attnmem.calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
 from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import finetune as ft_  # noqa: E402
+from attnmem.pages.ui import hub_model as hub  # noqa: E402
+from attnmem.pages.ui import traced_training as ttr  # noqa: E402
+from attnmem.pages.ui import traced_training_view as ttv  # noqa: E402
 from attnmem.pages.ui import training as tr  # noqa: E402
+from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.messages import (  # noqa: E402
     COMPUTED,
     longest_past_trained_note,
@@ -55,7 +59,8 @@ PRECISION_LABELS = {"bf16": "bf16 parameters and AdamW state",
 DEFAULT_ATTNS = ("eager", "sdpa_flash", "sdpa_cudnn", "triton")
 
 SPECS = {
-    "model": ChoiceParam("Llama 3.1 8B", tuple(tr.CHOICES)),
+    # a Hub id or a config.json too: one calc has rules for is computed, any other traced
+    "model": ChoiceParam("Llama 3.1 8B", (*tr.CHOICES, hub.HUB, CUSTOM)),
     "b": IntParam(1, 1, 65_536),  # the same spec as the other pages: B carries over
     "s": IntParam(4096, 1, MAX_SEQ_LEN),
     "prec": ChoiceParam("bf16", PRECISIONS),
@@ -85,25 +90,31 @@ SPECS = {
 }
 
 
+def of(key):
+    """The model a cache key names: a choice's name (hashing a ModelConfig costs more than the
+    search), or the model itself where it came from a Hub id or a config.json."""
+    return tr.CHOICES[key] if isinstance(key, str) else key
+
+
 @cached(max_entries=256)
-def longest(choice: str, gpu_bytes: int, batch: int, kw: tuple, ft: tuple = ()) -> int:
-    """Exact search over s (attnmem.calc.max_train_seq_len); cached by the model's name (hashing a
-    ModelConfig costs more than the search). ft: the fine-tuning settings (method, rank,
-    targets, adapter dtype, double quantization; empty: full training)."""
-    return max_train_seq_len(tr.CHOICES[choice], gpu_bytes, batch, **dict(kw),
+def longest(key, gpu_bytes: int, batch: int, kw: tuple, ft: tuple = ()) -> int:
+    """Exact search over s (attnmem.calc.max_train_seq_len); cached by the model's key (`of`).
+    ft: the fine-tuning settings (method, rank, targets, adapter dtype, double quantization;
+    empty: full training)."""
+    return max_train_seq_len(of(key), gpu_bytes, batch, **dict(kw),
                              **ft_.calc_kwargs(*ft) if ft else {})
 
 
 @cached(max_entries=256)
-def needed(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
-    return train_gpus_needed(tr.CHOICES[choice], gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
+def needed(key, gpu_bytes: int, batch: int, s: int, kw: tuple) -> int:
+    return train_gpus_needed(of(key), gpu_bytes, batch, s, max_gpus=1024, **dict(kw))
 
 
 @cached(max_entries=256)
-def never_fits(choice: str, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bool:
+def never_fits(key, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bool:
     """True when no number of GPUs fits: at 2^20 GPUs the sharded states are next to nothing,
     so what is left is one replica's activations, which more GPUs of this layout never split."""
-    return ft_.never_fits(tr.CHOICES[choice], gpu_bytes, batch, s, dict(kw))
+    return ft_.never_fits(of(key), gpu_bytes, batch, s, dict(kw))
 
 
 def apply_trl() -> None:
@@ -127,8 +138,10 @@ st.markdown("**How much memory does one training step take, where is its peak, a
 top_answer = st.container()  # the answer in one line, filled once computed (seen at 1280 × 800)
 
 top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
-picked = pickers.model_picker(SPECS["model"], tr.CHOICES, where=top[0])
+picked = pickers.model_picker(SPECS["model"], tr.CHOICES, where=top[0], traceable=True)
 choice, model = picked.choice, picked.model
+key = choice if choice in tr.CHOICES else model  # the searches' cache key (`of`)
+used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
 gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
 prec = widgets.select("Precision", "prec", SPECS["prec"], where=top[2], format_func=lambda p: f"{p}: {PRECISION_LABELS[p]}")
 tune = st.columns([2.2, 1, 1.6, 1, 1.4])
@@ -210,6 +223,24 @@ with lever_box:
                              "restarting at each (attnmem/calc/train_packed.py)")
     cheapest_box = st.container()
 
+if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
+    unit, gpu_bytes = get_unit(), usable_bytes(gpu)
+    with answer_box:
+        pickers.gpu_note(gpu, unit, what="\"Fits\"")
+        bad = ttr.unsupported(prec, method, adt, opt, kbit, liger, offload, pf, gpus, tp, shard,
+                              ep)
+        if bad:
+            ttv.refused(picked.traced, bad, top_answer)
+        else:
+            with st.spinner(ttv.tv.SPINNER):
+                traced_steps = ttr.training(picked.traced, batch, seq_len, tuple(attns), ckpt,
+                                            None if full else rank, targets)
+            ttv.show(traced_steps, gpu, gpu_bytes, unit, f"one {gpu}",
+                     lambda a: TRAIN_ATTENTION_LABELS.get(a, a), top_answer)
+    cheapest_box.caption("Not searched for a model outside calc's rules: the levers are "
+                         "calc's, and the trace runs none of them.")
+    sync_url(used)
+    st.stop()
 step_b, step_s, packed = tr.step_shape(batch, seq_len, pf)
 levers = tr.lever_kwargs(method, kbit, liger, offload, packed)
 plain = not levers  # the measured rows and the searches over s are for dense rows, no levers
@@ -317,7 +348,7 @@ with answer_box:
                             "makes it fit are below the inputs.")
         cheapest_section(attns[0])
         side_by_side_section()
-        sync_url(SPECS)
+        sync_url(used)
         st.stop()
     except ValueError as err:
         st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
@@ -325,7 +356,7 @@ with answer_box:
         cheapest_box.caption("No cheapest combination: these settings are refused without any "
                              "lever (the message above).")
         side_by_side_section()
-        sync_url(SPECS)
+        sync_url(used)
         st.stop()
     for a, why in no_kernel.items():
         st.warning(md_escape(f"Not computed: {TRAIN_ATTENTION_LABELS[a]}: {why}"),
@@ -394,14 +425,14 @@ never_any = False
 lever_kw = {k: v for k, v in levers.items() if k != "packed_lengths"}
 for a in steps if not pf else ():  # a padding-free row's lengths are given: no search over s
     ka = tuple(sorted(dict(kw, attention=a, **lever_kw).items()))
-    s_max = longest(choice, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
+    s_max = longest(key, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
     longest_seen.append(s_max)
     ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
                                 sharding="zero3" if shard == "none" else shard, tp=tp,
                                 ep=ep, **lever_kw).items()))
     try:
-        n_need = 0 if not full else needed(choice, gpu_bytes, batch, seq_len, ka_need)
-        never = full and not n_need and never_fits(choice, gpu_bytes, batch, seq_len, ka_need)
+        n_need = 0 if not full else needed(key, gpu_bytes, batch, seq_len, ka_need)
+        never = full and not n_need and never_fits(key, gpu_bytes, batch, seq_len, ka_need)
         why_not = ""
     except ValueError as err:  # a lever calc does not count on a sharded layout
         n_need, never, why_not = 0, False, str(err)
@@ -490,4 +521,4 @@ st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V 
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
            "keep only an output and a log-sum-exp per row.")
 
-sync_url(SPECS)
+sync_url(used)
