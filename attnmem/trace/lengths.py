@@ -185,6 +185,8 @@ def longest_prompt(d: dict, batch: int, new_tokens: int, attention: str, dtype: 
 #: (lo, hi) -> the model, or None where none holds (not tried again).
 _MODELS: dict[tuple, dict[tuple[int, int], LengthModel | None]] = {}
 _MODELS_LOCK = threading.Lock()
+#: (key, span) whose model was tried (built, or found not to hold)
+_TRIED: set[tuple[tuple, tuple[int, int]]] = set()
 
 
 def span_around(s: int) -> tuple[int, int]:
@@ -193,40 +195,39 @@ def span_around(s: int) -> tuple[int, int]:
 
 
 def trace_at(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
-             attention: str = "sdpa", dtype: str = "bf16", background: bool = True
-             ) -> TracedInference:
+             attention: str = "sdpa", dtype: str = "bf16") -> TracedInference:
     """generate()'s trace at prompt_len: from a LengthModel that covers it (a replay, tens of
-    milliseconds), else a trace of its own; then, with `background`, a LengthModel over
-    `span_around(prompt_len)` is built in a thread, so that the next lengths nearby (a slider's
-    moves) are replays. The answers are the same either way (exact between a model's traces;
-    see the module docstring for sizes it would round)."""
+    milliseconds), else a trace of its own. The second length asked near an earlier one (a
+    slider's first move) builds a LengthModel over `span_around` that earlier length (five
+    traces, once), and answers from it; later moves inside that span are replays. The answers
+    are the same either way (exact between a model's traces; see the module docstring for
+    sizes it would round). No background thread: torch code still running when the
+    interpreter exits aborts the process."""
     from attnmem.trace.inference import trace_inference
 
     text = json.dumps(d, sort_keys=True)
     key = (text, batch, new_tokens, attention, dtype)
     with _MODELS_LOCK:
-        held = [m for m in _MODELS.get(key, {}).values()
-                if m is not None and m.lo <= prompt_len <= m.hi]
+        spans = _MODELS.setdefault(key, {})
+        held = [m for m in spans.values() if m is not None and m.lo <= prompt_len <= m.hi]
+        todo = [sp for sp, m in spans.items() if m is None and sp[0] <= prompt_len <= sp[1]
+                and (key, sp) not in _TRIED]
     if held:
         return held[0].peak(prompt_len)
-    t = trace_inference(d, batch, prompt_len, new_tokens, attention=attention, dtype=dtype)
-    lo, hi = span_around(prompt_len)
-    with _MODELS_LOCK:
-        tried = _MODELS.setdefault(key, {})
-        if (lo, hi) in tried or hi - lo < MIN_SPAN:
-            return t
-        tried[(lo, hi)] = None  # being built; None also when no model holds
-
-    def build() -> None:
+    for lo, hi in todo:  # an earlier length's span, no model tried yet: build it now
+        with _MODELS_LOCK:
+            _TRIED.add((key, (lo, hi)))
         try:
             m = length_model(d, batch, new_tokens, attention, dtype, lo, hi)
-        except Exception:  # a length the model's code refuses: no model, traces answer
+        except ValueError:  # a length the model's code refuses: traces answer
             m = None
         with _MODELS_LOCK:
-            _MODELS[key][(lo, hi)] = m
-
-    if background:
-        threading.Thread(target=build, daemon=True, name="attnmem-length-model").start()
-    else:
-        build()
+            spans[(lo, hi)] = m
+        if m is not None:
+            return m.peak(prompt_len)
+    t = trace_inference(d, batch, prompt_len, new_tokens, attention=attention, dtype=dtype)
+    lo, hi = span_around(prompt_len)
+    if hi - lo >= MIN_SPAN:
+        with _MODELS_LOCK:
+            spans.setdefault((lo, hi), None)
     return t

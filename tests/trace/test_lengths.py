@@ -54,18 +54,18 @@ def test_longest_prompt_is_confirmed_by_traces() -> None:
 
 
 def test_trace_at_answers_later_lengths_from_its_model() -> None:
-    """The first length is a trace; a length-model over half to twice it is built (here in
-    the caller's thread), and a later length inside that span is its replay, equal to a trace
-    of its own."""
+    """The first length is a trace; the second near it builds a length model over half to
+    twice the first (once) and answers from it; both equal traces of their own."""
     from attnmem.trace import lengths
 
     d = {**_tiny(), "num_hidden_layers": 1}
-    first = lengths.trace_at(d, 1, 400, 3, attention="eager", background=False)
+    first = lengths.trace_at(d, 1, 400, 3, attention="eager")
     assert first == trace_inference(d, 1, 400, 3, attention="eager")
+    for s in (777, 250):
+        later = lengths.trace_at(d, 1, s, 3, attention="eager")
+        want = trace_inference(d, 1, s, 3, attention="eager")
+        assert (later.peak_bytes, later.kv_cache_bytes, later.at_peak) == (
+            want.peak_bytes, want.kv_cache_bytes, want.at_peak)
     (model,) = [m for key, ms in lengths._MODELS.items() if key[1:] == (1, 3, "eager", "bf16")
-                for m in ms.values()]
+                for m in ms.values() if m is not None]
     assert (model.lo, model.hi) == (200, 800)
-    later = lengths.trace_at(d, 1, 777, 3, attention="eager", background=False)
-    want = trace_inference(d, 1, 777, 3, attention="eager")
-    assert (later.peak_bytes, later.kv_cache_bytes, later.at_peak) == (
-        want.peak_bytes, want.kv_cache_bytes, want.at_peak)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,6 +29,7 @@ from attnmem.calc.backends import NoKernel
 from attnmem.calc.models import KNOWN_MODEL_TYPES
 from attnmem.calc.units import MAX_SEQ_LEN
 from attnmem.pages.ui.fit import TASK_LABELS, Verdict
+from attnmem.trace.inference import TRACE_LOCK
 
 #: The attentions the trace runs (attnmem.trace.inference.TRACE_ATTENTIONS, repeated here so
 #: that a page need not import the trace, i.e. torch, to draw its inputs).
@@ -152,18 +152,20 @@ def unsupported(attention: str, dtype: str, kv_dtype: str | None = None,
     return out
 
 
-#: One trace at a time per process: the trace hooks the cached (shared) meta model's modules,
-#: and Streamlit runs each session's script in its own thread.
-_LOCK = threading.Lock()
+#: The trace's own lock (one trace at a time per process), for callers that run several
+#: traces as one unit.
+_LOCK = TRACE_LOCK
 
 
 def _trace(model: Unruled, batch: int, prompt_len: int, new_tokens: int, attention: str,
            dtype: str):
-    from attnmem.trace.inference import trace_inference
+    """The trace at these inputs (attnmem.trace.lengths.trace_at: a replay of a length model
+    built in the background after the first trace near this length, else a trace; one at a
+    time per process, under the trace's own lock)."""
+    from attnmem.trace.lengths import trace_at
 
-    with _LOCK:
-        return trace_inference(model.config, batch, prompt_len, new_tokens,
-                               attention=attention, dtype=dtype)
+    return trace_at(model.config, batch, prompt_len, new_tokens, attention=attention,
+                    dtype=dtype)
 
 
 def inference(model: Unruled, batch: int, prompt_len: int, new_tokens: int,
