@@ -304,6 +304,12 @@ def _parser() -> argparse.ArgumentParser:
                             "switch to MB/KB (default: %(default)s)")
         s.add_argument("--json", action="store_true",
                        help="print one JSON object (exact byte counts) instead of the table")
+        if name == "memory":
+            s.add_argument("--longest", action="store_true",
+                           help="for a model calc has no rules for (traced): also search the "
+                                "longest prompt that fits, a trace per doubling, then a "
+                                "length model (attnmem.trace.lengths); rules models always "
+                                "get it")
     return p
 
 
@@ -862,6 +868,13 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
         raise UsageError(f"{no_rules}; and the trace: {err}") from None
     gpu = resolve_gpu(a.gpu)
     trained = _trained_context_of(d)
+    longest, how = None, ""
+    if a.longest:
+        from attnmem.calc.units import MAX_SEQ_LEN
+        from attnmem.trace.lengths import longest_prompt
+
+        longest, how = longest_prompt(d, a.batch, 1, t.attention, a.act_dtype, gpu,
+                                      MAX_SEQ_LEN - 1)
     return {"model": str(a.model)[:200], "model_class": t.model_class, "batch": t.batch,
             "seq_len": t.prompt_len, "impl": a.impl, "dtype": t.dtype,
             "weights_bytes": t.weights_bytes, "kv_cache_bytes": t.kv_cache_bytes,
@@ -870,7 +883,7 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
             "at_peak": [list(x) for x in t.at_peak[:8]], "gpu": a.gpu, "gpu_bytes": gpu,
             "fits": t.peak_bytes <= gpu, "trained_context": trained,
             "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
-            "longest_context": None,
+            "longest_context": longest, "longest_context_how": how,
             "counted_as": counted_as,
             "counted_from": _trace_counted_from(t, d),
             "trace_seconds": round(t.seconds, 2)}
@@ -1027,8 +1040,15 @@ def _text_traced(r: dict, a: argparse.Namespace) -> str:
     lines.append(f"counted from the {r['counted_from']}")
     verdict = "fits" if r["fits"] else "does not fit"
     lines.append(f"{r['gpu']} ({b(r['gpu_bytes'])}): {verdict}")
-    lines.append("  longest context: not searched for a traced model (each length is one "
-                 f"trace of {r['trace_seconds']} s); try --seq-len values")
+    if r["longest_context"] is None:
+        lines.append("  longest context: not searched for a traced model (each length is one "
+                     f"trace of {r['trace_seconds']} s); --longest searches it")
+    elif r["longest_context"] == 0:
+        lines.append(f"  longest context that fits: none ({r['longest_context_how']})")
+    else:
+        lines.append(f"  longest context that fits: {_tokens(r['longest_context'])}"
+                     f"{_trained_note(r['longest_context'], r['trained_context'])} "
+                     f"({r['longest_context_how']})")
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -57,3 +57,17 @@ def test_what_the_trace_cannot_run_is_refused_with_both_reasons(tmp_path, capsys
                  "--gpu", "H100 80GB"]) == 2
     err = capsys.readouterr().err
     assert "rules for" in err and "and the trace:" in err
+
+
+def test_longest_searches_a_traced_model(tmp_path, capsys) -> None:
+    """--longest: the longest prompt that fits, confirmed by traces on both sides."""
+    path, d = _olmo2(tmp_path)
+    assert main(["memory", "--model", path, "--seq-len", "300", "--gpu", "H100 80GB",
+                 "--longest", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    s = r["longest_context"]
+    assert s > 300 and "confirmed by a trace" in r["longest_context_how"]
+    assert trace_inference(d, 1, s, 1, attention="sdpa_flash").peak_bytes <= r["gpu_bytes"]
+    if s < (1 << 20) - 1:
+        assert trace_inference(d, 1, s + 1, 1, attention="sdpa_flash").peak_bytes > \
+            r["gpu_bytes"]
