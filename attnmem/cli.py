@@ -305,11 +305,16 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--json", action="store_true",
                        help="print one JSON object (exact byte counts) instead of the table")
         if name == "memory":
+            s.add_argument("--trace", action="store_true",
+                           help="where calc's rules give only a lower bound (hybrids, "
+                                "gpt-oss), trace generate() on the meta device instead "
+                                "(attnmem.trace: seconds; minutes for Mamba layers, whose "
+                                "reference scan loops over the tokens; default: off)")
             s.add_argument("--longest", action="store_true",
                            help="for a model calc has no rules for (traced): also search the "
                                 "longest prompt that fits, a trace per doubling, then a "
                                 "length model (attnmem.trace.lengths); rules models always "
-                                "get it")
+                                "get it (default: off)")
     return p
 
 
@@ -651,6 +656,8 @@ def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
     lines += _table(rows) + [""]
     if r["not_modelled"]:
         lines.append(f"a lower bound: {r['not_modelled']}")
+        lines.append("  --trace counts it all: generate() traced on the meta device"
+                     + (f" (refused: {r['trace_refused']})" if r.get("trace_refused") else ""))
     if r["counted_as"]:
         lines.append(r["counted_as"])
     needed = f"needs {r['gpus_needed']:,} GPUs of this size (ideal split)"
@@ -784,12 +791,17 @@ def _text(command: str, result: dict, a: argparse.Namespace, model: Any) -> str:
 
 
 def _raw_config(spec: str) -> dict | None:
-    """config.json of --model as a dict where it names a file or a Hub id (not a preset)."""
+    """config.json of --model as a dict: a preset's published one, a file, or a Hub id's."""
+    import copy
     from pathlib import Path
 
     from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
+    from attnmem.calc.presets import PRESET_HF_CONFIGS
     from attnmem.hub import fetch_config_dict, looks_like_repo_id
 
+    folded = {name.lower(): name for name in PRESET_HF_CONFIGS}
+    if spec.lower() in folded:  # a preset: its published config.json
+        return copy.deepcopy(PRESET_HF_CONFIGS[folded[spec.lower()]][1])
     path = Path(spec).expanduser()
     if path.is_file():
         with open(path, "rb") as f:
@@ -797,6 +809,10 @@ def _raw_config(spec: str) -> dict | None:
     if not _names_a_file(spec) and looks_like_repo_id(spec):
         return fetch_config_dict(spec)
     return None
+
+
+class _LowerBound(Exception):
+    """calc's rules give only a lower bound for this model (the reason): trace it instead."""
 
 
 def _config_to_trace(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
@@ -817,11 +833,12 @@ def _config_to_trace(a: argparse.Namespace, no_rules: BaseException) -> dict | N
     return d
 
 
-def _trace_counted_from(t: Any, d: dict) -> str:
+def _trace_counted_from(t: Any, d: dict, lower_bound: str = "") -> str:
     """The "counted from" line of a traced answer (after "counted from the ")."""
+    why = (f"calc's rules give only a lower bound: {lower_bound}" if lower_bound else
+           f"calc has no rules for model_type {d.get('model_type')!r}")
     return (f"trace: transformers {t.transformers_version}'s {t.model_class} run on the meta "
-            "device, fused attention per attnmem.calc.peak (calc has no rules for model_type "
-            f"{d.get('model_type')!r})")
+            f"device, fused attention per attnmem.calc.peak ({why})")
 
 
 def _trained_context_of(d: dict) -> int | None:
@@ -862,6 +879,13 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
             # (SDPA, torch choosing the backend), and say so
             t = trace_inference(d, a.batch, a.seq_len, 1, attention="sdpa", dtype=a.act_dtype)
             counted_as = f"counted as SDPA with torch's choice of backend: {err}"
+        except ValueError as err:
+            if attention == "eager" or "scaled_dot_product_attention" not in str(err):
+                raise
+            # the model's class takes no SDPA (gpt-oss: its sinks): transformers runs it eager
+            t = trace_inference(d, a.batch, a.seq_len, 1, attention="eager", dtype=a.act_dtype)
+            counted_as = ("counted as transformers' eager attention: "
+                          + " ".join(str(err).split())[:200])
     except NoKernel as err:
         raise UsageError(f"--impl {a.impl}: {err}") from None
     except ValueError as err:
@@ -885,7 +909,8 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
             "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
             "longest_context": longest, "longest_context_how": how,
             "counted_as": counted_as,
-            "counted_from": _trace_counted_from(t, d),
+            "counted_from": _trace_counted_from(
+                t, d, str(no_rules) if isinstance(no_rules, _LowerBound) else ""),
             "trace_seconds": round(t.seconds, 2)}
 
 
@@ -1078,6 +1103,17 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(traced, indent=2) if args.json else text_of(traced, args))
             return 0
         result = {"memory": _memory, "train": _train, "serve": _serve}[args.command](args, model)
+        if args.command == "memory" and result["total_is_lower_bound"] and args.trace:
+            # the rules give only a lower bound (hybrids, gpt-oss): the trace counts it all
+            try:
+                traced = _traced_memory(args, _LowerBound(result["not_modelled"]))
+            except UsageError as err:
+                result["trace_refused"] = str(err)
+            else:
+                if traced is not None:
+                    print(json.dumps(traced, indent=2) if args.json else
+                          _text_traced(traced, args))
+                    return 0
         # how a config.json was read: values its transformers config class supplied
         result["defaults_from"] = model.defaults_from
         text = json.dumps(result, indent=2) if args.json else _text(args.command, result, args,

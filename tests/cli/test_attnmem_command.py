@@ -123,11 +123,20 @@ def test_bad_input_names_the_value(capsys: pytest.CaptureFixture[str], args: lis
 
 def test_unknown_architecture_file_is_refused(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A type neither calc's rules nor transformers know is refused with both reasons; one
+    transformers builds (Mamba) is answered by the trace where torch is here."""
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768,
+    cfg.write_text(json.dumps({"model_type": "not_a_model", "hidden_size": 768,
                                "num_hidden_layers": 2, "vocab_size": 10}))
     assert main(["memory", "--model", str(cfg), "--seq-len", "10"]) == 2
-    assert "'mamba'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'not_a_model'" in err and "not a type this transformers builds" in err
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    cfg.write_text(json.dumps({"model_type": "mamba", "hidden_size": 64,
+                               "num_hidden_layers": 2, "vocab_size": 10}))
+    assert main(["memory", "--model", str(cfg), "--seq-len", "10", "--json"]) == 0
+    assert "trace" in json.loads(capsys.readouterr().out)["counted_from"]
 
 
 def test_console_entry_runs_as_a_module() -> None:

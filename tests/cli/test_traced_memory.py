@@ -71,3 +71,33 @@ def test_longest_searches_a_traced_model(tmp_path, capsys) -> None:
     if s < (1 << 20) - 1:
         assert trace_inference(d, 1, s + 1, 1, attention="sdpa_flash").peak_bytes > \
             r["gpu_bytes"]
+
+
+@pytest.mark.parametrize("cls_name,extra,counted_as", [
+    ("Qwen3NextConfig", {"linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                         "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                         "num_experts": 4, "num_experts_per_tok": 2,
+                         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                         "num_hidden_layers": 4, "head_dim": 16}, ""),
+    ("GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16,
+                      "num_hidden_layers": 2}, "eager"),
+])
+def test_a_lower_bound_from_the_rules_is_traced_instead(tmp_path, capsys, cls_name: str,
+                                                        extra: dict, counted_as: str) -> None:
+    """Hybrids and gpt-oss: calc's inference rules give only a lower bound; with --trace the
+    trace counts the whole generate() (gpt-oss has no SDPA path in transformers: its eager
+    attention)."""
+    cfg = getattr(transformers, cls_name)(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1000, pad_token_id=None, **extra)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg.to_dict(), "model_type": cfg.model_type}))
+    assert main(["memory", "--model", str(path), "--seq-len", "256", "--gpu", "H100 80GB",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_is_lower_bound"]  # rules, no --trace
+    assert main(["memory", "--model", str(path), "--seq-len", "256", "--gpu", "H100 80GB",
+                 "--json", "--trace"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert "calc's rules give only a lower bound" in r["counted_from"]
+    assert counted_as in r["counted_as"]
+    assert r["activation_bytes"] > 0 and r["total_bytes"] > r["weights_bytes"]
