@@ -64,6 +64,9 @@ st.markdown(
     "*m* and **running sum** *ℓ* per row make the softmax come out exact without ever seeing "
     "the whole row at once."
 )
+# The answer for the user's shape (what each approach moves, how much less) comes first, on
+# screen at 1280x800 without scrolling (issue 45, item 2); its inputs are in section 2 below.
+headline = st.container()
 
 st.subheader("1 · The score matrix, tile by tile (a small worked example)")
 cols = st.columns([1, 1, 1, 3])
@@ -160,7 +163,7 @@ e = dtype_bytes(dtype)
 std = standard_io(b, h, s, d, e)
 fl = flash_io(b, h, s, d, e, br, bc, causal)
 
-m = st.columns([1.15, 1, 0.9, 0.95])  # "Standard attention moves (GB)" fits at 1280 px
+m = headline.columns([1.15, 1, 0.9, 0.95])  # "Standard attention moves (GB)" fits at 1280 px
 m[0].metric(f"Standard attention moves ({unit})", fmt(std.total_bytes, unit), help="Computed: (4·N·d + 4·N²)·e per batch and head.")
 m[1].metric(f"FlashAttention moves ({unit})", fmt(fl.total_bytes, unit),
             help="Computed: Q read once, O and log-sum-exp written once, K and V read once per query block.")
@@ -171,6 +174,10 @@ m[3].metric("On chip per step", fmt(onchip, unit),
                   "228 KB of shared memory per SM, plus registers."))
 m[2].metric("Less traffic", f"×{std.total_bytes / fl.total_bytes:,.3g}",
             help=f"K and V are read T_r = ceil(s / B_r) = {fl.kv_passes:,} times by FlashAttention.")
+headline.caption(
+    f"{COMPUTED}: HBM traffic of one forward pass at B = {b:,}, H = {h:,}, s = {s:,}, d = {d:,}, "
+    f"{dtype}, tiles {br}×{bc}{', causal' if causal else ''}; the shape is set in section 2 "
+    "below, the causal mask in section 1.")
 
 rows = [
     {"what": label, "standard": a, "flash": f}

@@ -101,6 +101,9 @@ st.title("Inference")
 st.markdown("**What does `generate()` hold at its peak, where, and what would change it?** "
             "Weights, the KV cache and everything the prompt's prefill and each decode step "
             "allocate, per attention implementation, as transformers runs them.")
+# The answer (fits or not, the peak, the longest prompt) is drawn here, above the inputs, so it
+# is on screen at 1280x800 without scrolling (issue 45, item 2); the inputs follow it.
+answer = st.container()
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
 picked = pickers.model_picker(SPECS["model"], {**MODELS, **EXTRA}, where=top[0], traceable=True)
@@ -125,75 +128,80 @@ gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.
 pickers.gpu_note(gpu, unit, what="\"Fits\" and the longest prompt")
 kw = dict(weight_dtype=wd, kv_dtype=kvd, cache=cache, prefill_chunk=chunk)
 if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
-    tv.model_caption(picked.traced)
-    with st.spinner(tv.SPINNER):
-        answer = traced.inference(picked.traced, batch, seq_len, new_tokens, attn, wd,
-                                  gpu_bytes=gpu_bytes, kv_dtype=kvd, cache=cache,
-                                  prefill_chunk=chunk)
-    tv.show_inference(answer, gpu, gpu_bytes, unit, new_tokens, label(attn))
+    below = st.container()  # the traced peak's parts and tensors, under the inputs
+    with answer:
+        tv.model_caption(picked.traced)
+        with st.spinner(tv.SPINNER):
+            traced_answer = traced.inference(picked.traced, batch, seq_len, new_tokens, attn, wd,
+                                             gpu_bytes=gpu_bytes, kv_dtype=kvd, cache=cache,
+                                             prefill_chunk=chunk)
+        tv.show_inference(traced_answer, gpu, gpu_bytes, unit, new_tokens, label(attn),
+                          details=below)
     sync_url(used)
     st.stop()
 steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
-st.caption(
-    f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
-    f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, vocabulary "
-    f"{model.vocab_size:,}; trained context "
-    f"{f'{model.max_position_embeddings:,} tokens' if model.max_position_embeddings else 'not stated'}.")
-trained_context_note(model, seq_len)
 ctx = model.max_position_embeddings
-if ctx and seq_len <= ctx < seq_len + new_tokens - 1:  # the prompt fits the context, the answer not
-    st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
-            f"{ctx:,} tokens this model was trained for.")
-if not steps:  # calc refuses the model (or the inputs) for every implementation: say why
-    reasons = sorted(set(refused.values()))
-    st.error(md_escape("These settings cannot be computed: " + " / ".join(reasons)),
-             icon=":material/block:")
+
+# --- the verdict for the chosen attention (at the top of the page) ----------------------------
+with answer:
+    if not steps:  # calc refuses the model (or the inputs) for every implementation: say why
+        reasons = sorted(set(refused.values()))
+        st.error(md_escape("These settings cannot be computed: " + " / ".join(reasons)),
+                 icon=":material/block:")
+    elif attn not in steps:
+        why = refused[attn]
+        where = "this model"
+        if "no kernel" in why:  # attnmem.calc.backends.NoKernel: "'<attention>' cannot run this ...: why"
+            where, why = "these inputs", why.split(": ", 1)[-1]
+        st.error(md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
+                           f"below shows the implementations that can."), icon=":material/block:")
+    else:
+        m = steps[attn]
+        cols = st.columns(3)
+        cols[0].metric(f"{label(attn)}: peak", fmt(m.peak_bytes, unit),
+                       help=f"{COMPUTED}: attnmem.calc.inference_step, at '{m.peak_phase}'.")
+        cols[0].caption(f"Peak at **{m.peak_phase}** (computed). Prefill peak "
+                        f"{fmt(m.prefill_peak_bytes, unit)}, decode peak "
+                        f"{fmt(m.decode_peak_bytes, unit) if m.decode_peak_bytes else 'none (1 new token)'}.")
+        if m.peak_bytes <= gpu_bytes:
+            free = gpu_bytes - m.peak_bytes
+            cols[1].success(f"Fits one {gpu}: {fmt(free, unit)} free ({free / gpu_bytes:.0%}), "
+                            "computed.", icon=":material/check_circle:")
+        else:
+            cols[1].error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over "
+                          "(computed).", icon=":material/cancel:")
+        s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
+                               tuple(sorted(dict(kw, attention=attn).items())))
+        if s_max:
+            # the label stays short enough for a third of a 1280 px page (issue 32: it was cut off)
+            cols[2].metric(f"Longest prompt (+{new_tokens:,} new)", f"{s_max:,} tokens",
+                           help=f"{COMPUTED}: attnmem.calc.max_inference_seq_len, an exact integer search "
+                                f"over the prompt length, with {new_tokens:,} new "
+                                f"token{'s' if new_tokens > 1 else ''} generated after it.")
+            if ctx and s_max + new_tokens - 1 > ctx:
+                cols[2].info(f"{s_max:,} + {new_tokens:,} tokens pass the {ctx:,} tokens this "
+                             "model was trained for: the memory fits, the model may not work there.")
+        elif m.weights_bytes + m.fixed_bytes >= gpu_bytes:
+            cols[2].error(f"Nothing fits: the weights alone ({fmt(m.weights_bytes, unit)}, "
+                          f"computed) exceed the {gpu}'s {fmt(gpu_bytes, unit)}.",
+                          icon=":material/block:")
+        else:
+            cols[2].error(f"Nothing fits: not even a 1-token prompt with batch {batch:,} and "
+                          f"{new_tokens:,} new tokens fits the {gpu} (computed).",
+                          icon=":material/block:")
+        st.caption(traced.rules_from())
+    st.caption(
+        f"**{md_escape(model.name)}**: {model.num_layers} layers, hidden {model.hidden_size:,}, "
+        f"{model.num_heads} query / {model.num_kv_heads} KV heads of {model.head_dim}, vocabulary "
+        f"{model.vocab_size:,}; trained context "
+        f"{f'{model.max_position_embeddings:,} tokens' if model.max_position_embeddings else 'not stated'}.")
+    trained_context_note(model, seq_len)
+    if ctx and seq_len <= ctx < seq_len + new_tokens - 1:  # the prompt fits the context, the answer not
+        st.info(f"The prompt and the new tokens ({seq_len + new_tokens - 1:,} positions) pass the "
+                f"{ctx:,} tokens this model was trained for.")
+if not steps:
     sync_url(used)
     st.stop()
-
-# --- the verdict for the chosen attention ---------------------------------------------------
-if attn not in steps:
-    why = refused[attn]
-    where = "this model"
-    if "no kernel" in why:  # attnmem.calc.backends.NoKernel: "'<attention>' cannot run this ...: why"
-        where, why = "these inputs", why.split(": ", 1)[-1]
-    st.error(md_escape(f"{label(attn)} cannot run {where}: {why}. The chart "
-                       f"below shows the implementations that can."), icon=":material/block:")
-else:
-    m = steps[attn]
-    cols = st.columns(3)
-    cols[0].metric(f"{label(attn)}: peak", fmt(m.peak_bytes, unit),
-                   help=f"{COMPUTED}: attnmem.calc.inference_step, at '{m.peak_phase}'.")
-    cols[0].caption(f"Peak at **{m.peak_phase}** (computed). Prefill peak "
-                    f"{fmt(m.prefill_peak_bytes, unit)}, decode peak "
-                    f"{fmt(m.decode_peak_bytes, unit) if m.decode_peak_bytes else 'none (1 new token)'}.")
-    if m.peak_bytes <= gpu_bytes:
-        free = gpu_bytes - m.peak_bytes
-        cols[1].success(f"Fits one {gpu}: {fmt(free, unit)} free ({free / gpu_bytes:.0%}), "
-                        "computed.", icon=":material/check_circle:")
-    else:
-        cols[1].error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over "
-                      "(computed).", icon=":material/cancel:")
-    s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
-                           tuple(sorted(dict(kw, attention=attn).items())))
-    if s_max:
-        # the label stays short enough for a third of a 1280 px page (issue 32: it was cut off)
-        cols[2].metric(f"Longest prompt (+{new_tokens:,} new)", f"{s_max:,} tokens",
-                       help=f"{COMPUTED}: attnmem.calc.max_inference_seq_len, an exact integer search "
-                            f"over the prompt length, with {new_tokens:,} new "
-                            f"token{'s' if new_tokens > 1 else ''} generated after it.")
-        if ctx and s_max + new_tokens - 1 > ctx:
-            cols[2].info(f"{s_max:,} + {new_tokens:,} tokens pass the {ctx:,} tokens this "
-                         "model was trained for: the memory fits, the model may not work there.")
-    elif m.weights_bytes + m.fixed_bytes >= gpu_bytes:
-        cols[2].error(f"Nothing fits: the weights alone ({fmt(m.weights_bytes, unit)}, "
-                      f"computed) exceed the {gpu}'s {fmt(gpu_bytes, unit)}.",
-                      icon=":material/block:")
-    else:
-        cols[2].error(f"Nothing fits: not even a 1-token prompt with batch {batch:,} and "
-                      f"{new_tokens:,} new tokens fits the {gpu} (computed).",
-                      icon=":material/block:")
-    st.caption(traced.rules_from())
 
 # --- stacked parts at each implementation's peak --------------------------------------------
 names = [label(a) for a in steps]

@@ -119,6 +119,9 @@ st.markdown(
     "(inputs already allocated, caches emptied, warm-up done), timed with CUDA events "
     "(`triton.testing.do_bench` median). The model's error is shown for every point, never hidden."
 )
+# The answer (how many points, the model's worst error on them) comes first, on screen at
+# 1280x800 without scrolling (issue 45, item 2); the inputs and the run follow it.
+headline = st.container()
 
 reason = gpu_reason()
 try:
@@ -251,14 +254,14 @@ data = attach_predictions(data) if not data.empty else data.assign(
     model_bytes=[], model_error=[], model_reserved_bytes=[])
 
 if not impls or not lens:
-    st.info("Pick at least one implementation and one sequence length.")
+    headline.info("Pick at least one implementation and one sequence length.")
 else:
     sel = reference.select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
     sel = sel[sel["backward"].isin(backwards)] if not sel.empty else sel
     if not sel.empty:
         measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
         long = measured[(measured["seq_len"] >= 1024) & measured["model_error"].notna()]
-        m = st.columns(4)
+        m = headline.columns(4)
         m[0].metric("points shown", f"{len(sel):,}")
         m[1].metric("measured peaks", f"{len(measured):,}")
         m[2].metric("out of memory", f"{int((sel['status'] == 'oom').sum()):,}")
@@ -266,9 +269,11 @@ else:
                     f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-",
                     help="The model's worst error: max |attnmem.calc.attention_peak_bytes − measured| / measured, over the points "
                          "shown with s ≥ 1,024; the issue's bar is 2%.")
+        headline.caption(md_escape(f"Of {names.get(src, src)}, for the implementations, "
+                                   "lengths and shape picked below."))
     if not data.empty and sel.empty:
         have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
-        st.info("No rows for this selection in these results. They hold: "
+        headline.info("No rows for this selection in these results. They hold: "
                 + "; ".join(f"{r.dtype}, d={r.head_dim}, H={r.heads}/{r.kv_heads}, B={r.batch}"
                             for r in have.head(12).itertuples()))
     for bwd in backwards:

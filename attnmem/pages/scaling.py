@@ -136,9 +136,29 @@ with main:
         st.stop()
 
     what = "forward + backward" if bwd else "forward"
-    st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
     df = seq_sweep(tuple(impls), s_hi, b, h, d, dtype, causal, bwd)
     oom = oom_table(tuple(impls), tuple(gpus), b, h, d, dtype, causal, bwd)
+    # The answer first (the longest s on the last GPU picked), above the chart: on screen at
+    # 1280x800 without scrolling (issue 45, item 2).
+    quad = [i for i in impls if IMPL_KIND[i] == "quadratic"]
+    lin = [i for i in impls if IMPL_KIND[i] == "linear"]
+    if not gpus:
+        st.info("Pick one or more GPUs to see where each implementation runs out of memory.")
+    if gpus:
+        gpu0 = gpus[-1]
+        st.markdown(f"**On one {gpu0}** (the attention call alone)")
+        mcols = st.columns(2)  # two to a row: "SDPA memory-efficient: longest s" fits at 1280 px
+        found = {}
+        for col, group in zip(mcols, (quad, lin), strict=False):
+            if group:
+                impl = group[0]
+                found[impl] = int(oom[(oom["gpu"] == gpu0) & (oom["impl"] == impl)]["max_seq_len"].iloc[0])
+                col.metric(f"{IMPL_LABELS.get(impl, impl)}: longest s", f"{found[impl]:,}",
+                           help="Computed: exact integer search of attnmem.calc.attention_peak_bytes ≤ GPU memory.")
+        if quad and lin and found[quad[0]]:
+            mcols[0].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
+
+    st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
     traces = []
     drawn: list[list[int]] = []  # curves already drawn (masked_fill and masked_fill_ often coincide)
 
@@ -183,24 +203,6 @@ with main:
         "(inputs already allocated). × marks the longest s that fits each GPU (exact integer search, "
         "attnmem.calc.max_seq_len). Solid lines: quadratic (store s × s); dotted: linear (fused kernels)."
     )
-
-    quad = [i for i in impls if IMPL_KIND[i] == "quadratic"]
-    lin = [i for i in impls if IMPL_KIND[i] == "linear"]
-    if not gpus:
-        st.info("Pick one or more GPUs to see where each implementation runs out of memory.")
-    if gpus:
-        gpu0 = gpus[-1]
-        st.markdown(f"**On one {gpu0}** (the attention call alone)")
-        mcols = st.columns(2)  # two to a row: "SDPA memory-efficient: longest s" fits at 1280 px
-        found = {}
-        for col, group in zip(mcols, (quad, lin), strict=False):
-            if group:
-                impl = group[0]
-                found[impl] = int(oom[(oom["gpu"] == gpu0) & (oom["impl"] == impl)]["max_seq_len"].iloc[0])
-                col.metric(f"{IMPL_LABELS.get(impl, impl)}: longest s", f"{found[impl]:,}",
-                           help="Computed: exact integer search of attnmem.calc.attention_peak_bytes ≤ GPU memory.")
-        if quad and lin and found[quad[0]]:
-            mcols[0].metric("linear vs quadratic", f"×{found[lin[0]] / found[quad[0]]:,.0f} longer")
 
     if len(oom):
         table = oom.assign(

@@ -9,6 +9,7 @@ from the rules of another model type.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pandas as pd
@@ -48,8 +49,10 @@ def longest_text(lg: traced.Longest, new_tokens: int) -> tuple[str, str]:
 
 
 def show_inference(ans: traced.Answer, gpu: str, gpu_bytes: int, unit: str, new_tokens: int,
-                   label: str) -> None:
-    """The Inference page's answer for a traced model (`label`: the attention's name)."""
+                   label: str, details: Any = None) -> None:
+    """The Inference page's answer for a traced model (`label`: the attention's name): the
+    verdict, then what the peak holds and where, in `details` (a container further down the
+    page) when given, else right below it."""
     if ans.traced is None:
         warn(f"{label} cannot be traced for {ans.model.name}: {ans.refused}. calc's rules "
              f"refuse it too: {ans.model.refusal}")
@@ -76,6 +79,12 @@ def show_inference(ans: traced.Answer, gpu: str, gpu_bytes: int, unit: str, new_
         if not longest.exact:
             cols[2].caption("Not searched to the token: the traces this search could make within "
                             f"{traced.SEARCH_BUDGET_S:g} s bracket it ({md_escape(longest.note)}).")
+    with details if details is not None else contextlib.nullcontext():
+        _inference_details(t, unit)
+
+
+def _inference_details(t: Any, unit: str) -> None:
+    """What a traced peak holds, where it is, and what it was counted from."""
     st.markdown("**What the peak holds** (traced)")
     total = max(t.peak_bytes, 1)
     tables.table(pd.DataFrame(
