@@ -47,11 +47,19 @@ MEASURED_PREFIX = "measured shape: "
 MEASURED = ("Measured on one NVIDIA H200 (torch 2.11, transformers 5.17) by "
             "`python -m attnmem.measure --infer --plan h200`: `max_memory_allocated()` over "
             "`generate()`, random weights from the real configs, bf16.")
-SHAPES = inf.measured_shapes()
-#: Measured configs no preset has (layer cuts): offered as models of their own, so that every
-#: bundled row can be shown beside its prediction.
-EXTRA = {MEASURED_PREFIX + n: m for n, m in SHAPES.items()
-         if inf.same_shape(m, {p: pm for p, pm in MODELS.items()}) is None}
+
+
+@st.cache_resource(show_spinner=False)
+def measured_models() -> tuple[dict, dict]:
+    """The measured configs by name, and those no preset has (frozen configs: shared, not copied)."""
+    shapes = inf.measured_shapes()
+    return shapes, {MEASURED_PREFIX + n: m for n, m in shapes.items()
+                    if inf.same_shape(m, dict(MODELS)) is None}
+
+
+SHAPES, EXTRA = measured_models()
+#: EXTRA: measured configs no preset has (layer cuts), offered as models of their own, so that
+#: every bundled row can be shown beside its prediction.
 
 SPECS = {
     "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM, *EXTRA)),

@@ -85,9 +85,16 @@ def gpu_reason() -> str | None:
     return reason()
 
 
+def with_predictions(data: pd.DataFrame) -> pd.DataFrame:
+    """Results with the current model's prediction and error beside each row (attach_predictions)."""
+    return attach_predictions(data) if not data.empty else data.assign(
+        model_bytes=[], model_error=[], model_reserved_bytes=[])
+
+
 @st.cache_data(show_spinner=False)
 def reference_rows() -> pd.DataFrame:
-    return reference.reference_rows()
+    """The bundled reference with its predictions: ~1,000 rows, the same on every run (cached)."""
+    return with_predictions(reference.reference_rows())
 
 
 @st.cache_data(show_spinner=False)
@@ -248,10 +255,9 @@ if src == REF:
     data = reference_rows()
     if data.empty:
         st.info("The bundled reference dataset is not in this checkout (data/attention_calls_h200.csv).")
-else:
-    data = store.dataframe(int(src)) if store is not None else pd.DataFrame(columns=list(COLUMNS))
-data = attach_predictions(data) if not data.empty else data.assign(
-    model_bytes=[], model_error=[], model_reserved_bytes=[])
+else:  # a stored run can change (an import, a delete): read and predicted on every run
+    data = with_predictions(store.dataframe(int(src)) if store is not None
+                            else pd.DataFrame(columns=list(COLUMNS)))
 
 if not impls or not lens:
     headline.info("Pick at least one implementation and one sequence length.")
@@ -392,9 +398,9 @@ if runs:
         if st.session_state.get("src") == victim:
             st.session_state["src"] = REF
         st.rerun()
-export = (csv_text(data[list(COLUMNS)].to_dict("records")) if not data.empty else "")
-st.download_button("⬇ Export the shown results (CSV)", data=export.encode(),
-                   file_name=f"attention-measure-{src}.csv", mime="text/csv",
-                   disabled=not export, key="export_csv")
+st.download_button("⬇ Export the shown results (CSV)",  # the file is written when clicked
+                   data=lambda: csv_text(data[list(COLUMNS)].to_dict("records")).encode(),
+                   file_name=f"attention-measure-{src}.csv", mime="text/csv", on_click="ignore",
+                   disabled=data.empty, key="export_csv")
 
 sync_url(SPECS | {"src": ChoiceParam(REF, tuple(options))})
