@@ -43,6 +43,7 @@ from attnmem.calc.memory_parts import (  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
 from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
+from attnmem.pages.ui import traced_memory_view as tmv  # noqa: E402
 from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.labels import MEMORY_PART_COLORS  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
@@ -109,7 +110,7 @@ gpu = pickers.gpu_picker(SPECS["gpu"], where=top[2])
 picked = pickers.pick_model(choice, MODELS, SPECS["model"].default, where=top[0],
                             waiting="Upload or paste a config.json to see its memory; until "
                                     "then, the default model is shown.",
-                            custom_origin="uploaded")
+                            custom_origin="uploaded", traceable=True)
 model = picked.model
 used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
 
@@ -124,6 +125,10 @@ seq_len = widgets.seq_len_input("Context length s (tokens)", "s", SPECS["s"], hi
 unit = get_unit()
 gpu_bytes = usable_bytes(gpu)  # what torch can use where sourced (attnmem.calc.gpus), else the spec sheet
 pickers.gpu_note(gpu, unit)
+if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
+    tmv.show(picked.traced, gpu, gpu_bytes, unit, batch, seq_len, wd, kvd, ad)
+    sync_url(used)
+    st.stop()
 params = param_count(model)
 st.caption(
     f"**{md_escape(model.name)}**: {params / 1e9:,.2f} B parameters, {model.num_layers} layers"
