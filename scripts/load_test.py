@@ -2,6 +2,15 @@
 
     .venv/bin/python scripts/load_test.py --sessions 20 --seconds 60            # 2 of them Chromium
     .venv/bin/python scripts/load_test.py --sessions 20 --browsers 20 --seconds 60   # all Chromium
+    .venv/bin/python scripts/load_test.py --every-page --sessions 20 --seconds 60   # every page
+
+With --every-page, 20 protocol sessions (no browser) each walk app.py's pages in turn, starting
+one page apart: each opens a page by its script hash (as a click in the sidebar) and changes
+up to three of its inputs (a number input moved by x2, /2, +1 or -1 within 1/8..8x its first value,
+or one time in five a model or GPU picker: the first answer for a model read for the first
+time), pausing about --think-s between moves. Reported per page: the script runs' median, p95
+and max (opening and changing together, and each alone) and errors (an exception, a run that
+did not finish, a run that drew no number and no message); targets: median 300 ms, p95 1 s.
 
 Starts the app on a free port of 127.0.0.1 (or uses --url) and opens N sessions, each its own
 Streamlit session over its own WebSocket:
@@ -52,6 +61,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -589,6 +599,263 @@ def summary(rep: Report) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------- every page ----
+# `--every-page`: protocol sessions that walk all pages of app.py (issue 45, item 5).
+
+#: The default page's url_path in app.py (it is served at "/").
+ROOT_PAGE = "home"
+#: Options of a model picker that need more input (a Hub id, a file): not picked at random.
+NOT_PICKED = ("Hub", "config.json", "Custom")
+
+
+def every_page_paths() -> list[str]:
+    """Every page's url_path in app.py's order (the default page as "home": its url_path)."""
+    import re
+
+    found = re.findall(r'st\.Page\(\s*"attnmem/pages/\w+\.py"[^)]*url_path="([^"]+)"',
+                       (ROOT / "app.py").read_text())
+    if not found:
+        raise SystemExit("app.py lists no st.Page with a url_path")
+    return found
+
+
+@dataclass
+class PageStats:
+    """One page's figures over every session: script runs after opening it (`opens`) and after
+    an input change (`changes`), in ms, and the errors seen there."""
+
+    opens_ms: list[float] = field(default_factory=list)
+    changes_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class PageWalker:
+    """A protocol session (ProtocolSession's wire format) that opens pages by their script hash,
+    as a click in the sidebar does, and changes their number inputs and model and GPU pickers.
+    After every run the page must have answered: a number (st.metric) or a message."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.ws_url = url.replace("http://", "ws://", 1) + "/_stcore/stream"
+        self.timeout_s = timeout_s
+        self.ws = None
+        self.query = ""
+        self.page_hash = ""
+        self.hashes: dict[str, str] = {}  # url path -> page script hash (the navigation message)
+        self.numbers: dict[str, Any] = {}  # label -> NumberInput proto, of the page last run
+        self.selects: dict[str, Any] = {}  # label -> Selectbox proto (model and GPU pickers)
+        self.values: dict[str, float] = {}  # widget id -> the value this session last sent
+        self.first: dict[str, float] = {}  # widget id -> its value when first seen
+
+    async def connect(self) -> None:
+        import websockets
+
+        self.ws = await websockets.connect(self.ws_url, subprotocols=["streamlit"],
+                                           max_size=2**26, open_timeout=LOAD_TIMEOUT_S)
+
+    async def run(self, page: str | None, change: tuple[Any, Any] | None) -> list[str]:
+        """One script run: open `page` (a url path) or apply `change` (proto, value) on the page
+        shown; the errors it showed (an exception, a bad end, no answer)."""
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        msg = BackMsg()
+        if page is not None:
+            self.query = ""
+            if page in self.hashes:
+                msg.rerun_script.page_script_hash = self.hashes[page]
+            msg.rerun_script.page_name = page
+        else:
+            msg.rerun_script.page_script_hash = self.page_hash
+        msg.rerun_script.query_string = self.query
+        if change is not None:
+            proto, value = change
+            w = msg.rerun_script.widget_states.widgets.add()
+            w.id = proto.id
+            if isinstance(value, str):
+                w.string_value = value
+            elif proto.data_type == proto.INT:
+                w.int_value = int(value)
+            else:
+                w.double_value = float(value)
+            self.values[proto.id] = value
+        await self.ws.send(msg.SerializeToString())
+        errors: list[str] = []
+        answered = False
+        numbers: dict[str, Any] = {}
+        selects: dict[str, Any] = {}
+        while True:
+            fwd = ForwardMsg()
+            fwd.ParseFromString(await asyncio.wait_for(self.ws.recv(), self.timeout_s))
+            kind = fwd.WhichOneof("type")
+            if kind == "new_session" and not self.page_hash:
+                self.page_hash = fwd.new_session.page_script_hash
+            elif kind == "navigation":
+                self.page_hash = fwd.navigation.page_script_hash
+                for p in fwd.navigation.app_pages:  # the default page by its url_path too
+                    self.hashes[p.url_pathname.strip("/")] = p.page_script_hash
+                    if p.is_default:
+                        self.hashes[ROOT_PAGE] = p.page_script_hash
+            elif kind == "page_info_changed":
+                self.query = fwd.page_info_changed.query_string
+            elif kind == "delta" and fwd.delta.WhichOneof("type") == "new_element":
+                el = fwd.delta.new_element
+                et = el.WhichOneof("type")
+                if et == "exception":
+                    errors.append(f"exception: {el.exception.message[:200]}")
+                elif et in ("metric", "alert"):
+                    answered = True
+                elif et == "number_input" and not el.number_input.disabled:
+                    numbers[el.number_input.label] = el.number_input
+                elif et == "selectbox" and not el.selectbox.disabled and any(
+                        w in el.selectbox.label for w in ("Model", "GPU")):
+                    selects[el.selectbox.label] = el.selectbox
+            elif kind == "script_finished":
+                if fwd.script_finished == 2:  # FINISHED_EARLY_FOR_RERUN: the rerun follows
+                    numbers, selects, answered = {}, {}, False
+                    continue
+                if fwd.script_finished not in (0, 3):
+                    errors.append(f"script finished with status {fwd.script_finished}")
+                break
+        self.numbers, self.selects = numbers, selects
+        if not answered and not errors:
+            errors.append("no number and no message drawn")
+        return errors
+
+    def pick_change(self, rng: random.Random) -> tuple[Any, Any] | None:
+        """A new value for one input of the page shown: a model or GPU picker (one time in
+        five where the page has one: a model read for the first time), else a number input
+        moved by x2, /2, +1 or -1 within its bounds and 1/8..8x its first value."""
+        if self.selects and rng.random() < 0.2:
+            proto = rng.choice(list(self.selects.values()))
+            options = [o for o in proto.options if not any(w in o for w in NOT_PICKED)]
+            if options:
+                return proto, rng.choice(options)
+        protos = list(self.numbers.values())
+        rng.shuffle(protos)
+        for proto in protos:
+            shown = proto.value if proto.set_value else proto.default  # the page's value
+            first = self.first.setdefault(proto.id, shown)  # as the session first saw it
+            now = self.values.get(proto.id, shown)
+            lo = max(proto.min if proto.has_min else -1e18, first / 8 if first > 0 else first)
+            hi = min(proto.max if proto.has_max else 1e18, max(first * 8, first + 8))
+            ops = ["x2", "/2", "+1", "-1"]
+            rng.shuffle(ops)
+            for op in ops:
+                new = {"x2": now * 2, "/2": now / 2, "+1": now + 1, "-1": now - 1}[op]
+                new = round(new) if proto.data_type == proto.INT else new
+                if lo <= new <= hi and new != now:
+                    return proto, new
+        return None
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+
+
+async def walk_pages(url: str, index: int, paths: list[str], seconds: float, timeout_s: float,
+                     start_gate: asyncio.Event, ready: list[int], stats: dict[str, PageStats],
+                     delay_s: float, think_s: float, changes_per_page: int = 3) -> int:
+    """One session: from page `index` on, each page opened in turn and `changes_per_page`
+    inputs changed there, until `seconds` have passed; the number of runs."""
+    rng = random.Random(2000 + index)
+    await asyncio.sleep(delay_s)
+    walker = PageWalker(url, timeout_s)
+    runs = 0
+    i = index % len(paths)
+    try:
+        await walker.connect()
+        await walker.run(paths[i], None)  # the session's first page, before the clock
+        ready.append(index)
+        await start_gate.wait()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            i = (i + 1) % len(paths)
+            page = paths[i]
+            t0 = time.perf_counter()
+            errs = await walker.run(page, None)
+            stats[page].opens_ms.append((time.perf_counter() - t0) * 1e3)
+            stats[page].errors += [f"open: {e}" for e in errs]
+            runs += 1
+            for _ in range(changes_per_page):
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
+                change = walker.pick_change(rng)
+                if change is None:
+                    break
+                t0 = time.perf_counter()
+                errs = await walker.run(None, change)
+                stats[page].changes_ms.append((time.perf_counter() - t0) * 1e3)
+                stats[page].errors += [f"{change[0].label} = {change[1]!r}: {e}" for e in errs]
+                runs += 1
+            await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
+    except Exception as exc:  # noqa: BLE001 - report, do not crash the other sessions
+        stats[paths[i]].errors.append(f"session {index}: {type(exc).__name__}: {str(exc)[:200]}")
+    finally:
+        await walker.close()
+    return runs
+
+
+async def _every_page(url: str, sessions: int, seconds: float, timeout_s: float, think_s: float,
+                      paths: list[str]) -> dict[str, PageStats]:
+    stats = {p: PageStats() for p in paths}
+    gate = asyncio.Event()
+    ready: list[int] = []
+    tasks = [asyncio.create_task(walk_pages(url, i, paths, seconds, timeout_s, gate, ready,
+                                            stats, i * 0.3, think_s)) for i in range(sessions)]
+    t_load = time.monotonic()
+    while time.monotonic() - t_load < LOAD_TIMEOUT_S + sessions:
+        await asyncio.sleep(0.1)
+        if len(ready) + sum(1 for t in tasks if t.done()) >= sessions:
+            break
+    gate.set()
+    done, pending = await asyncio.wait(tasks, timeout=seconds + LOAD_TIMEOUT_S)
+    for t in pending:
+        t.cancel()
+        stats[paths[0]].errors.append("a session was cancelled at the hard deadline")
+    return stats
+
+
+def every_page(sessions: int, seconds: float, url: str | None = None, timeout_s: float = 30.0,
+               think_s: float = THINK_S, median_ms: float = 300, p95_ms: float = 1000
+               ) -> tuple[dict[str, dict[str, Any]], bool]:
+    """Per page: runs, median and p95 (ms) of the script runs (opening it and changing its
+    inputs together), the same for each kind, and its errors; and whether every page is
+    within the targets (no errors, median <= median_ms, p95 <= p95_ms)."""
+    paths = every_page_paths()
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            url, _ = stack.enter_context(app_server())
+        stats = asyncio.run(_every_page(url, sessions, seconds, timeout_s, think_s, paths))
+    out: dict[str, dict[str, Any]] = {}
+    ok = True
+    for page, s in stats.items():
+        both = s.opens_ms + s.changes_ms
+        med, p95, mx = _stats(both)
+        row = {"runs": len(both), "median_ms": med, "p95_ms": p95, "max_ms": mx,
+               "open_median_ms": _stats(s.opens_ms)[0], "change_median_ms": _stats(s.changes_ms)[0],
+               "errors": len(s.errors), "error_samples": s.errors[:5]}
+        row["ok"] = bool(both) and not s.errors and med <= median_ms and p95 <= p95_ms
+        ok &= row["ok"]
+        out[page] = row
+    return out, ok
+
+
+def every_page_summary(rows: dict[str, dict[str, Any]], sessions: int, seconds: float) -> str:
+    lines = [f"{sessions} protocol sessions x {seconds:g} s walking every page on "
+             f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the end); "
+             "script run after opening a page or changing an input, ms:",
+             f"{'page':<16}{'runs':>6}{'median':>9}{'p95':>9}{'max':>9}{'open med':>10}"
+             f"{'change med':>12}{'errors':>8}"]
+    for page, r in rows.items():
+        lines.append(f"{page:<16}{r['runs']:>6}{r['median_ms']:>9}{r['p95_ms']:>9}{r['max_ms']:>9}"
+                     f"{r['open_median_ms']:>10}{r['change_median_ms']:>12}{r['errors']:>8}"
+                     + ("" if r["ok"] else "  over target" if not r["errors"] else "  ERRORS"))
+    for page, r in rows.items():
+        lines += [f"  {page}: {e}" for e in r["error_samples"]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=20, help="concurrent sessions (20)")
@@ -607,11 +874,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="allowed server RSS growth from the middle to the end (64)")
     ap.add_argument("--json", type=Path, default=None, help="write the report here as JSON")
     ap.add_argument("--log", type=Path, default=None, help="the server's output goes here")
+    ap.add_argument("--every-page", action="store_true",
+                    help="protocol sessions that walk every page of app.py, changing number "
+                         "inputs and the model and GPU pickers: per page median and p95 of the "
+                         "script runs (targets 300 ms / 1 s) and errors")
     args = ap.parse_args(argv)
     if not 1 <= args.sessions <= 64 or not 1 <= args.seconds <= 3600:
         ap.error("--sessions must be 1..64 and --seconds 1..3600")
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         ap.error("--url must be a loopback address (http://127.0.0.1:PORT)")
+    if args.every_page:
+        rows, ok = every_page(args.sessions, args.seconds, args.url, args.timeout_s, args.think_s)
+        print(every_page_summary(rows, args.sessions, args.seconds))
+        print("PASS" if ok else "FAIL")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        return 0 if ok else 1
     rep = run(args.sessions, args.seconds, args.url, args.timeout_s, args.budget_ms,
               args.max_growth_mb, args.log, args.browsers, args.think_s)
     print(summary(rep))
