@@ -275,8 +275,8 @@ else:
                     f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-",
                     help="The model's worst error: max |attnmem.calc.attention_peak_bytes − measured| / measured, over the points "
                          "shown with s ≥ 1,024; the issue's bar is 2%.")
-        headline.caption(md_escape(f"Of {names.get(src, src)}, for the implementations, "
-                                   "lengths and shape picked below."))
+        headline.caption(md_escape(f"Results shown: {names.get(src, src)}; the "
+                                   "implementations, lengths and shape are picked below."))
     if not data.empty and sel.empty:
         have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
         headline.info("No rows for this selection in these results. They hold: "
