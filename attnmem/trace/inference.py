@@ -114,6 +114,44 @@ def _built(text: str, dtype: str, attn: str):
     return model.eval()
 
 
+#: Seconds per token and layer of a trace for mixers whose torch fallback (used where their
+#: CUDA kernels are absent, as on meta) loops in Python: transformers' reference selective scan
+#: over every token (Jamba, 28 Mamba mixers: 418 s at 4,096 tokens on this 2-core host,
+#: 2026-12-07) and the chunked gated delta rule over chunks of 64 tokens (Qwen3-Next, 36
+#: layers: 54 s at 4,096 tokens, the host loaded). Matched on the class name of a module
+#: that holds an A_log parameter.
+SCAN_SECONDS_PER_TOKEN_LAYER = {"GatedDeltaNet": 0.0003, "Mixer": 0.004}
+#: The longest a trace may be expected to take before it is refused instead of run.
+MAX_TRACE_SECONDS = 30.0
+
+
+def scan_cost(model) -> tuple[float, int]:
+    """(seconds per token, layers) of the model's token-looping mixers (see above)."""
+    per, n = 0.0, 0
+    for m in model.modules():
+        name = type(m).__name__
+        if not hasattr(m, "A_log"):  # the state-space decay both kinds of mixer hold
+            continue
+        for frag, sec in SCAN_SECONDS_PER_TOKEN_LAYER.items():
+            if name.endswith(frag):  # MambaMixer, Mamba2Mixer, BambaMixer, FalconH1Mixer, ...
+                per, n = per + sec, n + 1
+                break
+    return per, n
+
+
+def check_scan_cost(model, tokens: int) -> None:
+    """ValueError where the model's token-looping mixers (Mamba's scan, the gated delta rule)
+    would make the trace of `tokens` tokens take longer than MAX_TRACE_SECONDS."""
+    per, n = scan_cost(model)
+    est = per * tokens
+    if est > MAX_TRACE_SECONDS:
+        raise ValueError(
+            f"{type(model).__name__} has {n} state-space or linear-attention layers, whose "
+            f"torch fallback loops over the tokens on the meta device: about {est:,.0f} s to "
+            f"trace {tokens:,} tokens, past the {MAX_TRACE_SECONDS:.0f} s a trace may take "
+            f"here; the trace answers up to about {int(MAX_TRACE_SECONDS / per):,} tokens")
+
+
 def _held_bytes(model) -> int:
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
@@ -241,6 +279,7 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
     import torch
 
     model = _built(text, dtype, "eager" if attention == "eager" else "sdpa")
+    check_scan_cost(model, s + (s + n - 3 if n >= 3 else 0) + 2)
     cache_kw = _cache_kw(model)
     rec = Recorder()
     rec.known(*model.parameters(), *model.buffers())

@@ -32,7 +32,13 @@ from attnmem.calc.backends import NoKernel
 from attnmem.calc.train_common import CUBLAS_WORKSPACE_BYTES
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int
 from attnmem.trace.fake_attention import sdpa_as
-from attnmem.trace.inference import TRACE_ATTENTIONS, TRACE_LOCK, _built, _held_bytes
+from attnmem.trace.inference import (
+    TRACE_ATTENTIONS,
+    TRACE_LOCK,
+    _built,
+    _held_bytes,
+    check_scan_cost,
+)
 from attnmem.trace.recorder import Recorder, replay
 
 #: The dtypes a training trace runs: the harness's bf16 (parameters and moments in bf16, no
@@ -116,7 +122,9 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
 
     t0 = time.perf_counter()
     # a private copy: training mode, checkpointing and adapters change the module tree
-    model = copy.deepcopy(_built(text, dtype, "eager" if attention == "eager" else "sdpa"))
+    built = _built(text, dtype, "eager" if attention == "eager" else "sdpa")
+    check_scan_cost(built, 2 * b * s)  # two steps (forward and the recomputation's)
+    model = copy.deepcopy(built)
     model.train()
     if checkpointing:
         model.gradient_checkpointing_enable(
