@@ -35,7 +35,7 @@ MD = re.compile(r"(?<![\w./-])([A-Za-z0-9_./*-]*[A-Za-z0-9_-]\.md)\b")
 #: Files whose text states the rule above, so they name the outside notes on purpose.
 STATES_THE_RULE = {"tests/test_self_contained.py", "tests/app/test_page_sources.py"}
 #: Folders whose paths this test checks (attnmem/pages/ and app.py: tests/app/test_page_sources.py).
-CHECKED = ("attnmem/calc/", "attnmem/kernels/", "attnmem/measure/", "attnmem/cli.py",
+CHECKED = ("attnmem/calc/", "attnmem/kernels/", "attnmem/measure/", "attnmem/cli/",
            "attnmem/hub.py", "attnmem/__init__.py", "scripts/", "tests/", "docs/", "README.md",
            "NOTES.md", "Makefile")
 #: `*.md` names that are not files of this repository, each with why that is right.

@@ -24,6 +24,21 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from attnmem.cli.common import (
+    UsageError,
+    _names_a_file,
+    gpu_name,
+    resolve_gpu,
+)
+from attnmem.cli.text import _text, _text_traced, _text_traced_train
+from attnmem.cli.traced import (
+    _config_to_trace,
+    _LowerBound,
+    _trace_counted_from,
+    _traced_memory,
+    _trained_context_of,
+)
+
 # --- calc's defaults and choices, copied so that --help imports nothing (tests/cli checks them)
 
 DEFAULT_GPU = "NVIDIA H100 80GB"  # attnmem.calc.DEFAULT_GPU
@@ -53,10 +68,6 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_NON_TORCH_BYTES = 338 * 2**20
 DEFAULT_CUDA_GRAPH_BYTES = 369 * 2**20
-
-
-class UsageError(ValueError):
-    """Bad command-line input: printed as one line, exit status 2."""
 
 
 # --- parsing numbers ------------------------------------------------------------------------
@@ -147,8 +158,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -351,15 +360,6 @@ def resolve_model(spec: str) -> Any:
         f"presets: {', '.join(attnmem.calc.MODELS)}")
 
 
-def _names_a_file(spec: str) -> bool:
-    """Whether --model is written as a file path: a .json name, a path from the root, home or
-    current folder, or more folders than a Hub id (owner/name) has. Such a name that does not
-    exist is a missing file, not a preset or Hub id to look up."""
-    s = spec.strip()
-    return (s.lower().endswith(".json") or s.startswith(("/", "./", "../", "~"))
-            or "\\" in s or s.count("/") > 1)
-
-
 def _model_from_file(path: Any) -> Any:
     """ModelConfig of a config.json file; what keeps it from being read or used names the file."""
     import attnmem.calc
@@ -374,50 +374,6 @@ def _model_from_file(path: Any) -> Any:
         raise UsageError(f"--model {shown}: cannot read it: {err.strerror or err}") from None
     except ValueError as err:  # not JSON, not an object, an architecture calc does not know
         raise UsageError(f"--model {shown}: {err}") from None
-
-
-def gpu_name(spec: str) -> str:
-    """The GPU named exactly (any case, any spacing), or the one GPU whose name contains
-    `spec`. A spec that matches several is refused with those GPUs and a spelling that picks
-    each; one that matches none, with every GPU."""
-    import attnmem.calc
-
-    names = list(attnmem.calc.GPUS)
-    if spec in attnmem.calc.GPUS:
-        return spec
-    key = " ".join(spec.split()).lower()
-    for name in names:
-        if name.lower() == key:
-            return name
-    hits = [g for g in names if key and key in g.lower()]
-    if len(hits) == 1:
-        return hits[0]
-    if not hits:
-        raise UsageError(f"--gpu {spec[:60]!r} is not a GPU attnmem knows; give one of these "
-                         f"names, or a part of one that no other has (e.g. 'H200'): "
-                         f"{', '.join(names)}")
-    picks = ", ".join(f"--gpu {_distinct_part(g, key, names)!r}" for g in hits[:3])
-    raise UsageError(f"--gpu {spec[:60]!r} matches {len(hits)} GPUs: {', '.join(hits)}; give "
-                     f"one of these names, or a part of one that no other has: {picks}"
-                     + (", ..." if len(hits) > 3 else ""))
-
-
-def _distinct_part(name: str, key: str, names: list[str]) -> str:
-    """The shortest run of whole words of `name` that contains `key` and is in no other GPU's
-    name (any case): what --gpu accepts for it, e.g. 'H100 NVL'. The full name if none is."""
-    words = name.split()
-    runs = [" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)]
-    unique = [r for r in runs if key in r.lower()
-              and sum(r.lower() in other.lower() for other in names) == 1]
-    return min(unique, key=len, default=name)
-
-
-def resolve_gpu(spec: str) -> int:
-    """The bytes "fits" uses, as the pages do: the total torch can allocate where attnmem.calc.gpus has
-    it (what torch.cuda.mem_get_info reports), else the spec-sheet figure."""
-    from attnmem.calc.gpus import torch_total_bytes
-
-    return torch_total_bytes(gpu_name(spec))
 
 
 # --- the three commands -----------------------------------------------------------------------
@@ -608,312 +564,6 @@ def _serve(a: argparse.Namespace, model: Any) -> dict:
             "prefill_attention_bytes": prefill, "decode_attention_bytes": decode}
 
 
-# --- plain output -------------------------------------------------------------------------------
-
-
-def _table(rows: list[tuple[str, str]]) -> list[str]:
-    """Two columns, the values right-aligned so that their units line up."""
-    if not rows:
-        return []
-    left = max(len(k) for k, _ in rows)
-    right = max(len(v) for _, v in rows)
-    return [f"  {k:<{left}}  {v:>{right}}" for k, v in rows]
-
-
-def _tokens(n: int) -> str:
-    return f"{n:,} token" + ("" if n == 1 else "s")
-
-
-def _trained_note(n: int, trained: int | None) -> str:
-    return (f" (past the {trained:,} tokens this model was trained for)"
-            if trained and n > trained else "")
-
-
-def _verdict(fits: bool, total: int, gpu: int, b: Any, needed: str = "") -> str:
-    if fits:
-        return f"fits: {b(gpu - total)} free ({(gpu - total) / gpu:.0%})"
-    return f"does not fit: {b(total - gpu)} over" + (f"; {needed}" if needed else "")
-
-
-def _text_memory(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
-    trained = r["trained_context"]
-    lines = [f"{r['model']}: inference, batch {r['batch']:,}, s = {_tokens(r['seq_len'])}"
-             f"{_trained_note(r['seq_len'], trained)}, {r['impl']}",
-             f"weights {a.weight_dtype}, KV cache {a.kv_dtype}, activations {a.act_dtype}; "
-             f"{r['params']:,} parameters" + (f" ({r['active_params']:,} active)"
-                                              if r["active_params"] != r["params"] else ""),
-             ""]
-    parts = r["peak_parts"] or {"weights": r["weights_bytes"], "KV cache": r["kv_cache_bytes"],
-                                "attention (one layer)": r["attention_bytes"]}
-    rows = [(name, b(v)) for name, v in parts.items()]
-    if r["state_bytes"]:
-        rows.append(("constant state (hybrid layers)", b(r["state_bytes"])))
-    if "kv_cache_expanded_bytes" in r:
-        rows.append(("(KV cache expanded by MLA, not counted)", b(r["kv_cache_expanded_bytes"])))
-    peak = "at least " if r["total_is_lower_bound"] else ""
-    rows.append((f"peak of generate(), at {r['peak_phase'] or 'prefill'}",
-                 peak + b(r["total_bytes"])))
-    lines += _table(rows) + [""]
-    if r["not_modelled"]:
-        lines.append(f"a lower bound: {r['not_modelled']}")
-        lines.append("  --trace counts it all: generate() traced on the meta device"
-                     + (f" (refused: {r['trace_refused']})" if r.get("trace_refused") else ""))
-    if r["counted_as"]:
-        lines.append(r["counted_as"])
-    needed = f"needs {r['gpus_needed']:,} GPUs of this size (ideal split)"
-    lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["total_bytes"], r["gpu_bytes"], b, needed))
-    longest = r["longest_context"]
-    if longest:
-        lines.append(f"  longest context that fits: {_tokens(longest)}"
-                     f"{_trained_note(longest, trained)}")
-    else:
-        lines.append("  longest context that fits: none, not even one token "
-                     + ("(the weights alone exceed the GPU)"
-                        if r["weights_bytes"] + r["state_bytes"] > r["gpu_bytes"] else ""))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
-    pack = (f" packed from {len(a.packed)} sequences ({', '.join(f'{n:,}' for n in a.packed)})"
-            if a.packed else "")
-    trained = r["trained_context"]
-    past = _trained_note(max(a.packed) if a.packed else a.seq_len, trained)
-    default = " (the default; --seq-len sets it)" if getattr(a, "seq_len_default", False) else ""
-    lines = [f"{r['model']}: training step, batch {a.batch:,}, s = {_tokens(a.seq_len)}{default}"
-             f"{pack}"
-             f"{past}, {r['attention']}, precision {r['precision']}, checkpointing "
-             f"{'on' if r['checkpointing'] else 'off'}, optimizer {r['optimizer']}"
-             + "".join(f", {n}" for n, on in (("peft kbit prepare", r["kbit_prepare"]),
-                                              ("Liger", r["liger"]),
-                                              ("offloaded activations",
-                                               r["offload_activations"])) if on)]
-    if r["trl"]:
-        lines += [f"  TRL: {n}" for n in r["trl"]["notes"]]
-        if r["trl"]["ignored"]:
-            lines.append(f"  TRL arguments that change no memory here: "
-                         f"{', '.join(r['trl']['ignored'])}")
-    if r["adapter"] == "none":
-        lines.append(f"full training: {r['trainable_params']:,} trainable parameters")
-    else:
-        base = {"bf16": "bf16", "nf4": "4-bit NF4", "nf4_dq": "4-bit NF4, double quantization"}
-        lines.append(f"{'LoRA' if r['adapter'] == 'lora' else 'QLoRA'}: rank {r['lora_rank']}, "
-                     f"targets {r['lora_targets']}, {r['adapter_dtype']} adapters "
-                     f"({r['trainable_params']:,} trainable parameters), frozen base "
-                     f"{base[r['base_dtype']]}")
-    lay = r["layout"]
-    if lay and lay["gpus"] > 1:
-        lines.append(f"per GPU of {lay['gpus']:,}: sharding {lay['sharding']}"
-                     + (f", expert parallel over {lay['ep']:,} ranks" if lay["ep"] > 1 else ""))
-    lines.append("")
-    rows = [("weights", b(r["weights_bytes"])), ("gradients", b(r["gradients_bytes"])),
-            ("optimizer states", b(r["optimizer_bytes"]))]
-    if r["buffers_bytes"]:
-        rows.append(("buffers", b(r["buffers_bytes"])))
-    acts = {k: v for k, v in r["activations"].items() if v}
-    rows.append(("activations kept for the backward", b(sum(acts.values()))))
-    rows += [(f"  {k}", b(v)) for k, v in acts.items()]
-    rows.append((f"peak of the step, at {r['peak_phase']}", b(r["peak_bytes"])))
-    lines += _table(rows) + [""]
-    lines.append(f"{gpu}:\n  " + _verdict(r["fits"], r["peak_bytes"], r["gpu_bytes"], b))
-    longest = r["longest_context"]
-    if not a.packed:
-        lines.append(f"  longest context that fits on one: {_tokens(longest)}"
-                     f"{_trained_note(longest, trained)}" if longest else
-                     "  longest context that fits on one: none, not even one token")
-    c = r["cheapest"]
-    if c is not None:
-        if not c["fits"]:
-            lines.append("  no combination of Liger, 8-bit/paged AdamW, checkpointing and "
-                         f"offloading fits (smallest peak {b(c['peak_bytes'])})")
-        elif not c["levers"]:
-            lines.append("  cheapest combination that fits: as it is, no lever needed")
-        else:
-            lines.append(f"  cheapest combination that fits: {' + '.join(c['levers'])}, "
-                         f"peak {b(c['peak_bytes'])}")
-            lines += _table([(f"    {s['lever']} saves", b(s["saving_bytes"]))
-                             for s in c["savings"]])
-    return "\n".join(lines)
-
-
-def _text_serve(r: dict, a: argparse.Namespace, gpu: str, b: Any, trained: int | None) -> str:
-    lines = [f"{r['model']}: serving requests of {_tokens(r['seq_len'])}"
-             f"{_trained_note(r['seq_len'], trained)}", f"on {gpu}", ""]
-    est = " (estimated)" if r["activation_estimated"] else ""
-    rows = [(f"budget (gpu_memory_utilization {a.gpu_memory_utilization:g})",
-             b(r["budget_bytes"])),
-            ("weights", b(r["weights_bytes"])),
-            (f"activation peak{est}", b(r["activation_bytes"])),
-            ("non-torch memory", b(r["non_torch_bytes"])),
-            ("CUDA graphs" + ("" if r["cuda_graphs_in_budget"] else " (outside the budget)"),
-             b(r["cuda_graph_bytes"])),
-            ("KV cache pool", b(r["kv_pool_bytes"])),
-            (f"one KV block ({r['block_size']} tokens, all layers)", b(r["page_bytes"])),
-            ("KV blocks", f"{r['num_blocks']:,}"),
-            ("one request's KV cache", f"{b(r['bytes_per_sequence'])} = "
-                                       f"{r['blocks_per_sequence']:,} blocks"),
-            ("prefill attention (one layer)", b(r["prefill_attention_bytes"])),
-            ("decode attention (one layer)", b(r["decode_attention_bytes"]))]
-    lines += _table(rows) + [""]
-    capped = (f" (capped by max_num_seqs; {r['max_concurrency']:,} by KV memory)"
-              if r["concurrent_sequences"] < r["max_concurrency"] else "")
-    if r["kv_pool_bytes"] == 0:
-        lines.append("concurrent requests: 0: nothing is left for the KV cache (weights, "
-                     "activations and overheads exceed the budget)")
-    elif r["concurrent_sequences"] == 0:
-        lines.append(f"concurrent requests: 0: one request of {_tokens(r['seq_len'])} needs "
-                     f"{b(r['bytes_per_sequence'])}, the pool holds {b(r['kv_pool_bytes'])}")
-    else:
-        lines.append(f"concurrent requests: {r['concurrent_sequences']:,}{capped}")
-    lines.append(f"longest context of one request: {_tokens(r['max_context'])}"
-                 f"{_trained_note(r['max_context'], trained)}" if r["max_context"] else
-                 "longest context of one request: none, not even one token")
-    return "\n".join(lines)
-
-
-def _text(command: str, result: dict, a: argparse.Namespace, model: Any) -> str:
-    from attnmem.calc.units import format_bytes
-
-    def b(n: int) -> str:  # MB/KB below 1 GB: never "0.00 GB"
-        return format_bytes(n, a.unit)
-
-    from attnmem.calc.gpus import GPU_TORCH_TOTAL, GPUS
-
-    name = gpu_name(a.gpu)
-    spec = GPUS[name]
-    gpu = (f"{name} ({b(result['gpu_bytes'])} torch can use, {b(spec)} on the spec sheet)"
-           if GPU_TORCH_TOTAL[name] and result["gpu_bytes"] != spec else
-           f"{name} ({b(spec)}, the spec sheet's figure: no torch total is known)")
-    if command == "memory":
-        return _text_memory(result, a, gpu, b)
-    if command == "train":
-        return _text_train(result, a, gpu, b)
-    return _text_serve(result, a, gpu, b, model.max_position_embeddings)
-
-
-def _raw_config(spec: str) -> dict | None:
-    """config.json of --model as a dict: a preset's published one, a file, or a Hub id's."""
-    import copy
-    from pathlib import Path
-
-    from attnmem.calc.config_json import MAX_CONFIG_BYTES, load_config_json
-    from attnmem.calc.presets import PRESET_HF_CONFIGS
-    from attnmem.hub import fetch_config_dict, looks_like_repo_id
-
-    folded = {name.lower(): name for name in PRESET_HF_CONFIGS}
-    if spec.lower() in folded:  # a preset: its published config.json
-        return copy.deepcopy(PRESET_HF_CONFIGS[folded[spec.lower()]][1])
-    path = Path(spec).expanduser()
-    if path.is_file():
-        with open(path, "rb") as f:
-            return load_config_json(f, max_bytes=MAX_CONFIG_BYTES)
-    if not _names_a_file(spec) and looks_like_repo_id(spec):
-        return fetch_config_dict(spec)
-    return None
-
-
-class _LowerBound(Exception):
-    """calc's rules give only a lower bound for this model (the reason): trace it instead."""
-
-
-def _config_to_trace(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
-    """--model's config.json as a dict, for the trace of a model calc has no rules for; None
-    where --model names no file or Hub id to trace (calc's refusal then stands). UsageError
-    (with calc's reason) where torch or transformers, which the trace runs, are not here."""
-    try:
-        d = _raw_config(a.model)
-    except (OSError, ValueError):
-        return None
-    if d is None:
-        return None
-    try:
-        import attnmem.trace.inference  # noqa: F401  (imports torch and transformers)
-    except ImportError as err:  # the bare CLI install: no torch or transformers
-        raise UsageError(f"{no_rules}; tracing the model instead needs torch and transformers "
-                         f"({err})") from None
-    return d
-
-
-def _trace_counted_from(t: Any, d: dict, lower_bound: str = "") -> str:
-    """The "counted from" line of a traced answer (after "counted from the ")."""
-    why = (f"calc's rules give only a lower bound: {lower_bound}" if lower_bound else
-           f"calc has no rules for model_type {d.get('model_type')!r}")
-    return (f"trace: transformers {t.transformers_version}'s {t.model_class} run on the meta "
-            f"device, fused attention per attnmem.calc.peak ({why})")
-
-
-def _trained_context_of(d: dict) -> int | None:
-    """max_position_embeddings of a config dict (its text_config's for a multimodal one)."""
-    inner = d.get("text_config")
-    got = d.get("max_position_embeddings") or (
-        inner.get("max_position_embeddings") if isinstance(inner, dict) else None)
-    return got if isinstance(got, int) and not isinstance(got, bool) else None
-
-
-def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
-    """`attnmem memory` for a model calc has no rules for: generate()'s peak traced on the
-    meta device (attnmem.trace.inference), or None where there is no config to trace. A trace
-    that cannot run raises ValueError with both reasons."""
-    from attnmem.calc.backends import NoKernel
-    from attnmem.calc.memory import INFERENCE_IMPL
-
-    d = _config_to_trace(a, no_rules)
-    if d is None:
-        return None
-    from attnmem.trace.inference import TRACE_ATTENTIONS, trace_inference
-
-    attention = INFERENCE_IMPL.get(a.impl, a.impl)
-    if attention not in TRACE_ATTENTIONS:
-        raise UsageError(f"{no_rules}; the trace runs --impl {', '.join(TRACE_ATTENTIONS)} "
-                         f"(naive as eager), got --impl {a.impl!r}")
-    if a.weight_dtype != a.act_dtype or a.kv_dtype != a.act_dtype:
-        raise UsageError(f"{no_rules}; the trace runs the model in one dtype: give the same "
-                         f"--weight-dtype, --kv-dtype and --act-dtype (got {a.weight_dtype}, "
-                         f"{a.kv_dtype}, {a.act_dtype})")
-    counted_as = ""
-    try:
-        try:
-            t = trace_inference(d, a.batch, a.seq_len, 1, attention=attention,
-                                dtype=a.act_dtype)
-        except NoKernel as err:
-            # as calc's model_memory does: count generate() as transformers runs it by default
-            # (SDPA, torch choosing the backend), and say so
-            t = trace_inference(d, a.batch, a.seq_len, 1, attention="sdpa", dtype=a.act_dtype)
-            counted_as = f"counted as SDPA with torch's choice of backend: {err}"
-        except ValueError as err:
-            if attention == "eager" or "scaled_dot_product_attention" not in str(err):
-                raise
-            # the model's class takes no SDPA (gpt-oss: its sinks): transformers runs it eager
-            t = trace_inference(d, a.batch, a.seq_len, 1, attention="eager", dtype=a.act_dtype)
-            counted_as = ("counted as transformers' eager attention: "
-                          + " ".join(str(err).split())[:200])
-    except NoKernel as err:
-        raise UsageError(f"--impl {a.impl}: {err}") from None
-    except ValueError as err:
-        raise UsageError(f"{no_rules}; and the trace: {err}") from None
-    gpu = resolve_gpu(a.gpu)
-    trained = _trained_context_of(d)
-    longest, how = None, ""
-    if a.longest:
-        from attnmem.calc.units import MAX_SEQ_LEN
-        from attnmem.trace.lengths import longest_prompt
-
-        longest, how = longest_prompt(d, a.batch, 1, t.attention, a.act_dtype, gpu,
-                                      MAX_SEQ_LEN - 1)
-    return {"model": str(a.model)[:200], "model_class": t.model_class, "batch": t.batch,
-            "seq_len": t.prompt_len, "impl": a.impl, "dtype": t.dtype,
-            "weights_bytes": t.weights_bytes, "kv_cache_bytes": t.kv_cache_bytes,
-            "workspace_bytes": t.fixed_bytes, "activation_bytes": t.activation_bytes,
-            "total_bytes": t.peak_bytes, "peak_phase": t.peak_phase,
-            "at_peak": [list(x) for x in t.at_peak[:8]], "gpu": a.gpu, "gpu_bytes": gpu,
-            "fits": t.peak_bytes <= gpu, "trained_context": trained,
-            "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
-            "longest_context": longest, "longest_context_how": how,
-            "counted_as": counted_as,
-            "counted_from": _trace_counted_from(
-                t, d, str(no_rules) if isinstance(no_rules, _LowerBound) else ""),
-            "trace_seconds": round(t.seconds, 2)}
-
-
 def _untraced_train_options(a: argparse.Namespace, ft: dict, kw: dict) -> list[str]:
     """The `train` options (as --trl-args left them) that the training trace does not run,
     each said with the option's name (empty: everything asked is traced)."""
@@ -1003,78 +653,6 @@ def _traced_train(a: argparse.Namespace, no_rules: BaseException) -> dict | None
             "seq_len_past_trained_context": bool(trained and a.seq_len > trained),
             "longest_context": None, "counted_from": _trace_counted_from(t, d),
             "trace_seconds": round(t.seconds, 2)}
-
-
-def _text_traced_train(r: dict, a: argparse.Namespace) -> str:
-    from attnmem.calc.units import format_bytes
-
-    def b(n: int) -> str:
-        return format_bytes(n, a.unit)
-
-    past = (f" (past the {r['trained_context']:,} tokens it was trained for)"
-            if r["seq_len_past_trained_context"] else "")
-    default = " (the default; --seq-len sets it)" if r["seq_len_is_default"] else ""
-    lines = [f"{r['model']} ({r['model_class']}): training step, batch {r['batch']:,}, "
-             f"s = {_tokens(r['seq_len'])}{default}{past}, {r['attention']}, precision "
-             f"{r['precision']}, checkpointing {'on' if r['checkpointing'] else 'off'}, "
-             "optimizer adamw (foreach)"]
-    if r["trl"]:
-        lines += [f"  TRL: {n}" for n in r["trl"]["notes"]]
-    if r["adapter"] == "none":
-        lines.append(f"full training: {r['trainable_params']:,} trainable parameters")
-    else:
-        lines.append(f"LoRA (peft): rank {r['lora_rank']}, targets "
-                     f"{', '.join(r['lora_targets'])}, fp32 adapters "
-                     f"({r['trainable_params']:,} trainable parameters), frozen base bf16")
-    lines.append("")
-    rows = [("weights and buffers", b(r["weights_bytes"])),
-            ("AdamW state, inputs and cuBLAS workspaces",
-             b(r["before_step_bytes"] - r["weights_bytes"])),
-            ("before the step", b(r["before_step_bytes"])),
-            ("peak of the step", b(r["peak_bytes"]))]
-    lines += _table(rows) + [""]
-    lines.append("largest tensors at the peak: " + "; ".join(
-        f"{(where.replace('|', ' ').strip() or where)} {b(n)}" for where, _, n in r["at_peak"][:4]))
-    lines.append(f"counted from the {r['counted_from']}")
-    verdict = "fits" if r["fits"] else "does not fit"
-    lines.append(f"{r['gpu']} ({b(r['gpu_bytes'])}): {verdict}")
-    lines.append("  longest context: not searched for a traced model (each length is one "
-                 f"trace of {r['trace_seconds']} s); try --seq-len values")
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _text_traced(r: dict, a: argparse.Namespace) -> str:
-    from attnmem.calc.units import format_bytes
-
-    def b(n: int) -> str:
-        return format_bytes(n, a.unit)
-
-    rows = [("weights and buffers", b(r["weights_bytes"])), ("KV cache", b(r["kv_cache_bytes"])),
-            ("cuBLAS workspace", b(r["workspace_bytes"])),
-            ("inputs and transients at the peak", b(r["activation_bytes"])),
-            (f"peak of generate(), at {r['peak_phase']}", b(r["total_bytes"]))]
-    past = (f" (past the {r['trained_context']:,} tokens it was trained for)"
-            if r["seq_len_past_trained_context"] else "")
-    lines = [f"{r['model']} ({r['model_class']}): inference, batch {r['batch']:,}, "
-             f"s = {_tokens(r['seq_len'])}{past}, {r['impl']}, {r['dtype']}", ""]
-    lines += _table(rows) + [""]
-    lines.append("largest tensors at the peak: " + "; ".join(
-        f"{where.replace('|', ' ')} {b(n)}" for where, _, n in r["at_peak"][:4]))
-    if r["counted_as"]:
-        lines.append(r["counted_as"])
-    lines.append(f"counted from the {r['counted_from']}")
-    verdict = "fits" if r["fits"] else "does not fit"
-    lines.append(f"{r['gpu']} ({b(r['gpu_bytes'])}): {verdict}")
-    if r["longest_context"] is None:
-        lines.append("  longest context: not searched for a traced model (each length is one "
-                     f"trace of {r['trace_seconds']} s); --longest searches it")
-    elif r["longest_context"] == 0:
-        lines.append(f"  longest context that fits: none ({r['longest_context_how']})")
-    else:
-        lines.append(f"  longest context that fits: {_tokens(r['longest_context'])}"
-                     f"{_trained_note(r['longest_context'], r['trained_context'])} "
-                     f"({r['longest_context_how']})")
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def _fail(command: str, err: BaseException) -> int:
