@@ -2,8 +2,8 @@
 
 For each config: the first answer in a fresh process (`attnmem memory` from the command line:
 imports, reading the config, building the model on meta, the trace), then, in one process with
-the model built, an answer per input change (a new prompt length and batch each time: every
-one is a new trace, the lru cache never hits). Prints a table; run it on an idle machine.
+the model built, what a page's slider costs: the first move (a length model built once) and
+later moves (replays). Prints a table; run it on an idle machine.
 
     .venv/bin/python scripts/trace_speed.py CONFIG.json [CONFIG.json ...]
 """
@@ -25,26 +25,33 @@ def first_answer(path: str) -> float:
     return time.perf_counter() - t0
 
 
-def per_change(path: str, changes: int = 6) -> list[float]:
-    from attnmem.trace.inference import trace_inference
+def per_change(path: str, changes: int = 8) -> tuple[float, list[float]]:
+    """What a page's slider costs (attnmem.trace.lengths.trace_at, as the pages call it): the
+    first move near a traced length builds a length model (five traces, once); the later
+    moves inside its span are replays. Returns (first move, later moves) in seconds."""
+    from attnmem.trace.lengths import trace_at
 
     d = json.loads(Path(path).read_text())
-    trace_inference(d, 1, 1000, 1)  # builds the model once
+    trace_at(d, 1, 4096, 1)  # the first answer (built and traced)
+    t0 = time.perf_counter()
+    trace_at(d, 1, 4500, 1)
+    first = time.perf_counter() - t0
     times = []
     for i in range(changes):
         t0 = time.perf_counter()
-        trace_inference(d, 1 + i % 2, 2000 + 517 * i, 1)
+        trace_at(d, 1, 2100 + 731 * i, 1)
         times.append(time.perf_counter() - t0)
-    return times
+    return first, times
 
 
 def main(paths: list[str]) -> None:
-    print(f"{'config':40s} {'first answer s':>15s} {'per change s (median, max)':>28s}")
+    print(f"{'config':34s} {'first answer s':>15s} {'first move s':>13s} "
+          f"{'later moves s (median, max)':>28s}")
     for p in paths:
         first = first_answer(p)
-        ch = per_change(p)
-        print(f"{Path(p).name[:40]:40s} {first:15.2f} {statistics.median(ch):14.2f} "
-              f"{max(ch):13.2f}", flush=True)
+        move, later = per_change(p)
+        print(f"{Path(p).name[:34]:34s} {first:15.2f} {move:13.2f} "
+              f"{statistics.median(later):14.3f} {max(later):13.3f}", flush=True)
 
 
 if __name__ == "__main__":
