@@ -7,6 +7,10 @@ or where a few layers show everything (Gemma 3 27B, Qwen3-30B-A3B: ``-<n>l`` in 
 Sources: the fixture configs in ``tests/fixtures/hf_configs/`` (the Hub model cards'
 config.json, ``attnmem.measure.model_common.FIXTURES``); a multimodal config (Gemma 3) gives
 its ``text_config``, as ``Gemma3ForCausalLM`` is built from it.
+The architectures outside calc's rules (issue 42, item 6: OLMo-2, Granite, SmolLM3,
+GLM-4.5-Air, MiniMax-M2, Llama 4 text, with gpt-oss and Qwen3-Next from the fixtures) come from
+``attnmem.measure.unruled_models``: the installed transformers config classes' defaults, each
+entry's description naming the class and the checkpoint its docstring names.
 
 Layer cuts keep the architecture's layer pattern because ``layer_types`` is dropped and
 re-derived by the config class for the new depth (``Gemma3TextConfig.__init__``: layer i is
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnmem.measure import unruled_models as unruled
 from attnmem.measure.model_common import TINY_LLAMA, Models, config_object, model_config
 
 #: Not real models: tiny widths of the measured architectures, for the CPU tests (and
@@ -98,6 +103,38 @@ MODELS: Models = {
                       "global layers alternating, logit soft-capping (eager only), 256k vocab"),
     "qwen2-moe-8l": (_QWEN2_MOE, 8, "Qwen2-MoE (Qwen1.5-MoE-A2.7B widths) cut to 8 layers: "
                      "a shared expert beside 60 routed, top 4"),
+    # Outside calc's rules (issue 42, item 6): predicted by the meta-device trace
+    # (attnmem.measure.infer.predict). Real widths (attnmem.measure.unruled_models says where
+    # each comes from), every expert kept, layers cut so that one 80 GB H100 holds the bf16
+    # weights with room for an eager 8k prefill.
+    "olmo2-7b": (unruled.OLMO2, 32, "Olmo2Config defaults, which describe "
+                 "allenai/OLMo-2-1124-7B per its docstring; full depth: MHA 32/32, q/k norm, "
+                 "post-norm blocks, 50k vocab"),
+    "granite-7b": (unruled.GRANITE, 32, "GraniteConfig defaults, which describe "
+                   "ibm-granite/granite-3.0-8b-base per its docstring; full depth, 6.7B "
+                   "parameters: MHA 32/32, 32k vocab, embedding/residual/attention/logit multipliers"),
+    "smollm3-3b": (unruled.SMOLLM3, 36, "SmolLM3Config defaults, which describe "
+                   "HuggingFaceTB/SmolLM3-3B per its docstring; full depth: GQA 16/4, every "
+                   "4th layer without RoPE, 128k vocab, tied"),
+    "glm4.5-air-4l": (unruled.GLM4_MOE, 4, "Glm4MoeConfig defaults, which describe "
+                      "zai-org/GLM-4.5 per its docstring (GLM-4.5-Air's layout), with head_dim "
+                      "128 from GLM-4.5-Air's config.json; cut to 4 layers: 1 dense + 3 MoE of "
+                      "128 experts (1,408), top 8, a shared expert, GQA 96/8, 152k vocab"),
+    "minimax-m2-4l": (unruled.MINIMAX_M2, 4, "MiniMaxM2Config defaults, which describe "
+                      "MiniMaxAI/MiniMax-Text-01-hf per its docstring (a line shared with "
+                      "MiniMaxConfig; the values are MiniMax-M2's layout); cut to 4 layers: "
+                      "256 experts of 1,536, top 8, GQA 48/8, q/k norm, 200k vocab"),
+    "gpt-oss-20b-8l": ("gpt-oss-20b", 8, "gpt-oss-20b (fixture config.json) in bf16 (no "
+                       "MXFP4) cut to 8 layers: sliding (128) and full alternating, sinks "
+                       "(eager only: the class has no SDPA), 32 experts, top 4, 201k vocab"),
+    "llama4-scout-4l": (unruled.LLAMA4_TEXT, 4, "Llama4TextConfig defaults, which describe "
+                        "meta-llama/Llama-4-Scout-17B-16E per its docstring; cut to 4 layers: "
+                        "3 chunked (8,192) + 1 full without RoPE, 16 experts of 8,192, top 1, "
+                        "a shared expert, GQA 40/8, 202k vocab"),
+    "qwen3-next-80b-4l": ("Qwen3-Next-80B-A3B-Instruct", 4, "Qwen3-Next-80B-A3B-Instruct "
+                          "(fixture config.json) cut to 4 layers: 3 gated-DeltaNet linear "
+                          "attention + 1 gated full attention (GQA 16/2, d = 256), 512 experts "
+                          "of 512, top 10, a shared expert, 152k vocab"),
     "tiny-llama": (TINY_LLAMA, 2, "CPU tests: Llama, hidden 64, 4 heads, 2 KV heads"),
     "tiny-mistral": (_TINY_MISTRAL, 2, "CPU tests: Mistral, sliding window 16"),
     "tiny-gemma3": (_TINY_GEMMA3, 6, "CPU tests: Gemma 3 text, 5 local (window 16) + 1 global"),

@@ -6,6 +6,10 @@ each layer, the embedding and the head keep the real model's widths. Sources: th
 configs in ``tests/fixtures/hf_configs/`` (copied from the Hub model cards' config.json) where
 the model is there; otherwise the config.json of the model named in ``SOURCES`` (values
 written here, and checked against calc's reading of them in the tests).
+The architectures outside calc's rules (issue 42, item 6: OLMo-2, Granite, SmolLM3,
+GLM-4.5-Air, MiniMax-M2, Llama 4 text, with Qwen3-Next from its fixture) come from
+``attnmem.measure.unruled_models``: the installed transformers config classes' defaults, each
+entry's description naming the class and the checkpoint its docstring names.
 
 ``hf_config(name)`` gives the dict, ``build_config(name)`` the transformers config object
 (imports transformers), both as ``attnmem.measure.model_common.model_config`` and
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnmem.measure import unruled_models as unruled
 from attnmem.measure.model_common import TINY_LLAMA, Models, config_object, model_config
 
 #: Where each base config comes from: a fixture file name, or a dict written here.
@@ -64,6 +69,36 @@ MODELS: Models = {
                          "GQA 32/4, q/k norm, 152k vocab"),
     "gpt-oss-20b-2l": ("gpt-oss-20b", 2, "gpt-oss-20b in bf16 (no MXFP4), 32 experts of 2,880, "
                        "top 4, GQA 64/8, d = 64, sinks, layer 0 sliding (128), 201k vocab"),
+    # Outside calc's rules (issue 42, item 6): predicted by the meta-device trace
+    # (attnmem.measure.train.predict). Real widths (attnmem.measure.unruled_models says where
+    # each comes from), every expert kept, layers cut so that weights, gradients and AdamW's
+    # two moments (8 bytes a parameter in bf16) leave an 80 GB H100 room for activations.
+    "olmo2-7b-2l": (unruled.OLMO2, 2, "Olmo2Config defaults, which describe "
+                    "allenai/OLMo-2-1124-7B per its docstring: MHA 32/32, q/k norm, post-norm "
+                    "blocks, 50k vocab, untied"),
+    "granite-7b-2l": (unruled.GRANITE, 2, "GraniteConfig defaults, which describe "
+                      "ibm-granite/granite-3.0-8b-base per its docstring: MHA 32/32, 32k vocab, "
+                      "the multipliers"),
+    "smollm3-3b-4l": (unruled.SMOLLM3, 4, "SmolLM3Config defaults, which describe "
+                      "HuggingFaceTB/SmolLM3-3B per its docstring, 4 layers (the 4th without "
+                      "RoPE): GQA 16/4, 128k vocab, tied"),
+    "glm4.5-air-2l": (unruled.GLM4_MOE, 2, "Glm4MoeConfig defaults, which describe "
+                      "zai-org/GLM-4.5 per its docstring (GLM-4.5-Air's layout), with head_dim "
+                      "128 from GLM-4.5-Air's config.json; 2 layers: 1 dense + 1 MoE of 128 "
+                      "experts (1,408), top 8, a shared expert, GQA 96/8, 152k vocab"),
+    "minimax-m2-1l": (unruled.MINIMAX_M2, 1, "MiniMaxM2Config defaults, which describe "
+                      "MiniMaxAI/MiniMax-Text-01-hf per its docstring (a line shared with "
+                      "MiniMaxConfig; the values are MiniMax-M2's layout); 1 layer (4.9B "
+                      "parameters: 2 would need 64 GiB before activations): 256 experts of "
+                      "1,536, top 8, GQA 48/8, q/k norm, 200k vocab"),
+    "llama4-scout-2l": (unruled.LLAMA4_TEXT, 2, "Llama4TextConfig defaults, which describe "
+                        "meta-llama/Llama-4-Scout-17B-16E per its docstring; 2 layers (both "
+                        "chunked, 8,192: full causal up to 8k tokens): 16 experts of 8,192, "
+                        "top 1, a shared expert, GQA 40/8, 202k vocab"),
+    "qwen3-next-80b-4l": ("Qwen3-Next-80B-A3B-Instruct", 4, "Qwen3-Next-80B-A3B-Instruct "
+                          "(fixture config.json), 4 layers: 3 gated-DeltaNet linear attention + "
+                          "1 gated full attention (GQA 16/2, d = 256), 512 experts of 512, top "
+                          "10, a shared expert, 152k vocab"),
     "tiny-llama": (TINY_LLAMA, 2, "CPU tests only: hidden 64, 4 heads, 2 KV heads, vocab 128"),
 }
 

@@ -27,6 +27,8 @@ from attnmem.measure.infer import procedure, worker
 from attnmem.measure.infer import store as istore
 from attnmem.measure.infer.config import InferConfig, InferResult
 
+UNRULED_INFER = iplan.UNRULED_MODELS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The columns the lead's calc tests and the page read (issue 29, item 4).
@@ -90,8 +92,13 @@ def test_param_counts_match_calc_and_models_cover_the_issue():
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf)
         real = sum(p.numel() for p in model.parameters())
-        assert real == param_count(ModelConfig.from_hf_config(d, name=name)), name
         shapes[name] = iconfig.shape_fields(hf)
+        try:
+            calc_model = ModelConfig.from_hf_config(d, name=name)
+        except ValueError:  # a type without calc's rules (issue 42): predicted by the trace
+            assert name in UNRULED_INFER, name
+            continue
+        assert real == param_count(calc_model), name
         assert shapes[name]["layers"] == im.MODELS[name][1]
     assert shapes["llama3.1-8b"]["layers"] == 32 and shapes["deepseek-v2-lite"]["layers"] == 27
     assert shapes["qwen2.5-7b"]["vocab"] >= 150_000

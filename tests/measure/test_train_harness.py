@@ -27,6 +27,8 @@ from attnmem.measure.train import plan as tplan
 from attnmem.measure.train import predict, procedure, worker
 from attnmem.measure.train import store as tstore
 
+UNRULED_TRAIN = tplan.UNRULED_MODELS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The columns the training page and calc's tests read (issue 17).
@@ -79,7 +81,12 @@ def test_param_count_matches_calc_and_shape_fields_match_config(name):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf)
     real = sum(p.numel() for p in model.parameters())
-    assert real == param_count(ModelConfig.from_hf_config(d, name=name))
+    try:
+        calc_model = ModelConfig.from_hf_config(d, name=name)
+    except ValueError:  # a type without calc's rules (issue 42): predicted by the trace
+        assert name in UNRULED_TRAIN
+    else:
+        assert real == param_count(calc_model)
     shape = tconfig.shape_fields(hf)
     assert shape["layers"] == tm.MODELS[name][1] == d["num_hidden_layers"]
     assert shape["hidden"] == d["hidden_size"] and shape["vocab"] == d["vocab_size"]

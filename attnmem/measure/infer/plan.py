@@ -1,6 +1,8 @@
 """Plans: the cross product of the command line (``expand``), the bundled H200 reference sweep
 (``reference_plan``, ``--plan h200``) and torch's own SDPA choice where a forced backend found
-no kernel (``sdpa_plan``, ``--plan h200-sdpa``). No torch or transformers at import time.
+no kernel (``sdpa_plan``, ``--plan h200-sdpa``), and the architectures outside calc's rules
+(``unruled_plan``, ``--plan h200-unruled``, issue 42 item 6: predicted by the meta-device
+trace). No torch or transformers at import time.
 """
 
 from __future__ import annotations
@@ -140,5 +142,31 @@ def reference_plan() -> list[InferConfig]:
     return sorted(rows.values(), key=lambda c: order[c.build_key()])
 
 
+#: The architectures outside calc's rules (issue 42, item 6), most important first: the dense
+#: families (cheap builds, traces under a second), gpt-oss (calc gives only a lower bound),
+#: then the large MoEs and the hybrid (a trace of seconds to tens of seconds each).
+UNRULED_MODELS = ("olmo2-7b", "granite-7b", "smollm3-3b", "gpt-oss-20b-8l", "glm4.5-air-4l",
+                  "minimax-m2-4l", "llama4-scout-4l", "qwen3-next-80b-4l")
+#: Classes without SDPA (transformers refuses attn_implementation="sdpa" for them): eager only.
+EAGER_ONLY = ("gpt-oss-20b-8l",)
+
+
+def unruled_plan() -> list[InferConfig]:
+    """The architectures outside calc's rules (issue 42, item 6; ``--plan h200-unruled``),
+    predicted by the meta-device trace (attnmem.measure.infer.predict), dynamic cache, 8 new
+    tokens, each model's rows together (one build per attention), models in
+    ``UNRULED_MODELS``' order, so that ``--budget`` cuts the last models' rows:
+    SDPA (torch's own backend) and eager at prompts 1,000 and 8,192 (batch 1), then one
+    batch-4 row (SDPA, 2,048). gpt-oss has no SDPA in transformers: eager only (its batch-4
+    row eager). 38 rows."""
+    plan: list[InferConfig] = []
+    for model in UNRULED_MODELS:
+        attentions = ("eager",) if model in EAGER_ONLY else ("sdpa", "eager")
+        plan += expand([model], (1000, 8192), attentions)
+        plan += expand([model], (2048,), attentions[:1], batch=4)
+    return plan
+
+
 PLANS: dict[str, Callable[[], list[InferConfig]]] = {"h200": reference_plan,
-                                                      "h200-sdpa": sdpa_plan}
+                                                      "h200-sdpa": sdpa_plan,
+                                                      "h200-unruled": unruled_plan}

@@ -1,7 +1,9 @@
 """Plans: the cross product of the command line (``expand``, with ``lora_variants`` for
 fine-tuning), the bundled H200 reference sweep (``reference_plan``, ``--plan h200``) and the
 LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``), the MoE sweep (``moe_plan``,
-``--plan h200-moe``) and the packed-sequence sweep (``packed_plan``, ``--plan h200-packed``).
+``--plan h200-moe``), the packed-sequence sweep (``packed_plan``, ``--plan h200-packed``) and
+the architectures outside calc's rules (``unruled_plan``, ``--plan h200-unruled``, issue 42
+item 6: predicted by the meta-device trace).
 No torch or transformers at import time.
 """
 
@@ -214,7 +216,31 @@ def packed_plan() -> list[TrainConfig]:
     return plan
 
 
+#: The architectures outside calc's rules (issue 42, item 6), most important first (the dense
+#: families, then the large MoEs and the hybrid). gpt-oss's training step is within calc's
+#: rules and measured (``moe_plan``); its inference is attnmem.measure.infer.plan's.
+UNRULED_MODELS = ("olmo2-7b-2l", "granite-7b-2l", "smollm3-3b-4l", "glm4.5-air-2l",
+                  "minimax-m2-1l", "llama4-scout-2l", "qwen3-next-80b-4l")
+
+
+def unruled_plan() -> list[TrainConfig]:
+    """The architectures outside calc's rules (issue 42, item 6; ``--plan h200-unruled``), full
+    training in bf16, predicted by the meta-device trace (attnmem.measure.train.predict), most
+    important first so that ``--budget`` cuts the least important rows. 56 rows.
+
+    0. Coverage: every model with sdpa_flash, checkpointing off, at 1,000 and 4,096 tokens.
+    1. Every model with eager attention, checkpointing off, at 1,000 and 4,096.
+    2. Both attentions with checkpointing on, at 1,000 and 4,096.
+    """
+    plan: list[TrainConfig] = []
+    for attentions, ckpt in ((("sdpa_flash",), False), (("eager",), False),
+                             (("sdpa_flash", "eager"), True)):
+        plan += expand(UNRULED_MODELS, (1000, 4096), attentions, ["bf16"], [ckpt])
+    return plan
+
+
 PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan,
                                                       "h200-lora": lora_plan,
                                                       "h200-moe": moe_plan,
-                                                      "h200-packed": packed_plan}
+                                                      "h200-packed": packed_plan,
+                                                      "h200-unruled": unruled_plan}
