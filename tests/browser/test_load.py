@@ -120,3 +120,14 @@ def test_load_five_sessions_fifteen_seconds(tmp_path: Path) -> None:
                         max_growth_mb=64, log_path=tmp_path / "server.log", browsers=2)
     print(load_test.summary(rep))
     assert rep.ok, load_test.summary(rep)
+
+
+@pytest.mark.slow
+def test_every_page_smoke() -> None:
+    """--every-page: two protocol sessions walk the pages for 8 s: no error, several pages run,
+    and each page's figures are reported."""
+    rows, _ = load_test.every_page(sessions=2, seconds=8, timeout_s=60, think_s=0.2)
+    assert list(rows) == load_test.every_page_paths() and len(rows) == 11
+    assert not [(p, r["error_samples"]) for p, r in rows.items() if r["errors"]]
+    assert sum(1 for r in rows.values() if r["runs"]) >= 3, rows
+    assert "median" in load_test.every_page_summary(rows, 2, 8)
