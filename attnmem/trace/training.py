@@ -174,7 +174,7 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
     at_peak = tuple(sorted(((k, c, by) for k, (c, by) in step.at_peak.items()),
                            key=lambda x: -x[2]))
     return TracedTraining(
-        model_class=type(model).__name__, batch=b, seq_len=s, attention=attention, dtype=dtype,
+        model_class=type(built).__name__, batch=b, seq_len=s, attention=attention, dtype=dtype,
         checkpointing=checkpointing, lora_rank=lora_rank, weights_bytes=weights,
         trainable_params=sum(p.numel() for p in trainable), before_step_bytes=before,
         peak_bytes=base + step.peak, at_peak=at_peak, seconds=time.perf_counter() - t0,

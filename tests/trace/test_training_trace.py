@@ -58,6 +58,7 @@ def test_lora_and_a_type_without_rules() -> None:
     lora = trace_training(d, 1, 512, attention="sdpa_flash", lora_rank=8)
     assert 0 < lora.trainable_params < full.trainable_params // 100
     assert lora.peak_bytes < full.peak_bytes
+    assert lora.model_class == full.model_class == "LlamaForCausalLM"  # not peft's wrapper
     cfg = transformers.Olmo2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2,
                                    vocab_size=1000, pad_token_id=None)
