@@ -53,6 +53,29 @@ class TracedWeights:
                 + self.other_buffer_bytes)
 
 
+#: The largest config the trace builds: each layer and expert is a module built (and, for a
+#: trace, run) in Python, so a hostile upload of 10^9 layers would hold a process for hours;
+#: every real config is far inside them (Llama 3.1 405B has 126 layers, Kimi-K2 384 experts).
+TRACE_LIMITS = {"layers": 512, "experts": 4096}
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def too_large(d: dict) -> str | None:
+    """Why a config is too large to trace here (layers or experts past TRACE_LIMITS), or None."""
+    scopes = [d] + [v for v in d.values() if isinstance(v, dict)]
+    for scope in scopes:
+        for what, keys in (("layers", _LAYER_KEYS), ("experts", _EXPERT_KEYS)):
+            for key in keys:
+                value = scope.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) \
+                        and value > TRACE_LIMITS[what]:
+                    return (f"'{key}' is {value:,}; the trace builds at most "
+                            f"{TRACE_LIMITS[what]:,} {what} (each is a module built and run on "
+                            "the meta device)")
+    return None
+
+
 def _config(d: dict):
     """transformers' config object for a config.json dict; ValueError names why it cannot.
 
@@ -64,6 +87,9 @@ def _config(d: dict):
     from attnmem.calc.models import ARCHITECTURE_TYPES
 
     model_type = d.get("model_type") if isinstance(d, dict) else None
+    why = too_large(d) if isinstance(d, dict) else None
+    if why:
+        raise ValueError(f"config.json: {why}")
     if (isinstance(model_type, str) and model_type not in CONFIG_MAPPING
             and isinstance(d.get("auto_map"), dict)):
         for cls in d.get("architectures") or []:

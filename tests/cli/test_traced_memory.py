@@ -101,3 +101,15 @@ def test_a_lower_bound_from_the_rules_is_traced_instead(tmp_path, capsys, cls_na
     assert "calc's rules give only a lower bound" in r["counted_from"]
     assert counted_as in r["counted_as"]
     assert r["activation_bytes"] > 0 and r["total_bytes"] > r["weights_bytes"]
+
+
+def test_a_hostile_size_is_refused_before_anything_is_built(tmp_path, capsys) -> None:
+    """10^9 layers would hold the process for hours building modules: refused at once, with
+    the key, the value and the limit."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "olmo2", "hidden_size": 64,
+                                "num_attention_heads": 4, "num_hidden_layers": 10**9}))
+    assert main(["memory", "--model", str(path), "--seq-len", "100",
+                 "--gpu", "H100 80GB"]) == 2
+    err = capsys.readouterr().err
+    assert "'num_hidden_layers' is 1,000,000,000" in err and "at most 512 layers" in err

@@ -30,6 +30,7 @@ from attnmem.calc.models import KNOWN_MODEL_TYPES
 from attnmem.calc.units import MAX_SEQ_LEN
 from attnmem.pages.ui.fit import TASK_LABELS, Verdict
 from attnmem.trace.inference import TRACE_LOCK
+from attnmem.trace.weights import TRACE_LIMITS, too_large  # noqa: F401  (the pages' names)
 
 #: The attentions the trace runs (attnmem.trace.inference.TRACE_ATTENTIONS, repeated here so
 #: that a page need not import the trace, i.e. torch, to draw its inputs).
@@ -94,29 +95,6 @@ def missing() -> str | None:
     return (f"{' and '.join(gone)} {'is' if len(gone) == 1 else 'are'} not installed here, so "
             "the meta-device trace of transformers' own modules, which answers models outside "
             "calc's rules, cannot run (pip install 'attention-memory[gpu]')")
-
-
-#: Bounds on what the trace is asked to build (a meta model costs host time per module, not
-#: memory): every real config is far inside them (Llama 3.1 405B has 126 layers, Kimi-K2 384
-#: experts); a hostile upload is refused before transformers builds anything.
-TRACE_LIMITS = {"layers": 512, "experts": 4096}
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-
-
-def too_large(d: dict) -> str | None:
-    """Why a config is too large to trace here (layers or experts past TRACE_LIMITS), or None."""
-    scopes = [d] + [v for v in d.values() if isinstance(v, dict)]
-    for scope in scopes:
-        for what, keys in (("layers", _LAYER_KEYS), ("experts", _EXPERT_KEYS)):
-            for key in keys:
-                value = scope.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) \
-                        and value > TRACE_LIMITS[what]:
-                    return (f"'{key}' is {value:,}; the trace builds at most "
-                            f"{TRACE_LIMITS[what]:,} {what} (each is a module built and run on "
-                            "the meta device)")
-    return None
 
 
 @dataclass(frozen=True)
