@@ -135,7 +135,12 @@ st.title("Training step")
 st.markdown("**How much memory does one training step take, where is its peak, and does it "
             "fit?** Weights, gradients, AdamW's two moments and every activation autograd "
             "keeps, per attention implementation, per GPU.")
-top_answer = st.container()  # the answer in one line, filled once computed (seen at 1280 × 800)
+# The answer comes first on screen, above the inputs (the first number on screen at 1280x800
+# without scrolling, issue 45 item 2): the one line, then each attention's peak per GPU and
+# verdict; both are filled once computed. The recipe levers and the TRL box are drawn below the
+# inputs but read before the answer is computed.
+top_answer = st.container()  # the answer in one line
+answer_box = st.container()  # the peaks, verdicts and calc's refusals
 
 top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
 picked = pickers.model_picker(SPECS["model"], tr.CHOICES, where=top[0], traceable=True)
@@ -185,9 +190,6 @@ ep = widgets.int_input("Expert-parallel degree (MoE)", "ep", SPECS["ep"], where=
                             "measured). It divides N / t and the experts per layer.")
 ep = ep if model.num_experts > 1 else 1
 
-# The answer comes first on screen (visible at 1280 x 800); the recipe levers and the TRL box
-# are drawn below it but read before it is computed.
-answer_box = st.container()
 lever_box = st.expander("What makes it fit: recipe levers, the cheapest combination that fits, "
                         "your TRL arguments", expanded=True)
 with lever_box:
@@ -225,6 +227,7 @@ with lever_box:
 
 if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
     unit, gpu_bytes = get_unit(), usable_bytes(gpu)
+    below = st.container()  # what the traced peak holds and where, under the inputs
     with answer_box:
         pickers.gpu_note(gpu, unit, what="\"Fits\"")
         bad = ttr.unsupported(prec, method, adt, opt, kbit, liger, offload, pf, gpus, tp, shard,
@@ -236,7 +239,7 @@ if picked.traced is not None:  # outside calc's rules: transformers' own modules
                 traced_steps = ttr.training(picked.traced, batch, seq_len, tuple(attns), ckpt,
                                             None if full else rank, targets)
             ttv.show(traced_steps, gpu, gpu_bytes, unit, f"one {gpu}",
-                     lambda a: TRAIN_ATTENTION_LABELS.get(a, a), top_answer)
+                     lambda a: TRAIN_ATTENTION_LABELS.get(a, a), top_answer, details=below)
     cheapest_box.caption("Not searched for a model outside calc's rules: the levers are "
                          "calc's, and the trace runs none of them.")
     sync_url(used)
@@ -344,15 +347,15 @@ with answer_box:
                                                         dict(kw, **ft_kw), levers)
     except tr.LeverRefusal as err:
         warn(f"These levers cannot be computed with these settings: {err}")
-        top_answer.markdown("**Not computed with these levers**: calc's reason and what "
-                            "makes it fit are below the inputs.")
+        top_answer.markdown("**Not computed with these levers**: calc's reason is just below; "
+                            "what makes it fit is below the inputs.")
         cheapest_section(attns[0])
         side_by_side_section()
         sync_url(used)
         st.stop()
     except ValueError as err:
         st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
-        top_answer.markdown("**Not computed**: calc's reason is below the inputs.")
+        top_answer.markdown("**Not computed**: calc's reason is just below.")
         cheapest_box.caption("No cheapest combination: these settings are refused without any "
                              "lever (the message above).")
         side_by_side_section()

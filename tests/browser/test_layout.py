@@ -263,8 +263,9 @@ def test_no_page_requests_another_host(walk: Walk) -> None:
 
 #: Pages whose headline was below the fold at 1280x800 when this test was written (issue 45,
 #: item 2, open): expected failures, reported as such until each page moves its answer up.
-#: Inference, Scaling, How FlashAttention works and GPU measurement draw it at the top now.
-BELOW_THE_FOLD_TODAY = {"training"}
+#: Inference, Scaling, How FlashAttention works, GPU measurement and Training step draw it at
+#: the top now.
+BELOW_THE_FOLD_TODAY: set[str] = set()
 
 
 @pytest.mark.parametrize("name", [

@@ -150,7 +150,7 @@ def headline(ans: TrainAnswers, gpu_bytes: int, where: str, fmt: Any, label: Any
     """The page's answer in one line (Markdown; `fmt` formats bytes, `label` names an attention,
     `where` is already escaped)."""
     if not ans.steps:
-        return "**Not traced**: the reason is below the inputs."
+        return "**Not traced**: the reason is just below."
     said = [f"{label(a)} {fmt(t.peak_bytes)}, "
             + ("fits" if t.peak_bytes <= gpu_bytes else "does not fit")
             for a, t in ans.steps.items()]

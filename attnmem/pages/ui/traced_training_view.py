@@ -12,7 +12,9 @@ rows) is said to be left out, never filled with another model type's numbers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -37,13 +39,15 @@ def refused(model: traced.Unruled, bad: list[str], top_answer) -> None:
     warn(f"{model.name} is outside calc's rules and is answered by a trace, which does not run "
          + "; ".join(bad) + f". {ttr.RUNS[0].upper()}{ttr.RUNS[1:]}. calc's rules refuse it "
          f"too: {model.refusal}")
-    top_answer.markdown("**Not traced with these settings**: the reason is below the inputs.")
+    top_answer.markdown("**Not traced with these settings**: the reason is just below.")
 
 
 def show(ans: ttr.TrainAnswers, gpu: str, gpu_bytes: int, unit: str, where: str,
-         label: Callable[[str], str], top_answer) -> None:
+         label: Callable[[str], str], top_answer, details: Any = None) -> None:
     """The traced steps for the page's inputs (`where`: "one H100 ..."; `label`: an attention's
-    name on the page; `top_answer`: the container under the title for the one-line answer)."""
+    name on the page; `top_answer`: the container under the title for the one-line answer):
+    the peaks and verdicts, then what the first peak holds and where, in `details` (a container
+    further down the page) when given, else right below them."""
     tv.model_caption(ans.model)
     top_answer.markdown(ttr.headline(ans, gpu_bytes, md_escape(where),
                                      lambda b: fmt(b, unit), label))
@@ -79,7 +83,12 @@ def show(ans: ttr.TrainAnswers, gpu: str, gpu_bytes: int, unit: str, where: str,
             else:
                 st.error(f"Does not fit one {gpu}: {fmt(t.peak_bytes - gpu_bytes, unit)} over "
                          "(traced).", icon=":material/cancel:")
-    a, t = next(iter(ans.steps.items()))
+    with details if details is not None else contextlib.nullcontext():
+        _details(*next(iter(ans.steps.items())), unit, label)
+
+
+def _details(a: str, t: Any, unit: str, label: Callable[[str], str]) -> None:
+    """What the traced peak of attention `a` holds, where it is, what it was counted from."""
     st.markdown(f"**What the peak holds** ({md_escape(label(a))}, traced)")
     total = max(t.peak_bytes, 1)
     tables.table(pd.DataFrame(
