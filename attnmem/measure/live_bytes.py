@@ -17,8 +17,6 @@ CUDA-only parts (fused attention kernels, cuBLAS workspaces, allocator rounding)
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 
@@ -84,24 +82,9 @@ class LiveBytes:
     def __exit__(self, *exc: Any) -> None:
         self._mode.__exit__(*exc)
 
-    @contextmanager
-    def track_modules(self, model: Any) -> Iterator[None]:
-        """Keep `stack` (module names entered and not yet left) current while in the block."""
-        handles = []
-        for name, mod in model.named_modules():
-            label = name or type(mod).__name__
+    def track_modules(self, model: Any):
+        """Keep `stack` (module names entered and not yet left) current while in the block;
+        the root module is named by its class (attnmem.trace.recorder.module_stack)."""
+        from attnmem.trace.recorder import module_stack
 
-            def pre(_m: Any, _a: Any, label: str = label) -> None:
-                self.stack.append(label)
-
-            def post(_m: Any, _a: Any, _o: Any) -> None:
-                if self.stack:
-                    self.stack.pop()
-
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post))
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+        return module_stack(model, self.stack, lambda name, mod: name or type(mod).__name__)

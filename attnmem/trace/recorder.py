@@ -103,25 +103,33 @@ class Recorder:
     def __exit__(self, *exc: Any) -> None:
         self._mode.__exit__(*exc)
 
-    @contextmanager
-    def track_modules(self, model: Any) -> Iterator[None]:
+    def track_modules(self, model: Any):
         """Keep `stack` (qualified names of the modules running) current inside the block."""
-        handles = []
-        for name, mod in model.named_modules():
-            def pre(_m: Any, _a: Any, name: str = name) -> None:
-                self.stack.append(name)
+        return module_stack(model, self.stack)
 
-            def post(_m: Any, _a: Any, _o: Any) -> None:
-                if self.stack:
-                    self.stack.pop()
 
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post))
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+@contextmanager
+def module_stack(model: Any, stack: list[str], label_of: Any = None) -> Iterator[None]:
+    """Inside the block, `stack` holds the modules of `model` entered and not yet left (forward
+    hooks), each as `label_of(name, module)` (default: its qualified name, "" for the root)."""
+    handles = []
+    for name, mod in model.named_modules():
+        label = name if label_of is None else label_of(name, mod)
+
+        def pre(_m: Any, _a: Any, label: str = label) -> None:
+            stack.append(label)
+
+        def post(_m: Any, _a: Any, _o: Any) -> None:
+            if stack:
+                stack.pop()
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def replay(events: list[Event], expandable: bool = False) -> dict[str, PhasePeak]:
