@@ -376,3 +376,33 @@ def steps_of(call: AttentionCall) -> list[Step]:
     """The allocation sequence of one call of `call.impl` (the steps above, in order): what
     attnmem.trace allocates for a fused attention call that the meta device cannot run."""
     return _MODELS[call.impl](call)
+
+
+def decode_inputs(b: int, h: int, h_kv: int, new_tokens: int, cache_len: int, d: int,
+                  dtype: str) -> list[int]:
+    """What exists before a decode call: q (B, H, s_q, d) and the cache's k, v (B, H_kv,
+    cache_len, d) tensors (their allocated length, a static cache's max_cache_len)."""
+    e = dtype_bytes(dtype)
+    return [ceil_bytes(b * h * new_tokens * d * e), ceil_bytes(b * h_kv * cache_len * d * e),
+            ceil_bytes(b * h_kv * cache_len * d * e)]
+
+
+def triton_decode_steps(b: int, h: int, h_kv: int, new_tokens: int, kv_len: int, d: int,
+                        dtype: str) -> list[Step]:
+    """Our split-KV decode path (attnmem/kernels/flash/decode.py decode_attention), in its
+    allocation order: the output (one (B, s_q, H, d) tensor), then, where
+    attnmem.calc.decode_split.decode_plan cuts the keys into S > 1 chunks, the chunks' fp32
+    partial outputs (B·H·s_q·S·d) and log2-sum-exps (B·H·s_q·S), freed once the combine
+    kernel has written the output. Flash-decoding: Dao, Haziza, Massa, Sizov 2023."""
+    from attnmem.calc.decode_split import decode_plan
+
+    e = dtype_bytes(dtype)
+    rows = b * h * new_tokens
+    plan = decode_plan(b, h, h_kv, new_tokens, kv_len, d)
+    steps: list[Step] = [_a("output", ceil_bytes(rows * d * e))]
+    if plan.partial:
+        steps.append(_a(f"partial outputs and log2-sum-exps of {plan.splits} key chunks of "
+                        f"{plan.split_len:,} keys (fp32, freed after the combine)",
+                        rows * plan.splits * d * 4, rows * plan.splits * 4, key="chunks"))
+        steps.append(_F("chunks"))
+    return steps

@@ -17,10 +17,14 @@ predicts the partial buffers exactly on every GPU:
   d > 128, where a 128 × 256 fp32 accumulator would not fit the registers); row blocks
   M = ⌈R / BLOCK_M⌉;
 - key tile BLOCK_N = 128 keys at d ≤ 128, 64 above (`decode_block_n`);
-- programs without a split P = M·B·H_kv. The target is ``DECODE_WAVES`` waves of
-  ``DECODE_SMS`` SMs: splits S = ⌈target / P⌉, but at most one split per
-  ``DECODE_MIN_SPLIT_TILES`` key tiles (a chunk shorter than that spends more on writing and
-  combining its partials than it saves) and at most ``DECODE_MAX_SPLITS``;
+- programs without a split P = M·B·H_kv. The target is T = ``DECODE_WAVES`` waves of
+  ``DECODE_SMS`` SMs (4 × 132 = 528): splits S = ⌊T / P⌋, at least 1, but at most one split
+  per ``DECODE_MIN_SPLIT_TILES`` key tiles (a chunk shorter than that spends more on writing
+  and combining its partials than it saves) and at most ``DECODE_MAX_SPLITS``. So the grid
+  P·S is at least 2 waves wherever the cache is long enough (P ≥ T/2 is 2 waves without a
+  split; below, P·S > T − P > T/2) and close to 4 waves on small grids (B·H_kv = 8 at
+  B = 1: S = 66, re-cut to 64 chunks of whole tiles at 128k keys); a grid of 2-4 waves unsplit (B = 64, H_kv = 8: 512 programs) writes no
+  partials at all;
 - split length L = ⌈tiles / S⌉·BLOCK_N keys (a multiple of the tile), then S = ⌈s_k / L⌉, so
   no chunk is empty of cache and every chunk but the last is whole tiles.
 
@@ -94,7 +98,7 @@ def decode_plan(batch: int, heads: int, kv_heads: int, new_tokens: int, kv_len: 
     bn = decode_block_n(head_dim) if block_n is None else int(block_n)
     tiles = -(-kv_len // bn)
     programs = row_blocks * batch * kv_heads
-    want = -(-DECODE_WAVES * DECODE_SMS // programs)
+    want = DECODE_WAVES * DECODE_SMS // programs
     splits = max(1, min(want, tiles // DECODE_MIN_SPLIT_TILES, DECODE_MAX_SPLITS))
     per = -(-tiles // splits)
     split_len = per * bn

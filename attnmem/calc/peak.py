@@ -490,3 +490,64 @@ def varlen_peak_bytes(
     sh, lens = _varlen_shape(heads, seq_lens, head_dim, dtype, backward, kv_heads)
     return _replay_steps(_inputs(sh), _triton_varlen(sh, lens, _check_window(window)),
                          _check_expandable(expandable)).peak
+
+
+def _decode_args(batch, heads, kv_heads, new_tokens, kv_len, head_dim, dtype, cache_len
+                 ) -> tuple[int, int, int, int, int, int, str, int]:
+    from attnmem.calc.units import dtype_name
+
+    b = check_int("batch", batch, 1, MAX_BATCH)
+    h = check_int("heads", heads, 1, MAX_HEADS)
+    h_kv = check_int("kv_heads", heads if kv_heads is None else kv_heads, 1, h)
+    if h % h_kv:
+        raise ValueError(f"kv_heads ({h_kv}) must divide heads ({h})")
+    n = check_int("new_tokens", new_tokens, 1, MAX_SEQ_LEN)
+    kv = check_int("kv_len", kv_len, 1, MAX_SEQ_LEN)
+    d = check_int("head_dim", head_dim, 16, 256)
+    name = dtype_name(dtype)
+    if name not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"dtype must be fp16, bf16 or fp32 for our decode path, got {dtype!r}")
+    cache = kv if cache_len is None else check_int("cache_len", cache_len, kv, MAX_SEQ_LEN)
+    return b, h, h_kv, n, kv, d, name, cache
+
+
+def decode_peak_breakdown(batch: int, heads: int, kv_heads: int | None, new_tokens: int,
+                          kv_len: int, head_dim: int, dtype: str, *,
+                          cache_len: int | None = None, expandable: bool = False
+                          ) -> list[PeakTerm]:
+    """The tensors alive at the peak of one call of our decode path (`decode_peak_bytes`)."""
+    from attnmem.calc.attention_steps import decode_inputs, triton_decode_steps
+
+    b, h, h_kv, n, kv, d, name, cache = _decode_args(batch, heads, kv_heads, new_tokens,
+                                                     kv_len, head_dim, dtype, cache_len)
+    return list(_replay_steps(decode_inputs(b, h, h_kv, n, cache, d, name),
+                              triton_decode_steps(b, h, h_kv, n, kv, d, name),
+                              _check_expandable(expandable)).terms)
+
+
+def decode_peak_bytes(batch: int, heads: int, kv_heads: int | None, new_tokens: int,
+                      kv_len: int, head_dim: int, dtype: str, *, cache_len: int | None = None,
+                      expandable: bool = False) -> int:
+    """Predicted extra peak bytes of one call of our split-KV decode path
+    (`attnmem.kernels.flash.decode.decode_attention(q, k, v, kv_len)`: ``new_tokens`` queries per
+    sequence against ``kv_len`` valid keys of a cache whose tensors hold ``cache_len`` rows,
+    default kv_len), as torch.cuda.max_memory_allocated() counts them with q, k and v
+    allocated before the call (the module docstring's procedure).
+
+    The tensors (e bytes per element, rows = B·H·new_tokens): the output, rows·d·e; and where
+    attnmem.calc.decode_split.decode_plan cuts the keys into S > 1 chunks (programs =
+    row blocks·B·H_kv·S of at least 4 waves of 132 SMs, chunks of whole 128- or 64-key
+    tiles, at least 2 tiles each) the chunks' partial outputs rows·S·d·4 and log2-sum-exps
+    rows·S·4 (fp32), alive together with the output until the combine has run. The
+    valid length sets S; the cache's allocated length only sizes the inputs. Each tensor is
+    counted as the caching allocator's block (attnmem.calc.allocator, `ALLOCATOR_NOTE`).
+    Sources: flash-decoding (Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context
+    inference", 2023); the buffers as attnmem/kernels/flash/decode.py allocates them.
+    """
+    from attnmem.calc.attention_steps import decode_inputs, triton_decode_steps
+
+    b, h, h_kv, n, kv, d, name, cache = _decode_args(batch, heads, kv_heads, new_tokens,
+                                                     kv_len, head_dim, dtype, cache_len)
+    return _replay_steps(decode_inputs(b, h, h_kv, n, cache, d, name),
+                         triton_decode_steps(b, h, h_kv, n, kv, d, name),
+                         _check_expandable(expandable)).peak

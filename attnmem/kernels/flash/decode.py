@@ -17,9 +17,11 @@ What this file adds to that idea, in our words:
   the whole group instead of once per query head, and R rows (4-128 for G = 4-16 and 1-8
   queries) fill a tensor-core tile that one query alone would leave 1/16 full.
 - The split rule (`attnmem.calc.decode_split.decode_plan`, one copy that attnmem.calc.peak
-  reads too): programs = row blocks x B x H_kv x splits >= 4 waves of 132 SMs, each chunk at
-  least 2 key tiles, the chunk length a multiple of the key tile (128 keys at d <= 128, 64
-  above), at most 256 chunks; one chunk writes O directly and nothing is combined.
+  reads too): with P = row blocks x B x H_kv programs unsplit, S = floor(4 x 132 / P) chunks
+  (at least 1, at most one per 2 key tiles, at most 256), so the grid P x S is at least 2
+  waves of 132 SMs where the cache is long enough and about 4 on small grids; the chunk
+  length is a multiple of the key tile (128 keys at d <= 128, 64 above). One chunk writes O
+  directly and nothing is combined.
 - Causal with the queries at the end of the cache (bottom-right): new query i of s_q sits at
   position kv_len - s_q + i and sees keys 0 .. kv_len - s_q + i. That is a KV cache's mask
   (transformers' causal mask with a query offset) and the mask of chunked prefill, which is

@@ -1,0 +1,334 @@
+"""The split-KV decode path (attnmem/kernels/flash/decode.py) and its memory model.
+
+Semantics under test: s_q new queries per sequence against a cache of k, v tensors whose
+first kv_len rows are valid (one number, or one per sequence); with ``causal`` query i sees
+keys 0 .. kv_len - s_q + i (bottom-right, a KV cache's mask), else every valid key. The
+oracle is a float64 softmax over exactly those keys; the kernel's error must stay within
+twice the same reference computed in the inputs' dtype plus a floor (tests/_tolerance.py).
+
+Without a GPU the kernels run under Triton's CPU interpreter in ONE child process (this file
+run as a script; TRITON_INTERPRET=1 before triton is imported). Each case draws fresh random
+inputs (its own seed), every buffer the kernel allocates is NaN-filled (tests/_poison.py),
+and the cache rows past the valid length are NaN: a kernel that reads them, or leaves an
+output or partial element unwritten, shows. The interpreter cases are fp16 and fp32: Triton
+3.9's interpreter computes bfloat16 dot products wrongly (our forward too: 8e8 errors on a
+32 x 16 bf16 call), so bf16 is checked by the GPU tests. Small key tiles (16, 32) give
+several tiles per chunk and chunks per sequence at these lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _poison import poison_empty  # noqa: E402  (tests/_poison.py)
+from _tolerance import within as _within  # noqa: E402  (tests/_tolerance.py)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HAS_CUDA = torch.cuda.is_available()
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def reference(q, k, v, kv_len, causal, dtype=torch.float64):
+    """softmax over each sequence's valid keys (bottom-right causal), computed in ``dtype``;
+    a row that sees no key is 0."""
+    B, H, s_q, d = q.shape
+    G = H // k.shape[1]
+    out = torch.zeros(B, H, s_q, d, dtype=dtype, device=q.device)
+    for b in range(B):
+        n = (k.shape[2] if kv_len is None else
+             int(kv_len) if isinstance(kv_len, int) else int(kv_len[b]))
+        kk = k[b, :, :n].to(dtype).repeat_interleave(G, 0)
+        vv = v[b, :, :n].to(dtype).repeat_interleave(G, 0)
+        s = (q[b].to(dtype) @ kk.transpose(-1, -2)) / math.sqrt(d)
+        if causal:
+            i = torch.arange(s_q, device=q.device)[:, None]
+            j = torch.arange(n, device=q.device)[None, :]
+            s = s.masked_fill(j > n - s_q + i, float("-inf"))
+        p = torch.softmax(s.float() if dtype != torch.float64 else s, -1).nan_to_num(0.0)
+        out[b] = (p.to(dtype) @ vv)
+    return out
+
+
+def make(B, H, H_kv, s_q, cache, d, dtype, device, seed, kv_len=None):
+    """Fresh q, k, v (seeded per case); cache rows past each valid length set to NaN."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, H, s_q, d, generator=g).to(device, dtype)
+    k = torch.randn(B, H_kv, cache, d, generator=g).to(device, dtype)
+    v = torch.randn(B, H_kv, cache, d, generator=g).to(device, dtype)
+    lens = ([cache] * B if kv_len is None else [int(kv_len)] * B if isinstance(kv_len, int)
+            else [int(x) for x in kv_len])
+    for b, n in enumerate(lens):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    return q, k, v
+
+
+def check(B, H, H_kv, s_q, cache, d, kv_len, causal, dtype, device, seed, splits=None,
+          block_n=None, layout="bhsd"):
+    """decode_attention against the float64 reference within twice the same-dtype error."""
+    from attnmem.kernels.flash.decode import decode_attention
+
+    q, k, v = make(B, H, H_kv, s_q, cache, d, dtype, device, seed, kv_len)
+    if layout == "bshd":  # the cache stored (B, S, H_kv, d), viewed (B, H_kv, S, d)
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    lens = kv_len
+    if isinstance(kv_len, list):
+        lens = torch.tensor(kv_len, dtype=torch.int32, device=device)
+    with torch.no_grad():
+        out = decode_attention(q, k, v, lens, causal, splits=splits, block_n=block_n)
+    assert out.shape == (B, H, s_q, d) and out.dtype == dtype
+    ref = reference(q, k, v, kv_len, causal)
+    base = reference(q, k, v, kv_len, causal, dtype=dtype)
+    _within("out", out, ref, base, FLOOR[dtype])
+
+
+# (B, H, H_kv, s_q, cache, d, kv_len, causal, dtype, splits, block_n)
+#  kv_len: None (the whole cache), an int (a static cache's valid length) or a list (per
+#  sequence, passed as an int32 tensor); none of the lengths is a multiple of the tile
+CASES = {
+    "mha_1q_d64": (2, 4, 4, 1, 203, 64, None, True, torch.float16, None, 32),
+    "gqa4_1q_static": (2, 8, 2, 1, 300, 64, 229, True, torch.float16, None, 32),
+    "gqa8_1q_d128": (1, 8, 1, 1, 177, 128, None, True, torch.float16, 3, 32),
+    "gqa8_8q_causal": (1, 16, 2, 8, 250, 64, 211, True, torch.float16, None, 16),
+    "gqa4_8q_full": (2, 8, 2, 8, 150, 32, 133, False, torch.float16, 4, 16),
+    "mha_8q_causal_fp32": (1, 2, 2, 8, 97, 16, None, True, torch.float32, 3, 16),
+    "d80_gqa4_8q": (1, 8, 2, 8, 150, 80, 121, True, torch.float16, 3, 32),
+    "d96_1q": (2, 4, 1, 1, 100, 96, 77, True, torch.float16, 2, 16),
+    "d192_gqa4": (1, 4, 1, 3, 90, 192, 83, True, torch.float16, 2, 16),
+    "d256_gqa8_8q": (1, 8, 1, 8, 70, 256, 69, True, torch.float16, None, 16),
+    "per_seq_lengths": (3, 8, 2, 2, 120, 32, [120, 37, 2], True, torch.float16, 3, 16),
+    "per_seq_full": (2, 4, 4, 1, 64, 16, [5, 64], False, torch.float32, 4, 16),
+    "one_chunk_direct": (2, 8, 2, 4, 100, 64, 99, True, torch.float16, 1, 32),
+    "more_chunks_than_tiles": (1, 4, 1, 1, 40, 16, 33, True, torch.float32, 9, 16),
+    "prefill_rows_blocks": (1, 4, 2, 40, 100, 32, 93, True, torch.float32, 2, 16),
+    "default_plan_tile": (1, 8, 2, 8, 300, 64, 290, True, torch.float16, None, None),
+}
+
+
+def _allocations() -> dict:
+    """The kernel's allocations in order (bytes, from common.empty) against the step list
+    attnmem.calc.attention_steps.triton_decode_steps replays, for split and unsplit plans."""
+    from attnmem.calc.attention_steps import _A, triton_decode_steps
+    from attnmem.calc.decode_split import decode_plan
+    from attnmem.kernels.flash import common
+    from attnmem.kernels.flash.decode import decode_attention
+
+    got = {}
+    # (B, H, H_kv, s_q, kv_len, d): a split plan (B·H_kv = 2 programs) and an unsplit one
+    for shape in ((1, 4, 2, 1, 700, 64), (1, 4, 2, 8, 700, 64), (2, 4, 4, 1, 100, 16)):
+        B, H, H_kv, s_q, kv, d = shape
+        sizes: list[int] = []
+        real = common.empty
+
+        def record(*a, real=real, sizes=sizes, **k):
+            t = real(*a, **k)
+            sizes.append(t.numel() * t.element_size())
+            return t
+
+        common.empty = record
+        try:
+            q, k, v = make(B, H, H_kv, s_q, kv, d, torch.float16, "cpu", 5)
+            with torch.no_grad():
+                decode_attention(q, k, v, kv)
+        finally:
+            common.empty = real
+        steps = [s for s in triton_decode_steps(B, H, H_kv, s_q, kv, d, "fp16")
+                 if isinstance(s, _A)]
+        got[str(shape)] = {"kernel": sizes, "calc": [n for s in steps for n in s.sizes],
+                           "splits": decode_plan(B, H, H_kv, s_q, kv, d).splits}
+    return got
+
+
+def _interp_worker() -> None:
+    from _interp import quick_interpreter
+
+    quick_interpreter()
+    import attnmem.kernels.flash.api as api
+
+    assert api.interpreting(), "TRITON_INTERPRET=1 did not take effect"
+    results: dict[str, object] = {}
+    runs = {name: (lambda c=c, i=i: check(*c[:8], c[8], "cpu", 100 + i, c[9], c[10]))
+            for i, (name, c) in enumerate(CASES.items())}
+    runs["strided_bshd_cache"] = lambda: check(2, 8, 2, 1, 130, 64, 111, True, torch.float16,
+                                               "cpu", 7, 3, 32, layout="bshd")
+    for name, run in runs.items():
+        try:
+            with poison_empty():
+                run()
+            results[name] = "ok"
+        except BaseException as exc:  # reported by the test of that case
+            results[name] = f"{type(exc).__name__}: {exc}"
+    try:
+        results["allocations"] = _allocations()
+    except BaseException as exc:
+        results["allocations"] = f"{type(exc).__name__}: {exc}"
+    print("DECODE_RESULTS " + json.dumps(results), flush=True)
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--interp-worker"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+    for line in res.stdout.splitlines():
+        if line.startswith("DECODE_RESULTS "):
+            return json.loads(line[len("DECODE_RESULTS "):])
+    pytest.fail(f"interpreter worker failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="interpreter subset: the GPU tests below run instead")
+@pytest.mark.parametrize("case", [*CASES, "strided_bshd_cache"])
+def test_decode_matches_float64_reference_under_interpreter(interp, case):
+    """1 and 8 (and 2, 3, 4, 40) new queries, GQA ratios 1, 2, 4, 8, d 16-256 (80, 96, 192
+    padded), causal and full, valid lengths as the whole cache, one number below it (a static
+    cache) and one per sequence, forced chunk counts (more than the tiles too) and the
+    default plan, a strided (B, S, H, d) cache; outputs NaN-poisoned, cache tails NaN."""
+    assert interp[case] == "ok", interp[case]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="interpreter subset")
+def test_kernel_allocates_what_calc_replays(interp):
+    """The decode path's allocations, in order and to the byte, are the step sequence
+    attnmem.calc.attention_steps.triton_decode_steps replays (split and unsplit plans)."""
+    got = interp["allocations"]
+    assert isinstance(got, dict), got
+    assert {v["splits"] > 1 for v in got.values()} == {True, False}  # both kinds covered
+    for shape, v in got.items():
+        assert v["kernel"] == v["calc"], (shape, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan and the memory model (pure)
+# ---------------------------------------------------------------------------------------------
+def test_plan_fills_the_grid_and_cuts_whole_tiles():
+    """The rule: programs = row blocks·B·H_kv·S at least 2 waves of 132 SMs where the cache
+    has the tiles for it, about 4 waves on small grids; chunks of whole tiles, none empty."""
+    from attnmem.calc.decode_split import DECODE_SMS, decode_plan
+
+    for B in (1, 4, 16, 64):
+        for H, H_kv in ((32, 32), (32, 8), (64, 8), (128, 8), (40, 8), (28, 4)):
+            for s_q in (1, 8):
+                for kv in (1000, 4097, 32768, 131072):
+                    for d in (64, 80, 128, 192, 256):
+                        p = decode_plan(B, H, H_kv, s_q, kv, d)
+                        assert p.split_len % p.block_n == 0
+                        assert (p.splits - 1) * p.split_len < kv <= p.splits * p.split_len
+                        programs = p.row_blocks * B * H_kv * p.splits
+                        tiles = -(-kv // p.block_n)
+                        if tiles >= 2 * 4 * DECODE_SMS:  # enough tiles for any split count
+                            assert programs >= 2 * DECODE_SMS, (B, H, H_kv, s_q, kv, d, p)
+                        assert p.block_m >= min(H // H_kv * s_q, 64)
+    p = decode_plan(1, 32, 8, 1, 131072, 128)
+    # 8 programs: 528 // 8 = 66 chunks wanted, 1,024 tiles cut into whole 16-tile chunks: 64
+    assert (p.splits, p.split_len) == (64, 2048)
+
+
+def test_decode_peak_counts_the_partials():
+    """decode_peak_bytes is the output plus, with S > 1 chunks, the fp32 partials: the
+    allocator's blocks of the sizes decode_buffer_bytes gives."""
+    from attnmem.calc.allocator import round_size
+    from attnmem.calc.decode_split import decode_buffer_bytes, decode_plan
+    from attnmem.calc.peak import decode_peak_breakdown, decode_peak_bytes
+
+    # B = 1, H = 32, H_kv = 8, 128k keys, bf16: 64 chunks of the cache
+    o, part, lse = decode_buffer_bytes(1, 32, 8, 1, 131072, 128, 2)
+    assert decode_plan(1, 32, 8, 1, 131072, 128).splits == 64
+    assert (o, part, lse) == (32 * 128 * 2, 32 * 64 * 128 * 4, 32 * 64 * 4)
+    peak = decode_peak_bytes(1, 32, 8, 1, 131072, 128, "bf16", expandable=True)
+    assert peak == round_size(o) + round_size(part) + round_size(lse)
+    terms = decode_peak_breakdown(1, 32, 8, 1, 131072, 128, "bf16", expandable=True)
+    assert sum(t.counted_bytes for t in terms) == peak
+    # B = 64, H_kv = 8: 512 programs, no split: the output alone
+    assert decode_plan(64, 32, 8, 1, 4096, 128).splits == 1
+    assert decode_peak_bytes(64, 32, 8, 1, 4096, 128, "fp16", expandable=True) == round_size(
+        64 * 32 * 128 * 2)
+    # a static cache's length sizes the inputs only
+    assert decode_peak_bytes(1, 32, 8, 1, 4000, 128, "bf16", cache_len=8192,
+                             expandable=True) == decode_peak_bytes(
+        1, 32, 8, 1, 4000, 128, "bf16", expandable=True)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(kv_heads=3), "must divide"), (dict(new_tokens=0), "new_tokens"),
+    (dict(head_dim=300), "head_dim"), (dict(dtype="fp8"), "dtype"),
+    (dict(cache_len=10), "cache_len"), (dict(kv_len=2.5), "kv_len")])
+def test_decode_peak_refuses_bad_input(bad, match):
+    from attnmem.calc.peak import decode_peak_bytes
+
+    args = dict(batch=1, heads=8, kv_heads=2, new_tokens=1, kv_len=100, head_dim=64,
+                dtype="fp16") | bad
+    with pytest.raises(ValueError, match=match):
+        decode_peak_bytes(**args)
+
+
+def test_decode_refuses_bad_input(monkeypatch):
+    """Checked before any launch: lengths, shapes, gradients."""
+    import attnmem.kernels.flash.api as api
+    from attnmem.kernels.flash.decode import decode_attention
+
+    monkeypatch.setattr(api, "interpreting", lambda: True)
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 10, 16)
+    with pytest.raises(ValueError, match="kv_len must be an int from 1 to the cache length 10"):
+        decode_attention(q, k, k, 11)
+    with pytest.raises(ValueError, match="int32 of shape"):
+        decode_attention(q, k, k, torch.tensor([3]))
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        decode_attention(torch.randn(1, 3, 1, 16), k, k)
+    with pytest.raises(ValueError, match="no backward"):
+        decode_attention(q.requires_grad_(), k, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (the lead runs these)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, H_kv, s_q, cache, d, kv_len, dtype", [
+    (1, 32, 8, 1, 131072, 128, None, torch.bfloat16),
+    (4, 40, 8, 8, 32768, 128, 30001, torch.bfloat16),
+    (16, 64, 8, 1, 8192, 64, [8192, 17, 4000, 5] * 4, torch.float16),
+    (2, 24, 24, 8, 4096, 80, 4001, torch.bfloat16),
+    (8, 32, 2, 1, 16384, 256, None, torch.float16),
+    (64, 16, 16, 1, 1024, 96, 999, torch.bfloat16),
+    (1, 48, 4, 8, 65536, 192, 65000, torch.bfloat16),
+])
+def test_gpu_decode_matches_reference(B, H, H_kv, s_q, cache, d, kv_len, dtype):
+    with poison_empty():
+        check(B, H, H_kv, s_q, cache, d, kv_len, True, dtype, "cuda", 11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, H_kv, s_q, kv, d", [(1, 32, 8, 1, 131072, 128),
+                                                   (8, 32, 8, 8, 16384, 128),
+                                                   (64, 32, 8, 1, 4096, 128)])
+def test_gpu_decode_peak_equals_calc(B, H, H_kv, s_q, kv, d):
+    """max_memory_allocated() over one call, inputs allocated before and the cache emptied,
+    equals attnmem.calc.peak.decode_peak_bytes."""
+    from attnmem.calc.peak import decode_peak_bytes
+    from attnmem.kernels.flash.decode import decode_attention
+
+    q, k, v = make(B, H, H_kv, s_q, kv, d, torch.bfloat16, "cuda", 3)
+    with torch.no_grad():
+        decode_attention(q, k, v)  # compile first
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = decode_attention(q, k, v)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    del out
+    assert peak == decode_peak_bytes(B, H, H_kv, s_q, kv, d, "bf16")
+
+
+if __name__ == "__main__" and "--interp-worker" in sys.argv:
+    _interp_worker()
