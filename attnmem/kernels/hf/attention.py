@@ -41,15 +41,32 @@ Both are recognised in the mask function (`_mask_function`), which then returns 
 marker (`PackedSequences`) carrying the int32 starts instead of an s x s mask, once per
 model call: the kernel reads them on the host once per step, not per layer.
 
+KV caches (generation) run on our kernels too, for every cache transformers builds for a
+causal layer without a sliding window, without padding: the mask function recognises
+transformers' causal mask of queries that sit at the end of the cache's valid keys (a
+dynamic cache: kv_length = past + new; a static cache: kv_length = max_cache_len, the
+queries' offset a tensor, the 2D mask as long as the valid keys) and returns a `CacheCausal`
+marker (valid keys, first query's position) instead of a (B, 1, s_q, kv_length) mask. The
+attention function then reads the cache tensors' first ``kv_len`` rows (views, no copy):
+- queries = valid keys (prefill into an empty static cache): the forward kernel, causal;
+- fewer queries than valid keys (decode, speculative decoding, chunked prefill with
+  ``prefill_chunk_size``): the split-KV path `attnmem.kernels.flash.decode.decode_attention`,
+  causal aligned bottom-right (query i of s_q sees keys 0 .. kv_len - s_q + i).
+One query without any mask request (a plain dynamic-cache decode step) runs the split-KV path
+too, with no mask (it sees every key).
+
 What is refused with a ValueError that says why (the kernel has no additive or boolean mask,
 no soft-capping and no dropout; nothing falls back silently):
 - any other attention mask that transformers materialises: padding with a sliding window or
-  a KV cache, custom mask functions (and_mask_function / or_mask_function, e.g.
+  a KV cache, a KV cache on a sliding-window layer with several new queries, custom mask
+  functions (and_mask_function / or_mask_function, e.g.
   Gemma 3's bidirectional image tokens), chunked attention, bidirectional windows, padding
   on a non-causal layer;
 - logit soft-capping (Gemma 2's attn_logit_softcapping), dropout > 0, a position bias,
-  paged caches, causal attention with s_q != s_k > 1 (our causal mask is top-left aligned,
-  a KV cache's is bottom-right), a sliding window on a non-causal layer with several queries.
+  paged caches, causal attention with s_q != s_k > 1 and no cache marker (which alignment
+  was meant cannot be told), a sliding window on a non-causal layer with several queries,
+  a gradient through a call with fewer queries than keys (the split-KV path has no
+  backward).
 
 Why a mask function is registered too: transformers builds no mask at all for an attention
 implementation its mask interface does not know (masking_utils._preprocess_mask_arguments),
@@ -100,6 +117,23 @@ class PackedSequences:
     indices: Any = None
 
 
+@dataclass(frozen=True)
+class CacheCausal:
+    """What our mask function returns in place of a KV cache's causal mask without padding
+    or window: the cache tensors' first ``kv_len`` rows are the valid keys and the s_q new
+    queries are their last s_q positions (``q_offset`` = kv_len - s_q), so query i sees keys
+    0 .. q_offset + i (masking_utils.causal_mask_function with the query offset). Only
+    ``triton_attention_forward`` reads it."""
+
+    kv_len: int
+    q_offset: int
+    #: generate() builds the mask of a compileable (static) cache itself and passes the result
+    #: back into the model as ``attention_mask``, whose mask code then reads ``.ndim`` (2 means
+    #: "a 2D padding mask, build the mask"); anything else goes on to our mask function, which
+    #: returns the marker as it came.
+    ndim = 4
+
+
 def _layer(module: Any) -> str:
     idx = getattr(module, "layer_idx", None)
     return f"layer {idx}" if idx is not None else type(module).__name__
@@ -142,6 +176,9 @@ def triton_attention_forward(
             attention_mask is None and kwargs.get("cu_seq_lens_q") is not None):
         return _packed_forward(module, query, key, value, attention_mask, scaling, window,
                                is_causal, kwargs, where)
+    if isinstance(attention_mask, CacheCausal):
+        return _cache_forward(module, query, key, value, attention_mask, scaling, window,
+                              where)
     if isinstance(attention_mask, SlidingWindowMask):
         if window is not None and window != attention_mask.window:
             raise ValueError(
@@ -177,10 +214,59 @@ def triton_attention_forward(
         key, value = key[:, :, s_k - window:], value[:, :, s_k - window:]
         window = None
     query, key, value = _autocast_inputs(query, key, value, where)
-    out = flash_attention(query, key, value, causal=causal,
-                          scale=None if scaling is None else float(scaling),
-                          window=window)  # (B, H, s_q, d)
+    scale = None if scaling is None else float(scaling)
+    if (not causal and window is None and int(query.shape[2]) == 1 < int(key.shape[2])
+            and not _needs_grad(query, key, value)):
+        # one new query against a cache: the split-KV path (every key is visible)
+        from attnmem.kernels.flash.decode import decode_attention
+
+        out = decode_attention(query, key, value, None, causal=False, scale=scale)
+    else:
+        out = flash_attention(query, key, value, causal=causal, scale=scale,
+                              window=window)  # (B, H, s_q, d)
     return out.transpose(1, 2).contiguous(), None  # (B, s_q, H, d), as transformers expects
+
+
+def _needs_grad(*tensors: Any) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _cache_forward(module: Any, query: Any, key: Any, value: Any, marker: CacheCausal,
+                   scaling: float | None, window: int | None, where: str) -> tuple[Any, None]:
+    """A causal layer's call with a KV cache (`CacheCausal`; module docstring): the valid keys
+    are the cache tensors' first ``marker.kv_len`` rows, the queries their last positions."""
+    from attnmem.kernels.flash.api import flash_attention
+    from attnmem.kernels.flash.decode import decode_attention
+
+    s_q, s_k = int(query.shape[2]), int(key.shape[2])
+    kv = marker.kv_len
+    if window is not None and window < kv:
+        raise ValueError(
+            f"triton attention ({where}): a KV cache on a layer with a sliding window of "
+            f"{window} tokens shorter than its {kv} valid keys arrived with a plain causal mask; "
+            "our cache path has no window")
+    if not (s_q <= kv <= s_k and marker.q_offset + s_q == kv):
+        raise ValueError(
+            f"triton attention ({where}): the cache mask says {kv} valid keys with queries from "
+            f"position {marker.q_offset}, but the call has {s_q} queries and a cache of {s_k} "
+            "rows; the queries must be the last positions of the valid keys")
+    if scaling is not None and not (math.isfinite(float(scaling)) and float(scaling) > 0):
+        raise ValueError(f"triton attention ({where}): scaling must be positive, got {scaling}")
+    query, key, value = _autocast_inputs(query, key, value, where)
+    scale = None if scaling is None else float(scaling)
+    key, value = key[:, :, :kv], value[:, :, :kv]  # views of the cache's valid rows
+    if s_q == kv:  # prefill into an empty cache: queries are the keys
+        out = flash_attention(query, key, value, causal=True, scale=scale)
+    elif _needs_grad(query, key, value):
+        raise ValueError(
+            f"triton attention ({where}): {s_q} queries against {kv} cached keys with a "
+            "gradient; our split-KV path is inference only (run generation under "
+            "torch.no_grad())")
+    else:
+        out = decode_attention(query, key, value, None, causal=True, scale=scale)
+    return out.transpose(1, 2).contiguous(), None  # (B, s_q, H, d)
 
 
 def _packed_forward(module: Any, query: Any, key: Any, value: Any, marker: Any,
@@ -373,6 +459,47 @@ def _padding_request(args: tuple, kw: dict[str, Any]) -> PackedSequences | None:
     return PackedSequences(cu, None, mask.reshape(-1).nonzero().reshape(-1))
 
 
+def _cache_request(args: tuple, kw: dict[str, Any]) -> CacheCausal | None:
+    """`CacheCausal` when a mask request is transformers' plain causal mask of queries at the
+    end of a KV cache's valid keys, without padding; None for anything else. Read from
+    create_causal_mask's arguments (masking_utils._preprocess_mask_arguments): the plain
+    causal mask function, no window (``local_size``), keys from offset 0, fewer queries than
+    ``kv_length`` (the cache's rows: past + new for a dynamic cache, max_cache_len for a
+    static one), and the valid keys either the 2D attention mask's length (generate() passes
+    one as long as the tokens so far; all of it must be ones) or, without a mask, the query
+    offset + q_length. The query offset is an int, or a one-element tensor for static
+    caches (read on the host: one sync per model call, as SDPA's own skip check reads the
+    padding mask)."""
+    import torch
+    from transformers.masking_utils import causal_mask_function
+
+    if args or kw.get("mask_function") is not causal_mask_function:
+        return None
+    if kw.get("local_size") is not None or kw.get("kv_offset", 0) != 0:
+        return None
+    q_len, kv_len = kw.get("q_length"), kw.get("kv_length")
+    if type(q_len) is not int or type(kv_len) is not int or not 0 < q_len < kv_len:
+        return None
+    q_off = kw.get("q_offset", 0)
+    if isinstance(q_off, torch.Tensor):
+        if q_off.numel() != 1:
+            return None
+        q_off = int(q_off.reshape(-1)[0])
+    if type(q_off) is not int:
+        return None
+    mask = kw.get("attention_mask")
+    if mask is None:
+        valid = q_off + q_len
+    elif (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] <= kv_len
+          and bool(mask.all())):
+        valid = int(mask.shape[-1])
+    else:
+        return None
+    if q_off + q_len != valid or valid > kv_len:
+        return None
+    return CacheCausal(valid, q_off)
+
+
 def _autocast_inputs(query: Any, key: Any, value: Any, where: str) -> tuple[Any, Any, Any]:
     """Under autocast, cast q, k, v to its dtype, as autocast does for SDPA; otherwise they must
     share one dtype already. (Under autocast rotary makes q and k fp32 while v, a projection's
@@ -396,12 +523,17 @@ def _mask_function(*args: Any, **kwargs: Any) -> Any:
     or `PackedSequences` for a packed-sequence or causal padding mask (module docstring)."""
     from transformers.masking_utils import sdpa_mask
 
+    if isinstance(kwargs.get("attention_mask"), CacheCausal):
+        return kwargs["attention_mask"]  # generate() built it already (CacheCausal.ndim)
     packed = None if args else _packed_request(kwargs)
     if packed is not None:
         return PackedSequences(_starts(packed[0]), packed[1])
     unpadded = _padding_request(args, kwargs)
     if unpadded is not None:
         return unpadded
+    cached = _cache_request(args, kwargs)
+    if cached is not None:
+        return cached
     local = kwargs.get("local_size")
     kv_length = kwargs.get("kv_length")
     if local is not None and kv_length is not None and int(kv_length) <= int(local):
