@@ -45,6 +45,7 @@ decode of one new token (s_q = 1) against s cached keys is `decode_attention_byt
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
@@ -166,8 +167,15 @@ def kv_cache_groups(model: ModelConfig) -> KVCacheGroups:
     check_model(model)
     layers = model.kv_layers
     windowed = min(model.sliding_window_layers, layers) if model.sliding_window else 0
-    full = layers - windowed
-    if windowed == 0 or full == 0 or model.state_mixer is not None:
+    return group_layers(layers - windowed, windowed, model.state_mixer is not None)
+
+
+def group_layers(full: int, windowed: int, state_layers: bool = False) -> KVCacheGroups:
+    """kv_cache_groups from the layer counts alone: `full` full-attention and `windowed`
+    sliding-window layers of one page size (state_layers: the model also has state layers,
+    whose attention layers stay one group here)."""
+    layers = full + windowed
+    if windowed == 0 or full == 0 or state_layers:
         return KVCacheGroups(layers, 1 if full else 0, 1 if windowed else 0, 0)
     lo, hi = min(full, windowed), max(full, windowed)
     g = hi if hi < Fraction(3, 2) * lo else lo
@@ -327,6 +335,47 @@ def serving_capacity(
     weight_dtype "checkpoint" prices the weights as the checkpoint stores them (attnmem/calc/quant.py).
     """
     check_model(model)
+    p = pool_settings(gpu_bytes, seq_len, gpu_memory_utilization, block_size,
+                      max_num_batched_tokens, max_num_seqs, cuda_graph_bytes, non_torch_bytes,
+                      cuda_graphs_in_budget)
+    bs, t = p.block_size, p.batched_tokens
+    kvd, sd = _dtype("kv_dtype", kv_dtype), _dtype("state_dtype", state_dtype)
+    if isinstance(weight_dtype, str) and weight_dtype.strip().lower() == CHECKPOINT:
+        weights = weight_bytes(model, CHECKPOINT)  # as stored (attnmem/calc/quant.py)
+    else:
+        weights = weight_bytes(model, _dtype("weight_dtype", weight_dtype))
+    estimated = activation_bytes is None
+    act = (activation_peak_estimate(model, t, _dtype("act_dtype", act_dtype), p.max_num_seqs)
+           if estimated else _bytes_arg("activation_bytes", activation_bytes))
+    return pool_capacity(p, weights, act, estimated, page_bytes(model, bs, kvd),
+                         lambda n: sequence_bytes(model, n, bs, kvd, sd, t))
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The engine settings serving_capacity takes, checked (pool_settings)."""
+
+    gpu: int
+    util: Fraction
+    block_size: int
+    seq_len: int
+    batched_tokens: int
+    max_num_seqs: int
+    graphs: int
+    non_torch: int
+    graphs_in_budget: bool
+
+
+def pool_settings(gpu_bytes: int | str, seq_len: int,
+                  gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                  block_size: int = DEFAULT_BLOCK_SIZE,
+                  max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                  max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                  cuda_graph_bytes: int = DEFAULT_CUDA_GRAPH_BYTES,
+                  non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES,
+                  cuda_graphs_in_budget: bool = True) -> PoolSettings:
+    """serving_capacity's engine settings checked; ValueError names a bad one. A GPU name is
+    the total the driver reports to torch (attnmem.calc.gpus.torch_total_bytes)."""
     if isinstance(gpu_bytes, str):  # a GPU name: the total the driver reports to torch
         gpu_bytes = torch_total_bytes(gpu_bytes)
     gpu = _bytes_arg("gpu_bytes", gpu_bytes)
@@ -334,38 +383,37 @@ def serving_capacity(
         raise ValueError("gpu_bytes must be above 0, got 0")
     util = _fraction("gpu_memory_utilization", gpu_memory_utilization, Fraction(0), Fraction(1),
                      open_lo=True)
-    bs = check_int("block_size", block_size, 1, 4096)
-    s = check_int("seq_len", seq_len, 1, MAX_SEQ_LEN)
-    t = check_int("max_num_batched_tokens", max_num_batched_tokens, 1, MAX_SEQ_LEN)
-    seqs = check_int("max_num_seqs", max_num_seqs, 1, MAX_BATCH)
-    graphs = _bytes_arg("cuda_graph_bytes", cuda_graph_bytes)
-    non_torch = _bytes_arg("non_torch_bytes", non_torch_bytes)
     if not isinstance(cuda_graphs_in_budget, bool):
         raise ValueError(f"cuda_graphs_in_budget must be true or false, got "
                          f"{cuda_graphs_in_budget!r:.40}")
-    kvd, sd = _dtype("kv_dtype", kv_dtype), _dtype("state_dtype", state_dtype)
-    if isinstance(weight_dtype, str) and weight_dtype.strip().lower() == CHECKPOINT:
-        weights = weight_bytes(model, CHECKPOINT)  # as stored (attnmem/calc/quant.py)
-    else:
-        weights = weight_bytes(model, _dtype("weight_dtype", weight_dtype))
-    estimated = activation_bytes is None
-    act = (activation_peak_estimate(model, t, _dtype("act_dtype", act_dtype), seqs) if estimated
-           else _bytes_arg("activation_bytes", activation_bytes))
-    budget = math.floor(gpu * util)
-    used = weights + act + non_torch + (graphs if cuda_graphs_in_budget else 0)
+    return PoolSettings(
+        gpu, util, check_int("block_size", block_size, 1, 4096),
+        check_int("seq_len", seq_len, 1, MAX_SEQ_LEN),
+        check_int("max_num_batched_tokens", max_num_batched_tokens, 1, MAX_SEQ_LEN),
+        check_int("max_num_seqs", max_num_seqs, 1, MAX_BATCH),
+        _bytes_arg("cuda_graph_bytes", cuda_graph_bytes),
+        _bytes_arg("non_torch_bytes", non_torch_bytes), cuda_graphs_in_budget)
+
+
+def pool_capacity(p: PoolSettings, weights: int, act: int, estimated: bool, page: int,
+                  per_request: Callable[[int], int]) -> ServingCapacity:
+    """ServingCapacity (module docstring, points 1-4): the pool is gpu x utilization less
+    weights, activations, non-torch and (in the budget) CUDA graphs; blocks = pool // page;
+    `per_request(n)` is the bytes one request of n tokens occupies, non-decreasing in n
+    (sequence_bytes, or a traced model's attnmem.calc.serving_layout.layout_sequence_bytes)."""
+    budget = math.floor(p.gpu * p.util)
+    used = weights + act + p.non_torch + (p.graphs if p.graphs_in_budget else 0)
     pool = max(budget - used, 0)
-    page = page_bytes(model, bs, kvd)
-    blocks = pool // page
-    per_seq = sequence_bytes(model, s, bs, kvd, sd, t)
-    longest = largest_fitting(lambda n: sequence_bytes(model, n, bs, kvd, sd, t), pool)
-    headroom = gpu - budget - (0 if cuda_graphs_in_budget else graphs)
+    per_seq = per_request(p.seq_len)
+    headroom = p.gpu - budget - (0 if p.graphs_in_budget else p.graphs)
     return ServingCapacity(
-        gpu_bytes=gpu, budget_bytes=budget, weights_bytes=weights, activation_bytes=act,
-        activation_estimated=estimated, non_torch_bytes=non_torch, cuda_graph_bytes=graphs,
-        cuda_graphs_in_budget=cuda_graphs_in_budget, kv_pool_bytes=pool, block_size=bs,
-        page_bytes=page, num_blocks=blocks, seq_len=s, bytes_per_sequence=per_seq,
-        blocks_per_sequence=-(-s // bs), max_concurrency=pool // per_seq, max_num_seqs=seqs,
-        max_context=longest, headroom_bytes=headroom)
+        gpu_bytes=p.gpu, budget_bytes=budget, weights_bytes=weights, activation_bytes=act,
+        activation_estimated=estimated, non_torch_bytes=p.non_torch, cuda_graph_bytes=p.graphs,
+        cuda_graphs_in_budget=p.graphs_in_budget, kv_pool_bytes=pool,
+        block_size=p.block_size, page_bytes=page, num_blocks=pool // page, seq_len=p.seq_len,
+        bytes_per_sequence=per_seq, blocks_per_sequence=-(-p.seq_len // p.block_size),
+        max_concurrency=pool // per_seq, max_num_seqs=p.max_num_seqs,
+        max_context=largest_fitting(per_request, pool), headroom_bytes=headroom)
 
 
 def prefill_decode_attention(model: ModelConfig, impl: str, seq_len: int, batch: int = 1,

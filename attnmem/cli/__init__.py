@@ -30,12 +30,13 @@ from attnmem.cli.common import (
     gpu_name,
     resolve_gpu,
 )
-from attnmem.cli.text import _text, _text_traced, _text_traced_train
+from attnmem.cli.text import _text, _text_traced, _text_traced_serve, _text_traced_train
 from attnmem.cli.traced import (
     _config_to_trace,
     _LowerBound,
     _trace_counted_from,
     _traced_memory,
+    _traced_serve,
     _trained_context_of,
 )
 
@@ -673,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
             model = resolve_model(args.model)
         except (UsageError, ValueError) as no_rules:
             answer, text_of = {"memory": (_traced_memory, _text_traced),
-                               "train": (_traced_train, _text_traced_train)}.get(
+                               "train": (_traced_train, _text_traced_train),
+                               "serve": (_traced_serve, _text_traced_serve)}.get(
                                    args.command, (None, None))
             traced = answer(args, no_rules) if answer else None
             if traced is None:

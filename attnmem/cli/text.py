@@ -266,3 +266,55 @@ def _text_traced(r: dict, a: argparse.Namespace) -> str:
                      f"{_trained_note(r['longest_context'], r['trained_context'])} "
                      f"({r['longest_context_how']})")
     return "\n".join(line.rstrip() for line in lines)
+
+
+
+def _text_traced_serve(r: dict, a: argparse.Namespace) -> str:
+    """`attnmem serve` for a traced model: _text_serve's table, each figure's source after it."""
+    from attnmem.calc.units import format_bytes
+
+    def b(n: int) -> str:
+        return format_bytes(n, a.unit)
+
+    trained = r["trained_context"]
+    act = {"bound": " (traced upper bound)", "given": " (given)",
+           "not counted": " (not counted)"}[r["activation_from"]]
+    lines = [f"{r['model']} ({r['model_class']}): serving requests of {_tokens(r['seq_len'])}"
+             f"{_trained_note(r['seq_len'], trained)}", f"on {r['gpu']} ({b(r['gpu_bytes'])})",
+             ""]
+    rows = [(f"budget (gpu_memory_utilization {a.gpu_memory_utilization:g})",
+             b(r["budget_bytes"])),
+            ("weights (traced)", b(r["weights_bytes"])),
+            (f"activation peak{act}", b(r["activation_bytes"])),
+            ("non-torch memory", b(r["non_torch_bytes"])),
+            ("CUDA graphs" + ("" if r["cuda_graphs_in_budget"] else " (outside the budget)"),
+             b(r["cuda_graph_bytes"])),
+            ("KV cache pool", b(r["kv_pool_bytes"])),
+            (f"one KV block ({r['block_size']} tokens, all layers)", b(r["page_bytes"])),
+            ("KV blocks", f"{r['num_blocks']:,}"),
+            ("one request (KV blocks + state)", b(r["bytes_per_sequence"]))]
+    if r["state_layers"]:
+        rows.append(("  of which state (hybrid layers)", b(r["state_bytes_per_request"])))
+    lines += _table(rows) + [""]
+    at = ("at most " if r["capacity_is_upper_bound"] else
+          "at least " if r["capacity_is_lower_bound"] else "")
+    capped = (f" (capped by max_num_seqs; {at}{r['max_concurrency']:,} by KV memory)"
+              if r["concurrent_sequences"] < r["max_concurrency"] else "")
+    if r["kv_pool_bytes"] == 0:
+        lines.append("concurrent requests: 0: nothing is left for the KV cache (weights, "
+                     "activations and overheads exceed the budget)")
+    elif r["concurrent_sequences"] == 0:
+        lines.append(f"concurrent requests: 0: one request of {_tokens(r['seq_len'])} needs "
+                     f"{b(r['bytes_per_sequence'])}, the pool holds {b(r['kv_pool_bytes'])}")
+    else:
+        lines.append(f"concurrent requests: {at if not capped else ''}"
+                     f"{r['concurrent_sequences']:,}{capped}")
+    lines.append(f"longest context of one request: {at}{_tokens(r['max_context'])}"
+                 f"{_trained_note(r['max_context'], trained)}" if r["max_context"] else
+                 "longest context of one request: none, not even one token")
+    if r["capacity_is_upper_bound"]:
+        lines.append("an upper bound: the activation peak is not in the budget "
+                     "(--activation-bytes gives vLLM's logged figure)")
+    lines.append("counted from:")
+    lines += [f"  {part}: {src}" for part, src in r["sources"].items()]
+    return "\n".join(line.rstrip() for line in lines)

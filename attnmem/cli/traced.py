@@ -137,3 +137,50 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
             "counted_from": _trace_counted_from(
                 t, d, str(no_rules) if isinstance(no_rules, _LowerBound) else ""),
             "trace_seconds": round(t.seconds, 2)}
+
+
+def _traced_serve(a: argparse.Namespace, no_rules: BaseException) -> dict | None:
+    """`attnmem serve` for a model calc has no rules for: vLLM's KV pool counted from
+    transformers' own modules (attnmem.trace.serving: weights and the cache layers traced, the
+    activation peak a traced upper bound or --activation-bytes), or None where there is no
+    config to trace. What cannot be counted is refused with both reasons."""
+    from dataclasses import asdict
+
+    d = _config_to_trace(a, no_rules)
+    if d is None:
+        return None
+    from attnmem.trace.serving import traced_serving
+
+    if a.act_dtype != a.weight_dtype:
+        raise UsageError(f"{no_rules}; the trace runs the model in one dtype: give the same "
+                         f"--weight-dtype and --act-dtype (got {a.weight_dtype}, {a.act_dtype})")
+    try:
+        r = traced_serving(
+            d, resolve_gpu(a.gpu), a.seq_len, weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype,
+            gpu_memory_utilization=a.gpu_memory_utilization, block_size=a.block_size,
+            max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+            cuda_graph_bytes=a.cuda_graph_bytes, non_torch_bytes=a.non_torch_bytes,
+            activation_bytes=a.activation_bytes)
+    except ValueError as err:
+        raise UsageError(f"{no_rules}; and the trace: {err}") from None
+    except Exception as err:  # the model's own code on meta: said, never a traceback
+        raise UsageError(f"{no_rules}; and the trace failed in the model's code "
+                         f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
+    cap, lay = r.capacity, r.layout.layout
+    trained = _trained_context_of(d)
+    return {"model": str(a.model)[:200], "model_class": r.layout.model_class, "gpu": a.gpu,
+            **asdict(cap), "concurrent_sequences": cap.concurrent_sequences,
+            "params": r.param_count, "kv_layers": lay.attention_layers,
+            "sliding_layers": lay.sliding_layers, "sliding_window": lay.window,
+            "chunked_layers_as_full": lay.chunked_layers,
+            "kv_elements_per_token_per_layer": lay.elements_per_token,
+            "state_layers": lay.state_layers, "state_bytes_per_request": lay.state_bytes,
+            "activation_from": r.activation_from, "activation_refused": r.activation_refused,
+            "capacity_is_upper_bound": r.capacity_is_upper_bound,
+            "capacity_is_lower_bound": r.capacity_is_lower_bound,
+            "trained_context": trained, "sources": r.sources,
+            "counted_from": (f"trace: transformers {r.layout.transformers_version}'s "
+                             f"{r.layout.model_class} on the meta device (calc has no rules for "
+                             f"model_type {d.get('model_type')!r}); vLLM's accounting from "
+                             "attnmem.calc.serving_layout"),
+            "trace_seconds": round(r.profile.seconds, 2) if r.profile else None}
