@@ -1,8 +1,10 @@
 """Serving: how many requests of length s fit on my GPU, and the longest context one can have.
 
-Thin page: widgets (the model picker of attnmem/pages/ui/pickers.py: a preset or a Hugging Face Hub id) -> attnmem.calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
+Thin page: widgets (the model picker of attnmem/pages/ui/pickers.py: a preset, a Hugging Face Hub id or a config.json) -> attnmem.calc.serving_capacity (vLLM's accounting: vllm/v1/worker/gpu_worker.py
 and vllm/v1/core/kv_cache_utils.py, see attnmem/calc/serving.py) -> metrics and a table; prefill vs
 decode attention of one layer per implementation (attnmem.calc.serving.prefill_decode_attention).
+A model type outside calc's rules is counted from transformers' own modules instead
+(attnmem.trace.serving, shown by attnmem/pages/ui/traced_serving_view.py), its answer at the top.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from attnmem.calc.serving import (  # noqa: E402
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui import pickers, tables, widgets  # noqa: E402
+from attnmem.pages.ui import traced_serving_view as tsv  # noqa: E402
+from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
 from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
@@ -49,7 +53,7 @@ from attnmem.pages.ui.weights import usable_bytes  # noqa: E402
 
 MIB = 2**20
 SPECS = {
-    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB)),
+    "model": ChoiceParam("Llama 3.1 8B", (*MODELS, hub.HUB, CUSTOM)),
     "gpu": pickers.GPU_SPEC,
     "s": IntParam(32768, 1, MAX_SEQ_LEN),
     "util": FloatParam(0.9, 0.0, 1.0, lo_open=True),
@@ -67,9 +71,10 @@ page_setup("serving")
 st.title("Serving")
 st.markdown("**How many requests of length s fit on my GPU, and what is the longest context one "
             "request can have?** KV blocks as vLLM allocates them.")
+answer = st.container()  # a traced model's answer, above the inputs (on screen at 1280x800)
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
-picked = pickers.model_picker(SPECS["model"], MODELS, where=top[0])
+picked = pickers.model_picker(SPECS["model"], MODELS, where=top[0], traceable=True)
 model = picked.model
 used = dict(SPECS) | picked.specs  # a Hub id goes into the URL, never the file
 gpu = pickers.gpu_picker(SPECS["gpu"], where=top[1])
@@ -91,6 +96,19 @@ unit = get_unit()
 # attnmem.calc.gpus.torch_total_bytes, the spec-sheet figure only where no torch figure is sourced.
 gpu_bytes = usable_bytes(gpu)
 pickers.gpu_note(gpu, unit, what="The budget (× gpu_memory_utilization) and the KV pool")
+if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
+    below = st.container()  # its parts and sources, under the inputs
+    with answer:
+        tsv.tv.model_caption(picked.traced)
+        with st.spinner(tsv.SPINNER):
+            traced_answer = tsv.answer(
+                picked.traced, gpu_bytes, seq_len, weight_dtype=wd, kv_dtype=kvd,
+                gpu_memory_utilization=util, block_size=int(block), max_num_batched_tokens=mnbt,
+                max_num_seqs=seqs, cuda_graph_bytes=graphs * MIB, non_torch_bytes=nontorch * MIB,
+                cuda_graphs_in_budget=graphs_in)
+        tsv.show(picked.traced, traced_answer, seq_len, seqs, unit, below)
+    sync_url(used)
+    st.stop()
 try:
     cap = serving_capacity(model, gpu_bytes, seq_len, weight_dtype=wd, kv_dtype=kvd,
                            gpu_memory_utilization=util, block_size=int(block),

@@ -14,7 +14,7 @@ warnings and notes (``messages``), and the model, weight-dtype and GPU pickers (
 with the two model sources they open: a Hugging Face Hub id (``hub_model``) and an uploaded or
 pasted config.json (``custom_config``); the view of a traced answer (``traced_view``; a
 traced training step: ``traced_training_view``; Model memory's:
-``traced_memory_view``).
+``traced_memory_view``; Serving's: ``traced_serving_view``).
 
 What is not the view lives in its room: computation in attnmem.calc (the pages' sweeps and
 tables too: ``sweep``, ``cp_sweep``, ``scores``, ``memory_parts``), measured data read back in
