@@ -156,9 +156,12 @@ def test_no_config_and_not_a_language_model(hub: FakeHub) -> None:
     hub.files["state-spaces/mamba-130m"] = json.dumps(
         {"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24,
          "vocab_size": 50280}).encode()
+    # Serving traces it too (attnmem.trace.serving) and says why it cannot be counted: no
+    # attention layer, so no KV blocks; calc's refusal beside it
     at = run(SERVING_PAGE, model=HUB, hub="state-spaces/mamba-130m")
-    msg = unescape(errors(at))
-    assert "not a language-model config" in msg and "mamba" in msg
+    msg = unescape(" ".join(w.value for w in at.warning))
+    assert not errors(at) and not at.metric
+    assert "no attention layer" in msg and "not a language-model config" in msg
     # Model memory traces a type outside calc's rules (attnmem.pages.ui.traced_memory_view)
     at = run(MODEL_PAGE, model=HUB, hub="state-spaces/mamba-130m")
     assert not errors(at) and any(m.label == "Parameters (traced)" for m in at.metric)
