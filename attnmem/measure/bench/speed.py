@@ -344,11 +344,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run exactly these shapes instead of the cross product of --dtypes, "
                         "--dims, --causal, --seqs and --kv-heads; each DTYPE/D/S[/causal]"
                         "[/kv=H_KV], e.g. bf16/128/8192/causal/kv=8")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+    p.add_argument("--preset", choices=sorted(PRESETS) + ["decode", "random"], default=None,
                    help="a named list of shapes (anchors: the kernel table of the H200 anchor "
                         "figures plus fp16 at d=128, s=4096; targets: the backward's "
                         "32 target shapes; training: issue 31's 36 dense shapes with their own "
-                        "batch and 4 packed batches, then the summary over the grid)")
+                        "batch and 4 packed batches, then the summary over the grid); decode "
+                        "and random take their own options (--out, --seed, --rounds, "
+                        "--budget-s: --preset decode --help)")
     p.add_argument("--packed-only", action="store_true",
                    help="with --preset training: time its packed batches only, not the dense "
                         "shapes (triton_generic there is the portable packed forward, "
@@ -468,6 +470,11 @@ def summarize_csvs(paths: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnmem.measure.bench import preset_cli
+
+    routed = preset_cli.route(sys.argv[1:] if argv is None else list(argv))
+    if routed is not None:  # --preset decode / random: their own runs (bench.preset_cli)
+        return routed
     args = parse_args(argv)
     if args.summarize:
         try:
