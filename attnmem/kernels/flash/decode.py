@@ -89,7 +89,7 @@ def _decode_keys(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["s_q", "kv_len_all", "split_len", "n_splits"])
+@triton.jit(do_not_specialize=["s_q", "kv_len_all", "s_cache", "split_len", "n_splits"])
 def decode_split_kernel(
     Q, K, V,  # (B, H, s_q, d), (B, H_kv, S_cache, d), (B, H_kv, S_cache, d); any strides
     Out,  # PARTIAL off: (B, H, s_q, d) through its strides, written in full
@@ -223,6 +223,12 @@ def decode_combine_kernel(
              out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
+def _int_class(x: int) -> tuple[bool, bool, bool]:
+    """How Triton's JIT specialises an int argument: equal to 1, divisible by 16, and
+    whether it fits in 32 bits (else it is passed as int64)."""
+    return x == 1, x % 16 == 0, -(2**31) <= x < 2**31
+
+
 def plan_for(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int,
              block_n: int | None = None, splits: int | None = None) -> DecodePlan:
     """The call's `DecodePlan` (`attnmem.calc.decode_split.decode_plan`), with ``splits``
@@ -340,10 +346,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 PER_SEQ=per_seq is not None, PARTIAL=partial, IEEE=q.dtype == torch.float32)
     tiles = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=warps,
                  num_stages=stages)
-    # what the JIT specialises on beyond meta and tiles: dtypes, strides, head counts,
-    # 16-byte alignment of the inputs (the outputs are fresh allocations)
-    spec = (q.dtype, sq, sk, sv, so, H, H_kv, s_cache, q.data_ptr() % 16, k.data_ptr() % 16,
-            v.data_ptr() % 16)
+    # what the JIT specialises on beyond meta and tiles: dtypes, each stride's class (1, a
+    # multiple of 16, 32-bit: the JIT's own classes, so a dynamic cache whose strides grow
+    # every step keeps one compiled kernel and the direct launch), head counts, 16-byte
+    # alignment of the inputs (the outputs are fresh allocations)
+    spec = (q.dtype, *(_int_class(x) for x in (*sq, *sk, *sv, *so)), H, H_kv,
+            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
+            None if per_seq is None else per_seq.data_ptr() % 16)
     launch(None, decode_split_kernel, "decode", meta, 0, tiles, args,
            lambda c: (plan.row_blocks * plan.splits, B * H_kv), None, spec)
     if partial:
