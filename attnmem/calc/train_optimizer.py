@@ -143,13 +143,16 @@ def _adafactor(tensors: Tensors) -> int:
     factored = len(shape) >= 2): a factored tensor keeps exp_avg_sq_row (shape[:-1]) and
     exp_avg_sq_col (shape[:-2] + shape[-1:]), a 1-D one exp_avg_sq (its shape); all fp32
     (`torch.zeros(...).to(grad)` after `grad = grad.float()` for bf16/fp16 gradients).
-    state["step"] and state["RMS"] are Python numbers."""
+    state["step"] is a Python int; state["RMS"] = `self._rms(p_data_fp32)` is a 0-d fp32
+    tensor on the parameter's device (4 bytes per tensor; found by the harness's CPU test
+    against the real optimizer, tests/measure/test_train_recipes.py)."""
     total = 0
     for count, shape in tensors:
         if len(shape) >= 2:
             total += count * 4 * (prod(shape[:-1]) + prod(shape[:-2]) * shape[-1])
         else:
             total += count * 4 * prod(shape)
+        total += count * 4  # state["RMS"]
     return total
 
 

@@ -59,7 +59,9 @@ def test_paged_state_is_not_in_the_allocator_peak() -> None:
 def test_tiny_adafactor_by_hand() -> None:
     embed = 4 * (1000 + 64)
     layer = 2 * 4 * 128 + 2 * 4 * 96 + 3 * 4 * 224 + 2 * 4 * 64
-    assert step(optimizer="adafactor").optimizer_bytes == 2 * embed + 2 * layer + 4 * 64 == 18_752
+    rms = 4 * (2 + 1 + 2 * 9)  # state["RMS"], a 0-d fp32 tensor per parameter tensor
+    assert step(optimizer="adafactor").optimizer_bytes == \
+        2 * embed + 2 * layer + 4 * 64 + rms == 18_836
 
 
 def test_sgd_has_no_state() -> None:
@@ -99,8 +101,9 @@ def test_lora_counts_only_the_adapters() -> None:
     st = step(adapters=big, optimizer="adamw_8bit").optimizer_bytes
     assert st < 2 * 4 * lora_adapter_params(TINY, big)
     fac = step(adapters=lora, optimizer="adafactor").optimizer_bytes
-    # per layer lora_A (8, 64) × 4, lora_B (64, 8) × 2 (q, o) and (32, 8) × 2 (k, v): rows + cols
-    assert fac == 2 * 4 * ((8 + 64) * 4 + (64 + 8) * 2 + (32 + 8) * 2) == 4096
+    # per layer lora_A (8, 64) × 4, lora_B (64, 8) × 2 (q, o) and (32, 8) × 2 (k, v): rows + cols,
+    # and each of the 8 tensors' 0-d fp32 RMS
+    assert fac == 2 * 4 * ((8 + 64) * 4 + (64 + 8) * 2 + (32 + 8) * 2 + 8) == 4160
 
 
 @pytest.mark.parametrize("sharding", ["zero1", "zero2", "zero3", "fsdp"])
