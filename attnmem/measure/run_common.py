@@ -50,12 +50,15 @@ def serve_configs(stdin: IO[str], proto: IO[str], *, parse: Callable[[dict], Any
                   measure: Callable[[Any], Any], error_row: Callable[[Any, str], Any],
                   name: str, held: str = "still allocated",
                   baseline: Callable[[], int] = lambda: 0,
-                  on_error: Callable[[], None] | None = None) -> None:
+                  on_error: Callable[[], None] | None = None,
+                  outside: Callable[[], int] = lambda: 0) -> None:
     """Serve {"cfg": {...}} lines until EOF or {"cmd": "exit"}; answer {"result": row,
     "restart": bool}. ``parse`` makes a configuration of the dict, ``measure`` its result,
     ``error_row(cfg, message)`` the row of an exception (after ``on_error``); memory allocated
-    beyond ``baseline()`` over LEFTOVER_RESTART_BYTES ends the worker ("<name> worker: N
-    bytes <held> after <label>; exiting" on stderr)."""
+    beyond ``baseline()``, plus ``outside()`` (GPU memory the process holds outside torch's
+    allocator, e.g. a paged optimizer's unified memory that its library never frees), over
+    LEFTOVER_RESTART_BYTES ends the worker ("<name> worker: N bytes <held> after <label>;
+    exiting" on stderr)."""
     from attnmem.measure.model_common import short_error
 
     for line in stdin:
@@ -72,7 +75,7 @@ def serve_configs(stdin: IO[str], proto: IO[str], *, parse: Callable[[dict], Any
             if on_error is not None:
                 on_error()
             res = error_row(cfg, short_error(exc))
-        left = allocated_now() - baseline()
+        left = allocated_now() - baseline() + outside()
         restart = left > LEFTOVER_RESTART_BYTES
         proto.write(json.dumps({"result": res.to_row(), "restart": restart}) + "\n")
         proto.flush()

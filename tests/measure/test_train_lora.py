@@ -30,8 +30,11 @@ def _tiny_adapters(rank: int, targets: str) -> int:
 
 
 def test_new_columns_come_last_and_mirror_calc():
-    # the adapter columns, then the packed rows' column (issue 31), after the older ones
-    assert tconfig.TRAIN_COLUMNS[-len(NEW) - 1:] == (*NEW, "packed_lengths")
+    # the adapter columns, then the packed rows' column (issue 31), after the older ones and
+    # before the recipe columns (issue 43)
+    cols = tconfig.TRAIN_COLUMNS
+    at = cols.index("packed_lengths")
+    assert cols[at - len(NEW):at + 1] == (*NEW, "packed_lengths")
     assert tconfig.BASE_DTYPES == BASE_DTYPES
     assert tconfig.ADAPTER_DTYPES == ADAPTER_DTYPES
     assert tconfig.LORA_TARGETS == tuple(LORA_TARGET_SETS)
@@ -171,7 +174,7 @@ def test_series_keep_full_training_and_each_adapter_apart():
 def test_old_csv_and_database_read_as_full_training(tmp_path):
     """A CSV written before the adapter columns: every row is full training; repredict keeps
     it so; a SQLite file made before them gets the columns added."""
-    old_cols = tconfig.TRAIN_COLUMNS[:-len(NEW)]
+    old_cols = tconfig.TRAIN_COLUMNS[:tconfig.TRAIN_COLUMNS.index(NEW[0])]
     src = tmp_path / "old.csv"
     row = tconfig.TrainResult(model="llama3-8b-2l", layers=2, seq_len=1024,
                               attention="sdpa_flash", precision="bf16", status="ok",

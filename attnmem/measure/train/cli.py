@@ -18,13 +18,14 @@ from attnmem.measure.train.config import (
     ATTENTIONS,
     BASE_DTYPES,
     LORA_TARGETS,
+    OPTIMIZERS,
     PRECISIONS,
     TRAIN_COLUMNS,
     TrainConfig,
     TrainResult,
     parse_pack,
 )
-from attnmem.measure.train.plan import FULL, PLANS, expand, lora_variants
+from attnmem.measure.train.plan import FULL, PLANS, expand, lever_variants, lora_variants
 from attnmem.measure.train.store import TrainStore, repredict
 from attnmem.measure.train.worker import run_train
 
@@ -66,10 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--base-dtype", nargs="+", default=None,
                     help=f"the frozen base's dtype with --adapter lora ({', '.join(BASE_DTYPES)}; "
                          "nf4 / nf4_dq: QLoRA through bitsandbytes; default bf16)")
+    ap.add_argument("--optimizer", nargs="+", default=["adamw"],
+                    help=f"optimizers ({', '.join(OPTIMIZERS)}; adamw: torch AdamW, foreach; "
+                         "adamw_8bit / paged_adamw_8bit: bitsandbytes; adafactor: "
+                         "transformers' Adafactor; sgd: torch SGD, momentum 0)")
+    ap.add_argument("--kbit-prepare", nargs="+", default=["off"],
+                    help="off, on (or both): peft's prepare_model_for_kbit_training on the "
+                         "4-bit base before the adapters (the QLoRA recipe; needs --adapter "
+                         "lora, --base-dtype nf4 or nf4_dq and --checkpointing on)")
+    ap.add_argument("--liger", nargs="+", default=["off"],
+                    help="off, on (or both): liger-kernel's apply_liger_kernel_to_<arch> "
+                         "(RoPE, RMSNorm, SwiGLU, fused linear cross-entropy)")
+    ap.add_argument("--offload-activations", nargs="+", default=["off"],
+                    help="off, on (or both): forward and backward under "
+                         "torch.autograd.graph.save_on_cpu(pin_memory=True)")
     ap.add_argument("--plan", choices=sorted(PLANS), default=None,
                     help="a bundled sweep instead of the cross product (h200: the reference, "
                          "h200-lora: LoRA and QLoRA, h200-moe: mixture of experts, "
-                         "h200-packed: packed sequences on our kernel beside dense rows)")
+                         "h200-packed: packed sequences on our kernel beside dense rows, "
+                         "h200-recipes: optimizers, peft's prepare step, Liger, offloading, "
+                         "alone and combined)")
     add_run_options(ap, timeout=180.0, out="training_steps.csv", prefix="train",
                     repredict_help="measure nothing: recompute the predicted_* columns and "
                                    "peak_rel_error of CSV's rows from the current calc and "
@@ -89,10 +106,9 @@ def configs_from_args(args: argparse.Namespace) -> list[TrainConfig]:
     models = choices(args.model, train_models.NAMES, "model(s)")
     attentions = choices(args.attention, ATTENTIONS, "attention(s)")
     precisions = choices(args.precision, PRECISIONS, "precision(s)")
-    ck = choices(args.checkpointing, ("off", "on", "both"), "checkpointing value(s)")
-    checkpointings = sorted({c for w in ck for c in {"off": [False], "on": [True],
-                                                      "both": [False, True]}[w]})
-    finetunes = finetunes_from_args(args)
+    checkpointings = switch(args.checkpointing, "checkpointing")
+    finetunes = [{**ft, **lv} for ft in finetunes_from_args(args)
+                 for lv in levers_from_args(args)]
     if args.packed:
         return [c for pack in packs_from_args(args)
                 for c in expand(models, [sum(pack)], attentions, precisions, checkpointings,
@@ -102,6 +118,23 @@ def configs_from_args(args: argparse.Namespace) -> list[TrainConfig]:
     seq = ints(args.seq_len, "--seq-len", 2)
     return expand(models, seq, attentions, precisions, checkpointings, batch=args.batch,
                   layers=args.layers, steps=args.steps, finetunes=finetunes)
+
+
+def switch(values: Sequence[str], what: str) -> list[bool]:
+    """off / on / both as the sorted booleans; SystemExit naming the bad word otherwise."""
+    got = choices(values, ("off", "on", "both"), f"{what} value(s)")
+    return sorted({c for w in got for c in {"off": [False], "on": [True],
+                                             "both": [False, True]}[w]})
+
+
+def levers_from_args(args: argparse.Namespace) -> list[dict]:
+    """The recipe variants of the command line (plan.lever_variants): optimizers × the
+    levers' off/on values. Whether calc counts a combination is decided per row (an
+    'unavailable' row with calc's reason, before any model is built)."""
+    optimizers = list(dict.fromkeys(choices(args.optimizer, OPTIMIZERS, "optimizer(s)")))
+    return lever_variants(optimizers, switch(args.kbit_prepare, "--kbit-prepare"),
+                          switch(args.liger, "--liger"),
+                          switch(args.offload_activations, "--offload-activations"))
 
 
 def packs_from_args(args: argparse.Namespace) -> list[tuple[int, ...]]:
@@ -178,6 +211,8 @@ def _describe(res: TrainResult) -> str:
     lora = (f" lora r={res.lora_rank} {res.lora_targets} {res.base_dtype}"
             if res.adapter == "lora" else "")
     pack = f" packed={res.packed_lengths}" if res.packed_lengths else ""
+    levers = TrainConfig.from_row(res.to_row()).lever_label()
     return (f"{res.model}{lora} {res.attention} {res.precision} "
-            f"ckpt={'on' if res.checkpointing else 'off'} s={res.seq_len}{pack}: "
+            f"ckpt={'on' if res.checkpointing else 'off'} B={res.batch} s={res.seq_len}{pack}"
+            f"{' ' + levers if levers else ''}: "
             f"{res.status} {peak} {ms} {status_note(res)}")

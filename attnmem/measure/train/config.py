@@ -59,10 +59,21 @@ when not measured):
     packed_lengths     padding-free rows: the lengths of the sequences packed into the one
                        row, joined by '+' (e.g. 1000+3000+96; batch 1, seq_len their sum,
                        position_ids restarting at each); empty for dense rows
+    optimizer          the optimizer the step ran (OPTIMIZERS; issue 43): adamw (torch AdamW,
+                       its default foreach path), adamw_fused (fused=True), adamw_8bit /
+                       paged_adamw_8bit (bitsandbytes AdamW8bit / PagedAdamW8bit), adafactor
+                       (transformers' Adafactor, its defaults), sgd (torch SGD, momentum 0)
+    kbit_prepare       True: peft's prepare_model_for_kbit_training ran on the 4-bit base
+                       before the adapters (the QLoRA recipe; it turns checkpointing on)
+    liger              True: liger-kernel's apply_liger_kernel_to_<arch> patched the model
+                       (RoPE, RMSNorm, SwiGLU, fused linear cross-entropy)
+    offload_activations  True: forward and backward ran under
+                       torch.autograd.graph.save_on_cpu(pin_memory=True)
 
-The adapter and packing columns come last so that CSVs written before them still read: a
-missing column is full training on dense rows (``COLUMN_DEFAULTS``: adapter none, base_dtype
-bf16, the rest empty).
+The adapter, packing and recipe columns come last so that CSVs written before them still
+read: a missing column is full training on dense rows with AdamW and no recipe lever
+(``COLUMN_DEFAULTS``: adapter none, base_dtype bf16, optimizer adamw; ``LEVER_FLAGS`` read as
+False; the rest empty).
 
 No torch or transformers at import time.
 """
@@ -84,9 +95,9 @@ from attnmem.measure.model_common import (
 )
 
 __all__ = ["ADAPTERS", "ADAPTER_DTYPES", "ATTENTIONS", "BASE_DTYPES", "BOOL_COLUMNS",
-           "COLUMN_DEFAULTS", "FLOAT_COLUMNS", "INT_COLUMNS", "LORA_TARGETS", "PRECISIONS",
-           "SDPA_BACKENDS", "TRAIN_COLUMNS", "TrainConfig", "TrainResult", "check_adapter", "check_config",
-           "shape_fields"]
+           "COLUMN_DEFAULTS", "FLOAT_COLUMNS", "INT_COLUMNS", "LEVER_FLAGS", "LORA_TARGETS",
+           "OPTIMIZERS", "PRECISIONS", "SDPA_BACKENDS", "TRAIN_COLUMNS", "TrainConfig",
+           "TrainResult", "check_adapter", "check_config", "check_levers", "shape_fields"]
 
 PRECISIONS = ("bf16", "amp_bf16", "fp32")
 #: Fine-tuning (issue 34): "none" is full training, "lora" peft LoRA adapters on a frozen base.
@@ -100,6 +111,12 @@ BASE_DTYPES = ("bf16", "nf4", "nf4_dq")
 #: The adapters' dtype: fp32 (get_peft_model's autocast_adapter_dtype=True, its default) or
 #: bf16 (autocast_adapter_dtype=False) (attnmem.calc.training_step.ADAPTER_DTYPES).
 ADAPTER_DTYPES = ("fp32", "bf16")
+#: The optimizers a step runs (issue 43; attnmem.calc.training_step.OPTIMIZERS, same names;
+#: attnmem.measure.train.recipes.make_optimizer builds each).
+OPTIMIZERS = ("adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
+#: The recipe's on/off levers (issue 43): TrainConfig fields, row columns and
+#: attnmem.calc.training_step keywords of the same names.
+LEVER_FLAGS = ("kbit_prepare", "liger", "offload_activations")
 
 
 @dataclass(frozen=True)
@@ -124,10 +141,32 @@ class TrainConfig(DictConfig):
     base_dtype: str = "bf16"  # BASE_DTYPES; nf4 / nf4_dq only with adapters (QLoRA)
     # Padding-free rows: the packed sequences' lengths joined by '+' ('' = dense rows).
     packed: str = ""
+    # The recipe (issue 43): the optimizer and the levers (config.py's row schema says what
+    # each runs; attnmem.measure.train.recipes runs them).
+    optimizer: str = "adamw"  # OPTIMIZERS
+    kbit_prepare: bool = False
+    liger: bool = False
+    offload_activations: bool = False
 
     @property
     def lora(self) -> bool:
         return self.adapter == "lora"
+
+    def lever_kwargs(self) -> dict[str, Any]:
+        """The recipe as attnmem.calc.training_step's keywords (optimizer and LEVER_FLAGS)."""
+        return {"optimizer": self.optimizer, "kbit_prepare": bool(self.kbit_prepare),
+                "liger": bool(self.liger), "offload_activations": bool(self.offload_activations)}
+
+    def has_levers(self) -> bool:
+        """Whether the recipe differs from the plain step (AdamW, no lever)."""
+        return self.optimizer != "adamw" or any(getattr(self, f) for f in LEVER_FLAGS)
+
+    def lever_label(self) -> str:
+        """'' for the plain step, else e.g. 'paged_adamw_8bit kbit-prepare liger offload'."""
+        words = [self.optimizer] if self.optimizer != "adamw" else []
+        words += [w for f, w in (("kbit_prepare", "kbit-prepare"), ("liger", "liger"),
+                                 ("offload_activations", "offload")) if getattr(self, f)]
+        return " ".join(words)
 
     def packed_lengths(self) -> tuple[int, ...]:
         """The packed lengths as ints (() for dense rows); ValueError when malformed."""
@@ -148,14 +187,16 @@ class TrainConfig(DictConfig):
         layers = f" L={self.layers}" if self.layers else ""
         adapter = f" {self.adapter_label()}" if self.lora else ""
         pack = f" packed={self.packed}" if self.packed else ""
+        levers = f" {self.lever_label()}" if self.has_levers() else ""
         return (f"{self.model}{layers}{adapter} {self.attention} {self.precision} "
                 f"{'ckpt' if self.checkpointing else 'no-ckpt'} B={self.batch} s={self.seq_len}"
-                f"{pack}")
+                f"{pack}{levers}")
 
     def series(self) -> tuple:
         """Everything but the length (an OOM skips the longer lengths of its series)."""
         return (self.model, self.layers, self.attention, self.precision, self.checkpointing,
-                self.batch, bool(self.packed), *self.adapter_key())
+                self.batch, bool(self.packed), *self.adapter_key(),
+                *self.lever_kwargs().values())
 
     def adapter_key(self) -> tuple:
         """The fine-tuning fields that matter: () for full training."""
@@ -176,12 +217,14 @@ class TrainConfig(DictConfig):
                 "lora_targets": self.targets if lora else "",
                 "lora_dropout": float(self.lora_dropout) if lora else None,
                 "adapter_dtype": self.adapter_dtype if lora else "",
-                "base_dtype": self.base_dtype, "packed_lengths": self.packed}
+                "base_dtype": self.base_dtype, "packed_lengths": self.packed,
+                **self.lever_kwargs()}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> TrainConfig:
         """The configuration of a typed row (attnmem.measure.train.store.typed_row); a row
-        without the adapter columns is full training."""
+        without the adapter columns is full training, one without the recipe columns AdamW
+        with no lever."""
         lora = row.get("adapter") == "lora"
         kw: dict[str, Any] = {}
         if lora:
@@ -192,7 +235,9 @@ class TrainConfig(DictConfig):
         return cls(row["model"], row["seq_len"], row["attention"], row["precision"],
                    bool(row["checkpointing"]), row.get("batch") or 1, row.get("layers"),
                    base_dtype=row.get("base_dtype") or "bf16",
-                   packed=row.get("packed_lengths") or "", **kw)
+                   packed=row.get("packed_lengths") or "",
+                   optimizer=row.get("optimizer") or "adamw",
+                   **{f: bool(row.get(f)) for f in LEVER_FLAGS}, **kw)
 
 
 
@@ -234,6 +279,10 @@ class TrainResult(ModelRow):
     base_dtype: str = "bf16"
     trainable_params: int | None = None
     packed_lengths: str = ""
+    optimizer: str = "adamw"
+    kbit_prepare: bool = False
+    liger: bool = False
+    offload_activations: bool = False
 
 
 #: Column order of training-step rows (CSV header).
@@ -243,8 +292,9 @@ TRAIN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(TrainResult))
 #: The columns parsed as whole numbers, decimals and booleans (TrainResult's field types; the
 #: rest are text), so that a column added to TrainResult is typed where rows are read.
 INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS = typed_columns(TrainResult)
-#: What an empty or missing text cell means (CSVs written before the adapter columns).
-COLUMN_DEFAULTS: dict[str, str] = {"adapter": "none", "base_dtype": "bf16"}
+#: What an empty or missing text cell means (CSVs written before the adapter or recipe
+#: columns); a missing LEVER_FLAGS cell is False (attnmem.measure.train.store.typed_row).
+COLUMN_DEFAULTS: dict[str, str] = {"adapter": "none", "base_dtype": "bf16", "optimizer": "adamw"}
 
 
 def _number(v: Any) -> bool:
@@ -292,7 +342,19 @@ def check_config(cfg: TrainConfig) -> str | None:
             return f"{name} must be a whole number >= {lo}, got {v!r}"
     if cfg.layers is not None and not whole(cfg.layers, 1):
         return f"layers must be a whole number >= 1, got {cfg.layers!r}"
-    return check_packed(cfg) or check_adapter(cfg)
+    return check_packed(cfg) or check_adapter(cfg) or check_levers(cfg)
+
+
+def check_levers(cfg: TrainConfig) -> str | None:
+    """What is wrong with cfg's recipe fields as values (one line), or None. Whether calc
+    counts the combination is the prediction's business (attnmem.measure.train.predict: a
+    refusal there is an 'unavailable' row with calc's reason, decided before any build)."""
+    if cfg.optimizer not in OPTIMIZERS:
+        return f"unknown optimizer {cfg.optimizer!r}; known: {', '.join(OPTIMIZERS)}"
+    for f in LEVER_FLAGS:
+        if not isinstance(getattr(cfg, f), bool):
+            return f"{f} must be True or False, got {getattr(cfg, f)!r}"
+    return None
 
 
 def parse_pack(text: object) -> tuple[int, ...]:

@@ -60,11 +60,11 @@ def import_peft() -> Any:
     return peft
 
 
-def import_bitsandbytes() -> Any:
+def import_bitsandbytes(needed_by: str = "QLoRA's 4-bit base") -> Any:
     try:
         import bitsandbytes
     except ImportError as exc:
-        raise Unavailable(f"bitsandbytes not installed ({exc}): QLoRA's 4-bit base needs it "
+        raise Unavailable(f"bitsandbytes not installed ({exc}): {needed_by} needs it "
                           "(pip install bitsandbytes, or carry its wheel)") from None
     return bitsandbytes
 

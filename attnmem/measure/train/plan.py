@@ -3,7 +3,9 @@ fine-tuning), the bundled H200 reference sweep (``reference_plan``, ``--plan h20
 LoRA / QLoRA sweep (``lora_plan``, ``--plan h200-lora``), the MoE sweep (``moe_plan``,
 ``--plan h200-moe``), the packed-sequence sweep (``packed_plan``, ``--plan h200-packed``) and
 the architectures outside calc's rules (``unruled_plan``, ``--plan h200-unruled``, issue 42
-item 6: predicted by the meta-device trace).
+item 6: predicted by the meta-device trace) and the fine-tuning recipes (``recipes_plan``,
+``--plan h200-recipes``, issue 43: optimizers, peft's prepare step, Liger, offloading, with
+``lever_variants`` for the command line's cross product).
 No torch or transformers at import time.
 """
 
@@ -39,6 +41,15 @@ def lora_variants(ranks: Iterable[int], targets: Iterable[str], base_dtypes: Ite
              "targets": t, "lora_dropout": float(dropout), "adapter_dtype": adapter_dtype,
              "base_dtype": b}
             for b in base_dtypes for t in targets for r in ranks]
+
+
+def lever_variants(optimizers: Iterable[str], kbit: Iterable[bool], liger: Iterable[bool],
+                   offload: Iterable[bool]) -> list[dict[str, Any]]:
+    """TrainConfig keywords of each recipe variant: optimizers × kbit_prepare × liger ×
+    offload_activations (the plain step, AdamW with no lever, is TrainConfig's defaults)."""
+    return [{"optimizer": o, "kbit_prepare": bool(k), "liger": bool(g),
+             "offload_activations": bool(f)}
+            for o in optimizers for k in kbit for g in liger for f in offload]
 
 
 #: Lengths of the reference sweep: non-powers of two among them (1,000, 3,000, 12,000).
@@ -239,8 +250,108 @@ def unruled_plan() -> list[TrainConfig]:
     return plan
 
 
+#: The recipes' adapters: peft LoRA r 16 (alpha 32), every linear but lm_head, fp32 adapters.
+RECIPE_LORA: dict[str, Any] = lora_variants([16], ["all-linear"], ["bf16"])[0]
+#: The QLoRA recipe (peft's QLoRA notebook, the QLoRA paper): NF4 base, peft's prepare step
+#: (which turns checkpointing on), the paged 8-bit AdamW. Attention: one that runs the fp32
+#: q, k, v the prepare step makes (calc's KBIT_ATTENTIONS): ours for grouped-query heads,
+#: SDPA's memory-efficient backend for multi-head models.
+QLORA_RECIPE: dict[str, Any] = {**RECIPE_LORA, "base_dtype": "nf4", "kbit_prepare": True,
+                                "optimizer": "paged_adamw_8bit"}
+
+
+def _row(model: str, s: int, attention: str = "sdpa_flash", ckpt: bool = False, batch: int = 1,
+         precision: str = "bf16", **kw: Any) -> TrainConfig:
+    return TrainConfig(model, s, attention, precision, ckpt, batch, **kw)
+
+
+def recipes_plan() -> list[TrainConfig]:
+    """The fine-tuning recipes (issue 43, item 3; ``--plan h200-recipes``): each lever alone
+    beside its plain twin, the recipes users combine, dense and MoE models, batch 1-8, 1,000 to
+    16,384 tokens. bf16, full training unless named. Every row's predicted peak is under
+    70 GiB (one 80 GB H100; tests/measure/test_train_recipes.py checks it). Most important
+    first, so that ``--budget`` cuts the least important rows; about 5 minutes on an H100
+    (estimated from the bundled rows' wall_s: 1-3 s a dense 2-layer row, 10-20 s for a
+    fresh child's first; offloading's pinned copies and Liger's first compilations add tens
+    of seconds).
+
+    0. Coverage, 24 rows: Llama 3.1 8B widths (2 layers) at 4,096 tokens, the plain step and
+       each optimizer (adamw_fused, adamw_8bit, paged_adamw_8bit, adafactor, sgd), Liger and
+       offloading alone; the QLoRA recipe with its twins (the QLoRA step on our kernel with
+       and without peft's prepare step, AdamW); LoRA + Liger and plain LoRA; full training
+       with 8-bit AdamW and offloading; the MoEs (Mixtral 8x7B, 2 layers; Qwen3-30B-A3B, 4
+       layers; calc counts torch's optimizers only there: sgd, adamw_fused); then the
+       combinations at 16,384 tokens and batch 2-8.
+    1. Lengths, batches, other architectures: the QLoRA recipe at 1,000 tokens and on Llama 2
+       7B widths (multi-head: SDPA's memory-efficient backend) at 4,096 and 4 x 2,048; Liger on
+       Qwen2.5 (its own patch) and Mistral; the optimizers at 1,000 tokens, where their step
+       is the peak, in bf16 and amp_bf16 (fp32 parameters); the optimizers on LoRA adapters;
+       the long and batched ends of each combination; the MoEs at 16,384 tokens.
+    """
+    ll, l2, qw, mi = "llama3-8b-2l", "llama2-7b-2l", "qwen2.5-7b-2l", "mistral-7b-2l"
+    mx, q3 = "mixtral-8x7b-2l", "qwen3-30b-a3b-4l"
+    lora, qlora = RECIPE_LORA, QLORA_RECIPE
+    qlora_plain = {**RECIPE_LORA, "base_dtype": "nf4"}
+    full_8bit_off = {"optimizer": "adamw_8bit", "offload_activations": True}
+    plan = [
+        # 0. coverage
+        _row(ll, 4096),
+        *[_row(ll, 4096, optimizer=o) for o in ("adamw_8bit", "paged_adamw_8bit",
+                                                 "adafactor", "sgd", "adamw_fused")],
+        _row(ll, 4096, liger=True),
+        _row(ll, 4096, offload_activations=True),
+        _row(ll, 4096, "triton", True, **qlora),
+        _row(ll, 4096, "triton", True, **{**qlora, "optimizer": "adamw"}),
+        _row(ll, 4096, "triton", True, **qlora_plain),
+        _row(ll, 4096, liger=True, **lora),
+        _row(ll, 4096, **lora),
+        _row(ll, 4096, **full_8bit_off),
+        _row(mx, 4096, optimizer="sgd"),
+        _row(mx, 4096, optimizer="adamw_fused"),
+        _row(q3, 4096, ckpt=True, optimizer="sgd"),
+        _row(q3, 1000, optimizer="adamw_fused"),
+        _row(ll, 16384, "triton", True, **qlora),
+        _row(ll, 16384, liger=True, **lora),
+        _row(ll, 4096, batch=2, **full_8bit_off),
+        _row(ll, 1024, "triton", True, batch=8, **qlora),
+        _row(ll, 16384, liger=True),
+        _row(ll, 8192, ckpt=True, offload_activations=True),
+        # 1. lengths, batches, other architectures
+        _row(ll, 1000, "triton", True, **qlora),
+        _row(l2, 4096, "sdpa_efficient", True, **qlora),
+        _row(l2, 2048, "sdpa_efficient", True, batch=4, **qlora),
+        _row(qw, 8192, liger=True, **lora),
+        _row(qw, 4096, liger=True),
+        _row(mi, 2048, liger=True),
+        *[_row(ll, 1000, optimizer=o) for o in ("adamw", "adamw_8bit", "paged_adamw_8bit",
+                                                 "adafactor", "sgd")],
+        *[_row(ll, 1000, precision="amp_bf16", optimizer=o) for o in ("adamw", "adamw_8bit",
+                                                                       "adafactor")],
+        _row(qw, 4096, optimizer="adamw_8bit"),
+        *[_row(ll, 4096, optimizer=o, **lora) for o in ("adamw_8bit", "paged_adamw_8bit",
+                                                         "adafactor")],
+        _row(ll, 2048, batch=4, liger=True, **lora),
+        _row(ll, 16384, ckpt=True, liger=True, **lora),
+        _row(ll, 16384, ckpt=True, **full_8bit_off),
+        _row(ll, 8192, batch=2, liger=True),
+        _row(ll, 1000, **full_8bit_off),
+        _row(mx, 16384, ckpt=True, optimizer="sgd"),
+        _row(mx, 2048, batch=4, optimizer="adamw_fused"),
+        _row(q3, 16384, ckpt=True, optimizer="adamw_fused"),
+    ]
+    seen: set[tuple] = set()
+    out: list[TrainConfig] = []
+    for c in plan:
+        k = (*c.series(), c.seq_len)
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out
+
+
 PLANS: dict[str, Callable[[], list[TrainConfig]]] = {"h200": reference_plan,
                                                       "h200-lora": lora_plan,
                                                       "h200-moe": moe_plan,
                                                       "h200-packed": packed_plan,
-                                                      "h200-unruled": unruled_plan}
+                                                      "h200-unruled": unruled_plan,
+                                                      "h200-recipes": recipes_plan}

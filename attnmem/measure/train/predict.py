@@ -1,8 +1,12 @@
 """calc's prediction for a training-step configuration: ``attnmem.calc.training_step(
 ModelConfig.from_hf_config(config), batch, seq_len, attention=..., precision=...,
-checkpointing=..., adapters=..., base_dtype=..., packed_lengths=...)`` when calc has it (else
-empty, and the message says why); packed lengths that calc's check_packed refuses (an
-attention without a packed path, e.g. SDPA's flash backend) are a refusal as for LoRA.
+checkpointing=..., adapters=..., base_dtype=..., packed_lengths=..., optimizer=...,
+kbit_prepare=..., liger=..., offload_activations=...)`` when calc has it (else empty, and the
+message says why); packed lengths that calc's check_packed refuses (an attention without a
+packed path, e.g. SDPA's flash backend) are a refusal as for LoRA, and so is any ValueError
+for a configuration with a recipe lever (an optimizer other than AdamW, kbit_prepare, liger,
+offload_activations; issue 43): calc's reason for not counting the combination (Liger on a
+tied model, an 8-bit optimizer on a MoE, ...), recorded before any model is built.
 With adapter lora, ``adapters=attnmem.calc.LoRA(rank, alpha, targets, dropout,
 adapter_dtype)`` (``calc_lora``) and the configuration's base_dtype; a ValueError from attnmem.calc for
 such a configuration is a refusal (``Prediction.refused``: what calc does not model, e.g.
@@ -67,13 +71,16 @@ def prediction(cfg: TrainConfig, config_dict: dict[str, Any]) -> Prediction:
             except ValueError as exc:
                 exc.packed_refusal = True  # type: ignore[attr-defined]
                 raise
+        if cfg.has_levers():  # the plain step's keywords are calc's defaults: left out
+            kw.update(cfg.lever_kwargs())
         m = training_step(model, cfg.batch, cfg.seq_len, attention=cfg.attention,
                           precision=cfg.precision, checkpointing=cfg.checkpointing, **kw)
         return Prediction(int(m.peak_bytes), int(m.before_step_bytes), "")
     except Exception as exc:  # noqa: BLE001 - a failed prediction never costs the measurement
         why = short_error(exc, 200)
         refused = (" ".join(str(exc).split())[:300]
-                   if (cfg.lora or _packed_refusal(exc)) and isinstance(exc, ValueError)
+                   if (cfg.lora or cfg.has_levers() or _packed_refusal(exc))
+                   and isinstance(exc, ValueError)
                    else None)
         if refused:
             return Prediction(None, None, f"no prediction: {why}", refused)
@@ -93,6 +100,8 @@ def trace_case(cfg: TrainConfig) -> str:
         return "the trace runs full training only, not adapters"
     if cfg.packed:
         return "the trace runs dense rows only, not packed sequences"
+    if cfg.has_levers():
+        return f"the trace runs torch's AdamW without recipe levers, not {cfg.lever_label()!r}"
     if cfg.attention not in TRACE_ATTENTIONS:
         return f"the trace runs {', '.join(TRACE_ATTENTIONS)}, not {cfg.attention!r}"
     return ""

@@ -40,6 +40,19 @@ parameter count, ``trainable_params`` the adapters'. A configuration calc refuse
 (autocast or fp32 with adapters, fused projections) is 'unavailable' with calc's reason and is
 not run; peft or bitsandbytes missing is 'unavailable' too.
 
+The recipe (issue 43; ``attnmem.measure.train.recipes`` says what each runs): ``liger``
+patches the built model (step 1, before quantizing, checkpointing and adapters, as a model
+loaded with Liger; the modeling module's names are restored after the row);
+``kbit_prepare`` runs peft's prepare_model_for_kbit_training on the 4-bit base in place of
+the harness's enable_checkpointing (it turns checkpointing on itself); the optimizer of step 1
+is ``optimizer``'s (``recipes.make_optimizer``) over the trainable parameters;
+``offload_activations`` runs forward and backward of step 2 under
+``torch.autograd.graph.save_on_cpu(pin_memory=True)``. A combination calc refuses is
+'unavailable' with calc's reason before anything is built (as for adapters); bitsandbytes or
+liger_kernel missing is 'unavailable' with the install hint. A paged optimizer's states live in
+CUDA unified memory, outside memory_allocated(): the message gives their bytes
+("paged optimizer state N bytes"), calc's optimizer_paged_bytes.
+
 Out of memory is a result (status ``oom``). An attention that cannot run this model (our
 kernel refusing soft-capping or dropout: ``attnmem.kernels.hf.check_config``; an SDPA backend
 that has no kernel for the call; FlashAttention-4 not installed) is ``unavailable`` with the
@@ -68,14 +81,13 @@ from attnmem.measure.model_common import (
     short_error,
     unavailable_error,
 )
+from attnmem.measure.train import recipes
 from attnmem.measure.train.config import TrainConfig, TrainResult, check_config, shape_fields
 from attnmem.measure.train.finetune import (
     NO_KBIT_PREPARE,
     Unavailable,
     adapter_dtype_note,
     add_lora,
-    import_bitsandbytes,
-    import_peft,
     quantize_base,
 )
 from attnmem.measure.train.predict import prediction
@@ -137,7 +149,7 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
     notes = [pred.message] if pred.message and not pred.refused else []
     if cfg.checkpointing:
         notes.append(f"checkpointing: use_reentrant={USE_REENTRANT}")
-    if cfg.base_dtype != "bf16":
+    if cfg.base_dtype != "bf16" and not cfg.kbit_prepare:
         notes.append(NO_KBIT_PREPARE)
 
     def result(status: str, message: str = "", **values: Any) -> TrainResult:
@@ -146,11 +158,11 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
 
     if pred.refused:
         return result("unavailable", f"calc does not model this: {pred.refused}")
+    if cfg.kbit_prepare and not cfg.checkpointing:  # reached only where calc gave no verdict
+        return result("unavailable", "kbit_prepare turns checkpointing on "
+                      "(prepare_model_for_kbit_training's default): run it with checkpointing on")
     try:
-        if cfg.lora:
-            import_peft()
-        if cfg.base_dtype != "bf16":
-            import_bitsandbytes()
+        recipes.check_libraries(cfg)
     except Unavailable as exc:
         return result("unavailable", str(exc))
     if cfg.attention == "triton":
@@ -168,6 +180,7 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
     state: dict[str, Any] = {}
     params: int | None = None
     trainable_params: int | None = None
+    patches = recipes.ModulePatches()  # what Liger rewrites, put back after the row
     try:
         impl = attn_implementation(cfg.attention)
         gc.collect()
@@ -180,9 +193,17 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
             state["model"].to(dev)
         state["model"].train()
         params = sum(p.numel() for p in state["model"].parameters())
+        if cfg.liger:
+            notes.append(f"{recipes.apply_liger(state['model'], patches)}"
+                         f"({', '.join(f'{k}={v}' for k, v in recipes.LIGER_FLAGS.items())}), "
+                         f"liger-kernel {recipes.library_version('liger_kernel')}")
         if cfg.base_dtype != "bf16":
             quantize_base(state["model"], cfg.base_dtype)
-        if cfg.checkpointing:
+        if cfg.kbit_prepare:
+            state["model"] = recipes.kbit_prepare(state["model"], USE_REENTRANT)
+            notes.append(f"prepare_model_for_kbit_training (peft "
+                         f"{recipes.library_version('peft')}) before the adapters")
+        elif cfg.checkpointing:
             enable_checkpointing(state["model"])
         if cfg.lora:
             state["model"] = add_lora(state["model"], cfg)
@@ -193,19 +214,25 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
             note = adapter_dtype_note(trainable, cfg)
             if note:
                 notes.append(note)
-        state["opt"] = torch.optim.AdamW(trainable, lr=1e-5)
+        state["opt"] = recipes.make_optimizer(cfg.optimizer, trainable)
         del trainable
+        if cfg.optimizer in recipes.BNB_OPTIMIZERS or cfg.base_dtype != "bf16":
+            notes.append(f"bitsandbytes {recipes.library_version('bitsandbytes')}")
         state["ids"] = torch.randint(0, shape["vocab"], (cfg.batch, cfg.seq_len), device=dev)
         state["inputs"] = {"labels": state["ids"]}
         if cfg.packed:
             state["inputs"] = packed_inputs(state["ids"], cfg.packed_lengths())
         s = state
+        offload = (lambda: recipes.offload_context(pin_memory=dev == "cuda")) \
+            if cfg.offload_activations else contextlib.nullcontext
 
         def step() -> float:
             with attn_ctx():
-                with torch.autocast(dev, dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-                    loss = s["model"](input_ids=s["ids"], use_cache=False, **s["inputs"]).loss
-                loss.backward()
+                with offload():  # forward and backward (offload_activations)
+                    with torch.autocast(dev, dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+                        loss = s["model"](input_ids=s["ids"], use_cache=False,
+                                          **s["inputs"]).loss
+                    loss.backward()
                 s["opt"].step()
                 s["opt"].zero_grad(set_to_none=True)
             return float(loss.detach())
@@ -213,6 +240,9 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
         # Warm-up.
         losses = [step()]
         device.sync()
+        if cfg.optimizer == "paged_adamw_8bit":
+            notes.append(f"paged optimizer state {recipes.paged_state_bytes(s['opt'])} bytes "
+                         "(CUDA unified memory, outside memory_allocated)")
         gc.collect()
         device.empty_cache()
         device.sync()
@@ -234,10 +264,12 @@ def _measure(cfg: TrainConfig, device: Any) -> TrainResult:
         message = short_error(exc)
         del exc
         state.clear()
+        patches.restore()
         gc.collect()
         device.empty_cache()
         return result(status, message, params=params, trainable_params=trainable_params)
     state.clear()
+    patches.restore()
     gc.collect()
     device.empty_cache()
     if leftover > 0:

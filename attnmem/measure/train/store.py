@@ -17,6 +17,7 @@ from attnmem.measure.train.config import (
     COLUMN_DEFAULTS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
+    LEVER_FLAGS,
     TRAIN_COLUMNS,
     TrainConfig,
 )
@@ -26,14 +27,20 @@ _INT, _FLOAT, _BOOL = INT_COLUMNS, FLOAT_COLUMNS, BOOL_COLUMNS
 
 
 def typed_row(raw: dict[str, Any]) -> dict[str, Any]:
-    """A CSV or database row with its numbers and booleans parsed (empty cells: None)."""
-    return run_common.typed_row(raw, TRAIN_COLUMNS, _INT, _FLOAT, _BOOL, COLUMN_DEFAULTS)
+    """A CSV or database row with its numbers and booleans parsed (empty cells: None; a row
+    from before the recipe columns: optimizer adamw and every lever False, what it ran)."""
+    out = run_common.typed_row(raw, TRAIN_COLUMNS, _INT, _FLOAT, _BOOL, COLUMN_DEFAULTS)
+    for f in LEVER_FLAGS:
+        if out[f] is None:
+            out[f] = False
+    return out
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Rows of a training-step CSV (this module's TRAIN_COLUMNS), typed. A file without the
     columns raises ValueError naming the missing ones; a file written before the adapter
-    columns reads as full training (config.COLUMN_DEFAULTS)."""
+    columns reads as full training, one before the recipe columns as AdamW with no lever
+    (config.COLUMN_DEFAULTS, typed_row)."""
     return run_common.read_typed_csv(
         path, ("model", "seq_len", "attention", "precision", "checkpointing", "status",
                "peak_bytes"), "a training-step CSV", typed_row)

@@ -5,7 +5,9 @@ attnmem.measure.train.worker``: ``worker_main``, JSON lines on stdin/stdout, the
 being ``attnmem.measure.child.WorkerProcess``) under the GPU lock (``attnmem.measure.child
 .gpu_lock``): torch, transformers and Triton compilation are paid once, each configuration
 starts from an emptied allocator, and a worker that still holds more than
-``LEFTOVER_RESTART_BYTES`` after cleaning up exits so that a fresh one takes the next. A
+``LEFTOVER_RESTART_BYTES`` after cleaning up (paged optimizer state included: bitsandbytes
+never frees its unified memory, ``recipes.paged_held_bytes``) exits so that a fresh one takes
+the next. A
 configuration past its time limit kills the child (``timeout``), a dead child is
 ``crashed``, and a fresh child takes the next one. An OOM skips the longer lengths of its
 series; a time budget skips whatever has not started when it is spent (rows with status
@@ -22,6 +24,7 @@ from attnmem.measure.model_common import now_utc, serve
 from attnmem.measure.run_common import ConfigChild, RunSummary, run_configs, serve_configs
 from attnmem.measure.train.config import TrainConfig, TrainResult
 from attnmem.measure.train.procedure import measure_train_step
+from attnmem.measure.train.recipes import paged_held_bytes
 
 #: The worker's module (``python -m <this>``).
 WORKER_MODULE = "attnmem.measure.train.worker"
@@ -31,7 +34,7 @@ def worker_main(stdin: IO[str], proto: IO[str]) -> None:
     """Serve {"cfg": {...}} lines until EOF or {"cmd": "exit"}; answer {"result": row}."""
     serve_configs(stdin, proto, parse=TrainConfig.from_dict, measure=measure_train_step,
                   error_row=lambda cfg, message: _row_for(cfg, "error", message),
-                  name="train")
+                  name="train", outside=paged_held_bytes)
 
 
 class _TrainChild(ConfigChild):
