@@ -24,7 +24,7 @@ whole-model harness, runs that harness in a child process and reads its row back
   row of the same model, scaled by tokens and layers) plus an assumed start-up; it says which
   row it came from. The harness has no estimate of its own.
 - ``nearest_rows``: where there is no GPU, the bundled rows nearest to the inputs (same model
-  first, then the same attention, then the nearest length and batch).
+  first, then the nearest length and batch, then the same attention and settings).
 - ``page_runs`` / ``run_csv``: the runs the pages kept, and one run as a CSV to download.
 
 No torch at import time; ``gpu_reason`` imports it only where a GPU device node exists.
@@ -372,9 +372,10 @@ def nearest_rows(df: Any, *, names: Sequence[str], length_col: str, length: int,
                  n: int = 8) -> Any:
     """The ``n`` rows of a DataFrame of measured rows (a ``model`` column, ``length_col``,
     ``batch``, ``attention``) nearest to the inputs: the same model (``names``) first, then
-    the same attention, then the fewest other differences among ``also`` (column: value, e.g.
-    the precision and checkpointing), then the nearest length and then batch (by ratio: 4k is
-    as far from 8k as 8k from 16k). Rows keep their columns, predictions and errors included."""
+    the nearest length, then the nearest batch (by ratio: 4k is as far from 8k as 8k from
+    16k), then the same attention, then the fewest other differences among ``also`` (column:
+    value, e.g. the precision and checkpointing). Rows keep their columns, predictions and
+    errors included."""
     if df is None or len(df) == 0:
         return df
     same = ~df["model"].isin(list(names))
@@ -385,9 +386,9 @@ def nearest_rows(df: Any, *, names: Sequence[str], length_col: str, length: int,
         lambda x: abs(math.log(x)))
     far_b = (df["batch"].astype(float).clip(lower=1) / max(1, batch)).map(
         lambda x: abs(math.log(x)))
-    order = sorted(range(len(df)), key=lambda i: (bool(same.iloc[i]), bool(other_attn.iloc[i]),
-                                                  int(others.iloc[i]), far_len.iloc[i],
-                                                  far_b.iloc[i]))
+    order = sorted(range(len(df)), key=lambda i: (bool(same.iloc[i]), far_len.iloc[i],
+                                                  far_b.iloc[i], bool(other_attn.iloc[i]),
+                                                  int(others.iloc[i])))
     return df.iloc[order[:n]]
 
 

@@ -27,7 +27,8 @@ from attnmem.calc.inference_step import (  # noqa: E402
     max_inference_seq_len,
 )
 from attnmem.calc.units import DTYPE_ALIASES  # noqa: E402
-from attnmem.pages.ui import charts, pickers, tables, traced, widgets  # noqa: E402
+from attnmem.measure import on_this_gpu as gpu_run  # noqa: E402
+from attnmem.pages.ui import charts, measure_here, pickers, tables, traced, widgets  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui import inference as inf  # noqa: E402
 from attnmem.pages.ui import traced_view as tv  # noqa: E402
@@ -112,6 +113,7 @@ st.markdown("**What does `generate()` hold at its peak, where, and what would ch
 # The answer (fits or not, the peak, the longest prompt) is drawn here, above the inputs, so it
 # is on screen at 1280x800 without scrolling (issue 45, item 2); the inputs follow it.
 answer = st.container()
+measure_box = st.container()  # "Measure on this GPU", collapsed, under the answer
 
 top = st.columns([1.6, 1.2, 1.2])  # the GPU's value ("NVIDIA H100 80GB (85.52 GB)") fits at 1280 px
 picked = pickers.model_picker(SPECS["model"], {**MODELS, **EXTRA}, where=top[0], traceable=True)
@@ -210,6 +212,16 @@ with answer:
 if not steps:
     sync_url(used)
     st.stop()
+
+with measure_box:  # this page's exact inputs through the bundled harness (attnmem.measure.on_this_gpu)
+    measure_here.section(
+        "infer", {attn: gpu_run.infer_request(
+            model, batch=batch, prompt_len=seq_len, new_tokens=new_tokens, attention=attn,
+            cache=cache, prefill_chunk=chunk, weight_dtype=wd, kv_dtype=kvd)},
+        key="gpu_infer", unit=unit, compared=measured_table(),
+        names=gpu_run.harness_models("infer", model), length_col="prompt", length=seq_len,
+        batch=batch, label=label, also={"cache": cache, "new tokens": new_tokens},
+        predicted={attn: {"weights": steps[attn].weights_bytes}} if attn in steps else None)
 
 # --- stacked parts at each implementation's peak --------------------------------------------
 names = [label(a) for a in steps]

@@ -30,7 +30,8 @@ from attnmem.calc import (  # noqa: E402
     train_gpus_needed,
 )
 from attnmem.calc.training_step import OPTIMIZERS, PHASES  # noqa: E402
-from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
+from attnmem.measure import on_this_gpu as gpu_run  # noqa: E402
+from attnmem.pages.ui import charts, measure_here, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import finetune as ft_  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui import traced_training as ttr  # noqa: E402
@@ -141,6 +142,7 @@ st.markdown("**How much memory does one training step take, where is its peak, a
 # inputs but read before the answer is computed.
 top_answer = st.container()  # the answer in one line
 answer_box = st.container()  # the peaks, verdicts and calc's refusals
+measure_box = st.container()  # "Measure on this GPU", collapsed, under the answer
 
 top = st.columns([1.5, 1.3, 1.7])  # wide enough for "bf16: bf16 parameters and AdamW state"
 picked = pickers.model_picker(SPECS["model"], tr.CHOICES, where=top[0], traceable=True)
@@ -390,6 +392,17 @@ with answer_box:
                 st.success(f"Fits one {gpu} ({fmt(gpu_bytes - m.peak_bytes, unit)} free).", icon=":material/check_circle:")
             else:
                 st.error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
+with measure_box:  # this page's exact inputs through the bundled harness (attnmem.measure.on_this_gpu)
+    measure_here.section(
+        "train", {a: gpu_run.train_request(
+            model, batch=batch, seq_len=seq_len, attention=a, precision=prec, checkpointing=ckpt,
+            method=method, rank=rank, targets=targets, adapter_dtype=adt, double_quant=dq,
+            optimizer=opt, kbit=kbit, liger=liger, offload=offload, padding_free=pf, gpus=gpus,
+            tp=tp, sharding=shard, ep=ep) for a in steps},
+        key="gpu_train", unit=unit, compared=compared,
+        names=gpu_run.harness_models("train", model), length_col="seq_len", length=seq_len,
+        batch=batch, label=lambda a: TRAIN_ATTENTION_LABELS.get(a, a),
+        also={"precision": prec, "checkpointing": ckpt, "method": method})
 # what makes it fit: for the attention with the lowest peak (the one closest to fitting)
 best_attn = min(steps, key=lambda a: steps[a].peak_bytes)
 best = cheapest_section(best_attn)

@@ -138,7 +138,7 @@ def test_estimate_scales_the_nearest_bundled_row_and_says_so() -> None:
     assert math.isfinite(e.seconds) and "llama3.1-8b" in e.source
 
 
-def test_nearest_rows_same_model_then_attention_then_length() -> None:
+def test_nearest_rows_same_model_then_length_then_batch_then_settings() -> None:
     df = pd.DataFrame([
         {"model": "other", "attention": "sdpa", "seq_len": 4096, "batch": 1, "precision": "bf16"},
         {"model": "m", "attention": "eager", "seq_len": 4096, "batch": 1, "precision": "bf16"},
@@ -148,7 +148,15 @@ def test_nearest_rows_same_model_then_attention_then_length() -> None:
     ])
     got = g.nearest_rows(df, names=["m"], length_col="seq_len", length=4096, batch=1,
                          attention="sdpa", also={"precision": "bf16"}, n=5)
-    assert list(got.index) == [4, 2, 3, 1, 0]
+    assert list(got.index) == [1, 3, 4, 2, 0]
+    # among rows at the same length and batch, the same attention and settings first
+    df.loc[5] = {"model": "m", "attention": "sdpa", "seq_len": 4096, "batch": 1,
+                 "precision": "amp_bf16"}
+    df.loc[6] = {"model": "m", "attention": "sdpa", "seq_len": 4096, "batch": 1,
+                 "precision": "bf16"}
+    got = g.nearest_rows(df, names=["m"], length_col="seq_len", length=4096, batch=1,
+                         attention="sdpa", also={"precision": "bf16"}, n=3)
+    assert list(got.index) == [6, 5, 1]
 
 
 # -- the run ---------------------------------------------------------------------------------
