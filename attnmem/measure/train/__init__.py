@@ -7,12 +7,15 @@ the attention side's files, for whole models:
 - ``procedure``: ``measure_train_step``, one configuration measured in this process;
 - ``finetune``: LoRA through peft and QLoRA's 4-bit base through bitsandbytes, set up as
   attnmem.calc.training_step's LoRA replays assume (issue 34);
+- ``recipes``: the fine-tuning recipe a row runs (issue 43): its optimizer, peft's prepare
+  step, Liger's kernels (patched and undone), activation offloading;
 - ``worker``: the child process that measures and ``run_train``, the parent that feeds it
   under the GPU lock (timeouts, crashes, OOM series, time budget);
 - ``store``: typed rows from a CSV (``read_rows``, what pages use; no torch), the SQLite
   ``TrainStore``, and ``repredict``;
-- ``plan``: ``expand`` (the cross product, ``lora_variants``) and the bundled sweeps (``h200``,
-  ``h200-lora``, ``h200-moe``, ``h200-packed``);
+- ``plan``: ``expand`` (the cross product, ``lora_variants``, ``lever_variants``) and the
+  bundled sweeps (``h200``, ``h200-lora``, ``h200-moe``, ``h200-packed``, ``h200-unruled``,
+  ``h200-recipes``);
 - ``cli``: the command line.
 
 Fine-tuning (LoRA, QLoRA, MoE; issue 34) extends the same files: its fields in ``TrainConfig``
