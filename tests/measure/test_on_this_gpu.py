@@ -255,3 +255,58 @@ def test_descendants_are_found_through_proc(where: Path) -> None:
         assert child == job.proc.pid and worker in g.descendants(job.proc.pid)
     finally:
         job.cancel()
+
+
+# -- the real harness, on the CPU --------------------------------------------------------------
+
+
+def _tiny():
+    from attnmem.calc import ModelConfig
+    from attnmem.measure import infer_models
+
+    return ModelConfig.from_hf_config(infer_models.hf_config("tiny-llama"), name="tiny-llama",
+                                      with_transformers=False)
+
+
+@pytest.mark.parametrize("kind", ["infer", "train"])
+def test_the_real_harness_runs_the_request_on_the_cpu(where: Path, kind: str) -> None:
+    """The command the pages start, unreplaced: `python -m attnmem.measure --infer|--train`
+    takes the arguments, its worker runs tiny-llama (on the CPU: no allocator counters, so no
+    measured peak) and the row comes back with the harness's prediction, kept in the store."""
+    pytest.importorskip("transformers")
+    tiny = _tiny()
+    if kind == "infer":
+        r = g.infer_request(tiny, batch=2, prompt_len=32, new_tokens=4, attention="sdpa",
+                            cache="dynamic", prefill_chunk=None)
+    else:
+        r = g.train_request(tiny, batch=1, seq_len=32, attention="eager", precision="bf16",
+                            checkpointing=False)
+    assert isinstance(r, g.Request), r
+    out = g.start(r).wait(timeout_s=300)
+    assert out.status == "ok", out.message
+    assert out.row["model"] == "tiny-llama" and out.row["layers"] == tiny.num_layers
+    assert out.row["gpu"] == "cpu" and out.row["peak_bytes"] is None
+    assert out.row["predicted_peak_bytes"] > 0
+    assert [r_["id"] for r_ in g.page_runs(kind)] == [out.run_id]
+
+
+def test_cancelling_the_real_harness_leaves_no_worker_and_no_lock(where: Path) -> None:
+    pytest.importorskip("transformers")
+    r = g.infer_request(_tiny(), batch=1, prompt_len=32, new_tokens=4, attention="sdpa",
+                        cache="dynamic", prefill_chunk=None)
+    job = g.start(r)
+    deadline = time.monotonic() + 120
+    while not job.worker_seen:  # the harness has started its worker
+        assert job.poll().running and time.monotonic() < deadline
+        time.sleep(0.05)
+    below = g.descendants(job.proc.pid)
+    assert below
+    out = job.cancel()
+    assert out.status in ("cancelled", "ok")  # a fast worker may finish first
+    for pid in [job.proc.pid, *below]:
+        deadline = time.monotonic() + 10
+        while g._alive(pid) and time.monotonic() < deadline:  # noqa: SLF001
+            time.sleep(0.05)
+        assert not g._alive(pid), f"{pid} outlived the cancel"  # noqa: SLF001
+    with gpu_lock(0, wait_s=0):
+        pass
