@@ -221,6 +221,8 @@ with measure_box:  # this page's exact inputs through the bundled harness (attnm
         key="gpu_infer", unit=unit, compared=measured_table(),
         names=gpu_run.harness_models("infer", model), length_col="prompt", length=seq_len,
         batch=batch, label=label, also={"cache": cache, "new tokens": new_tokens},
+        columns=("model", "batch", "prompt", "new tokens", "attention", "cache", "prefill chunk",
+                 "measured peak", "predicted peak", "peak error"),
         predicted={attn: {"weights": steps[attn].weights_bytes}} if attn in steps else None)
 
 # --- stacked parts at each implementation's peak --------------------------------------------

@@ -402,7 +402,9 @@ with measure_box:  # this page's exact inputs through the bundled harness (attnm
         key="gpu_train", unit=unit, compared=compared,
         names=gpu_run.harness_models("train", model), length_col="seq_len", length=seq_len,
         batch=batch, label=lambda a: TRAIN_ATTENTION_LABELS.get(a, a),
-        also={"precision": prec, "checkpointing": ckpt, "method": method})
+        also={"precision": prec, "checkpointing": ckpt, "method": method},
+        columns=("model", "method", "batch", "seq_len", "attention", "precision",
+                 "checkpointing", "measured peak", "predicted peak", "peak error"))
 # what makes it fit: for the attention with the lowest peak (the one closest to fitting)
 best_attn = min(steps, key=lambda a: steps[a].peak_bytes)
 best = cheapest_section(best_attn)

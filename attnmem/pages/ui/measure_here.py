@@ -55,9 +55,11 @@ def _shown(df: pd.DataFrame, unit: str) -> pd.DataFrame:
 
 
 def nearest(kind: str, compared: pd.DataFrame, names: list[str], length_col: str, length: int,
-            batch: int, attention: str | None, unit: str, also: dict[str, Any] | None = None) -> None:
+            batch: int, attention: str | None, unit: str, also: dict[str, Any] | None = None,
+            columns: tuple[str, ...] | None = None) -> None:
     """The bundled rows nearest to the inputs (attnmem.measure.on_this_gpu.nearest_rows), with
-    their predictions and errors."""
+    their predictions and errors (``columns``: those shown, so that the table fits the page's
+    width; all when None)."""
     if compared is None or compared.empty:
         st.caption("No bundled measurements to show (data/"
                    f"{gpu_run.DATA[kind].name} is not in this checkout).")
@@ -70,20 +72,21 @@ def nearest(kind: str, compared: pd.DataFrame, names: list[str], length_col: str
         + (f" (this model: {', '.join(names)}; then the nearest length and batch)" if same else
            " (this model was not measured: the nearest length and batch of any model)")
         + ", each with its prediction now and the error:"))
-    keep = [c for c in rows.columns if c not in ("predicted where", "predicted phase")]
+    keep = [c for c in (columns or rows.columns) if c in rows.columns]
     tables.table(_shown(rows[keep], unit), hide_index=True)
 
 
 def section(kind: str, requests: dict[str, gpu_run.Request | str], *, key: str, unit: str,
             compared: pd.DataFrame, names: list[str], length_col: str, length: int, batch: int,
             label: Any = str, predicted: dict[str, dict[str, int]] | None = None,
-            also: dict[str, Any] | None = None) -> None:
+            also: dict[str, Any] | None = None, columns: tuple[str, ...] | None = None) -> None:
     """Draw the section (in an expander) for one page's inputs. ``requests``: per attention
     the page computed, the runner's request or why the harness cannot measure it (several:
     a choice of which to measure, labelled by ``label``); ``compared``: the page's bundled
     rows beside their predictions, for the no-GPU view; ``predicted``: per attention, parts
     of the page's own prediction to lay beside the row's (the weights); ``also``: the other
-    inputs the nearest rows should share (column: value)."""
+    inputs the nearest rows should share (column: value); ``columns``: the nearest rows'
+    columns shown."""
     with st.expander(TITLE, icon=":material/memory:"):
         attention = next(iter(requests))
         if len(requests) > 1:
@@ -96,17 +99,20 @@ def section(kind: str, requests: dict[str, gpu_run.Request | str], *, key: str, 
             st.info(md_escape(f"No GPU here: {reason}. Measuring these inputs needs a CUDA GPU "
                               f"in the machine that serves this app ({COMMANDS[kind]} runs "
                               "the same measurement from a shell)."), icon=":material/info:")
-            nearest(kind, compared, names, length_col, length, batch, attention, unit, also)
+            nearest(kind, compared, names, length_col, length, batch, attention, unit, also,
+                    columns)
             return
         blocked = _blocked()
         if blocked:
             st.info(blocked, icon=":material/lock:")
-            nearest(kind, compared, names, length_col, length, batch, attention, unit, also)
+            nearest(kind, compared, names, length_col, length, batch, attention, unit, also,
+                    columns)
             return
         if isinstance(request, str):
             st.warning(md_escape(f"These inputs cannot be measured here: {request}."),
                        icon=":material/block:")
-            nearest(kind, compared, names, length_col, length, batch, attention, unit, also)
+            nearest(kind, compared, names, length_col, length, batch, attention, unit, also,
+                    columns)
             return
         est = gpu_run.estimate(request)
         st.markdown(md_escape(f"Runs `{COMMANDS[kind]} {' '.join(request.args)}` in a child "
