@@ -40,9 +40,10 @@ from typing import NamedTuple
 #: SMs of an H100/H200 SXM (cudaDeviceProp.multiProcessorCount), fixed so that the buffers do
 #: not depend on the GPU (as attnmem.calc.attention_steps.FA2_NUM_SMS for FlashAttention-2).
 DECODE_SMS = 132
-#: Programs the split aims at, in units of DECODE_SMS: a decode program (4 or 8 warps, two
-#: or three K/V tiles of 16-64 KiB in flight) leaves room for about 3-4 resident per SM, so 4
-#: waves of SMs is about one full wave of resident programs and keeps the copy engine busy.
+#: Programs the split aims at, in units of DECODE_SMS: 4 waves of SMs, so that the last
+#: wave's idle SMs cost at most about a quarter of the time where one program fits per SM
+#: (d = 128 with 128-key tiles: 139 KiB of shared memory, compiled for sm_90) and the grid
+#: is about one full wave where three fit (64-key tiles: 70 KiB). Not yet timed on a GPU.
 DECODE_WAVES = 4
 #: A chunk holds at least this many key tiles (2 x 128 keys at d <= 128).
 DECODE_MIN_SPLIT_TILES = 2

@@ -35,8 +35,9 @@ def compile_split(dt: str, d: int, bm: int, bn: int, warps: int, stages: int):
     sig.update({k: "constexpr" for k in consts})
     aligned = ("Q", "K", "V", "Out", "O_PART", "LSE_PART") + tuple(
         k for k, t in sig.items() if k.startswith("stride_") and t == "i32")
+    names = list(sig)  # the kernel's parameters in order: attrs are keyed by (index,)
     src = ASTSource(dk.decode_split_kernel, sig, constexprs=consts,
-                    attrs={k: [["tt.divisibility", 16]] for k in aligned})
+                    attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
 

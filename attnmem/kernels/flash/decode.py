@@ -66,6 +66,7 @@ def _decode_keys(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_
     of this range does not see some key (the causal diagonal, the valid length's tail)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)  # chunks start on whole tiles
         cols = start_n + offs_n
         k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd
         v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
