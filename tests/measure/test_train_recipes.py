@@ -466,7 +466,7 @@ def test_gpu_each_lever_runs_on_a_tiny_llama(kw):
         pytest.importorskip("bitsandbytes")
     if kw.get("liger"):
         pytest.importorskip("liger_kernel")
-    attention = "triton" if kw.get("kbit_prepare") else "sdpa_efficient"
+    attention = "triton" if kw.get("kbit_prepare") else "sdpa_flash"
     kw = dict(kw)
     ckpt = kw.pop("checkpointing", False)
     r = procedure.measure_train_step(tconfig.TrainConfig("tiny-llama", 256, attention, "bf16",
