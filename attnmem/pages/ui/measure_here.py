@@ -28,6 +28,9 @@ from attnmem.pages.ui.units import fmt
 from attnmem.pages.ui.url_state import md_escape
 
 TITLE = "Measure on this GPU"
+#: Shorter headers of the nearest rows (the table sits in an expander: 784 px at 1280 px).
+SHORT = {"measured peak": "measured", "predicted peak": "predicted", "peak error": "error",
+         "new tokens": "new", "prefill chunk": "chunk", "seq_len": "s", "checkpointing": "ckpt"}
 #: The harnesses' commands as the section names them.
 COMMANDS = {"infer": "python -m attnmem.measure --infer", "train": "python -m attnmem.measure --train"}
 
@@ -73,7 +76,7 @@ def nearest(kind: str, compared: pd.DataFrame, names: list[str], length_col: str
            " (this model was not measured: the nearest length and batch of any model)")
         + ", each with its prediction now and the error:"))
     keep = [c for c in (columns or rows.columns) if c in rows.columns]
-    tables.table(_shown(rows[keep], unit), hide_index=True)
+    tables.table(_shown(rows[keep], unit).rename(columns=SHORT), hide_index=True)
 
 
 def section(kind: str, requests: dict[str, gpu_run.Request | str], *, key: str, unit: str,
