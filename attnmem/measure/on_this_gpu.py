@@ -79,12 +79,14 @@ _NOT_SHAPE = ("name", "source", "read_as", "defaults_from", "max_position_embedd
 
 
 def _device_nodes() -> list[str]:
-    """NVIDIA (/dev/nvidia0..) and AMD (/dev/kfd) GPU device nodes of this machine."""
+    """Signs of a GPU driver on this machine: NVIDIA's device nodes (/dev/nvidia0..,
+    /dev/nvidiactl) or /proc/driver/nvidia, AMD's /dev/kfd, WSL's /dev/dxg."""
     try:
         names = os.listdir("/dev")
     except OSError:
-        return []
-    return [n for n in names if re.fullmatch(r"nvidia\d+", n) or n == "kfd"]
+        names = []
+    found = [n for n in names if re.fullmatch(r"nvidia(\d+|ctl)|kfd|dxg", n)]
+    return found + (["/proc/driver/nvidia"] if os.path.isdir("/proc/driver/nvidia") else [])
 
 
 def gpu_reason() -> str | None:
@@ -94,7 +96,7 @@ def gpu_reason() -> str | None:
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed, so nothing can run on a GPU here"
     if not _device_nodes():
-        return ("no GPU on this machine (no /dev/nvidia* or /dev/kfd device), so "
+        return ("no GPU on this machine (no NVIDIA, AMD or WSL GPU device), so "
                 "torch.cuda.is_available() is False")
     return _torch_reason()
 
