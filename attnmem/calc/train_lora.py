@@ -505,8 +505,8 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
                                              if n in lo.targets and n != "q_proj"
                                              and n != "k_proj" and n != "v_proj")
                 + attention_backward_extra_fp32(attention, dm))
-        extra_last = extra_first = kbit_backward_extra(dm, attn, lo.targets, lo.rank, lo.dropout,
-                                                     deq)
+        extra_last = extra_first = kbit_backward_extra(dm, attn, lo.targets, lo.rank,
+                                                     lo.dropout)
     phases[PHASES[4]] = base + after_loss + dh + extra_last + (a_last if checkpointing else 0)
     if checkpointing:  # the later layers' inputs are freed, layer 0 is recomputed
         at_first = after_loss - (L - 1) * stream * dm.t * dm.h + a_first

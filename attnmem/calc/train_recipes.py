@@ -193,21 +193,54 @@ def kbit_model_terms(dm: _Dims) -> list[tuple[str, str, int]]:
 
 
 def kbit_backward_extra(dm: _Dims, attn_extra_fp32: int, targets: tuple[str, ...], rank: int,
-                        dropout: float, deq: int) -> int:
-    """The largest excess of a kbit-prepared layer's backward over its saved tensors and the
-    incoming fp32 gradient: the MLP product's (d(prod), d(act), d(up), fp32: 3·4TI, the
-    adapters' gradients of down, less the product down's adapter kept, freed by then), an adapter's (its fp32 input gradient beside the base's bf16
-    input gradient and its fp32 cast: 4 + 2 + 4 bytes per T×in), or the attention call's fp32
-    backward (attn_extra_fp32, attnmem.calc.peak at dtype fp32); plus the dequantized bf16
-    weight of MatMul4Bit's backward (`deq`)."""
-    t = dm.t
-    fan = {"q_proj": dm.h, "k_proj": dm.h, "v_proj": dm.h, "o_proj": dm.q,
-           "gate_proj": dm.h, "up_proj": dm.h, "down_proj": dm.inter}
-    mlp = 3 * 4 * t * dm.inter + (4 * rank * (dm.inter + dm.h) if "down_proj" in targets else 0)
-    if "down_proj" in targets and dropout == 0:  # the saved product is freed by then
-        mlp -= 4 * t * dm.inter
-    lora = max((10 * t * fan[n] for n in targets), default=0)
-    return max(mlp, lora, attn_extra_fp32) + deq
+                        dropout: float) -> int:
+    """The largest excess of a kbit-prepared layer's backward over its recomputed saved tensors
+    and the incoming fp32 gradient, less the layer's input counted twice. Candidates:
+    - the MLP product's backward: d(act) and d(up) beside the product's gradient (3·4TI) plus
+      down's adapter gradients made by then; the product itself is freed by then when down's
+      lora_A (no dropout) was its only holder (MatMul4Bit saves no input);
+    - a 4-bit linear's input gradient (bitsandbytes/autograd/_functions.py MatMul4Bit.backward:
+      `torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))`, at
+      T > 1536 rows the dequantized out×in bf16 weight is a full temporary, freed when the
+      matmul returns; Linear4bit.forward's `.to(inp_dtype)` and `x.to(compute_dtype)` make the
+      gradient bf16 and back fp32). peft adds the adapter's output after the base's, so autograd
+      (later nodes first) runs the adapter's backward first: its fp32 input gradient (4T·in;
+      down_proj's input freed with lora_A's saved tensors) is held while the base runs, and the
+      base's fp32 gradient is then added into it in place (InputBuffer accumulates in place when
+      it holds the last reference). Two moments: the matmul (bf16 output gradient 2T·out, the
+      dequantized weight 2·out·in, the bf16 input gradient 2T·in) and the cast (2T·in and
+      4T·in). A dequantized weight is alive at its matmul moment only, not added to the
+      other candidates (as train_lora's bf16-base QLoRA adds the largest to every one);
+    - the attention call's fp32 backward (attn_extra_fp32, attnmem.calc.peak at dtype fp32).
+    Less 4Th: the input norm's fp32 input that kbit_layer_terms counts is the layer's input
+    itself (`hidden_states.to(torch.float32)` returns an fp32 tensor as it is), which the
+    checkpoint already keeps (the `inputs` term; kbit_prepare requires checkpointing).
+    Replayed on the meta device at the issue-43 rows' shapes (tests/calc/test_kbit_replay.py):
+    the layers' backward moment within 0.1 % (the replay's dispatch mode makes autograd add out
+    of place, which the MLP product moment ties)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    shapes = {"q_proj": (h, dm.q), "k_proj": (h, dm.k), "v_proj": (h, dm.k),
+              "o_proj": (dm.q, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    down = "down_proj" in targets
+    # down's adapter gradients are made, and lora_B's saved input (lora_A's T×r output) freed
+    mlp = 3 * 4 * t * i + (4 * rank * (i + h) - 4 * t * rank if down else 0)
+    if down and dropout == 0:  # the saved product is freed by then
+        mlp -= 4 * t * i
+
+    def base(name: str) -> int:
+        fan_in, fan_out = shapes[name]
+        held = 0
+        if name in targets:  # its adapter's input gradient; lora_A's T×r output freed
+            held = 4 * t * fan_in - 4 * t * rank
+            if dropout > 0:  # the dropped input and its mask, kept for lora_A only
+                held -= 5 * t * fan_in
+            elif name == "down_proj":  # the product, kept by lora_A only
+                held -= 4 * t * fan_in
+        matmul = 2 * t * fan_out + 2 * fan_in * fan_out + 2 * t * fan_in
+        return held + max(matmul, 6 * t * fan_in)
+
+    linears = max(base(n) for n in shapes)
+    return max(mlp, linears, attn_extra_fp32) - 4 * t * h
 
 
 def attention_backward_extra_fp32(impl: str, dm: _Dims) -> int:
