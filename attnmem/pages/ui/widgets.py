@@ -2,6 +2,15 @@
 number boxes, selectors, switches and the sequence-length slider. Streamlit widgets.
 
 Every widget takes `where` (st, a column, a container) and passes other keywords to Streamlit.
+
+A number box is given its session-state value as `value` too. Streamlit 1.67's frontend
+(NumberInput) first draws a box that is new to the browser (every page visit, direct load or
+Back) from the element's default, and only an effect after that paint applies the value set
+through session state; with no `value` the default is min_value, so every box read "1" for
+60-300 ms on the 2-core machine (a click on + then stepped from the wrong number's display,
+and tests read "1"). A keyed number box's identity is its key alone (key_as_main_identity),
+so passing the value does not make a new widget when it changes. Streamlit logs that a value
+is both passed and set through session state; .streamlit/config.toml turns that log line off.
 """
 
 from __future__ import annotations
@@ -24,12 +33,14 @@ from attnmem.pages.ui.url_state import (
 
 def int_input(label: str, key: str, spec: IntParam, where: Any = st, **kw: Any) -> int:
     init(key, spec)
-    return int(where.number_input(label, min_value=spec.lo, max_value=spec.hi, step=1, key=key, **kw))
+    return int(where.number_input(label, min_value=spec.lo, max_value=spec.hi, step=1, key=key,
+                                  value=int(st.session_state[key]), **kw))
 
 
 def float_input(label: str, key: str, spec: FloatParam, where: Any = st, **kw: Any) -> float:
     init(key, spec)
-    return float(where.number_input(label, min_value=spec.lo, max_value=spec.hi, key=key, **kw))
+    return float(where.number_input(label, min_value=float(spec.lo), max_value=float(spec.hi),
+                                    key=key, value=float(st.session_state[key]), **kw))
 
 
 def select(label: str, key: str, spec: ChoiceParam, where: Any = st, **kw: Any) -> str:
@@ -88,6 +99,7 @@ def seq_len_input(
     )
     value = right.number_input(
         "exact", min_value=spec.lo, max_value=spec.hi, step=1, key=key, on_change=from_number,
+        value=int(st.session_state[key]),  # drawn first from this, not min_value (module doc)
         help=f"Any whole number from {spec.lo:,} to {spec.hi:,}.",
     )
     return int(value)
