@@ -26,6 +26,7 @@ from typing import Any
 
 from attnmem.calc.allocator import CachingAllocator
 from attnmem.trace.cuda_only import temporaries
+from attnmem.trace.uniform import Uniform
 
 #: ("a", id, nbytes, label) | ("f", id) | ("m", phase name)
 Event = tuple
@@ -56,11 +57,15 @@ class Recorder:
         self.stack: list[str] = []
         self._next = 0
         self._devices = devices  # the device that stands for the GPU; CPU tensors are not its
+        self.uniform = Uniform()  # values of one-number tensors, so .item() can answer on meta
         rec = self
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                    kwargs: Any = None) -> Any:
+                known = rec.uniform.scalar(func, args)  # .item() of a uniform tensor
+                if known is not None:
+                    return known
                 held = temporaries(func, args)  # a CUDA kernel's own temporaries
                 for t in held:
                     rec._add(t, func)
@@ -68,6 +73,7 @@ class Recorder:
                 del held
                 for o in out if isinstance(out, (tuple, list)) else [out]:
                     rec._add(o, func)
+                rec.uniform.after(func, args, kwargs or {}, out)
                 return out
 
         self._mode = _Mode()

@@ -1,0 +1,186 @@
+"""Tensors that hold one value everywhere, followed on the meta device so `.item()` can answer.
+
+Meta tensors carry no values, so a model whose forward reads one (`if mask.all():`, transformers'
+`masking_utils.fast_all(padding_mask)`) stops the trace with "Tensor.item() cannot be called on
+meta tensors". Many of them read only masks the model made itself from `torch.ones` (BioGPT,
+BART, BERT-style decoders build an all-ones attention mask when none is given, exactly what a
+tokenizer gives for unpadded text). Their values are known exactly, so this tracker keeps the
+value of every tensor that is one number everywhere: made by a filling factory (ones, zeros,
+full, fill_), then carried through the ops that keep a tensor uniform (copies, casts, views,
+indexing, negation, elementwise ops of two uniform tensors, reductions over them). `.item()` on
+such a tensor (the dispatcher's `_local_scalar_dense`) returns that value; on any other it
+still raises, so the trace never runs on a guessed value.
+
+A tensor written in place loses its value, and so does every tensor sharing its storage (a
+view), unless the write is itself a fill with a known value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Ops whose output is uniform with the value of their first argument (views, copies, gathers).
+_SAME = frozenset({
+    "alias", "clone", "contiguous", "detach", "expand", "lift_fresh", "lift_fresh_copy",
+    "narrow", "permute", "repeat", "reshape", "select", "slice", "squeeze", "t", "transpose",
+    "unsqueeze", "view", "_unsafe_view", "as_strided", "index", "index_select", "gather",
+    "flatten", "unfold", "expand_copy", "view_copy", "slice_copy", "select_copy",
+    "permute_copy", "unsqueeze_copy", "squeeze_copy", "transpose_copy", "_reshape_alias",
+    "movedim", "flip", "roll", "diagonal",
+})
+_CAST = frozenset({"_to_copy", "to", "type_as"})
+_FILL_FACTORY = {"ones": 1, "ones_like": 1, "new_ones": 1, "zeros": 0, "zeros_like": 0,
+                 "new_zeros": 0}
+_COMPARE = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+            "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
+_ARITH = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+          "div": lambda a, b: a / b, "logical_and": lambda a, b: bool(a) and bool(b),
+          "logical_or": lambda a, b: bool(a) or bool(b), "bitwise_and": lambda a, b: a & b,
+          "bitwise_or": lambda a, b: a | b, "minimum": min, "maximum": max}
+
+
+class Uniform:
+    """The values of the uniform tensors made under a dispatch mode (module docstring)."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._torch = torch
+        self._values = WeakIdKeyDictionary()
+
+    def value(self, t: Any) -> Any:
+        """t's one value, or None where it is not known."""
+        if not isinstance(t, self._torch.Tensor):
+            return None
+        return self._values.get(t)
+
+    def scalar(self, func: Any, args: tuple) -> Any:
+        """What `func(*args)` returns where it is `.item()` of a uniform tensor, else None."""
+        if _name(func) != "_local_scalar_dense" or not args:
+            return None
+        return self.value(args[0])
+
+    def after(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Follow one op: forget what it overwrote, and learn its output's value if uniform."""
+        name = _name(func)
+        for written in _written(func, args, kwargs):
+            self._forget_storage(written)
+        if not isinstance(out, self._torch.Tensor) or out.is_complex():
+            return
+        v = self._value_of(name, args, kwargs, out)
+        if v is None:
+            return
+        if isinstance(v, float) and not math.isfinite(v):
+            return
+        self._values[out] = _as_dtype(v, out.dtype, self._torch)
+
+    def _value_of(self, name: str, args: tuple, kwargs: dict, out: Any) -> Any:
+        torch = self._torch
+        first = args[0] if args else None
+        if name in _FILL_FACTORY:
+            return _FILL_FACTORY[name]
+        if name in ("full", "new_full"):
+            fill = args[-1] if len(args) >= 2 else kwargs.get("fill_value")
+            return fill if isinstance(fill, (bool, int, float)) else None
+        if name in ("full_like", "fill", "fill_", "scalar_tensor"):
+            fill = args[1] if name != "scalar_tensor" and len(args) > 1 else (
+                args[0] if name == "scalar_tensor" else kwargs.get("value"))
+            if isinstance(fill, torch.Tensor):
+                return self.value(fill)
+            return fill if isinstance(fill, (bool, int, float)) else None
+        if name == "copy_" and len(args) > 1:
+            return self.value(args[1])
+        v = self.value(first)
+        if name in _SAME or name in _CAST:
+            return v
+        if name in ("bitwise_not", "logical_not"):
+            if v is None:
+                return None
+            return (not v) if name == "logical_not" or isinstance(v, bool) else ~int(v)
+        if name == "neg":
+            return None if v is None else -v
+        if name == "abs":
+            return None if v is None else abs(v)
+        if name in ("all", "any"):
+            return None if v is None else bool(v) if first.numel() else name == "all"
+        if name in ("sum", "mean", "amax", "amin", "max", "min", "prod"):
+            return self._reduce(name, first, args, kwargs, v)
+        if name in _COMPARE or name in _ARITH:
+            other = args[1] if len(args) > 1 else kwargs.get("other")
+            w = other if isinstance(other, (bool, int, float)) else self.value(other)
+            if v is None or w is None:
+                return None
+            op = _COMPARE.get(name) or _ARITH[name]
+            try:
+                return op(v, w)
+            except ZeroDivisionError:
+                return None
+        if name in ("where",) and len(args) == 3:
+            c = self.value(args[0])
+            if c is None:
+                return None
+            pick = args[1] if c else args[2]
+            return pick if isinstance(pick, (bool, int, float)) else self.value(pick)
+        if name == "masked_fill" and len(args) == 3:
+            m = self.value(args[1])
+            fill = args[2] if isinstance(args[2], (bool, int, float)) else self.value(args[2])
+            if m is None:
+                return v if v is not None and v == fill else None
+            return fill if m else v
+        return None
+
+    def _reduce(self, name: str, t: Any, args: tuple, kwargs: dict, v: Any) -> Any:
+        if v is None:
+            return None
+        if name in ("amax", "amin", "max", "min", "mean"):
+            return v if t.numel() else None
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None or dims == []:
+            count = t.numel()
+        else:
+            dims = [dims] if isinstance(dims, int) else list(dims)
+            count = math.prod(t.shape[d] for d in dims) if t.dim() else 1
+        if name == "sum":
+            return (int(v) if isinstance(v, bool) else v) * count
+        return v ** count  # prod
+
+    def _forget_storage(self, t: Any) -> None:
+        if not isinstance(t, self._torch.Tensor):
+            return
+        st = t.untyped_storage()  # one Python object per storage, as the recorder relies on
+        for known in list(self._values.keys()):
+            if known.untyped_storage() is st:
+                del self._values[known]
+        self._values.pop(t, None)
+
+
+def _name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or getattr(func, "__name__", "").split(".")[0]
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments func writes in place (its schema's mutable aliases)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is not None and info.is_write:
+            if i < len(args):
+                out.append(args[i])
+            elif arg.name in kwargs:
+                out.append(kwargs[arg.name])
+    return out
+
+
+def _as_dtype(v: Any, dtype: Any, torch: Any) -> Any:
+    """v as the Python number `.item()` returns for a tensor of dtype."""
+    if dtype == torch.bool:
+        return bool(v)
+    if dtype.is_floating_point:
+        return float(v)
+    return int(v)

@@ -1,0 +1,113 @@
+"""Breadth check: every causal LM type the installed transformers builds, through `attnmem memory`.
+
+For each model type in transformers' causal-LM auto mapping this writes the config class's
+default config.json (the class defaults describe the checkpoint named in its docstring), cut to
+2 layers so the trace stays quick (widths kept), and runs `attnmem memory --model <file>
+--seq-len 1024 --json` in a child process with a time limit. Each type ends as one of:
+
+- answered: exit 0, with where the figures came from (calc's rules or the trace);
+- refused: exit 1 or 2 with attnmem's one-line reason (the reason is printed);
+- crashed: a Python traceback, or no answer in the time limit.
+
+    python scripts/any_model_sweep.py [--types llama,olmo2] [--timeout 120] [--out sweep.csv]
+
+Nothing here is downloaded; the configs are the installed classes' own defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def default_config(model_type: str) -> dict:
+    """The class-default config of model_type as a config.json dict, cut to 2 layers."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    d = CONFIG_MAPPING[model_type]().to_dict()
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    d["architectures"] = [arch if isinstance(arch, str) else arch[0]]
+    for sub in (d, d.get("text_config") or {}):
+        layers = [sub[k] for k in LAYER_KEYS if isinstance(sub.get(k), int)]
+        for k in LAYER_KEYS:
+            if isinstance(sub.get(k), int) and sub[k] > 2:
+                sub[k] = 2
+        # per-layer lists (layer_types, mlp_layer_types, ...) are cut with the layers
+        for k, v in list(sub.items()):
+            if isinstance(v, list) and layers and len(v) == layers[0] and layers[0] > 2:
+                sub[k] = v[:2]
+    return d
+
+
+def run_one(model_type: str, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        try:
+            path.write_text(json.dumps(default_config(model_type), default=str))
+        except Exception as exc:  # the class itself refuses its defaults
+            return {"type": model_type, "outcome": "class", "seconds": 0.0,
+                    "detail": f"{type(exc).__name__}: {exc}"[:300]}
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, "-c", "import sys; from attnmem.cli import main; sys.exit(main(sys.argv[1:]))", "memory", "--model", str(path),
+                                "--seq-len", "1024", "--json"], capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"type": model_type, "outcome": "crashed", "seconds": timeout,
+                    "detail": f"no answer in {timeout:.0f} s"}
+        secs = time.perf_counter() - t0
+    err = p.stderr.strip()
+    if "Traceback (most recent call last)" in err:
+        outcome, detail = "crashed", err.splitlines()[-1][:300]
+    elif p.returncode == 0:
+        try:
+            ans = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            return {"type": model_type, "outcome": "crashed", "seconds": round(secs, 1),
+                    "detail": "exit 0 but no JSON: " + p.stdout[:200]}
+        outcome = "answered"
+        detail = str(ans.get("counted_from") or ans.get("source") or "rules")[:300]
+    else:
+        last = (err.splitlines() or [""])[-1]
+        # calc's refusal first, then the trace's reason: keep the trace's
+        outcome, detail = "refused", last.split("; and the trace: ")[-1][:300]
+    return {"type": model_type, "outcome": outcome, "seconds": round(secs, 1), "detail": detail}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", help="comma-separated model types (default: all causal LMs)")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--out", help="CSV of type, outcome, seconds, detail")
+    a = ap.parse_args(argv)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    types = a.types.split(",") if a.types else sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    rows = []
+    for t in types:
+        r = run_one(t, a.timeout)
+        rows.append(r)
+        print(f"{r['type']:28s} {r['outcome']:9s} {r['seconds']:6.1f}s  {r['detail']}", flush=True)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    print(f"{len(rows)} types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if a.out:
+        with open(a.out, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=["type", "outcome", "seconds", "detail"])
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
