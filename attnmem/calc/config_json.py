@@ -12,7 +12,10 @@ says what was wrong and what the limit is:
 - size: reads at most `max_bytes + 1` bytes from a stream (never the whole of a 100 MB file);
 - text: UTF-8 (a byte-order mark is allowed), no NUL bytes;
 - depth: nesting is measured by a linear scan before parsing (no recursion at all);
-- numbers: NaN, Infinity and floats that overflow to inf are refused;
+- numbers: NaN and floats that overflow to inf (1e999) are refused. The literals Infinity and
+  -Infinity are read as floats: transformers writes them (`json.dumps` of a Mamba-2 config's
+  `time_step_limit = (0.0, inf)`), so real config.json files carry them; a width or count given
+  as Infinity is refused by the reader of that field, which names it;
 - keys: a key given twice in one object is refused (which value was meant?).
 
 Pure stdlib, nothing is evaluated or executed: JSON is data only.
@@ -95,6 +98,8 @@ def nesting_depth(text: str) -> int:
 
 
 def _refuse_constant(name: str) -> Any:
+    if name in ("Infinity", "-Infinity"):  # what json.dumps writes for inf (module docstring)
+        return float("inf") if name == "Infinity" else float("-inf")
     raise ValueError(f"{name} is not a JSON number (use a finite number or null)")
 
 

@@ -1,7 +1,7 @@
 """A model from an uploaded or pasted Hugging Face config.json, for the model pickers
 (attnmem.pages.ui.pickers) of the Model memory and Will it fit? pages. Streamlit widgets.
 
-The file is parsed by the bounded JSON loader attnmem.calc.config_json (size, nesting depth, NaN/Infinity and duplicate
+The file is parsed by the bounded JSON loader attnmem.calc.config_json (size, nesting depth, NaN, overflowing numbers and duplicate
 keys refused before json.loads; never executed) and then by calc's ModelConfig.from_hf_config,
 which names any missing or wrong key. The config is not put in the URL (a link carries the
 choice "Custom config.json" only); the last valid config of the session is kept in session
