@@ -35,7 +35,7 @@ GPT-2, Phi-3, MoE, gpt-oss, tensor parallelism.
 from __future__ import annotations
 
 from attnmem.calc.models import ModelConfig
-from attnmem.calc.train_common import _Dims
+from attnmem.calc.train_common import PHASES, _Dims
 from attnmem.calc.train_dense import _GEMMA
 from attnmem.calc.units import check_bool
 
@@ -43,6 +43,7 @@ from attnmem.calc.units import check_bool
 LIGER_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2")
 #: The step's moment that replaces the loss's and lm_head's backward under Liger.
 LIGER_PHASE = "loss (Liger fused linear cross-entropy)"
+PHASES_BACKWARD_LAST = PHASES[4]
 
 
 def check_liger(model: ModelConfig, liger: object, precision: str, kbit: bool, tp: int) -> bool:
@@ -122,3 +123,210 @@ def flce_forward_extra(dm: _Dims, g_lm: int) -> int:
     if g_lm:
         extra += (2 + 4) * dm.vocab * dm.h
     return extra
+
+
+# --- LoRA with Liger: the last layer's MLP, step by step ------------------------------------
+# With a frozen base and the fused loss, no T×V tensor exists, so the step's peak moves to the
+# last decoder layer's MLP: in the forward, the fp32 adapter outputs of its linears; in the
+# backward, the adapters' fp32 gradients. Both are counted as the ordered allocations and
+# frees that the modules make (peft/tuners/lora/layer.py Linear.forward; liger-kernel 0.8.2
+# ops/swiglu.py LigerSiLUMulFunction; torch's autograd engine runs a node's inputs' gradient
+# functions newest first and frees a node's saved tensors and inputs when it returns).
+
+
+class _Tape:
+    """Bytes alive above a starting moment, and the most reached."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.top = 0
+
+    def alloc(self, n: int) -> None:
+        self.now += n
+        self.top = max(self.top, self.now)
+
+    def free(self, n: int) -> None:
+        self.now -= n
+
+
+def _adapter_forward(tp: _Tape, t: int, fin: int, fout: int, r: int, e: int, dropout: bool,
+                     adapted: bool) -> int:
+    """One linear's forward (peft lora.Linear.forward): `result = base_layer(x)` (bf16 T×out);
+    `x = _cast_input_dtype(x, lora_A dtype)` (an fp32 copy with fp32 adapters, kept by lora_A
+    without dropout; the local `x` keeps it to the end of forward); with dropout
+    (native_dropout) a bool mask and the dropped input, both kept; lora_A's output (kept by
+    lora_B); lora_B's output and `* scaling` (the first dies once the product exists);
+    `result + ...` promotes to the adapter dtype (fp32 T×out) before the old result and the
+    product die; `result.to(bf16)` (fp32 adapters) before the fp32 sum dies. Returns the bytes
+    it leaves kept (its saved tensors); the bf16 output stays on the tape."""
+    tp.alloc(2 * t * fout)  # base result (a frozen linear: its output, nothing kept)
+    if not adapted:
+        return 0
+    kept = e * t * r
+    if dropout:
+        if e == 4:
+            tp.alloc(4 * t * fin)  # the cast, held by the local x until forward returns
+        tp.alloc(t * fin + e * t * fin)  # mask and dropped input, kept
+        kept += t * fin + e * t * fin
+    elif e == 4:
+        tp.alloc(4 * t * fin)  # the cast, kept by lora_A
+        kept += 4 * t * fin
+    tp.alloc(e * t * r)  # lora_A's output
+    tp.alloc(e * t * fout)  # lora_B's output
+    tp.alloc(e * t * fout)  # × scaling
+    tp.free(e * t * fout)  # lora_B's output dies
+    tp.alloc(max(e, 2) * t * fout)  # result + ..., in the promoted dtype
+    tp.free(2 * t * fout + e * t * fout)  # the old result and the scaled product
+    if e == 4:
+        tp.alloc(2 * t * fout)  # result.to(bf16)
+        tp.free(4 * t * fout)
+        if dropout:
+            tp.free(4 * t * fin)  # the cast, at return
+    return kept
+
+
+def _adapter_backward(tp: _Tape, t: int, fin: int, fout: int, r: int, e: int, dropout: bool,
+                      adapted: bool, grad_dies: bool, input_dies: int = 0) -> int:
+    """One linear's backward, its output gradient g (bf16 T×out) alive at the start; returns
+    the adapter weight-gradient bytes it made (they stay, as .grad). grad_dies: g is freed
+    once its first consumer returns (False where the residual stream shares it). fp32
+    adapters: ToCopyBackward's fp32 g, AddBackward's bf16 cast of it for the base result,
+    MulBackward's × scaling (then the fp32 g dies); lora_B: the T×r gradient and its weight
+    gradient, then the scaled gradient and the saved T×r die; lora_A: the input gradient
+    (adapter dtype, T×in) and its weight gradient, then the T×r gradient and the saved input
+    die; ToCopyBackward of the cast: the bf16 input gradient, then the fp32 one dies; the base
+    matmul: its bf16 input gradient, then its output gradient dies, then the two input
+    gradients are summed (`accumulate`); the sum stays on the tape. bf16
+    adapters: no casts (AddBackward hands g itself to both sides). A frozen, not adapted
+    linear: its input gradient only. input_dies: bytes of the bf16 input that lora_A kept
+    (bf16 adapters without dropout) and that die with it."""
+    if not adapted:
+        tp.alloc(2 * t * fin)
+        if grad_dies:
+            tp.free(2 * t * fout)
+        return 0
+    if e == 4:
+        tp.alloc(4 * t * fout)
+        if grad_dies:
+            tp.free(2 * t * fout)
+        tp.alloc(2 * t * fout)
+        tp.alloc(4 * t * fout)
+        tp.free(4 * t * fout)
+    else:
+        tp.alloc(2 * t * fout)
+    grads = e * r * (fin + fout)
+    tp.alloc(e * t * r + e * r * fout)
+    tp.free(e * t * fout + e * t * r)
+    tp.alloc(e * t * fin + e * r * fin)
+    tp.free(e * t * r)
+    if dropout:
+        tp.free(t * fin + e * t * fin)  # mask and dropped input (the dropout's backward follows)
+        tp.alloc(e * t * fin)  # native_dropout_backward: grad × mask
+        tp.free(e * t * fin)
+    elif e == 4:
+        tp.free(4 * t * fin)  # the saved cast
+    else:
+        tp.free(input_dies)
+    if e == 4:
+        tp.alloc(2 * t * fin)
+        tp.free(4 * t * fin)
+    tp.alloc(2 * t * fin)  # the base's input gradient
+    if e == 4 or grad_dies:
+        tp.free(2 * t * fout)  # the base's output gradient (fp32 adapters: g's bf16 cast)
+    accumulate(tp, 2 * t * fin)
+    return grads
+
+
+def accumulate(tp: _Tape, n: int) -> None:
+    """Two gradients of one tensor meet in autograd's InputBuffer: `old_var + var` (a new
+    tensor, as the CPU and meta replays of these steps show: no in-place add), then both die."""
+    tp.alloc(n)
+    tp.free(2 * n)
+
+
+def _mlp_label(label: str) -> bool:
+    """A layer term that the MLP block keeps (made after the post-attention norm)."""
+    return label.startswith(("gate_proj:", "up_proj:", "down_proj:", "gate, up input",
+                             "act(gate(x))·up(x)", "gate(x), kept by Liger",
+                             "up(x), kept by Liger"))
+
+
+def lora_mlp_saved(terms: list[tuple[str, str, int]]) -> int:
+    """Bytes of a layer's terms that its MLP block keeps (`_mlp_label`)."""
+    return sum(x for _, lab, x in terms if _mlp_label(lab))
+
+
+def lora_mlp_forward(dm: _Dims, rank: int, e: int, dropout: bool, targets: tuple[str, ...],
+                     ) -> tuple[int, int]:
+    """(most bytes above the MLP's start, bytes it keeps) of a LoRA + Liger MLP forward
+    (LigerSwiGLUMLP.forward: `down_proj(LigerSiLUMulFunction.apply(gate_proj(x), up_proj(x)))`):
+    gate(x) and up(x) (bf16, both kept by the SiLU product), the product c (bf16 T×I,
+    `torch.empty_like(a)` in swiglu_forward), down_proj(c); c dies after down_proj unless a bf16
+    adapter keeps it. The start holds the MLP input x (the norm output)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    tp = _Tape()
+    kept = 0
+    for name in ("gate_proj", "up_proj"):
+        kept += _adapter_forward(tp, t, h, i, rank, e, dropout, name in targets)
+    kept += 2 * 2 * t * i  # gate(x), up(x)
+    tp.alloc(2 * t * i)  # c
+    kept += _adapter_forward(tp, t, i, h, rank, e, dropout, "down_proj" in targets)
+    return tp.top, kept
+
+
+def lora_mlp_backward(dm: _Dims, rank: int, e: int, dropout: bool, targets: tuple[str, ...],
+                      ) -> tuple[int, int]:
+    """(most bytes above the start, adapter gradient bytes made) of the same MLP's backward,
+    the layer's output gradient (shared with the residual stream) and every kept tensor alive
+    at the start: down_proj's backward (`_adapter_backward`) to c's gradient;
+    LigerSiLUMulFunction's backward writes d(gate) and d(up) into the kept gate(x) and up(x)
+    (swiglu_backward) and frees c's gradient; then up_proj's and gate_proj's backward (newest
+    first), each freeing its output gradient (the kept tensor's storage) after its first
+    node, their input gradients summed into one (bf16 T×h)."""
+    t, h, i = dm.t, dm.h, dm.inter
+    bf16_kept = e == 2 and not dropout
+    tp = _Tape()
+    grads = _adapter_backward(tp, t, i, h, rank, e, dropout, "down_proj" in targets, False,
+                              2 * t * i if bf16_kept else 0)
+    tp.free(2 * t * i)  # c's gradient, consumed by the SiLU product's backward (in place)
+    grads += _adapter_backward(tp, t, h, i, rank, e, dropout, "up_proj" in targets, True)
+    # the norm output x, kept by both bf16 lora_A's: freed with the second
+    both = bf16_kept and {"gate_proj", "up_proj"} <= set(targets)
+    grads += _adapter_backward(tp, t, h, i, rank, e, dropout, "gate_proj" in targets, True,
+                               2 * t * h if both else 0)
+    accumulate(tp, 2 * t * h)  # x's gradients from up_proj and gate_proj
+    return tp.top, grads
+
+
+#: The forward moment that LoRA + Liger adds: the last layer's MLP (its adapters' fp32 outputs).
+LIGER_MLP_PHASE = "forward: MLP of the last layer (LoRA + Liger)"
+
+
+def lora_liger_moments(dm: _Dims, rank: int, e: int, dropout: bool, targets: tuple[str, ...],
+                       last: list[tuple[str, str, int]], fwd_base: int,
+                       bwd_base: int, attn_extra: int, first_terms: list[tuple[str, str, int]],
+                       first_base: int, attn_first: int) -> dict[str, int]:
+    """The last layer's MLP moments of a LoRA step with Liger's kernels (peft's adapters on a
+    frozen base): {LIGER_MLP_PHASE: forward, "backward of the last layer": backward}.
+    Without checkpointing only (under checkpointing train_lora's layer moments stay: the
+    recomputed MLP's moments are not counted here, and those moments over-count; see NOTES).
+    fwd_base: every tensor kept by the layers (and shared) at the end of the forward, before the
+    final norm; bwd_base: what the last layer's backward starts from (kept tensors less the
+    loss's, the incoming gradient); attn_extra: the
+    attention side of that backward (train_lora's, unchanged); first_terms, first_base,
+    attn_first: layer 0's terms, the start of its backward (the later layers' gradients made)
+    and its attention side.
+    Forward (no checkpointing): the MLP block's own kept tensors are not yet all made, and
+    beside them live the embedding output (LlamaModel.forward's `inputs_embeds`, a local to the
+    end of the layer loop) and the MLP input (the post-attention norm output), each bf16 T×h,
+    and the int64 position ids the model made (a packed row's are an input, counted before).
+    Backward: the MLP's (lora_mlp_backward) or the attention side's excess, the larger."""
+    th = 2 * dm.t * dm.h
+    mlp_kept = lora_mlp_saved(last)
+    top_f, _ = lora_mlp_forward(dm, rank, e, dropout, targets)
+    top_b, _ = lora_mlp_backward(dm, rank, e, dropout, targets)
+    back = bwd_base + max(top_b, attn_extra)
+    first = first_base + max(top_b, attn_first)
+    pos = 0 if dm.lengths else 8 * dm.s  # the int64 position ids the model made (a local)
+    return {LIGER_MLP_PHASE: fwd_base - mlp_kept + th + th + pos + top_f,
+            PHASES_BACKWARD_LAST: back, PHASES[5]: first}

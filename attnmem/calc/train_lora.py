@@ -59,6 +59,7 @@ from attnmem.calc.train_liger import (
     flce_forward_extra,
     liger_layer_terms,
     liger_model_terms,
+    lora_liger_moments,
 )
 from attnmem.calc.train_optimizer import LIBRARY_OPTIMIZERS, lora_tensors, optimizer_state
 from attnmem.calc.train_packed import (
@@ -394,9 +395,17 @@ def _lora_backward_extra(model: ModelConfig, dm: _Dims, impl: str, layer: list, 
     mlp = 3 * 2 * t * i + grads(("down_proj",))
     lora = max((lo.e * t * shapes[n][0] + 2 * t * shapes[n][0] + 2 * t * shapes[n][0]
                 for n in lo.targets), default=0)
-    attn = (-_core_saved(layer) + grads(("o_proj", *LORA_MLP_TARGETS))
-            + _attention_backward_extra(impl, dm))
-    return max(mlp, lora, attn) + deq
+    return max(mlp, lora, _lora_attention_extra(model, dm, impl, layer, lo)) + deq
+
+
+def _lora_attention_extra(model: ModelConfig, dm: _Dims, impl: str, layer: list, lo: _Lora,
+                          ) -> int:
+    """The attention call's backward in a layer's backward with a frozen base: the MLP side
+    freed, the adapters' gradients of o_proj and the MLP made."""
+    shapes = _lora_shapes(model)
+    grads = sum(lo.e * lo.rank * (shapes[n][0] + shapes[n][1])
+                for n in ("o_proj", *LORA_MLP_TARGETS) if n in lo.targets)
+    return -_core_saved(layer) + grads + _attention_backward_extra(impl, dm)
 
 
 def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing: bool,
@@ -513,6 +522,13 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
     else:
         at_first = after_loss - (L - 1) * a_rest
     phases[PHASES[5]] = base + at_first + (L - 1) * g_layer + dh + extra_first
+    if liger and not checkpointing:  # the MLPs of the last layer and layer 0 (train_liger.py)
+        phases.update(lora_liger_moments(
+            dm, lo.rank, lo.e, lo.dropout > 0, lo.targets, last,
+            base + shared + masks + layers_saved,
+            base + after_loss + dh, _lora_attention_extra(model, dm, attention, last, lo), first,
+            base + at_first + (L - 1) * g_layer + dh,
+            _lora_attention_extra(model, dm, attention, first, lo)))
     if optimizer == "adamw":
         tmp = ceil_bytes(Fraction(opt, 2))
     phases[PHASES[7]] = before + grads + tmp
