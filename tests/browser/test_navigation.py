@@ -100,12 +100,38 @@ def _query(page: Page) -> dict[str, list[str]]:
 # Counts the script runs the page has seen end (the app's script state leaving 'running'), so
 # that a wait after a click or Back waits for a run that started after it, not for the old page.
 _COUNT_RUNS = """
+(() => {
 window.__runs = 0;
+window.__changed = 0;  // the page's clock at its last DOM change
+window.__events = [];  // the last history writes, Back/forward and script states, for a failure's report
+const note = (what) => {
+  window.__events.push(`${Math.round(performance.now())} ${what}`);
+  if (window.__events.length > 40) window.__events.shift();
+};
 new MutationObserver(records => {
-  for (const r of records) if (r.oldValue === 'running') window.__runs += 1;
+  for (const r of records) {
+    if (r.oldValue === 'running') window.__runs += 1;
+    note(`state ${r.oldValue} -> ${r.target.getAttribute('data-test-script-state')}`);
+  }
 }).observe(document, {subtree: true, attributes: true, attributeOldValue: true,
                       attributeFilter: ['data-test-script-state']});
+for (const name of ['pushState', 'replaceState']) {
+  const real = window.history[name].bind(window.history);
+  window.history[name] = (st, title, url) => { note(`${name} ${String(url).slice(0, 90)}`); return real(st, title, url); };
+}
+window.addEventListener('popstate', () => note(`popstate ${location.pathname}${location.search.slice(0, 60)}`));
+const watch = () => new MutationObserver(() => { window.__changed = performance.now(); })
+  .observe(document.documentElement, {subtree: true, childList: true, attributes: true, characterData: true});
+if (document.documentElement) watch(); else document.addEventListener('readystatechange', watch, {once: true});
+})();
 """
+QUIET_MS = 500  # no DOM change for this long: the page is drawn (its widgets can come seconds
+#                 after its run, while Chromium loads and evaluates the chart bundles)
+
+
+def _events(page: Page) -> list[str]:
+    """The page's last history writes, Back/forward and script states (page clock, ms)."""
+    return page.evaluate("() => window.__events")
 
 
 def _runs(page: Page) -> int:
@@ -113,7 +139,8 @@ def _runs(page: Page) -> int:
 
 
 def _settled(page: Page, path: str, runs: int = 0) -> None:
-    """At `path`, a run that ended after `runs` runs, then the app idle for 0.4 s."""
+    """At `path`, a run that ended after `runs` runs, then the app idle for 0.4 s and its DOM
+    unchanged for QUIET_MS."""
     page.wait_for_url(lambda u: urlsplit(u).path.strip("/") == path, timeout=TIMEOUT_MS)
     page.wait_for_function(f"() => window.__runs > {runs}", timeout=TIMEOUT_MS)
     page.wait_for_selector('[data-testid="stMain"] h1', timeout=TIMEOUT_MS)
@@ -121,7 +148,8 @@ def _settled(page: Page, path: str, runs: int = 0) -> None:
     idle = 0
     while idle < 4:
         state = page.get_attribute('[data-testid="stApp"]', "data-test-script-state")
-        idle = idle + 1 if state == "notRunning" else 0
+        quiet = page.evaluate(f"() => performance.now() - window.__changed >= {QUIET_MS}")
+        idle = idle + 1 if state == "notRunning" and quiet else 0
         if time.monotonic() > deadline:
             raise AssertionError(f"/{path} did not settle within {TIMEOUT_MS} ms")
         page.wait_for_timeout(100)
@@ -182,13 +210,15 @@ def nav_once(page: Page, at: int, how: str, delay_ms: int) -> list[str]:
         if _path(page) != next_path:
             problems.append(f"the click on {next_title!r} did not stay: at /{_path(page)}")
     except Exception as err:  # noqa: BLE001  (reported as the problem it is)
-        return [f"the click on {next_title!r} did not navigate ({type(err).__name__}): at {page.url}"]
+        return [f"the click on {next_title!r} did not navigate ({type(err).__name__}): at {page.url}; "
+                f"events {_events(page)}"]
     runs = _runs(page)
     page.go_back()
     try:
         _settled(page, path, runs)
     except Exception as err:  # noqa: BLE001
-        return problems + [f"one Back did not return to /{path} ({type(err).__name__}): at {page.url}"]
+        return problems + [f"one Back did not return to /{path} ({type(err).__name__}): at {page.url}; "
+                           f"events {_events(page)}"]
     after, q_after = _inputs(page), _query(page)
     if str(after.get(label)).replace(",", "") != want.replace(",", ""):
         problems.append(f"after Back, {label!r} shows {after.get(label)!r}, the edit was {want!r}")
