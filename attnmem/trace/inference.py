@@ -49,6 +49,7 @@ from attnmem.calc.backends import NoKernel
 from attnmem.calc.inference_step import CUBLAS_WORKSPACE_BYTES
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int
 from attnmem.trace.fake_attention import SDPA_BACKENDS, sdpa_as
+from attnmem.trace.masks import unpacked_rows
 from attnmem.trace.recorder import PhasePeak, Recorder, replay
 
 #: What the trace runs: transformers' eager attention as it is, or SDPA with a backend.
@@ -307,7 +308,7 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
         return ids, mask, cache
 
     try:
-        with torch.no_grad(), rec.track_modules(model), fake, rec:
+        with torch.no_grad(), unpacked_rows(), rec.track_modules(model), fake, rec:
             _experts(model, "grouped_mm")
             rec.mark("prefill")
             ids = torch.zeros(b, s, dtype=torch.long, device=meta)

@@ -268,7 +268,7 @@ def _record_profile(text: str, t: int, r: int, dtype: str, attention: str
 
     from attnmem.calc.backends import NoKernel
     from attnmem.trace.fake_attention import sdpa_as
-    from attnmem.trace.training import _unpacked
+    from attnmem.trace.masks import unpacked_rows
 
     with TRACE_LOCK:
         model = _built(text, dtype, attention)
@@ -287,7 +287,7 @@ def _record_profile(text: str, t: int, r: int, dtype: str, attention: str
         try:
             # one sequence of positions 0..t-1 (vLLM's dummy run is one batch of t tokens):
             # masking_utils' packed-rows check reads values, so it is answered as on the GPU
-            with torch.no_grad(), _unpacked(), rec.track_modules(model), fake, rec:
+            with torch.no_grad(), unpacked_rows(), rec.track_modules(model), fake, rec:
                 _experts(model, "grouped_mm")
                 rec.mark("forward")
                 ids = torch.zeros(1, t, dtype=torch.long, device=meta)

@@ -39,6 +39,7 @@ from attnmem.trace.inference import (
     _held_bytes,
     check_scan_cost,
 )
+from attnmem.trace.masks import unpacked_rows
 from attnmem.trace.recorder import Recorder, replay
 
 #: The dtypes a training trace runs: the harness's bf16 (parameters and moments in bf16, no
@@ -90,22 +91,6 @@ def trace_training(d: dict, batch: int, seq_len: int, attention: str = "sdpa",
                   lora_rank, tuple(lora_targets))
 
 
-@contextlib.contextmanager
-def _unpacked():
-    """Rows are whole sequences (position ids 0..s-1): masking_utils' check for packed rows
-    (`find_packed_sequence_indices`, which reads the position ids' values, and so cannot run
-    on meta) answers None, as it does for such rows on the GPU. Its few (B, s) temporaries are
-    not counted."""
-    from transformers import masking_utils
-
-    real = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = real
-
-
 @lru_cache(maxsize=64)
 def _trace(text: str, b: int, s: int, attention: str, dtype: str, checkpointing: bool,
            lora_rank: int | None, targets: tuple[str, ...]) -> TracedTraining:
@@ -148,7 +133,7 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
     fake = sdpa_as(attention) if attention != "eager" else contextlib.nullcontext()
     opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
     try:
-        with fake, _unpacked(), rec, rec.track_modules(model):
+        with fake, unpacked_rows(), rec, rec.track_modules(model):
             ids = torch.zeros(b, s, dtype=torch.long, device=meta)
             labels = torch.zeros(b, s, dtype=torch.long, device=meta)
             for step in ("warm-up", "step"):

@@ -97,3 +97,19 @@ def test_meta_items_equal_a_real_runs(model_type):
     with torch.no_grad(), rec:
         meta_model(input_ids=ids.to("meta"), use_cache=True)
     assert [bool(v) if isinstance(v, bool) else v for v in rec.values] == real.values
+
+
+def test_a_bert_style_decoder_is_traced():
+    """BertLMHeadModel makes its position ids from a buffer (values unknown on meta) and its
+    mask from ones: the packed-rows check answers None for the trace's whole rows, the mask
+    check from the known ones, and the cache holds K and V of every layer."""
+    from transformers import BertConfig
+
+    from attnmem.trace.inference import trace_inference
+
+    d = BertConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=128, is_decoder=True).to_dict()
+    d["architectures"] = ["BertLMHeadModel"]
+    t = trace_inference(d, 2, 40, 1, attention="sdpa", dtype="bf16")
+    assert t.model_class == "BertLMHeadModel"
+    assert t.kv_cache_bytes == 2 * 2 * 2 * 40 * 64 * 2  # K+V, layers, B, s, hidden, bf16
