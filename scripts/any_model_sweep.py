@@ -2,7 +2,7 @@
 
 For each model type in transformers' causal-LM auto mapping this writes the config class's
 default config.json (the class defaults describe the checkpoint named in its docstring), cut to
-2 layers so the trace stays quick (widths kept), and runs `attnmem memory --model <file>
+`--layers` layers (2 by default) so the trace stays quick (widths kept), and runs `attnmem memory --model <file>
 --seq-len 1024 --json` in a child process with a time limit. Each type ends as one of:
 
 - answered: exit 0, with where the figures came from (calc's rules or the trace);
@@ -28,8 +28,8 @@ from pathlib import Path
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
-def default_config(model_type: str) -> dict:
-    """The class-default config of model_type as a config.json dict, cut to 2 layers."""
+def default_config(model_type: str, layers: int = 2) -> dict:
+    """The class-default config of model_type as a config.json dict, cut to `layers` layers."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -37,22 +37,22 @@ def default_config(model_type: str) -> dict:
     arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
     d["architectures"] = [arch if isinstance(arch, str) else arch[0]]
     for sub in (d, d.get("text_config") or {}):
-        layers = [sub[k] for k in LAYER_KEYS if isinstance(sub.get(k), int)]
+        n = [sub[k] for k in LAYER_KEYS if isinstance(sub.get(k), int)]
         for k in LAYER_KEYS:
-            if isinstance(sub.get(k), int) and sub[k] > 2:
-                sub[k] = 2
+            if isinstance(sub.get(k), int) and sub[k] > layers:
+                sub[k] = layers
         # per-layer lists (layer_types, mlp_layer_types, ...) are cut with the layers
         for k, v in list(sub.items()):
-            if isinstance(v, list) and layers and len(v) == layers[0] and layers[0] > 2:
-                sub[k] = v[:2]
+            if isinstance(v, list) and n and len(v) == n[0] and n[0] > layers:
+                sub[k] = v[:layers]
     return d
 
 
-def run_one(model_type: str, timeout: float) -> dict:
+def run_one(model_type: str, timeout: float, layers: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         try:
-            path.write_text(json.dumps(default_config(model_type), default=str))
+            path.write_text(json.dumps(default_config(model_type, layers), default=str))
         except Exception as exc:  # the class itself refuses its defaults
             return {"type": model_type, "outcome": "class", "seconds": 0.0,
                     "detail": f"{type(exc).__name__}: {exc}"[:300]}
@@ -88,13 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", help="comma-separated model types (default: all causal LMs)")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--out", help="CSV of type, outcome, seconds, detail")
+    ap.add_argument("--layers", type=int, default=2,
+                    help="layers kept (hybrids need enough to hold an attention layer)")
     a = ap.parse_args(argv)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     types = a.types.split(",") if a.types else sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     rows = []
     for t in types:
-        r = run_one(t, a.timeout)
+        r = run_one(t, a.timeout, a.layers)
         rows.append(r)
         print(f"{r['type']:28s} {r['outcome']:9s} {r['seconds']:6.1f}s  {r['detail']}", flush=True)
     counts: dict[str, int] = {}
