@@ -262,6 +262,35 @@ def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
         seconds=seconds, transformers_version=transformers.__version__)
 
 
+def _returned_cache(out: Any, model_class: str) -> Any:
+    """The cache a forward returns (5.25's `cache`, 5.17's `past_key_values`), or None for a
+    model that returns none (GPT-1, XLM): generate() then feeds the whole sequence each step,
+    as the caller does. A recurrent state under another name (RWKV's `state`) is refused: its
+    steps would be traced without it, which is not how generate() runs them."""
+    if "cache" in out:
+        return out["cache"]
+    if "past_key_values" in out:
+        return out["past_key_values"]
+    for other in ("state", "cache_params"):
+        if other in out:
+            raise ValueError(f"{model_class} returns its cache as `{other}`, which this trace "
+                             f"does not pass back to the model")
+    return None
+
+
+def past_positions(config: Any, tokens: int) -> str:
+    """Where a failed run had more tokens than the config's position limit, the likely cause
+    ("" otherwise): learned position embeddings (GPT-1, ProphetNet, BERT-style decoders) have
+    no row past it, so the model cannot run such a prompt at all."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        limit = getattr(config, key, None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < tokens:
+            return (f"; {tokens:,} tokens are past the model's {key} ({limit:,}): a model with "
+                    f"learned position embeddings cannot run them; give a prompt of at most "
+                    f"{limit:,} tokens with the new ones")
+    return ""
+
+
 #: One trace at a time per process: a trace hooks the cached model's modules and patches
 #: F.scaled_dot_product_attention, so two at once (Streamlit sessions are threads; the length
 #: model's background traces) would record each other's tensors.
@@ -296,9 +325,9 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
     def step(ids: Any, mask: Any, cache: Any, first: bool = False) -> tuple[Any, Any, Any]:
         """One generate() iteration: the forward (the whole prompt when `first`, else the
         last token), the fp32 last logits, argmax, cat."""
-        feed = ids if first else ids[:, -1:]
+        feed = ids if first or cache is None else ids[:, -1:]
         out = forward(feed, cache)
-        cache = out["cache"] if "cache" in out else out.past_key_values  # 5.25 / 5.17
+        cache = _returned_cache(out, type(model).__name__)
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         nxt = logits.argmax(-1)
@@ -335,7 +364,8 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
     except Exception as e:  # the model's own code refuses these inputs, or cannot run on meta
         raise ValueError(f"transformers' {type(model).__name__} could not run generate()'s "
                          f"forward on the meta device: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:300]}") from None
+                         f"{' '.join(str(e).split())[:300]}"
+                         f"{past_positions(model.config, s + n)}") from None
     finally:
         _experts(model, "grouped_mm")
     return Recorded(tuple(rec.events), _held_bytes(model), state["cache"],
