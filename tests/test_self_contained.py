@@ -42,6 +42,7 @@ CHECKED = ("attnmem/calc/", "attnmem/kernels/", "attnmem/measure/", "attnmem/cli
 ALLOWED_MD = {
     "README_WEIGHTS.md": "a file of a Hugging Face checkpoint (tests/calc/test_models_now.py)",
     "training_grid.md": "what `python -m attnmem.measure.bench --markdown` writes (BENCH_H200.md)",
+    "decode.md": "what `python -m attnmem.measure.bench --preset decode --out DIR` writes",
 }
 
 

@@ -169,7 +169,7 @@ def test_measured_rows_of_the_shown_model_with_their_errors() -> None:
         pytest.skip("no data/inference_steps_h200.csv bundled")
     at = run({})
     assert not at.exception
-    table = frame_with(at, "error")
+    table = frame_with(at, "measured peak")
     ok = measured[(measured["status"] == "ok") & (measured["model"] == "llama3.1-8b")]
     assert len(table) == len(ok) > 0 and set(table["model"]) == {"llama3.1-8b"}
     # one row recomputed here: the page's error is calc's prediction against the measured peak
@@ -192,18 +192,18 @@ def test_measured_rows_show_their_other_columns_one_click_away() -> None:
     if inf.read_measured().empty:
         pytest.skip("no data/inference_steps_h200.csv bundled")
     at = run({})
-    short = frame_with(at, "error")
+    short = frame_with(at, "measured peak")
     assert list(short.columns) == ["model", "batch", "prompt", "new", "attention", "cache", "chunk",
                                    "measured peak", "computed peak", "error"]
     box = next(b for b in at.checkbox if b.label.startswith("Show all"))
     assert "prefill ms (measured)" in box.help
     box.check().run()
-    full = frame_with(at, "error")
+    full = frame_with(at, "measured peak")
     assert at.query_params["mcols"] == "true"
     assert {"prefill peak (measured)", "prefill peak (computed)", "prefill error",
             "where (computed)", "prefill ms (measured)", "decode ms/token (measured)"} <= set(full.columns)
     assert full[list(short.columns)].equals(short)
-    assert list(frame_with(run({"mcols": "true"}), "error").columns) == list(full.columns)
+    assert list(frame_with(run({"mcols": "true"}), "measured peak").columns) == list(full.columns)
 
 
 def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
@@ -214,10 +214,10 @@ def test_an_unmeasured_model_shows_every_row_and_a_cut_shape_its_own() -> None:
     at = run({"model": "Llama 3.1 70B"})
     assert not at.exception
     assert any("was not measured" in x.value for x in at.markdown)
-    assert frame_with(at, "error")["model"].nunique() >= 6
+    assert frame_with(at, "measured peak")["model"].nunique() >= 6
     at = run({"model": "measured shape: gemma3-27b-12l", "s": "4096"})
     assert not at.exception
-    assert set(frame_with(at, "error")["model"]) == {"gemma3-27b-12l"}
+    assert set(frame_with(at, "measured peak")["model"]) == {"gemma3-27b-12l"}
 
 
 def test_compared_rows_error_is_prediction_against_measurement() -> None:

@@ -83,8 +83,8 @@ def _replay(b: int, s: int) -> dict[str, int]:
     import warnings
 
     from attnmem.trace.fake_attention import sdpa_as
+    from attnmem.trace.masks import unpacked_rows
     from attnmem.trace.recorder import Recorder, _run
-    from attnmem.trace.training import _unpacked
 
     class Params4bit(torch.nn.Parameter):  # the class name is what peft's cast skips
         pass
@@ -135,7 +135,7 @@ def _replay(b: int, s: int) -> dict[str, int]:
     rec = Recorder(devices=("meta",))
     rec.known(*model.parameters(), *model.buffers())
     opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # state: 20 MB, not the peak
-    with sdpa_as("sdpa_efficient"), _unpacked(), rec, rec.track_modules(model):
+    with sdpa_as("sdpa_efficient"), unpacked_rows(), rec, rec.track_modules(model):
         ids = torch.zeros(b, s, dtype=torch.long, device="meta")
         for step in ("warm-up", "step"):
             rec.mark(f"{step} forward")
