@@ -262,19 +262,26 @@ def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
         seconds=seconds, transformers_version=transformers.__version__)
 
 
-def _returned_cache(out: Any, model_class: str) -> Any:
+def _returned_cache(out: Any, model: Any) -> Any:
     """The cache a forward returns (5.25's `cache`, 5.17's `past_key_values`), or None for a
-    model that returns none (GPT-1, XLM): generate() then feeds the whole sequence each step,
-    as the caller does. A recurrent state under another name (RWKV's `state`) is refused: its
-    steps would be traced without it, which is not how generate() runs them."""
+    model whose forward takes no cache at all (GPT-1): generate() then feeds the whole sequence
+    each step, as the caller does. Refused, since their steps would be traced without the state
+    generate() keeps: a recurrent state under another name (RWKV's `state`), and a forward that
+    takes a cache but returns none (RecurrentGemma and XLM keep theirs inside the model or in
+    the object they were given)."""
     if "cache" in out:
         return out["cache"]
     if "past_key_values" in out:
         return out["past_key_values"]
+    name = type(model).__name__
     for other in ("state", "cache_params"):
         if other in out:
-            raise ValueError(f"{model_class} returns its cache as `{other}`, which this trace "
+            raise ValueError(f"{name} returns its cache as `{other}`, which this trace "
                              f"does not pass back to the model")
+    takes = set(inspect.signature(model.forward).parameters) & {"cache", "past_key_values"}
+    if takes:
+        raise ValueError(f"{name} takes a cache (`{takes.pop()}`) but returns none: it keeps "
+                         f"its decoding state where this trace does not follow it")
     return None
 
 
@@ -327,7 +334,7 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
         last token), the fp32 last logits, argmax, cat."""
         feed = ids if first or cache is None else ids[:, -1:]
         out = forward(feed, cache)
-        cache = _returned_cache(out, type(model).__name__)
+        cache = _returned_cache(out, model)
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         nxt = logits.argmax(-1)
