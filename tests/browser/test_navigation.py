@@ -106,7 +106,7 @@ window.__changed = 0;  // the page's clock at its last DOM change
 window.__events = [];  // the last history writes, Back/forward and script states, for a failure's report
 const note = (what) => {
   window.__events.push(`${Math.round(performance.now())} ${what}`);
-  if (window.__events.length > 40) window.__events.shift();
+  if (window.__events.length > 60) window.__events.shift();
 };
 new MutationObserver(records => {
   for (const r of records) {
@@ -119,6 +119,16 @@ for (const name of ['pushState', 'replaceState']) {
   const real = window.history[name].bind(window.history);
   window.history[name] = (st, title, url) => { note(`${name} ${String(url).slice(0, 90)}`); return real(st, title, url); };
 }
+const send = WebSocket.prototype.send;  // a message to the server (a rerun request is one)
+WebSocket.prototype.send = function (data) { note(`ws send ${data.byteLength ?? data.length} B`); return send.call(this, data); };
+const Socket = window.WebSocket;  // and every message from it (counted: a run sends several)
+window.__recv = 0;
+window.WebSocket = class extends Socket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener('message', (e) => { window.__recv += 1; note(`ws recv ${e.data.byteLength ?? e.data.length ?? e.data.size} B`); });
+  }
+};
 window.addEventListener('popstate', () => note(`popstate ${location.pathname}${location.search.slice(0, 60)}`));
 const watch = () => new MutationObserver(() => { window.__changed = performance.now(); })
   .observe(document.documentElement, {subtree: true, childList: true, attributes: true, characterData: true});
@@ -134,15 +144,21 @@ def _events(page: Page) -> list[str]:
     return page.evaluate("() => window.__events")
 
 
-def _runs(page: Page) -> int:
-    return page.evaluate("() => window.__runs")
+def _runs(page: Page) -> tuple[int, int]:
+    """(runs seen end, messages received from the server) so far."""
+    return tuple(page.evaluate("() => [window.__runs, window.__recv]"))
 
 
-def _settled(page: Page, path: str, runs: int = 0) -> None:
+def _settled(page: Page, path: str, runs: tuple[int, int] = (0, 0)) -> None:
     """At `path`, a run that ended after `runs` runs, then the app idle for 0.4 s and its DOM
     unchanged for QUIET_MS."""
     page.wait_for_url(lambda u: urlsplit(u).path.strip("/") == path, timeout=TIMEOUT_MS)
-    page.wait_for_function(f"() => window.__runs > {runs}", timeout=TIMEOUT_MS)
+    # A run that started after `runs` was taken: its state seen leaving 'running', or the server's
+    # messages received. A short run's messages arrive in one burst (a Back to a page whose run
+    # takes a few ms: 56 messages in 5 ms) and React draws 'running' and 'notRunning' in one
+    # commit, so the state attribute never changes; the messages are the run's proof.
+    page.wait_for_function(f"() => window.__runs > {runs[0]} || window.__recv > {runs[1]}",
+                           timeout=TIMEOUT_MS)
     page.wait_for_selector('[data-testid="stMain"] h1', timeout=TIMEOUT_MS)
     deadline = time.monotonic() + TIMEOUT_MS / 1000
     idle = 0
