@@ -138,20 +138,26 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
 
 
 
-def _text_serve(r: dict, a: argparse.Namespace, gpu: str, b: Any, trained: int | None) -> str:
-    lines = [f"{r['model']}: serving requests of {_tokens(r['seq_len'])}"
-             f"{_trained_note(r['seq_len'], trained)}", f"on {gpu}", ""]
-    est = " (estimated)" if r["activation_estimated"] else ""
-    rows = [(f"budget (gpu_memory_utilization {a.gpu_memory_utilization:g})",
+def _pool_rows(r: dict, a: argparse.Namespace, b: Any, weights: str,
+               activation: str) -> list[tuple[str, str]]:
+    """The rows vLLM's KV pool is sized from, as both serve answers (rules, trace) print them."""
+    return [(f"budget (gpu_memory_utilization {a.gpu_memory_utilization:g})",
              b(r["budget_bytes"])),
-            ("weights", b(r["weights_bytes"])),
-            (f"activation peak{est}", b(r["activation_bytes"])),
+            (weights, b(r["weights_bytes"])),
+            (activation, b(r["activation_bytes"])),
             ("non-torch memory", b(r["non_torch_bytes"])),
             ("CUDA graphs" + ("" if r["cuda_graphs_in_budget"] else " (outside the budget)"),
              b(r["cuda_graph_bytes"])),
             ("KV cache pool", b(r["kv_pool_bytes"])),
             (f"one KV block ({r['block_size']} tokens, all layers)", b(r["page_bytes"])),
-            ("KV blocks", f"{r['num_blocks']:,}"),
+            ("KV blocks", f"{r['num_blocks']:,}")]
+
+
+def _text_serve(r: dict, a: argparse.Namespace, gpu: str, b: Any, trained: int | None) -> str:
+    lines = [f"{r['model']}: serving requests of {_tokens(r['seq_len'])}"
+             f"{_trained_note(r['seq_len'], trained)}", f"on {gpu}", ""]
+    est = " (estimated)" if r["activation_estimated"] else ""
+    rows = [*_pool_rows(r, a, b, "weights", f"activation peak{est}"),
             ("one request's KV cache", f"{b(r['bytes_per_sequence'])} = "
                                        f"{r['blocks_per_sequence']:,} blocks"),
             ("prefill attention (one layer)", b(r["prefill_attention_bytes"])),
@@ -282,16 +288,7 @@ def _text_traced_serve(r: dict, a: argparse.Namespace) -> str:
     lines = [f"{r['model']} ({r['model_class']}): serving requests of {_tokens(r['seq_len'])}"
              f"{_trained_note(r['seq_len'], trained)}", f"on {r['gpu']} ({b(r['gpu_bytes'])})",
              ""]
-    rows = [(f"budget (gpu_memory_utilization {a.gpu_memory_utilization:g})",
-             b(r["budget_bytes"])),
-            ("weights (traced)", b(r["weights_bytes"])),
-            (f"activation peak{act}", b(r["activation_bytes"])),
-            ("non-torch memory", b(r["non_torch_bytes"])),
-            ("CUDA graphs" + ("" if r["cuda_graphs_in_budget"] else " (outside the budget)"),
-             b(r["cuda_graph_bytes"])),
-            ("KV cache pool", b(r["kv_pool_bytes"])),
-            (f"one KV block ({r['block_size']} tokens, all layers)", b(r["page_bytes"])),
-            ("KV blocks", f"{r['num_blocks']:,}"),
+    rows = [*_pool_rows(r, a, b, "weights (traced)", f"activation peak{act}"),
             ("one request (KV blocks + state)", b(r["bytes_per_sequence"]))]
     if r["state_layers"]:
         rows.append(("  of which state (hybrid layers)", b(r["state_bytes_per_request"])))
