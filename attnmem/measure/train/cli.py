@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 from attnmem.measure import train_models
 from attnmem.measure.model_common import choices, ints, words
@@ -26,7 +27,7 @@ from attnmem.measure.train.config import (
     parse_pack,
 )
 from attnmem.measure.train.plan import FULL, PLANS, expand, lever_variants, lora_variants
-from attnmem.measure.train.store import TrainStore, repredict
+from attnmem.measure.train.store import TrainStore, read_rows, repredict
 from attnmem.measure.train.worker import run_train
 
 
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "h200-packed: packed sequences on our kernel beside dense rows, "
                          "h200-recipes: optimizers, peft's prepare step, Liger, offloading, "
                          "alone and combined)")
+    ap.add_argument("--plan-attention", nargs="+", default=None, metavar="ATTENTION",
+                    help="with --plan: only the plan's rows on these attentions (run a "
+                         "slow part, such as our kernel's first fp32 compilations, apart)")
+    ap.add_argument("--skip-done", type=Path, default=None, metavar="CSV",
+                    help="leave out the configurations that CSV already holds as measured "
+                         "(status ok): finishes a plan a budget cut, into a new --out")
     add_run_options(ap, timeout=180.0, out="training_steps.csv", prefix="train",
                     repredict_help="measure nothing: recompute the predicted_* columns and "
                                    "peak_rel_error of CSV's rows from the current calc and "
@@ -95,6 +102,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configs_from_args(args: argparse.Namespace) -> list[TrainConfig]:
+    configs = _configs(args)
+    only = getattr(args, "plan_attention", None)
+    if only:
+        if not args.plan:
+            raise SystemExit("error: --plan-attention filters a --plan; without one use "
+                             "--attention")
+        keep = set(choices(only, ATTENTIONS, "attention(s)"))
+        configs = [c for c in configs if c.attention in keep]
+    if getattr(args, "skip_done", None) is None:
+        return configs
+    if not args.skip_done.is_file():
+        raise SystemExit(f"error: --skip-done {args.skip_done}: file not found")
+    done = {_key(TrainConfig.from_row(r)) for r in read_rows(args.skip_done)
+            if r.get("status") == "ok"}
+    return [c for c in configs if _key(c) not in done]
+
+
+def _key(c: TrainConfig) -> tuple:
+    """What names a measured configuration: its series and its length, with the layer count
+    resolved (a plan leaves it None for the model's own; a row records the number built)."""
+    key = list(c.series())
+    if key[1] is None and c.model in train_models.MODELS:
+        key[1] = train_models.MODELS[c.model][1]
+    return (*key, c.seq_len)
+
+
+def _configs(args: argparse.Namespace) -> list[TrainConfig]:
     if args.plan:
         return PLANS[args.plan]()
     if args.steps < 3:
