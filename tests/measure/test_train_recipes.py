@@ -503,3 +503,35 @@ def test_gpu_recipes_within_the_issue_targets(name, kw):
     assert abs(r.before_step_bytes - m.before_step_bytes) <= 0.01 * r.before_step_bytes
     if cfg.optimizer == "paged_adamw_8bit":
         assert f"paged optimizer state {m.optimizer_paged_bytes} bytes" in r.message
+
+
+def test_skip_done_and_plan_attention_pick_the_unmeasured_part(tmp_path):
+    """--skip-done leaves out the plan's rows a CSV holds as measured (a row records its layer
+    count, the plan leaves it None), and --plan-attention keeps one attention's rows."""
+    plan = tplan.PLANS["h200-recipes"]()
+    first, second = plan[0], plan[1]
+    path = tmp_path / "done.csv"
+    rows = [{**first.row_identity(), "layers": tm.MODELS[first.model][1], "status": "ok",
+             "peak_bytes": 1},
+            {**second.row_identity(), "status": "oom", "peak_bytes": ""}]
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    ap = tcli.build_parser()
+    left = tcli.configs_from_args(ap.parse_args(["--plan", "h200-recipes",
+                                                 "--skip-done", str(path)]))
+    assert len(left) == len(plan) - 1 and first not in left and second in left
+    triton = tcli.configs_from_args(ap.parse_args(["--plan", "h200-recipes",
+                                                   "--plan-attention", "triton"]))
+    assert triton and all(c.attention == "triton" for c in triton)
+    assert len(triton) == sum(c.attention == "triton" for c in plan)
+    with pytest.raises(SystemExit, match="nope.csv: file not found"):
+        tcli.configs_from_args(ap.parse_args(["--plan", "h200-recipes",
+                                              "--skip-done", str(tmp_path / "nope.csv")]))
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit, match="other.csv: not a training-step CSV"):
+        tcli.configs_from_args(ap.parse_args(["--plan", "h200-recipes",
+                                              "--skip-done", str(tmp_path / "other.csv")]))
+    with pytest.raises(SystemExit, match="filters a --plan"):
+        tcli.configs_from_args(ap.parse_args(["--plan-attention", "triton"]))

@@ -114,8 +114,11 @@ def configs_from_args(args: argparse.Namespace) -> list[TrainConfig]:
         return configs
     if not args.skip_done.is_file():
         raise SystemExit(f"error: --skip-done {args.skip_done}: file not found")
-    done = {_key(TrainConfig.from_row(r)) for r in read_rows(args.skip_done)
-            if r.get("status") == "ok"}
+    try:
+        rows = read_rows(args.skip_done)
+    except ValueError as e:
+        raise SystemExit(f"error: --skip-done {e}") from None
+    done = {_key(TrainConfig.from_row(r)) for r in rows if r.get("status") == "ok"}
     return [c for c in configs if _key(c) not in done]
 
 
