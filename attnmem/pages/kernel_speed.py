@@ -69,6 +69,10 @@ st.markdown(
     "All figures are **measured** (`python -m attnmem.measure.bench`); TFLOP/s count the forward as "
     "4·B·H·s²·d (half when causal) and forward + backward as 3.5× that."
 )
+# The answer comes first on screen, above the inputs (issue 45 item 2: the first number on
+# screen at 1280x800 without scrolling, with room to spare; the six radios stand 315 px tall):
+# our default's speed and its ratios to the peers, filled once the choices below are read.
+answer = st.container()
 
 cols = st.columns(6)
 dtype = widgets.radio("dtype", "kdtype", SPECS["kdtype"], where=cols[0])
@@ -156,12 +160,14 @@ if default in wide:
         else:
             fa4_note = ("FlashAttention-4 was not measured for this dtype, head dim, mask, pass "
                         "and key/value heads.")
-    mcols = st.columns([1] + [1.15 if why else 1 for _, _, why in heads])  # room for a help icon
-    mcols[0].metric(f"default at s = {top:,} (measured)", f"{wide.loc[top, default]:.0f} TFLOP/s")
-    for col, (label, value, why) in zip(mcols[1:], heads, strict=True):
-        col.metric(label, value, help=why)
-    if fa4_note:
-        st.caption(fa4_note)
+    with answer:
+        mcols = st.columns([1] + [1.15 if why else 1 for _, _, why in heads])  # room for a help icon
+        mcols[0].metric(f"default at s = {top:,} (measured)",
+                        f"{wide.loc[top, default]:.0f} TFLOP/s")
+        for col, (label, value, why) in zip(mcols[1:], heads, strict=True):
+            col.metric(label, value, help=why)
+        if fa4_note:
+            st.caption(fa4_note)
 charts.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
 # Speeds, then the ratios to the peers: two tables, each fits a 1280 px window.
 ratios = [col for col in table.columns if col.startswith("default / ")]
