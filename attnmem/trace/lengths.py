@@ -28,8 +28,10 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 from attnmem.calc.units import MAX_SEQ_LEN
+from attnmem.trace import layer_blocks
 from attnmem.trace.inference import Recorded, TracedInference, record, result
 
 #: Shortest span worth a model: below it the callers trace each length.
@@ -102,21 +104,53 @@ def _shape(ev: tuple) -> tuple:
 
 
 def length_model(d: dict, batch: int, new_tokens: int, attention: str, dtype: str, lo: int,
-                 hi: int) -> LengthModel | None:
+                 hi: int, at: int | None = None) -> LengthModel | None:
     """A LengthModel over prompt lengths lo..hi, or None where the traces' events do not
-    follow one program with quadratic sizes (see the module docstring)."""
+    follow one program with quadratic sizes (see the module docstring). `at`: a length inside
+    to fit at (one already traced, whose trace is reused), else the middle."""
     if hi - lo < MIN_SPAN:
         return None
-    return _model(json.dumps(d, sort_keys=True), batch, new_tokens, attention, dtype, lo, hi)
+    return _model(json.dumps(d, sort_keys=True), batch, new_tokens, attention, dtype, lo, hi,
+                  at if at is not None and lo < at < hi else (lo + hi) // 2)
+
+
+def _lengths(lo: int, mid: int, hi: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """Three lengths to fit at and two others to check at, all different."""
+    fit_at = (lo, mid, hi)
+    check_at = []
+    for c in ((3 * lo + hi) // 4, (lo + 3 * hi) // 4):
+        while c in fit_at or c in check_at:
+            c += 1 if c < hi - 1 else -1
+        check_at.append(c)
+    return fit_at, (check_at[0], check_at[1])
+
+
+def _runs(text: str, b: int, n: int, attention: str, dtype: str,
+          lengths: tuple[int, ...]) -> tuple[dict[int, Recorded], layer_blocks.LayerPlan | None]:
+    """The traces the model is fitted and checked on: of the short model where the layer
+    shortcut holds (attnmem.trace.layer_blocks; its check against the longer short model run
+    at one of the lengths unless one was checked already), else of the model itself."""
+    pl = layer_blocks.plan_for(text, attention, dtype)
+    if pl is not None:
+        try:
+            runs = {s: layer_blocks.short_record(pl.short_text, b, s, n, attention, dtype)
+                    for s in lengths}
+            if not layer_blocks.was_checked(text, b, n, attention, dtype) & set(lengths):
+                layer_blocks.checked(pl, text, b, lengths[1], n, attention, dtype)
+            return runs, pl
+        except layer_blocks.NotRepeating:
+            pass
+        except ValueError:  # the short model's code refused: the full traces say why
+            pass
+    return {s: record(text, b, s, n, attention, dtype) for s in lengths}, None
 
 
 @lru_cache(maxsize=64)
-def _model(text: str, b: int, n: int, attention: str, dtype: str, lo: int,
-           hi: int) -> LengthModel | None:
+def _model(text: str, b: int, n: int, attention: str, dtype: str, lo: int, hi: int,
+           mid: int) -> LengthModel | None:
     t0 = time.perf_counter()
-    fit_at = (lo, (lo + hi) // 2, hi)
-    check_at = ((3 * lo + hi) // 4, (lo + 3 * hi) // 4)
-    runs = {s: record(text, b, s, n, attention, dtype) for s in (*fit_at, *check_at)}
+    fit_at, check_at = _lengths(lo, mid, hi)
+    runs, pl = _runs(text, b, n, attention, dtype, (*fit_at, *check_at))
     first = runs[lo].events
     if any(len(r.events) != len(first) for r in runs.values()):
         return None
@@ -134,12 +168,32 @@ def _model(text: str, b: int, n: int, attention: str, dtype: str, lo: int,
             return None
         skeleton.append(("a", ev[1], len(coeffs), ev[3]))
         coeffs.append(c)
-    cache = _quadratic(fit_at, tuple(runs[s].cache_bytes for s in fit_at))
-    if any(_eval(cache, s) != runs[s].cache_bytes for s in check_at):
-        return None
-    return LengthModel(lo, hi, tuple(skeleton), tuple(coeffs), cache, runs[lo].weights_bytes,
-                       runs[lo].model_class, (text, b, n, attention, dtype),
-                       time.perf_counter() - t0)
+    if pl is None:
+        cache = _quadratic(fit_at, tuple(runs[s].cache_bytes for s in fit_at))
+        if any(_eval(cache, s) != runs[s].cache_bytes for s in check_at):
+            return None
+        weights, model_class = runs[lo].weights_bytes, runs[lo].model_class
+    else:  # the full depth's skeleton from the short one's (layer_blocks.expand)
+        short = _cache_poly(coeffs, skeleton)
+        if any(_eval(short, s) != runs[s].cache_bytes for s in runs):
+            return None
+        skeleton = list(layer_blocks.expand(tuple(skeleton), pl.layers_name, pl.short_depth,
+                                            pl.head, pl.period, pl.depth))
+        cache = _cache_poly(coeffs, skeleton)
+        weights, model_class = pl.weights_bytes, pl.model_class
+    return LengthModel(lo, hi, tuple(skeleton), tuple(coeffs), cache, weights, model_class,
+                       (text, b, n, attention, dtype), time.perf_counter() - t0)
+
+
+def _cache_poly(coeffs: list, skeleton: list) -> tuple[Fraction, Fraction, Fraction]:
+    """The cache's bytes as a quadratic: the sum of those of the allocations it holds at the
+    end (attnmem.trace.layer_blocks.cache_ids)."""
+    index = {ev[1]: ev[2] for ev in skeleton if ev[0] == "a"}
+    a = b = c = Fraction(0)
+    for x in layer_blocks.cache_ids(tuple(skeleton)):
+        qa, qb, qc = coeffs[index[x]]
+        a, b, c = a + qa, b + qb, c + qc
+    return a, b, c
 
 
 def longest_prompt(d: dict, batch: int, new_tokens: int, attention: str, dtype: str,
@@ -187,21 +241,59 @@ _MODELS: dict[tuple, dict[tuple[int, int], LengthModel | None]] = {}
 _MODELS_LOCK = threading.Lock()
 #: (key, span) whose model was tried (built, or found not to hold)
 _TRIED: set[tuple[tuple, tuple[int, int]]] = set()
+#: (key, span) -> the traced length the span was made around (the model is fitted there)
+_CENTRE: dict[tuple[tuple, tuple[int, int]], int] = {}
+#: A first answer builds its length model at once where the answer took at most this long
+#: (seconds): the model's four other traces then cost about twice the answer's (two short
+#: traces of which the model reuses one), keeping the first answer within issue 42's 3 s.
+BUILD_WITH_FIRST_S = 0.8
+#: Config keys whose integer values are lengths the program may branch at (a sliding window,
+#: Llama 4's attention chunk, long-RoPE's original context, Llama 4's attention temperature
+#: floor): a span is kept on one side of each.
+_LENGTH_KEYS = ("window", "chunk", "position", "context", "floor_scale")
 
 
-def span_around(s: int) -> tuple[int, int]:
-    """The lengths a model is built over for a page at prompt length s: half to twice s."""
-    return max(1, s // 2), min(2 * s, MAX_SEQ_LEN - 1)
+def _branch_lengths(d: Any) -> set[int]:
+    """Integer values of the config's length-like keys (_LENGTH_KEYS), at any depth."""
+    out: set[int] = set()
+    if isinstance(d, dict):
+        for k, v in d.items():
+            if isinstance(v, (dict, list)):
+                out |= _branch_lengths(v)
+            elif isinstance(v, int) and not isinstance(v, bool) and isinstance(k, str) \
+                    and any(w in k for w in _LENGTH_KEYS):
+                out.add(v)
+    elif isinstance(d, list):
+        for v in d:
+            if isinstance(v, (dict, list)):
+                out |= _branch_lengths(v)
+    return out
+
+
+def span_around(s: int, d: dict | None = None, new_tokens: int = 1) -> tuple[int, int]:
+    """The lengths a model is built over for a page at prompt length s: half to twice s,
+    kept on s's side of every length in the config that the program may branch at (a model
+    across a sliding window or an attention chunk would not hold: its traces differ), with a
+    margin of the new tokens (the decode phase's cache is s + N - 1 long)."""
+    lo, hi = max(1, s // 2), min(2 * s, MAX_SEQ_LEN - 1)
+    margin = new_tokens + 2
+    for v in _branch_lengths(d) if d is not None else ():
+        if s + margin < v - margin and v - margin <= hi:
+            hi = v - margin
+        elif v + margin < s and v + margin >= lo:
+            lo = v + margin
+    return lo, hi
 
 
 def trace_at(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
              attention: str = "sdpa", dtype: str = "bf16") -> TracedInference:
     """generate()'s trace at prompt_len: from a LengthModel that covers it (a replay, tens of
-    milliseconds), else a trace of its own. The second length asked near an earlier one (a
-    slider's first move) builds a LengthModel over `span_around` that earlier length (five
-    traces, once), and answers from it; later moves inside that span are replays. The answers
-    are the same either way (exact between a model's traces; see the module docstring for
-    sizes it would round). No background thread: torch code still running when the
+    milliseconds), else a trace of its own. A first answer that took at most
+    BUILD_WITH_FIRST_S builds the LengthModel over `span_around` its length at once (fitted
+    at that length, so its trace is reused); otherwise the second length asked near it (a
+    slider's first move) builds it, once. Later moves inside the span are replays. The
+    answers are the same either way (exact between a model's traces; see the module docstring
+    for sizes it would round). No background thread: torch code still running when the
     interpreter exits aborts the process."""
     from attnmem.trace.inference import trace_inference
 
@@ -214,20 +306,32 @@ def trace_at(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
                 and (key, sp) not in _TRIED]
     if held:
         return held[0].peak(prompt_len)
-    for lo, hi in todo:  # an earlier length's span, no model tried yet: build it now
-        with _MODELS_LOCK:
-            _TRIED.add((key, (lo, hi)))
-        try:
-            m = length_model(d, batch, new_tokens, attention, dtype, lo, hi)
-        except ValueError:  # a length the model's code refuses: traces answer
-            m = None
-        with _MODELS_LOCK:
-            spans[(lo, hi)] = m
+    for span in todo:  # an earlier length's span, no model tried yet: build it now
+        m = _build(d, key, span)
         if m is not None:
             return m.peak(prompt_len)
+    t0 = time.perf_counter()
     t = trace_inference(d, batch, prompt_len, new_tokens, attention=attention, dtype=dtype)
-    lo, hi = span_around(prompt_len)
-    if hi - lo >= MIN_SPAN:
+    span = span_around(prompt_len, d, new_tokens)
+    if span[1] - span[0] >= MIN_SPAN and span not in spans:
         with _MODELS_LOCK:
-            spans.setdefault((lo, hi), None)
+            spans.setdefault(span, None)
+            _CENTRE[(key, span)] = prompt_len
+        if time.perf_counter() - t0 <= BUILD_WITH_FIRST_S:
+            _build(d, key, span)
     return t
+
+
+def _build(d: dict, key: tuple, span: tuple[int, int]) -> LengthModel | None:
+    """Build (once) the LengthModel of a span trace_at noted."""
+    _, batch, new_tokens, attention, dtype = key
+    with _MODELS_LOCK:
+        _TRIED.add((key, span))
+        at = _CENTRE.get((key, span))
+    try:
+        m = length_model(d, batch, new_tokens, attention, dtype, span[0], span[1], at=at)
+    except ValueError:  # a length the model's code refuses: traces answer
+        m = None
+    with _MODELS_LOCK:
+        _MODELS[key][span] = m
+    return m
