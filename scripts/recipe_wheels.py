@@ -2,12 +2,15 @@
 which has torch, transformers and peft but no network, no bitsandbytes and no liger-kernel:
 
     python3 scripts/recipe_wheels.py            # into .whl/ (git-ignored)
+    python3 scripts/recipe_wheels.py --cuda 130 # keep only the CUDA 13.0 build (about 4 MiB)
 
 - bitsandbytes 0.50.2 (the version of the bundled QLoRA rows), binary for CPython 3.12 on
   manylinux x86_64, trimmed: its ROCm and Intel XPU libraries (libbitsandbytes_rocm*.so,
   libbitsandbytes_xpu*.so; bitsandbytes loads the one library that matches torch's CUDA, ROCm
   or XPU build) are removed and RECORD rewritten, so that the set stays under 40 MiB
-  (41.1 MiB as published, 35.2 MiB trimmed). Every CUDA build is kept: the host's torch picks one.
+  (41.1 MiB as published, 35.2 MiB trimmed). Every CUDA build is kept unless ``--cuda``
+  names the ones to keep (torch.version.cuda without the dot: the GPU host's torch 2.11 is a
+  cu130 build, so ``--cuda 130`` leaves room in the call's 64 MiB for other wheels).
 - liger-kernel 0.8.2, pure Python: its kernel and patch files are those of the commit
   attnmem/calc/train_liger.py counts (Liger-Kernel ead96b6; 0.8.5 accumulates lm_head's
   gradient with addmm(out=) and makes no V x h temporaries, which calc does not count).
@@ -72,13 +75,37 @@ def trim(path: Path, drop: tuple[str, ...]) -> int:
     return removed
 
 
-def main() -> int:
+def cuda_builds(names: list[str]) -> tuple[str, ...]:
+    """The bitsandbytes CUDA libraries of the wheel (``libbitsandbytes_cudaNNN.so``)."""
+    return tuple(n for n in names if n.startswith("bitsandbytes/libbitsandbytes_cuda"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cuda", nargs="+", default=None, metavar="NNN",
+                    help="keep only these CUDA builds of bitsandbytes (e.g. 130 for torch's "
+                         "cu130); default: all")
+    args = ap.parse_args(argv)
     WHL.mkdir(exist_ok=True)
     bnb = download("bitsandbytes", PINS["bitsandbytes"], BINARY)
     with zipfile.ZipFile(bnb) as z:
-        untrimmed = any(n.startswith(DROP) for n in z.namelist())
-    if untrimmed:
-        print(f"{bnb.name}: {trim(bnb, DROP)} ROCm/XPU libraries removed")
+        names = z.namelist()
+    drop = DROP
+    if args.cuda:
+        builds = cuda_builds(names)
+        keep = {f"bitsandbytes/libbitsandbytes_cuda{v}.so" for v in args.cuda}
+        missing = keep - set(builds)
+        if missing:
+            have = ", ".join(b.rsplit("cuda", 1)[1].removesuffix(".so") for b in builds)
+            print(f"--cuda {' '.join(args.cuda)}: this wheel has CUDA builds {have or 'none'}",
+                  file=sys.stderr)
+            return 2
+        drop = DROP + tuple(b for b in builds if b not in keep)
+    if any(n.startswith(drop) for n in names):
+        print(f"{bnb.name}: {trim(bnb, drop)} libraries removed (ROCm/XPU"
+              f"{', other CUDA builds' if args.cuda else ''})")
     liger = download("liger-kernel", PINS["liger-kernel"], PURE)
     total = sum(p.stat().st_size for p in (bnb, liger))
     print(f"{bnb.name} {bnb.stat().st_size / 2**20:.1f} MiB, {liger.name} "
