@@ -41,6 +41,7 @@ import inspect
 import json
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -112,45 +113,35 @@ def _built(text: str, dtype: str, attn: str):
         raise ValueError(f"transformers cannot build a causal LM from this "
                          f"'{cfg.model_type}' config: {' '.join(str(e).split())[:300]}"
                          ) from None
+    if any(t.device.type != "meta" for t in [*model.parameters(), *model.buffers()]):
+        # made by legacy constructors that ignore the device context (XLNet's
+        # `nn.Parameter(torch.FloatTensor(...))` lands on the CPU); `.to(device)` moves them
+        # with the rest on a GPU, so they are moved here
+        model.to("meta")
     return model.eval()
 
 
-#: Seconds per token and layer of a trace for mixers whose torch fallback (used where their
-#: CUDA kernels are absent, as on meta) loops in Python: transformers' reference selective scan
-#: over every token (Jamba, 28 Mamba mixers: 418 s at 4,096 tokens on this 2-core host,
-#: 2026-12-07) and the chunked gated delta rule over chunks of 64 tokens (Qwen3-Next, 36
-#: layers: 54 s at 4,096 tokens, the host loaded). Matched on the class name of a module
-#: that holds an A_log parameter.
-SCAN_SECONDS_PER_TOKEN_LAYER = {"GatedDeltaNet": 0.0003, "Mixer": 0.004}
-#: The longest a trace may be expected to take before it is refused instead of run.
+#: The longest a trace may be expected to take before it is refused instead of run: a Python
+#: loop over the tokens that attnmem.trace.loops cannot fold (Mamba's selective scan keeps a
+#: list of per-token outputs) is refused once its estimated time passes it.
 MAX_TRACE_SECONDS = 30.0
 
 
-def scan_cost(model) -> tuple[float, int]:
-    """(seconds per token, layers) of the model's token-looping mixers (see above)."""
-    per, n = 0.0, 0
-    for m in model.modules():
-        name = type(m).__name__
-        if not hasattr(m, "A_log"):  # the state-space decay both kinds of mixer hold
-            continue
-        for frag, sec in SCAN_SECONDS_PER_TOKEN_LAYER.items():
-            if name.endswith(frag):  # MambaMixer, Mamba2Mixer, BambaMixer, FalconH1Mixer, ...
-                per, n = per + sec, n + 1
-                break
-    return per, n
+class TraceTooSlow(ValueError):
+    """A trace refused because running it would take past MAX_TRACE_SECONDS."""
 
 
-def check_scan_cost(model, tokens: int) -> None:
-    """ValueError where the model's token-looping mixers (Mamba's scan, the gated delta rule)
-    would make the trace of `tokens` tokens take longer than MAX_TRACE_SECONDS."""
-    per, n = scan_cost(model)
-    est = per * tokens
-    if est > MAX_TRACE_SECONDS:
-        raise ValueError(
-            f"{type(model).__name__} has {n} state-space or linear-attention layers, whose "
-            f"torch fallback loops over the tokens on the meta device: about {est:,.0f} s to "
-            f"trace {tokens:,} tokens, past the {MAX_TRACE_SECONDS:.0f} s a trace may take "
-            f"here; the trace answers up to about {int(MAX_TRACE_SECONDS / per):,} tokens")
+@contextmanager
+def loop_guard(rec: Any, model: Any):
+    """attnmem.trace.loops.fold_loops for one trace of `model`, its refusal of a loop too slow
+    to run turned into a ValueError that says how long a prompt the trace answers."""
+    from attnmem.trace.loops import LoopTooSlow, fold_loops
+
+    try:
+        with fold_loops(rec, MAX_TRACE_SECONDS, model) as folder:
+            yield folder
+    except LoopTooSlow as e:
+        raise TraceTooSlow(f"{type(model).__name__}: {e}") from None
 
 
 def _held_bytes(model) -> int:
@@ -186,7 +177,8 @@ def _new_cache(model) -> Any:
     return DynamicCache(config=model.config.get_text_config(decoder=True))
 
 
-def _cache_bytes(cache: Any) -> int:
+def _cache_bytes(*roots: Any) -> int:
+    """Bytes of the storages held by the cache objects `roots` (each storage once)."""
     import torch
 
     seen: dict[int, int] = {}
@@ -205,7 +197,8 @@ def _cache_bytes(cache: Any) -> int:
             for y in vars(x).values():
                 walk(y, depth + 1)
 
-    walk(cache, 0)
+    for root in roots:
+        walk(root, 0)
     return sum(seen.values())
 
 
@@ -264,27 +257,77 @@ def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
         seconds=seconds, transformers_version=transformers.__version__)
 
 
-def _returned_cache(out: Any, model: Any) -> Any:
-    """The cache a forward returns (5.25's `cache`, 5.17's `past_key_values`), or None for a
-    model whose forward takes no cache at all (GPT-1): generate() then feeds the whole sequence
-    each step, as the caller does. Refused, since their steps would be traced without the state
-    generate() keeps: a recurrent state under another name (RWKV's `state`), and a forward that
-    takes a cache but returns none (RecurrentGemma and XLM keep theirs inside the model or in
-    the object they were given)."""
+class _OwnHooks(Exception):
+    """The model keeps generate()'s state under a name of its own: run its own hooks."""
+
+
+def _overrides_hooks(model: Any) -> bool:
+    """Whether the model's class replaces generate()'s input preparation or its carrying of
+    the state from one step to the next (GenerationMixin's prepare_inputs_for_generation,
+    _update_model_kwargs_for_generation): XLNet's dummy token and mems, XLM's mask token,
+    RWKV's `state`."""
+    from transformers import GenerationMixin
+
+    return any(getattr(type(model), h, None) is not getattr(GenerationMixin, h, None)
+               for h in ("prepare_inputs_for_generation", "_update_model_kwargs_for_generation"))
+
+
+def _returned_cache(out: Any, model: Any, passed: Any) -> Any:
+    """The cache generate() carries to the next step after a forward that was given `passed`
+    (generation/utils.py `_update_model_kwargs_for_generation`: the output's `cache`, else
+    model_kwargs keeps the one it passed):
+
+    - the output's `cache` (transformers 5.25) or `past_key_values` (5.17);
+    - else the cache passed in, which the model filled in place (BERT-style decoders,
+      RecurrentGemma, whose recurrent state is held in its layers: `_module_state`);
+    - else None, for a forward that takes no cache at all (GPT-1): generate() then feeds the
+      whole sequence each step, as the caller does.
+
+    _OwnHooks where the state goes under another name (RWKV's `state`, XLNet's `mems`) or the
+    class prepares its own inputs (XLM): those are run through the class's own hooks."""
     if "cache" in out:
         return out["cache"]
     if "past_key_values" in out:
         return out["past_key_values"]
-    name = type(model).__name__
-    for other in ("state", "cache_params"):
-        if other in out:
-            raise ValueError(f"{name} returns its cache as `{other}`, which this trace "
-                             f"does not pass back to the model")
+    if _overrides_hooks(model):
+        raise _OwnHooks
+    if passed is not None:
+        return passed
     takes = set(inspect.signature(model.forward).parameters) & {"cache", "past_key_values"}
     if takes:
-        raise ValueError(f"{name} takes a cache (`{takes.pop()}`) but returns none: it keeps "
-                         f"its decoding state where this trace does not follow it")
+        raise ValueError(f"{type(model).__name__} takes a cache (`{takes.pop()}`) but neither "
+                         f"returns one nor is given one by generate(), so this trace cannot "
+                         f"follow its decoding state")
     return None
+
+
+def _module_state(model: Any) -> dict[tuple[int, str], Any]:
+    """Tensors a model keeps as plain attributes of its modules, outside its parameters and
+    buffers: the decoding state of models that hold it in their layers (RecurrentGemma's
+    `recurrent_states` and `conv1d_state`). Keyed (module id, attribute)."""
+    import torch
+
+    held: dict[tuple[int, str], Any] = {}
+    for m in model.modules():
+        for name, v in vars(m).items():
+            if isinstance(v, torch.Tensor) or (
+                    isinstance(v, (list, tuple)) and v and all(isinstance(x, torch.Tensor)
+                                                               for x in v)):
+                held[(id(m), name)] = v
+    return held
+
+
+def _reset_module_state(model: Any, before: dict[tuple[int, str], Any]) -> None:
+    """Put back the attributes `_module_state` found before a trace (None where there was
+    none): each trace starts from the state the built model had, as a fresh model does."""
+    now = _module_state(model)
+    if now.keys() == before.keys() and all(now[k] is before[k] for k in now):
+        return
+    for m in model.modules():
+        for name in list(vars(m)):
+            key = (id(m), name)
+            if key in now and now[key] is not before.get(key):
+                setattr(m, name, before.get(key))
 
 
 def past_positions(config: Any, tokens: int) -> str:
@@ -309,19 +352,28 @@ TRACE_LOCK = threading.RLock()
 def record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Recorded:
     """Run generate()'s steps on the meta device (module docstring) and keep the events."""
     with TRACE_LOCK:
-        return _record(text, b, s, n, attention, dtype)
+        model = _built(text, dtype, "eager" if attention == "eager" else "sdpa")
+        if not getattr(model, "_attnmem_own_hooks", False):
+            try:
+                return _record(model, b, s, n, attention, own_hooks=False)
+            except _OwnHooks:
+                model._attnmem_own_hooks = True  # found at the first forward; kept per model
+        return _record(model, b, s, n, attention, own_hooks=True)
 
 
-def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Recorded:
+def _record(model: Any, b: int, s: int, n: int, attention: str, own_hooks: bool) -> Recorded:
+    """generate()'s steps driven by hand (module docstring); with `own_hooks`, each step's
+    inputs come from the class's own prepare_inputs_for_generation and its state is carried by
+    its own _update_model_kwargs_for_generation, as generate()'s loop does (`_sample`)."""
     import contextlib
 
     import torch
 
-    model = _built(text, dtype, "eager" if attention == "eager" else "sdpa")
-    check_scan_cost(model, s + (s + n - 3 if n >= 3 else 0) + 2)
     cache_kw = _cache_kw(model)
+    keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
     rec = Recorder()
     rec.known(*model.parameters(), *model.buffers())
+    before = _module_state(model)
     meta = torch.device("meta")
     fake = sdpa_as(attention) if attention != "eager" else contextlib.nullcontext()
     state: dict[str, Any] = {}
@@ -331,22 +383,49 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
         kw = {cache_kw: cache} if cache is not None else {}
         return model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, **kw)
 
-    def step(ids: Any, mask: Any, cache: Any, first: bool = False) -> tuple[Any, Any, Any]:
-        """One generate() iteration: the forward (the whole prompt when `first`, else the
-        last token), the fp32 last logits, argmax, cat."""
-        feed = ids if first or cache is None else ids[:, -1:]
-        out = forward(feed, cache)
-        cache = _returned_cache(out, model)
+    def sample(out: Any, ids: Any) -> Any:
+        """generate()'s token choice: the fp32 copy of the last logits, argmax, cat."""
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         nxt = logits.argmax(-1)
         del logits
-        ids = torch.cat([ids, nxt[:, None]], dim=-1)
+        return torch.cat([ids, nxt[:, None]], dim=-1)
+
+    def step(ids: Any, mask: Any, cache: Any, first: bool = False) -> tuple[Any, Any, Any]:
+        """One generate() iteration: the forward (the whole prompt when `first`, else the
+        last token), the fp32 last logits, argmax, cat."""
+        if own_hooks:
+            return hooks_step(ids, mask, cache, first)
+        feed = ids if first or cache is None else ids[:, -1:]
+        out = forward(feed, cache)
+        cache = _returned_cache(out, model, cache)
+        ids = sample(out, ids)
+        del out
         mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.long, device=meta)], dim=-1)
         return ids, mask, cache
 
+    def hooks_step(ids: Any, mask: Any, kwargs: Any, first: bool) -> tuple[Any, Any, Any]:
+        """One iteration of generate()'s loop through the class's own hooks; `kwargs` is
+        generate()'s model_kwargs (the cache, or the class's own state, inside)."""
+        if first:  # generate()'s model_kwargs before the prefill (_prepare_cache_for_generation)
+            kwargs = {"use_cache": True, "attention_mask": mask}
+            cache = _new_cache(model)
+            if cache is not None:
+                kwargs["cache"] = cache
+            if keeps:
+                kwargs["logits_to_keep"] = 1
+        inputs = model.prepare_inputs_for_generation(
+            ids, next_sequence_length=None if first else 1, is_first_iteration=first, **kwargs)
+        out = model(**inputs, return_dict=True)
+        del inputs
+        kwargs = model._update_model_kwargs_for_generation(out, kwargs, is_encoder_decoder=False)
+        ids = sample(out, ids)
+        del out
+        return ids, kwargs["attention_mask"], kwargs
+
     try:
-        with torch.no_grad(), unpacked_rows(), rec.track_modules(model), fake, rec:
+        with torch.no_grad(), unpacked_rows(), rec.track_modules(model), fake, rec, \
+                loop_guard(rec, model):
             _experts(model, "grouped_mm")
             rec.mark("prefill")
             ids = torch.zeros(b, s, dtype=torch.long, device=meta)
@@ -365,17 +444,59 @@ def _record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Re
                     ids, mask, cache = step(ids, mask, cache)
                 rec.mark("decode")
                 ids, mask, cache = step(ids, mask, cache)
-            state["cache"] = _cache_bytes(cache)
+            held = _held_state(model, before)
+            roots = [v for k, v in cache.items() if k != "attention_mask"] if own_hooks \
+                else [cache]
+            state["cache"] = _cache_bytes(*roots) + held
             rec.mark("end")
             del ids, mask, cache
-    except NoKernel:
+    except (NoKernel, _OwnHooks, TraceTooSlow):
         raise
     except Exception as e:  # the model's own code refuses these inputs, or cannot run on meta
-        raise ValueError(f"transformers' {type(model).__name__} could not run generate()'s "
-                         f"forward on the meta device: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:300]}"
-                         f"{past_positions(model.config, s + n)}") from None
+        raise _failed(model, e, s + n) from None
     finally:
         _experts(model, "grouped_mm")
-    return Recorded(tuple(rec.events), _held_bytes(model), state["cache"],
-                    type(model).__name__)
+    events = tuple(rec.events)
+    _reset_module_state(model, before)
+    return Recorded(events, _held_bytes(model), state["cache"], type(model).__name__)
+
+
+def _failed(model: Any, e: BaseException, tokens: int) -> ValueError:
+    """The refusal of a trace whose run of the model's own code failed, with the cause."""
+    return ValueError(f"transformers' {type(model).__name__} could not run generate()'s forward "
+                      f"on the meta device: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                      f"{past_positions(model.config, tokens)}{_why(model, e)}")
+
+
+def _held_state(model: Any, before: dict) -> int:
+    """Bytes of the tensors the model's modules now hold as plain attributes that they did
+    not hold before the trace (`_module_state`): state kept in the layers."""
+    seen: dict[int, int] = {}
+    for key, v in _module_state(model).items():
+        if before.get(key) is v:
+            continue
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            st = t.untyped_storage()
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+def _why(model: Any, err: BaseException) -> str:
+    """Where a failure of the model's own code has a cause a user can act on, that cause
+    ("" otherwise), after the error's own words."""
+    text = str(err)
+    if "get_mask_sizes" in text and "LinearAttention" in text:
+        return ("; every layer of this config is a state-space or linear-attention layer, and "
+                "transformers' generate() cannot run a model without an attention layer (its "
+                "mask code asks an attention layer for sizes; it fails the same way on a GPU)")
+    if isinstance(err, RuntimeError) and "expected scalar type" in text:
+        want = getattr(model.config, "dtype", None)  # what from_config was asked for
+        odd = sorted({f"{n} ({p.dtype})".replace("torch.", "") for n, p in
+                      model.named_parameters() if p.dtype != want})
+        if odd:
+            asked = str(want).replace("torch.", "")
+            return (f"; transformers builds {len(odd)} of this model's parameters in another "
+                    f"dtype than the {asked} asked (e.g. {', '.join(odd[:2])}) and its own "
+                    f"forward then mixes the two, so the model does not run in this dtype as "
+                    f"transformers builds it (on a GPU neither); run it in fp32")
+    return ""

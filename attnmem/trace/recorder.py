@@ -56,6 +56,8 @@ class Recorder:
         self.events: list[Event] = []
         self.stack: list[str] = []
         self._next = 0
+        self.rename: dict[int, int] = {}  # a storage's free recorded as another id's (loops.py)
+        self.watch: Any = None  # called with (func, args, out) after each op (loops.py)
         self._devices = devices  # the device that stands for the GPU; CPU tensors are not its
         self.uniform = Uniform()  # values of one-number tensors, so .item() can answer on meta
         rec = self
@@ -73,6 +75,8 @@ class Recorder:
                 del held
                 for o in out if isinstance(out, (tuple, list)) else [out]:
                     rec._add(o, func)
+                if rec.watch is not None:
+                    rec.watch(func, args, out)
                 rec.uniform.after(func, args, kwargs or {}, out)
                 return out
 
@@ -96,7 +100,22 @@ class Recorder:
         where = self.stack[-1] if self.stack else ""
         op = getattr(func, "__name__", str(func)).split(".")[0]
         self.events.append(("a", i, st.nbytes(), f"{where}|{op}"))
-        weakref.finalize(st, self.events.append, ("f", i))
+        weakref.finalize(st, self._freed, i)
+
+    def _freed(self, i: int) -> None:
+        self.events.append(("f", self.rename.pop(i, i)))
+
+    def own(self, st: Any, i: int) -> None:
+        """Enter storage `st`, made outside the recorder, as allocation `i` (already in the
+        events): its free is recorded when it dies, and ops do not count it again."""
+        self._seen[st] = i
+        weakref.finalize(st, self._freed, i)
+
+    def new_id(self) -> int:
+        """An id for an allocation that no storage of this run has (loops.py's copies)."""
+        i = self._next
+        self._next += 1
+        return i
 
     def mark(self, phase: str) -> None:
         """Start a phase: `replay` reports each phase's own peak."""

@@ -61,11 +61,12 @@ from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int, dtype_name
 from attnmem.trace.inference import (
     TRACE_DTYPES,
     TRACE_LOCK,
+    TraceTooSlow,
     _built,
     _cache_kw,
     _experts,
     _new_cache,
-    check_scan_cost,
+    loop_guard,
 )
 from attnmem.trace.recorder import Recorder, replay
 
@@ -131,7 +132,6 @@ def _layout(text: str, dtype: str) -> TracedLayout:
             "qk_rope_head_dim per token), so the cache layers do not give vLLM's KV bytes")
     with TRACE_LOCK:
         model = _built(text, dtype, "eager")
-        check_scan_cost(model, LAYOUT_TOKENS)
         meta = torch.device("meta")
         cache = _new_cache(model)
         kw = {_cache_kw(model): cache} if cache is not None else {}
@@ -272,7 +272,6 @@ def _record_profile(text: str, t: int, r: int, dtype: str, attention: str
 
     with TRACE_LOCK:
         model = _built(text, dtype, attention)
-        check_scan_cost(model, t)
         rec = Recorder()
         rec.known(*model.parameters(), *model.buffers())
         meta = torch.device("meta")
@@ -287,7 +286,8 @@ def _record_profile(text: str, t: int, r: int, dtype: str, attention: str
         try:
             # one sequence of positions 0..t-1 (vLLM's dummy run is one batch of t tokens):
             # masking_utils' packed-rows check reads values, so it is answered as on the GPU
-            with torch.no_grad(), unpacked_rows(), rec.track_modules(model), fake, rec:
+            with torch.no_grad(), unpacked_rows(), rec.track_modules(model), fake, rec, \
+                    loop_guard(rec, model):
                 _experts(model, "grouped_mm")
                 rec.mark("forward")
                 ids = torch.zeros(1, t, dtype=torch.long, device=meta)
@@ -298,7 +298,7 @@ def _record_profile(text: str, t: int, r: int, dtype: str, attention: str
                 del out, logits
                 held.clear()
                 rec.mark("end")
-        except NoKernel:
+        except (NoKernel, TraceTooSlow):
             raise
         except Exception as e:
             raise ValueError(f"transformers' {type(model).__name__} could not run the profile "

@@ -35,9 +35,10 @@ from attnmem.trace.fake_attention import sdpa_as
 from attnmem.trace.inference import (
     TRACE_ATTENTIONS,
     TRACE_LOCK,
+    TraceTooSlow,
     _built,
     _held_bytes,
-    check_scan_cost,
+    loop_guard,
 )
 from attnmem.trace.masks import unpacked_rows
 from attnmem.trace.recorder import Recorder, replay
@@ -108,7 +109,6 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
     t0 = time.perf_counter()
     # a private copy: training mode, checkpointing and adapters change the module tree
     built = _built(text, dtype, "eager" if attention == "eager" else "sdpa")
-    check_scan_cost(built, 2 * b * s)  # two steps (forward and the recomputation's)
     model = copy.deepcopy(built)
     model.train()
     if checkpointing:
@@ -133,7 +133,9 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
     fake = sdpa_as(attention) if attention != "eager" else contextlib.nullcontext()
     opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
     try:
-        with fake, unpacked_rows(), rec, rec.track_modules(model):
+        # Python loops over the tokens are not folded here (autograd records each iteration),
+        # only refused where they would take the trace past its limit
+        with fake, unpacked_rows(), rec, rec.track_modules(model), loop_guard(rec, model):
             ids = torch.zeros(b, s, dtype=torch.long, device=meta)
             labels = torch.zeros(b, s, dtype=torch.long, device=meta)
             for step in ("warm-up", "step"):
@@ -145,7 +147,7 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
                 opt.zero_grad(set_to_none=True)
             rec.mark("end")
             del ids, labels
-    except NoKernel:
+    except (NoKernel, TraceTooSlow):
         raise
     except Exception as e:
         raise ValueError(f"transformers' {type(model).__name__} could not run a training step "

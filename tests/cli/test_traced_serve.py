@@ -57,14 +57,22 @@ def test_a_logged_activation_figure_replaces_the_bound(tmp_path, capsys) -> None
     assert not r["capacity_is_lower_bound"] and not r["capacity_is_upper_bound"]
 
 
-def test_a_hybrid_whose_profile_cannot_be_traced_gets_an_upper_bound(tmp_path, capsys) -> None:
-    # time_step_limit: the class default (0, inf) is not JSON; a finite cap allocates the same
-    path, _ = _write(tmp_path, "FalconH1Config", num_hidden_layers=2,
-                     time_step_limit=(0.0, 1e4))
+def test_a_hybrid_whose_profile_cannot_be_traced_gets_an_upper_bound(tmp_path, capsys,
+                                                                     monkeypatch) -> None:
+    # Zamba's Mamba scan loops over the tokens; its fold refused and the time limit made tiny,
+    # as for a loop too slow to trace
+    import attnmem.trace.inference as inference
+    import attnmem.trace.loops as loops
+
+    monkeypatch.setattr(loops, "_check", lambda events, bounds: ("refused here", set()))
+    monkeypatch.setattr(inference, "MAX_TRACE_SECONDS", 0.5)
+    path, _ = _write(tmp_path, "ZambaConfig", num_hidden_layers=3,
+                     layers_block_type=["mamba", "hybrid", "hybrid"], attn_hidden_size=128,
+                     mamba_d_state=8, n_mamba_heads=2)
     assert main(["serve", "--model", path, "--seq-len", "4096", "--gpu", "H100 80GB"]) == 0
     text = capsys.readouterr().out
     assert "activation peak (not counted)" in text and "an upper bound" in text
-    assert "of which state (hybrid layers)" in text and "loops over the tokens" in text
+    assert "of which state (hybrid layers)" in text and "cannot be folded" in text
 
 
 def test_what_the_trace_cannot_count_is_refused_with_both_reasons(tmp_path, capsys) -> None:

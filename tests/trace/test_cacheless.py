@@ -1,5 +1,6 @@
 """Models whose forward returns no cache, and prompts past learned position embeddings (GPT-1,
-which transformers runs eager only)."""
+which transformers runs eager only). Models that keep their state elsewhere (RecurrentGemma,
+RWKV): tests/trace/test_refused_tail.py."""
 
 from __future__ import annotations
 
@@ -32,17 +33,3 @@ def test_a_model_without_a_cache_is_run_as_generate_runs_it():
 def test_a_prompt_past_learned_positions_says_why():
     with pytest.raises(ValueError, match=r"past the model's .*\(64\).*at most 64 tokens"):
         trace_inference(_gpt1(64), 1, 100, 1, attention="eager", dtype="bf16")
-
-
-def test_a_model_keeping_its_state_inside_is_refused_not_traced_without_it():
-    """RecurrentGemma takes a cache but returns none (its recurrent state lives in its
-    layers): feeding the whole sequence each step would count a decode generate() never runs."""
-    from transformers import RecurrentGemmaConfig
-
-    d = RecurrentGemmaConfig(vocab_size=101, hidden_size=32, intermediate_size=64,
-                             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
-                             lru_width=32, attention_window_size=16,
-                             block_types=["recurrent", "recurrent", "attention"]).to_dict()
-    d["architectures"] = ["RecurrentGemmaForCausalLM"]
-    with pytest.raises(ValueError, match="takes a cache .* but returns none"):
-        trace_inference(d, 1, 20, 2, attention="eager", dtype="bf16")

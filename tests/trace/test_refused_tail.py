@@ -1,0 +1,183 @@
+"""The causal LMs transformers builds that the trace once refused (issue 42's refused tail),
+each on a tiny config (no download): answered from the real modules where they can run, and
+refused with a reason a user can act on where transformers itself cannot run them.
+
+Where a figure can be had independently, the trace is held to it: a real CPU run of the same
+tiny model (the cache and state generate() leaves), or the unfolded trace (loops.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attnmem.trace.loops as loops  # noqa: E402
+from attnmem.trace.inference import (  # noqa: E402
+    _cache_bytes,
+    _module_state,
+    record,
+    trace_inference,
+)
+
+
+def _d(cfg, arch: str) -> dict:
+    d = cfg.to_dict()
+    d["architectures"] = [arch]
+    return d
+
+
+def _normal(events) -> list:
+    """Events with ids replaced by the order of their allocation (two runs compare equal when
+    they make and free the same sizes in the same order)."""
+    ids: dict[int, int] = {}
+    out = []
+    for ev in events:
+        if ev[0] == "a":
+            ids[ev[1]] = len(ids)
+            out.append(("a", ev[2], ev[3]))
+        elif ev[0] == "f":
+            out.append(("f", ids.get(ev[1], ("before", ev[1]))))
+        else:
+            out.append(ev)
+    return out
+
+
+def _folded_and_not(d: dict, s: int, n: int, attention: str, monkeypatch) -> tuple:
+    text = json.dumps(d, sort_keys=True)
+    folded = record(text, 1, s, n, attention, "bf16")
+    monkeypatch.setattr(loops, "FOLD_MIN", 10**9)
+    unfolded = record(text, 1, s, n, attention, "bf16")
+    return folded, unfolded
+
+
+def _real_state(model, ids, n: int) -> int:
+    """Bytes of what a real generate() of `model` leaves: the cache it returns and the
+    tensors the modules hold as state."""
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         min_new_tokens=n, do_sample=False, return_dict_in_generate=True)
+    held = 0
+    for v in _module_state(model).values():
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            held += t.untyped_storage().nbytes()
+    return _cache_bytes(out.past_key_values) + held
+
+
+def _recurrent_gemma():
+    return transformers.RecurrentGemmaConfig(
+        vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=1, lru_width=32, attention_window_size=16,
+        block_types=["recurrent", "recurrent", "attention"])
+
+
+@pytest.mark.parametrize("s,n", [(20, 2), (10, 2), (20, 5)])
+def test_recurrent_gemma_counts_the_state_its_layers_keep(s, n):
+    """RecurrentGemma fills generate()'s cache in place and keeps its recurrent and conv
+    states in its layers: the trace counts both, byte for byte what a real run leaves."""
+    cfg = _recurrent_gemma()
+    t = trace_inference(_d(cfg, "RecurrentGemmaForCausalLM"), 2, s, n, attention="eager")
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    assert t.kv_cache_bytes == _real_state(model, torch.ones(2, s, dtype=torch.long), n)
+    # the layers' state is there: 2 recurrent layers, fp32 (B, lru) + bf16 (B, h, conv - 1)
+    assert t.kv_cache_bytes > 2 * (2 * 32 * 4 + 2 * 32 * 3 * 2)
+
+
+def test_recurrent_gemma_scan_is_folded_exactly(monkeypatch):
+    """The RG-LRU scan loops over every token in Python on meta: folded, the trace records
+    exactly the events of the loop run in full, far faster."""
+    d = _d(_recurrent_gemma(), "RecurrentGemmaForCausalLM")
+    folded, unfolded = _folded_and_not(d, 300, 4, "eager", monkeypatch)
+    assert _normal(folded.events) == _normal(unfolded.events)
+    assert folded.cache_bytes == unfolded.cache_bytes
+
+
+def test_a_bert_style_decoder_fills_the_cache_it_is_given():
+    """BERT-style decoders return no cache: generate() keeps the one it passed, filled in
+    place. The trace's cache is what a real run's holds."""
+    cfg = transformers.BertConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, is_decoder=True)
+    t = trace_inference(_d(cfg, "BertLMHeadModel"), 2, 12, 3, attention="eager")
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    real = _real_state(model, torch.ones(2, 12, dtype=torch.long), 3)
+    assert t.kv_cache_bytes == real == 2 * 2 * 2 * 14 * 32 * 2  # K+V, layers, B, s+n-1, h, bf16
+
+
+def _rwkv():
+    return transformers.RwkvConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2,
+                                   attention_hidden_size=32, intermediate_size=64,
+                                   context_length=4096)
+
+
+def test_rwkv_carries_its_state_as_generate_does():
+    """RWKV returns its recurrent state as `state`, which generate() carries through the
+    class's own _update_model_kwargs_for_generation: five (B, h, layers) tensors, the first
+    two in the model's dtype, the rest fp32 (modeling_rwkv.py RwkvModel.forward)."""
+    b, h, layers = 2, 32, 2
+    t = trace_inference(_d(_rwkv(), "RwkvForCausalLM"), b, 20, 3, attention="eager")
+    assert t.kv_cache_bytes == b * h * layers * (2 + 2 + 4 + 4 + 4)
+    assert t.decode_peak_bytes is not None and t.peak_bytes > t.weights_bytes
+
+
+def test_rwkv_wkv_loop_is_folded_exactly(monkeypatch):
+    folded, unfolded = _folded_and_not(_d(_rwkv(), "RwkvForCausalLM"), 200, 3, "eager",
+                                       monkeypatch)
+    assert _normal(folded.events) == _normal(unfolded.events)
+
+
+def test_mamba_scan_keeping_a_list_of_outputs_is_folded_exactly(monkeypatch):
+    """Mamba's reference selective scan appends each token's output to a list it stacks
+    afterwards: the fold extends the list with tensors of their own, so the stack, and every
+    event, are those of the full loop."""
+    cfg = transformers.MambaConfig(hidden_size=32, num_hidden_layers=2, vocab_size=101,
+                                   pad_token_id=None)
+    folded, unfolded = _folded_and_not(_d(cfg, "MambaForCausalLM"), 150, 3, "eager",
+                                       monkeypatch)
+    assert _normal(folded.events) == _normal(unfolded.events)
+
+
+def test_a_loop_too_slow_to_run_is_refused_naming_it(monkeypatch):
+    """A loop that cannot be folded runs in full, unless its estimated time is past the
+    limit: then the refusal names the loop and how many steps the trace answers."""
+    import attnmem.trace.inference as inference
+
+    monkeypatch.setattr(loops, "_check", lambda events, bounds: ("forced for the test", set()))
+    monkeypatch.setattr(inference, "MAX_TRACE_SECONDS", 0.5)
+    cfg = transformers.MambaConfig(hidden_size=32, num_hidden_layers=2, vocab_size=101,
+                                   pad_token_id=None)
+    with pytest.raises(ValueError, match=r"a Python loop of 4,000 steps .*modeling_mamba\.py.*"
+                                         r"forced for the test.*answers such loops up to"):
+        trace_inference(_d(cfg, "MambaForCausalLM"), 1, 4000, 1, attention="eager")
+
+
+def _xlnet():
+    return transformers.XLNetConfig(vocab_size=101, d_model=32, n_layer=2, n_head=4,
+                                    d_inner=64)
+
+
+def test_xlnet_runs_in_fp32_and_says_why_not_in_bf16():
+    """XLNet's attention parameters are `torch.FloatTensor`s: fp32 whatever dtype is asked,
+    and its forward fails mixing them with bf16 activations (on a GPU too). In fp32 it runs,
+    through its own generation hooks (a dummy token, `mems`)."""
+    d = _d(_xlnet(), "XLNetLMHeadModel")
+    t = trace_inference(d, 1, 16, 3, attention="eager", dtype="fp32")
+    assert t.kv_cache_bytes > 0 and t.peak_bytes > t.weights_bytes
+    with pytest.raises(ValueError, match=r"in another dtype than the bfloat16 asked .*"
+                                         r"run it in fp32"):
+        trace_inference(d, 1, 16, 3, attention="eager", dtype="bf16")
+
+
+def test_a_config_without_an_attention_layer_says_transformers_cannot_run_it():
+    """Bamba's class default has no attention layer; transformers' generate() fails on such a
+    model (its mask code asks an attention layer for sizes), so the refusal says that."""
+    cfg = transformers.BambaConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, mamba_n_heads=8, mamba_d_head=16,
+                                   mamba_d_state=16, mamba_n_groups=1)
+    with pytest.raises(ValueError, match="without an attention layer"):
+        trace_inference(_d(cfg, "BambaForCausalLM"), 1, 16, 1)
+    cfg.attn_layer_indices = [1]
+    assert trace_inference(_d(cfg, "BambaForCausalLM"), 1, 16, 2).kv_cache_bytes > 0
