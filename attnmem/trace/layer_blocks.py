@@ -64,7 +64,8 @@ _INDEX_BRANCH = re.compile(
     r"\b(?:self\.)?(?:layer_idx|layer_id|layer_number|layer_index|block_idx)\s*"
     r"(?:==|!=|<=|>=|<|>|%|//|\bin\b)|(?:==|!=|<=|>=|<|>|%)\s*(?:self\.)?"
     r"(?:layer_idx|layer_id|layer_number|layer_index|block_idx)\b")
-#: The shortcut is worth it only where it traces fewer layers than the model has.
+#: The shortcut is taken only where its two short traces together have fewer layers than the
+#: model, by at least this many.
 MIN_SAVED_LAYERS = 2
 
 
@@ -151,8 +152,9 @@ def _decoder_layers(model: Any, depth: int) -> tuple[str, Any]:
 
 def choose_block(kinds: list[int]) -> tuple[int, int] | None:
     """(head c, period p) that trace the fewest layers (c + p, then c + 2p): layers from c - 1
-    on repeat with period p, and len(kinds) - c is a multiple of p; None where no such block
-    saves MIN_SAVED_LAYERS layers."""
+    on repeat with period p, and len(kinds) - c is a multiple of p; None where the two short
+    traces would not be MIN_SAVED_LAYERS layers fewer than the model's (Jamba's period of 8 in
+    32 layers: 16 + 24)."""
     depth = len(kinds)
     best = None
     for p in range(1, depth // 2 + 1):
@@ -163,9 +165,9 @@ def choose_block(kinds: list[int]) -> tuple[int, int] | None:
                 start = i + 1
                 break
         c = start + 1 + (depth - start - 1) % p  # c - 1 >= start, depth - c ≡ 0 (mod p)
-        if depth - (c + 2 * p) < MIN_SAVED_LAYERS:
-            continue
         cost = 2 * c + 3 * p  # the layers of both short traces
+        if depth - cost < MIN_SAVED_LAYERS:  # a first answer would cost as much as a trace
+            continue
         if best is None or cost < best[0]:
             best = (cost, c, p)
     return None if best is None else (best[1], best[2])
@@ -213,7 +215,9 @@ def _normal(d: dict) -> dict:
     return out
 
 
+#: Plans (or why none) by (config text, dtype, attention), the most recent MAX_PLANS.
 _PLANS: dict[tuple[str, str, str], LayerPlan | str] = {}
+MAX_PLANS = 256
 _PLANS_LOCK = threading.Lock()
 
 
@@ -229,6 +233,8 @@ def plan(text: str, dtype: str, attn: str) -> LayerPlan | str:
         got = str(e)
     with _PLANS_LOCK:
         _PLANS[key] = got
+        while len(_PLANS) > MAX_PLANS:  # a long-running app: forget the oldest
+            _PLANS.pop(next(iter(_PLANS)))
     return got
 
 
@@ -614,6 +620,8 @@ def checked(pl: LayerPlan, text: str, b: int, s: int, n: int, attention: str,
         raise
     with _PLANS_LOCK:
         _CHECKED.setdefault(key, set()).add(s)
+        while len(_CHECKED) > MAX_PLANS:
+            _CHECKED.pop(next(iter(_CHECKED)))
 
 
 def was_checked(text: str, b: int, n: int, attention: str, dtype: str) -> set[int]:

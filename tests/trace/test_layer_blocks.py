@@ -32,34 +32,34 @@ def cfg(name: str, **kw) -> dict:
 LAYOUTS = {
     "dense": (cfg("Olmo2Config", num_hidden_layers=7), ("sdpa", "eager"), (1, 1)),
     "sliding window inside the prompt": (
-        cfg("MistralConfig", num_hidden_layers=6, sliding_window=50), ("sdpa",), (1, 1)),
+        cfg("MistralConfig", num_hidden_layers=7, sliding_window=50), ("sdpa",), (1, 1)),
     "Gemma 2 (local, global)": (
-        cfg("Gemma2Config", num_hidden_layers=8, sliding_window=50, head_dim=16), ("eager",),
+        cfg("Gemma2Config", num_hidden_layers=14, sliding_window=50, head_dim=16), ("eager",),
         (2, 2)),
     "Gemma 3 (5 local, 1 global)": (
-        cfg("Gemma3TextConfig", num_hidden_layers=20, sliding_window=40, head_dim=16),
+        cfg("Gemma3TextConfig", num_hidden_layers=26, sliding_window=40, head_dim=16),
         ("sdpa",), (2, 6)),
     "MoE, first layer dense (GLM-4.5)": (
-        cfg("Glm4MoeConfig", num_hidden_layers=6, n_routed_experts=4, num_experts_per_tok=2,
+        cfg("Glm4MoeConfig", num_hidden_layers=9, n_routed_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=32, first_k_dense_replace=1), ("sdpa", "eager"), (2, 1)),
     "Llama 4 (chunked and full, MoE every 2nd)": (
-        cfg("Llama4TextConfig", num_hidden_layers=14, head_dim=16, num_local_experts=4,
+        cfg("Llama4TextConfig", num_hidden_layers=22, head_dim=16, num_local_experts=4,
             interleave_moe_layer_step=2, attention_chunk_size=32, intermediate_size_mlp=128),
         ("sdpa",), (2, 4)),
-    "SmolLM3 (no RoPE every 4th)": (cfg("SmolLM3Config", num_hidden_layers=14), ("sdpa",),
+    "SmolLM3 (no RoPE every 4th)": (cfg("SmolLM3Config", num_hidden_layers=22), ("sdpa",),
                                     (2, 4)),
 }
 
 #: hybrids: state-space or linear-attention layers beside attention ones
 HYBRIDS = {
     "Nemotron-H": cfg("NemotronHConfig",
-                      layers_block_type=["mamba", "moe", "mamba", "attention"] * 4,
+                      layers_block_type=["mamba", "moe", "mamba", "attention"] * 6,
                       mamba_num_heads=8, mamba_head_dim=16, n_routed_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=32,
                       moe_shared_expert_intermediate_size=32, head_dim=16),
-    "LFM2": cfg("Lfm2Config", num_hidden_layers=15,
-                layer_types=["conv", "conv", "full_attention"] * 5),
-    "Qwen3-Next": cfg("Qwen3NextConfig", num_hidden_layers=14, **Q3N),
+    "LFM2": cfg("Lfm2Config", num_hidden_layers=21,
+                layer_types=["conv", "conv", "full_attention"] * 7),
+    "Qwen3-Next": cfg("Qwen3NextConfig", num_hidden_layers=22, **Q3N),
 }
 
 #: (batch, prompt, new tokens): one prefill; a prefill, a setup prefill and decode steps
@@ -114,7 +114,7 @@ def test_hybrids_events_expand_exactly(name: str) -> None:
 def test_a_failed_check_refuses_the_shortcut_and_the_full_trace_answers(monkeypatch) -> None:
     """The longer short model's trace is the proof: one event more there (as where a layer
     behaved differently past the short model's depth) and the full model is traced."""
-    d = cfg("Olmo2Config", num_hidden_layers=6, rms_norm_eps=2e-6)
+    d = cfg("Olmo2Config", num_hidden_layers=7, rms_norm_eps=2e-6)
     text = json.dumps(d, sort_keys=True)
     pl = layer_blocks.plan_for(text, "sdpa", "bf16")
     assert pl is not None
@@ -143,7 +143,9 @@ def test_the_block_is_the_cheapest_repeat() -> None:
     assert layer_blocks.choose_block(gemma3) == (6, 6)  # 48 - 6 is a multiple of 6
     smollm3 = [0, 0, 0, 1] * 9
     assert layer_blocks.choose_block(smollm3) == (4, 4)
-    assert layer_blocks.choose_block([0] * 4) is None  # nothing saved
+    assert layer_blocks.choose_block([0] * 6) is None  # 2 + 3 layers traced: 1 saved
+    assert layer_blocks.choose_block([0] * 7) == (1, 1)
+    assert layer_blocks.choose_block(([0] * 7 + [1]) * 4) is None  # Jamba: 16 + 24 of 32
     assert layer_blocks.choose_block(list(range(20))) is None  # no two layers alike
 
 
@@ -179,7 +181,7 @@ def test_the_length_model_on_the_short_traces_is_the_full_trace() -> None:
 def test_a_quick_first_answer_builds_its_length_model(monkeypatch) -> None:
     """Where the first answer was quick, trace_at builds the length model with it, so the
     first move is a replay: no trace runs for it."""
-    d = cfg("Olmo2Config", num_hidden_layers=5, rms_norm_eps=3e-6)
+    d = cfg("Olmo2Config", num_hidden_layers=7, rms_norm_eps=3e-6)
     monkeypatch.setattr(lengths, "BUILD_WITH_FIRST_S", 60.0)
     first = lengths.trace_at(d, 1, 300, 1, attention="eager")
     calls = []
