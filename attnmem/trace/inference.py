@@ -118,6 +118,12 @@ def _built(text: str, dtype: str, attn: str):
         # `nn.Parameter(torch.FloatTensor(...))` lands on the CPU); `.to(device)` moves them
         # with the rest on a GPU, so they are moved here
         model.to("meta")
+    languages = getattr(model.config, "languages", None)
+    if (hasattr(model, "set_default_language") and languages
+            and getattr(model.config, "default_language", None) is None):
+        # X-MOD refuses input without a language; every language's adapter has the same
+        # shapes, so the memory is that of any of them: the first
+        model.set_default_language(list(languages)[0])
     return model.eval()
 
 
@@ -125,6 +131,10 @@ def _built(text: str, dtype: str, attn: str):
 #: loop over the tokens that attnmem.trace.loops cannot fold (Mamba's selective scan keeps a
 #: list of per-token outputs) is refused once its estimated time passes it.
 MAX_TRACE_SECONDS = 30.0
+
+
+class CacheRefused(ValueError):
+    """transformers cannot make the cache generate() gives the model from its config."""
 
 
 class TraceTooSlow(ValueError):
@@ -168,13 +178,20 @@ def _cache_kw(model) -> str:
 def _new_cache(model) -> Any:
     """The cache generate() makes before the first forward (`_prepare_cache_for_generation`):
     a DynamicCache of the text config where the model takes one, else None (the model makes
-    its own, as Mamba-style models do)."""
+    its own, as Mamba-style models do). ValueError where transformers cannot make it."""
     from transformers import DynamicCache
 
     supports = getattr(model, "_supports_default_dynamic_cache", None)
     if supports is not None and not supports():
         return None
-    return DynamicCache(config=model.config.get_text_config(decoder=True))
+    cfg = model.config.get_text_config(decoder=True)
+    try:
+        return DynamicCache(config=cfg)
+    except Exception as e:  # generate() makes the same call, so it fails the same way
+        raise CacheRefused(f"transformers' generate() cannot make the cache it gives "
+                         f"{type(model).__name__} from this config ({type(cfg).__name__}: "
+                         f"{type(e).__name__}: {' '.join(str(e).split())[:200]}); it fails "
+                         f"the same way on a GPU") from None
 
 
 def _cache_bytes(*roots: Any) -> int:
@@ -450,7 +467,7 @@ def _record(model: Any, b: int, s: int, n: int, attention: str, own_hooks: bool)
             state["cache"] = _cache_bytes(*roots) + held
             rec.mark("end")
             del ids, mask, cache
-    except (NoKernel, _OwnHooks, TraceTooSlow):
+    except (NoKernel, _OwnHooks, TraceTooSlow, CacheRefused):
         raise
     except Exception as e:  # the model's own code refuses these inputs, or cannot run on meta
         raise _failed(model, e, s + n) from None
@@ -489,6 +506,15 @@ def _why(model: Any, err: BaseException) -> str:
         return ("; every layer of this config is a state-space or linear-attention layer, and "
                 "transformers' generate() cannot run a model without an attention layer (its "
                 "mask code asks an attention layer for sizes; it fails the same way on a GPU)")
+    if isinstance(err, IndexError):
+        cache = _new_cache(model)
+        made = len(getattr(cache, "layers", ()) or ())
+        attn = {getattr(m, "layer_idx", None) for m in model.modules()} - {None}
+        if cache is not None and made and attn and max(attn) >= made:
+            return (f"; transformers' generate() makes a cache of {made} layers from "
+                    f"{type(model.config).__name__}.num_hidden_layers for a model whose "
+                    f"layers count to {max(attn) + 1}, so generate() fails the same way on a "
+                    f"GPU")
     if isinstance(err, RuntimeError) and "expected scalar type" in text:
         want = getattr(model.config, "dtype", None)  # what from_config was asked for
         odd = sorted({f"{n} ({p.dtype})".replace("torch.", "") for n, p in

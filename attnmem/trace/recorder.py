@@ -68,7 +68,14 @@ class Recorder:
                 known = rec.uniform.scalar(func, args)  # .item() of a uniform tensor
                 if known is not None:
                     return known
+                host = rec.uniform.to_host(func, args, kwargs or {})  # .tolist() of one
+                if host is not None:
+                    return host
                 held = temporaries(func, args)  # a CUDA kernel's own temporaries
+                masked = rec.uniform.mask_index(func, args)  # x[mask], the mask's values known
+                if masked is not None:
+                    args, made = masked
+                    held = [*held, *made]
                 for t in held:
                     rec._add(t, func)
                 out = func(*args, **(kwargs or {}))

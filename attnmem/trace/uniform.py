@@ -13,6 +13,17 @@ still raises, so the trace never runs on a guessed value.
 
 A tensor written in place loses its value, and so does every tensor sharing its storage (a
 view), unless the write is itself a fill with a known value.
+
+Totals: some tensors have unknown elements but a known sum. A scatter of one value into a zero
+tensor at indices distinct along the scattered dim (those `topk` returns) writes exactly
+`index.numel()` of them: MoE routers count their experts' tokens so (JetMoE's
+`zeros.scatter(1, top_k_indices, 1).long().sum(0)`). The total is followed through casts,
+views and sums; a sum over every element is then uniform. Copying such a count vector to the
+host (`.tolist()`, which JetMoE splits its tokens by) is the one place a value is chosen: the
+even split (total // E each, the remainder one each to the first), because which expert gets
+how many tokens depends on the router's values, which meta does not have. Every split has the
+same total, so the experts' tensors hold the same bytes together; only the caching
+allocator's rounding of each (512 B) and its choice of blocks can differ.
 """
 
 from __future__ import annotations
@@ -30,6 +41,12 @@ _SAME = frozenset({
     "movedim", "flip", "roll", "diagonal",
 })
 _CAST = frozenset({"_to_copy", "to", "type_as"})
+#: Ops whose output holds the same elements as their first argument (its total kept).
+_KEEP_TOTAL = frozenset({
+    "alias", "clone", "contiguous", "detach", "view", "_unsafe_view", "reshape", "flatten",
+    "t", "transpose", "permute", "squeeze", "unsqueeze", "_reshape_alias", "lift_fresh",
+    "lift_fresh_copy", "to", "type_as",
+})
 _FILL_FACTORY = {"ones": 1, "ones_like": 1, "new_ones": 1, "zeros": 0, "zeros_like": 0,
                  "new_zeros": 0}
 _COMPARE = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
@@ -49,6 +66,8 @@ class Uniform:
 
         self._torch = torch
         self._values = WeakIdKeyDictionary()
+        self._totals = WeakIdKeyDictionary()  # tensor -> the known sum of its elements
+        self._distinct = WeakIdKeyDictionary()  # tensor -> a dim its values are distinct along
 
     def value(self, t: Any) -> Any:
         """t's one value, or None where it is not known."""
@@ -62,13 +81,67 @@ class Uniform:
             return None
         return self.value(args[0])
 
+    def to_host(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """What `func` returns where it copies a meta tensor of known values to the CPU (the
+        copy `.tolist()` makes): a uniform tensor's value everywhere, or a 1-D integer count
+        vector with a known total split evenly (module docstring); None otherwise."""
+        torch = self._torch
+        if _name(func) != "_to_copy" or not args or not isinstance(args[0], torch.Tensor):
+            return None
+        t, dev = args[0], kwargs.get("device")
+        if t.device.type != "meta" or dev is None or torch.device(dev).type == "meta":
+            return None
+        dtype = kwargs.get("dtype") or t.dtype
+        v = self.value(t)
+        if v is not None:
+            return torch.full(t.shape, v, dtype=dtype, device=dev)
+        total = self._totals.get(t)
+        if total is None or t.dim() != 1 or t.dtype.is_floating_point or not t.numel():
+            return None
+        n = t.numel()
+        split = [total // n + (1 if i < total % n else 0) for i in range(n)]
+        return torch.tensor(split, dtype=dtype, device=dev)
+
+    def mask_index(self, func: Any, args: tuple) -> tuple[tuple, Any] | None:
+        """`x[mask]` (aten.index) where a boolean mask's value is known: the meta kernel needs
+        nonzero(), which has no meta form; CUDA's index makes `mask.nonzero()`, an int64
+        (k, mask dims) tensor of the k selected positions (all of them, or none), and indexes
+        with its columns. Returns the arguments with each mask so replaced and those nonzero
+        tensors (held while the op runs), or None."""
+        torch = self._torch
+        if _name(func) != "index" or len(args) < 2 or not isinstance(args[1], (list, tuple)):
+            return None
+        indices: list = []
+        made: list = []
+        for idx in args[1]:
+            if not (isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8)):
+                indices.append(idx)
+                continue
+            v = self.value(idx)
+            if v is None:
+                return None
+            k = idx.numel() if v else 0
+            made.append(torch.empty((k, idx.dim()), dtype=torch.long, device=idx.device))
+            indices.extend(made[-1].unbind(1))
+        return ((args[0], indices, *args[2:]), made) if made else None
+
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Follow one op: forget what it overwrote, and learn its output's value if uniform."""
         name = _name(func)
         for written in _written(func, args, kwargs):
             self._forget_storage(written)
+        if name == "topk" and isinstance(out, (tuple, list)) and len(out) == 2:
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+            self._distinct[out[1]] = dim % max(out[1].dim(), 1)
+            return
         if not isinstance(out, self._torch.Tensor) or out.is_complex():
             return
+        total = self._total_of(name, args, kwargs, out)
+        if total is not None:
+            self._totals[out] = total
+            if out.dim() == 0:
+                self._values[out] = _as_dtype(total, out.dtype, self._torch)
+                return
         v = self._value_of(name, args, kwargs, out)
         if v is None:
             return
@@ -129,6 +202,28 @@ class Uniform:
             if m is None:
                 return v if v is not None and v == fill else None
             return fill if m else v
+        return None
+
+    def _total_of(self, name: str, args: tuple, kwargs: dict, out: Any) -> Any:
+        """The known sum of out's elements, or None (module docstring: totals)."""
+        torch = self._torch
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor):
+            return None
+        if name == "scatter" and len(args) == 4 and isinstance(args[3], (bool, int)):
+            dim, index = args[1], args[2]
+            if (self.value(first) == 0 and isinstance(index, torch.Tensor)
+                    and self._distinct.get(index) == dim % max(index.dim(), 1)
+                    and index.shape[dim] <= first.shape[dim]):
+                return int(args[3]) * index.numel()
+            return None
+        total = self._totals.get(first)
+        if total is None:
+            return None
+        if name in _KEEP_TOTAL or (name == "_to_copy" and kwargs.get("device") is None):
+            return total
+        if name == "sum":
+            return total
         return None
 
     def _reduce(self, name: str, t: Any, args: tuple, kwargs: dict, v: Any) -> Any:

@@ -181,3 +181,79 @@ def test_a_config_without_an_attention_layer_says_transformers_cannot_run_it():
         trace_inference(_d(cfg, "BambaForCausalLM"), 1, 16, 1)
     cfg.attn_layer_indices = [1]
     assert trace_inference(_d(cfg, "BambaForCausalLM"), 1, 16, 2).kv_cache_bytes > 0
+
+
+def test_router_counts_copied_to_the_host_are_split_evenly_with_their_exact_total():
+    """JetMoE splits its tokens by `expert_size.tolist()`: counts of a one-hot scatter at topk
+    indices, whose total (tokens x top_k) is known on meta though the split is not. The copy
+    to the host gives the even split of that total; a vector of unknown total still raises."""
+    from attnmem.trace.recorder import Recorder
+
+    with Recorder():
+        logits = torch.zeros(10, 4, device="meta").exp()  # values unknown
+        _, idx = logits.topk(2, dim=1)
+        gates = torch.zeros(10, 4, device="meta").scatter(1, idx, 1)
+        counts = gates.long().sum(0)
+        assert counts.tolist() == [5, 5, 5, 5] and counts.sum().item() == 20
+        odd = torch.zeros(7, 3, device="meta").scatter(1, logits[:7, :3].topk(1, 1)[1], 1)
+        assert odd.long().sum(0).tolist() == [3, 2, 2]
+        with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+            logits.long().sum(0).tolist()  # no known total
+        with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # not topk's:
+            torch.zeros(10, 4, device="meta").scatter(1, idx.clone() * 0, 1).sum(0).tolist()
+
+
+def test_jetmoe_is_traced_and_caches_what_a_real_run_caches():
+    cfg = transformers.JetMoeConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2,
+                                    num_key_value_heads=2, kv_channels=8, intermediate_size=32,
+                                    num_local_experts=4, num_experts_per_tok=2)
+    t = trace_inference(_d(cfg, "JetMoeForCausalLM"), 2, 12, 3, attention="eager")
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    assert t.kv_cache_bytes == _real_state(model, torch.ones(2, 12, dtype=torch.long), 3)
+    assert t.peak_bytes > t.weights_bytes + t.kv_cache_bytes
+
+
+def test_boolean_mask_indexing_with_a_known_mask_runs_on_meta():
+    """x[mask] needs nonzero(), which meta cannot run; where the mask's value is known (one
+    value everywhere) the selection is all rows or none, and CUDA's int64 nonzero result is
+    held while the op runs."""
+    from attnmem.trace.recorder import Recorder, replay
+
+    with Recorder() as rec:
+        x = torch.empty(2, 5, 8, device="meta")
+        rec.mark("all")
+        y = x[torch.full((2, 5), 3, device="meta") == 3]
+        rec.mark("none")
+        z = x[torch.full((2, 5), 3, device="meta") == 4]
+        assert y.shape == (10, 8) and z.shape == (0, 8)
+        with pytest.raises(NotImplementedError, match="nonzero"):
+            x[torch.empty(2, 5, device="meta") > 0]  # values unknown: still refused
+    sizes = [ev[2] for ev in rec.events if ev[0] == "a"]
+    assert 10 * 2 * 8 in sizes  # the nonzero result: 10 positions, 2 dims, int64
+    assert replay(rec.events)["all"].peak >= 10 * 8 * 4 + 10 * 2 * 8
+
+
+def test_xmod_runs_with_a_language_adapter():
+    """X-MOD refuses input without a language; every adapter has the same shapes, so the
+    trace runs the first; its language mask is known, so its masked indexing runs."""
+    cfg = transformers.XmodConfig(vocab_size=101, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64, is_decoder=True,
+                                  languages=("en_XX", "de_DE"))
+    t = trace_inference(_d(cfg, "XmodForCausalLM"), 2, 12, 3, attention="eager")
+    assert t.kv_cache_bytes == 2 * 2 * 2 * 14 * 32 * 2  # K+V, layers, B, s+n-1, h, bf16
+
+
+def test_what_transformers_generate_cannot_run_is_refused_saying_so():
+    """Blenderbot's causal LM has decoder_layers of its own, but generate() sizes its cache by
+    num_hidden_layers (the encoder's): a real run fails as the trace says it does."""
+    cfg = transformers.BlenderbotConfig(vocab_size=101, d_model=32, encoder_layers=1,
+                                        decoder_layers=2, encoder_attention_heads=4,
+                                        decoder_attention_heads=4, encoder_ffn_dim=64,
+                                        decoder_ffn_dim=64)
+    with pytest.raises(ValueError, match=r"makes a cache of 1 layers .* layers count to 2, so "
+                                         r"generate\(\) fails the same way"):
+        trace_inference(_d(cfg, "BlenderbotForCausalLM"), 1, 8, 2, attention="eager")
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(IndexError):
+        model.generate(torch.ones(1, 8, dtype=torch.long), max_new_tokens=2, do_sample=False)
