@@ -173,7 +173,10 @@ def _callback(seen: Seen, steps: int, cuda: bool, model: Any) -> Any:
                 return
             state["on"] = True
             m = kw["model"]
-            seen.checkpointing = bool(getattr(m, "is_gradient_checkpointing", False))
+            # transformers >= 5.2x renamed it is_activation_checkpointing (the old name warns)
+            flag = ("is_activation_checkpointing" if hasattr(m, "is_activation_checkpointing")
+                    else "is_gradient_checkpointing")
+            seen.checkpointing = bool(getattr(m, flag, False))
             if cuda:
                 torch.cuda.synchronize()
                 seen.before = torch.cuda.memory_allocated()
@@ -238,21 +241,21 @@ def _pct(calc: int | None, measured: int | None) -> float | None:
 def run(model_name: str, text: str, *, attention: str = "sdpa_flash", steps: int = 1,
         device: str = "cuda") -> dict[str, Any]:
     """Run the step (module docstring) and return the row (FIELDS)."""
-    import torch
-    import transformers
-    import trl
-
     from attnmem.measure import train_models
-    from attnmem.measure.model_common import (
-        attention_context,
-        attn_implementation,
-        model_from_config,
-    )
 
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device={device!r}: accepted: cuda, cpu")
     if model_name not in train_models.MODELS:
         raise ValueError(f"model {model_name!r}: accepted: {', '.join(train_models.NAMES)}")
+    import torch
+    import transformers
+    import trl
+
+    from attnmem.measure.model_common import (
+        attention_context,
+        attn_implementation,
+        model_from_config,
+    )
     with tempfile.TemporaryDirectory() as out_dir:
         p = plan(text, steps, out_dir)
         try:
