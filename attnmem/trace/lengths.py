@@ -14,6 +14,11 @@ itself. Between its fitted lengths the model gives each tensor's exact size; the
 the same allocator replay as a trace's (attnmem.calc.allocator), with no model code run: tens
 of milliseconds against seconds. Outside [lo, hi] it is not used.
 
+Where the layer shortcut holds (attnmem.trace.layer_blocks), the five traces are of the model
+with a few layers and the fitted skeleton is expanded once to the full depth (its check, a
+trace one block longer, is run at one of the lengths unless a first answer ran it already);
+the cache's bytes are the sum of the quadratics of the tensors it holds at the end.
+
 Sizes that are not polynomials in s would be rounded (the memory-efficient backend pads its
 mask's columns to 16; FlashAttention's split-KV count depends on the tiles): they fail the
 checks, or, between checked lengths, differ by the rounding only; `peak` is exact at the
