@@ -9,7 +9,13 @@ default config.json (the class defaults describe the checkpoint named in its doc
 - refused: exit 1 or 2 with attnmem's one-line reason (the reason is printed);
 - crashed: a Python traceback, or no answer in the time limit.
 
+Cutting a config's layers can make a config its class would not make (XLSTM's num_blocks,
+HRM's num_layers_per_stack and per-layer dicts keyed by layer index keep the old count): a type
+refused or crashed at the cut is run again at its class's own layer count, and the row says
+which config gave the outcome (`layers`: the cut, or "default").
+
     python scripts/any_model_sweep.py [--types llama,olmo2] [--timeout 120] [--out sweep.csv]
+    python scripts/any_model_sweep.py --from sweep.csv --outcome refused,crashed   # the rest
 
 Nothing here is downloaded; the configs are the installed classes' own defaults.
 """
@@ -28,14 +34,17 @@ from pathlib import Path
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
-def default_config(model_type: str, layers: int = 2) -> dict:
-    """The class-default config of model_type as a config.json dict, cut to `layers` layers."""
+def default_config(model_type: str, layers: int | None = 2) -> dict:
+    """The class-default config of model_type as a config.json dict, cut to `layers` layers
+    (None: as the class makes it)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     d = CONFIG_MAPPING[model_type]().to_dict()
     arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
     d["architectures"] = [arch if isinstance(arch, str) else arch[0]]
+    if layers is None:
+        return d
     for sub in (d, d.get("text_config") or {}):
         n = [sub[k] for k in LAYER_KEYS if isinstance(sub.get(k), int)]
         for k in LAYER_KEYS:
@@ -49,13 +58,26 @@ def default_config(model_type: str, layers: int = 2) -> dict:
 
 
 def run_one(model_type: str, timeout: float, layers: int = 2) -> dict:
+    """One type's outcome at `layers` layers, and where that is refused or crashes, at the
+    class's own layer count (the module docstring)."""
+    row = _run(model_type, timeout, layers)
+    if row["outcome"] in ("refused", "crashed", "class"):
+        full = _run(model_type, timeout, None)
+        if full["outcome"] == "answered" or row["outcome"] == "class":
+            return full
+        row["detail"] = f"{row['detail']} | at the class's own layer count: {full['detail']}"
+    return row
+
+
+def _run(model_type: str, timeout: float, layers: int | None) -> dict:
+    cut = "default" if layers is None else str(layers)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         try:
             path.write_text(json.dumps(default_config(model_type, layers), default=str))
         except Exception as exc:  # the class itself refuses its defaults
-            return {"type": model_type, "outcome": "class", "seconds": 0.0,
-                    "detail": f"{type(exc).__name__}: {exc}"[:300]}
+            return {"type": model_type, "outcome": "class", "seconds": 0.0, "layers": cut,
+                    "detail": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
         t0 = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, "-c", "import sys; from attnmem.cli import main; sys.exit(main(sys.argv[1:]))", "memory", "--model", str(path),
@@ -63,7 +85,7 @@ def run_one(model_type: str, timeout: float, layers: int = 2) -> dict:
                                timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"type": model_type, "outcome": "crashed", "seconds": timeout,
-                    "detail": f"no answer in {timeout:.0f} s"}
+                    "layers": cut, "detail": f"no answer in {timeout:.0f} s"}
         secs = time.perf_counter() - t0
     err = p.stderr.strip()
     if "Traceback (most recent call last)" in err:
@@ -73,14 +95,18 @@ def run_one(model_type: str, timeout: float, layers: int = 2) -> dict:
             ans = json.loads(p.stdout)
         except json.JSONDecodeError:
             return {"type": model_type, "outcome": "crashed", "seconds": round(secs, 1),
-                    "detail": "exit 0 but no JSON: " + p.stdout[:200]}
+                    "layers": cut, "detail": "exit 0 but no JSON: " + p.stdout[:200]}
         outcome = "answered"
         detail = str(ans.get("counted_from") or ans.get("source") or "rules")[:300]
-    else:
+    elif p.returncode in (1, 2):  # attnmem's refusal: a usage error or a reason
         last = (err.splitlines() or [""])[-1]
         # calc's refusal first, then the trace's reason: keep the trace's
-        outcome, detail = "refused", last.split("; and the trace: ")[-1][:300]
-    return {"type": model_type, "outcome": outcome, "seconds": round(secs, 1), "detail": detail}
+        outcome, detail = "refused", last.split("; and the trace: ")[-1][:700]
+    else:  # the process died (a signal, a library that would not load)
+        outcome = "crashed"
+        detail = f"exit {p.returncode}: " + (err.splitlines() or [""])[-1][:300]
+    return {"type": model_type, "outcome": outcome, "seconds": round(secs, 1), "layers": cut,
+            "detail": detail}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,22 +116,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="CSV of type, outcome, seconds, detail")
     ap.add_argument("--layers", type=int, default=2,
                     help="layers kept (hybrids need enough to hold an attention layer)")
+    ap.add_argument("--from", dest="from_csv",
+                    help="run only the types of this earlier --out CSV (with --outcome)")
+    ap.add_argument("--outcome", default="refused,crashed,class",
+                    help="with --from: the outcomes whose types run again")
     a = ap.parse_args(argv)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     types = a.types.split(",") if a.types else sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if a.from_csv:
+        wanted = set(a.outcome.split(","))
+        with open(a.from_csv, newline="") as fh:
+            types = [r["type"] for r in csv.DictReader(fh) if r["outcome"] in wanted]
     rows = []
     for t in types:
         r = run_one(t, a.timeout, a.layers)
         rows.append(r)
-        print(f"{r['type']:28s} {r['outcome']:9s} {r['seconds']:6.1f}s  {r['detail']}", flush=True)
+        print(f"{r['type']:28s} {r['outcome']:9s} {r['seconds']:6.1f}s {r['layers']:>7s}  "
+              f"{r['detail']}", flush=True)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     print(f"{len(rows)} types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if a.out:
         with open(a.out, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=["type", "outcome", "seconds", "detail"])
+            w = csv.DictWriter(fh, fieldnames=["type", "outcome", "seconds", "layers", "detail"])
             w.writeheader()
             w.writerows(rows)
     return 0

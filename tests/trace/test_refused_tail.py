@@ -257,3 +257,26 @@ def test_what_transformers_generate_cannot_run_is_refused_saying_so():
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with pytest.raises(IndexError):
         model.generate(torch.ones(1, 8, dtype=torch.long), max_new_tokens=2, do_sample=False)
+
+
+def _xlstm():
+    return transformers.xLSTMConfig(vocab_size=101, hidden_size=64, embedding_dim=64,
+                                    num_heads=4, num_blocks=2, num_hidden_layers=2,
+                                    qk_dim_factor=1.0, v_dim_factor=1.0, chunk_size=16)
+
+
+def test_xlstm_caches_what_a_real_run_caches():
+    """xLSTM makes its own cache (generate() gives it none) and returns it: its recurrent
+    state, the same bytes as a real run's whatever the length."""
+    cfg = _xlstm()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    for s, n in ((40, 2), (100, 3)):
+        t = trace_inference(_d(cfg, "xLSTMForCausalLM"), 2, s, n, attention="eager")
+        assert t.kv_cache_bytes == _real_state(model, torch.ones(2, s, dtype=torch.long), n)
+
+
+def test_xlstm_chunk_loop_is_folded_exactly(monkeypatch):
+    """xLSTM's chunkwise form loops over chunks of 16 here: 1,100 tokens are 69 chunks."""
+    folded, unfolded = _folded_and_not(_d(_xlstm(), "xLSTMForCausalLM"), 1100, 3, "eager",
+                                       monkeypatch)
+    assert _normal(folded.events) == _normal(unfolded.events)
