@@ -65,7 +65,12 @@ from attnmem.trace.inference import (
     _built,
     _cache_kw,
     _experts,
+    _held_state,
+    _module_state,
     _new_cache,
+    _OwnHooks,
+    _reset_module_state,
+    _returned_cache,
     loop_guard,
 )
 from attnmem.trace.recorder import Recorder, replay
@@ -135,18 +140,31 @@ def _layout(text: str, dtype: str) -> TracedLayout:
         meta = torch.device("meta")
         cache = _new_cache(model)
         kw = {_cache_kw(model): cache} if cache is not None else {}
+        before = _module_state(model)
+        name = type(model).__name__
         try:
             with torch.no_grad():
                 _experts(model, "grouped_mm")
                 ids = torch.zeros(1, LAYOUT_TOKENS, dtype=torch.long, device=meta)
                 out = model(input_ids=ids, position_ids=torch.zeros_like(ids), use_cache=True,
                             logits_to_keep=1, **kw)
+            cache = _returned_cache(out, model, cache)  # a cache filled in place is the one
+            held = _held_state(model, before)
+        except _OwnHooks:
+            raise ValueError(f"{name} carries its decoding state under a name of its own, not "
+                             f"in a transformers cache, so no cache layers give vLLM's layout"
+                             ) from None
         except Exception as e:  # the model's own code refuses, or cannot run on meta
-            raise ValueError(f"transformers' {type(model).__name__} could not run a prefill on "
+            raise ValueError(f"transformers' {name} could not run a prefill on "
                              f"the meta device to fill its cache: {type(e).__name__}: "
                              f"{' '.join(str(e).split())[:300]}") from None
-        cache = out["cache"] if "cache" in out else out.past_key_values
-    return _read_layers(cache, cfg, type(model).__name__, transformers.__version__)
+        finally:
+            _reset_module_state(model, before)
+        if held:
+            raise ValueError(f"{name} keeps part of its decoding state in its layers, not in "
+                             f"its transformers cache, so the cache's layers do not give "
+                             f"vLLM's layout")
+    return _read_layers(cache, cfg, name, transformers.__version__)
 
 
 _KV_ONLY = {"DynamicLayer", "DynamicSlidingWindowLayer"}

@@ -280,3 +280,15 @@ def test_xlstm_chunk_loop_is_folded_exactly(monkeypatch):
     folded, unfolded = _folded_and_not(_d(_xlstm(), "xLSTMForCausalLM"), 1100, 3, "eager",
                                        monkeypatch)
     assert _normal(folded.events) == _normal(unfolded.events)
+
+
+def test_serving_refuses_a_state_outside_the_cache_saying_where_it_is():
+    """vLLM's layout is read from transformers' cache layers: a model whose state is in its
+    layers (RecurrentGemma) or under its own name (RWKV) has none to read, and says so."""
+    from attnmem.trace.serving import traced_serving
+
+    with pytest.raises(ValueError, match="keeps part of its decoding state in its layers"):
+        traced_serving(_d(_recurrent_gemma(), "RecurrentGemmaForCausalLM"), "NVIDIA H100 80GB",
+                       4096)
+    with pytest.raises(ValueError, match="under a name of its own"):
+        traced_serving(_d(_rwkv(), "RwkvForCausalLM"), "NVIDIA H100 80GB", 4096)
