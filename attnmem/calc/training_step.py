@@ -108,6 +108,10 @@ from attnmem.calc.train_packed import (
 )
 from attnmem.calc.train_packed import check_packed as check_packed
 from attnmem.calc.train_recipes import check_kbit, check_offload, offload_phases
+from attnmem.calc.train_trl_loss import LOSSES as LOSSES
+from attnmem.calc.train_trl_loss import TRL_HEAD_BACKWARD as TRL_HEAD_BACKWARD
+from attnmem.calc.train_trl_loss import TRL_HEAD_FORWARD as TRL_HEAD_FORWARD
+from attnmem.calc.train_trl_loss import check_loss, trl_fused_step
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, ceil_bytes, check_bool, check_int
 
 
@@ -133,6 +137,7 @@ def training_step(
     kbit_prepare: bool = False,
     liger: bool = False,
     offload_activations: bool = False,
+    loss: str = "full",
 ) -> TrainingStepMemory:
     """Per-GPU memory of one training step (module docstring: every term and its source).
 
@@ -164,6 +169,10 @@ def training_step(
     apply_liger_kernel_to_llama patches them (attnmem/calc/train_liger.py);
     offload_activations: saved tensors in pinned host memory (torch.autograd.graph.save_on_cpu;
     with checkpointing, transformers' offload=True; attnmem/calc/train_recipes.py).
+    loss: "full" (transformers' own loss: the logits and cross_entropy's log-softmax) or
+    "trl_fused" (TRL's fused LM head, trl >= 1.16's SFTTrainer: no (B, s, V) tensor;
+    attnmem/calc/train_trl_loss.py), with liger=True Liger's layer kernels beside it (TRL turns
+    Liger's fused cross-entropy off).
     Raises ValueError naming the bad value and what is accepted.
     """
     check_model(model)
@@ -186,11 +195,16 @@ def training_step(
                       lengths)
     lig = check_liger(model, liger, precision, kbit, lay.tp)
     off = check_offload(offload_activations, lengths, model, adapters, lig)
+    trl = check_loss(loss, precision=precision, kbit=kbit, offload=off, tp=lay.tp,
+                     sharding=lay.sharding, use_cache=cache)
     if adapters is not None:
         lo = _check_lora(adapters)
         _check_lora_model(model, precision, gpus, tp, sharding)
-        return _lora_step(model, b, s, attention, checkpointing, optimizer, cache, lo, base_dtype,
-                          lengths, kbit, lig, off)
+        st = _lora_step(model, b, s, attention, checkpointing, optimizer, cache, lo, base_dtype,
+                        lengths, kbit, lig, off)
+        # a frozen lm_head: no weight gradient in the head's backward; no step buffers
+        return trl_fused_step(st, model, b, s, lengths, st.before_step_bytes, False) if trl \
+            else st
     if base_dtype != "bf16":
         raise ValueError(f"base_dtype {base_dtype!r} without adapters: a 4-bit base has no "
                          "trainable weights; pass adapters=LoRA(...) (QLoRA)")
@@ -202,8 +216,12 @@ def training_step(
     pb = param_breakdown(model)
     fwd = _forward(model, dm, attention, amp, cache, checkpointing, norm_topk, aux, lay.tp, pb,
                    lig)
-    return _full_step(model, dm, attention, precision, checkpointing, optimizer, lay, pb, fwd,
-                      lig, off)
+    st = _full_step(model, dm, attention, precision, checkpointing, optimizer, lay, pb, fwd,
+                    lig, off)
+    if not trl:
+        return st
+    base = st.before_step_bytes + layout_bytes(model, lay, precision)["step_buffers"]
+    return trl_fused_step(st, model, b, s, lengths, base, True)
 
 
 @dataclass(frozen=True)
