@@ -102,13 +102,15 @@ def _built(text: str, dtype: str, attn: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from attnmem.trace.weights import _config
+    from attnmem.trace.weights import TooManyModules, _config, module_limit
 
     cfg = _config(json.loads(text))
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), module_limit():
             model = AutoModelForCausalLM.from_config(cfg, dtype=_torch_dtype(dtype),
                                                      attn_implementation=attn)
+    except TooManyModules as e:
+        raise ValueError(f"config.json: {e}") from None
     except Exception as e:
         raise ValueError(f"transformers cannot build a causal LM from this "
                          f"'{cfg.model_type}' config: {' '.join(str(e).split())[:300]}"

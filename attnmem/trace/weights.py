@@ -20,6 +20,8 @@ quantized checkpoints are priced by attnmem.calc.quant, not here.
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -53,19 +55,51 @@ class TracedWeights:
                 + self.other_buffer_bytes)
 
 
-#: The largest config the trace builds: each layer and expert is a module built (and, for a
-#: trace, run) in Python, so a hostile upload of 10^9 layers would hold a process for hours;
-#: every real config is far inside them (Llama 3.1 405B has 126 layers, Kimi-K2 384 experts).
-TRACE_LIMITS = {"layers": 512, "experts": 4096}
+#: The largest config the trace builds: each layer is a module built (and, for a trace, run)
+#: in Python, so a hostile upload of 10^9 layers would hold a process for hours; every real
+#: config is far inside them (Llama 3.1 405B has 126 layers). Experts are not counted from the
+#: config: transformers 5 holds most as one fused parameter (Doge's 16,384 are two
+#: embeddings), so the build itself stops past MAX_MODULES modules (`module_limit`).
+TRACE_LIMITS = {"layers": 512}
+#: Modules a build may register before it is stopped (DeepSeek-V3 with its 61 layers has
+#: about 2,000; a model of 512 layers with 128 expert modules each, 66,000).
+MAX_MODULES = 100_000
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+class TooManyModules(Exception):
+    """A build registered more than MAX_MODULES modules."""
+
+
+@contextmanager
+def module_limit(limit: int | None = None):
+    """Inside the block, the building thread's module registrations are counted; past `limit`
+    (MAX_MODULES) TooManyModules stops the build (a config asking for millions of modules)."""
+    import torch
+
+    limit = MAX_MODULES if limit is None else limit
+    thread, count = threading.get_ident(), [0]
+
+    def hook(_module, _name, _sub):
+        if threading.get_ident() == thread:
+            count[0] += 1
+            if count[0] > limit:
+                raise TooManyModules(f"the model has more than {limit:,} modules (each built, "
+                                     f"and for a trace run, in Python on the meta device); "
+                                     f"the trace builds at most {limit:,}")
+
+    handle = torch.nn.modules.module.register_module_module_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def too_large(d: dict) -> str | None:
-    """Why a config is too large to trace here (layers or experts past TRACE_LIMITS), or None."""
+    """Why a config is too large to trace here (layers past TRACE_LIMITS), or None."""
     scopes = [d] + [v for v in d.values() if isinstance(v, dict)]
     for scope in scopes:
-        for what, keys in (("layers", _LAYER_KEYS), ("experts", _EXPERT_KEYS)):
+        for what, keys in (("layers", _LAYER_KEYS),):
             for key in keys:
                 value = scope.get(key)
                 if isinstance(value, int) and not isinstance(value, bool) \
@@ -114,8 +148,10 @@ def build_meta(d: dict):
 
     cfg = _config(d)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), module_limit():
             return AutoModelForCausalLM.from_config(cfg)
+    except TooManyModules as e:
+        raise ValueError(f"config.json: {e}") from None
     except Exception as e:
         raise ValueError(f"transformers cannot build a causal LM from this "
                          f"'{d.get('model_type')}' config: {' '.join(str(e).split())[:300]}"

@@ -292,3 +292,19 @@ def test_serving_refuses_a_state_outside_the_cache_saying_where_it_is():
                        4096)
     with pytest.raises(ValueError, match="under a name of its own"):
         traced_serving(_d(_rwkv(), "RwkvForCausalLM"), "NVIDIA H100 80GB", 4096)
+
+
+def test_experts_held_as_one_tensor_are_not_refused_by_their_count(monkeypatch):
+    """Doge's 16,384 experts are two embeddings, not modules: the size guard counts modules as
+    the model is built, not experts in the config, and stops a build past its limit."""
+    import attnmem.trace.weights as weights
+
+    cfg = transformers.DogeConfig(vocab_size=101, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, num_experts=16384,
+                                  num_experts_per_tok=4, is_moe=True)
+    d = _d(cfg, "DogeForCausalLM")
+    assert trace_inference(d, 1, 16, 2, attention="eager").peak_bytes > 0
+    monkeypatch.setattr(weights, "MAX_MODULES", 20)
+    with pytest.raises(ValueError, match=r"more than 20 modules"):
+        weights.build_meta(d)
