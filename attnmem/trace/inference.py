@@ -508,6 +508,11 @@ def _why(model: Any, err: BaseException) -> str:
         return ("; every layer of this config is a state-space or linear-attention layer, and "
                 "transformers' generate() cannot run a model without an attention layer (its "
                 "mask code asks an attention layer for sizes; it fails the same way on a GPU)")
+    if "item() cannot be called on meta tensors" in text or "Cannot copy out of meta" in text:
+        return ("; its forward reads a value of a tensor computed from the input (a data-"
+                "dependent branch or size), which the meta device does not hold: the trace "
+                "follows only values it knows exactly (attnmem.trace.uniform), so this model "
+                "is not traced")
     if isinstance(err, IndexError):
         cache = _new_cache(model)
         made = len(getattr(cache, "layers", ()) or ())
