@@ -1,24 +1,34 @@
 """TRL's SFTTrainer arguments as training_step keywords (`trl_kwargs`), and the cheapest
 combination of memory levers that fits a GPU (`cheapest_fit`). Pure: stdlib only.
 
-TRL defaults (huggingface/trl at f2cd577, trl/trainer/sft_config.py, SFTConfig): max_length
-1024, packing False (packing_strategy "bfd", which turns padding-free on), padding_free False,
-gradient_checkpointing True and bf16 True (SFTConfig's overrides of TrainingArguments),
-use_liger_kernel False, activation_offloading False, loss_type "chunked_nll" unless
-use_liger_kernel ("nll" then). transformers' TrainingArguments (5.25): per_device_train_batch_size
-8, optim "adamw_torch_fused", gradient_checkpointing_kwargs None. What the mapping assumes:
+TRL defaults (trl 1.16.0, the PyPI wheel: trl/trainer/sft_config.py SFTConfig and
+trl/trainer/base_config.py, TRL's overrides of transformers' TrainingArguments): max_length
+1024, packing False (packing_strategy "bfd"), padding_free False, gradient_checkpointing True,
+bf16 None (True unless fp16), use_liger_kernel False (deprecated), activation_offloading False,
+loss_type "nll" ("dft"; "chunked_nll" a deprecated alias that __post_init__ turns into "nll").
+transformers' TrainingArguments (5.25): per_device_train_batch_size 8, optim
+"adamw_torch_fused", gradient_checkpointing_kwargs None, label_smoothing_factor 0. What the
+mapping assumes, and what TRL's SFTTrainer.__init__ (trl/trainer/sft_trainer.py) checks:
+- The loss: SFTTrainer always adds TRL's fused LM head (add_fused_lm_head) and compute_loss
+  runs it for "nll" and "dft": `TrlMapping.loss` is "trl_fused" (attnmem/calc/
+  train_trl_loss.py), training_step's `loss`. It is kept out of `kwargs`, the keywords the
+  Training page and `attnmem train` set from TRL's arguments, which have no loss input yet;
+  trl_step passes it. label_smoothing_factor > 0 with "nll" computes the loss from the full
+  logits and runs the fused head again under no_grad: refused (not counted).
 - bf16=True runs the forward under autocast; a model loaded in bf16 (TRL's dtype "auto" on a
   bf16 checkpoint) keeps bf16 weights, whose matmuls autocast leaves as they are: precision
   "bf16". fp16 is refused.
-- Rows: without packing or padding_free, every row padded to max_length (the worst case of
-  padding to the longest): batch × max_length. padding_free or packing ("bfd"/"bfd_split"):
-  the batch flattened into one row of sequences of max_length each (the worst case):
-  packed_lengths = (max_length,) × batch.
-- loss_type "chunked_nll" (TRL's default) is counted as "nll" (the whole log-softmax): an
-  upper bound, said in the notes.
-- activation_offloading (TRL's OffloadActivations: skips parameters and tensors under 1 KiB,
-  keeps up to 5 tensors stashed on the GPU) is counted as save_on_cpu: an upper bound on the
-  parameters' side.
+- Rows: without packing or padding-free, every row padded to max_length (the worst case of
+  padding to the longest): batch × max_length. Packing "bfd"/"bfd_split" turns padding-free on
+  (`self.padding_free = args.padding_free or (args.packing and args.packing_strategy in
+  {"bfd", "bfd_split"})`): the batch flattened into one row of sequences of max_length each
+  (the worst case): packed_lengths = (max_length,) × batch. padding_free=True without packing
+  and with max_length set is refused, with TRL's reason (SFTTrainer raises: max_length is not
+  enforced); max_length None is refused here (the longest row is not known).
+- use_liger_kernel=True: transformers applies Liger's layer kernels (RMSNorm, SwiGLU, RoPE);
+  SFTTrainer sets liger_kernel_config's fused_linear_cross_entropy to False (True is refused)
+  and keeps its fused head: liger=True with loss "trl_fused".
+- activation_offloading (TRL's OffloadActivations) with the fused head is not counted: refused.
 - TRL's SFTTrainer does not call peft's prepare_model_for_kbit_training: kbit_prepare stays
   False unless the user's script calls it.
 """
@@ -39,10 +49,13 @@ TRL_DEFAULTS: dict[str, object] = {
     "gradient_checkpointing": True, "gradient_checkpointing_kwargs": None, "bf16": True,
     "fp16": False, "optim": "adamw_torch_fused", "padding_free": False, "packing": False,
     "packing_strategy": "bfd", "use_liger_kernel": False, "per_device_train_batch_size": 8,
-    "max_length": 1024, "loss_type": None, "activation_offloading": False,
+    "max_length": 1024, "loss_type": "nll", "activation_offloading": False,
+    "label_smoothing_factor": 0.0, "liger_kernel_config": None,
 }
-_BOOLS = ("gradient_checkpointing", "bf16", "fp16", "padding_free", "packing",
+_BOOLS = ("gradient_checkpointing", "fp16", "padding_free", "packing",
           "use_liger_kernel", "activation_offloading")
+#: SFTConfig's loss_type choices (trl 1.16 sft_config.py).
+TRL_LOSS_TYPES = ("nll", "dft", "chunked_nll")
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,8 @@ class TrlMapping:
     kwargs: dict
     notes: tuple[str, ...]
     ignored: tuple[str, ...]
+    #: training_step's `loss` for TRL's step (module docstring: not in kwargs)
+    loss: str = "trl_fused"
 
 
 def parse_trl_args(text: str) -> dict:
@@ -90,8 +105,8 @@ def parse_trl_args(text: str) -> dict:
 
 
 def trl_kwargs(args: dict) -> TrlMapping:
-    """Map SFTConfig arguments (module docstring) to training_step's; ValueError names the
-    value refused and what is accepted."""
+    """Map SFTConfig arguments (module docstring) to training_step's: `kwargs` and `loss`;
+    ValueError names the value refused and what is accepted."""
     if not isinstance(args, dict):
         raise ValueError(f"TRL arguments must be a mapping, not {args!r}")
     a = {**TRL_DEFAULTS, **args}
@@ -99,6 +114,10 @@ def trl_kwargs(args: dict) -> TrlMapping:
     for k in _BOOLS:
         if not isinstance(a[k], bool):
             raise ValueError(f"TRL {k}={a[k]!r}: accepted: true or false")
+    if a["bf16"] is None:  # TRL's base_config: bf16 = not fp16
+        a["bf16"] = not a["fp16"]
+    if not isinstance(a["bf16"], bool):
+        raise ValueError(f"TRL bf16={a['bf16']!r}: accepted: true, false or null")
     if a["fp16"]:
         raise ValueError("TRL fp16=True: not counted; accepted: bf16=true or false (fp16 false)")
     b, s = a["per_device_train_batch_size"], a["max_length"]
@@ -121,28 +140,50 @@ def trl_kwargs(args: dict) -> TrlMapping:
         notes.append("use_reentrant=True keeps the same layer inputs as the non-reentrant "
                      "checkpointing counted")
     loss = a["loss_type"]
-    if loss is None:
-        loss = "nll" if a["use_liger_kernel"] else "chunked_nll"
-    if loss not in ("nll", "chunked_nll"):
-        raise ValueError(f"TRL loss_type={loss!r}: accepted: nll, chunked_nll")
-    if loss == "chunked_nll" and a["use_liger_kernel"]:
-        raise ValueError("TRL loss_type='chunked_nll' with use_liger_kernel=True: TRL refuses "
-                         "it too; accepted: loss_type nll with Liger")
+    if not isinstance(loss, str) or loss not in TRL_LOSS_TYPES:
+        raise ValueError(f"TRL loss_type={loss!r}: accepted: {', '.join(TRL_LOSS_TYPES)}")
     if loss == "chunked_nll":
-        notes.append("loss_type chunked_nll (TRL's default) is counted as nll, the whole "
-                     "log-softmax: an upper bound")
+        notes.append("loss_type chunked_nll: TRL 1.16 maps it to nll (deprecated alias)")
+        loss = "nll"
+    ls = a["label_smoothing_factor"]
+    if isinstance(ls, bool) or not isinstance(ls, (int, float)) or not 0 <= ls < 1:
+        raise ValueError(f"TRL label_smoothing_factor={ls!r}: accepted: a number in [0, 1)")
+    if ls > 0 and loss == "nll":
+        raise ValueError(f"TRL label_smoothing_factor={ls!r} with loss_type nll: TRL computes the "
+                         "loss from the full logits and runs its fused head again under no_grad "
+                         "(not counted); accepted: label_smoothing_factor 0")
+    notes.append("TRL's fused LM head (trl 1.16 add_fused_lm_head): counted with "
+                 "loss='trl_fused', no (B, s, V) logits")
+    if loss == "dft":
+        notes.append("loss_type dft: exp(log_probs) (fp32, one per label) kept until its "
+                     "product's backward, before the head's: no moment changes")
+    lkc = a["liger_kernel_config"]
+    if lkc is not None and not isinstance(lkc, dict):
+        raise ValueError(f"TRL liger_kernel_config={lkc!r}: accepted: null or an object")
+    if a["use_liger_kernel"] and (lkc or {}).get("fused_linear_cross_entropy"):
+        raise ValueError('TRL liger_kernel_config={"fused_linear_cross_entropy": true}: TRL '
+                         "refuses it (it replaces the forward TRL patches with its fused head); "
+                         "accepted: leave it out")
+    if a["use_liger_kernel"]:
+        notes.append("use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE; TRL turns Liger's "
+                     "fused cross-entropy off and keeps its own fused head")
+    if a["activation_offloading"]:
+        raise ValueError("TRL activation_offloading=True: its offloading of the fused head's "
+                         "saved tensors is not counted; accepted: false")
     strategy = a["packing_strategy"]
     if strategy not in ("bfd", "bfd_split", "wrapped"):
         raise ValueError(f"TRL packing_strategy={strategy!r}: accepted: bfd, bfd_split, wrapped")
-    free = a["padding_free"] or (a["packing"] and strategy != "wrapped")
+    if a["padding_free"] and not a["packing"]:
+        raise ValueError("TRL padding_free=True without packing, with max_length set: TRL "
+                         "refuses it (\"When `padding_free=True` without packing, `max_length` "
+                         "is not enforced\"); accepted: packing=true (packing_strategy bfd or "
+                         "bfd_split: padding-free rows of max_length)")
+    free = a["packing"] and (a["padding_free"] or strategy != "wrapped")
     kw: dict = {"checkpointing": a["gradient_checkpointing"], "precision": "bf16",
                 "optimizer": TRL_OPTIMS[optim], "liger": a["use_liger_kernel"],
-                "offload_activations": a["activation_offloading"]}
+                "offload_activations": False}
     if a["bf16"]:
         notes.append("bf16=True: autocast over a bf16 model, counted as precision bf16")
-    if a["activation_offloading"]:
-        notes.append("activation_offloading counted as torch's save_on_cpu (TRL's skips "
-                     "parameters: an upper bound)")
     if free:
         kw["packed_lengths"] = (s,) * b
         notes.append(f"padding-free: {b} sequence(s) of max_length {s:,} flattened into one row")

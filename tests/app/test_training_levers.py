@@ -146,12 +146,12 @@ def test_the_trl_box_sets_the_pages_inputs() -> None:
     assert peak(at, "triton") == gb(step.peak_bytes)
     said = " ".join(unescaped(at.caption))
     assert "TRL arguments applied" in said and "report_to" in said  # its notes and ignored keys
-    # key=value lines, padding-free: one row of b sequences of max_length
-    at.text_area[0].input("per_device_train_batch_size=4\nmax_length=2048\npadding_free=true")
+    # key=value lines, packing (bfd: padding-free): one row of b sequences of max_length
+    at.text_area[0].input("per_device_train_batch_size=4\nmax_length=2048\npacking=true")
     at.button[0].click().run()
     assert not at.exception
     assert (at.query_params["b"], at.query_params["s"], at.query_params["pf"]) == ("4", "2048", "true")
-    m = trl_kwargs({"per_device_train_batch_size": 4, "max_length": 2048, "padding_free": True})
+    m = trl_kwargs({"per_device_train_batch_size": 4, "max_length": 2048, "packing": True})
     step = attnmem.calc.training_step(LLAMA, m.batch, m.seq_len, attention="triton", **m.kwargs)
     assert peak(at, "triton") == gb(step.peak_bytes)
 

@@ -237,11 +237,16 @@ def test_offload_refusals(kwargs: dict, word: str) -> None:
 # --- TRL -------------------------------------------------------------------------------------
 
 def test_trl_defaults() -> None:
+    """trl 1.16: loss_type nll, which (like every loss_type) runs TRL's fused LM head."""
     m = trl_kwargs({})
     assert (m.batch, m.seq_len) == (8, 1024)
     assert m.kwargs == {"checkpointing": True, "precision": "bf16", "optimizer": "adamw_fused",
                         "liger": False, "offload_activations": False}
-    assert any("chunked_nll" in n for n in m.notes)
+    assert m.loss == "trl_fused" and any("fused LM head" in n for n in m.notes)
+    chunked = trl_kwargs({"loss_type": "chunked_nll"})
+    assert chunked.loss == "trl_fused" and any("maps it to nll" in n for n in chunked.notes)
+    dft = trl_kwargs({"loss_type": "dft"})
+    assert dft.loss == "trl_fused" and any("dft" in n for n in dft.notes)
 
 
 def test_trl_padding_free_and_levers() -> None:
@@ -252,10 +257,13 @@ def test_trl_padding_free_and_levers() -> None:
     assert m.kwargs["packed_lengths"] == (4096, 4096)
     assert m.kwargs["liger"] and m.kwargs["optimizer"] == "paged_adamw_8bit"
     assert m.kwargs["checkpointing"] is False and m.ignored == ("learning_rate",)
-    st = training_step(LLAMA, m.batch, m.seq_len, attention="triton", **m.kwargs)
-    assert st.peak_bytes > 0
+    st = training_step(LLAMA, m.batch, m.seq_len, attention="triton", loss=m.loss, **m.kwargs)
+    assert st.peak_bytes > 0 and LIGER_PHASE not in st.phases  # Liger's layers, TRL's head
     wrapped = trl_kwargs(parse_trl_args('{"packing": true, "packing_strategy": "wrapped"}'))
     assert "packed_lengths" not in wrapped.kwargs and wrapped.batch == 8
+    # padding_free=True makes wrapped packing padding-free too (SFTTrainer.__init__)
+    both = trl_kwargs({"packing": True, "packing_strategy": "wrapped", "padding_free": True})
+    assert both.kwargs["packed_lengths"] == (1024,) * 8
 
 
 @pytest.mark.parametrize("args, word", [
@@ -264,10 +272,14 @@ def test_trl_padding_free_and_levers() -> None:
     ({"max_length": None}, "max_length"),
     ({"per_device_train_batch_size": 0}, "per_device_train_batch_size"),
     ({"gradient_checkpointing_kwargs": {"preserve_rng_state": False}}, "use_reentrant"),
-    ({"use_liger_kernel": True, "loss_type": "chunked_nll"}, "chunked_nll"),
-    ({"loss_type": "dft"}, "dft"),
+    ({"loss_type": "focal"}, "focal"),
     ({"bf16": "yes"}, "bf16"),
     ({"packing_strategy": "ffd"}, "ffd"),
+    ({"padding_free": True}, "max_length` is not enforced"),  # TRL's own refusal
+    ({"label_smoothing_factor": 0.1}, "label_smoothing_factor"),
+    ({"activation_offloading": True}, "activation_offloading"),
+    ({"use_liger_kernel": True, "liger_kernel_config": {"fused_linear_cross_entropy": True}},
+     "fused_linear_cross_entropy"),
 ])
 def test_trl_refusals_name_the_value(args: dict, word: str) -> None:
     with pytest.raises(ValueError, match=word):

@@ -30,7 +30,7 @@ def test_levers_are_calcs(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_trl_args_and_cheapest(capsys: pytest.CaptureFixture[str]) -> None:
     r = run_json(capsys, "train", "--model", LLAMA, "--gpu", "H100 80GB", "--impl", "triton",
-                 "--trl-args", "per_device_train_batch_size=2,max_length=8192,padding_free=true,"
+                 "--trl-args", "per_device_train_batch_size=2,max_length=8192,packing=true,"
                  "loss_type=nll", "--cheapest")
     assert (r["seq_len"], r["packed_lengths"]) == (16384, [8192, 8192])
     assert r["checkpointing"] and r["optimizer"] == "adamw_fused"  # TRL's defaults

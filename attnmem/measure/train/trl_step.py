@@ -225,13 +225,14 @@ def mismatches(seen: Seen, mapping: Any) -> list[str]:
 
 
 def predict(model_name: str, mapping: Any, attention: str) -> Any:
-    """attnmem.calc.training_step for the mapping (as `attnmem train --trl-args` calls it)."""
+    """attnmem.calc.training_step for the mapping's keywords and its loss (TRL's fused LM head,
+    `TrlMapping.loss`)."""
     from attnmem.calc import ModelConfig, training_step
     from attnmem.measure.train_models import hf_config
 
     model = ModelConfig.from_hf_config(hf_config(model_name), name=model_name)
     return training_step(model, mapping.batch, mapping.seq_len, attention=attention,
-                         **mapping.kwargs)
+                         loss=mapping.loss, **mapping.kwargs)
 
 
 def _pct(calc: int | None, measured: int | None) -> float | None:
