@@ -59,6 +59,7 @@ from attnmem.calc.train_liger import (
     flce_forward_extra,
     liger_layer_terms,
     liger_model_terms,
+    lora_liger_ckpt_moments,
     lora_liger_moments,
 )
 from attnmem.calc.train_optimizer import LIBRARY_OPTIMIZERS, lora_tensors, optimizer_state
@@ -529,6 +530,17 @@ def _lora_step(model: ModelConfig, b: int, s: int, attention: str, checkpointing
             base + after_loss + dh, _lora_attention_extra(model, dm, attention, last, lo), first,
             base + at_first + (L - 1) * g_layer + dh,
             _lora_attention_extra(model, dm, attention, first, lo)))
+    elif liger:  # checkpointed: each layer recomputed inside its backward (train_liger.py).
+        # transformers' checkpointing enable calls enable_input_require_grads (modeling_utils.py
+        # _activation_checkpointing_enable, for every input_ids model), so layer 0's input
+        # requires grad and layer 0 keeps what the later layers keep.
+        phases.update(lora_liger_ckpt_moments(
+            dm, lo.rank, lo.e, lo.dropout > 0, lo.targets, rest, rest,
+            base + after_loss, base + after_loss + dh,
+            base + after_loss - (L - 1) * stream * dm.t * dm.h + (L - 1) * g_layer + dh,
+            _core_saved(rest), _core_saved(rest), _attention_forward_extra(attention, dm),
+            _lora_attention_extra(model, dm, attention, rest, lo),
+            _lora_attention_extra(model, dm, attention, rest, lo)))
     if optimizer == "adamw":
         tmp = ceil_bytes(Fraction(opt, 2))
     phases[PHASES[7]] = before + grads + tmp
