@@ -271,6 +271,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--offload-activations", action="store_true",
                            help="saved activations in pinned host memory (save_on_cpu; "
                                 "default: off)")
+            s.add_argument("--trl-fused-head", action="store_true",
+                           help="the loss through TRL SFTTrainer's fused LM head (trl 1.16: "
+                                "no full logits; set by --trl-args; default: off, the model's "
+                                "own loss)")
             s.add_argument("--trl-args", default=None, metavar="ARGS",
                            help="TRL SFTConfig arguments as JSON or key=value list (e.g. "
                                 "'per_device_train_batch_size=2,max_length=4096,"
@@ -447,7 +451,7 @@ def _train(a: argparse.Namespace, model: Any) -> dict:
     return {"model": model.name, **adapter, **asdict(result), "gpu": a.gpu, "gpu_bytes": gpu,
             "optimizer": kw["optimizer"], "kbit_prepare": kw["kbit_prepare"],
             "liger": kw["liger"], "offload_activations": kw["offload_activations"],
-            "trl": trl, "cheapest": levers,
+            "trl": trl, "cheapest": levers, "loss": kw.get("loss", "full"),
             "fits": result.peak_bytes <= gpu, "packed_lengths": list(a.packed or ()),
             "seq_len": a.seq_len, "seq_len_is_default": bool(getattr(a, "seq_len_default", False)),
             "longest_context": longest, "trained_context": trained,
@@ -468,6 +472,8 @@ def _train_settings(a: argparse.Namespace) -> tuple[dict, dict, dict | None]:
               gpus=a.gpus or a.ep, sharding=a.sharding, ep=a.ep, **calc_kwargs(**ft),
               optimizer=a.optimizer, kbit_prepare=a.kbit_prepare, liger=a.liger,
               offload_activations=a.offload_activations)
+    if a.trl_fused_head:
+        kw["loss"] = "trl_fused"
     trl = _trl_settings(a, kw)
     _packed_settings(a)
     return ft, kw, trl
@@ -482,6 +488,8 @@ def _trl_settings(a: argparse.Namespace, kw: dict) -> dict | None:
 
     m = trl_kwargs(parse_trl_args(a.trl_args))
     kw.update({k: v for k, v in m.kwargs.items() if k != "packed_lengths"})
+    if m.loss != "full":
+        kw["loss"] = m.loss
     a.batch, a.seq_len = m.batch, m.seq_len
     a.seq_len_default = False
     a.packed = m.kwargs.get("packed_lengths")
@@ -584,7 +592,8 @@ def _untraced_train_options(a: argparse.Namespace, ft: dict, kw: dict) -> list[s
         bad.append(f"--optimizer {kw['optimizer']} (the trace runs torch's AdamW, foreach)")
     bad += [f"{flag} (not traced)" for flag, on in (
         ("--kbit-prepare", kw["kbit_prepare"]), ("--liger", kw["liger"]),
-        ("--offload-activations", kw["offload_activations"])) if on]
+        ("--offload-activations", kw["offload_activations"]),
+        ("--trl-fused-head or --trl-args' loss", kw.get("loss", "full") != "full")) if on]
     if a.packed:
         bad.append("--packed (the trace runs dense rows of --seq-len tokens)")
     if kw["attention"] not in TRACE_ATTENTIONS:

@@ -88,7 +88,9 @@ def _text_train(r: dict, a: argparse.Namespace, gpu: str, b: Any) -> str:
              + "".join(f", {n}" for n, on in (("peft kbit prepare", r["kbit_prepare"]),
                                               ("Liger", r["liger"]),
                                               ("offloaded activations",
-                                               r["offload_activations"])) if on)]
+                                               r["offload_activations"]),
+                                              ("TRL's fused LM head",
+                                               r.get("loss") == "trl_fused")) if on)]
     if r["trl"]:
         lines += [f"  TRL: {n}" for n in r["trl"]["notes"]]
         if r["trl"]["ignored"]:

@@ -84,6 +84,7 @@ SPECS = {
     "liger": BoolParam(False),
     "offload": BoolParam(False),
     "pf": BoolParam(False),
+    "trlhead": BoolParam(False),  # TRL SFTTrainer's fused LM head as the loss
     # every column of a wide table, not only its first ones (each fits a 1280 px window)
     "mcols": tables.ALL_COLUMNS,  # the measured single-GPU rows
     "dcols": tables.ALL_COLUMNS,  # the measured sharded rows
@@ -211,7 +212,7 @@ with lever_box:
         st.caption(md_escape("TRL arguments applied: " + "; ".join(trl_said[1])
                              + (f". Ignored (no memory effect here): {', '.join(trl_said[2])}"
                                 if trl_said[2] else "")))
-    lev = st.columns(4)
+    lev = st.columns(5)
     kbit = widgets.toggle(tr.LEVER_LABELS["kbit"], "kbit", SPECS["kbit"], where=lev[0],
                           disabled=method != "qlora",
                           help="QLoRA only: fp32 embeddings, lm_head and norms, checkpointing "
@@ -225,6 +226,11 @@ with lever_box:
     pf = widgets.toggle(tr.LEVER_LABELS["pf"], "pf", SPECS["pf"], where=lev[3],
                         help=f"The {batch:,} sequence(s) of s tokens in one row with position_ids "
                              "restarting at each (attnmem/calc/train_packed.py)")
+    trl_head = widgets.toggle(tr.LEVER_LABELS["trlhead"], "trlhead", SPECS["trlhead"],
+                              where=lev[4],
+                              help="TRL 1.16's SFTTrainer scores tokens through a chunked LM "
+                                   "head instead of the model's logits "
+                                   "(attnmem/calc/train_trl_loss.py); set by the TRL box")
     cheapest_box = st.container()
 
 if picked.traced is not None:  # outside calc's rules: transformers' own modules, traced
@@ -233,7 +239,7 @@ if picked.traced is not None:  # outside calc's rules: transformers' own modules
     with answer_box:
         pickers.gpu_note(gpu, unit, what="\"Fits\"")
         bad = ttr.unsupported(prec, method, adt, opt, kbit, liger, offload, pf, gpus, tp, shard,
-                              ep)
+                              ep) + (["TRL's fused LM head (not traced)"] if trl_head else [])
         if bad:
             ttv.refused(picked.traced, bad, top_answer)
         else:
@@ -247,7 +253,7 @@ if picked.traced is not None:  # outside calc's rules: transformers' own modules
     sync_url(used)
     st.stop()
 step_b, step_s, packed = tr.step_shape(batch, seq_len, pf)
-levers = tr.lever_kwargs(method, kbit, liger, offload, packed)
+levers = tr.lever_kwargs(method, kbit, liger, offload, packed, trl_head)
 plain = not levers  # the measured rows and the searches over s are for dense rows, no levers
 
 unit = get_unit()
@@ -458,7 +464,11 @@ for a in steps if not pf else ():  # a padding-free row's lengths are given: no 
         need_text = "— (LoRA and QLoRA are modelled on one GPU)"
     elif why_not:
         need_text = "not computed"
-        warn(f"GPUs needed with {TRAIN_ATTENTION_LABELS[a]}: not computed: {why_not}")
+        said = f"GPUs needed with {TRAIN_ATTENTION_LABELS[a]}: not computed: {why_not}"
+        if shard == "none":  # ZeRO-3 was this table's assumption, not the user's choice
+            st.caption(md_escape(said + " (the table assumes ZeRO-3 over the GPUs)"))
+        else:
+            warn(said)
     elif n_need:
         need_text = f"{n_need:,}"
     elif never:

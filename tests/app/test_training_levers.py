@@ -140,9 +140,11 @@ def test_the_trl_box_sets_the_pages_inputs() -> None:
     assert not at.exception and not at.warning, [w.value for w in at.warning]
     m = trl_kwargs(parse_trl_args(text))
     q = at.query_params
-    assert (q["b"], q["s"], q["opt"], q["liger"], q["ckpt"], q["prec"]) == \
-        ("2", "8192", "paged_adamw_8bit", "true", "true", "bf16")
-    step = attnmem.calc.training_step(LLAMA, m.batch, m.seq_len, attention="triton", **m.kwargs)
+    assert (q["b"], q["s"], q["opt"], q["liger"], q["ckpt"], q["prec"], q["trlhead"]) == \
+        ("2", "8192", "paged_adamw_8bit", "true", "true", "bf16", "true")
+    assert m.loss == "trl_fused"  # trl 1.16: loss_type nll is the fused LM head
+    step = attnmem.calc.training_step(LLAMA, m.batch, m.seq_len, attention="triton",
+                                      loss=m.loss, **m.kwargs)
     assert peak(at, "triton") == gb(step.peak_bytes)
     said = " ".join(unescaped(at.caption))
     assert "TRL arguments applied" in said and "report_to" in said  # its notes and ignored keys
@@ -152,7 +154,8 @@ def test_the_trl_box_sets_the_pages_inputs() -> None:
     assert not at.exception
     assert (at.query_params["b"], at.query_params["s"], at.query_params["pf"]) == ("4", "2048", "true")
     m = trl_kwargs({"per_device_train_batch_size": 4, "max_length": 2048, "packing": True})
-    step = attnmem.calc.training_step(LLAMA, m.batch, m.seq_len, attention="triton", **m.kwargs)
+    step = attnmem.calc.training_step(LLAMA, m.batch, m.seq_len, attention="triton",
+                                      loss=m.loss, **m.kwargs)
     assert peak(at, "triton") == gb(step.peak_bytes)
 
 

@@ -45,3 +45,28 @@ def test_bad_trl_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "lion" in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_trl_fused_head_flag_and_trl_text_count_the_same_loss(capsys):
+    """--trl-fused-head counts the loss through TRL's fused LM head (calc loss='trl_fused'),
+    and pasted TRL arguments (trl 1.16: loss_type nll is that head) set it too: the same peak,
+    lower than the model's own loss at 16k, and said in the header and the JSON."""
+    import json
+
+    from attnmem.cli import main
+
+    base = ["train", "--model", "Llama 3.1 8B", "--seq-len", "16k", "--checkpointing",
+            "--optimizer", "adamw_fused", "--batch", "1", "--json"]
+    assert main(base) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert main([*base, "--trl-fused-head"]) == 0
+    fused = json.loads(capsys.readouterr().out)
+    assert own["loss"] == "full" and fused["loss"] == "trl_fused"
+    assert fused["peak_bytes"] < own["peak_bytes"]
+    assert main(["train", "--model", "Llama 3.1 8B", "--json", "--trl-args",
+                 "per_device_train_batch_size=1 max_length=16384"]) == 0
+    trl = json.loads(capsys.readouterr().out)
+    assert trl["loss"] == "trl_fused" and trl["peak_bytes"] == fused["peak_bytes"]
+    assert main(["train", "--model", "Llama 3.1 8B", "--seq-len", "16k",
+                 "--trl-fused-head"]) == 0
+    assert "TRL's fused LM head" in capsys.readouterr().out.splitlines()[0]

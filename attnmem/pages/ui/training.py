@@ -455,6 +455,7 @@ LEVER_LABELS = {
     "liger": "Liger kernels (RMSNorm, SwiGLU, fused linear cross-entropy)",
     "offload": "Offload activations to the CPU (save_on_cpu)",
     "pf": "Padding-free: the batch packed into one row (TRL padding_free / packing)",
+    "trlhead": "TRL's fused LM head (SFTTrainer's loss: no full logits)",
 }
 
 
@@ -472,10 +473,13 @@ def step_shape(batch: int, seq_len: int, padding_free: bool) -> tuple[int, int, 
 
 
 def lever_kwargs(method: str, kbit: bool, liger: bool, offload: bool,
-                 packed: tuple[int, ...] | None) -> dict[str, Any]:
+                 packed: tuple[int, ...] | None, trl_head: bool = False) -> dict[str, Any]:
     """The recipe keywords of training_step the page's levers set (kbit only for QLoRA: the
-    prepare step is for a k-bit base; the input is kept, not applied, for the others)."""
+    prepare step is for a k-bit base; the input is kept, not applied, for the others);
+    trl_head: TRL SFTTrainer's fused LM head as the loss (attnmem/calc/train_trl_loss.py)."""
     kw: dict[str, Any] = {}
+    if trl_head:
+        kw["loss"] = "trl_fused"
     if kbit and method == "qlora":
         kw["kbit_prepare"] = True
     if liger:
@@ -590,7 +594,7 @@ def cheapest(model: ModelConfig, batch: int, seq_len: int, gpu_bytes: int,
 
 
 #: The page inputs TRL's arguments set (attnmem.calc.train_levers.trl_kwargs).
-TRL_KEYS = ("b", "s", "prec", "ckpt", "opt", "liger", "offload", "pf")
+TRL_KEYS = ("b", "s", "prec", "ckpt", "opt", "liger", "offload", "pf", "trlhead")
 
 
 class TrlSettings(NamedTuple):
@@ -602,7 +606,8 @@ class TrlSettings(NamedTuple):
 #: The TRL argument behind each page input TRL sets (for the messages).
 TRL_NAMES = {"b": "per_device_train_batch_size", "s": "max_length", "prec": "bf16",
              "ckpt": "gradient_checkpointing", "opt": "optim", "liger": "use_liger_kernel",
-             "offload": "activation_offloading", "pf": "padding_free / packing"}
+             "offload": "activation_offloading", "pf": "padding_free / packing",
+             "trlhead": "loss_type"}
 
 
 def trl_settings(text: str, specs: dict[str, Any] | None = None) -> TrlSettings:
@@ -616,7 +621,8 @@ def trl_settings(text: str, specs: dict[str, Any] | None = None) -> TrlSettings:
     b, s = (len(packed), packed[0]) if packed else (m.batch, m.seq_len)
     values = {"b": b, "s": s, "prec": m.kwargs["precision"], "ckpt": m.kwargs["checkpointing"],
               "opt": m.kwargs["optimizer"], "liger": m.kwargs["liger"],
-              "offload": m.kwargs["offload_activations"], "pf": bool(packed)}
+              "offload": m.kwargs["offload_activations"], "pf": bool(packed),
+              "trlhead": m.loss == "trl_fused"}
     for key, value in values.items():
         spec = (specs or {}).get(key)
         if spec is not None and not spec.is_valid(value):
@@ -638,7 +644,9 @@ def levers_said(levers: dict[str, Any], optimizer: str, checkpointing: bool) -> 
     said += [LEVER_LABELS[k] for k, on in (("kbit", levers.get("kbit_prepare")),
                                            ("liger", levers.get("liger")),
                                            ("offload", levers.get("offload_activations")),
-                                           ("pf", levers.get("packed_lengths"))) if on]
+                                           ("pf", levers.get("packed_lengths")),
+                                           ("trlhead", levers.get("loss") == "trl_fused"))
+              if on]
     return ", ".join(said)
 
 
