@@ -51,7 +51,7 @@ from attnmem.calc.inference_step import CUBLAS_WORKSPACE_BYTES
 from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int
 from attnmem.trace.fake_attention import SDPA_BACKENDS, sdpa_as
 from attnmem.trace.masks import unpacked_rows
-from attnmem.trace.recorder import PhasePeak, Recorder, replay
+from attnmem.trace.recorder import PhasePeak, Recorder, ReplayTooSlow, replay
 
 #: What the trace runs: transformers' eager attention as it is, or SDPA with a backend.
 TRACE_ATTENTIONS = ("eager", *SDPA_BACKENDS)
@@ -260,7 +260,11 @@ def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
     """TracedInference of recorded events: replayed through the caching allocator."""
     import transformers
 
-    phases = replay(list(rec.events))
+    try:
+        phases = replay(list(rec.events), limit=MAX_TRACE_SECONDS)
+    except ReplayTooSlow as e:
+        raise TraceTooSlow(f"{rec.model_class}: {e}; a shorter prompt has fewer (a Python "
+                           f"loop over the tokens makes events for every token)") from None
     base = rec.weights_bytes + CUBLAS_WORKSPACE_BYTES
     pre = phases["prefill"]
     dec: PhasePeak | None = phases.get("decode")

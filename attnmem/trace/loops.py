@@ -147,6 +147,18 @@ class _Folder:
     def active(self) -> bool:
         return threading.get_ident() == self.thread
 
+    def check_spent(self, where: str, n: int) -> None:
+        """LoopTooSlow where the trace has already run past its limit (folded loops too: each
+        copy is events to write and, later, to replay)."""
+        if self.limit is None:
+            return
+        spent = time.perf_counter() - self.start
+        if spent > self.limit:
+            raise LoopTooSlow(
+                f"after {spent:,.0f} s, past the {self.limit:g} s a trace may take here, it "
+                f"reached another Python loop of {n:,} steps in transformers' code ({where}); "
+                f"{self.folded} loops were folded, {len(self.unfolded)} run in full")
+
     def check_time(self, where: str, n: int, left_here: int, per: float, why: str) -> None:
         """LoopTooSlow where this loop's `left_here` iterations, and the loops like it in the
         model's other modules of the class running it, would take the trace past its limit
@@ -257,6 +269,7 @@ def _fold(folder: _Folder, r: range, frame: Any):
     n = len(r)
     where = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
     sampled = [*_SAMPLED, n // 2]
+    folder.check_spent(where, n)
     bounds: list[int] = []
     made = _Made()
     outer, rec.watch = rec.watch, made

@@ -164,15 +164,33 @@ def module_stack(model: Any, stack: list[str], label_of: Any = None) -> Iterator
             h.remove()
 
 
-def replay(events: list[Event], expandable: bool = False) -> dict[str, PhasePeak]:
+class ReplayTooSlow(ValueError):
+    """A replay whose projected time is past the limit it was given."""
+
+
+def replay(events: list[Event], expandable: bool = False,
+           limit: float | None = None) -> dict[str, PhasePeak]:
     """Each phase's peak "allocated" (bytes above the start of recording) and what is alive
     then, with every tensor as the CUDA caching allocator's block (attnmem.calc.allocator).
     Two passes: the first finds each phase's peak event, the second lists what is alive there
-    (listing at every new high would be quadratic in a long forward)."""
+    (listing at every new high would be quadratic in a long forward); the second stops at the
+    last peak. ReplayTooSlow where, with `limit` seconds given, the first pass's pace projects
+    both past it (checked every 16,384 events: calc.allocator's best fit looks at every
+    block of a pool, so millions of events with thousands alive take minutes)."""
+    import time
+
     phases: dict[str, PhasePeak] = {}
     where: dict[str, int] = {}
     cur: PhasePeak | None = None
+    t0, total = time.perf_counter(), len(events)
     for i, a, _handles in _run(events, expandable):
+        if limit is not None and i and not i % 16384:
+            est = (time.perf_counter() - t0) * total / i * 1.8  # the second pass: shorter
+            if est > limit:
+                raise ReplayTooSlow(
+                    f"replaying its {total:,} storage events through the caching allocator "
+                    f"would take about {est:,.0f} s, past the {limit:g} s a trace may take "
+                    f"here")
         ev = events[i]
         if ev[0] == "m":
             if ev[1] not in phases:
@@ -183,7 +201,10 @@ def replay(events: list[Event], expandable: bool = False) -> dict[str, PhasePeak
         elif cur is not None and ev[0] == "a" and a.allocated > cur.peak:
             cur.peak, where[cur.name] = a.allocated, i
     wanted = {i: name for name, i in where.items()}
+    last = max(wanted, default=-1)
     for i, a, handles in _run(events, expandable):
+        if i > last:
+            break
         if i in wanted:
             alive: dict[str, tuple[int, int]] = {}
             for h, label in handles.values():

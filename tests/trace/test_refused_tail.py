@@ -308,3 +308,16 @@ def test_experts_held_as_one_tensor_are_not_refused_by_their_count(monkeypatch):
     monkeypatch.setattr(weights, "MAX_MODULES", 20)
     with pytest.raises(ValueError, match=r"more than 20 modules"):
         weights.build_meta(d)
+
+
+def test_a_replay_projected_past_its_limit_is_refused():
+    """Folded loops can leave millions of events: the replay projects its time from its pace
+    and stops, saying how many events; without a limit the same events replay."""
+    from attnmem.trace.recorder import ReplayTooSlow, replay
+
+    events = [("m", "prefill")]
+    for i in range(40_000):
+        events += [("a", i, 4096, "x|op")] + ([("f", i - 1)] if i else [])
+    with pytest.raises(ReplayTooSlow, match=r"replaying its 79,999 storage events"):
+        replay(events, limit=1e-6)
+    assert replay(events)["prefill"].peak == 2 * 4096
