@@ -318,6 +318,6 @@ def test_a_replay_projected_past_its_limit_is_refused():
     events = [("m", "prefill")]
     for i in range(40_000):
         events += [("a", i, 4096, "x|op")] + ([("f", i - 1)] if i else [])
-    with pytest.raises(ReplayTooSlow, match=r"replaying its 79,999 storage events"):
+    with pytest.raises(ReplayTooSlow, match=r"replaying its 80,000 storage events"):
         replay(events, limit=1e-6)
     assert replay(events)["prefill"].peak == 2 * 4096
