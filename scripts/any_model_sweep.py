@@ -9,6 +9,10 @@ default config.json (the class defaults describe the checkpoint named in its doc
 - refused: exit 1 or 2 with attnmem's one-line reason (the reason is printed);
 - crashed: a Python traceback, or no answer in the time limit.
 
+The prompt is 1,024 tokens, or, for a model with learned positions ending before that
+(GPT-1, BERT-style decoders: `max_position_embeddings`, `n_positions`), 8 fewer than its
+limit: past it the model cannot run at all (attnmem says so); the row's `seq_len` says which.
+
 Cutting a config's layers can make a config its class would not make (XLSTM's num_blocks,
 HRM's num_layers_per_stack and per-layer dicts keyed by layer index keep the old count): a type
 refused or crashed at the cut is run again at its class's own layer count, and the row says
@@ -57,6 +61,18 @@ def default_config(model_type: str, layers: int | None = 2) -> dict:
     return d
 
 
+SEQ_LEN = 1024
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+
+
+def seq_len_for(d: dict) -> int:
+    """SEQ_LEN, or 8 tokens short of a position limit below it (module docstring)."""
+    limits = [v for scope in (d, d.get("text_config") or {}) for k, v in scope.items()
+              if k in _POSITION_KEYS and isinstance(v, int) and not isinstance(v, bool)]
+    short = [v for v in limits if 8 < v < SEQ_LEN + 8]
+    return min(short) - 8 if short else SEQ_LEN
+
+
 def run_one(model_type: str, timeout: float, layers: int = 2) -> dict:
     """One type's outcome at `layers` layers, and where that is refused or crashes, at the
     class's own layer count (the module docstring)."""
@@ -71,21 +87,26 @@ def run_one(model_type: str, timeout: float, layers: int = 2) -> dict:
 
 def _run(model_type: str, timeout: float, layers: int | None) -> dict:
     cut = "default" if layers is None else str(layers)
+    seq = ""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"
         try:
-            path.write_text(json.dumps(default_config(model_type, layers), default=str))
+            d = default_config(model_type, layers)
+            seq = str(seq_len_for(d))
+            path.write_text(json.dumps(d, default=str))
         except Exception as exc:  # the class itself refuses its defaults
             return {"type": model_type, "outcome": "class", "seconds": 0.0, "layers": cut,
+                    "seq_len": seq,
                     "detail": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}
         t0 = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, "-c", "import sys; from attnmem.cli import main; sys.exit(main(sys.argv[1:]))", "memory", "--model", str(path),
-                                "--seq-len", "1024", "--json"], capture_output=True, text=True,
+                                "--seq-len", seq, "--json"],
+                               capture_output=True, text=True,
                                timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"type": model_type, "outcome": "crashed", "seconds": timeout,
-                    "layers": cut, "detail": f"no answer in {timeout:.0f} s"}
+                    "layers": cut, "seq_len": seq, "detail": f"no answer in {timeout:.0f} s"}
         secs = time.perf_counter() - t0
     err = p.stderr.strip()
     if "Traceback (most recent call last)" in err:
@@ -95,7 +116,8 @@ def _run(model_type: str, timeout: float, layers: int | None) -> dict:
             ans = json.loads(p.stdout)
         except json.JSONDecodeError:
             return {"type": model_type, "outcome": "crashed", "seconds": round(secs, 1),
-                    "layers": cut, "detail": "exit 0 but no JSON: " + p.stdout[:200]}
+                    "layers": cut, "seq_len": seq,
+                    "detail": "exit 0 but no JSON: " + p.stdout[:200]}
         outcome = "answered"
         detail = str(ans.get("counted_from") or ans.get("source") or "rules")[:300]
     elif p.returncode in (1, 2):  # attnmem's refusal: a usage error or a reason
@@ -106,6 +128,7 @@ def _run(model_type: str, timeout: float, layers: int | None) -> dict:
         outcome = "crashed"
         detail = f"exit {p.returncode}: " + (err.splitlines() or [""])[-1][:300]
     return {"type": model_type, "outcome": outcome, "seconds": round(secs, 1), "layers": cut,
+            "seq_len": seq,
             "detail": detail}
 
 
@@ -132,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in types:
         r = run_one(t, a.timeout, a.layers)
         rows.append(r)
-        print(f"{r['type']:28s} {r['outcome']:9s} {r['seconds']:6.1f}s {r['layers']:>7s}  "
+        print(f"{r['type']:28s} {r['outcome']:9s} {r['seconds']:6.1f}s {r['layers']:>7s} "
+              f"{r['seq_len']:>5s}  "
               f"{r['detail']}", flush=True)
     counts: dict[str, int] = {}
     for r in rows:
@@ -140,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if a.out:
         with open(a.out, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=["type", "outcome", "seconds", "layers", "detail"])
+            w = csv.DictWriter(fh, fieldnames=["type", "outcome", "seconds", "layers", "seq_len",
+                                                    "detail"])
             w.writeheader()
             w.writerows(rows)
     return 0
