@@ -517,6 +517,10 @@ def _why(model: Any, err: BaseException) -> str:
                 "dependent branch or size), which the meta device does not hold: the trace "
                 "follows only values it knows exactly (attnmem.trace.uniform), so this model "
                 "is not traced")
+    if "with Meta tensors" in text or "torch.nonzero()" in text:
+        return ("; its forward calls an op the meta device cannot run (one whose output size "
+                "depends on the values, such as unique or nonzero, has no meta form), so this "
+                "model is not traced")
     if isinstance(err, IndexError):
         cache = _new_cache(model)
         made = len(getattr(cache, "layers", ()) or ())
