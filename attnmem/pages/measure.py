@@ -18,6 +18,7 @@ if str(ROOT) not in sys.path:  # run on its own (AppTest)
     sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from attnmem.calc import PEAK_MODEL_NOTES, sweep  # noqa: E402
@@ -114,6 +115,22 @@ def open_store() -> ResultStore | None:
 def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d: int, dtype: str,
                      causal: bool, bwd: bool, hkv: int | None) -> pd.DataFrame:
     return sweep.predicted_curves(impls, lo, hi, b, h, d, dtype, causal, bwd, hkv)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def cached_memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls: tuple[str, ...],
+                         unit: str, title: str) -> go.Figure:
+    """memory_figure, kept across runs and sessions, keyed by the rows' and curves' contents:
+    building a plotly figure validates every trace (~0.1-0.2 s of CPU each under load, issue
+    45 item 5). Shared read-only: st.plotly_chart and the HTML download copy it."""
+    return memory_figure(rows, curves, impls, unit, title)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def cached_time_figure(rows: pd.DataFrame, impls: tuple[str, ...], metric: str,
+                       title: str) -> go.Figure:
+    """time_figure, kept as cached_memory_figure is."""
+    return time_figure(rows, impls, metric, title)
 
 
 # --- the page ------------------------------------------------------------------------------
@@ -288,7 +305,7 @@ else:
         s_lo = int(min(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
         s_hi = int(max(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
         curves = predicted_curves(tuple(impls), s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
-        fig = memory_figure(part, curves, impls, unit, f"Peak extra memory, {what}")
+        fig = cached_memory_figure(part, curves, tuple(impls), unit, f"Peak extra memory, {what}")
         charts.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
                      part[list(COLUMNS)] if len(part) else None)
         if len(part):
@@ -311,7 +328,7 @@ else:
             part = sel[sel["backward"] == bwd]
             if len(part):
                 what = "forward + backward" if bwd else "forward"
-                charts.chart(time_figure(part, impls, metric, f"{metric}, {what}"),
+                charts.chart(cached_time_figure(part, tuple(impls), metric, f"{metric}, {what}"),
                              f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
         st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
                    "that (attnmem.calc.attention_flops), over the median time.")
