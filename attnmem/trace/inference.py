@@ -197,22 +197,31 @@ def _new_cache(model) -> Any:
 
 
 def _cache_bytes(*roots: Any) -> int:
-    """Bytes of the storages held by the cache objects `roots` (each storage once)."""
+    """Bytes of the storages held by the cache objects `roots` (each storage once, keyed by
+    its C++ StorageImpl, which outlives the Python wrapper `untyped_storage()` returns). The
+    walk goes 6 levels deep: a hybrid's cache keeps its recurrent and convolution states in
+    lists inside each layer object (transformers' LinearAttentionLayer), which 3 levels
+    missed."""
     import torch
 
     seen: dict[int, int] = {}
+    visited: set[int] = set()
 
     def walk(x: Any, depth: int) -> None:
         if isinstance(x, torch.Tensor):
             st = x.untyped_storage()
-            seen[id(st)] = st.nbytes()
-        elif depth < 3 and isinstance(x, (list, tuple)):
+            seen[st._cdata] = st.nbytes()
+            return
+        if depth >= 6 or id(x) in visited:
+            return
+        visited.add(id(x))
+        if isinstance(x, (list, tuple)):
             for y in x:
                 walk(y, depth + 1)
-        elif depth < 3 and isinstance(x, dict):
+        elif isinstance(x, dict):
             for y in x.values():
                 walk(y, depth + 1)
-        elif depth < 3 and hasattr(x, "__dict__"):
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, torch.nn.Module)):
             for y in vars(x).values():
                 walk(y, depth + 1)
 
