@@ -72,6 +72,23 @@ def longest_at(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: boo
                                kv_heads, head_dim, world)
 
 
+@cached(max_entries=256)
+def cp_memory(impl: str, heads: int, s: int, head_dim: int, dtype: str, backward: bool,
+              world: int, kv_heads: int):
+    """attnmem.calc.context_parallel_memory (batch 1, causal), kept across runs and sessions:
+    a replay of the ring's schedule, ~40 ms of CPU (issue 45 item 5)."""
+    return context_parallel_memory(impl, 1, heads, s, head_dim, dtype, True, backward, world,
+                                   kv_heads)
+
+
+@cached(max_entries=256)
+def cp_training(model, world: int, s: int, impl: str, ckpt: bool, shard: bool):
+    """attnmem.calc.context_parallel_training, kept as cp_memory is (keyed by the model's
+    fields): a training step with the ring's attention peaks, ~70 ms of CPU."""
+    return context_parallel_training(model, world, s, impl=impl, checkpointing=ckpt,
+                                     shard_states=shard)
+
+
 page_setup("many_gpus")
 st.title("Many GPUs: context parallelism")
 st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?** Ring "
@@ -111,8 +128,7 @@ if s == 0:
     sync_url(SPECS)
     st.stop()
 try:
-    mem = context_parallel_memory(impl, 1, heads, s, head_dim, dtype, True, backward, world,
-                                  kv_heads)
+    mem = cp_memory(impl, heads, s, head_dim, dtype, backward, world, kv_heads)
     comm = ring_comm_bytes(1, heads, s, head_dim, dtype, world, kv_heads, backward, impl)
     longest = cp_sweep.longest_sweep(
         lambda c: longest_at(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
@@ -122,8 +138,7 @@ except ValueError as err:
     sync_url(SPECS)
     st.stop()
 try:
-    train = context_parallel_training(model, world, s, impl=impl,
-                                      checkpointing=ckpt, shard_states=shard)
+    train = cp_training(model, world, s, impl, ckpt, shard)
 except ValueError as err:  # e.g. torch's ring (equal heads only) with a GQA model
     train = None
     st.warning(md_escape(f"No training estimate for {model.name} with this ring: {err}"))
