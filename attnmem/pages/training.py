@@ -282,7 +282,22 @@ def _stamp() -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-bundled = _bundled(_stamp())  # the H200 rows beside their predictions
+@cached(max_entries=8)
+def _bundled_shown(stamp: tuple[tuple[str, int, int], ...], which: str, unit: str) -> pd.DataFrame:
+    """The bundled rows (``which``: "compared" or "dist") in the user's unit with the short
+    headers, kept as _bundled is (~620 rows formatted: ~60 ms of CPU a run)."""
+    rows = getattr(_bundled(stamp), which)
+    return tr.shown_table(rows, unit).rename(columns=tr.MEASURED_SHORT)
+
+
+@cached(max_entries=8)
+def _seven_b(stamp: tuple[tuple[str, int, int], ...], unit: str) -> pd.DataFrame:
+    """tr.seven_b_at_32k on the bundled rows, kept as _bundled is (~20 training steps)."""
+    return tr.seven_b_at_32k(_bundled(stamp).rows, unit)
+
+
+stamp = _stamp()
+bundled = _bundled(stamp)  # the H200 rows beside their predictions
 compared = bundled.compared
 shape = tr.measured_shape(choice)
 where_said = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
@@ -526,9 +541,10 @@ if not compared.empty:
     else:
         st.markdown("No measured row matches these inputs (pick a *measured shape* model, one "
                     "GPU, and a measured length): every bundled row with its prediction.")
-        view = compared
-    tables.wide_table(tr.shown_table(view, unit).rename(columns=tr.MEASURED_SHORT), tr.MEASURED_FIRST,
-                      "mcols")
+        view = None  # every row: formatted once (_bundled_shown)
+    tables.wide_table(_bundled_shown(stamp, "compared", unit) if view is None else
+                      tr.shown_table(view, unit).rename(columns=tr.MEASURED_SHORT),
+                      tr.MEASURED_FIRST, "mcols")
     errs = compared["peak error"].dropna()
     big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
     if len(errs):
@@ -544,8 +560,7 @@ if dist_rows.empty:
                "same models and writes data/training_steps_dist_h200.csv, which this section "
                "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
 else:
-    tables.wide_table(tr.shown_table(dist_rows, unit).rename(columns=tr.MEASURED_SHORT), tr.DIST_FIRST,
-                      "dcols")
+    tables.wide_table(_bundled_shown(stamp, "dist", unit), tr.DIST_FIRST, "dcols")
     errs = dist_rows["peak error"].dropna()
     st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
                f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "
@@ -556,7 +571,7 @@ st.markdown("### Can I train a 7B at 32k on one GPU?")
 st.markdown("Llama-2-7B and Llama-3-8B shapes, s = 32,768, B = 1, bf16 parameters and AdamW "
             "state, one GPU (computed; the step time is measured on the 2-layer model of the "
             "same widths where bundled).")
-answer = tr.seven_b_at_32k(bundled.rows, unit)
+answer = _seven_b(stamp, unit)
 for gpu_name, col in ((tr.H200, "fits one H200"), (tr.H100, "fits one H100")):
     ok = answer[answer[col] == "yes"]
     if ok.empty:
