@@ -114,7 +114,7 @@ def _built(text: str, dtype: str, attn: str):
     except Exception as e:
         raise ValueError(f"transformers cannot build a causal LM from this "
                          f"'{cfg.model_type}' config: {' '.join(str(e).split())[:300]}"
-                         ) from None
+                         f"{_nones(cfg, e)}") from None
     if any(t.device.type != "meta" for t in [*model.parameters(), *model.buffers()]):
         # made by legacy constructors that ignore the device context (XLNet's
         # `nn.Parameter(torch.FloatTensor(...))` lands on the CPU); `.to(device)` moves them
@@ -513,10 +513,38 @@ def _held_state(model: Any, before: dict) -> int:
     return sum(seen.values())
 
 
+#: Config keys that are None in most configs without harm (not worth naming in a refusal).
+_NONE_OK = ("architectures", "dtype", "problem_type", "id2label", "label2id", "auto_map",
+            "quantization_config", "finetuning_task", "tokenizer_class", "prefix")
+
+
+def _nones(cfg: Any, err: BaseException) -> str:
+    """Where the model's code failed on a None (a value its class leaves None by default),
+    the config's None values, which a checkpoint's config.json would give ("" otherwise)."""
+    if "NoneType" not in str(err):
+        return ""
+    try:
+        d = cfg.to_dict()
+    except Exception:
+        return ""
+    names = []
+    for k, v in d.items():
+        if isinstance(v, dict) and k not in _NONE_OK:
+            names += [f"{k}.{k2}" for k2, v2 in v.items() if v2 is None]
+        elif v is None and k not in _NONE_OK and not k.endswith("token_id"):
+            names.append(k)
+    if not names:
+        return ""
+    return (f"; the values this config leaves None (its class's defaults, which a "
+            f"checkpoint's config.json sets): {', '.join(names[:8])}")
+
+
 def _why(model: Any, err: BaseException) -> str:
     """Where a failure of the model's own code has a cause a user can act on, that cause
     ("" otherwise), after the error's own words."""
     text = str(err)
+    if "NoneType" in text:
+        return _nones(model.config, err)
     if "get_mask_sizes" in text and "LinearAttention" in text:
         return ("; every layer of this config is a state-space or linear-attention layer, and "
                 "transformers' generate() cannot run a model without an attention layer (its "
