@@ -26,8 +26,13 @@ def error_first(unit: str) -> tuple[str, ...]:
 def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, title: str) -> go.Figure:
     fig = go.Figure()
     drawn: list[list[float]] = []  # model curves already drawn (masked_fill and masked_fill_ coincide)
+    # The masks from numpy object arrays: the same rows as `df["impl"] == impl`, without boxing
+    # each scalar into pyarrow for pandas' arrow-backed strings (~1 ms a comparison; issue 45).
+    curve_impl = curves["impl"].to_numpy(dtype=object)
+    row_impl, status = rows["impl"].to_numpy(dtype=object), rows["status"].to_numpy(dtype=object)
+    measured = (status == "ok") & rows["peak_extra_bytes"].notna().to_numpy()
     for impl in impls:
-        part = curves[curves["impl"] == impl]
+        part = curves[curve_impl == impl]
         ys = [float(v) for v in part["peak_bytes"]]
         # Within 3% at every s, a curve drawn later would hide an earlier one on log axes: the
         # later one is dashed and its measured points are open circles, so both show.
@@ -39,7 +44,7 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
             line=dict(color=color(impl), width=1.5, dash="dash" if under else "dot"),
             hovertemplate=f"<b>{label(impl)}</b> model<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<extra></extra>",
         ))
-        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows["peak_extra_bytes"].notna()]
+        got = rows[(row_impl == impl) & measured]
         if len(got):
             err = [f"{100 * e:+.2f}%" if e is not None and e == e else "-" for e in got["model_error"]]
             fig.add_trace(go.Scatter(
@@ -51,7 +56,7 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
                 hovertemplate=(f"<b>{label(impl)}</b> measured<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}"
                                "<br>%{customdata[1]} bytes<br>model error %{customdata[0]}<extra></extra>"),
             ))
-        oom = rows[(rows["impl"] == impl) & (rows["status"] == "oom")]
+        oom = rows[(row_impl == impl) & (status == "oom")]
         if len(oom):
             fig.add_trace(go.Scatter(
                 x=oom["seq_len"], y=[in_unit(v, unit) if v == v and v is not None else None
@@ -74,8 +79,10 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
 def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure:
     fig = go.Figure()
     col = "tflops" if metric == "TFLOP/s" else "median_ms"
+    row_impl = rows["impl"].to_numpy(dtype=object)  # numpy masks, as in memory_figure
+    timed = (rows["status"].to_numpy(dtype=object) == "ok") & rows[col].notna().to_numpy()
     for impl in impls:
-        got = rows[(rows["impl"] == impl) & (rows["status"] == "ok") & rows[col].notna()].sort_values("seq_len")
+        got = rows[(row_impl == impl) & timed].sort_values("seq_len")
         if len(got):
             fig.add_trace(go.Scatter(
                 x=got["seq_len"], y=got[col], mode="lines+markers", name=label(impl),
