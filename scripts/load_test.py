@@ -797,7 +797,10 @@ async def walk_pages(url: str, index: int, paths: list[str], seconds: float, tim
 
 
 async def _every_page(url: str, sessions: int, seconds: float, timeout_s: float, think_s: float,
-                      paths: list[str]) -> dict[str, PageStats]:
+                      paths: list[str], pid: int | None = None,
+                      cpu: dict[str, float] | None = None) -> dict[str, PageStats]:
+    """Every session's page walk; with the server's `pid`, `cpu` gets its CPU seconds over the
+    timed part (from the gate to the last session's end) as cpu["server_s"]."""
     stats = {p: PageStats() for p in paths}
     gate = asyncio.Event()
     ready: list[int] = []
@@ -808,8 +811,11 @@ async def _every_page(url: str, sessions: int, seconds: float, timeout_s: float,
         await asyncio.sleep(0.1)
         if len(ready) + sum(1 for t in tasks if t.done()) >= sessions:
             break
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     gate.set()
     done, pending = await asyncio.wait(tasks, timeout=seconds + LOAD_TIMEOUT_S)
+    if pid and cpu is not None:
+        cpu["server_s"] = cpu_seconds(pid) - cpu0
     for t in pending:
         t.cancel()
         stats[paths[0]].errors.append("a session was cancelled at the hard deadline")
@@ -817,16 +823,21 @@ async def _every_page(url: str, sessions: int, seconds: float, timeout_s: float,
 
 
 def every_page(sessions: int, seconds: float, url: str | None = None, timeout_s: float = 30.0,
-               think_s: float = THINK_S, median_ms: float = 300, p95_ms: float = 1000
-               ) -> tuple[dict[str, dict[str, Any]], bool]:
+               think_s: float = THINK_S, median_ms: float = 300, p95_ms: float = 1000,
+               server: dict[str, Any] | None = None) -> tuple[dict[str, dict[str, Any]], bool]:
     """Per page: runs, median and p95 (ms) of the script runs (opening it and changing its
     inputs together), the same for each kind, and its errors; and whether every page is
-    within the targets (no errors, median <= median_ms, p95 <= p95_ms)."""
+    within the targets (no errors, median <= median_ms, p95 <= p95_ms). With the app started
+    here (no `url`), `server` gets the server's CPU seconds over the timed part, the runs and
+    the CPU per run: the figure that load on the machine from elsewhere changes least."""
     paths = every_page_paths()
+    cpu: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
+        pid = None
         if url is None:
-            url, _ = stack.enter_context(app_server())
-        stats = asyncio.run(_every_page(url, sessions, seconds, timeout_s, think_s, paths))
+            url, pid = stack.enter_context(app_server())
+        stats = asyncio.run(_every_page(url, sessions, seconds, timeout_s, think_s, paths, pid,
+                                        cpu))
     out: dict[str, dict[str, Any]] = {}
     ok = True
     for page, s in stats.items():
@@ -838,10 +849,15 @@ def every_page(sessions: int, seconds: float, url: str | None = None, timeout_s:
         row["ok"] = bool(both) and not s.errors and med <= median_ms and p95 <= p95_ms
         ok &= row["ok"]
         out[page] = row
+    if "server_s" in cpu and server is not None:  # CPU per script run, whatever else loads the machine
+        runs = sum(r["runs"] for r in out.values())
+        server.update(cpu_s=round(cpu["server_s"], 1), runs=runs,
+                      cpu_ms_per_run=round(1e3 * cpu["server_s"] / max(1, runs), 1))
     return out, ok
 
 
-def every_page_summary(rows: dict[str, dict[str, Any]], sessions: int, seconds: float) -> str:
+def every_page_summary(rows: dict[str, dict[str, Any]], sessions: int, seconds: float,
+                       server: dict[str, Any] | None = None) -> str:
     lines = [f"{sessions} protocol sessions x {seconds:g} s walking every page on "
              f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the end); "
              "script run after opening a page or changing an input, ms:",
@@ -851,6 +867,10 @@ def every_page_summary(rows: dict[str, dict[str, Any]], sessions: int, seconds: 
         lines.append(f"{page:<16}{r['runs']:>6}{r['median_ms']:>9}{r['p95_ms']:>9}{r['max_ms']:>9}"
                      f"{r['open_median_ms']:>10}{r['change_median_ms']:>12}{r['errors']:>8}"
                      + ("" if r["ok"] else "  over target" if not r["errors"] else "  ERRORS"))
+    if server:
+        lines.append(f"server CPU over the timed part: {server['cpu_s']} s for {server['runs']} "
+                     f"runs, {server['cpu_ms_per_run']} ms per run (its one Python process "
+                     "runs every session's script under one GIL)")
     for page, r in rows.items():
         lines += [f"  {page}: {e}" for e in r["error_samples"]]
     return "\n".join(lines)
@@ -884,11 +904,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.url and not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         ap.error("--url must be a loopback address (http://127.0.0.1:PORT)")
     if args.every_page:
-        rows, ok = every_page(args.sessions, args.seconds, args.url, args.timeout_s, args.think_s)
-        print(every_page_summary(rows, args.sessions, args.seconds))
+        server: dict[str, Any] = {}
+        rows, ok = every_page(args.sessions, args.seconds, args.url, args.timeout_s, args.think_s,
+                              server=server)
+        print(every_page_summary(rows, args.sessions, args.seconds, server))
         print("PASS" if ok else "FAIL")
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+            args.json.write_text(json.dumps({"pages": rows, "server": server}, indent=2) + "\n")
         return 0 if ok else 1
     rep = run(args.sessions, args.seconds, args.url, args.timeout_s, args.budget_ms,
               args.max_growth_mb, args.log, args.browsers, args.think_s)
