@@ -27,7 +27,8 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
 
 def inference_rows() -> list[dict]:
     from attnmem.measure import infer_models
-    from attnmem.trace.inference import TRACE_ATTENTIONS, trace_inference
+    from attnmem.trace.generate import trace_inference
+    from attnmem.trace.inference import TRACE_ATTENTIONS
 
     df = _ok(pd.read_csv(ROOT / "data" / "inference_steps_h200.csv"))
     df = df[(df.cache == "dynamic") & df.prefill_chunk.isna()

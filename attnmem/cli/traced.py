@@ -84,7 +84,8 @@ def _traced_memory(a: argparse.Namespace, no_rules: BaseException) -> dict | Non
     d = _config_to_trace(a, no_rules)
     if d is None:
         return None
-    from attnmem.trace.inference import TRACE_ATTENTIONS, trace_inference
+    from attnmem.trace.generate import trace_inference
+    from attnmem.trace.inference import TRACE_ATTENTIONS
 
     attention = INFERENCE_IMPL.get(a.impl, a.impl)
     if attention not in TRACE_ATTENTIONS:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import inspect
 import json
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -48,7 +47,6 @@ from typing import Any
 
 from attnmem.calc.backends import NoKernel
 from attnmem.calc.inference_step import CUBLAS_WORKSPACE_BYTES
-from attnmem.calc.units import MAX_BATCH, MAX_SEQ_LEN, check_int
 from attnmem.trace.fake_attention import SDPA_BACKENDS, sdpa_as
 from attnmem.trace.masks import unpacked_rows
 from attnmem.trace.recorder import PhasePeak, Recorder, ReplayTooSlow, replay
@@ -230,20 +228,6 @@ def _cache_bytes(*roots: Any) -> int:
     return sum(seen.values())
 
 
-def trace_inference(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
-                    attention: str = "sdpa", dtype: str = "bf16") -> TracedInference:
-    """generate()'s peak for the causal LM that config dict `d` describes (see the module
-    docstring); ValueError names a bad input or why transformers cannot build the model, and
-    attnmem.calc.backends.NoKernel why a forced SDPA backend has no kernel for a call."""
-    b = check_int("batch", batch, 1, MAX_BATCH)
-    s = check_int("prompt_len", prompt_len, 1, MAX_SEQ_LEN)
-    n = check_int("new_tokens", new_tokens, 1, MAX_SEQ_LEN - s)
-    if attention not in TRACE_ATTENTIONS:
-        raise ValueError(f"attention {attention!r}: the trace runs {TRACE_ATTENTIONS}")
-    _torch_dtype(dtype)
-    return _trace(json.dumps(d, sort_keys=True), b, s, n, attention, dtype)
-
-
 @dataclass(frozen=True)
 class Recorded:
     """One traced generate(): the storage events (attnmem.trace.recorder) and what the replay
@@ -253,15 +237,6 @@ class Recorded:
     weights_bytes: int
     cache_bytes: int
     model_class: str
-
-
-@lru_cache(maxsize=256)
-def _trace(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> TracedInference:
-    from attnmem.trace.layer_blocks import record as record_deep  # a few layers where exact
-
-    t0 = time.perf_counter()
-    rec = record_deep(text, b, s, n, attention, dtype)
-    return result(rec, b, s, n, attention, dtype, time.perf_counter() - t0)
 
 
 def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,

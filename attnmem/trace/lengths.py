@@ -208,7 +208,7 @@ def longest_prompt(d: dict, batch: int, new_tokens: int, attention: str, dtype: 
     search inside the last bracket on a LengthModel (exact between its traces), confirmed by
     tracing the answer and the next length. Where no LengthModel holds (a branch on s inside
     the bracket) the bisection traces each length. 0: not even one token fits."""
-    from attnmem.trace.inference import trace_inference
+    from attnmem.trace.generate import trace_inference
 
     def fits(s: int) -> bool:
         return trace_inference(d, batch, s, new_tokens, attention=attention,
@@ -300,7 +300,7 @@ def trace_at(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
     answers are the same either way (exact between a model's traces; see the module docstring
     for sizes it would round). No background thread: torch code still running when the
     interpreter exits aborts the process."""
-    from attnmem.trace.inference import trace_inference
+    from attnmem.trace.generate import trace_inference
 
     text = json.dumps(d, sort_keys=True)
     key = (text, batch, new_tokens, attention, dtype)

@@ -1,6 +1,6 @@
 """A model outside calc's rules on the Model memory page (issue 42, item 5): a tiny OLMo-2
 config.json gets its traced parameters and weights (attnmem.trace.weights.trace_weights) and
-generate()'s traced peak (attnmem.trace.inference.trace_inference, SDPA), with the "counted
+generate()'s traced peak (attnmem.trace.generate.trace_inference, SDPA), with the "counted
 from" line and what is not available said; never a traceback."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from attnmem.calc import format_bytes  # noqa: E402
 from attnmem.pages.ui import traced  # noqa: E402
-from attnmem.trace.inference import trace_inference  # noqa: E402
+from attnmem.trace.generate import trace_inference  # noqa: E402
 from attnmem.trace.weights import trace_weights  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

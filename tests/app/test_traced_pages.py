@@ -1,6 +1,6 @@
 """Models outside calc's rules on the Inference and "Will it fit?" pages (issue 42, item 5):
 a tiny OLMo-2 config (a type calc has no rules for) uploaded or fetched by Hub id is answered
-by attnmem.trace.inference.trace_inference, with its parts, where the peak is and a "counted
+by attnmem.trace.generate.trace_inference, with its parts, where the peak is and a "counted
 from" line; a config transformers cannot build, an input the trace does not run and a missing
 torch are said as messages, never a traceback. Tiny configs and short prompts keep it fast."""
 
@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from attnmem.calc import ModelConfig, format_bytes  # noqa: E402
 from attnmem.calc.gpus import torch_total_bytes  # noqa: E402
 from attnmem.pages.ui import traced  # noqa: E402
-from attnmem.trace.inference import trace_inference  # noqa: E402
+from attnmem.trace.generate import trace_inference  # noqa: E402
 from tests.cli.fake_hub import FakeHub  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

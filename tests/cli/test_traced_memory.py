@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attnmem.cli import main  # noqa: E402
-from attnmem.trace.inference import trace_inference  # noqa: E402
+from attnmem.trace.generate import trace_inference  # noqa: E402
 
 
 def _olmo2(tmp_path) -> tuple[str, dict]:

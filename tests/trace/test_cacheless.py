@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from attnmem.trace.inference import trace_inference  # noqa: E402
+from attnmem.trace.generate import trace_inference  # noqa: E402
 
 
 def _gpt1(n_positions: int = 64) -> dict:

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from attnmem.calc.backends import NoKernel  # noqa: E402
 from attnmem.calc.inference_step import inference_step  # noqa: E402
 from attnmem.calc.models import ModelConfig  # noqa: E402
-from attnmem.trace.inference import trace_inference  # noqa: E402
+from attnmem.trace.generate import trace_inference  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 #: bundled families with rules, and the layers kept (a whole pattern: Gemma 3's 5 local + 1

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attnmem.trace.inference import trace_inference  # noqa: E402
+from attnmem.trace.generate import trace_inference  # noqa: E402
 from attnmem.trace.lengths import length_model, longest_prompt  # noqa: E402
 
 

@@ -15,12 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import attnmem.trace.loops as loops  # noqa: E402
-from attnmem.trace.inference import (  # noqa: E402
-    _cache_bytes,
-    _module_state,
-    record,
-    trace_inference,
-)
+from attnmem.trace.generate import trace_inference  # noqa: E402
+from attnmem.trace.inference import _cache_bytes, _module_state, record  # noqa: E402
 
 
 def _d(cfg, arch: str) -> dict:

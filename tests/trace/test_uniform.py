@@ -105,7 +105,7 @@ def test_a_bert_style_decoder_is_traced():
     check from the known ones, and the cache holds K and V of every layer."""
     from transformers import BertConfig
 
-    from attnmem.trace.inference import trace_inference
+    from attnmem.trace.generate import trace_inference
 
     d = BertConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    intermediate_size=128, is_decoder=True).to_dict()

@@ -51,10 +51,10 @@ def trace_case(cfg: InferConfig) -> str:
 
 
 def traced(cfg: InferConfig, config_dict: dict[str, Any]) -> dict[str, Any]:
-    """The predicted_* columns for cfg from attnmem.trace.inference.trace_inference (one trace:
+    """The predicted_* columns for cfg from attnmem.trace.generate.trace_inference (one trace:
     its prefill phase is the prefill run's peak, the whole prompt's forward and its logits).
     Raises what the trace raises (ValueError, NoKernel)."""
-    from attnmem.trace.inference import trace_inference
+    from attnmem.trace.generate import trace_inference
 
     t = trace_inference(config_dict, cfg.batch, cfg.prompt_len, cfg.new_tokens,
                         attention=cfg.attention, dtype="bf16")

@@ -1,5 +1,5 @@
 """Models outside calc's rules, answered by the meta-device trace of transformers' own modules
-(attnmem.trace.inference.trace_inference) on the Inference and "Will it fit?" pages (issue 42,
+(attnmem.trace.generate.trace_inference) on the Inference and "Will it fit?" pages (issue 42,
 item 5). Pure: no Streamlit; torch and transformers are imported only by the trace itself.
 
 - `Unruled`: a config.json whose model type calc has no rules for (`outside_rules`), with
@@ -330,7 +330,7 @@ def fit_verdict(model: Unruled, task: str, gpu_bytes: int, batch: int, prompt_le
     """The "Will it fit?" answer for a model outside calc's rules: inference only, by the
     trace (SDPA, else eager where SDPA cannot build or run the model); other tasks, a
     refusal that says why. Fields as attnmem.pages.ui.fit.inference fills them."""
-    src = "attnmem.trace.inference.trace_inference"
+    src = "attnmem.trace.generate.trace_inference"
     if task != "inference":
         return Verdict(task, src, gpu_bytes, refused=(
             f"calc's rules do not cover model type '{model.model_type}', and the meta-device "

@@ -62,7 +62,7 @@ def show_inference(ans: traced.Answer, gpu: str, gpu_bytes: int, unit: str, new_
         st.info(md_escape(note), icon=":material/info:")
     cols = st.columns(3)
     cols[0].metric(f"{label}: peak", fmt(t.peak_bytes, unit),
-                   help=f"{TRACED}: attnmem.trace.inference.trace_inference, at '{t.peak_phase}'.")
+                   help=f"{TRACED}: attnmem.trace.generate.trace_inference, at '{t.peak_phase}'.")
     cols[0].caption(f"Peak at **{t.peak_phase}** (traced). Prefill peak "
                     f"{fmt(t.prefill_peak_bytes, unit)}, decode peak "
                     f"{fmt(t.decode_peak_bytes, unit) if t.decode_peak_bytes else 'none (1 new token)'}.")
