@@ -13,8 +13,10 @@ sec. 3.3.2), so a context is first rounded down to a multiple of 2c (`round_for`
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is built: a bare calc import skips it
+    import pandas as pd
 
 from attnmem.calc.context_parallel import (
     context_parallel_memory,
@@ -39,6 +41,7 @@ def per_gpu_sweep(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: st
                   backward: bool) -> pd.DataFrame:
     """One causal call of batch 1 over about s tokens on c = 1 to MAX_C GPUs (s rounded for
     each c): columns GPUs, seq_len, inputs_bytes, extra_peak_bytes, per_gpu_bytes, worst_rank."""
+    import pandas as pd
     rows = []
     for world in range(1, MAX_C + 1):
         sw = round_for(s, world)
@@ -76,4 +79,5 @@ def longest_at(model: ModelConfig, gpu_bytes: int, impl: str, dtype: str, ckpt: 
 def longest_sweep(at: Callable[[int], dict], selected: int) -> pd.DataFrame:
     """`at(world)` (a `longest_at` with every other argument bound, which a caller may cache
     point by point) over C_POINTS and the selected GPU count, in increasing c."""
+    import pandas as pd
     return pd.DataFrame([at(world) for world in sorted({*C_POINTS, selected})])

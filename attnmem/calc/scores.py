@@ -9,7 +9,10 @@ The Score matrix page draws it against s (`score_curve`) and at s/2, s, 2s, 4s
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: a bare calc import skips it
+    import pandas as pd
 
 from attnmem.calc.units import (
     MAX_BATCH,
@@ -44,6 +47,7 @@ def score_matrix_bytes(
 def score_curve(batch: int, heads: int, bytes_per_element: float | str,
                 lens: tuple[int, ...] = CURVE_LENS) -> pd.DataFrame:
     """Score-matrix bytes at the lengths `lens` (the chart's line): columns seq_len, bytes."""
+    import pandas as pd
     return pd.DataFrame({"seq_len": lens, "bytes": [
         score_matrix_bytes(batch, heads, s, bytes_per_element) for s in lens]})
 
@@ -53,6 +57,7 @@ def score_doublings(batch: int, heads: int, seq_len: int,
     """The score matrix at s/2, s, 2s and 4s, where that length is a whole number of tokens
     within MAX_SEQ_LEN: columns seq_len, bytes, GB (10^9 B), GiB (2^30 B), and "× memory" (over
     the bytes at s: x4 per doubling, s being squared)."""
+    import pandas as pd
     n_bytes = score_matrix_bytes(batch, heads, seq_len, bytes_per_element)
     rows = []
     for factor in (0.5, 1, 2, 4):

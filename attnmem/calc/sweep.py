@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is built: a bare calc import skips it
+    import pandas as pd
 
 from attnmem.calc.fit import max_seq_len
 from attnmem.calc.gpus import GPUS
@@ -87,6 +89,7 @@ def sweep_seq_len(
 ) -> pd.DataFrame:
     """Predicted peak against sequence length: columns impl, kind, seq_len, peak_bytes,
     score_bytes (one row per implementation and length)."""
+    import pandas as pd
     impls = _impl_list(impls)
     seq_lens = _int_list("seq_lens", seq_lens, MAX_SEQ_LEN)
     # One call per implementation, checked once (even when a list is empty), then moved
@@ -115,6 +118,7 @@ def sweep_param(
 ) -> pd.DataFrame:
     """Predicted peak against batch or heads (linear in both): columns impl, kind, <name>,
     peak_bytes."""
+    import pandas as pd
     if name not in SWEEP_PARAMS:
         raise ValueError(f"name must be one of {', '.join(SWEEP_PARAMS)}, got {name!r}")
     impls = _impl_list(impls)
@@ -140,6 +144,7 @@ def oom_table(impls: Iterable[str], gpus: Iterable[str], b: int, h: int, d: int,
     """Longest s that fits each GPU (attnmem.calc.fit.max_seq_len, an exact integer search), per
     implementation, and the peak there (0 where nothing fits): columns gpu, impl, max_seq_len,
     peak_bytes_at_max."""
+    import pandas as pd
     rows = []
     for gpu in gpus:
         for impl in impls:
@@ -155,6 +160,7 @@ def call_detail(impls: Iterable[str], s: int, b: int, h: int, d: int, dtype: str
     bytes inside it, the allocator's rounding, the reserved growth
     (attnmem.calc.peak.attention_reserved_bytes; None where not predicted); and every term
     (attnmem.calc.peak.attention_peak_breakdown)."""
+    import pandas as pd
     summary, terms = [], []
     for impl in impls:
         parts = attention_peak_breakdown(impl, b, h, s, d, dtype, causal, bwd)
@@ -185,6 +191,7 @@ def predicted_curves(impls: Iterable[str], lo: int, hi: int, b: int, h: int, d: 
     """`sweep_seq_len` over `curve_seq_lens(lo, hi)` for the implementations the model knows (a
     name it does not model gets measured points and no curve); where one implementation refuses
     the shape, the others' curves."""
+    import pandas as pd
     impls = tuple(i for i in impls if i in IMPLEMENTATIONS)
     lens = curve_seq_lens(lo, hi)
     try:
