@@ -33,6 +33,7 @@ import pytest
 
 from attnmem.calc.models import ModelConfig
 from attnmem.calc.training_step import PHASES, LoRA, training_step
+from tests.calc.meta_replay import llama_config, warm_up_and_step
 
 ROWS = Path(__file__).resolve().parents[2] / "data" / "training_recipes_h100.csv"
 MODEL = ModelConfig(name="llama2-7b-2l", num_layers=2, hidden_size=4096, num_heads=32,
@@ -107,11 +108,7 @@ def _replay(b: int, s: int) -> dict[str, int]:
         def forward(self, x):
             return MatMul4Bit.apply(x.to(torch.bfloat16), self.weight).to(x.dtype)
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=MODEL.hidden_size, intermediate_size=MODEL.intermediate_size,
-        num_hidden_layers=MODEL.num_layers, num_attention_heads=MODEL.num_heads,
-        num_key_value_heads=MODEL.num_kv_heads, head_dim=MODEL.head_dim,
-        vocab_size=MODEL.vocab_size, attn_implementation="sdpa")
+    cfg = llama_config(MODEL)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
         for layer in model.model.layers:
@@ -136,17 +133,7 @@ def _replay(b: int, s: int) -> dict[str, int]:
     rec.known(*model.parameters(), *model.buffers())
     opt = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)  # state: 20 MB, not the peak
     with sdpa_as("sdpa_efficient"), unpacked_rows(), rec, rec.track_modules(model):
-        ids = torch.zeros(b, s, dtype=torch.long, device="meta")
-        for step in ("warm-up", "step"):
-            rec.mark(f"{step} forward")
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            rec.mark(f"{step} backward")
-            loss.backward()
-            del loss
-            rec.mark(f"{step} optimizer")
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        del ids
+        warm_up_and_step(rec, model, opt, b, s)
     ev = rec.events
     mark = {e[1]: i for i, e in enumerate(ev) if e[0] == "m"}
     start, bwd, end = mark["step forward"], mark["step backward"], mark["step optimizer"]

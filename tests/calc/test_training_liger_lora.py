@@ -43,6 +43,7 @@ from attnmem.calc.train_liger import (
 )
 from attnmem.calc.train_lora import _check_lora, _lora_layer_terms
 from attnmem.calc.training_step import PHASES, LoRA, training_step
+from tests.calc.meta_replay import llama_config, warm_up_and_step
 
 CSV = Path(__file__).resolve().parents[2] / "data" / "training_recipes_h100.csv"
 TINY = ModelConfig(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
@@ -347,11 +348,7 @@ def _replay(m: ModelConfig, b: int, s: int, adapter_dtype: str, checkpointing: b
     from attnmem.trace.recorder import Recorder
 
     flce = mods["liger_kernel.ops.fused_linear_cross_entropy"].LigerFusedLinearCrossEntropyFunction
-    cfg = transformers.LlamaConfig(
-        hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-        num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
-        attn_implementation="sdpa", tie_word_embeddings=False)
+    cfg = llama_config(m, tie_word_embeddings=False)
     patches = ModulePatches()
     patches.snapshot(importlib.import_module(LIGER_MODULES["llama"]))
     rec = Recorder(devices=("meta",))
@@ -399,17 +396,7 @@ def _replay(m: ModelConfig, b: int, s: int, adapter_dtype: str, checkpointing: b
                            (rec.uniform, "scalar", scalar),
                            (torch.nn.functional, "dropout", cuda_dropout)]):
                 with sdpa_as("sdpa_flash"), unpacked_rows(), rec, rec.track_modules(model):
-                    ids = torch.zeros(b, s, dtype=torch.long, device="meta")
-                    for step in ("warm-up", "step"):
-                        rec.mark(f"{step} forward")
-                        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-                        rec.mark(f"{step} backward")
-                        loss.backward()
-                        del loss
-                        rec.mark(f"{step} optimizer")
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
-                    del ids
+                    warm_up_and_step(rec, model, opt, b, s)
     finally:
         patches.restore()
     ev = rec.events

@@ -33,6 +33,7 @@ from attnmem.calc.train_trl_loss import (
     trl_positions,
 )
 from attnmem.calc.training_step import PHASES, LoRA, training_step
+from tests.calc.meta_replay import llama_config
 
 TINY = ModelConfig(name="tiny-trl", num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
                    head_dim=64, intermediate_size=512, vocab_size=70_000, model_type="llama")
@@ -125,11 +126,7 @@ def _replay(b: int, s: int, cuda: bool = True, lora: bool = False, dft: bool = F
     from attnmem.trace.masks import unpacked_rows
     from attnmem.trace.recorder import Recorder, _run
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=TINY.hidden_size, intermediate_size=TINY.intermediate_size,
-        num_hidden_layers=TINY.num_layers, num_attention_heads=TINY.num_heads,
-        num_key_value_heads=TINY.num_kv_heads, head_dim=TINY.head_dim,
-        vocab_size=TINY.vocab_size, attn_implementation="sdpa")
+    cfg = llama_config(TINY)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     with warnings.catch_warnings():
