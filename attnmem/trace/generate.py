@@ -21,9 +21,10 @@ from attnmem.trace.inference import TRACE_ATTENTIONS, TracedInference, _torch_dt
 
 def trace_inference(d: dict, batch: int, prompt_len: int, new_tokens: int = 1,
                     attention: str = "sdpa", dtype: str = "bf16") -> TracedInference:
-    """generate()'s peak for the causal LM that config dict `d` describes (see attnmem.trace.inference's
-    module docstring); ValueError names a bad input or why transformers cannot build the model, and
-    attnmem.calc.backends.NoKernel why a forced SDPA backend has no kernel for a call."""
+    """generate()'s peak for the causal LM that config dict `d` describes (see
+    attnmem.trace.inference's module docstring); ValueError names a bad input or why
+    transformers cannot build the model, and attnmem.calc.backends.NoKernel why a forced SDPA
+    backend has no kernel for a call."""
     b = check_int("batch", batch, 1, MAX_BATCH)
     s = check_int("prompt_len", prompt_len, 1, MAX_SEQ_LEN)
     n = check_int("new_tokens", new_tokens, 1, MAX_SEQ_LEN - s)
