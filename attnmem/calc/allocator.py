@@ -43,6 +43,8 @@ when cudaMalloc fails (near out of memory, reserved can then fall during a call)
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize
 K_SMALL_SIZE = 1 << 20  # kSmallSize: largest small-pool request, 1 MiB
 K_SMALL_BUFFER = 2 << 20  # kSmallBuffer: small-pool segment (and expandable small page), 2 MiB
@@ -94,9 +96,11 @@ def fresh_block_bytes(nbytes: int, expandable: bool = False) -> int:
 
 
 class _Block:
-    """A block of a segment: id of the segment (address order = creation order), offset."""
+    """A block of a segment: id of the segment (address order = creation order), offset, its
+    neighbours in the segment (`prev`, `next`, as the allocator's Block), and the key it is
+    filed under in the free index while it is a free mapped block (else None)."""
 
-    __slots__ = ("seg", "offset", "size", "allocated", "mapped")
+    __slots__ = ("seg", "offset", "size", "allocated", "mapped", "prev", "next", "key")
 
     def __init__(self, seg: int, offset: int, size: int, allocated: bool = False,
                  mapped: bool = True) -> None:
@@ -105,6 +109,16 @@ class _Block:
         self.size = size
         self.allocated = allocated
         self.mapped = mapped  # False: unmapped address space of an expandable segment
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+        self.key: int | None = None
+
+
+#: Free-index key: size, then segment id, then offset, packed into one int (ints compare faster
+#: than tuples under bisect). Offsets and segment ids below 2**56 keep the three fields apart.
+_SEG_SHIFT = 56
+_SIZE_SHIFT = 2 * _SEG_SHIFT
+_FIELD_LIMIT = 1 << _SEG_SHIFT
 
 
 class CachingAllocator:
@@ -113,6 +127,15 @@ class CachingAllocator:
     `malloc(nbytes) -> handle`, `free(handle)`, `empty_cache()`, `reset_peak()`; counters
     `allocated`, `reserved`, `peak_allocated`, `peak_reserved` in bytes, as
     `torch.cuda.memory_allocated()` etc. would read them for what this allocator was given.
+
+    The free blocks are indexed as the allocator's BlockPool keeps them: a sorted set ordered
+    by BlockComparatorSize (stream, size, address; c10/cuda/CUDACachingAllocator.cpp), here
+    one sorted list per pool of keys (size, segment, offset) searched with bisect, so best fit
+    costs a binary search instead of a scan of every block. A segment's blocks are a linked
+    list (Block's prev/next), so splitting and merging need no search either. Address order
+    is (segment id, offset): segments are numbered as they are created. tests/calc/
+    test_allocator.py replays long random streams against a plain scan of every block and
+    asks for the same block at every step.
     """
 
     #: virtual size of an expandable segment (any size larger than a GPU will do)
@@ -120,7 +143,7 @@ class CachingAllocator:
 
     def __init__(self, expandable: bool = False) -> None:
         self.expandable = expandable
-        self._segments: dict[int, list[_Block]] = {}  # id -> blocks in address order
+        self._segments: dict[int, _Block] = {}  # id -> its first block (offset 0)
         self._seg_small: dict[int, bool] = {}
         self._next_seg = 0
         self._live: dict[int, _Block] = {}
@@ -130,6 +153,9 @@ class CachingAllocator:
         self.peak_allocated = 0
         self.peak_reserved = 0
         self._expandable_seg: dict[bool, int] = {}  # small? -> its expandable segment id
+        # the free index: small? -> sorted keys of the pool's free mapped blocks; key -> block
+        self._free_keys: dict[bool, list[int]] = {True: [], False: []}
+        self._free_at: dict[int, _Block] = {}
 
     # ---- stats ---------------------------------------------------------------------------
 
@@ -142,89 +168,118 @@ class CachingAllocator:
         self.reserved += n
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
+    # ---- the free index ------------------------------------------------------------------
+
+    def _file(self, b: _Block) -> None:
+        """Put `b` in its pool's free index if it is a free mapped block (`pool.blocks.insert`)."""
+        if b.allocated or not b.mapped:
+            return
+        k = (b.size << _SIZE_SHIFT) | (b.seg << _SEG_SHIFT) | b.offset
+        b.key = k
+        insort(self._free_keys[self._seg_small[b.seg]], k)
+        self._free_at[k] = b
+
+    def _unfile(self, b: _Block) -> None:
+        """Take `b` out of the free index if it is there (`pool.blocks.erase`)."""
+        k = b.key
+        if k is None:
+            return
+        keys = self._free_keys[self._seg_small[b.seg]]
+        del keys[bisect_left(keys, k)]
+        del self._free_at[k]
+        b.key = None
+
     # ---- segments ------------------------------------------------------------------------
 
     def _new_segment(self, size: int, small: bool, mapped: bool = True) -> int:
         sid = self._next_seg
+        if sid >= _FIELD_LIMIT or size >= _FIELD_LIMIT:
+            raise ValueError(f"segment {sid} of {size:,} B: the allocator's free index holds "
+                             f"segment ids and sizes below 2**{_SEG_SHIFT}")
         self._next_seg += 1
-        self._segments[sid] = [_Block(sid, 0, size, mapped=mapped)]
+        head = _Block(sid, 0, size, mapped=mapped)
+        self._segments[sid] = head
         self._seg_small[sid] = small
+        self._file(head)
         return sid
-
-    def _free_blocks(self, small: bool) -> list[_Block]:
-        small_of = self._seg_small
-        return [b for sid, blocks in self._segments.items() if small_of[sid] is small
-                for b in blocks if not b.allocated and b.mapped]
 
     def _take(self, block: _Block, size: int, small: bool) -> _Block:
         """`alloc_found_block`: split off `size` bytes when should_split says so."""
-        blocks = self._segments[block.seg]
+        self._unfile(block)
         if should_split(block.size, size, small, self.expandable):
-            i = blocks.index(block)
             rest = _Block(block.seg, block.offset + size, block.size - size)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
             block.size = size
-            blocks.insert(i + 1, rest)
+            self._file(rest)
         block.allocated = True
         return block
 
     def _page(self, small: bool) -> int:
         return K_SMALL_BUFFER if small else K_LARGE_BUFFER
 
-    def _expandable_size(self, b: _Block) -> int:
-        blocks = self._segments[b.seg]
-        i = blocks.index(b)
-        nxt = blocks[i + 1] if i + 1 < len(blocks) else None
+    @staticmethod
+    def _expandable_size(b: _Block) -> int:
+        nxt = b.next
         return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
     def _get_free_block(self, size: int, small: bool) -> _Block | None:
-        """`get_free_block`: best fit by (size, address); expandable blocks prefer the one
-        that can grow least (`expandable_size`)."""
-        if not self.expandable:
-            best = None
-            for b in self._free_blocks(small):
-                if b.size >= size and (best is None or (b.size, b.seg, b.offset)
-                                       < (best.size, best.seg, best.offset)):
-                    best = b
-            return best
-        cands = [b for b in self._free_blocks(small) if b.size >= size]
-        if not cands:
+        """`get_free_block`: best fit by (size, address), the first key of the pool's index at
+        or after `size`; expandable blocks prefer the one that can grow least
+        (`expandable_size`), walking on while the next block in the index can grow less."""
+        keys = self._free_keys[small]
+        i = bisect_left(keys, size << _SIZE_SHIFT)
+        if i == len(keys):
             return None
-        cands.sort(key=lambda b: (b.size, b.seg, b.offset))
-        i = 0
-        if self.expandable:
-            while (i + 1 < len(cands)
-                   and self._expandable_size(cands[i + 1]) < self._expandable_size(cands[i])):
-                i += 1
-        return cands[i]
+        at = self._free_at
+        if not self.expandable:
+            return at[keys[i]]
+        grow = self._expandable_size
+        while i + 1 < len(keys) and grow(at[keys[i + 1]]) < grow(at[keys[i]]):
+            i += 1
+        return at[keys[i]]
 
-    def _merge_around(self, blocks: list[_Block], i: int) -> int:
-        """`try_merge_blocks` with both neighbours; returns the merged block's index."""
-        b = blocks[i]
-        if i + 1 < len(blocks):
-            n = blocks[i + 1]
-            if not n.allocated and n.mapped == b.mapped:
-                b.size += n.size
-                del blocks[i + 1]
-        if i > 0:
-            p = blocks[i - 1]
-            if not p.allocated and p.mapped == b.mapped:
-                p.size += b.size
-                del blocks[i]
-                i -= 1
-        return i
+    def _unlink(self, b: _Block) -> None:
+        """Take `b` out of its segment's list (it has a block before it)."""
+        b.prev.next = b.next
+        if b.next is not None:
+            b.next.prev = b.prev
 
-    def _map(self, blocks: list[_Block], i: int, size: int, small: bool) -> int:
-        """`map_block`: map the pages covering `size` bytes from the start of unmapped block i
-        (which starts on a page boundary); returns the index of the merged free block."""
-        b = blocks[i]
+    def _merge_around(self, b: _Block) -> _Block:
+        """`try_merge_blocks` with both neighbours of the unfiled block `b`; returns the merged
+        block, unfiled (the caller files it)."""
+        n = b.next
+        if n is not None and not n.allocated and n.mapped == b.mapped:
+            self._unfile(n)
+            b.size += n.size
+            self._unlink(n)
+        p = b.prev
+        if p is not None and not p.allocated and p.mapped == b.mapped:
+            self._unfile(p)
+            p.size += b.size
+            self._unlink(b)
+            b = p
+        return b
+
+    def _map(self, b: _Block, size: int, small: bool) -> _Block:
+        """`map_block`: map the pages covering `size` bytes from the start of unmapped block
+        `b` (which starts on a page boundary); returns the merged free block, filed."""
         page = self._page(small)
         mapped = min(b.size, page * -(-size // page))
         if mapped < b.size:
-            blocks.insert(i + 1, _Block(b.seg, b.offset + mapped, b.size - mapped, mapped=False))
+            rest = _Block(b.seg, b.offset + mapped, b.size - mapped, mapped=False)
+            rest.prev, rest.next = b, b.next
+            if b.next is not None:
+                b.next.prev = rest
+            b.next = rest
             b.size = mapped
         b.mapped = True
         self._add_reserved(mapped)
-        return self._merge_around(blocks, i)
+        b = self._merge_around(b)
+        self._file(b)
+        return b
 
     def _alloc_expandable(self, size: int, small: bool) -> _Block:
         """`try_allocate_expandable_block`: the lowest unmapped range (joined to a free block
@@ -233,24 +288,25 @@ class CachingAllocator:
         if sid is None or sid not in self._segments:
             sid = self._new_segment(self._EXPANDABLE_SPAN, small, mapped=False)
             self._expandable_seg[small] = sid
-        blocks = self._segments[sid]
-        for i, c in enumerate(blocks):
+        c = self._segments[sid]
+        while c is not None:
             if c.mapped:
+                c = c.next
                 continue
-            start = i - 1 if i > 0 and not blocks[i - 1].allocated else i
+            start = c.prev if c.prev is not None and not c.prev.allocated else c
             room, j = 0, start
-            while room < size and j < len(blocks) and not blocks[j].allocated:
-                room += blocks[j].size
-                j += 1
+            while room < size and j is not None and not j.allocated:
+                room += j.size
+                j = j.next
             if room < size:
+                c = c.next
                 continue
             cand = start
-            if not blocks[cand].mapped:
-                cand = self._map(blocks, cand, size, small)
-            while blocks[cand].size < size:
-                need = size - blocks[cand].size
-                cand = self._map(blocks, cand + 1, need, small)
-            return self._take(blocks[cand], size, small)
+            if not cand.mapped:
+                cand = self._map(cand, size, small)
+            while cand.size < size:
+                cand = self._map(cand.next, size - cand.size, small)
+            return self._take(cand, size, small)
         raise AssertionError("an expandable segment always ends in unmapped space")
 
     # ---- the public operations -----------------------------------------------------------
@@ -268,12 +324,13 @@ class CachingAllocator:
             seg = get_allocation_size(size)
             sid = self._new_segment(seg, small)
             self._add_reserved(seg)
-            block = self._take(self._segments[sid][0], size, small)
+            block = self._take(self._segments[sid], size, small)
         h = self._next_handle
         self._next_handle += 1
         self._live[h] = block
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return h
 
     def hold_cached_block(self, nbytes: int) -> None:
@@ -286,7 +343,7 @@ class CachingAllocator:
             return
         sid = self._new_segment(size + K_MIN_BLOCK_SIZE, is_small(size))
         self._add_reserved(size + K_MIN_BLOCK_SIZE)
-        self._take(self._segments[sid][0], K_MIN_BLOCK_SIZE, is_small(size))
+        self._take(self._segments[sid], K_MIN_BLOCK_SIZE, is_small(size))
         self.allocated += K_MIN_BLOCK_SIZE
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
@@ -294,49 +351,83 @@ class CachingAllocator:
         """The size of the block behind a live allocation (what "allocated" counts for it)."""
         return self._live[handle].size
 
+    def block_of(self, handle: int) -> tuple[int, int, int]:
+        """Where a live allocation's block is: (segment id, offset, size); segment ids count
+        segments in the order they were created (address order)."""
+        b = self._live[handle]
+        return b.seg, b.offset, b.size
+
+    def layout(self) -> list[tuple[int, int, int, bool, bool]]:
+        """Every block of every segment in address order: (segment id, offset, size,
+        allocated, mapped), as torch.cuda.memory_snapshot() lists a segment's blocks."""
+        out = []
+        for sid, b in self._segments.items():
+            while b is not None:
+                out.append((sid, b.offset, b.size, b.allocated, b.mapped))
+                b = b.next
+        return out
+
     def free(self, handle: int) -> None:
         """`free` / `free_block`: uncount the block and merge it with free neighbours."""
         block = self._live.pop(handle)
         self.allocated -= block.size
         block.allocated = False
-        blocks = self._segments[block.seg]
-        self._merge_around(blocks, blocks.index(block))
+        self._file(self._merge_around(block))
 
     def empty_cache(self) -> None:
         """`release_cached_blocks`: release segments that are one free block; expandable
         segments unmap the whole pages inside each free block (`unmap_block`)."""
         for sid in list(self._segments):
-            blocks = self._segments[sid]
+            head = self._segments[sid]
             if not self.expandable:
-                if len(blocks) == 1 and not blocks[0].allocated:
-                    self.reserved -= blocks[0].size
+                if head.next is None and not head.allocated:
+                    self._unfile(head)
+                    self.reserved -= head.size
                     del self._segments[sid]
                 continue
             page = self._page(self._seg_small[sid])
-            i = 0
-            while i < len(blocks):
-                b = blocks[i]
+            b = head
+            while b is not None:
                 if b.allocated or not b.mapped:
-                    i += 1
+                    b = b.next
                     continue
                 lo = page * -(-b.offset // page)
                 hi = page * ((b.offset + b.size) // page)
                 if hi <= lo:
-                    i += 1
+                    b = b.next
                     continue
-                pieces = []
+                # b becomes [mapped head][unmapped lo..hi][mapped tail]; b stays the first
+                # piece, so a segment's first block is still its first
+                self._unfile(b)
+                end, after = b.offset + b.size, b.next
                 if lo > b.offset:
-                    pieces.append(_Block(sid, b.offset, lo - b.offset))
-                pieces.append(_Block(sid, lo, hi - lo, mapped=False))
-                if b.offset + b.size > hi:
-                    pieces.append(_Block(sid, hi, b.offset + b.size - hi))
+                    b.size = lo - b.offset
+                    hole = _Block(sid, lo, hi - lo, mapped=False)
+                    hole.prev, b.next = b, hole
+                    self._file(b)
+                else:
+                    hole = b
+                    hole.size, hole.mapped = hi - lo, False
+                last = hole
+                if end > hi:
+                    tail = _Block(sid, hi, end - hi)
+                    tail.prev, last.next = last, tail
+                    self._file(tail)
+                    last = tail
+                last.next = after
+                if after is not None:
+                    after.prev = last
                 self.reserved -= hi - lo
-                blocks[i:i + 1] = pieces
-                k = i + (1 if lo > b.offset else 0)
-                k = self._merge_around(blocks, k)
-                i = k + 1
-            if all(not b.mapped for b in blocks):
+                b = self._merge_around(hole).next
+            if all(not blk.mapped for blk in self._blocks(head)):
                 del self._segments[sid]
+
+    @staticmethod
+    def _blocks(b: _Block | None):
+        """The blocks from `b` on, in address order."""
+        while b is not None:
+            yield b
+            b = b.next
 
 
 def blocks_of(sizes: list[int], expandable: bool = False) -> list[int]:
