@@ -29,6 +29,12 @@ logits, the argmax, the ids grown by `torch.cat` each step. No mask tensor is pa
 model: an all-ones mask is what a tokenizer gives for unpadded text, and masking_utils treats
 it as no mask (`_ignore_causal_mask_sdpa`), so the model's masks are the same.
 
+Token values: the prompt is PROMPT_TOKEN at every position (the harness's are random ids).
+Which token generate() picks next is the argmax of logits meta does not hold; the trace takes
+it to be PROMPT_TOKEN too (`Uniform.choose`), the one value it chooses for generate(). Only a
+forward that reads token values sees the choice: XLM counts the tokens that are not padding
+(`lengths`) for an assertion that holds for any tokens; no shape depends on it.
+
 Phases: "prefill" (the prompt's forward and its logits) and "decode": the last decode step,
 whose cache is the longest. For N ≥ 3 the cache before that step is made by an unreported
 prefill of s + N − 3 tokens and one unreported decode step, so that sliding-window layers hold
@@ -48,12 +54,15 @@ from typing import Any
 from attnmem.calc.backends import NoKernel
 from attnmem.calc.inference_step import CUBLAS_WORKSPACE_BYTES
 from attnmem.trace.fake_attention import SDPA_BACKENDS, sdpa_as
+from attnmem.trace.known import ValuesTooLarge
 from attnmem.trace.masks import unpacked_rows
 from attnmem.trace.recorder import PhasePeak, Recorder, ReplayTooSlow, replay
 
 #: What the trace runs: transformers' eager attention as it is, or SDPA with a backend.
 TRACE_ATTENTIONS = ("eager", *SDPA_BACKENDS)
 TRACE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: The token id at every position the trace feeds (module docstring: token values).
+PROMPT_TOKEN = 0
 
 
 @dataclass(frozen=True)
@@ -378,7 +387,7 @@ def _record(model: Any, b: int, s: int, n: int, attention: str, own_hooks: bool)
 
     cache_kw = _cache_kw(model)
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
-    rec = Recorder()
+    rec = Recorder(values=True)
     rec.known(*model.parameters(), *model.buffers())
     before = _module_state(model)
     meta = torch.device("meta")
@@ -395,6 +404,7 @@ def _record(model: Any, b: int, s: int, n: int, attention: str, own_hooks: bool)
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         nxt = logits.argmax(-1)
+        rec.uniform.choose(nxt, PROMPT_TOKEN)  # which token comes is the weights' (docstring)
         del logits
         return torch.cat([ids, nxt[:, None]], dim=-1)
 
@@ -435,7 +445,7 @@ def _record(model: Any, b: int, s: int, n: int, attention: str, own_hooks: bool)
                 loop_guard(rec, model):
             _experts(model, "grouped_mm")
             rec.mark("prefill")
-            ids = torch.zeros(b, s, dtype=torch.long, device=meta)
+            ids = torch.full((b, s), PROMPT_TOKEN, dtype=torch.long, device=meta)
             mask = torch.ones(b, s, dtype=torch.long, device=meta)
             ids, mask, cache = step(ids, mask, _new_cache(model), first=True)
             if n >= 2:
@@ -443,7 +453,8 @@ def _record(model: Any, b: int, s: int, n: int, attention: str, own_hooks: bool)
                 if n >= 3:
                     rec.mark("setup")
                     del ids, mask, cache
-                    ids = torch.zeros(b, s + n - 3, dtype=torch.long, device=meta)
+                    ids = torch.full((b, s + n - 3), PROMPT_TOKEN, dtype=torch.long,
+                                     device=meta)
                     mask = torch.ones(b, s + n - 3, dtype=torch.long, device=meta)
                     _experts(model, "grouped_mm")
                     ids, mask, cache = step(ids, mask, _new_cache(model), first=True)
@@ -527,8 +538,10 @@ def _why(model: Any, err: BaseException) -> str:
     if "item() cannot be called on meta tensors" in text or "Cannot copy out of meta" in text:
         return ("; its forward reads a value of a tensor computed from the input (a data-"
                 "dependent branch or size), which the meta device does not hold: the trace "
-                "follows only values it knows exactly (attnmem.trace.uniform), so this model "
-                "is not traced")
+                "follows only values it knows exactly (attnmem.trace.uniform, "
+                "attnmem.trace.known), so this model is not traced")
+    if isinstance(err, ValuesTooLarge):
+        return "; a shorter prompt or a smaller batch reads fewer"
     if "with Meta tensors" in text or "torch.nonzero()" in text:
         return ("; its forward calls an op the meta device cannot run (one whose output size "
                 "depends on the values, such as unique or nonzero, has no meta form), so this "
@@ -542,14 +555,41 @@ def _why(model: Any, err: BaseException) -> str:
                     f"{type(model.config).__name__}.num_hidden_layers for a model whose "
                     f"layers count to {max(attn) + 1}, so generate() fails the same way on a "
                     f"GPU")
-    if isinstance(err, RuntimeError) and "expected scalar type" in text:
+    if isinstance(err, RuntimeError) and ("expected scalar type" in text
+                                           or "same dtype" in text):
         want = getattr(model.config, "dtype", None)  # what from_config was asked for
         odd = sorted({f"{n} ({p.dtype})".replace("torch.", "") for n, p in
                       model.named_parameters() if p.dtype != want})
         if odd:
             asked = str(want).replace("torch.", "")
+            cast = _cast_failure(model)
+            then = (f"cast whole (model.to(torch.{asked})), as a user would, it fails too "
+                    f"({cast}), so transformers runs it in neither form in {asked}"
+                    if cast else
+                    f"cast whole (model.to(torch.{asked})) it runs, but the trace follows the "
+                    f"model as transformers builds it")
             return (f"; transformers builds {len(odd)} of this model's parameters in another "
                     f"dtype than the {asked} asked (e.g. {', '.join(odd[:2])}) and its own "
-                    f"forward then mixes the two, so the model does not run in this dtype as "
-                    f"transformers builds it (on a GPU neither); run it in fp32")
+                    f"forward then mixes the two; {then}; run it in fp32")
+    return ""
+
+
+def _cast_failure(model: Any) -> str:
+    """Where transformers built some parameters in another dtype than asked (XLNet's
+    `torch.FloatTensor` parameters stay fp32): the error of generate()'s steps on meta with the
+    model cast whole to the asked dtype (a copy; `model.to(dtype)`), "" where they run. XLNet
+    then fails in its two-stream attention, which generate() runs (`target_mapping`): the
+    relative position encoding is made in fp32 (`relative_positional_encoding`) and meets the
+    cast `r` weight uncast (modeling_xlnet.py XLNetRelativeAttention.forward); a CPU run
+    fails the same way (tests/trace/test_refused_tail.py)."""
+    import copy
+
+    cast = copy.deepcopy(model).to(model.config.dtype)
+    try:
+        try:
+            _record(cast, 1, 8, 2, "eager", own_hooks=False)
+        except _OwnHooks:
+            _record(cast, 1, 8, 2, "eager", own_hooks=True)
+    except (ValueError, NoKernel) as e:
+        return " ".join(str(e).split(": ", 1)[-1].split())[:200]
     return ""

@@ -26,6 +26,7 @@ from typing import Any
 
 from attnmem.calc.allocator import CachingAllocator
 from attnmem.trace.cuda_only import temporaries
+from attnmem.trace.known import Known
 from attnmem.trace.uniform import Uniform
 
 #: ("a", id, nbytes, label) | ("f", id) | ("m", phase name)
@@ -46,7 +47,10 @@ class PhasePeak:
 class Recorder:
     """Allocation and free events of the storages made under `with recorder:`."""
 
-    def __init__(self, devices: tuple[str, ...] = ("meta",)) -> None:
+    def __init__(self, devices: tuple[str, ...] = ("meta",), values: bool = False) -> None:
+        """`values`: also follow tensors whose values vary but are fixed by the inputs
+        (attnmem.trace.known), computed on the CPU where a value is read; the traces turn it
+        on, a bare recorder follows uniform tensors only."""
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils.weak import WeakIdKeyDictionary
@@ -60,31 +64,52 @@ class Recorder:
         self.watch: Any = None  # called with (func, args, out) after each op (loops.py)
         self._devices = devices  # the device that stands for the GPU; CPU tensors are not its
         self.uniform = Uniform()  # values of one-number tensors, so .item() can answer on meta
+        self.known_values = Known(self.uniform, devices) if values else None
         rec = self
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                    kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
                 known = rec.uniform.scalar(func, args)  # .item() of a uniform tensor
+                if known is None and rec.known_values is not None:
+                    known = rec.known_values.scalar(func, args)  # .item() of a known tensor
                 if known is not None:
                     return known
-                host = rec.uniform.to_host(func, args, kwargs or {})  # .tolist() of one
+                host = rec.uniform.to_host(func, args, kwargs)  # .tolist() of one
+                if host is None and rec.known_values is not None:
+                    host = rec.known_values.to_host(func, args, kwargs)
                 if host is not None:
                     return host
+                if rec.known_values is not None:  # nonzero, unique: sizes from known values
+                    ran = rec.known_values.run(func, args, kwargs)
+                    if ran is not None:
+                        out, made = ran
+                        for t in made:
+                            rec._add(t, func)
+                        del ran, made  # the kernel's temporaries die here, its outputs live on
+                        if rec.watch is not None:
+                            rec.watch(func, args, out)
+                        rec.uniform.after(func, args, kwargs, out)
+                        return out
                 held = temporaries(func, args)  # a CUDA kernel's own temporaries
                 masked = rec.uniform.mask_index(func, args)  # x[mask], the mask's values known
+                if masked is None and rec.known_values is not None:
+                    masked = rec.known_values.mask_index(func, args)
                 if masked is not None:
                     args, made = masked
                     held = [*held, *made]
                 for t in held:
                     rec._add(t, func)
-                out = func(*args, **(kwargs or {}))
+                out = func(*args, **kwargs)
                 del held
                 for o in out if isinstance(out, (tuple, list)) else [out]:
                     rec._add(o, func)
                 if rec.watch is not None:
                     rec.watch(func, args, out)
-                rec.uniform.after(func, args, kwargs or {}, out)
+                rec.uniform.after(func, args, kwargs, out)
+                if rec.known_values is not None:
+                    rec.known_values.after(func, args, kwargs, out)
                 return out
 
         self._mode = _Mode()

@@ -290,7 +290,7 @@ def _record_profile(text: str, t: int, r: int, dtype: str, attention: str
 
     with TRACE_LOCK:
         model = _built(text, dtype, attention)
-        rec = Recorder()
+        rec = Recorder(values=True)
         rec.known(*model.parameters(), *model.buffers())
         meta = torch.device("meta")
         fake = sdpa_as(attention) if attention != "eager" else contextlib.nullcontext()

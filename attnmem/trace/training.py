@@ -127,7 +127,7 @@ def _locked(text: str, b: int, s: int, attention: str, dtype: str, checkpointing
             raise ValueError(f"peft cannot add LoRA adapters to {targets}: "
                              f"{' '.join(str(e).split())[:300]}") from None
     trainable = [p for p in model.parameters() if p.requires_grad]
-    rec = Recorder(devices=("meta",))
+    rec = Recorder(devices=("meta",), values=True)
     rec.known(*model.parameters(), *model.buffers())
     meta = torch.device("meta")
     fake = sdpa_as(attention) if attention != "eager" else contextlib.nullcontext()

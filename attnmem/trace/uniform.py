@@ -75,6 +75,11 @@ class Uniform:
             return None
         return self._values.get(t)
 
+    def choose(self, t: Any, v: Any) -> None:
+        """State t's one value where the trace chooses it (meta does not have it): the caller
+        says which value and why (attnmem.trace.inference: each generated token)."""
+        self._values[t] = _as_dtype(v, t.dtype, self._torch)
+
     def scalar(self, func: Any, args: tuple) -> Any:
         """What `func(*args)` returns where it is `.item()` of a uniform tensor, else None."""
         if _name(func) != "_local_scalar_dense" or not args:

@@ -317,3 +317,173 @@ def test_a_replay_projected_past_its_limit_is_refused():
     with pytest.raises(ReplayTooSlow, match=r"replaying its 80,000 storage events"):
         replay(events, limit=1e-6)
     assert replay(events)["prefill"].peak == 2 * 4096
+
+
+def _kolibri(**kw):
+    """Kolibri-1.1 cut small: layers 4 and 9 are indexed (every fifth), 4 an indexer; the
+    budgets are small so that a 60-token prompt has rows past them (pool 32, top-k 8 + 4 local
+    + 2 sink)."""
+    base = dict(vocab_size=101, hidden_size=64, num_hidden_layers=10, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                mlp_only_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                index_topk=8, index_pool_size=32, index_compression=4,
+                index_num_local_tokens=4, index_num_sink_tokens=2, index_num_heads=2,
+                sliding_window=16, mlp_only_layers=[0])
+    base.update(kw)
+    return transformers.Kolibri1_1Config(**base)
+
+
+class _Shapes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every op's name and output shapes, in order, leaving out copies between devices (a
+    real run's `torch.tensor([])`, meta's `.tolist()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func)
+        if "lift_fresh" not in name and "_to_copy" not in name:
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            self.log.append((name, [tuple(o.shape) for o in outs
+                                    if isinstance(o, torch.Tensor)]))
+        return out
+
+
+@pytest.mark.parametrize("s", [12, 60])
+def test_kolibri_indexer_reads_the_values_a_real_run_reads(s):
+    """Kolibri-1.1's indexer groups its queries by their first visible key (`unique`,
+    `nonzero`) and keeps the rows past its budget (`rows[long_rows]`), all read from the causal
+    mask. On meta those values are computed from the aranges the mask is made of
+    (attnmem.trace.known): every op of a prefill and a decode step makes tensors of exactly the
+    shapes a real CPU run of the same model makes, the data-dependent ones included."""
+    from attnmem.trace.recorder import Recorder
+
+    cfg = _kolibri()
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    model.set_experts_implementation("grouped_mm")  # the trace's, as CUDA runs the experts
+
+    def run(m, ids, log):
+        cache = transformers.DynamicCache(config=cfg)
+        with log:
+            m(input_ids=ids, cache=cache, use_cache=True)
+            m(input_ids=ids[:, :1], cache=cache, use_cache=True)
+
+    real = _Shapes()
+    with torch.no_grad():
+        run(model, torch.randint(0, 101, (2, s)), real)
+    meta = _Shapes()
+    with torch.no_grad(), Recorder(values=True):
+        run(model.to("meta"), torch.zeros(2, s, dtype=torch.long, device="meta"), meta)
+    ops = {name for name, _ in real.log}
+    assert {"aten._unique2.default", "aten.nonzero.default"} <= ops
+    assert meta.log == real.log
+
+
+def test_kolibri_is_traced_and_caches_what_a_real_run_caches():
+    cfg = _kolibri()
+    d = _d(cfg, "Kolibri1_1ForCausalLM")
+    for s, n in ((60, 3), (12, 2)):
+        t = trace_inference(d, 2, s, n, attention="eager")
+        model = transformers.AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+        assert t.kv_cache_bytes == _real_state(model, torch.ones(2, s, dtype=torch.long), n)
+        assert t.peak_bytes > t.weights_bytes + t.kv_cache_bytes
+
+
+def test_values_too_large_to_compute_are_refused_saying_so(monkeypatch):
+    import attnmem.trace.known as known
+
+    monkeypatch.setattr(known, "MAX_BYTES", 2 * 60 * 60 * 4 - 1)  # the mask as int32
+    with pytest.raises(ValueError, match=r"reads values computed from a tensor of 28,800 bytes"
+                                         r".*up to 28,799 bytes a tensor; a shorter prompt"):
+        trace_inference(_d(_kolibri(), "Kolibri1_1ForCausalLM"), 2, 60, 1, attention="eager")
+
+
+def test_xlm_counts_its_tokens_and_caches_what_a_real_run_caches():
+    """XLM's forward asserts `lengths.max().item() <= slen`, lengths counted from the ids its
+    prepare_inputs_for_generation makes (`torch.cat` of the ids and a mask token): the trace's
+    tokens are known (its prompt, and each generated token taken to be the same), so the count
+    is read; the cache is what a real run of random ids leaves."""
+    cfg = transformers.XLMConfig(vocab_size=101, emb_dim=32, n_layers=2, n_heads=4)
+    d = _d(cfg, "XLMWithLMHeadModel")
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    for s, n in ((12, 3), (20, 1), (9, 5)):
+        t = trace_inference(d, 2, s, n, attention="eager")
+        ids = torch.randint(0, 101, (2, s))
+        assert t.kv_cache_bytes == _real_state(model, ids, n)
+
+
+def test_known_values_follow_cuda_allocations_and_forget_writes():
+    """nonzero and unique run on meta where their input's values are known, with the storages
+    their CUDA kernels allocate (Nonzero.cu: one int64 (k, ndim); UniqueCub.cu: the sorted
+    copy, an output of the input's size resized down, the empty inverse and counts, the
+    one-int64 length); values read after a write in place, or from weights, still raise."""
+    from attnmem.trace.recorder import Recorder
+
+    rec = Recorder(values=True)
+    with rec:
+        mask = torch.arange(6, device="meta")[:, None] >= torch.arange(6, device="meta")
+        starts = mask.int().argmax(-1)  # (6,): all 0
+        assert starts.unique().tolist() == [0]
+        rec.mark("nonzero")
+        rows = (mask.sum(-1) > 4).nonzero()  # rows 4 and 5 see 5 and 6 keys
+        assert rows.shape == (2, 1) and rows[:, 0].tolist() == [4, 5]
+        assert mask[mask.sum(-1) > 5].shape == (1, 6)
+        mask.fill_(True)  # uniform again: known
+        assert mask.all().item() is True
+        mask[0, 0] = False  # written in place: no longer known
+        with pytest.raises(RuntimeError, match="meta"):
+            mask.sum().item()
+        w = torch.empty(4, device="meta")
+        with pytest.raises(RuntimeError, match="meta"):
+            (w > 0).any().item()
+    sizes = [ev[2] for ev in rec.events if ev[0] == "a"]
+    i = sizes.index(6 * 6 * 4)  # mask.int()
+    # argmax (6 int64), then unique: sorted 6 int64, empty inverse, data_out 6 int64, empty
+    # counts, length 1 int64
+    assert sizes[i + 1:i + 7] == [48, 48, 0, 48, 0, 8]
+    # the sum, the comparison, then nonzero's (2, 1) int64
+    assert sizes[sizes.index(2 * 8, i + 7)] == 16
+
+
+def _xlnet_generate(model):
+    ids = torch.ones(1, 8, dtype=torch.long)
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2,
+                          do_sample=False)
+
+
+def test_xlnet_runs_in_bf16_neither_as_built_nor_cast():
+    """A real CPU run: XLNet built with dtype=bfloat16 keeps its `torch.FloatTensor`
+    parameters in fp32 and fails; cast whole with `.to(torch.bfloat16)` it fails too, in the
+    two-stream attention generate() runs (the fp32 relative position encoding against the
+    bf16 `r`). The trace's refusal says both."""
+    cfg = _xlnet()
+    built = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    assert {p.dtype for p in built.parameters()} == {torch.bfloat16, torch.float32}
+    with pytest.raises(RuntimeError, match="dtype|scalar type"):
+        _xlnet_generate(built)
+    cast = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).eval()
+    with pytest.raises(RuntimeError, match="dtype|scalar type"):
+        _xlnet_generate(cast)
+    with pytest.raises(ValueError, match=r"cast whole \(model\.to\(torch\.bfloat16\)\), as a "
+                                         r"user would, it fails too .*run it in fp32"):
+        trace_inference(_d(cfg, "XLNetLMHeadModel"), 1, 16, 3, attention="eager",
+                        dtype="bf16")
+
+
+def test_gemma3n_without_timm_is_refused_naming_timm():
+    """Gemma-3n's causal LM is the multimodal model, whose vision tower is timm's: where timm
+    is not installed transformers cannot build it, and the refusal names timm."""
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is not None:
+        pytest.skip("timm is installed: transformers builds Gemma-3n")
+    d = _d(transformers.Gemma3nConfig(), "Gemma3nForConditionalGeneration")
+    with pytest.raises(ValueError, match=r"cannot build a causal LM .*requires the timm "
+                                         r"library"):
+        trace_inference(d, 1, 16, 1)

@@ -1,0 +1,347 @@
+"""Tensors whose every value is fixed by the trace's inputs, computed on the CPU when read.
+
+attnmem.trace.uniform follows tensors of one value everywhere, in O(1) whatever their size.
+Some models read values that vary along a tensor but are still fixed by the shapes and the
+trace's own inputs, never by the weights:
+
+- Kolibri-1.1's indexer (modeling_kolibri1_1.py `Kolibri1_1Indexer.query_groups`) reads, from
+  the causal mask masking_utils builds out of aranges, each query's first and last visible key
+  (`argmax`), groups the queries by the first (`unique().tolist()`, `== start).nonzero()`),
+  and keeps the rows longer than its budget (`if not long_rows.any()`, `rows[long_rows]`);
+- XLM (modeling_xlm.py `XLMModel.forward`) counts the tokens that are not padding in ids its
+  `prepare_inputs_for_generation` made by `torch.cat` of the prompt and a mask token.
+
+For every tensor an op makes under the recorder, where the op is deterministic and each of its
+tensor inputs is known, `Known` keeps the op and its inputs (a node); nothing is computed then,
+so a model that never reads a value pays only a dictionary lookup per op. Where a value is read
+(`.item()`, a copy to the host, an op whose output size depends on values), the node is
+computed on the CPU from its leaves: values uniform.py knows (fills), factories of fixed values
+(arange, full, eye), CPU tensors, and values the trace sets itself (`set_value`). The ops
+without a meta form whose output size is read from the values (`nonzero`, `_unique2`) are made
+on meta at the sizes the values give, with the allocations their CUDA kernels make (each
+cited below). Unknown, and so still refused where read: parameters and buffers (meta holds no
+values), everything computed from them, `empty`, random ops.
+
+A write in place makes every tensor on the written storage unknown (its views too); uniform.py
+still follows fills. A value is computed only up to MAX_BYTES per tensor (a causal mask is
+queries x keys); past it `ValuesTooLarge` stops the trace and says so.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+#: The most bytes one tensor's values may take when computed on the CPU: a (B, 1, s, s) mask
+#: read as int32 is 4·B·s² bytes, so B·s² up to 2^26 (s = 8,192 at B = 1).
+MAX_BYTES = 1 << 28
+#: A computed value up to this size is kept with its node, so a mask every layer reads is
+#: computed once per forward; larger ones are computed again where read again.
+KEEP_BYTES = 1 << 26
+
+#: Ops whose output values are not a function of their inputs' values (or are not tensors).
+_NOT_VALUES = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout",
+               "exponential", "geometric", "cauchy", "poisson", "empty", "_local_scalar_dense",
+               "resize", "set_", "record_stream", "nonzero", "unique", "masked_select")
+
+
+class ValuesTooLarge(RuntimeError):
+    """A value the model reads would take more than MAX_BYTES to compute on the CPU."""
+
+
+class _Unknown(Exception):
+    pass
+
+
+class _Node:
+    """How one tensor's values are made: `func(*args, **kwargs)` (its `index`-th output), with
+    the tensors among the arguments replaced by their nodes; or a fixed CPU `value`."""
+
+    __slots__ = ("func", "args", "kwargs", "index", "nbytes", "value", "__weakref__")
+
+    def __init__(self, func: Any, args: Any, kwargs: Any, index: int | None, nbytes: int,
+                 value: Any = None) -> None:
+        self.func, self.args, self.kwargs, self.index = func, args, kwargs, index
+        self.nbytes, self.value = nbytes, value
+
+
+def _fill(shape: tuple, v: Any, dtype: Any) -> Any:
+    import torch
+
+    return torch.full(shape, v, dtype=dtype)
+
+
+def _name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or getattr(func, "__name__", "").split(".")[0]
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size()
+
+
+class Known:
+    """The values of the tensors made under one recorder that its inputs fix (module
+    docstring). `uniform` is the recorder's attnmem.trace.uniform.Uniform; `devices` the
+    device types that stand for the GPU."""
+
+    def __init__(self, uniform: Any, devices: tuple[str, ...] = ("meta",)) -> None:
+        import torch
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self._torch = torch
+        self._uniform = uniform
+        self._devices = devices
+        self._nodes = WeakIdKeyDictionary()  # tensor -> _Node
+        self._by_storage: dict[int, list] = {}  # storage -> weak refs of its known tensors
+
+    # ---- what is known ---------------------------------------------------------------------
+
+    def node(self, t: Any) -> _Node | None:
+        """t's node, or None where its values are not known."""
+        torch = self._torch
+        v = self._uniform.value(t)
+        if v is not None:
+            return _Node(_fill, (tuple(t.shape), v, t.dtype), {}, None, _nbytes(t))
+        n = self._nodes.get(t)
+        if n is not None or t.device.type in self._devices or t.device.type == "meta":
+            return n
+        if t.layout != torch.strided or _nbytes(t) > MAX_BYTES:
+            return None
+        # a CPU tensor holds its values: taken as they are now (a later write is not followed)
+        return _Node(None, (), {}, None, _nbytes(t), t.detach().clone())
+
+    def set_value(self, t: Any, value: Any) -> None:
+        """Enter `value` (a CPU tensor of t's shape) as the values of meta tensor t."""
+        if tuple(value.shape) != tuple(t.shape):
+            raise ValueError(f"values of shape {tuple(value.shape)} given for a tensor of "
+                             f"shape {tuple(t.shape)}")
+        self._set(t, _Node(None, (), {}, None, _nbytes(t), value))
+
+    def values(self, t: Any) -> Any:
+        """t's values as a CPU tensor, or None where they are not known; ValuesTooLarge where
+        computing them would pass MAX_BYTES."""
+        if not isinstance(t, self._torch.Tensor):
+            return None
+        n = self.node(t)
+        return None if n is None else _evaluate(n)
+
+    def scalar(self, func: Any, args: tuple) -> Any:
+        """What `func(*args)` returns where it is `.item()` of a known tensor, else None."""
+        if _name(func) != "_local_scalar_dense" or not args:
+            return None
+        v = self.values(args[0])
+        return None if v is None else v.item()
+
+    def to_host(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The CPU copy (`.tolist()`, `.cpu()`: aten._to_copy to another device) of a known
+        meta tensor, else None."""
+        torch = self._torch
+        if _name(func) != "_to_copy" or not args or not isinstance(args[0], torch.Tensor):
+            return None
+        t, dev = args[0], kwargs.get("device")
+        if (t.device.type not in self._devices or dev is None
+                or torch.device(dev).type in self._devices):
+            return None
+        v = self.values(t)
+        if v is None:
+            return None
+        return v.to(dtype=kwargs.get("dtype") or t.dtype, device=dev, copy=True)
+
+    def _set(self, t: Any, n: _Node) -> None:
+        self._nodes[t] = n
+        key = t.untyped_storage()._cdata
+        self._by_storage.setdefault(key, []).append(weakref.ref(t))
+
+    def _forget(self, t: Any) -> None:
+        """A write to t's storage: no tensor on it is known any more."""
+        if not isinstance(t, self._torch.Tensor):
+            return
+        for ref in self._by_storage.pop(t.untyped_storage()._cdata, ()):
+            other = ref()
+            if other is not None:
+                self._nodes.pop(other, None)
+        self._nodes.pop(t, None)
+
+    # ---- following ops ---------------------------------------------------------------------
+
+    def after(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Follow one op that ran: forget what it wrote; where it computes values from known
+        values only, keep how (a node per output)."""
+        from attnmem.trace.uniform import _written
+
+        written = _written(func, args, kwargs)
+        if written:
+            for w in written:
+                self._forget(w)
+            return
+        torch = self._torch
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and self.node(first) is None:
+            return  # the usual case: an activation or a weight goes in
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        targets = [(i, o) for i, o in enumerate(outs) if isinstance(o, torch.Tensor)
+                   and o.device.type in self._devices and o.layout == torch.strided
+                   and self._uniform.value(o) is None]
+        if not targets:
+            return
+        name = _name(func)
+        if any(bad in name for bad in _NOT_VALUES):
+            return
+        try:
+            targs, tkw = self._template(args), self._template(kwargs)
+        except _Unknown:
+            return
+        many = isinstance(out, (tuple, list))
+        for i, o in targets:
+            self._set(o, _Node(func, targs, tkw, i if many else None, _nbytes(o)))
+
+    def _template(self, x: Any) -> Any:
+        """x with each tensor replaced by its node and the meta device by the CPU."""
+        torch = self._torch
+        if isinstance(x, torch.Tensor):
+            n = self.node(x)
+            if n is None:
+                raise _Unknown
+            return n
+        if isinstance(x, (list, tuple)):
+            items = [self._template(y) for y in x]
+            return torch.Size(items) if isinstance(x, torch.Size) else type(x)(items)
+        if isinstance(x, dict):
+            return {k: self._template(v) for k, v in x.items()}
+        if isinstance(x, torch.device) and x.type in self._devices:
+            return torch.device("cpu")
+        return x
+
+    # ---- ops whose output size is read from the values ------------------------------------
+
+    def run(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, list] | None:
+        """Where `func` is an op without a meta form whose output size depends on its input's
+        values and those are known: (its result on meta, the tensors its CUDA kernel allocates
+        in order, outputs and temporaries alike); None otherwise. The temporaries are dropped
+        when the op returns, as the kernel frees them. The outputs' values are known."""
+        torch = self._torch
+        name = _name(func)
+        if name not in ("nonzero", "_unique2") or not args:
+            return None
+        t = args[0]
+        if not isinstance(t, torch.Tensor) or t.device.type not in self._devices:
+            return None
+        v = self.values(t)
+        if v is None:
+            return None
+        if name == "nonzero":
+            return self._nonzero(t, v)
+        return self._unique2(t, v, *args[1:], **kwargs)
+
+    def _nonzero(self, t: Any, v: Any) -> tuple[Any, list]:
+        """aten/src/ATen/native/cuda/Nonzero.cu `nonzero_cuda_out_impl`: counts the nonzeros
+        (cub reduce into a 4-byte counter), syncs, resizes `out` to (ndim, k) int64 and hands
+        back its transpose: one int64 (k, ndim) storage. CUB's temporary storage and the
+        counter (one 512-byte block each, freed before it returns) are not counted."""
+        nz = self._torch.nonzero(v)
+        out = self._torch.empty(tuple(nz.shape), dtype=self._torch.long, device=t.device)
+        self.set_value(out, nz)
+        return out, [out]
+
+    def _unique2(self, t: Any, v: Any, sorted: bool = True, return_inverse: bool = False,
+                 return_counts: bool = False) -> tuple[Any, list] | None:
+        """aten/src/ATen/native/cuda/UniqueCub.cu `UniqueCub<scalar_t>` (non-bool; a bool
+        input takes another kernel and is left to raise): a contiguous copy where the input is
+        not contiguous; `sorted`, the input's size (radix-sorted whether or not `sorted` is
+        asked, so the values come out sorted); with return_inverse an int64 arange and the
+        sorted indices (n each), the int64 inverse (output) and `inv_loc_out` (n);
+        `data_out` of n elements, resized down to the k unique values (a resize never shrinks
+        the storage: the output holds n elements' bytes); counts (n int64 where asked, else
+        empty); `length` (one int64). All but the outputs are freed before it returns. CUB's
+        temporary storage is not counted."""
+        torch = self._torch
+        if t.dtype == torch.bool:
+            return None
+        n, meta = t.numel(), t.device
+        vals, inv, counts = torch._unique2(v, sorted=True, return_inverse=return_inverse,
+                                           return_counts=return_counts)
+        k = vals.numel()
+        order: list = []
+        if not t.is_contiguous():
+            order.append(torch.empty(n, dtype=t.dtype, device=meta))
+        order.append(torch.empty(n, dtype=t.dtype, device=meta))  # sorted
+        if return_inverse:
+            order += [torch.empty(n, dtype=torch.long, device=meta) for _ in range(2)]
+            inverse = torch.empty(tuple(t.shape), dtype=torch.long, device=meta)
+            order += [inverse, torch.empty(n, dtype=torch.long, device=meta)]
+        else:
+            inverse = torch.empty(0, dtype=torch.long, device=meta)
+            order.append(inverse)
+        data_out = torch.empty(n, dtype=t.dtype, device=meta)
+        count_out = torch.empty(n if return_counts else 0, dtype=torch.long, device=meta)
+        order += [data_out, count_out, torch.empty(1, dtype=torch.long, device=meta)]
+        out_vals = data_out[:k]
+        out_counts = count_out[:k] if return_counts else count_out
+        self.set_value(out_vals, vals)
+        if return_inverse:
+            self.set_value(inverse, inv)
+        if return_counts:
+            self.set_value(out_counts, counts)
+        return (out_vals, inverse, out_counts), order
+
+    def mask_index(self, func: Any, args: tuple) -> tuple[tuple, Any] | None:
+        """`x[mask]` (aten.index) where each boolean mask's values are known: as uniform.py's
+        `mask_index` (CUDA's index makes `mask.nonzero()`, an int64 (k, mask dims) tensor,
+        and indexes with its columns), for masks whose values vary."""
+        torch = self._torch
+        if _name(func) != "index" or len(args) < 2 or not isinstance(args[1], (list, tuple)):
+            return None
+        indices: list = []
+        made: list = []
+        for idx in args[1]:
+            if not (isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8)):
+                indices.append(idx)
+                continue
+            v = self.values(idx)
+            if v is None:
+                return None
+            nz = torch.nonzero(v)
+            made.append(torch.empty(tuple(nz.shape), dtype=torch.long, device=idx.device))
+            self.set_value(made[-1], nz)
+            for j, col in enumerate(made[-1].unbind(1)):
+                self.set_value(col, nz[:, j])
+                indices.append(col)
+        return ((args[0], indices, *args[2:]), made) if made else None
+
+
+def _evaluate(root: _Node) -> Any:
+    """root's values, computed on the CPU from its leaves (iteratively: chains can be long)."""
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    if root.value is not None:
+        return root.value
+    done: dict[int, Any] = {}
+
+    def get(x: Any) -> Any:
+        if not isinstance(x, _Node):
+            return x
+        return x.value if x.value is not None else done[id(x)]
+
+    stack: list[tuple[_Node, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node.value is not None or id(node) in done:
+            continue
+        if not ready:
+            if node.nbytes > MAX_BYTES:
+                raise ValuesTooLarge(
+                    f"its forward reads values computed from a tensor of {node.nbytes:,} "
+                    f"bytes (a mask of the queries against the keys); the trace computes such "
+                    f"values on the CPU up to {MAX_BYTES:,} bytes a tensor")
+            stack.append((node, True))
+            stack += [(x, False) for x in tree_leaves((node.args, node.kwargs))
+                      if isinstance(x, _Node) and x.value is None and id(x) not in done]
+            continue
+        out = node.func(*tree_map(get, node.args), **tree_map(get, node.kwargs))
+        if node.index is not None:
+            out = out[node.index]
+        done[id(node)] = out
+        if node.nbytes <= KEEP_BYTES:
+            node.value = out
+    return get(root)
