@@ -392,17 +392,18 @@ def triton_decode_steps(b: int, h: int, h_kv: int, new_tokens: int, kv_len: int,
     """Our split-KV decode path (attnmem/kernels/flash/decode.py decode_attention), in its
     allocation order: the output (one (B, s_q, H, d) tensor), then, where
     attnmem.calc.decode_split.decode_plan cuts the keys into S > 1 chunks, the chunks' fp32
-    partial outputs (B·H·s_q·S·d) and log2-sum-exps (B·H·s_q·S), freed once the combine
-    kernel has written the output. Flash-decoding: Dao, Haziza, Massa, Sizov 2023."""
-    from attnmem.calc.decode_split import decode_plan
+    partial outputs (B·H·s_q·S·d) and one buffer of their fp32 log2-sum-exps (B·H·s_q·S)
+    followed by the int32 counters of the fused combine (one per row block, batch and
+    key/value head, `decode_counters`), both freed once the output is written
+    (`decode_buffer_bytes`). Flash-decoding: Dao, Haziza, Massa, Sizov 2023."""
+    from attnmem.calc.decode_split import decode_buffer_bytes, decode_plan
 
-    e = dtype_bytes(dtype)
-    rows = b * h * new_tokens
-    plan = decode_plan(b, h, h_kv, new_tokens, kv_len, d)
-    steps: list[Step] = [_a("output", ceil_bytes(rows * d * e))]
-    if plan.partial:
-        steps.append(_a(f"partial outputs and log2-sum-exps of {plan.splits} key chunks of "
-                        f"{plan.split_len:,} keys (fp32, freed after the combine)",
-                        rows * plan.splits * d * 4, rows * plan.splits * 4, key="chunks"))
+    out, part, lse = decode_buffer_bytes(b, h, h_kv, new_tokens, kv_len, d, dtype_bytes(dtype))
+    steps: list[Step] = [_a("output", ceil_bytes(out))]
+    if part:
+        plan = decode_plan(b, h, h_kv, new_tokens, kv_len, d)
+        steps.append(_a(f"partial outputs, log2-sum-exps and counters of {plan.splits} key "
+                        f"chunks of {plan.split_len:,} keys (freed after the combine)",
+                        part, lse, key="chunks"))
         steps.append(_F("chunks"))
     return steps

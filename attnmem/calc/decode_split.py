@@ -7,30 +7,46 @@ one (batch, key/value head): every query head of its GQA group times every new q
 KV tile is read once for the whole group. With few rows per sequence that grid is tiny
 (B·H_kv programs: 8 at B = 1 with 8 key/value heads, against 132 SMs), so the cache is cut
 into ``splits`` chunks along the keys, one program per chunk; each writes its chunk's
-normalised partial output and log2-sum-exp in fp32, and a second kernel combines them.
+normalised partial output and log2-sum-exp in fp32, and the chunks are combined exactly.
 
 The rule (`decode_plan`), read from the shape only, never the GPU, so that attnmem.calc.peak
-predicts the partial buffers exactly on every GPU:
+predicts the buffers exactly on every GPU:
 
 - rows per (batch, key/value head) R = (H / H_kv)·s_q; row tile BLOCK_M = R rounded up to a
   power of two, at least 16 (the smallest tensor-core tile) and at most 128 (64 at
   d > 128, where a 128 × 256 fp32 accumulator would not fit the registers); row blocks
   M = ⌈R / BLOCK_M⌉;
-- key tile BLOCK_N = 128 keys at d ≤ 128, 64 above (`decode_block_n`);
-- programs without a split P = M·B·H_kv. The target is T = ``DECODE_WAVES`` waves of
-  ``DECODE_SMS`` SMs (4 × 132 = 528): splits S = ⌊T / P⌋, at least 1, but at most one split
-  per ``DECODE_MIN_SPLIT_TILES`` key tiles (a chunk shorter than that spends more on writing
-  and combining its partials than it saves) and at most ``DECODE_MAX_SPLITS``. So the grid
-  P·S is at least 2 waves wherever the cache is long enough (P ≥ T/2 is 2 waves without a
-  split; below, P·S > T − P > T/2) and close to 4 waves on small grids (B·H_kv = 8 at
-  B = 1: S = 66, re-cut to 64 chunks of whole tiles at 128k keys); a grid of 2-4 waves unsplit (B = 64, H_kv = 8: 512 programs) writes no
-  partials at all;
-- split length L = ⌈tiles / S⌉·BLOCK_N keys (a multiple of the tile), then S = ⌈s_k / L⌉, so
+- key tile BLOCK_N = 128 keys at d ≤ 128, 64 above (`decode_block_n`); the cache is
+  t = ⌈kv_len / BLOCK_N⌉ tiles;
+- programs without a split P = M·B·H_kv. Splits S = ⌊``DECODE_WAVES``·``DECODE_SMS`` / P⌋
+  (one wave of one program per SM: 132), at least 1, at most one split per
+  ``DECODE_MIN_SPLIT_TILES`` key tiles, at most ``DECODE_MAX_SPLITS``. Why one wave: at the
+  default tiles one program fills an SM's shared memory (139 KiB at d = 128, BLOCK_N = 128,
+  compiled for sm_90: `python -m attnmem.kernels.dev.compile_decode`), so a grid of 4
+  waves runs as 4 rounds, each paying a chunk's fixed cost (loading q, filling the 3-stage
+  pipeline, writing partials) again, and writes 4 × the partials; one wave pays it once and
+  still streams from every SM. Consequences, no threshold of their own: P ≥ 67 (B ≥ 9 with
+  8 key/value heads) runs unsplit (a split in two would make two rounds), smaller grids are
+  cut to P·S ≤ 132 and > 66 programs where the cache has 2 tiles per chunk (B = 1, H_kv = 8:
+  16 chunks; at 128k keys 16 chunks of 8,192 keys), and a cache of fewer than 2·2 tiles is
+  never cut;
+- split length L = ⌈t / S⌉·BLOCK_N keys (a multiple of the tile), then S = ⌈kv_len / L⌉, so
   no chunk is empty of cache and every chunk but the last is whole tiles.
 
-S = 1 writes the output directly (no partials, no combine). The SM count is the H100's and
-the H200's (132) on every GPU: a GPU with more SMs gets the same chunks (about 3 programs per
-SM on a 144-SM B200), one with fewer more than 4 waves.
+S = 1 writes the output directly (no partials, no counters). With S > 1 each chunk writes
+its normalised partial output and log2-sum-exp in fp32, and with ``DECODE_FUSED_COMBINE``
+(the default) and a tile BLOCK_M x d of at most ``DECODE_FUSED_MAX_TILE`` (every decode
+tile up to 8 queries at d <= 128; `fused_combine`) the last chunk of each (row block,
+batch, key/value head) to finish, found by an int32 counter per row block that every chunk
+increments, combines them in the same launch; the counters (P int32, zeroed by the host)
+sit behind the log2-sum-exps in one buffer. Otherwise a second kernel combines. The SM count is the H100's and the H200's
+(132) on every GPU: a GPU with more SMs gets the same chunks (some SMs idle while the
+grid is small), one with fewer two rounds.
+
+The first rule (2026-12-07) aimed at 4 waves (``waves=4``: B = 1, H_kv = 8 at 128k keys in
+64 chunks; B = 16 in 4) with a second combine kernel; measured on an H100 it lost to cuDNN
+by 3-23 % with one new query (attnmem/kernels/flash/NOTES.md, "Decode and chunked
+prefill"); `attnmem.kernels.dev.ab_decode` times both rules in one process.
 """
 
 from __future__ import annotations
@@ -40,15 +56,22 @@ from typing import NamedTuple
 #: SMs of an H100/H200 SXM (cudaDeviceProp.multiProcessorCount), fixed so that the buffers do
 #: not depend on the GPU (as attnmem.calc.attention_steps.FA2_NUM_SMS for FlashAttention-2).
 DECODE_SMS = 132
-#: Programs the split aims at, in units of DECODE_SMS: 4 waves of SMs, so that the last
-#: wave's idle SMs cost at most about a quarter of the time where one program fits per SM
-#: (d = 128 with 128-key tiles: 139 KiB of shared memory, compiled for sm_90) and the grid
-#: is about one full wave where three fit (64-key tiles: 70 KiB). Not yet timed on a GPU.
-DECODE_WAVES = 4
+#: Programs the split aims at, in units of DECODE_SMS: one wave of one program per SM
+#: (module docstring). The first rule aimed at 4 (``decode_plan(..., waves=4)``).
+DECODE_WAVES = 1
 #: A chunk holds at least this many key tiles (2 x 128 keys at d <= 128).
 DECODE_MIN_SPLIT_TILES = 2
 #: At most this many chunks per (row block, batch, key/value head).
 DECODE_MAX_SPLITS = 256
+#: The last chunk of each row block combines the partials in the split kernel (one launch;
+#: int32 counters zeroed per call) where its tile is at most DECODE_FUSED_MAX_TILE. False:
+#: a second kernel combines (two launches) everywhere.
+DECODE_FUSED_COMBINE = True
+#: BLOCK_M x padded head dim up to which the split kernel combines its own chunks. Compiled
+#: for sm_90 (Triton 3.9) the fused combine adds no spill up to 32 x 128 (BLOCK_M = 16-64,
+#: d 64-256 with 4 warps) and 50-120 bytes of spills at 64 x 128 and above (8 warps, or
+#: d = 80 with 64 rows), tiles already at 255 registers: there the combine kernel runs.
+DECODE_FUSED_MAX_TILE = 32 * 128
 #: New queries per sequence the decode path is meant for (the kernel takes any number; above
 #: this the HF integration's chunked prefill uses it too).
 DECODE_MAX_QUERIES = 8
@@ -62,6 +85,7 @@ class DecodePlan(NamedTuple):
     row_blocks: int  # programs along the rows of one (batch, key/value head)
     splits: int  # chunks of the keys (1: no partials, no combine)
     split_len: int  # keys per chunk, a multiple of block_n
+    fused: bool = False  # splits > 1 and the split kernel combines its own chunks
 
     @property
     def partial(self) -> bool:
@@ -78,12 +102,35 @@ def decode_block_n(head_dim: int) -> int:
     return 128 if head_dim <= 128 else 64
 
 
+def split_count(programs: int, tiles: int, waves: int = DECODE_WAVES) -> int:
+    """Chunks of the keys for ``programs`` unsplit programs over a cache of ``tiles`` key
+    tiles (module docstring): floor(waves x DECODE_SMS / programs), at least 1, at most one
+    per DECODE_MIN_SPLIT_TILES tiles and DECODE_MAX_SPLITS (before the re-cut to whole
+    tiles, `decode_plan`)."""
+    for name, x in (("programs", programs), ("tiles", tiles), ("waves", waves)):
+        if type(x) is not int or x < 1:
+            raise ValueError(f"split_count: {name} must be an int >= 1, got {x!r}")
+    want = waves * DECODE_SMS // programs
+    return max(1, min(want, tiles // DECODE_MIN_SPLIT_TILES, DECODE_MAX_SPLITS))
+
+
+def fused_combine(splits: int, block_m: int, head_dim: int,
+                  fused: bool = DECODE_FUSED_COMBINE) -> bool:
+    """Whether the split kernel combines its own chunks: S > 1, ``fused``, and the tile
+    BLOCK_M x d (d padded to a power of two, at least 16) at most DECODE_FUSED_MAX_TILE."""
+    block_d = max(16, _pow2_at_least(head_dim))
+    return splits > 1 and fused and block_m * block_d <= DECODE_FUSED_MAX_TILE
+
+
 def decode_plan(batch: int, heads: int, kv_heads: int, new_tokens: int, kv_len: int,
-                head_dim: int, block_n: int | None = None) -> DecodePlan:
+                head_dim: int, block_n: int | None = None, *, waves: int = DECODE_WAVES,
+                fused: bool = DECODE_FUSED_COMBINE) -> DecodePlan:
     """The cut of one decode call (module docstring): q (B, H, s_q, d) against keys of
     length ``kv_len`` (the longest valid length; the cache tensor's length where lengths are
     given per sequence on the device). ``block_n`` forces another key tile (the interpreter
-    tests use 16 or 32 to get several tiles per chunk on small caches)."""
+    tests use 16 or 32 to get several tiles per chunk on small caches); ``waves`` another
+    target grid (4: the first rule, which attnmem.kernels.dev.ab_decode times against this
+    one); ``fused`` False plans the second-kernel combine everywhere (`fused_combine`)."""
     for name, x in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
                     ("new_tokens", new_tokens), ("kv_len", kv_len), ("head_dim", head_dim)):
         if type(x) is not int or x < 1:
@@ -91,29 +138,42 @@ def decode_plan(batch: int, heads: int, kv_heads: int, new_tokens: int, kv_len: 
     if heads % kv_heads:
         raise ValueError(f"decode_plan: heads ({heads}) must be a multiple of kv_heads "
                          f"({kv_heads})")
+    if block_n is not None and (type(block_n) is not int or block_n < 16
+                                or block_n & (block_n - 1)):
+        raise ValueError(f"decode_plan: block_n must be None or a power of two >= 16, got "
+                         f"{block_n!r}")
     group = heads // kv_heads
     rows = group * new_tokens
     cap = 128 if head_dim <= 128 else 64
     block_m = max(16, min(_pow2_at_least(rows), cap))
     row_blocks = -(-rows // block_m)
-    bn = decode_block_n(head_dim) if block_n is None else int(block_n)
+    bn = decode_block_n(head_dim) if block_n is None else block_n
     tiles = -(-kv_len // bn)
-    programs = row_blocks * batch * kv_heads
-    want = DECODE_WAVES * DECODE_SMS // programs
-    splits = max(1, min(want, tiles // DECODE_MIN_SPLIT_TILES, DECODE_MAX_SPLITS))
-    per = -(-tiles // splits)
-    split_len = per * bn
+    splits = split_count(row_blocks * batch * kv_heads, tiles, waves)
+    split_len = -(-tiles // splits) * bn
     splits = -(-kv_len // split_len)
-    return DecodePlan(block_m, bn, row_blocks, splits, split_len)
+    return DecodePlan(block_m, bn, row_blocks, splits, split_len,
+                      fused_combine(splits, block_m, head_dim, fused))
+
+
+def decode_counters(batch: int, kv_heads: int, plan: DecodePlan) -> int:
+    """int32 counters one call zeroes: one per (row block, batch, key/value head) where the
+    split kernel combines its own chunks (``plan.fused``), else 0."""
+    return plan.row_blocks * batch * kv_heads if plan.fused else 0
 
 
 def decode_buffer_bytes(batch: int, heads: int, kv_heads: int, new_tokens: int, kv_len: int,
-                        head_dim: int, elem: int) -> tuple[int, int, int]:
-    """(output, partial outputs, partial log2-sum-exps) in bytes of one decode call: O is
-    B·H·s_q·d·e; where the plan splits (S > 1) the partials are B·H·s_q·S·d fp32 and
-    B·H·s_q·S fp32, freed when the combine kernel has written O; else 0 and 0."""
-    plan = decode_plan(batch, heads, kv_heads, new_tokens, kv_len, head_dim)
+                        head_dim: int, elem: int, fused: bool = DECODE_FUSED_COMBINE
+                        ) -> tuple[int, int, int]:
+    """(output, partial outputs, partial log2-sum-exps and counters) in bytes of one decode
+    call, in the order attnmem/kernels/flash/decode.py allocates them: O is B·H·s_q·d·e;
+    where the plan splits (S > 1) the partial outputs are B·H·s_q·S·d fp32 and the second
+    buffer B·H·s_q·S fp32 log2-sum-exps followed, where the plan combines in the split
+    kernel, by `decode_counters` int32 counters, both freed when O is written; else 0 and 0.
+    ``fused`` False: the second-kernel combine everywhere (no counters)."""
+    plan = decode_plan(batch, heads, kv_heads, new_tokens, kv_len, head_dim, fused=fused)
     rows = batch * heads * new_tokens
     if not plan.partial:
         return rows * head_dim * elem, 0, 0
-    return rows * head_dim * elem, rows * plan.splits * head_dim * 4, rows * plan.splits * 4
+    return (rows * head_dim * elem, rows * plan.splits * head_dim * 4,
+            (rows * plan.splits + decode_counters(batch, kv_heads, plan)) * 4)

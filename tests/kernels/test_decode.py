@@ -73,7 +73,7 @@ def make(B, H, H_kv, s_q, cache, d, dtype, device, seed, kv_len=None):
 
 
 def check(B, H, H_kv, s_q, cache, d, kv_len, causal, dtype, device, seed, splits=None,
-          block_n=None, layout="bhsd"):
+          block_n=None, layout="bhsd", combine=None):
     """decode_attention against the float64 reference within twice the same-dtype error."""
     from attnmem.kernels.flash.decode import decode_attention
 
@@ -85,7 +85,8 @@ def check(B, H, H_kv, s_q, cache, d, kv_len, causal, dtype, device, seed, splits
     if isinstance(kv_len, list):
         lens = torch.tensor(kv_len, dtype=torch.int32, device=device)
     with torch.no_grad():
-        out = decode_attention(q, k, v, lens, causal, splits=splits, block_n=block_n)
+        out = decode_attention(q, k, v, lens, causal, splits=splits, block_n=block_n,
+                               combine=combine)
     assert out.shape == (B, H, s_q, d) and out.dtype == dtype
     ref = reference(q, k, v, kv_len, causal)
     base = reference(q, k, v, kv_len, causal, dtype=dtype)
@@ -112,40 +113,58 @@ CASES = {
     "more_chunks_than_tiles": (1, 4, 1, 1, 40, 16, 33, True, torch.float32, 9, 16),
     "prefill_rows_blocks": (1, 4, 2, 40, 100, 32, 93, True, torch.float32, 2, 16),
     "default_plan_tile": (1, 8, 2, 8, 300, 64, 290, True, torch.float16, None, None),
+    # the fused combine: chunk counts that are not a multiple of its step of 4, two row
+    # blocks (two counters per sequence), rows that see no key at all (kv_len < s_q)
+    "fused_19_chunks": (1, 4, 1, 1, 300, 32, 297, True, torch.float32, 19, 16),
+    "fused_two_row_blocks": (1, 8, 2, 40, 100, 32, 93, True, torch.float32, 3, 16),
+    "fused_rows_without_keys": (2, 4, 2, 3, 50, 16, [1, 50], True, torch.float32, 4, 16),
 }
+#: cases run again with the second-kernel combine (combine="kernel", the A/B's other arm)
+KERNEL_COMBINE = ("gqa4_8q_full", "per_seq_lengths", "fused_19_chunks",
+                  "fused_two_row_blocks", "fused_rows_without_keys", "d256_gqa8_8q")
 
 
 def _allocations() -> dict:
     """The kernel's allocations in order (bytes, from common.empty) against the step list
-    attnmem.calc.attention_steps.triton_decode_steps replays, for split and unsplit plans."""
+    attnmem.calc.attention_steps.triton_decode_steps replays (the default, fused combine),
+    for split and unsplit plans; and with combine="kernel" against decode_buffers."""
     from attnmem.calc.attention_steps import _A, triton_decode_steps
     from attnmem.calc.decode_split import decode_plan
     from attnmem.kernels.flash import common
-    from attnmem.kernels.flash.decode import decode_attention
+    from attnmem.kernels.flash.decode import decode_attention, decode_buffers, plan_for
 
     got = {}
-    # (B, H, H_kv, s_q, kv_len, d): a split plan (B·H_kv = 2 programs) and an unsplit one
-    for shape in ((1, 4, 2, 1, 700, 64), (1, 4, 2, 8, 700, 64), (2, 4, 4, 1, 100, 16)):
+    # (B, H, H_kv, s_q, kv_len, d): split plans (B·H_kv = 2 programs; two row blocks in the
+    # third) and an unsplit one
+    for shape in ((1, 4, 2, 1, 700, 64), (1, 4, 2, 8, 700, 64), (1, 8, 2, 40, 700, 32),
+                  (2, 4, 4, 1, 100, 16)):
         B, H, H_kv, s_q, kv, d = shape
-        sizes: list[int] = []
-        real = common.empty
+        plan = decode_plan(B, H, H_kv, s_q, kv, d)
+        for combine in ("fused", "kernel"):
+            sizes: list[int] = []
+            real = common.empty
 
-        def record(*a, real=real, sizes=sizes, **k):
-            t = real(*a, **k)
-            sizes.append(t.numel() * t.element_size())
-            return t
+            def record(*a, real=real, sizes=sizes, **k):
+                t = real(*a, **k)
+                sizes.append(t.numel() * t.element_size())
+                return t
 
-        common.empty = record
-        try:
-            q, k, v = make(B, H, H_kv, s_q, kv, d, torch.float16, "cpu", 5)
-            with torch.no_grad():
-                decode_attention(q, k, v, kv)
-        finally:
-            common.empty = real
-        steps = [s for s in triton_decode_steps(B, H, H_kv, s_q, kv, d, "fp16")
-                 if isinstance(s, _A)]
-        got[str(shape)] = {"kernel": sizes, "calc": [n for s in steps for n in s.sizes],
-                           "splits": decode_plan(B, H, H_kv, s_q, kv, d).splits}
+            common.empty = record
+            try:
+                q, k, v = make(B, H, H_kv, s_q, kv, d, torch.float16, "cpu", 5)
+                with torch.no_grad():
+                    decode_attention(q, k, v, kv, combine=combine)
+            finally:
+                common.empty = real
+            if combine == "fused":
+                steps = [s for s in triton_decode_steps(B, H, H_kv, s_q, kv, d, "fp16")
+                         if isinstance(s, _A)]
+                want = [n for s in steps for n in s.sizes]
+            else:
+                kplan = plan_for(B, H, H_kv, s_q, kv, d, combine="kernel")
+                want = [n for _, n in decode_buffers(kplan, B, H, H_kv, s_q, d, 2)]
+            got[f"{shape} {combine}"] = {"kernel": sizes, "calc": want, "splits": plan.splits,
+                                         "row_blocks": plan.row_blocks}
     return got
 
 
@@ -161,6 +180,10 @@ def _interp_worker() -> None:
             for i, (name, c) in enumerate(CASES.items())}
     runs["strided_bshd_cache"] = lambda: check(2, 8, 2, 1, 130, 64, 111, True, torch.float16,
                                                "cpu", 7, 3, 32, layout="bshd")
+    for i, name in enumerate(KERNEL_COMBINE):
+        c = CASES[name]
+        runs[f"{name}/kernel"] = (lambda c=c, i=i: check(*c[:8], c[8], "cpu", 200 + i, c[9],
+                                                         c[10], combine="kernel"))
     for name, run in runs.items():
         try:
             with poison_empty():
@@ -187,22 +210,28 @@ def interp() -> dict:
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="interpreter subset: the GPU tests below run instead")
-@pytest.mark.parametrize("case", [*CASES, "strided_bshd_cache"])
+@pytest.mark.parametrize("case", [*CASES, "strided_bshd_cache",
+                                  *(f"{n}/kernel" for n in KERNEL_COMBINE)])
 def test_decode_matches_float64_reference_under_interpreter(interp, case):
     """1 and 8 (and 2, 3, 4, 40) new queries, GQA ratios 1, 2, 4, 8, d 16-256 (80, 96, 192
     padded), causal and full, valid lengths as the whole cache, one number below it (a static
     cache) and one per sequence, forced chunk counts (more than the tiles too) and the
-    default plan, a strided (B, S, H, d) cache; outputs NaN-poisoned, cache tails NaN."""
+    default plan, a strided (B, S, H, d) cache; outputs NaN-poisoned, cache tails NaN; the
+    fused combine (default: its counters come from a NaN-poisoned buffer, so a counter left
+    unzeroed leaves O unwritten) and, for some cases, the second-kernel combine."""
     assert interp[case] == "ok", interp[case]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="interpreter subset")
 def test_kernel_allocates_what_calc_replays(interp):
     """The decode path's allocations, in order and to the byte, are the step sequence
-    attnmem.calc.attention_steps.triton_decode_steps replays (split and unsplit plans)."""
+    attnmem.calc.attention_steps.triton_decode_steps replays (split and unsplit plans, one
+    and two row blocks: the counters behind the log2-sum-exps); the second-kernel combine's
+    are decode_buffers(fused=False)."""
     got = interp["allocations"]
     assert isinstance(got, dict), got
     assert {v["splits"] > 1 for v in got.values()} == {True, False}  # both kinds covered
+    assert any(v["splits"] > 1 and v["row_blocks"] > 1 for v in got.values())
     for shape, v in got.items():
         assert v["kernel"] == v["calc"], (shape, v)
 
@@ -210,48 +239,74 @@ def test_kernel_allocates_what_calc_replays(interp):
 # ---------------------------------------------------------------------------------------------
 # the plan and the memory model (pure)
 # ---------------------------------------------------------------------------------------------
-def test_plan_fills_the_grid_and_cuts_whole_tiles():
-    """The rule: programs = row blocks·B·H_kv·S at least 2 waves of 132 SMs where the cache
-    has the tiles for it, about 4 waves on small grids; chunks of whole tiles, none empty."""
+def test_plan_fills_one_wave_and_cuts_whole_tiles():
+    """The rule: a split grid (row blocks·B·H_kv·S programs) is at most one wave of 132 SMs
+    and more than half of one where the cache has the tiles; a grid of more than 66
+    programs runs unsplit; chunks of whole tiles, none empty; the first rule (4 waves) is
+    still what waves=4 gives."""
     from attnmem.calc.decode_split import DECODE_SMS, decode_plan
 
     for B in (1, 4, 16, 64):
-        for H, H_kv in ((32, 32), (32, 8), (64, 8), (128, 8), (40, 8), (28, 4)):
-            for s_q in (1, 8):
-                for kv in (1000, 4097, 32768, 131072):
+        for H, H_kv in ((32, 32), (32, 8), (64, 8), (128, 8), (40, 8), (28, 4), (16, 1)):
+            for s_q in (1, 8, 40):
+                for kv in (300, 1000, 4097, 32768, 131072):
                     for d in (64, 80, 128, 192, 256):
                         p = decode_plan(B, H, H_kv, s_q, kv, d)
                         assert p.split_len % p.block_n == 0
                         assert (p.splits - 1) * p.split_len < kv <= p.splits * p.split_len
-                        programs = p.row_blocks * B * H_kv * p.splits
+                        unsplit = p.row_blocks * B * H_kv
                         tiles = -(-kv // p.block_n)
-                        if tiles >= 2 * 4 * DECODE_SMS:  # enough tiles for any split count
-                            assert programs >= 2 * DECODE_SMS, (B, H, H_kv, s_q, kv, d, p)
+                        if p.splits > 1:
+                            assert unsplit * p.splits <= DECODE_SMS, (B, H, H_kv, s_q, kv, d)
+                            assert p.split_len >= 2 * p.block_n
+                        if unsplit > DECODE_SMS // 2 or tiles < 4:
+                            assert p.splits == 1
+                        elif tiles >= 2 * DECODE_SMS:  # enough tiles for any split count
+                            assert unsplit * p.splits > DECODE_SMS // 2
                         assert p.block_m >= min(H // H_kv * s_q, 64)
     p = decode_plan(1, 32, 8, 1, 131072, 128)
-    # 8 programs: 528 // 8 = 66 chunks wanted, 1,024 tiles cut into whole 16-tile chunks: 64
+    # 8 programs: 132 // 8 = 16 chunks of 1,024 / 16 = 64 tiles
+    assert (p.splits, p.split_len) == (16, 8192)
+    assert decode_plan(16, 32, 8, 1, 1024, 128).splits == 1  # 128 programs: one wave already
+    # the first rule: 528 // 8 = 66 chunks wanted, 1,024 tiles cut into whole 16-tile chunks
+    p = decode_plan(1, 32, 8, 1, 131072, 128, waves=4)
     assert (p.splits, p.split_len) == (64, 2048)
+    assert decode_plan(16, 32, 8, 1, 1024, 128, waves=4).splits == 4
 
 
 def test_decode_peak_counts_the_partials():
-    """decode_peak_bytes is the output plus, with S > 1 chunks, the fp32 partials: the
-    allocator's blocks of the sizes decode_buffer_bytes gives."""
+    """decode_peak_bytes is the output plus, with S > 1 chunks, the fp32 partial outputs and
+    the buffer of log2-sum-exps and int32 counters: the allocator's blocks of the sizes
+    decode_buffer_bytes gives."""
     from attnmem.calc.allocator import round_size
-    from attnmem.calc.decode_split import decode_buffer_bytes, decode_plan
+    from attnmem.calc.decode_split import decode_buffer_bytes, decode_counters, decode_plan
     from attnmem.calc.peak import decode_peak_breakdown, decode_peak_bytes
 
-    # B = 1, H = 32, H_kv = 8, 128k keys, bf16: 64 chunks of the cache
+    # B = 1, H = 32, H_kv = 8, 128k keys, bf16: 16 chunks of the cache, 8 counters
+    plan = decode_plan(1, 32, 8, 1, 131072, 128)
+    assert plan.splits == 16 and decode_counters(1, 8, plan) == 8
     o, part, lse = decode_buffer_bytes(1, 32, 8, 1, 131072, 128, 2)
-    assert decode_plan(1, 32, 8, 1, 131072, 128).splits == 64
-    assert (o, part, lse) == (32 * 128 * 2, 32 * 64 * 128 * 4, 32 * 64 * 4)
+    assert (o, part, lse) == (32 * 128 * 2, 32 * 16 * 128 * 4, (32 * 16 + 8) * 4)
+    assert decode_buffer_bytes(1, 32, 8, 1, 131072, 128, 2, fused=False)[2] == 32 * 16 * 4
     peak = decode_peak_bytes(1, 32, 8, 1, 131072, 128, "bf16", expandable=True)
     assert peak == round_size(o) + round_size(part) + round_size(lse)
     terms = decode_peak_breakdown(1, 32, 8, 1, 131072, 128, "bf16", expandable=True)
     assert sum(t.counted_bytes for t in terms) == peak
-    # B = 64, H_kv = 8: 512 programs, no split: the output alone
-    assert decode_plan(64, 32, 8, 1, 4096, 128).splits == 1
-    assert decode_peak_bytes(64, 32, 8, 1, 4096, 128, "fp16", expandable=True) == round_size(
-        64 * 32 * 128 * 2)
+    # two row blocks (s_q = 40, G = 4: 160 rows of 128, d = 32): 2 counters per (b, h_kv)
+    plan = decode_plan(1, 8, 2, 40, 4096, 32)
+    assert plan.row_blocks == 2 and plan.splits > 1 and plan.fused
+    assert decode_buffer_bytes(1, 8, 2, 40, 4096, 32, 2)[2] == (
+        8 * 40 * plan.splits + 2 * 2) * 4
+    # the same rows at d = 64: a 128 x 64 tile, over DECODE_FUSED_MAX_TILE: the combine
+    # kernel, no counters
+    plan = decode_plan(1, 8, 2, 40, 4096, 64)
+    assert plan.splits > 1 and not plan.fused
+    assert decode_buffer_bytes(1, 8, 2, 40, 4096, 64, 2)[2] == 8 * 40 * plan.splits * 4
+    # B = 16 and 64, H_kv = 8: 128 and 512 programs, no split: the output alone
+    for B in (16, 64):
+        assert decode_plan(B, 32, 8, 1, 4096, 128).splits == 1
+        assert decode_peak_bytes(B, 32, 8, 1, 4096, 128, "fp16", expandable=True) == (
+            round_size(B * 32 * 128 * 2))
     # a static cache's length sizes the inputs only
     assert decode_peak_bytes(1, 32, 8, 1, 4000, 128, "bf16", cache_len=8192,
                              expandable=True) == decode_peak_bytes(
@@ -273,10 +328,10 @@ def test_decode_peak_refuses_bad_input(bad, match):
 
 def test_decode_refuses_bad_input(monkeypatch):
     """Checked before any launch: lengths, shapes, gradients."""
-    import attnmem.kernels.flash.api as api
+    import attnmem.kernels.flash.decode as dec
     from attnmem.kernels.flash.decode import decode_attention
 
-    monkeypatch.setattr(api, "interpreting", lambda: True)
+    monkeypatch.setattr(dec, "_INTERPRETED", True)
     q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 10, 16)
     with pytest.raises(ValueError, match="kv_len must be an int from 1 to the cache length 10"):
         decode_attention(q, k, k, 11)
@@ -284,6 +339,8 @@ def test_decode_refuses_bad_input(monkeypatch):
         decode_attention(q, k, k, torch.tensor([3]))
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         decode_attention(torch.randn(1, 3, 1, 16), k, k)
+    with pytest.raises(ValueError, match="combine must be 'fused', 'kernel' or None"):
+        decode_attention(q, k, k, combine="two")
     with pytest.raises(ValueError, match="no backward"):
         decode_attention(q.requires_grad_(), k, k)
 

@@ -5,8 +5,8 @@ The idea is flash-decoding (Tri Dao, Daniel Haziza, Francisco Massa, Grigory Siz
 handful of new queries, so the forward's grid of (query blocks x heads) programs is a few
 dozen programs against 132 SMs, each walking the whole cache alone. Instead the cache is
 cut into chunks along the keys; each chunk is an independent program that writes its
-partial output (normalised) and the log-sum-exp of its scores, and a small second kernel
-combines the chunks exactly: with lse_c the log2-sum-exp of chunk c and O_c its normalised
+partial output (normalised) and the log-sum-exp of its scores, and the chunks are combined
+exactly: with lse_c the log2-sum-exp of chunk c and O_c its normalised
 output, O = sum_c 2^(lse_c - m) O_c / sum_c 2^(lse_c - m), m = max_c lse_c.
 
 What this file adds to that idea, in our words:
@@ -17,11 +17,18 @@ What this file adds to that idea, in our words:
   the whole group instead of once per query head, and R rows (4-128 for G = 4-16 and 1-8
   queries) fill a tensor-core tile that one query alone would leave 1/16 full.
 - The split rule (`attnmem.calc.decode_split.decode_plan`, one copy that attnmem.calc.peak
-  reads too): with P = row blocks x B x H_kv programs unsplit, S = floor(4 x 132 / P) chunks
-  (at least 1, at most one per 2 key tiles, at most 256), so the grid P x S is at least 2
-  waves of 132 SMs where the cache is long enough and about 4 on small grids; the chunk
-  length is a multiple of the key tile (128 keys at d <= 128, 64 above). One chunk writes O
-  directly and nothing is combined.
+  reads too): with P = row blocks x B x H_kv programs unsplit, S = floor(132 / P) chunks (at
+  least 1, at most one per 2 key tiles, at most 256): the split grid is at most one wave of
+  one program per SM (one program fills an SM's shared memory at the default tiles), and a
+  grid of P >= 67 programs runs unsplit. The chunk length is a multiple of the key tile
+  (128 keys at d <= 128, 64 above). One chunk writes O directly and nothing is combined.
+- The combine in the same launch: each chunk writes its partials, then takes a ticket from
+  an int32 counter of its (row block, batch, key/value head) (a CTA barrier, then one
+  thread's acq_rel atomic at GPU scope); the program with the last ticket reads the other
+  chunks' partials past L1 and writes O. The counters are zeroed per call (P int32 behind
+  the log2-sum-exps, one allocation). ``combine="kernel"`` instead launches
+  `decode_combine_kernel` (one program per output row), the first design, kept for the A/B
+  (attnmem.kernels.dev.ab_decode).
 - Causal with the queries at the end of the cache (bottom-right): new query i of s_q sits at
   position kv_len - s_q + i and sees keys 0 .. kv_len - s_q + i. That is a KV cache's mask
   (transformers' causal mask with a query offset) and the mask of chunked prefill, which is
@@ -33,27 +40,47 @@ What this file adds to that idea, in our words:
 
 Work and memory per call: reads q, each valid K/V row once per row block (one block at
 decode), writes O (B·H·s_q·d·e) and, with S > 1 chunks, the fp32 partials B·H·s_q·S·(d + 1)·4
-bytes, which the combine reads once. Buffers: `decode_buffers`, counted by
+bytes, which the combine reads once, and P int32 counters. Buffers: `decode_buffers`, counted by
 `attnmem.calc.peak.decode_peak_bytes`. No backward: this path serves inference (no_grad).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from attnmem.calc.decode_split import DecodePlan, decode_plan
+from attnmem.calc.decode_split import (
+    DECODE_WAVES,
+    DecodePlan,
+    decode_counters,
+    decode_plan,
+    fused_combine,
+)
 from attnmem.kernels.flash import common
 from attnmem.kernels.flash.common import LOG2E, block_d, launch, mm, mma
 
 __all__ = ["decode_attention", "decode_buffers", "decode_combine_kernel", "decode_split_kernel",
            "plan_for"]
 
-#: Splits per combine step (a (COMBINE_S, d) fp32 tile of partial outputs at a time).
+#: Splits per combine step of the combine kernel (a (COMBINE_S, d) fp32 tile of partial
+#: outputs at a time).
 COMBINE_S = 16
+#: Chunks per unrolled step of the fused combine at most: (BLOCK_M, d) fp32 tiles of up to
+#: 64 registers a thread in all (`_combine_step`).
+COMBINE_S_FUSED = 4
+
+
+def _combine_step(block_m: int, block_d: int, warps: int) -> int:
+    """Chunks per unrolled step of the fused combine: as many (block_m, block_d) fp32 tiles
+    as fit 64 registers a thread (4 at BLOCK_M = 16, d = 128, 4 warps; 1 from BLOCK_M = 64),
+    at most COMBINE_S_FUSED. Compiled for sm_90 (attnmem.kernels.dev.compile_decode) this
+    keeps the split kernel without spills where it had none."""
+    per_tile = block_m * block_d // (32 * warps)
+    return max(1, min(COMBINE_S_FUSED, 64 // per_tile))
 
 
 @triton.jit
@@ -96,6 +123,7 @@ def decode_split_kernel(
     Out,  # PARTIAL off: (B, H, s_q, d) through its strides, written in full
     O_PART,  # PARTIAL: (B, H, s_q, n_splits, HEAD_DIM) fp32, contiguous
     LSE_PART,  # PARTIAL: (B, H, s_q, n_splits) fp32, contiguous: log2-sum-exp per chunk
+    COUNTERS,  # FUSED: int32 (row blocks x B x H_kv), zero before the launch: chunks done
     KV_LENS,  # PER_SEQ: int32 (B,) valid keys per sequence; else unused
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -113,6 +141,8 @@ def decode_split_kernel(
     CAUSAL: tl.constexpr,  # bottom-right: query i sees keys <= kv_len - s_q + i
     PER_SEQ: tl.constexpr,  # valid lengths from KV_LENS
     PARTIAL: tl.constexpr,  # write the chunk's partials (n_splits > 1), else O itself
+    FUSED: tl.constexpr,  # PARTIAL: the last chunk of each row block to finish combines
+    COMBINE_S: tl.constexpr,  # FUSED: chunks read per combine step
     IEEE: tl.constexpr,
 ):
     split = tl.program_id(0) % n_splits
@@ -175,13 +205,66 @@ def decode_split_kernel(
         d_mask = d_mask & (offs_d[None, :] < HEAD_DIM)
     if PARTIAL:
         lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
-        prow = ((b64 * H + hq64) * s_q + qi) * n_splits + split  # (B, H, s_q, S) row index
-        tl.store(LSE_PART + prow, lse, mask=row_ok)
-        tl.store(O_PART + prow[:, None] * HEAD_DIM + offs_d[None, :], o, mask=d_mask)
+        row0 = ((b64 * H + hq64) * s_q + qi) * n_splits  # (B, H, s_q, S) index of chunk 0
+        tl.store(LSE_PART + row0 + split, lse, mask=row_ok)
+        tl.store(O_PART + (row0 + split)[:, None] * HEAD_DIM + offs_d[None, :], o, mask=d_mask)
+        if FUSED:
+            # Every thread's partial stores come before the barrier; the counter's atomic
+            # (one thread, acq_rel at GPU scope) releases them to the program that takes the
+            # last ticket and acquires the others' (the pattern of CUTLASS's semaphore:
+            # barrier, then one thread's release at GPU scope).
+            tl.debug_barrier()
+            row_blocks = tl.num_programs(0) // n_splits
+            ticket = tl.atomic_add(COUNTERS + bh * row_blocks + row_block, 1, sem="acq_rel",
+                                   scope="gpu")
+            if ticket == n_splits - 1:
+                tl.debug_barrier()  # no thread reads the partials before the acquire
+                out = _combine_rows(O_PART, LSE_PART, row0, n_splits, row_ok, d_mask, offs_d,
+                                    HEAD_DIM, BLOCK_M, BLOCK_D, COMBINE_S)
+                # the pointers formed here, not before the combine: a (BLOCK_M, d) tile of
+                # 64-bit addresses kept live across it spilled at BLOCK_M >= 64
+                o_ptrs = (Out + b64 * stride_ob + hq64[:, None] * stride_oh
+                          + qi[:, None] * stride_om + offs_d[None, :] * stride_od)
+                tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=d_mask)
     else:
         o_ptrs = (Out + b64 * stride_ob + hq64[:, None] * stride_oh + qi[:, None] * stride_om
                   + offs_d[None, :] * stride_od)
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _combine_rows(O_PART, LSE_PART, row0, n_splits, row_ok, d_mask, offs_d, HEAD_DIM,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, COMBINE_S: tl.constexpr):
+    """O of this program's rows from every chunk's (O_c, lse_c): sum_c 2^(lse_c - m) O_c /
+    sum_c 2^(lse_c - m) with a running maximum m, as the forward's online softmax merges key
+    tiles. The partials are read past L1 (.cg: written by other SMs), this program's own
+    too (one more tile than taking them from registers, but then every tile has the loads'
+    layout: compiled for sm_90, mixing in the registers' tensor-core layout put a shared-
+    memory conversion and its barriers on every chunk). COMBINE_S chunks per unrolled step:
+    their loads do not depend on each other's arithmetic, so a step costs about one L2 round
+    trip, not COMBINE_S; 2-D (rows, d) tiles (a 3-D (rows, chunks, d) tile spilled at
+    BLOCK_M >= 64)."""
+    m_run = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for c0 in range(0, n_splits, COMBINE_S):
+        for j in tl.static_range(COMBINE_S):
+            c = c0 + j
+            # the bound as a (BLOCK_M,) comparison: Triton's interpreter turns int1 & a
+            # scalar comparison into an int32 mask, which its loads refuse
+            ok = row_ok & (tl.zeros([BLOCK_M], dtype=tl.int32) + c < n_splits)
+            lse_c = tl.load(LSE_PART + row0 + c, mask=ok, other=float("-inf"),
+                            cache_modifier=".cg")
+            o_c = tl.load(O_PART + (row0 + c)[:, None] * HEAD_DIM + offs_d[None, :],
+                          mask=ok[:, None] & d_mask, other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m_run, lse_c)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no chunk yet saw a key
+            alpha = tl.math.exp2(m_run - m_sub)
+            w = tl.math.exp2(lse_c - m_sub)
+            acc = acc * alpha[:, None] + w[:, None] * o_c
+            den = den * alpha + w
+            m_run = m_new
+    return acc / tl.where(den == 0.0, 1.0, den)[:, None]
 
 
 @triton.jit(do_not_specialize=["s_q", "n_splits"])
@@ -231,29 +314,81 @@ def _int_class(x: int) -> tuple[bool, bool, bool]:
 
 
 def plan_for(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int,
-             block_n: int | None = None, splits: int | None = None) -> DecodePlan:
+             block_n: int | None = None, splits: int | None = None, *,
+             waves: int = DECODE_WAVES, combine: str | None = None) -> DecodePlan:
     """The call's `DecodePlan` (`attnmem.calc.decode_split.decode_plan`), with ``splits``
-    forcing the number of chunks (tests; the chunk length is then whole key tiles again)."""
-    plan = decode_plan(B, H, H_kv, s_q, s_k, d, block_n)
-    if splits is None:
-        return plan
-    if type(splits) is not int or splits < 1:
-        raise ValueError(f"splits must be an int >= 1 or None, got {splits!r}")
-    tiles = -(-s_k // plan.block_n)
-    split_len = -(-tiles // min(splits, tiles)) * plan.block_n
-    return plan._replace(splits=-(-s_k // split_len), split_len=split_len)
+    forcing the number of chunks (tests, the A/B probe; the chunk length is then whole key
+    tiles again), ``waves`` another target grid (the probe's first rule: 4) and ``combine``
+    the combine ("fused": in the split kernel wherever S > 1; "kernel": a second launch;
+    None: the plan's rule, `attnmem.calc.decode_split.fused_combine`)."""
+    if combine not in (None, "fused", "kernel"):
+        raise ValueError(f"combine must be 'fused', 'kernel' or None, got {combine!r}")
+    plan = decode_plan(B, H, H_kv, s_q, s_k, d, block_n, waves=waves)
+    if splits is not None:
+        if type(splits) is not int or splits < 1:
+            raise ValueError(f"splits must be an int >= 1 or None, got {splits!r}")
+        tiles = -(-s_k // plan.block_n)
+        split_len = -(-tiles // min(splits, tiles)) * plan.block_n
+        n = -(-s_k // split_len)
+        plan = plan._replace(splits=n, split_len=split_len,
+                             fused=fused_combine(n, plan.block_m, d))
+    if combine is not None:
+        plan = plan._replace(fused=plan.partial and combine == "fused")
+    return plan
 
 
-def decode_buffers(plan: DecodePlan, B: int, H: int, s_q: int, d: int, elem: int
+def decode_buffers(plan: DecodePlan, B: int, H: int, H_kv: int, s_q: int, d: int, elem: int
                    ) -> list[tuple[str, int]]:
     """The tensors one call allocates, in order (label, bytes): O, then with S > 1 chunks the
-    fp32 partial outputs and log2-sum-exps (freed after the combine)."""
+    fp32 partial outputs and one buffer of the fp32 log2-sum-exps followed, where the split
+    kernel combines (``plan.fused``), by the int32 counters
+    (`attnmem.calc.decode_split.decode_counters`), freed at the end."""
     rows = B * H * s_q
     out = [("output", rows * d * elem)]
     if plan.partial:
         out += [("partial outputs", rows * plan.splits * d * 4),
-                ("partial log2-sum-exp", rows * plan.splits * 4)]
+                ("partial log2-sum-exps and counters",
+                 (rows * plan.splits + decode_counters(B, H_kv, plan)) * 4)]
     return out
+
+
+#: True under Triton's CPU interpreter (TRITON_INTERPRET=1 before triton was imported):
+#: then CPU tensors are accepted.
+_INTERPRETED = type(decode_split_kernel).__name__ == "InterpretedFunction"
+
+
+@functools.lru_cache(maxsize=512)
+def _prepared(B: int, H: int, H_kv: int, s_q: int, d: int, plan_len: int, s_cache: int,
+              dtype: torch.dtype, causal: bool, per_seq: bool, block_n: int | None,
+              splits: int | None, combine: str | None, strides: tuple) -> tuple:
+    """What a call's launch depends on besides the tensors' addresses, cached by shape (the
+    layers of one decode step repeat it): the plan, the split kernel's scalar arguments,
+    constexprs, tiles, grid and the JIT's specialisation of the strides (`_int_class`)."""
+    plan = plan_for(B, H, H_kv, s_q, plan_len, d, block_n, splits, combine=combine)
+    partial = plan.partial
+    bd = block_d(d)
+    warps = 4 if plan.block_m * bd <= 64 * 128 else 8
+    # 3 stages hold two K/V tiles in flight: 139 KiB at 16-bit, d = 128, 128 keys; in fp32
+    # that is 272 KiB, over an H100's 227 KiB a block, so 2 stages there (and above d = 128)
+    stages = 2 if d > 128 or (dtype == torch.float32 and d > 64) else 3
+    scalars = (H, H_kv, H // H_kv, s_q, plan_len if not per_seq else 0, s_cache,
+               plan.split_len, plan.splits)
+    meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=causal, PER_SEQ=per_seq,
+                PARTIAL=partial, FUSED=plan.fused,
+                COMBINE_S=_combine_step(plan.block_m, bd, warps),
+                IEEE=dtype == torch.float32)
+    tiles = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=warps,
+                 num_stages=stages)
+    grid = (plan.row_blocks * plan.splits, B * H_kv)
+    rows = B * H * s_q
+    n_lse = rows * plan.splits
+    n_counters = decode_counters(B, H_kv, plan)
+    # what the JIT specialises on beyond meta and tiles: dtypes, each stride's class (1, a
+    # multiple of 16, 32-bit: the JIT's own classes, so a dynamic cache whose strides grow
+    # every step keeps one compiled kernel and the direct launch), head counts (the
+    # addresses' 16-byte alignment is added per call)
+    spec = (dtype, *(_int_class(x) for x in strides), H, H_kv)
+    return plan, scalars, meta, tiles, grid, n_lse, n_counters, spec
 
 
 def _check(q, k, v, kv_len, scale):
@@ -282,9 +417,7 @@ def _check(q, k, v, kv_len, scale):
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number or None, got {scale}")
-    from attnmem.kernels.flash.api import interpreting
-
-    if q.device.type != "cuda" and not interpreting():
+    if q.device.type != "cuda" and not _INTERPRETED:
         raise ValueError(f"q, k, v must be CUDA tensors (got {q.device}); CPU tensors only "
                          "under Triton's interpreter (TRITON_INTERPRET=1)")
     if kv_len is None:
@@ -303,7 +436,7 @@ def _check(q, k, v, kv_len, scale):
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      kv_len: int | torch.Tensor | None = None, causal: bool = True,
                      scale: float | None = None, *, splits: int | None = None,
-                     block_n: int | None = None) -> torch.Tensor:
+                     block_n: int | None = None, combine: str | None = None) -> torch.Tensor:
     """Attention of s_q new queries per sequence against a KV cache (module docstring).
 
     q (B, H, s_q, d); k, v (B, H_kv, S, d) with H % H_kv == 0, any strides (the cache's own
@@ -316,9 +449,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns (B, H, s_q, d) in q's dtype: a transposed view of a contiguous (B, s_q, H, d)
     tensor, transformers' attention-output layout, so its ``transpose(1, 2).contiguous()``
     copies nothing. ``splits`` forces the number of key chunks and ``block_n`` the key tile
-    (tests); by default `attnmem.calc.decode_split.decode_plan` decides. Not differentiable:
-    a call that would need a gradient raises ValueError.
+    (tests); by default `attnmem.calc.decode_split.decode_plan` decides. ``combine``: how
+    split chunks are combined, "fused" (the last chunk program of each row block, one
+    launch) or "kernel" (a second launch); None takes the plan's rule
+    (`attnmem.calc.decode_split.fused_combine`), the path calc's peak counts. Not
+    differentiable: a call that would need a gradient raises ValueError.
     """
+    if combine not in (None, "fused", "kernel"):
+        raise ValueError(f"combine must be 'fused', 'kernel' or None, got {combine!r}")
     plan_len, per_seq = _check(q, k, v, kv_len, scale)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("decode_attention has no backward (inference only): call it under "
@@ -327,40 +465,31 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     H_kv, s_cache = k.shape[1], k.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    plan = plan_for(B, H, H_kv, s_q, plan_len, d, block_n, splits)
     out = common.empty(q, (B, s_q, H, d)).transpose(1, 2)  # (B, H, s_q, d) view
-    partial = plan.partial
-    if partial:
-        o_part = common.empty(q, (B, H, s_q, plan.splits, d), torch.float32)
-        lse_part = common.empty(q, (B, H, s_q, plan.splits), torch.float32)
-    else:
-        o_part = lse_part = out  # unused pointers
-    bd = block_d(d)
-    warps = 4 if plan.block_m * bd <= 64 * 128 else 8
-    stages = 2 if d > 128 else 3
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    kv_const = plan_len if per_seq is None else 0
-    args = (q, k, v, out, o_part, lse_part, per_seq, *sq, *sk, *sv, *so,
-            H, H_kv, H // H_kv, s_q, kv_const, s_cache, plan.split_len, plan.splits,
+    plan, scalars, meta, tiles, grid, n_lse, n_counters, spec = _prepared(
+        B, H, H_kv, s_q, d, plan_len, s_cache, q.dtype, bool(causal), per_seq is not None,
+        block_n, splits, combine, (*sq, *sk, *sv, *so))
+    if plan.partial:
+        o_part = common.empty(q, (B, H, s_q, plan.splits, d), torch.float32)
+        # the log2-sum-exps (B, H, s_q, S) and, behind them, the counters: one allocation
+        lse_buf = common.empty(q, (n_lse + n_counters,), torch.float32)
+        lse_part = lse_buf
+        counters = out  # unused pointer
+        if n_counters:
+            counters = lse_buf[n_lse:].view(torch.int32).zero_()
+    else:
+        o_part = lse_part = counters = out  # unused pointers
+    args = (q, k, v, out, o_part, lse_part, counters, per_seq, *sq, *sk, *sv, *so, *scalars,
             float(scale) * LOG2E)
-    meta = dict(HEAD_DIM=d, BLOCK_D=bd, EVEN_D=bd == d, CAUSAL=bool(causal),
-                PER_SEQ=per_seq is not None, PARTIAL=partial, IEEE=q.dtype == torch.float32)
-    tiles = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=warps,
-                 num_stages=stages)
-    # what the JIT specialises on beyond meta and tiles: dtypes, each stride's class (1, a
-    # multiple of 16, 32-bit: the JIT's own classes, so a dynamic cache whose strides grow
-    # every step keeps one compiled kernel and the direct launch), head counts, 16-byte
-    # alignment of the inputs (the outputs are fresh allocations)
-    spec = (q.dtype, *(_int_class(x) for x in (*sq, *sk, *sv, *so)), H, H_kv,
-            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
-            None if per_seq is None else per_seq.data_ptr() % 16)
-    launch(None, decode_split_kernel, "decode", meta, 0, tiles, args,
-           lambda c: (plan.row_blocks * plan.splits, B * H_kv), None, spec)
-    if partial:
-        so = out.stride()
+    key = (*spec, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
+           counters.data_ptr() % 16, None if per_seq is None else per_seq.data_ptr() % 16)
+    launch(None, decode_split_kernel, "decode", meta, 0, tiles, args, lambda c: grid, None,
+           key)
+    if plan.partial and not plan.fused:
         cargs = (o_part, lse_part, out, *so, H, s_q, plan.splits)
-        launch(None, decode_combine_kernel, "decode_combine", dict(HEAD_DIM=d, BLOCK_D=bd),
-               0, dict(BLOCK_S=COMBINE_S, num_warps=4, num_stages=1), cargs,
+        launch(None, decode_combine_kernel, "decode_combine",
+               dict(HEAD_DIM=d, BLOCK_D=meta["BLOCK_D"]), 0,
+               dict(BLOCK_S=COMBINE_S, num_warps=4, num_stages=1), cargs,
                lambda c: (B * H * s_q,), None, (q.dtype, so, H))
-        del o_part, lse_part
     return out
