@@ -541,7 +541,7 @@ def _why(model: Any, err: BaseException) -> str:
                 "follows only values it knows exactly (attnmem.trace.uniform, "
                 "attnmem.trace.known), so this model is not traced")
     if isinstance(err, ValuesTooLarge):
-        return "; a shorter prompt or a smaller batch reads fewer"
+        return "; a shorter prompt or a smaller batch makes that tensor smaller"
     if "with Meta tensors" in text or "torch.nonzero()" in text:
         return ("; its forward calls an op the meta device cannot run (one whose output size "
                 "depends on the values, such as unique or nonzero, has no meta form), so this "

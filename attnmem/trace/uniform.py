@@ -24,6 +24,9 @@ even split (total // E each, the remainder one each to the first), because which
 how many tokens depends on the router's values, which meta does not have. Every split has the
 same total, so the experts' tensors hold the same bytes together; only the caching
 allocator's rounding of each (512 B) and its choice of blocks can differ.
+
+Values that vary along a tensor but are fixed by the inputs (a causal mask, an arange) are
+attnmem.trace.known's, consulted where this tracker does not know a value.
 """
 
 from __future__ import annotations
