@@ -168,6 +168,30 @@ def _allocations() -> dict:
     return got
 
 
+def _ab_probe() -> dict:
+    """attnmem.kernels.dev.ab_decode's run on the CPU: every candidate's output checked by
+    the probe's own timer stand-in (fp32 reference, relative L2 error <= 2e-2) at shapes
+    where old and new cut differently (B = 1, 8,192 keys: 32 and 16 chunks; B = 16, 1,024
+    keys: 4 and none), fp16 (the interpreter's bf16 is wrong)."""
+    from attnmem.kernels.dev import ab_decode
+    from attnmem.measure.bench.decode import DecodeShape
+
+    def timer(call, ref):
+        try:
+            with torch.no_grad():
+                got = call()
+        except RuntimeError as exc:  # SDPA's CUDA backends on the CPU
+            return math.nan, f"unsupported: {exc}"
+        rel = float((got.float() - ref).norm() / ref.norm())
+        return (1.0, "ok") if rel <= ab_decode.REL_ERR_MAX else (math.nan, f"wrong: {rel:.2g}")
+
+    shapes = [DecodeShape(1, 8192, 1, dtype="fp16"), DecodeShape(16, 1024, 8, dtype="fp16")]
+    rows = ab_decode.run(shapes, 1, False, 5, log=lambda *a: None, device="cpu", timer=timer)
+    return {"rows": [{k: r[k] for k in ("batch", "cache", "new", "impl", "status", "chunks",
+                                        "fused", "same_as")} for r in rows],
+            "report": ab_decode.report(rows, [])}
+
+
 def _interp_worker() -> None:
     from _interp import quick_interpreter
 
@@ -195,6 +219,10 @@ def _interp_worker() -> None:
         results["allocations"] = _allocations()
     except BaseException as exc:
         results["allocations"] = f"{type(exc).__name__}: {exc}"
+    try:
+        results["ab_probe"] = _ab_probe()
+    except BaseException as exc:
+        results["ab_probe"] = f"{type(exc).__name__}: {exc}"
     print("DECODE_RESULTS " + json.dumps(results), flush=True)
 
 
@@ -234,6 +262,25 @@ def test_kernel_allocates_what_calc_replays(interp):
     assert any(v["splits"] > 1 and v["row_blocks"] > 1 for v in got.values())
     for shape, v in got.items():
         assert v["kernel"] == v["calc"], (shape, v)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="interpreter subset")
+def test_ab_probe_runs_every_candidate_correctly(interp):
+    """The A/B probe times what it says: old (4-wave rule, combine kernel), new (one wave,
+    fused), the two crosses and no split, each output right; a candidate that runs what an
+    earlier one runs is not run again but points at it."""
+    got = interp["ab_probe"]
+    assert isinstance(got, dict), got
+    rows = {(r["batch"], r["impl"]): r for r in got["rows"]}
+    for impl in ("old", "new", "new_kernel", "old_fused", "s1"):
+        assert rows[(1, impl)]["status"] == "ok", rows[(1, impl)]
+    assert [rows[(1, c)]["chunks"] for c in ("old", "new", "s1")] == [32, 16, 1]
+    assert rows[(1, "new")]["fused"] and not rows[(1, "old")]["fused"]
+    assert rows[(1, "new_kernel")]["same_as"] == "" and not rows[(1, "new_kernel")]["fused"]
+    # B = 16: 128 programs, so new runs unsplit, as s1 does; new_kernel is new again
+    assert (rows[(16, "old")]["chunks"], rows[(16, "new")]["chunks"]) == (4, 1)
+    assert rows[(16, "s1")]["same_as"] == "new" and rows[(16, "new_kernel")]["same_as"] == "new"
+    assert "| 16 | 1024 | 8 | 4/1 |" in got["report"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,6 +390,36 @@ def test_decode_refuses_bad_input(monkeypatch):
         decode_attention(q, k, k, combine="two")
     with pytest.raises(ValueError, match="no backward"):
         decode_attention(q.requires_grad_(), k, k)
+
+
+def test_ab_probe_report_and_plan():
+    """The probe's table and summary on given rows: fastest peer / candidate per shape, the
+    median and worst, new / old; and its GPU-free plan of what it would time."""
+    from attnmem.kernels.dev.ab_decode import parse_args, parse_shape, report, timing_plan
+    from attnmem.measure.bench.decode import DECODE_SHAPES
+
+    def row(b, impl, us, chunks=None, fused=None, same=""):
+        return dict(batch=b, cache=1024, new=1, impl=impl, us=us, status="ok", chunks=chunks,
+                    fused=fused, same_as=same)
+
+    rows = [row(1, "old", 20.0, 4, False), row(1, "new", 10.0, 4, True),
+            row(1, "sdpa_cudnn", 12.0), row(1, "sdpa_flash", 15.0),
+            row(4, "old", 40.0, 4, False), row(4, "new", 40.0, 4, False, "old"),
+            row(4, "sdpa_cudnn", 30.0), row(4, "sdpa_flash", 50.0)]
+    text = report(rows, [dict(impl="new", wall_us=9.5, chunks=4, fused=True)])
+    assert "| 1 | 1024 | 1 | 4/4 | 20.0 | 10.0 | 12.0 | 15.0 | 0.60 | 1.20 | 2.00 |" in text
+    assert "| 4 | 1024 | 1 | 4/4 | 40.0 | 40.0= | 30.0 | 50.0 | 0.75 | 0.75 | 1.00 |" in text
+    assert "- new: fastest peer / new over 2 shapes: median 0.97, worst 0.75, 1 at >= 1.00" in text
+    assert "- old: fastest peer / old over 2 shapes: median 0.68, worst 0.60, 0 at >= 1.00" in text
+    assert "geometric mean 1.414" in text and "9.5 µs per call" in text
+    lines, calls = timing_plan(DECODE_SHAPES, 3, False)
+    assert len(lines) == 30 and calls == 462
+    assert lines[0] == "B=1 cache=1024 new=1: old (S=4), new (S=4, fused), s1 (S=1)"
+    assert parse_args(["--shapes", "4/1024/8"]).shapes[0].label() == "B=4 cache=1024 new=8"
+    with pytest.raises(SystemExit):
+        parse_args(["--shapes", "4/8/16"])
+    with pytest.raises(Exception, match="B/CACHE/NEW"):
+        parse_shape("4x1024")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -360,11 +360,12 @@ _INTERPRETED = type(decode_split_kernel).__name__ == "InterpretedFunction"
 @functools.lru_cache(maxsize=512)
 def _prepared(B: int, H: int, H_kv: int, s_q: int, d: int, plan_len: int, s_cache: int,
               dtype: torch.dtype, causal: bool, per_seq: bool, block_n: int | None,
-              splits: int | None, combine: str | None, strides: tuple) -> tuple:
+              splits: int | None, combine: str | None, waves: int, strides: tuple) -> tuple:
     """What a call's launch depends on besides the tensors' addresses, cached by shape (the
     layers of one decode step repeat it): the plan, the split kernel's scalar arguments,
     constexprs, tiles, grid and the JIT's specialisation of the strides (`_int_class`)."""
-    plan = plan_for(B, H, H_kv, s_q, plan_len, d, block_n, splits, combine=combine)
+    plan = plan_for(B, H, H_kv, s_q, plan_len, d, block_n, splits, waves=waves,
+                    combine=combine)
     partial = plan.partial
     bd = block_d(d)
     warps = 4 if plan.block_m * bd <= 64 * 128 else 8
@@ -436,7 +437,8 @@ def _check(q, k, v, kv_len, scale):
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      kv_len: int | torch.Tensor | None = None, causal: bool = True,
                      scale: float | None = None, *, splits: int | None = None,
-                     block_n: int | None = None, combine: str | None = None) -> torch.Tensor:
+                     block_n: int | None = None, combine: str | None = None,
+                     waves: int | None = None) -> torch.Tensor:
     """Attention of s_q new queries per sequence against a KV cache (module docstring).
 
     q (B, H, s_q, d); k, v (B, H_kv, S, d) with H % H_kv == 0, any strides (the cache's own
@@ -449,7 +451,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns (B, H, s_q, d) in q's dtype: a transposed view of a contiguous (B, s_q, H, d)
     tensor, transformers' attention-output layout, so its ``transpose(1, 2).contiguous()``
     copies nothing. ``splits`` forces the number of key chunks and ``block_n`` the key tile
-    (tests); by default `attnmem.calc.decode_split.decode_plan` decides. ``combine``: how
+    (tests); by default `attnmem.calc.decode_split.decode_plan` decides; ``waves`` gives its
+    rule another target grid (the A/B probe's first rule: 4). ``combine``: how
     split chunks are combined, "fused" (the last chunk program of each row block, one
     launch) or "kernel" (a second launch); None takes the plan's rule
     (`attnmem.calc.decode_split.fused_combine`), the path calc's peak counts. Not
@@ -469,7 +472,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
     plan, scalars, meta, tiles, grid, n_lse, n_counters, spec = _prepared(
         B, H, H_kv, s_q, d, plan_len, s_cache, q.dtype, bool(causal), per_seq is not None,
-        block_n, splits, combine, (*sq, *sk, *sv, *so))
+        block_n, splits, combine, DECODE_WAVES if waves is None else waves,
+        (*sq, *sk, *sv, *so))
     if plan.partial:
         o_part = common.empty(q, (B, H, s_q, plan.splits, d), torch.float32)
         # the log2-sum-exps (B, H, s_q, S) and, behind them, the counters: one allocation
