@@ -441,6 +441,30 @@ def test_gpu_decode_matches_reference(B, H, H_kv, s_q, cache, d, kv_len, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B, H_kv, s_q, cache, kv_len", [(1, 8, 1, 32768, None),
+                                                       (2, 2, 2, 4096, [4096, 1000]),
+                                                       (4, 8, 1, 1024, None)])
+def test_gpu_fused_combine_is_deterministic(B, H_kv, s_q, cache, kv_len):
+    """The fused combine, 200 calls on the same inputs, buffers NaN-poisoned: every output
+    bit-identical to the first (which program takes the last ticket varies from call to
+    call, the order of the sum does not) and right. A program that read another chunk's
+    partials before they were visible would read NaN or an older call's values."""
+    from attnmem.calc.decode_split import decode_plan
+    from attnmem.kernels.flash.decode import decode_attention
+
+    plan = decode_plan(B, 32, H_kv, s_q, cache, 128)
+    assert plan.fused and plan.splits > 1
+    q, k, v = make(B, 32, H_kv, s_q, cache, 128, torch.bfloat16, "cuda", 13, kv_len)
+    lens = None if kv_len is None else torch.tensor(kv_len, dtype=torch.int32, device="cuda")
+    with torch.no_grad(), poison_empty():
+        outs = [decode_attention(q, k, v, lens) for _ in range(200)]
+    first = outs[0]
+    assert all(torch.equal(o, first) for o in outs[1:])
+    _within("out", first, reference(q, k, v, kv_len, True),
+            reference(q, k, v, kv_len, True, dtype=torch.bfloat16), FLOOR[torch.bfloat16])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B, H, H_kv, s_q, kv, d", [(1, 32, 8, 1, 131072, 128),
                                                    (8, 32, 8, 8, 16384, 128),
                                                    (64, 32, 8, 1, 4096, 128)])
