@@ -99,9 +99,10 @@ def longest_prompt(model, gpu_bytes: int, batch: int, new_tokens: int, kw: tuple
     return max_inference_seq_len(model, gpu_bytes, batch, new_tokens, **dict(kw))
 
 
-@cached(max_entries=4)
+@st.cache_resource(show_spinner=False)
 def measured_table() -> pd.DataFrame:
-    """The bundled rows with the current prediction (~70 inference_step calls: cached)."""
+    """The bundled rows with the current prediction (~70 inference_step calls), once per
+    process, shared read-only (a copy per call cost ~2 ms, twice a run)."""
     return inf.compared_rows(inf.read_measured())
 
 
@@ -215,10 +216,10 @@ if not steps:
 
 with measure_box:  # this page's exact inputs through the bundled harness (attnmem.measure.on_this_gpu)
     measure_here.section(
-        "infer", {attn: gpu_run.infer_request(
+        "infer", {attn: lambda: gpu_run.infer_request(
             model, batch=batch, prompt_len=seq_len, new_tokens=new_tokens, attention=attn,
             cache=cache, prefill_chunk=chunk, weight_dtype=wd, kv_dtype=kvd)},
-        key="gpu_infer", unit=unit, compared=measured_table(),
+        key="gpu_infer", unit=unit, compared=measured_table(), compared_key="infer: bundled",
         names=gpu_run.harness_models("infer", model), length_col="prompt", length=seq_len,
         batch=batch, label=label, also={"cache": cache, "new tokens": new_tokens},
         columns=("model", "batch", "prompt", "new tokens", "attention", "cache", "prefill chunk",

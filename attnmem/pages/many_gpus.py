@@ -89,6 +89,88 @@ def cp_training(model, world: int, s: int, impl: str, ckpt: bool, shard: bool):
                                      shard_states=shard)
 
 
+@st.cache_resource(max_entries=256, show_spinner=False)
+def longest_sweep(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool, shard: bool,
+                  heads: int, kv_heads: int, head_dim: int, world: int) -> pd.DataFrame:
+    """cp_sweep.longest_sweep over `longest_at` (cached point by point, so another GPU count
+    reuses the other twelve), kept whole by its inputs, shared read-only: thirteen cached
+    calls' keys hashed cost ~5 ms a run (issue 45 item 5)."""
+    return cp_sweep.longest_sweep(
+        lambda c: longest_at(model_name, gpu_bytes, impl, dtype, ckpt, shard, heads, kv_heads,
+                             head_dim, c), world)
+
+
+def _ring_stamp() -> tuple[int, int]:
+    """The bundled ring CSV's modification time and size ((0, 0) where absent)."""
+    try:
+        st_ = ring_results.DATA.stat()
+        return st_.st_mtime_ns, st_.st_size
+    except OSError:
+        return 0, 0
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def ring_measurements(stamp: tuple[int, int]) -> tuple[pd.DataFrame | None, list[pd.DataFrame]]:
+    """The one-rank measurements (read and checked: ~10 ms a run before, issue 45 item 5) and
+    the two tables the page shows of them (memory, then time: each fits a 1280 px window),
+    kept while the file's stamp is the same; shared read-only."""
+    measured = ring_results.read_ring_measurements()
+    if measured is None:
+        return None, []
+    table = ring_results.with_link_speed(measured)
+    run = ("seq_len", "world_size", "rank", "pass")
+    return measured, [table[[col for col in (*run, *what) if col in table.columns]]
+                      for what in (("peak_bytes", "predicted_bytes", "error_pct"),
+                                   ("fwd_step_ms", "bwd_step_ms", "link_GBps_to_hide_kv", "gpu"))]
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def per_gpu_view(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: str, s_in: int,
+                 backward: bool, pas: str, unit: str,
+                 stamp: tuple[int, int]) -> tuple[pd.DataFrame, dict]:
+    """The per-GPU sweep and its figure (a plotly dict: the computed line, and the measured
+    ranks where the bundled run has this shape), kept across runs and sessions by the inputs
+    and the measurements' stamp; shared read-only."""
+    sweep = per_gpu_sweep(impl, heads, kv_heads, head_dim, dtype, s_in, backward)
+    traces = [dict(type="scatter", x=sweep["GPUs"].tolist(),
+                   y=[in_unit(b, unit) for b in sweep["per_gpu_bytes"]], mode="lines+markers",
+                   name=f"computed: {CP_IMPL_LABELS[impl]}",
+                   hovertemplate="%{x} GPUs: %{y:.3f} " + unit + "<extra></extra>")]
+    measured = ring_measurements(stamp)[0]
+    if measured is not None:
+        shown = ring_results.rows_of_shape(measured, heads, kv_heads, head_dim, dtype, pas, s_in)
+        if impl == "triton" and len(shown):
+            worst = ring_results.worst_rank_peaks(shown)
+            inputs = {int(r.GPUs): int(r.inputs_bytes) for r in sweep.itertuples()}
+            traces.append(dict(
+                type="scatter", mode="markers", name="measured (one rank simulated, H200)",
+                x=worst["world_size"].tolist(),
+                y=[in_unit(int(b) + inputs.get(int(w), 0), unit)
+                   for w, b in zip(worst["world_size"], worst["peak_bytes"], strict=True)],
+                marker=dict(size=11, symbol="x")))
+    fig = charts.figure(traces, "GPUs in the ring (c)", f"per GPU ({unit})", height=360,
+                        yaxis=dict(type="log"))
+    return sweep, fig
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def ring_figure(shown_c: int) -> dict:
+    """The ring schedule of `shown_c` GPUs as a heatmap (a plotly dict): which key/value block
+    each rank holds at each step; ~1,000 hover texts at 32 GPUs, built once per count."""
+    held = ring_schedule(shown_c)
+    text = [[f"{j}" for j in row_] for row_ in held]
+    hover = [[f"rank {r}, step {t}: K/V of rank {held[r][t]} (chunks "
+              f"{', '.join(map(str, zigzag_chunks(held[r][t], shown_c)))}), "
+              f"{ring_step_kind(r, shown_c, t, True).replace('_', ' ')}"
+              for t in range(shown_c)] for r in range(shown_c)]
+    heat = dict(type="heatmap", z=held, text=text, texttemplate="%{text}" if shown_c <= 16 else "",
+                customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+                colorscale="Viridis", showscale=False, x=list(range(shown_c)),
+                y=list(range(shown_c)))
+    return charts.figure([heat], "step t", "rank r", height=min(120 + 24 * shown_c, 560),
+                         yaxis=dict(autorange="reversed"))
+
+
 page_setup("many_gpus")
 st.title("Many GPUs: context parallelism")
 st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?** Ring "
@@ -130,9 +212,8 @@ if s == 0:
 try:
     mem = cp_memory(impl, heads, s, head_dim, dtype, backward, world, kv_heads)
     comm = ring_comm_bytes(1, heads, s, head_dim, dtype, world, kv_heads, backward, impl)
-    longest = cp_sweep.longest_sweep(
-        lambda c: longest_at(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
-                             head_dim, c), world)
+    longest = longest_sweep(model_name, GPUS[gpu], impl, dtype, ckpt, shard, heads, kv_heads,
+                            head_dim, world)
 except ValueError as err:
     st.error(md_escape(f"These settings cannot be computed: {err}"), icon=":material/block:")
     sync_url(SPECS)
@@ -182,26 +263,9 @@ if world == 2:
 left, right = st.columns(2)
 with left:
     st.markdown(f"**Per GPU, one attention call over s ≈ {short_len(s)} tokens, by GPU count**")
-    sweep = per_gpu_sweep(impl, heads, kv_heads, head_dim, dtype, s_in, backward)
-    traces = [dict(type="scatter", x=sweep["GPUs"].tolist(),
-                   y=[in_unit(b, unit) for b in sweep["per_gpu_bytes"]], mode="lines+markers",
-                   name=f"computed: {CP_IMPL_LABELS[impl]}",
-                   hovertemplate="%{x} GPUs: %{y:.3f} " + unit + "<extra></extra>")]
-    measured = ring_results.read_ring_measurements()
-    shown = None
-    if measured is not None:
-        shown = ring_results.rows_of_shape(measured, heads, kv_heads, head_dim, dtype, pas, s_in)
-        if impl == "triton" and len(shown):
-            worst = ring_results.worst_rank_peaks(shown)
-            inputs = {int(r.GPUs): int(r.inputs_bytes) for r in sweep.itertuples()}
-            traces.append(dict(
-                type="scatter", mode="markers", name="measured (one rank simulated, H200)",
-                x=worst["world_size"].tolist(),
-                y=[in_unit(int(b) + inputs.get(int(w), 0), unit)
-                   for w, b in zip(worst["world_size"], worst["peak_bytes"], strict=True)],
-                marker=dict(size=11, symbol="x")))
-    fig = charts.figure(traces, "GPUs in the ring (c)", f"per GPU ({unit})", height=360,
-                        yaxis=dict(type="log"))
+    ring_stamp = _ring_stamp()
+    sweep, fig = per_gpu_view(impl, heads, kv_heads, head_dim, dtype, s_in, backward, pas, unit,
+                              ring_stamp)
     charts.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep)
 with right:
     st.markdown(f"**Longest context on c × {md_escape(gpu)}**")
@@ -218,18 +282,7 @@ with right:
 
 st.markdown(f"**The ring on {world} GPUs: which key/value block each rank holds at each step**")
 shown_c = min(world, 32)
-held = ring_schedule(shown_c)
-text = [[f"{j}" for j in row_] for row_ in held]
-hover = [[f"rank {r}, step {t}: K/V of rank {held[r][t]} (chunks "
-          f"{', '.join(map(str, zigzag_chunks(held[r][t], shown_c)))}), "
-          f"{ring_step_kind(r, shown_c, t, True).replace('_', ' ')}"
-          for t in range(shown_c)] for r in range(shown_c)]
-heat = dict(type="heatmap", z=held, text=text, texttemplate="%{text}" if shown_c <= 16 else "",
-            customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-            colorscale="Viridis", showscale=False, x=list(range(shown_c)),
-            y=list(range(shown_c)))
-fig = charts.figure([heat], "step t", "rank r", height=min(120 + 24 * shown_c, 560),
-                    yaxis=dict(autorange="reversed"))
+fig = ring_figure(shown_c)
 charts.chart(fig, "cp_ring", "many_gpus_ring")
 st.caption(("Showing the first 32 ranks. " if world > 32 else "") +
            "Cell = the rank whose key/value block is held, (r − t) mod c (Liu et al. 2023, "
@@ -263,19 +316,16 @@ if train is not None:
         tables.table(t_rows.assign(size=t_rows["bytes"].map(lambda b: fmt(b, unit)))[
             ["part", "size", "bytes"]], hide_index=True)
 
+measured, measured_tables = ring_measurements(ring_stamp)
 if measured is None:
     st.caption("Measured: none yet (data/ring_one_rank_h200.csv is written by `python -m "
                "attnmem.measure.ring.one_rank --out DIR` on one GPU).")
 else:
     with st.expander(f"Measured on one GPU: {len(measured)} rank runs, largest |error| "
                      f"{measured['error_pct'].abs().max():.3f}%"):
-        table = ring_results.with_link_speed(measured)
         # Memory, then time: two tables of the same runs, each fits a 1280 px window.
-        run = ("seq_len", "world_size", "rank", "pass")
-        for what in (("peak_bytes", "predicted_bytes", "error_pct"),
-                     ("fwd_step_ms", "bwd_step_ms", "link_GBps_to_hide_kv", "gpu")):
-            cols = [col for col in (*run, *what) if col in table.columns]
-            tables.table(table[cols], hide_index=True)
+        for i, table in enumerate(measured_tables):
+            tables.table(table, hide_index=True, content_key=("ring measured", ring_stamp, i))
         st.caption("Measured: one rank of the ring simulated on one GPU (its incoming blocks "
                    "copied in place of communication; attnmem/measure/ring/simulate.py); peak = "
                    "max_memory_allocated during the call minus memory_allocated before. "

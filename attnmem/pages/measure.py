@@ -18,7 +18,6 @@ if str(ROOT) not in sys.path:  # run on its own (AppTest)
     sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from attnmem.calc import PEAK_MODEL_NOTES, sweep  # noqa: E402
@@ -92,15 +91,43 @@ def with_predictions(data: pd.DataFrame) -> pd.DataFrame:
         model_bytes=[], model_error=[], model_reserved_bytes=[])
 
 
-@st.cache_data(show_spinner=False)
+@st.cache_resource(show_spinner=False)
 def reference_rows() -> pd.DataFrame:
-    """The bundled reference with its predictions: ~1,000 rows, the same on every run (cached)."""
+    """The bundled reference with its predictions: ~1,000 rows, the same on every run (kept
+    once per process, shared read-only: a copy per run cost ~5 ms)."""
     return with_predictions(reference.reference_rows())
 
 
-@st.cache_data(show_spinner=False)
+@st.cache_resource(show_spinner=False)
 def reference_trace() -> pd.DataFrame:
+    """The bundled trace fingerprint, kept as reference_rows is."""
     return reference.reference_trace()
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def bundled_trace_tables(impls: tuple[str, ...], causal: bool) -> tuple[pd.DataFrame | None,
+                                                                        pd.DataFrame]:
+    """trace_tables of the bundled trace, kept across runs and sessions (shared read-only)."""
+    return trace_tables(reference_trace(), impls, causal)
+
+
+def trace_tables(trace: pd.DataFrame, impls: tuple[str, ...],
+                 causal: bool) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+    """A trace's rows for these implementations and mask: the launches and GPU time of each
+    call (None when the trace has no "(all)" row) and every kernel."""
+    tsel = reference.trace_rows(trace, impls, causal)
+    total = tsel[tsel["kernel"] == "(all)"]
+    calls = pd.DataFrame({
+        "implementation": total["impl"].map(label), "mode": total["mode"],
+        "s": total["seq_len"], "kernel launches": total["count"],
+        "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
+    }) if len(total) else None
+    # kernel names run to 160 characters, some without a space: an HTML table whose
+    # kernel cells wrap anywhere (causal is left out: the rows are those of the toggle)
+    kernels = tsel[tsel["kernel"] != "(all)"][
+        [x for x in ("impl", "mode", "kernel", "category", "count", "gpu_us", "share", "bytes")
+         if x in tsel]].rename(columns={"count": "launches", "gpu_us": "GPU µs"})
+    return calls, kernels
 
 
 def open_store() -> ResultStore | None:
@@ -117,20 +144,82 @@ def predicted_curves(impls: tuple[str, ...], lo: int, hi: int, b: int, h: int, d
     return sweep.predicted_curves(impls, lo, hi, b, h, d, dtype, causal, bwd, hkv)
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
-def cached_memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls: tuple[str, ...],
-                         unit: str, title: str) -> go.Figure:
-    """memory_figure, kept across runs and sessions, keyed by the rows' and curves' contents:
-    building a plotly figure validates every trace (~0.1-0.2 s of CPU each under load, issue
-    45 item 5). Shared read-only: st.plotly_chart and the HTML download copy it."""
-    return memory_figure(rows, curves, impls, unit, title)
+WORST_HELP = ("The model's worst error: max |attnmem.calc.attention_peak_bytes − measured| / "
+              "measured, over the points shown with s ≥ 1,024; the issue's bar is 2%.")
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
-def cached_time_figure(rows: pd.DataFrame, impls: tuple[str, ...], metric: str,
-                       title: str) -> go.Figure:
-    """time_figure, kept as cached_memory_figure is."""
-    return time_figure(rows, impls, metric, title)
+def results_view(data: pd.DataFrame, impls: tuple[str, ...], lens: tuple[int, ...], b: int,
+                 h: int, hkv: int, kv: int | None, d: int, dtype: str, causal: bool,
+                 backwards: tuple[bool, ...], unit: str) -> dict:
+    """What the results section shows of `data` (rows with their predictions) for these inputs:
+    the headline metrics (name, value) or None, the "no rows" note or None, and per pass in
+    `backwards` the memory figure (a plotly dict), the rows for its CSV, the points table
+    and the labels whose error passes 2% at s >= 1,024; `rows` (the pass's points) feed
+    time_figures. Pure: the same numbers for the same rows."""
+    sel = reference.select_rows(data, impls, b, h, hkv, d, dtype, causal)
+    sel = sel[sel["backward"].isin(backwards)] if not sel.empty else sel
+    view: dict = {"n_sel": len(sel), "headline": None, "have": None, "parts": []}
+    if not sel.empty:
+        measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
+        long = measured[(measured["seq_len"] >= 1024) & measured["model_error"].notna()]
+        view["headline"] = (
+            ("points shown", f"{len(sel):,}"), ("measured peaks", f"{len(measured):,}"),
+            ("out of memory", f"{int((sel['status'] == 'oom').sum()):,}"),
+            # a quarter of the column: a longer label is cut off
+            ("worst error", f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-"))
+    if not data.empty and sel.empty:
+        have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
+        view["have"] = ("No rows for this selection in these results. They hold: "
+                        + "; ".join(f"{r.dtype}, d={r.head_dim}, H={r.heads}/{r.kv_heads}, B={r.batch}"
+                                    for r in have.head(12).itertuples()))
+    for bwd in backwards:
+        part = sel[sel["backward"] == bwd] if not sel.empty else sel
+        what = ("forward + backward" if bwd else "forward") + (", causal" if causal else "")
+        s_lo = int(min(list(lens) + ([int(x) for x in part["seq_len"]] if len(part) else [])))
+        s_hi = int(max(list(lens) + ([int(x) for x in part["seq_len"]] if len(part) else [])))
+        curves = predicted_curves(impls, s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
+        big = part[(part["seq_len"] >= 1024) & part["model_error"].notna()
+                   & (part["model_error"].abs() > 0.02)] if len(part) else part
+        view["parts"].append({
+            "rows": part,
+            "figure": memory_figure(part, curves, impls, unit, f"Peak extra memory, {what}"),
+            "csv": part[list(COLUMNS)] if len(part) else None,
+            "errors": error_table(part, unit) if len(part) else None,
+            "big": sorted({label(i) for i in big["impl"]}) if len(big) else [],
+        })
+    return view
+
+
+def time_figures(view: dict, impls: tuple[str, ...], backwards: tuple[bool, ...],
+                 metric: str) -> list[dict | None]:
+    """The speed figure (a plotly dict) of each pass of a results_view, None for a pass
+    without points."""
+    what = {False: "forward", True: "forward + backward"}
+    return [time_figure(p["rows"], impls, metric, f"{metric}, {what[bwd]}")
+            if len(p["rows"]) else None for bwd, p in zip(backwards, view["parts"], strict=True)]
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def bundled_view(*key) -> dict:
+    """results_view of the bundled reference, kept across runs and sessions by its inputs
+    (the reference does not change while the app runs): selecting, predicting and drawing
+    its rows took 50-100 ms of CPU a run (issue 45 item 5). Shared read-only."""
+    return results_view(reference_rows(), *key)
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def bundled_time_figures(*key_and_metric) -> list[dict | None]:
+    """time_figures of bundled_view, kept as it is."""
+    *key, metric = key_and_metric
+    impls, backwards = key[0], key[9]
+    return time_figures(bundled_view(*key), impls, backwards, metric)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def formula_notes(impls: tuple[str, ...]) -> str:
+    """What each picked implementation's formula assumes, one paragraph each."""
+    return "\n\n".join(f"**{label(impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}"
+                        for impl in impls)
 
 
 # --- the page ------------------------------------------------------------------------------
@@ -279,62 +368,42 @@ else:  # a stored run can change (an import, a delete): read and predicted on ev
 if not impls or not lens:
     headline.info("Pick at least one implementation and one sequence length.")
 else:
-    sel = reference.select_rows(data, impls, b, h, hkv if kv else h, d, dtype, causal)
-    sel = sel[sel["backward"].isin(backwards)] if not sel.empty else sel
-    if not sel.empty:
-        measured = sel[(sel["status"] == "ok") & sel["peak_extra_bytes"].notna()]
-        long = measured[(measured["seq_len"] >= 1024) & measured["model_error"].notna()]
+    key = (tuple(impls), tuple(lens), b, h, hkv if kv else h, kv, d, dtype, causal, backwards,
+           unit)
+    view = bundled_view(*key) if src == REF else results_view(data, *key)
+    if view["headline"] is not None:
         m = headline.columns(4)
-        m[0].metric("points shown", f"{len(sel):,}")
-        m[1].metric("measured peaks", f"{len(measured):,}")
-        m[2].metric("out of memory", f"{int((sel['status'] == 'oom').sum()):,}")
-        m[3].metric("worst error",  # a quarter of the column: a longer label is cut off
-                    f"{100 * long['model_error'].abs().max():.2f}%" if len(long) else "-",
-                    help="The model's worst error: max |attnmem.calc.attention_peak_bytes − measured| / measured, over the points "
-                         "shown with s ≥ 1,024; the issue's bar is 2%.")
+        for col, (name, value) in zip(m, view["headline"], strict=True):
+            col.metric(name, value, help=WORST_HELP if name == "worst error" else None)
         headline.caption(md_escape(f"Results shown: {names.get(src, src)}; the "
                                    "implementations, lengths and shape are picked below."))
-    if not data.empty and sel.empty:
-        have = data[["dtype", "head_dim", "heads", "kv_heads", "batch"]].drop_duplicates()
-        headline.info("No rows for this selection in these results. They hold: "
-                + "; ".join(f"{r.dtype}, d={r.head_dim}, H={r.heads}/{r.kv_heads}, B={r.batch}"
-                            for r in have.head(12).itertuples()))
-    for bwd in backwards:
-        part = sel[sel["backward"] == bwd] if not sel.empty else sel
-        what = ("forward + backward" if bwd else "forward") + (", causal" if causal else "")
-        s_lo = int(min(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
-        s_hi = int(max(lens + ([int(x) for x in part["seq_len"]] if len(part) else [])))
-        curves = predicted_curves(tuple(impls), s_lo, s_hi, b, h, d, dtype, causal, bwd, kv)
-        fig = cached_memory_figure(part, curves, tuple(impls), unit, f"Peak extra memory, {what}")
-        charts.chart(fig, f"mem_{int(bwd)}", f"measured-memory-{'fwdbwd' if bwd else 'fwd'}",
-                     part[list(COLUMNS)] if len(part) else None)
-        if len(part):
-            tables.wide_table(error_table(part, unit), error_first(unit), "bcols" if bwd else "fcols")
+    if view["have"] is not None:
+        headline.info(view["have"])
+    for bwd, part in zip(backwards, view["parts"], strict=True):
+        charts.chart(part["figure"], f"mem_{int(bwd)}",
+                     f"measured-memory-{'fwdbwd' if bwd else 'fwd'}", part["csv"])
+        if part["errors"] is not None:
+            tables.wide_table(part["errors"], error_first(unit), "bcols" if bwd else "fcols")
             st.caption("*measured* and *model*: the extra `max_memory_allocated()` of the call "
                        "(the caching allocator's blocks, what PyTorch counts); *reserved "
                        "growth*: how much `memory_reserved()` grew, what nvidia-smi-like tools "
                        "show (model from attnmem.calc.attention_reserved_bytes; empty where a "
                        "temporary's size is not known: math backend, eager and cuDNN "
                        "backward, memory-efficient backward with GQA).")
-            big = part[(part["seq_len"] >= 1024) & part["model_error"].notna()
-                       & (part["model_error"].abs() > 0.02)]
-            if len(big):
-                st.warning("Model error above 2% at s ≥ 1,024 for: "
-                           + ", ".join(sorted({label(i) for i in big["impl"]}))
+            if part["big"]:
+                st.warning("Model error above 2% at s ≥ 1,024 for: " + ", ".join(part["big"])
                            + ". What each formula cannot know is listed below.")
-    if len(sel):
+    if view["n_sel"]:
         metric = widgets.radio("Speed as", "tmetric", SPECS["tmetric"])
-        for bwd in backwards:
-            part = sel[sel["backward"] == bwd]
-            if len(part):
-                what = "forward + backward" if bwd else "forward"
-                charts.chart(cached_time_figure(part, tuple(impls), metric, f"{metric}, {what}"),
-                             f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
+        times = (bundled_time_figures(*key, metric) if src == REF
+                 else time_figures(view, tuple(impls), backwards, metric))
+        for bwd, fig in zip(backwards, times, strict=True):
+            if fig is not None:
+                charts.chart(fig, f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
         st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
                    "that (attnmem.calc.attention_flops), over the median time.")
     with st.expander("What each formula assumes (and cannot know)"):
-        for impl in impls:
-            st.markdown(f"**{label(impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}")
+        st.markdown(formula_notes(tuple(impls)))
 
 # -- trace fingerprint ---------------------------------------------------------------
 st.subheader("Trace fingerprint: the kernels one call launches")
@@ -355,20 +424,11 @@ if not reason and not blocked:
 if trace.empty:
     st.info("No trace fingerprint available (bundled: data/attention_calls_trace_h200.csv).")
 else:
-    tsel = reference.trace_rows(trace, impls, causal)
-    total = tsel[tsel["kernel"] == "(all)"]
-    if len(total):
-        tables.table(pd.DataFrame({
-            "implementation": total["impl"].map(label), "mode": total["mode"],
-            "s": total["seq_len"], "kernel launches": total["count"],
-            "GPU µs": total["gpu_us"], "bytes copied/filled": total["bytes"],
-        }), hide_index=True)
+    calls, kernels = (trace_tables(trace, tuple(impls), causal) if "trace" in st.session_state
+                      and not reason and not blocked else bundled_trace_tables(tuple(impls), causal))
+    if calls is not None:
+        tables.table(calls, hide_index=True)
     with st.expander("Every kernel (name, launches, share of the call's GPU time)"):
-        # kernel names run to 160 characters, some without a space: an HTML table whose
-        # kernel cells wrap anywhere (causal is left out: the rows are those of the toggle)
-        kernels = tsel[tsel["kernel"] != "(all)"][
-            [x for x in ("impl", "mode", "kernel", "category", "count", "gpu_us", "share", "bytes")
-             if x in tsel]].rename(columns={"count": "launches", "gpu_us": "GPU µs"})
         tables.code_table(kernels, ["kernel"], formats={"GPU µs": "{:.2f}", "share": "{:.1%}"})
     st.caption("Eager attention launches one kernel per step (matmul, scale, fill, softmax, "
                "matmul): masked_fill adds an out-of-place copy that masked_fill_ avoids; the "

@@ -119,6 +119,84 @@ def never_fits(key, gpu_bytes: int, batch: int, s: int, kw: tuple) -> bool:
     return ft_.never_fits(of(key), gpu_bytes, batch, s, dict(kw))
 
 
+def _items(d: dict) -> tuple:
+    """A keywords dict as a cache key (sorted items)."""
+    return tuple(sorted(d.items()))
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def run_levers(key, batch: int, seq_len: int, attns: tuple[str, ...], base_kw: tuple,
+               levers: tuple) -> tuple[dict, dict, dict]:
+    """tr.run_levers, kept across runs and sessions by its inputs (the model by its key, `of`),
+    shared read-only: one training step per attention, every run (issue 45 item 5). A refusal
+    is raised again on every run (Streamlit keeps no exception)."""
+    return tr.run_levers(of(key), batch, seq_len, list(attns), dict(base_kw), dict(levers))
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def cheapest(key, batch: int, seq_len: int, gpu_bytes: int, base: tuple, unit: str) -> tr.Cheapest:
+    """tr.cheapest (the levers' combinations: ~12 training steps), kept as run_levers is."""
+    return tr.cheapest(of(key), batch, seq_len, gpu_bytes, dict(base), unit)
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def side_by_side(key, gpu_bytes: int, batch: int, seq_len: int, kw: tuple,
+                 ft_settings: tuple) -> list:
+    """ft_.side_by_side (full, LoRA and QLoRA: their steps and longest contexts), kept as
+    run_levers is."""
+    return ft_.side_by_side(of(key), gpu_bytes, batch, seq_len, dict(kw), *ft_settings)
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def fit_table(key, gpu_bytes: int, batch: int, seq_len: int, attns: tuple[str, ...], kw: tuple,
+              lever_kw: tuple, method: str, ft_settings: tuple, prec: str, ckpt: bool, opt: str,
+              shard: str, tp: int, ep: int) -> tuple[list[dict], list[int], bool, list[tuple[str, str]]]:
+    """The "Longest context and GPUs needed" rows for `attns` (none for a padding-free row:
+    its lengths are given, nothing to search), the longest contexts found, whether any
+    attention never fits, and the notes to show above the table (("caption" or "warn",
+    text)). Kept across runs and sessions, shared read-only: twelve cached searches' keys
+    hashed on every run cost ~10 ms (issue 45 item 5)."""
+    full = method == "full"
+    kw = dict(kw)
+    lever_kw = dict(lever_kw)
+    fit_rows, longest_seen, notes = [], [], []
+    never_any = False
+    for a in attns:
+        ka = tuple(sorted(dict(kw, attention=a, **lever_kw).items()))
+        s_max = longest(key, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
+        longest_seen.append(s_max)
+        ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
+                                    sharding="zero3" if shard == "none" else shard, tp=tp,
+                                    ep=ep, **lever_kw).items()))
+        try:
+            n_need = 0 if not full else needed(key, gpu_bytes, batch, seq_len, ka_need)
+            never = full and not n_need and never_fits(key, gpu_bytes, batch, seq_len, ka_need)
+            why_not = ""
+        except ValueError as err:  # a lever calc does not count on a sharded layout
+            n_need, never, why_not = 0, False, str(err)
+        if not full:
+            need_text = "— (LoRA and QLoRA are modelled on one GPU)"
+        elif why_not:
+            need_text = "not computed"
+            said = f"GPUs needed with {TRAIN_ATTENTION_LABELS[a]}: not computed: {why_not}"
+            if shard == "none":  # ZeRO-3 was this table's assumption, not the user's choice
+                notes.append(("caption", md_escape(said + " (the table assumes ZeRO-3 over the GPUs)")))
+            else:
+                notes.append(("warn", said))
+        elif n_need:
+            need_text = f"{n_need:,}"
+        elif never:
+            need_text = "never fits"  # why: the caption under the table (a long cell is cut off)
+            never_any = True
+        else:
+            need_text = "more than 1,024"
+        fit_rows.append({"attention": TRAIN_ATTENTION_LABELS[a],
+                         "longest trainable context on this layout": f"{s_max:,}" if s_max else "none",
+                         f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
+                             need_text})
+    return fit_rows, longest_seen, never_any, notes
+
+
 def apply_trl() -> None:
     """The TRL box's button: calc's mapping of the pasted arguments sets the page's inputs
     (attnmem.pages.ui.training.trl_settings), which the URL then keeps; a refusal is said."""
@@ -262,11 +340,11 @@ kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, s
           ep=ep)
 
 
-@cached(max_entries=4)
+@st.cache_resource(max_entries=4, show_spinner=False)
 def _bundled(stamp: tuple[tuple[str, int, int], ...]) -> tr.Bundled:
     """tr.bundled(), kept across runs and sessions: ~620 rows each predicted by calc, ~0.8 s of
-    CPU that every run paid (issue 45 item 5). ``stamp``: the files' (path, mtime, size), so a
-    replaced CSV is read and predicted again."""
+    CPU that every run paid (issue 45 item 5); shared read-only, not copied per run. ``stamp``:
+    the files' (path, mtime, size), so a replaced CSV is read and predicted again."""
     return tr.bundled()
 
 
@@ -282,7 +360,7 @@ def _stamp() -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-@cached(max_entries=8)
+@st.cache_resource(max_entries=8, show_spinner=False)
 def _bundled_shown(stamp: tuple[tuple[str, int, int], ...], which: str, unit: str) -> pd.DataFrame:
     """The bundled rows (``which``: "compared" or "dist") in the user's unit with the short
     headers, kept as _bundled is (~620 rows formatted: ~60 ms of CPU a run)."""
@@ -290,7 +368,7 @@ def _bundled_shown(stamp: tuple[tuple[str, int, int], ...], which: str, unit: st
     return tr.shown_table(rows, unit).rename(columns=tr.MEASURED_SHORT)
 
 
-@cached(max_entries=8)
+@st.cache_resource(max_entries=8, show_spinner=False)
 def _seven_b(stamp: tuple[tuple[str, int, int], ...], unit: str) -> pd.DataFrame:
     """tr.seven_b_at_32k on the bundled rows, kept as _bundled is (~20 training steps)."""
     return tr.seven_b_at_32k(_bundled(stamp).rows, unit)
@@ -306,8 +384,8 @@ where_said = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
 def side_by_side_section() -> None:
     """Full, LoRA and QLoRA side by side for this model, batch, length and GPU (first attention
     selected), every number computed; a method calc refuses shows the reason."""
-    rows = ft_.side_by_side(model, gpu_bytes, step_b, step_s, dict(kw, attention=attns[0], **levers),
-                            *ft_settings)
+    rows = side_by_side(key, gpu_bytes, step_b, step_s, _items(dict(kw, attention=attns[0], **levers)),
+                        ft_settings)
     st.markdown("### Which of these fits on my GPU, at what length?")
     st.markdown(f"{md_escape(model.name)}, batch {batch:,}, s = {seq_len:,}, "
                 f"{TRAIN_ATTENTION_LABELS[attns[0]]}, on {md_escape(gpu)}; LoRA rank {rank}, "
@@ -344,7 +422,7 @@ def cheapest_section(attention: str) -> tr.Cheapest:
     """Under the levers: the fewest levers on top of these settings that fit the GPU
     (attnmem.calc.train_levers.cheapest_fit) with each one's saving, and each lever alone."""
     base = dict(kw, attention=attention, **ft_kw, **levers)
-    best = tr.cheapest(model, step_b, step_s, gpu_bytes, base, unit)
+    best = cheapest(key, step_b, step_s, gpu_bytes, _items(base), unit)
     where = where_said
     with cheapest_box:
         st.markdown(f"**Cheapest combination that fits {md_escape(where)} at s = {seq_len:,}** "
@@ -388,8 +466,8 @@ with answer_box:
     pickers.gpu_note(gpu, unit, what="\"Fits\", the longest context and GPUs needed")
     trained_context_note(model, seq_len)
     try:
-        steps, no_kernel, lever_refused = tr.run_levers(model, step_b, step_s, attns,
-                                                        dict(kw, **ft_kw), levers)
+        steps, no_kernel, lever_refused = run_levers(key, step_b, step_s, tuple(attns),
+                                                     _items(dict(kw, **ft_kw)), _items(levers))
     except tr.LeverRefusal as err:
         warn(f"These levers cannot be computed with these settings: {err}")
         top_answer.markdown("**Not computed with these levers**: calc's reason is just below; "
@@ -437,12 +515,12 @@ with answer_box:
                 st.error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over.", icon=":material/cancel:")
 with measure_box:  # this page's exact inputs through the bundled harness (attnmem.measure.on_this_gpu)
     measure_here.section(
-        "train", {a: gpu_run.train_request(
+        "train", {a: lambda a=a: gpu_run.train_request(
             model, batch=batch, seq_len=seq_len, attention=a, precision=prec, checkpointing=ckpt,
             method=method, rank=rank, targets=targets, adapter_dtype=adt, double_quant=dq,
             optimizer=opt, kbit=kbit, liger=liger, offload=offload, padding_free=pf, gpus=gpus,
             tp=tp, sharding=shard, ep=ep) for a in steps},
-        key="gpu_train", unit=unit, compared=compared,
+        key="gpu_train", unit=unit, compared=compared, compared_key=("train: bundled", stamp),
         names=gpu_run.harness_models("train", model), length_col="seq_len", length=seq_len,
         batch=batch, label=lambda a: TRAIN_ATTENTION_LABELS.get(a, a),
         also={"precision": prec, "checkpointing": ckpt, "method": method},
@@ -480,43 +558,12 @@ with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn
         pd.DataFrame([{"part": p, "tensor": lab, "size": fmt(x, unit), "bytes": f"{x:,}"}
                       for p, lab, x in first.activation_terms]))
 
-fit_rows = []
-longest_seen = []
-never_any = False
 lever_kw = {k: v for k, v in levers.items() if k != "packed_lengths"}
-for a in steps if not pf else ():  # a padding-free row's lengths are given: no search over s
-    ka = tuple(sorted(dict(kw, attention=a, **lever_kw).items()))
-    s_max = longest(key, gpu_bytes, batch, ka, () if full else (method, *ft_settings))
-    longest_seen.append(s_max)
-    ka_need = tuple(sorted(dict(attention=a, precision=prec, checkpointing=ckpt, optimizer=opt,
-                                sharding="zero3" if shard == "none" else shard, tp=tp,
-                                ep=ep, **lever_kw).items()))
-    try:
-        n_need = 0 if not full else needed(key, gpu_bytes, batch, seq_len, ka_need)
-        never = full and not n_need and never_fits(key, gpu_bytes, batch, seq_len, ka_need)
-        why_not = ""
-    except ValueError as err:  # a lever calc does not count on a sharded layout
-        n_need, never, why_not = 0, False, str(err)
-    if not full:
-        need_text = "— (LoRA and QLoRA are modelled on one GPU)"
-    elif why_not:
-        need_text = "not computed"
-        said = f"GPUs needed with {TRAIN_ATTENTION_LABELS[a]}: not computed: {why_not}"
-        if shard == "none":  # ZeRO-3 was this table's assumption, not the user's choice
-            st.caption(md_escape(said + " (the table assumes ZeRO-3 over the GPUs)"))
-        else:
-            warn(said)
-    elif n_need:
-        need_text = f"{n_need:,}"
-    elif never:
-        need_text = "never fits"  # why: the caption under the table (a long cell is cut off)
-        never_any = True
-    else:
-        need_text = "more than 1,024"
-    fit_rows.append({"attention": TRAIN_ATTENTION_LABELS[a],
-                     "longest trainable context on this layout": f"{s_max:,}" if s_max else "none",
-                     f"GPUs needed at s = {seq_len:,} ({'ZeRO-3' if shard == 'none' else shard}, t = {tp})":
-                         need_text})
+fit_rows, longest_seen, never_any, fit_notes = fit_table(
+    key, gpu_bytes, batch, seq_len, () if pf else tuple(steps), _items(kw), _items(lever_kw),
+    method, ft_settings, prec, ckpt, opt, shard, tp, ep)
+for kind, text in fit_notes:
+    (st.caption if kind == "caption" else warn)(text)
 st.markdown(f"**Longest context and GPUs needed on {md_escape(gpu)}** (exact integer searches)")
 if pf:
     st.caption("Padding-free: the row's sequence lengths are given (batch × s), so there is no "
@@ -544,7 +591,8 @@ if not compared.empty:
         view = None  # every row: formatted once (_bundled_shown)
     tables.wide_table(_bundled_shown(stamp, "compared", unit) if view is None else
                       tr.shown_table(view, unit).rename(columns=tr.MEASURED_SHORT),
-                      tr.MEASURED_FIRST, "mcols")
+                      tr.MEASURED_FIRST, "mcols",
+                      content_key=("bundled", stamp, "compared", unit) if view is None else None)
     errs = compared["peak error"].dropna()
     big = compared[compared["seq_len"] >= 1024]["peak error"].dropna()
     if len(errs):
@@ -560,7 +608,8 @@ if dist_rows.empty:
                "same models and writes data/training_steps_dist_h200.csv, which this section "
                "then shows with the error of every prediction (NOTES.md, Multi-GPU harnesses).")
 else:
-    tables.wide_table(_bundled_shown(stamp, "dist", unit), tr.DIST_FIRST, "dcols")
+    tables.wide_table(_bundled_shown(stamp, "dist", unit), tr.DIST_FIRST, "dcols",
+                      content_key=("bundled", stamp, "dist", unit))
     errs = dist_rows["peak error"].dropna()
     st.caption(f"Measured: {len(dist_rows)} ranks; largest |error| of the peak "
                f"{errs.abs().max() if len(errs) else float('nan'):.2%}. The held bytes are "
@@ -581,7 +630,7 @@ for gpu_name, col in ((tr.H200, "fits one H200"), (tr.H100, "fits one H100")):
         said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
                          f"{r['peak']})" for _, r in ok.iterrows())
         st.markdown(f"- **One {gpu_name}**: {md_escape(said)}.")
-tables.wide_table(answer, tr.SEVEN_B_FIRST, "acols")
+tables.wide_table(answer, tr.SEVEN_B_FIRST, "acols", content_key=("seven_b", stamp, unit))
 st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "
            "keep only an output and a log-sum-exp per row.")

@@ -23,7 +23,7 @@ import pandas as pd
 import streamlit as st
 
 from attnmem.measure import on_this_gpu as gpu_run
-from attnmem.pages.ui import tables
+from attnmem.pages.ui import replay, tables
 from attnmem.pages.ui.units import fmt
 from attnmem.pages.ui.url_state import md_escape
 
@@ -57,56 +57,67 @@ def _shown(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     return out
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
-def _nearest_rows(compared: pd.DataFrame, names: tuple[str, ...], length_col: str, length: int,
-                  batch: int, attention: str | None, also: tuple[tuple[str, Any], ...]
-                  ) -> pd.DataFrame:
-    """gpu_run.nearest_rows, kept across runs and sessions, keyed by the rows' contents and the
-    inputs: it sorts every bundled row by a Python key (~0.1-0.2 s of CPU for the ~620
-    training rows, every run of the page; issue 45 item 5)."""
-    return gpu_run.nearest_rows(compared, names=list(names), length_col=length_col,
+@st.cache_resource(max_entries=256, show_spinner=False)
+def _nearest_table(compared_key: Any, _compared: pd.DataFrame, names: tuple[str, ...],
+                   length_col: str, length: int, batch: int, attention: str | None,
+                   also: tuple[tuple[str, Any], ...], columns: tuple[str, ...] | None,
+                   unit: str) -> tuple[bool, pd.DataFrame]:
+    """gpu_run.nearest_rows as the section shows them (whether the page's model is among them;
+    the columns shown, in the unit, short headers), kept across runs and sessions (shared
+    read-only). Keyed by ``compared_key``, which names the rows' contents (the bundled files'
+    stamp and the unit they were predicted for), and the inputs: it sorts every bundled row by
+    a Python key (~0.1-0.2 s of CPU for the ~620 training rows), and hashing the rows to key
+    them cost ~20 ms a run (issue 45 item 5)."""
+    rows = gpu_run.nearest_rows(_compared, names=list(names), length_col=length_col,
                                 length=length, batch=batch, attention=attention, also=dict(also))
+    same = bool(names) and bool(rows["model"].isin(names).any())
+    keep = [c for c in (columns or rows.columns) if c in rows.columns]
+    return same, _shown(rows[keep], unit).rename(columns=SHORT)
 
 
 def nearest(kind: str, compared: pd.DataFrame, names: list[str], length_col: str, length: int,
             batch: int, attention: str | None, unit: str, also: dict[str, Any] | None = None,
-            columns: tuple[str, ...] | None = None) -> None:
+            columns: tuple[str, ...] | None = None, compared_key: Any = None) -> None:
     """The bundled rows nearest to the inputs (attnmem.measure.on_this_gpu.nearest_rows), with
     their predictions and errors (``columns``: those shown, so that the table fits the page's
-    width; all when None)."""
+    width; all when None). ``compared_key``: a value that changes whenever ``compared`` does
+    (the bundled files' stamp); None keys the cache by the rows' contents."""
     if compared is None or compared.empty:
         st.caption("No bundled measurements to show (data/"
                    f"{gpu_run.DATA[kind].name} is not in this checkout).")
         return
-    rows = _nearest_rows(compared, tuple(names), length_col, length, batch, attention,
-                         tuple((also or {}).items()))
-    same = bool(names) and rows["model"].isin(names).any()
+    if compared_key is None:  # keyed by the rows' contents (their pickle's digest)
+        compared_key = ("rows", replay.digest(compared))
+    key = (compared_key, tuple(names), length_col, length, batch, attention,
+           tuple((also or {}).items()), tuple(columns) if columns else None, unit)
+    same, shown = _nearest_table(*key[:1], compared, *key[1:])
     st.markdown(md_escape(
         "The bundled H200 rows nearest to these inputs"
         + (f" (this model: {', '.join(names)}; then the nearest length and batch)" if same else
            " (this model was not measured: the nearest length and batch of any model)")
         + ", each with its prediction now and the error:"))
-    keep = [c for c in (columns or rows.columns) if c in rows.columns]
-    tables.table(_shown(rows[keep], unit).rename(columns=SHORT), hide_index=True)
+    tables.table(shown, hide_index=True, content_key=("nearest", key))
 
 
-def section(kind: str, requests: dict[str, gpu_run.Request | str], *, key: str, unit: str,
+def section(kind: str, requests: dict[str, Any], *, key: str, unit: str,
             compared: pd.DataFrame, names: list[str], length_col: str, length: int, batch: int,
             label: Any = str, predicted: dict[str, dict[str, int]] | None = None,
-            also: dict[str, Any] | None = None, columns: tuple[str, ...] | None = None) -> None:
+            also: dict[str, Any] | None = None, columns: tuple[str, ...] | None = None,
+            compared_key: Any = None) -> None:
     """Draw the section (in an expander) for one page's inputs. ``requests``: per attention
-    the page computed, the runner's request or why the harness cannot measure it (several:
-    a choice of which to measure, labelled by ``label``); ``compared``: the page's bundled
-    rows beside their predictions, for the no-GPU view; ``predicted``: per attention, parts
-    of the page's own prediction to lay beside the row's (the weights); ``also``: the other
-    inputs the nearest rows should share (column: value); ``columns``: the nearest rows'
-    columns shown."""
+    the page computed, the runner's request or why the harness cannot measure it, or a
+    function of no arguments that returns one (called only where a GPU can measure: building
+    a request runs the harness's argument parser, ~2 ms an attention every run otherwise);
+    several: a choice of which to measure, labelled by ``label``. ``compared``: the page's
+    bundled rows beside their predictions, for the no-GPU view (``compared_key``: what
+    changes with them, see `nearest`); ``predicted``: per attention, parts of the page's own
+    prediction to lay beside the row's (the weights); ``also``: the other inputs the nearest
+    rows should share (column: value); ``columns``: the nearest rows' columns shown."""
     with st.expander(TITLE, icon=":material/memory:"):
         attention = next(iter(requests))
         if len(requests) > 1:
             attention = st.selectbox("Attention to measure", list(requests), key=f"{key}_attn",
                                      format_func=label)
-        request = requests[attention]
         predicted = (predicted or {}).get(attention)
         reason = gpu_run.gpu_reason()
         if reason:
@@ -114,19 +125,22 @@ def section(kind: str, requests: dict[str, gpu_run.Request | str], *, key: str, 
                               f"in the machine that serves this app ({COMMANDS[kind]} runs "
                               "the same measurement from a shell)."), icon=":material/info:")
             nearest(kind, compared, names, length_col, length, batch, attention, unit, also,
-                    columns)
+                    columns, compared_key)
             return
         blocked = _blocked()
         if blocked:
             st.info(blocked, icon=":material/lock:")
             nearest(kind, compared, names, length_col, length, batch, attention, unit, also,
-                    columns)
+                    columns, compared_key)
             return
+        request = requests[attention]
+        if callable(request):
+            request = request()
         if isinstance(request, str):
             st.warning(md_escape(f"These inputs cannot be measured here: {request}."),
                        icon=":material/block:")
             nearest(kind, compared, names, length_col, length, batch, attention, unit, also,
-                    columns)
+                    columns, compared_key)
             return
         est = gpu_run.estimate(request)
         st.markdown(md_escape(f"Runs `{COMMANDS[kind]} {' '.join(request.args)}` in a child "

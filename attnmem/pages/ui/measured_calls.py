@@ -1,13 +1,12 @@
 """The GPU measurement page's view of measured attention calls: the peak chart (measured
 points over attnmem.calc's curves, out-of-memory marks), the speed chart, and the table of
-every point with the model's error. Plotly figures and display tables (sizes in the user's
+every point with the model's error. Plotly figures (plain dicts) and display tables (sizes in the user's
 unit, rounded as the grid draws them); no Streamlit call of their own.
 """
 
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from attnmem.pages.ui import charts
 from attnmem.pages.ui.labels import impl_color as color
@@ -23,8 +22,22 @@ def error_first(unit: str) -> tuple[str, ...]:
             "model error %")
 
 
-def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, title: str) -> go.Figure:
-    fig = go.Figure()
+def _layout(y_title: str, height: int, title: str, y_log: bool, **y: object) -> dict:
+    """charts.figure's layout with a title and the legend under the plot (many implementations:
+    it never covers the title), log x; what charts.style plus the updates did on a go.Figure."""
+    fig = charts.figure([], "sequence length s (log scale)", y_title, height,
+                        xaxis=dict(type="log"), yaxis=dict(type="log", **y) if y_log else None,
+                        title=dict(text=title, x=0, xanchor="left"),
+                        margin=dict(l=10, r=10, t=50, b=150))
+    fig["layout"]["legend"].update(yanchor="top", y=-0.22)
+    return fig["layout"]
+
+
+def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, title: str) -> dict:
+    """Measured points over the model's curves, out-of-memory marks: a plotly figure as a plain
+    dict (charts.figure: st.plotly_chart validates it once, where building go objects
+    validated every property first, ~0.1 s a figure)."""
+    traces: list[dict] = []
     drawn: list[list[float]] = []  # model curves already drawn (masked_fill and masked_fill_ coincide)
     # The masks from numpy object arrays: the same rows as `df["impl"] == impl`, without boxing
     # each scalar into pyarrow for pandas' arrow-backed strings (~1 ms a comparison; issue 45).
@@ -38,8 +51,9 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
         # later one is dashed and its measured points are open circles, so both show.
         under = any(charts.overlaps(ys, o) for o in drawn)
         drawn.append(ys)
-        fig.add_trace(go.Scatter(
-            x=part["seq_len"], y=[in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
+        traces.append(dict(
+            type="scatter", x=part["seq_len"].to_numpy(),
+            y=[in_unit(v, unit) for v in part["peak_bytes"]], mode="lines",
             name=f"{label(impl)} (model)", legendgroup=impl,
             line=dict(color=color(impl), width=1.5, dash="dash" if under else "dot"),
             hovertemplate=f"<b>{label(impl)}</b> model<br>s = %{{x:,}}<br>%{{y:,.4g}} {unit}<extra></extra>",
@@ -47,8 +61,9 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
         got = rows[(row_impl == impl) & measured]
         if len(got):
             err = [f"{100 * e:+.2f}%" if e is not None and e == e else "-" for e in got["model_error"]]
-            fig.add_trace(go.Scatter(
-                x=got["seq_len"], y=[in_unit(v, unit) for v in got["peak_extra_bytes"]],
+            traces.append(dict(
+                type="scatter", x=got["seq_len"].to_numpy(),
+                y=[in_unit(v, unit) for v in got["peak_extra_bytes"]],
                 mode="markers", name=f"{label(impl)} (measured)", legendgroup=impl,
                 marker=dict(symbol="circle-open", size=12, color=color(impl), line=dict(width=2))
                 if under else dict(color=color(impl), size=9, line=dict(width=1, color="white")),
@@ -58,46 +73,36 @@ def memory_figure(rows: pd.DataFrame, curves: pd.DataFrame, impls, unit: str, ti
             ))
         oom = rows[(row_impl == impl) & (status == "oom")]
         if len(oom):
-            fig.add_trace(go.Scatter(
-                x=oom["seq_len"], y=[in_unit(v, unit) if v == v and v is not None else None
-                                     for v in oom["model_bytes"]],
+            traces.append(dict(
+                type="scatter", x=oom["seq_len"].to_numpy(),
+                y=[in_unit(v, unit) if v == v and v is not None else None for v in oom["model_bytes"]],
                 mode="markers", name=f"{label(impl)}: out of memory", legendgroup=impl,
                 marker=dict(symbol="x", size=13, color=color(impl), line=dict(width=2)),
                 hovertemplate=(f"<b>{label(impl)}</b>: out of memory at s = %{{x:,}}"
                                f"<br>model: %{{y:,.4g}} {unit}<extra></extra>"),
             ))
-    charts.style(fig, "sequence length s (log scale)", f"extra peak memory of one call ({unit}, log)", 480)
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log", exponentformat="power")
-    # Many implementations: the legend goes under the plot so it never covers the title.
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
-                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
-                      margin=dict(t=50, b=150))
-    return fig
+    return {"data": traces,
+            "layout": _layout(f"extra peak memory of one call ({unit}, log)", 480, title, True,
+                              exponentformat="power")}
 
 
-def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> go.Figure:
-    fig = go.Figure()
+def time_figure(rows: pd.DataFrame, impls, metric: str, title: str) -> dict:
+    """Measured speed by s, one line per implementation: a plain dict as memory_figure."""
+    traces: list[dict] = []
     col = "tflops" if metric == "TFLOP/s" else "median_ms"
     row_impl = rows["impl"].to_numpy(dtype=object)  # numpy masks, as in memory_figure
     timed = (rows["status"].to_numpy(dtype=object) == "ok") & rows[col].notna().to_numpy()
     for impl in impls:
         got = rows[(row_impl == impl) & timed].sort_values("seq_len")
         if len(got):
-            fig.add_trace(go.Scatter(
-                x=got["seq_len"], y=got[col], mode="lines+markers", name=label(impl),
-                line=dict(color=color(impl)),
+            traces.append(dict(
+                type="scatter", x=got["seq_len"].to_numpy(), y=got[col].to_numpy(),
+                mode="lines+markers", name=label(impl), line=dict(color=color(impl)),
                 hovertemplate=f"<b>{label(impl)}</b><br>s = %{{x:,}}<br>%{{y:,.4g}} {metric}<extra></extra>",
             ))
-    charts.style(fig, "sequence length s (log scale)", metric + (" (log)" if col == "median_ms" else ""), 400)
-    fig.update_xaxes(type="log")
-    if col == "median_ms":
-        fig.update_yaxes(type="log")
-    # Many implementations: the legend goes under the plot so it never covers the title.
-    fig.update_layout(title=dict(text=title, x=0, xanchor="left"),
-                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
-                      margin=dict(t=50, b=150))
-    return fig
+    return {"data": traces,
+            "layout": _layout(metric + (" (log)" if col == "median_ms" else ""), 400, title,
+                              col == "median_ms")}
 
 
 def _shown(v: float | None, digits: int) -> float | None:

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from attnmem.pages.ui import replay
 from attnmem.pages.ui.url_state import BoolParam
 from attnmem.pages.ui.widgets import toggle
 
@@ -114,26 +115,40 @@ def fit_widths(data: pd.DataFrame, given: Mapping[str, Any] | None = None) -> di
     return cfg
 
 
-def table(data: Any, where: Any = st, **kw: Any) -> Any:
+def table(data: Any, where: Any = st, content_key: Any = None, **kw: Any) -> Any:
     """st.dataframe with missing cells shown as a dash instead of "None" (measured tables
     have columns a row does not fill: a failed run has no time, an old row no version), and
-    every column as wide as its content (fit_widths)."""
+    every column as wide as its content (fit_widths). A frame drawn before with the same
+    content and options is replayed (attnmem.pages.ui.replay): its widths and Arrow bytes are
+    not computed again. ``content_key``, where given, stands for the frame's content in that
+    comparison (a value that changes whenever the frame does, e.g. the inputs of the cached
+    function that made it), so a large frame is not pickled to find it."""
     kw.setdefault("placeholder", MISSING)
-    if isinstance(data, pd.DataFrame):
+    if not isinstance(data, pd.DataFrame):
+        return where.dataframe(data, **kw)
+    if not replay.can_replay(where):  # a stand-in object (tests): drawn on directly
         kw["column_config"] = fit_widths(data, kw.get("column_config"))
-    return where.dataframe(data, **kw)
+        return where.dataframe(data, **kw)
+
+    def draw() -> None:  # widths measured and the frame turned into Arrow only on a miss
+        st.dataframe(data, **{**kw, "column_config": fit_widths(data, kw.get("column_config"))})
+
+    replay.drawn("dataframe", (("key", content_key) if content_key is not None else data, kw),
+                 draw, where)
+    return None
 
 
-def text_table(data: pd.DataFrame, where: Any = st) -> Any:
+def text_table(data: pd.DataFrame, where: Any = st) -> None:
     """A table whose cells are sentences (what each tensor is, why it is kept) as st.table:
     HTML, whose cells wrap at the container's width, where st.dataframe's grid draws each cell
     on one line and scrolls sideways once the longest does not fit. No index; missing cells
     a dash, as in `table`."""
-    return where.table(data.astype(object).where(data.notna(), MISSING), hide_index=True)
+    replay.drawn("text_table", (data,), lambda: st.table(
+        data.astype(object).where(data.notna(), MISSING), hide_index=True), where)
 
 
 def code_table(data: pd.DataFrame, long: Iterable[str], where: Any = st,
-               formats: Mapping[str, str] | None = None) -> Any:
+               formats: Mapping[str, str] | None = None) -> None:
     """`text_table` for cells that hold long names without spaces (CUDA kernel names, C++
     templates such as "sm80_xmma_gemm_f32f32_..._tilesize64x256x8_stage3"): in the columns
     `long`, a line may break anywhere (CSS overflow-wrap: anywhere), where st.table breaks
@@ -144,16 +159,21 @@ def code_table(data: pd.DataFrame, long: Iterable[str], where: Any = st,
     `formats` are shown with that format string (e.g. "{:.2f}"); the other columns keep
     their words whole."""
     cols = list(data.columns)
+    long = list(long)
     unknown = [col for col in [*long, *(formats or {})] if col not in cols]
     if unknown:
         raise ValueError(f"code_table: columns {unknown} are not in the table ({cols})")
-    styled = data.style.set_table_styles(
-        [{"selector": f"td.col{cols.index(col)} {tag}", "props": [("overflow-wrap", "anywhere")]}
-         for col in long for tag in ("div", "p")])
-    styled = styled.format(na_rep=MISSING)
-    for col, spec in (formats or {}).items():
-        styled = styled.format(spec, subset=[col], na_rep=MISSING)
-    return where.table(styled, hide_index=True)
+
+    def draw() -> None:  # styled (pandas' Styler renders every cell) only on a miss
+        styled = data.style.set_table_styles(
+            [{"selector": f"td.col{cols.index(col)} {tag}", "props": [("overflow-wrap", "anywhere")]}
+             for col in long for tag in ("div", "p")])
+        styled = styled.format(na_rep=MISSING)
+        for col, spec in (formats or {}).items():
+            styled = styled.format(spec, subset=[col], na_rep=MISSING)
+        st.table(styled, hide_index=True)
+
+    replay.drawn("code_table", (data, long, dict(formats or {})), draw, where)
 
 
 #: The URL value of a "show all columns" checkbox (wide_table): off unless the link says so.
@@ -161,11 +181,12 @@ ALL_COLUMNS = BoolParam(False)
 
 
 def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = st,
-               spec: BoolParam = ALL_COLUMNS, **kw: Any) -> Any:
+               spec: BoolParam = ALL_COLUMNS, content_key: Any = None, **kw: Any) -> Any:
     """A table of more columns than a 1280 px window shows beside the sidebar: the columns
     `first` (in that order) by default, every column once the checkbox above it is ticked.
     The checkbox is an input like the others (URL key `key`: put `key: spec` in the page's
-    specs for sync_url), so a link keeps the choice; its help names the columns it adds."""
+    specs for sync_url), so a link keeps the choice; its help names the columns it adds.
+    ``content_key``: as in `table`, for `data`."""
     kw.setdefault("hide_index", True)
     first = list(first)
     missing = [col for col in first if col not in data.columns]
@@ -173,9 +194,10 @@ def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = 
         raise ValueError(f"wide_table: columns {missing} are not in the table ({list(data.columns)})")
     rest = [col for col in data.columns if col not in first]
     if not rest:
-        return table(data, where, **kw)
+        return table(data, where, content_key, **kw)
     more = f"adds {', '.join(map(str, rest))}" if len(rest) <= 2 else f"{len(rest)} more"
     every = toggle(f"Show all {len(data.columns)} columns ({more})", key, spec, where=where,
                    help="Adds: " + ", ".join(map(str, rest)))
-    return table(data if every else data[first], where, **kw)
+    return table(data if every else data[first], where,
+                 None if content_key is None else (content_key, every, tuple(first)), **kw)
 
