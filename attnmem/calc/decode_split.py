@@ -45,8 +45,9 @@ grid is small), one with fewer two rounds.
 
 The first rule (2026-12-07) aimed at 4 waves (``waves=4``: B = 1, H_kv = 8 at 128k keys in
 64 chunks; B = 16 in 4) with a second combine kernel; measured on an H100 it lost to cuDNN
-by 3-23 % with one new query (attnmem/kernels/flash/NOTES.md, "Decode and chunked
-prefill"); `attnmem.kernels.dev.ab_decode` times both rules in one process.
+by up to 23 % with one new query (attnmem/kernels/flash/NOTES.md, "Decode and chunked
+prefill (split-KV, issue 44 item 4)"); `attnmem.kernels.dev.ab_decode` times both rules in
+one process.
 """
 
 from __future__ import annotations

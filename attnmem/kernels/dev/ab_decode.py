@@ -31,7 +31,7 @@ candidate in turn, per round), the median of the rounds, as the preset times. Th
 candidate the median and worst of (fastest peer / candidate) over the shapes and the count
 at >= 1.00, and new / old per shape; and the wall time per call of back-to-back calls at
 B = 1, 1k keys, one query (old, new_kernel, new: host-bound there, so it is the host
-path's cost with one or two launches). ``--out DIR`` writes ab_decode.csv and ab_decode.md.
+path's cost with one or two launches). ``--out DIR`` writes ab_decode.csv and ab_decode.txt.
 """
 
 from __future__ import annotations
@@ -290,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rep-ms", type=int, choices=range(5, 201), default=25, metavar="5..200",
                     help="do_bench's repeat time per candidate and round (default 25 ms)")
     ap.add_argument("--fa4", action="store_true", help="time FlashAttention-4 too")
-    ap.add_argument("--out", metavar="DIR", help="write ab_decode.csv and ab_decode.md here")
+    ap.add_argument("--out", metavar="DIR", help="write ab_decode.csv and ab_decode.txt (the Markdown table) here")
     ap.add_argument("--plan", action="store_true",
                     help="print what would be timed per shape and the do_bench calls; no GPU")
     return ap.parse_args(argv)
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-        with open(os.path.join(args.out, "ab_decode.md"), "w") as f:
+        with open(os.path.join(args.out, "ab_decode.txt"), "w") as f:
             f.write(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
                     f"{triton.__version__}\n\n{text}\n")
     return 0
