@@ -35,7 +35,7 @@ from attnmem.pages.ui import traced_view as tv  # noqa: E402
 from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.labels import FALLBACK_COLOR  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
-from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
@@ -50,7 +50,7 @@ MEASURED = ("Measured on one NVIDIA H200 (torch 2.11, transformers 5.17) by "
             "`generate()`, random weights from the real configs, bf16.")
 
 
-@st.cache_resource(show_spinner=False)
+@kept(None)
 def measured_models() -> tuple[dict, dict]:
     """The measured configs by name, and those no preset has (frozen configs: shared, not copied)."""
     shapes = inf.measured_shapes()
@@ -59,6 +59,7 @@ def measured_models() -> tuple[dict, dict]:
 
 
 SHAPES, EXTRA = measured_models()
+PRESETS = {**MODELS, **EXTRA}  #: the models a choice names (`of`)
 #: EXTRA: measured configs no preset has (layer cuts), offered as models of their own, so that
 #: every bundled row can be shown beside its prediction.
 
@@ -93,13 +94,132 @@ def label(a: str) -> str:
     return INFER_ATTENTION_LABELS.get(a, a)
 
 
+def of(key):
+    """The model a cache key names: a preset's or measured config's name (hashing a ModelConfig
+    costs more than a search), or the model itself (a Hub id's, a config.json's)."""
+    return PRESETS[key] if isinstance(key, str) else key
+
+
 @cached(max_entries=128)
-def longest_prompt(model, gpu_bytes: int, batch: int, new_tokens: int, kw: tuple) -> int:
-    """Exact integer search over the prompt (attnmem.calc.max_inference_seq_len), cached."""
-    return max_inference_seq_len(model, gpu_bytes, batch, new_tokens, **dict(kw))
+def longest_prompt(key, gpu_bytes: int, batch: int, new_tokens: int, kw: tuple) -> int:
+    """Exact integer search over the prompt (attnmem.calc.max_inference_seq_len), cached by the
+    model's key (`of`)."""
+    return max_inference_seq_len(of(key), gpu_bytes, batch, new_tokens, **dict(kw))
 
 
-@st.cache_resource(show_spinner=False)
+@kept(128)
+def run_all(key, batch: int, seq_len: int, new_tokens: int, kw: tuple) -> tuple[dict, dict]:
+    """inf.run_all (one generate() per attention implementation), kept across runs and
+    sessions by its inputs (issue 45 item 5); shared read-only."""
+    return inf.run_all(of(key), batch, seq_len, new_tokens, **dict(kw))
+
+
+@kept(128)
+def parts_view(key, batch: int, seq_len: int, new_tokens: int, kw: tuple, gpu: str,
+               gpu_bytes: int, unit: str) -> dict:
+    """What the "at each peak" and "prefill against decode" parts draw (two figures as plotly
+    dicts, their CSVs, two tables), kept as run_all is: built from its steps."""
+    model = of(key)
+    steps, _ = run_all(key, batch, seq_len, new_tokens, kw)
+    names = [label(a) for a in steps]
+    parts = list(inf.PART_COLORS) + sorted({p for m in steps.values() for p in m.parts}
+                                           - set(inf.PART_COLORS))
+    parts = [p for p in parts if any(m.parts.get(p) for m in steps.values())]  # the ones present
+    cap = in_unit(gpu_bytes, unit)
+    dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
+    traces = []
+    for part in parts:
+        ys = [m.parts.get(part, 0) for m in steps.values()]
+        traces.append(dict(
+            type="bar", name=part, x=names, y=[in_unit(y, unit) for y in ys],
+            marker=dict(color=inf.PART_COLORS.get(part, FALLBACK_COLOR)),
+            customdata=[fmt(y, unit) for y in ys],
+            hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
+    traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
+                       name=f"{gpu} ({fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
+                       hovertemplate=f"{gpu}: {fmt(gpu_bytes, unit)}<extra></extra>"))
+    fig = charts.figure(traces, "", f"memory at the peak ({unit})", 460, barmode="stack", shapes=[dict(
+        type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
+    parts_table = pd.DataFrame([{"attention": a, **{p: m.parts.get(p, 0) for p in parts},
+                                 "peak": m.peak_bytes, "peak phase": m.peak_phase}
+                                for a, m in steps.items()])
+    # Two tables of the same rows, so that each fits a 1280 px window beside the sidebar: the
+    # peak, where it occurs and what outlives the step; then the transients alive at that moment.
+    held = [p for p in parts if p in HELD_PARTS]
+    held_table = pd.DataFrame([{"implementation": label(a), "peak": fmt(m.peak_bytes, unit),
+                                "where": m.peak_phase, **{p: fmt(m.parts.get(p, 0), unit) for p in held}}
+                               for a, m in steps.items()])
+    transients = pd.DataFrame([{"implementation": label(a), **{p: fmt(m.parts.get(p, 0), unit)
+                                                               for p in parts if p not in held}}
+                               for a, m in steps.items()])
+    pd_traces = [
+        dict(type="bar", name=phase, x=names,
+             y=[in_unit(getattr(m, f"{k}_peak_bytes"), unit) for m in steps.values()],
+             customdata=[fmt(getattr(m, f"{k}_peak_bytes"), unit) for m in steps.values()],
+             marker=dict(color=color), hovertemplate="%{x}<br>" + phase + ": %{customdata}<extra></extra>")
+        for phase, k, color in (("prefill peak", "prefill", "#E69F00"), ("decode peak", "decode", "#0072B2"))]
+    pd_traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
+                          name=f"{gpu} ({fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
+    return {
+        "figure": fig,
+        "csv": parts_table.assign(model=model.name, batch=batch, prompt=seq_len,
+                                  new_tokens=new_tokens),
+        "held": held_table, "transients": transients,
+        "phases": charts.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"),
+        "phases_csv": pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
+                                     "decode peak": m.decode_peak_bytes} for a, m in steps.items()]),
+    }
+
+
+@kept(128)
+def chunk_view(key, batch: int, seq_len: int, new_tokens: int, attention: str, kw: tuple,
+               unit: str) -> tuple[pd.DataFrame, int]:
+    """What chunked prefill saves (inf.chunk_savings: one generate() per chunk size) as the
+    page shows it, and how many rows; kept across runs and sessions by its inputs."""
+    savings = inf.chunk_savings(of(key), batch, seq_len, new_tokens, attention=attention, **dict(kw))
+    shown = savings.assign(**{
+        "prefill chunk": savings["prefill chunk"].map(
+            lambda x: "whole prompt" if x is None or pd.isna(x) else f"{int(x):,}"),
+        **{col: savings[col].map(lambda b: fmt(b, unit)) for col in
+           ("prefill peak", "decode peak", "peak")},
+        "saved": savings["saved"].map(lambda b: "—" if b == 0 else fmt(b, unit)),
+    })
+    return shown, len(savings)
+
+
+@kept(64)
+def measured_view(shape: str | None, model_name: str, unit: str) -> tuple[str, pd.DataFrame, str]:
+    """The measured section for this model: its lead-in, the rows as shown (sizes in the unit,
+    errors in %) and the caption; kept across runs and sessions (the rows are read once)."""
+    compared = measured_table()
+    if shape:
+        view = compared[compared["model"] == shape]
+        said = f"Rows measured on this model's shape ({shape}):"
+    else:
+        view = compared
+        said = (f"{model_name} was not measured; every bundled row with its prediction. "
+                f"Measured models: {', '.join(sorted(set(compared['model'])))}.")
+    shown_m = view.copy()
+    for col in ("measured peak", "predicted peak", "measured prefill peak", "predicted prefill peak"):
+        shown_m[col] = shown_m[col].map(lambda b: "—" if b is None or pd.isna(b) else fmt(b, unit))
+    for col in ("peak error", "prefill error"):
+        shown_m[col] = shown_m[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
+    shown_m["prefill chunk"] = shown_m["prefill chunk"].map(
+        lambda x: "—" if x is None or pd.isna(x) else f"{int(x):,}")
+    shown_m = shown_m.rename(columns={
+        "measured peak": "peak (measured)", "predicted peak": "peak (computed)",
+        "measured prefill peak": "prefill peak (measured)",
+        "predicted prefill peak": "prefill peak (computed)",
+        "predicted where": "where (computed)", "prefill ms": "prefill ms (measured)", "decode ms/token": "decode ms/token (measured)"})
+    errs = compared["peak error"].dropna().abs()
+    by_model = compared.groupby("model")["peak error"].apply(lambda e: e.abs().max())
+    caption = (f"{MEASURED} Computed: attnmem.calc.inference_step for each row's inputs, now. "
+               f"{len(compared)} rows; largest |error| of the peak {errs.max():.2%} ("
+               + ", ".join(f"{k} {v:.2%}" for k, v in by_model.items()) + ").")
+    return said, shown_m.rename(columns=MEASURED_SHORT), caption
+
+
+@kept(None)
 def measured_table() -> pd.DataFrame:
     """The bundled rows with the current prediction (~70 inference_step calls), once per
     process, shared read-only (a copy per call cost ~2 ms, twice a run)."""
@@ -150,7 +270,9 @@ if picked.traced is not None:  # outside calc's rules: transformers' own modules
                           details=below)
     sync_url(used)
     st.stop()
-steps, refused = inf.run_all(model, batch, seq_len, new_tokens, **kw)
+key = picked.choice if picked.choice in PRESETS else model  # the caches' key for the model (`of`)
+kw_key = tuple(sorted(kw.items()))
+steps, refused = run_all(key, batch, seq_len, new_tokens, kw_key)
 ctx = model.max_position_embeddings
 
 # --- the verdict for the chosen attention (at the top of the page) ----------------------------
@@ -181,7 +303,7 @@ with answer:
         else:
             cols[1].error(f"Does not fit one {gpu}: {fmt(m.peak_bytes - gpu_bytes, unit)} over "
                           "(computed).", icon=":material/cancel:")
-        s_max = longest_prompt(model, gpu_bytes, batch, new_tokens,
+        s_max = longest_prompt(key, gpu_bytes, batch, new_tokens,
                                tuple(sorted(dict(kw, attention=attn).items())))
         if s_max:
             # the label stays short enough for a third of a 1280 px page (issue 32: it was cut off)
@@ -227,63 +349,24 @@ with measure_box:  # this page's exact inputs through the bundled harness (attnm
         predicted={attn: {"weights": steps[attn].weights_bytes}} if attn in steps else None)
 
 # --- stacked parts at each implementation's peak --------------------------------------------
-names = [label(a) for a in steps]
-parts = list(inf.PART_COLORS) + sorted({p for m in steps.values() for p in m.parts}
-                                       - set(inf.PART_COLORS))
-parts = [p for p in parts if any(m.parts.get(p) for m in steps.values())]  # the ones present
-cap = in_unit(gpu_bytes, unit)
-dash = dict(color="rgba(128,128,128,0.9)", dash="dash", width=1.5)
-traces = []
-for part in parts:
-    ys = [m.parts.get(part, 0) for m in steps.values()]
-    traces.append(dict(
-        type="bar", name=part, x=names, y=[in_unit(y, unit) for y in ys],
-        marker=dict(color=inf.PART_COLORS.get(part, FALLBACK_COLOR)),
-        customdata=[fmt(y, unit) for y in ys],
-        hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>"))
-traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
-                   name=f"{gpu} ({fmt(gpu_bytes, unit)})", zorder=1,  # above the bars
-                   hovertemplate=f"{gpu}: {fmt(gpu_bytes, unit)}<extra></extra>"))
-fig = charts.figure(traces, "", f"memory at the peak ({unit})", 460, barmode="stack", shapes=[dict(
-    type="line", xref="paper", x0=0, x1=1, yref="y", y0=cap, y1=cap, line=dash, layer="above")])
-parts_table = pd.DataFrame([{"attention": a, **{p: m.parts.get(p, 0) for p in parts},
-                             "peak": m.peak_bytes, "peak phase": m.peak_phase}
-                            for a, m in steps.items()])
+view = parts_view(key, batch, seq_len, new_tokens, kw_key, gpu, gpu_bytes, unit)
+view_key = ("inference parts", key, batch, seq_len, new_tokens, kw_key, gpu, gpu_bytes, unit)
 st.markdown("**What each implementation holds at its peak** (computed)")
-charts.chart(fig, "inference_parts", "inference-peak",
-             parts_table.assign(model=model.name, batch=batch, prompt=seq_len, new_tokens=new_tokens))
+charts.chart(view["figure"], "inference_parts", "inference-peak", view["csv"])
 st.caption(f"{COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of that "
            "implementation's peak: weights, the cuBLAS workspace and generate()'s inputs, the "
            "KV cache then, and the transients alive at that moment by part; the dashed line is "
            "the GPU's memory. attnmem/calc/inference_step.py lists every moment and tensor with its "
            "source.")
-# Two tables of the same rows, so that each fits a 1280 px window beside the sidebar: the peak,
-# where it occurs and what outlives the step; then the transients alive at that moment.
-held = [p for p in parts if p in HELD_PARTS]
-tables.table(pd.DataFrame([{"implementation": label(a), "peak": fmt(m.peak_bytes, unit),
-                            "where": m.peak_phase, **{p: fmt(m.parts.get(p, 0), unit) for p in held}}
-                           for a, m in steps.items()]), hide_index=True)
+tables.table(view["held"], hide_index=True, content_key=(view_key, "held"))
 st.markdown("**The transients alive at each peak** (computed)")
-tables.table(pd.DataFrame([{"implementation": label(a), **{p: fmt(m.parts.get(p, 0), unit)
-                                                           for p in parts if p not in held}}
-                           for a, m in steps.items()]), hide_index=True)
+tables.table(view["transients"], hide_index=True, content_key=(view_key, "transients"))
 for a, why in refused.items():
     st.markdown(md_escape(f"Not drawn: {label(a)}: {why}"))
 
 # --- prefill against decode -------------------------------------------------------------------
-pd_traces = [
-    dict(type="bar", name=phase, x=names,
-         y=[in_unit(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
-         customdata=[fmt(getattr(m, f"{key}_peak_bytes"), unit) for m in steps.values()],
-         marker=dict(color=color), hovertemplate="%{x}<br>" + phase + ": %{customdata}<extra></extra>")
-    for phase, key, color in (("prefill peak", "prefill", "#E69F00"), ("decode peak", "decode", "#0072B2"))]
-pd_traces.append(dict(type="scatter", mode="lines", x=names, y=[cap] * len(names), line=dash,
-                      name=f"{gpu} ({fmt(gpu_bytes, unit)})", hoverinfo="skip", zorder=1))
 st.markdown("**Prefill peak against decode peak** (computed)")
-charts.chart(charts.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"), "inference_phases",
-             "inference-prefill-decode",
-             pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
-                            "decode peak": m.decode_peak_bytes} for a, m in steps.items()]))
+charts.chart(view["phases"], "inference_phases", "inference-prefill-decode", view["phases_csv"])
 st.caption(f"{COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
            "layer; a decode step runs one token per sequence against the full cache. With one "
            "new token there is no decode step (0).")
@@ -299,16 +382,10 @@ with st.expander(f"Each moment and every tensor at the peak of {label(shown.atte
 # --- chunked prefill ------------------------------------------------------------------------
 chosen = shown.attention
 st.markdown(f"### What chunked prefill saves ({md_escape(label(chosen))}; computed)")
-savings = inf.chunk_savings(model, batch, seq_len, new_tokens, attention=chosen, **kw)
-shown_sav = savings.assign(**{
-    "prefill chunk": savings["prefill chunk"].map(
-        lambda x: "whole prompt" if x is None or pd.isna(x) else f"{int(x):,}"),
-    **{col: savings[col].map(lambda b: fmt(b, unit)) for col in
-       ("prefill peak", "decode peak", "peak")},
-    "saved": savings["saved"].map(lambda b: "—" if b == 0 else fmt(b, unit)),
-})
-tables.table(shown_sav, hide_index=True)
-if len(savings) == 1:
+shown_sav, n_savings = chunk_view(key, batch, seq_len, new_tokens, chosen, kw_key, unit)
+tables.table(shown_sav, hide_index=True,
+             content_key=("inference chunks", key, batch, seq_len, new_tokens, chosen, kw_key, unit))
+if n_savings == 1:
     st.caption(f"The prompt ({seq_len:,} tokens) is no longer than the smallest chunk: chunking "
                "changes nothing.")
 st.caption(f"{COMPUTED}: attnmem.calc.inference_step with prefill_chunk = C (generate's "
@@ -323,30 +400,9 @@ if compared.empty:
             "`python -m attnmem.measure --infer --plan h200` on a GPU to make them.")
 else:
     shape = inf.same_shape(model, SHAPES)
-    if shape:
-        view = compared[compared["model"] == shape]
-        st.markdown(md_escape(f"Rows measured on this model's shape ({shape}):"))
-    else:
-        view = compared
-        st.markdown(md_escape(f"{model.name} was not measured; every bundled row with its "
-                              f"prediction. Measured models: {', '.join(sorted(set(compared['model'])))}."))
-    shown_m = view.copy()
-    for col in ("measured peak", "predicted peak", "measured prefill peak", "predicted prefill peak"):
-        shown_m[col] = shown_m[col].map(lambda b: "—" if b is None or pd.isna(b) else fmt(b, unit))
-    for col in ("peak error", "prefill error"):
-        shown_m[col] = shown_m[col].map(lambda e: "—" if e is None or pd.isna(e) else f"{e:+.2%}")
-    shown_m["prefill chunk"] = shown_m["prefill chunk"].map(
-        lambda x: "—" if x is None or pd.isna(x) else f"{int(x):,}")
-    shown_m = shown_m.rename(columns={
-        "measured peak": "peak (measured)", "predicted peak": "peak (computed)",
-        "measured prefill peak": "prefill peak (measured)",
-        "predicted prefill peak": "prefill peak (computed)",
-        "predicted where": "where (computed)", "prefill ms": "prefill ms (measured)", "decode ms/token": "decode ms/token (measured)"})
-    tables.wide_table(shown_m.rename(columns=MEASURED_SHORT), MEASURED_FIRST, "mcols")
-    errs = compared["peak error"].dropna().abs()
-    by_model = compared.groupby("model")["peak error"].apply(lambda e: e.abs().max())
-    st.caption(f"{MEASURED} Computed: attnmem.calc.inference_step for each row's inputs, now. "
-               f"{len(compared)} rows; largest |error| of the peak {errs.max():.2%} ("
-               + ", ".join(f"{k} {v:.2%}" for k, v in by_model.items()) + ").")
+    said, shown_m, caption = measured_view(shape, model.name, unit)
+    st.markdown(md_escape(said))
+    tables.wide_table(shown_m, MEASURED_FIRST, "mcols", content_key=("inference measured", shape, model.name, unit))
+    st.caption(caption)
 
 sync_url(used)

@@ -24,7 +24,7 @@ from attnmem.measure import speed_runs  # noqa: E402
 from attnmem.measure.speed_results import OURS  # noqa: E402
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_color, impl_label, peer_headline, peer_label  # noqa: E402
-from attnmem.pages.ui.state import page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
     ChoiceParam,
@@ -55,7 +55,7 @@ SPECS = {
 }
 
 
-@st.cache_data(show_spinner=False, max_entries=12)  # the bundled CSVs
+@cached(12)  # the bundled CSVs
 def load(path: str) -> pd.DataFrame:
     return speed_runs.load_frame(path)
 

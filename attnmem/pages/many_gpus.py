@@ -34,7 +34,7 @@ from attnmem.calc.units import short_len  # noqa: E402
 from attnmem.measure.ring import results as ring_results  # noqa: E402
 from attnmem.pages.ui import charts, pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
-from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
@@ -89,7 +89,7 @@ def cp_training(model, world: int, s: int, impl: str, ckpt: bool, shard: bool):
                                      shard_states=shard)
 
 
-@st.cache_resource(max_entries=256, show_spinner=False)
+@kept(256)
 def longest_sweep(model_name: str, gpu_bytes: int, impl: str, dtype: str, ckpt: bool, shard: bool,
                   heads: int, kv_heads: int, head_dim: int, world: int) -> pd.DataFrame:
     """cp_sweep.longest_sweep over `longest_at` (cached point by point, so another GPU count
@@ -109,7 +109,7 @@ def _ring_stamp() -> tuple[int, int]:
         return 0, 0
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@kept(4)
 def ring_measurements(stamp: tuple[int, int]) -> tuple[pd.DataFrame | None, list[pd.DataFrame]]:
     """The one-rank measurements (read and checked: ~10 ms a run before, issue 45 item 5) and
     the two tables the page shows of them (memory, then time: each fits a 1280 px window),
@@ -124,7 +124,7 @@ def ring_measurements(stamp: tuple[int, int]) -> tuple[pd.DataFrame | None, list
                                    ("fwd_step_ms", "bwd_step_ms", "link_GBps_to_hide_kv", "gpu"))]
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def per_gpu_view(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: str, s_in: int,
                  backward: bool, pas: str, unit: str,
                  stamp: tuple[int, int]) -> tuple[pd.DataFrame, dict]:
@@ -153,7 +153,7 @@ def per_gpu_view(impl: str, heads: int, kv_heads: int, head_dim: int, dtype: str
     return sweep, fig
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
+@kept(64)
 def ring_figure(shown_c: int) -> dict:
     """The ring schedule of `shown_c` GPUs as a heatmap (a plotly dict): which key/value block
     each rank holds at each step; ~1,000 hover texts at 32 GPUs, built once per count."""

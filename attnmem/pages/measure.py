@@ -36,7 +36,7 @@ from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_label  # noqa: E402
 from attnmem.pages.ui.measured_calls import error_first, error_table, memory_figure, time_figure  # noqa: E402
 from attnmem.pages.ui.messages import warn  # noqa: E402
-from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam, md_escape  # noqa: E402
 
 REF = "ref"
@@ -77,7 +77,7 @@ label = impl_label
 # --- data ----------------------------------------------------------------------------------
 
 
-@st.cache_resource(show_spinner=False)
+@kept(None)
 def gpu_reason() -> str | None:
     """None when a CUDA GPU is usable here, else why not."""
     from attnmem.measure.registry import gpu_reason as reason
@@ -91,20 +91,20 @@ def with_predictions(data: pd.DataFrame) -> pd.DataFrame:
         model_bytes=[], model_error=[], model_reserved_bytes=[])
 
 
-@st.cache_resource(show_spinner=False)
+@kept(None)
 def reference_rows() -> pd.DataFrame:
     """The bundled reference with its predictions: ~1,000 rows, the same on every run (kept
     once per process, shared read-only: a copy per run cost ~5 ms)."""
     return with_predictions(reference.reference_rows())
 
 
-@st.cache_resource(show_spinner=False)
+@kept(None)
 def reference_trace() -> pd.DataFrame:
     """The bundled trace fingerprint, kept as reference_rows is."""
     return reference.reference_trace()
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
+@kept(64)
 def bundled_trace_tables(impls: tuple[str, ...], causal: bool) -> tuple[pd.DataFrame | None,
                                                                         pd.DataFrame]:
     """trace_tables of the bundled trace, kept across runs and sessions (shared read-only)."""
@@ -199,7 +199,7 @@ def time_figures(view: dict, impls: tuple[str, ...], backwards: tuple[bool, ...]
             if len(p["rows"]) else None for bwd, p in zip(backwards, view["parts"], strict=True)]
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def bundled_view(*key) -> dict:
     """results_view of the bundled reference, kept across runs and sessions by its inputs
     (the reference does not change while the app runs): selecting, predicting and drawing
@@ -207,7 +207,7 @@ def bundled_view(*key) -> dict:
     return results_view(reference_rows(), *key)
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def bundled_time_figures(*key_and_metric) -> list[dict | None]:
     """time_figures of bundled_view, kept as it is."""
     *key, metric = key_and_metric
@@ -215,7 +215,7 @@ def bundled_time_figures(*key_and_metric) -> list[dict | None]:
     return time_figures(bundled_view(*key), impls, backwards, metric)
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
+@cached(64)
 def formula_notes(impls: tuple[str, ...]) -> str:
     """What each picked implementation's formula assumes, one paragraph each."""
     return "\n\n".join(f"**{label(impl)}** (`{impl}`): {PEAK_MODEL_NOTES.get(impl, '')}"

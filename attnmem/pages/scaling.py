@@ -40,7 +40,7 @@ from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_color  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
 from attnmem.pages.ui.pickers import gpu_options  # noqa: E402
-from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import BoolParam, ChoiceParam, IntParam, MultiChoiceParam  # noqa: E402
 
@@ -87,7 +87,7 @@ def param_sweep(by: str, impls: tuple[str, ...], s: int, b: int, h: int, d: int,
     return sweep_param(by, sweep.param_values(by), impls, s, b, h, d, dtype, causal, bwd)
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def seq_view(impls: tuple[str, ...], gpus: tuple[str, ...], s_hi: int, b: int, h: int, d: int,
              dtype: str, causal: bool, bwd: bool, unit: str) -> dict:
     """What the sequence-length part draws, kept across runs and sessions by its inputs (shared
@@ -158,7 +158,7 @@ def seq_view(impls: tuple[str, ...], gpus: tuple[str, ...], s_hi: int, b: int, h
     return {"df": df, "metrics": metrics, "figure": fig, "wide": wide}
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def param_view(by: str, impls: tuple[str, ...], s2: int, b: int, h: int, d: int, dtype: str,
                causal: bool, bwd: bool, unit: str) -> tuple[pd.DataFrame, dict]:
     """The batch or heads sweep and its figure (a plotly dict), kept as seq_view is."""
@@ -186,7 +186,7 @@ def param_view(by: str, impls: tuple[str, ...], s2: int, b: int, h: int, d: int,
     return df2, fig2
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def detail_summary(impls: tuple[str, ...], s2: int, b: int, h: int, d: int, dtype: str,
                    causal: bool, bwd: bool, unit: str) -> pd.DataFrame:
     """One call at s2, per implementation: what the allocator counts and reserves, in the unit
@@ -205,7 +205,7 @@ def detail_summary(impls: tuple[str, ...], s2: int, b: int, h: int, d: int, dtyp
     })
 
 
-@st.cache_resource(max_entries=128, show_spinner=False)
+@kept(128)
 def detail_terms(impls: tuple[str, ...], s2: int, b: int, h: int, d: int, dtype: str,
                  causal: bool, bwd: bool) -> list[tuple[str, pd.DataFrame]]:
     """Every tensor at each implementation's peak, with the allocator's rounding: (label,

@@ -44,7 +44,7 @@ from attnmem.pages.ui.messages import (  # noqa: E402
     trained_context_note,
     warn,
 )
-from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
@@ -124,7 +124,7 @@ def _items(d: dict) -> tuple:
     return tuple(sorted(d.items()))
 
 
-@st.cache_resource(max_entries=256, show_spinner=False)
+@kept(256)
 def run_levers(key, batch: int, seq_len: int, attns: tuple[str, ...], base_kw: tuple,
                levers: tuple) -> tuple[dict, dict, dict]:
     """tr.run_levers, kept across runs and sessions by its inputs (the model by its key, `of`),
@@ -133,13 +133,13 @@ def run_levers(key, batch: int, seq_len: int, attns: tuple[str, ...], base_kw: t
     return tr.run_levers(of(key), batch, seq_len, list(attns), dict(base_kw), dict(levers))
 
 
-@st.cache_resource(max_entries=256, show_spinner=False)
+@kept(256)
 def cheapest(key, batch: int, seq_len: int, gpu_bytes: int, base: tuple, unit: str) -> tr.Cheapest:
     """tr.cheapest (the levers' combinations: ~12 training steps), kept as run_levers is."""
     return tr.cheapest(of(key), batch, seq_len, gpu_bytes, dict(base), unit)
 
 
-@st.cache_resource(max_entries=256, show_spinner=False)
+@kept(256)
 def side_by_side(key, gpu_bytes: int, batch: int, seq_len: int, kw: tuple,
                  ft_settings: tuple) -> list:
     """ft_.side_by_side (full, LoRA and QLoRA: their steps and longest contexts), kept as
@@ -147,7 +147,7 @@ def side_by_side(key, gpu_bytes: int, batch: int, seq_len: int, kw: tuple,
     return ft_.side_by_side(of(key), gpu_bytes, batch, seq_len, dict(kw), *ft_settings)
 
 
-@st.cache_resource(max_entries=256, show_spinner=False)
+@kept(256)
 def fit_table(key, gpu_bytes: int, batch: int, seq_len: int, attns: tuple[str, ...], kw: tuple,
               lever_kw: tuple, method: str, ft_settings: tuple, prec: str, ckpt: bool, opt: str,
               shard: str, tp: int, ep: int) -> tuple[list[dict], list[int], bool, list[tuple[str, str]]]:
@@ -340,7 +340,7 @@ kw = dict(precision=prec, checkpointing=ckpt, optimizer=opt, gpus=gpus, tp=tp, s
           ep=ep)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@kept(4)
 def _bundled(stamp: tuple[tuple[str, int, int], ...]) -> tr.Bundled:
     """tr.bundled(), kept across runs and sessions: ~620 rows each predicted by calc, ~0.8 s of
     CPU that every run paid (issue 45 item 5); shared read-only, not copied per run. ``stamp``:
@@ -360,7 +360,7 @@ def _stamp() -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
+@kept(8)
 def _bundled_shown(stamp: tuple[tuple[str, int, int], ...], which: str, unit: str) -> pd.DataFrame:
     """The bundled rows (``which``: "compared" or "dist") in the user's unit with the short
     headers, kept as _bundled is (~620 rows formatted: ~60 ms of CPU a run)."""
@@ -368,7 +368,7 @@ def _bundled_shown(stamp: tuple[tuple[str, int, int], ...], which: str, unit: st
     return tr.shown_table(rows, unit).rename(columns=tr.MEASURED_SHORT)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
+@kept(8)
 def _seven_b(stamp: tuple[tuple[str, int, int], ...], unit: str) -> pd.DataFrame:
     """tr.seven_b_at_32k on the bundled rows, kept as _bundled is (~20 training steps)."""
     return tr.seven_b_at_32k(_bundled(stamp).rows, unit)

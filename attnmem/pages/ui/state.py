@@ -12,7 +12,8 @@ calls `page_setup(name)` first and `sync_url(specs)` last.
 
 The memory unit (GB or GiB, key `unit`) is one of these values on every page: app.py draws its
 switch (attnmem.pages.ui.units.unit_switch) and `sync_url` writes it into every URL. `cached`
-is the bounded st.cache_data the pages keep their sweeps in between runs.
+is the bounded st.cache_data the pages keep their sweeps in between runs; `kept` the bounded
+st.cache_resource for what they share read-only.
 """
 
 from __future__ import annotations
@@ -146,6 +147,43 @@ def get_unit() -> str:
     return kept if kept in UNIT_SPEC.choices else UNIT_SPEC.default
 
 
+#: The Streamlit wrapper made for each cached function (`_wrapped`): by its file, name, line
+#: and code (code objects compare by content, which leaves out the file), then its options.
+_WRAPPED: dict[tuple, dict[tuple, Callable[..., Any]]] = {}
+
+
+def _wrapped(decorator: Callable[..., Any], options: dict[str, Any]
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`decorator(**options)` applied to a function once per code object, not once per run.
+
+    A page script runs top to bottom on every rerun, so a function it defines is decorated
+    again each time, and Streamlit keys the new wrapper by the function's source: it reads and
+    tokenizes that source (inspect.getsource) each run, 0.5-2 ms a function, up to 10 ms a run
+    on a page that keeps a dozen (issue 45 item 5). The server compiles a page once and runs
+    that code object on every rerun, so the function's code object is the same each time: the
+    wrapper made the first time is returned again, with the same cache (Streamlit keys its
+    storage by the function's source either way). The first run's function is the one the
+    wrapper calls on a miss; a cached function must take what it depends on as arguments (its
+    cache key is made of them), so it reads no global that another run would set differently."""
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        code = func.__code__
+        by_options = _WRAPPED.setdefault(
+            (code.co_filename, code.co_qualname, code.co_firstlineno, code), {})
+        key = (decorator, tuple(sorted(options.items())))
+        if key not in by_options:
+            by_options[key] = decorator(**options)(func)
+        return by_options[key]
+    return decorate
+
+
 def cached(max_entries: int = 64) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """st.cache_data for sweeps, bounded so a long session cannot grow memory without limit."""
-    return st.cache_data(max_entries=max_entries, show_spinner=False)
+    """st.cache_data for sweeps, bounded so a long session cannot grow memory without limit
+    (each call returns a copy of the value); decorated once per function (`_wrapped`)."""
+    return _wrapped(st.cache_data, {"max_entries": max_entries, "show_spinner": False})
+
+
+def kept(max_entries: int | None = 64) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """st.cache_resource, bounded: the value is kept once and shared by every run and session,
+    not copied (pickling a frame back costs milliseconds), so callers must not change it;
+    decorated once per function (`_wrapped`)."""
+    return _wrapped(st.cache_resource, {"max_entries": max_entries, "show_spinner": False})
