@@ -200,8 +200,8 @@ def replay(events: list[Event], expandable: bool = False,
     Two passes: the first finds each phase's peak event, the second lists what is alive there
     (listing at every new high would be quadratic in a long forward); the second stops at the
     last peak. ReplayTooSlow where, with `limit` seconds given, the first pass's pace projects
-    both past it (checked every 16,384 events: calc.allocator's best fit looks at every
-    block of a pool, so millions of events with thousands alive take minutes)."""
+    both past it (checked every 16,384 events; calc.allocator's best fit bisects a sorted
+    free index, about 200k-350k events a second, so a million-event stream takes seconds)."""
     import time
 
     phases: dict[str, PhasePeak] = {}
