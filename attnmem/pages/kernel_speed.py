@@ -24,7 +24,7 @@ from attnmem.measure import speed_runs  # noqa: E402
 from attnmem.measure.speed_results import OURS  # noqa: E402
 from attnmem.pages.ui import charts, tables, widgets  # noqa: E402
 from attnmem.pages.ui.labels import impl_color, impl_label, peer_headline, peer_label  # noqa: E402
-from attnmem.pages.ui.state import cached, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
     ChoiceParam,
@@ -55,9 +55,112 @@ SPECS = {
 }
 
 
-@cached(12)  # the bundled CSVs
+@kept(12)  # the bundled CSVs, shared read-only
 def load(path: str) -> pd.DataFrame:
     return speed_runs.load_frame(path)
+
+
+def _stamp() -> tuple:
+    """Every CSV the timing choices name (path, modification time, size; ATTNMEM_BENCH_DIR can
+    point them elsewhere): the views below are kept while none of them changes."""
+    paths = [p for ps, _ in SOURCES.values() for p in ps.values()]
+    paths += [p for ps in GQA_SOURCES.values() for p in ps.values()]
+    out = []
+    for p in dict.fromkeys(paths):
+        try:
+            st_ = p.stat()
+            out.append((str(p), st_.st_mtime_ns, st_.st_size))
+        except OSError:
+            out.append((str(p), 0, 0))
+    return tuple(out)
+
+
+@kept(64)
+def speed_view(dtype: str, d: int, causal: bool, want: str, timing: str, kv: str,
+               stamp: tuple, _sources: dict, _gqa_sources: dict) -> dict:
+    """What the page shows for these choices, kept across runs and sessions while the bundled
+    CSVs are the same (`stamp`: every path of `_sources` and `_gqa_sources`, the timing
+    choices over them, with its modification time and size), shared read-only: {"error":
+    text} or {"info": text} where it stops, else the caption, the figure (a plotly dict), the
+    table of speeds and ratios, and the headline (s, our speed, [(label, ratio, help)], a note
+    on FlashAttention-4) or None. Selecting and pivoting the rows cost ~25 ms of CPU a run
+    (issue 45 item 5)."""
+    SOURCES, GQA_SOURCES = _sources, _gqa_sources  # noqa: N806 - the page's names for them
+    paths, how = SOURCES[timing]
+    kv_heads = int(kv)
+    if kv != "32":
+        paths = GQA_SOURCES.get(timing, {})
+        how += (" Grouped-query attention: 8 key/value heads shared by the 32 query heads "
+                "(SDPA backends called with enable_gqa=True).")
+    df = None
+    if want in paths:
+        source = paths[want]
+        try:
+            df = load(str(source))
+        except (OSError, ValueError) as exc:
+            return {"error": f"The bundled benchmark data could not be read: {md_escape(str(exc))}"}
+        df = df[df["kv_heads"] == kv_heads]
+    if kv != "32" and (df is None or df[(df["dtype"] == dtype) & (df["mode"] == want)].empty):
+        return {"info": "Grouped-query attention (8 key/value heads) was measured for: "
+                + "; ".join(speed_runs.gqa_where(GQA_SOURCES, kv_heads, load))
+                + ". Choose one of those to see it."}
+    sel = (df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
+              & (df["mode"] == want) & (df["status"] == "ok")] if df is not None else pd.DataFrame())
+    if sel.empty:
+        return {"info": "No measurement for this choice."}
+
+    r0 = sel.iloc[0]
+    fa4_versions = sorted({v for v in sel.loc[sel["impl"] == "fa4", "impl_version"] if v})
+    caption = (
+        f"Measured {r0['timestamp']} on {r0['gpu']}, torch {r0['torch_version']}, triton "
+        f"{r0['triton_version']}"
+        + (f", flash-attn-4 {', '.join(fa4_versions)}" if fa4_versions else "")
+        + f"; source `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source.name}`. "
+        + how
+    )
+    default = DEFAULT_IMPL
+    impls, refs = speed_runs.shown_order(set(sel["impl"]), default)
+    traces = []
+    for impl in impls:
+        got = sel[sel["impl"] == impl].sort_values("seq_len")
+        name = impl_label(impl) + (" · default" if impl == default else "")
+        traces.append(dict(
+            type="scatter", mode="lines+markers", x=got["seq_len"].tolist(), y=got["tflops"].tolist(),
+            name=name, line=dict(color=impl_color(impl), width=3 if impl == default else 2),
+            hovertemplate=f"<b>{name}</b><br>s = %{{x:,}}<br>%{{y:.0f}} TFLOP/s<extra></extra>",
+        ))
+    lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
+    fig = charts.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
+                        xaxis=charts.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
+
+    wide = speed_runs.tflops_by_length(sel, impls)
+    table = pd.DataFrame({"s": wide.index})
+    for impl in impls:
+        table[impl_label(impl)] = wide[impl].round(0).tolist()
+    for ref in refs:
+        if default in wide:
+            table[f"default / {peer_label(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
+    headline = None
+    if default in wide:
+        # Headlines: our default's speed, and its ratio to each peer at the longest s where both
+        # ran. FlashAttention-4, the fastest peer, is headlined even when this timing did not run
+        # it, from the bundled run that timed it beside ours (named in the label).
+        top = int(wide[default].dropna().index.max())
+        heads = [(f"÷ {peer_headline(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
+                 for ref in refs if (r := speed_runs.ratio_at_top(wide, ref, default))]
+        fa4_note = ""
+        if "fa4" not in refs:
+            other = speed_runs.fa4_elsewhere(SOURCES, dtype, d, causal, want, kv_heads, load)
+            if other:
+                run_name, s_fa4, ratio = other
+                heads.append((f"÷ {peer_headline('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
+                              f"From the run '{run_name}', which timed FlashAttention-4 and our "
+                              "default side by side; this timing did not run FlashAttention-4."))
+            else:
+                fa4_note = ("FlashAttention-4 was not measured for this dtype, head dim, mask, pass "
+                            "and key/value heads.")
+        headline = (top, f"{wide.loc[top, default]:.0f} TFLOP/s", heads, fa4_note)
+    return {"caption": caption, "figure": fig, "table": table, "heads": headline}
 
 
 page_setup("kernel_speed")
@@ -84,96 +187,32 @@ causal = widgets.toggle("Causal mask", "kcausal", SPECS["kcausal"], where=cols[5
 sync_url(SPECS)
 
 want = "fwd_bwd" if mode == "fwd+bwd" else "fwd"
-paths, how = SOURCES[timing]
-kv_heads = int(kv)
-if kv != "32":
-    paths = GQA_SOURCES.get(timing, {})
-    how += (" Grouped-query attention: 8 key/value heads shared by the 32 query heads "
-            "(SDPA backends called with enable_gqa=True).")
-df = None
-if want in paths:
-    source = paths[want]
-    try:
-        df = load(str(source))
-    except (OSError, ValueError) as exc:
-        st.error(f"The bundled benchmark data could not be read: {md_escape(str(exc))}")
-        st.stop()
-    df = df[df["kv_heads"] == kv_heads]
-if kv != "32" and (df is None or df[(df["dtype"] == dtype) & (df["mode"] == want)].empty):
-    st.info("Grouped-query attention (8 key/value heads) was measured for: "
-            + "; ".join(speed_runs.gqa_where(GQA_SOURCES, kv_heads, load)) + ". Choose one of those to see it.")
+stamp = _stamp()
+view = speed_view(dtype, d, causal, want, timing, kv, stamp, SOURCES, GQA_SOURCES)
+if "error" in view:
+    st.error(view["error"])
     st.stop()
-
-sel = (df[(df["dtype"] == dtype) & (df["head_dim"] == d) & (df["causal"] == causal)
-          & (df["mode"] == want) & (df["status"] == "ok")] if df is not None else pd.DataFrame())
-if sel.empty:
-    st.info("No measurement for this choice.")
+if "info" in view:
+    st.info(view["info"])
     st.stop()
-
-r0 = sel.iloc[0]
-fa4_versions = sorted({v for v in sel.loc[sel["impl"] == "fa4", "impl_version"] if v})
-st.caption(
-    f"Measured {r0['timestamp']} on {r0['gpu']}, torch {r0['torch_version']}, triton "
-    f"{r0['triton_version']}"
-    + (f", flash-attn-4 {', '.join(fa4_versions)}" if fa4_versions else "")
-    + f"; source `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source.name}`. "
-    + how
-)
-
-default = DEFAULT_IMPL
-impls, refs = speed_runs.shown_order(set(sel["impl"]), default)
-traces = []
-for impl in impls:
-    got = sel[sel["impl"] == impl].sort_values("seq_len")
-    name = impl_label(impl) + (" · default" if impl == default else "")
-    traces.append(dict(
-        type="scatter", mode="lines+markers", x=got["seq_len"].tolist(), y=got["tflops"].tolist(),
-        name=name, line=dict(color=impl_color(impl), width=3 if impl == default else 2),
-        hovertemplate=f"<b>{name}</b><br>s = %{{x:,}}<br>%{{y:.0f}} TFLOP/s<extra></extra>",
-    ))
-lo, hi = int(sel["seq_len"].min()), int(sel["seq_len"].max())
-fig = charts.figure(traces, "sequence length s (log scale)", "TFLOP/s (measured)", 430,
-                    xaxis=charts.log_len_xaxis(lo, hi), yaxis=dict(rangemode="tozero"))
-
-wide = speed_runs.tflops_by_length(sel, impls)
-table = pd.DataFrame({"s": wide.index})
-for impl in impls:
-    table[impl_label(impl)] = wide[impl].round(0).tolist()
-for ref in refs:
-    if default in wide:
-        table[f"default / {peer_label(ref)}"] = (wide[default] / wide[ref]).round(2).tolist()
-if default in wide:
-    # Headlines: our default's speed, and its ratio to each peer at the longest s where both
-    # ran. FlashAttention-4, the fastest peer, is headlined even when this timing did not run
-    # it, from the bundled run that timed it beside ours (named in the label).
-    top = int(wide[default].dropna().index.max())
-    heads = [(f"÷ {peer_headline(ref)} at s = {r[0]:,}", f"{r[1]:.2f}×", None)
-             for ref in refs if (r := speed_runs.ratio_at_top(wide, ref, default))]
-    fa4_note = ""
-    if "fa4" not in refs:
-        other = speed_runs.fa4_elsewhere(SOURCES, dtype, d, causal, want, kv_heads, load)
-        if other:
-            run_name, s_fa4, ratio = other
-            heads.append((f"÷ {peer_headline('fa4')} at s = {s_fa4:,}", f"{ratio:.2f}×",
-                          f"From the run '{run_name}', which timed FlashAttention-4 and our "
-                          "default side by side; this timing did not run FlashAttention-4."))
-        else:
-            fa4_note = ("FlashAttention-4 was not measured for this dtype, head dim, mask, pass "
-                        "and key/value heads.")
+st.caption(view["caption"])
+if view["heads"] is not None:
     with answer:
+        top, speed, heads, fa4_note = view["heads"]
         mcols = st.columns([1] + [1.15 if why else 1 for _, _, why in heads])  # room for a help icon
-        mcols[0].metric(f"default at s = {top:,} (measured)",
-                        f"{wide.loc[top, default]:.0f} TFLOP/s")
+        mcols[0].metric(f"default at s = {top:,} (measured)", speed)
         for col, (label, value, why) in zip(mcols[1:], heads, strict=True):
             col.metric(label, value, help=why)
         if fa4_note:
             st.caption(fa4_note)
-charts.chart(fig, "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
+table = view["table"]
+charts.chart(view["figure"], "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
 # Speeds, then the ratios to the peers: two tables, each fits a 1280 px window.
 ratios = [col for col in table.columns if col.startswith("default / ")]
-tables.table(table.drop(columns=ratios), hide_index=True, width="stretch")
+key = ("kernel speed", dtype, d, causal, want, timing, kv, stamp)
+tables.table(table.drop(columns=ratios), hide_index=True, width="stretch", content_key=(key, "speed"))
 if ratios:
-    tables.table(table[["s", *ratios]], hide_index=True)
+    tables.table(table[["s", *ratios]], hide_index=True, content_key=(key, "ratios"))
 st.markdown(
     f"*default*: what `flash_attention` runs on a Hopper GPU at d = {d}: {DEFAULT_WORDS[d]}. "
     "The forward+backward rows add our backward. On a Hopper GPU, from 4,096 queries with at "
