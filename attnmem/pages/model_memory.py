@@ -47,7 +47,7 @@ from attnmem.pages.ui import traced_memory_view as tmv  # noqa: E402
 from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.labels import MEMORY_PART_COLORS  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
-from attnmem.pages.ui.state import cached, get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import cached, get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt, in_unit  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
@@ -70,12 +70,58 @@ SPECS = {
 }
 
 
+def of(key) -> ModelConfig:
+    """The model a cache key names: a preset's name (hashing a ModelConfig costs more than the
+    work), or the model itself (a Hub id's, a config.json's)."""
+    return MODELS[key] if isinstance(key, str) else key
+
+
 @cached(max_entries=128)
-def longest_context(
-    model: ModelConfig, gpu_bytes: int, batch: int, wd: str, kvd: str, ad: str, impl: str
-) -> int:
-    """Exact integer search over s (attnmem.calc.model_max_seq_len); cached: ~30 model evaluations."""
-    return model_max_seq_len(model, gpu_bytes, batch, wd, kvd, ad, impl)
+def longest_context(key, gpu_bytes: int, batch: int, wd: str, kvd: str, ad: str, impl: str) -> int:
+    """Exact integer search over s (attnmem.calc.model_max_seq_len); cached by the model's key
+    (`of`): ~30 model evaluations."""
+    return model_max_seq_len(of(key), gpu_bytes, batch, wd, kvd, ad, impl)
+
+
+@kept(128)
+def parts_view(key, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
+               impls: tuple[tuple[str, str], ...], gpu: str, gpu_bytes: int, unit: str) -> dict:
+    """calc's parts of memory for each implementation ((impl, label) pairs) and what the page
+    draws of them: the stacked bars (a go.Figure, ~10 ms of CPU to build), the table of bytes
+    (its CSV), the same in the unit, and the formulas as a list; kept across runs and
+    sessions by the inputs (issue 45 item 5), shared read-only.
+    A ValueError from calc is raised again on every run (Streamlit keeps no exception)."""
+    model = of(key)
+    impls_d = dict(impls)
+    parts, formulas = memory_parts(model, batch, seq_len, wd, kvd, ad, tuple(impls_d))
+    totals = {impl: sum(p.values()) for impl, p in parts.items()}
+    fig = go.Figure()
+    names = list(parts[NAIVE])
+    for part in names:
+        fig.add_trace(go.Bar(
+            name=part, x=[impls_d[i] for i in impls_d], y=[in_unit(parts[i][part], unit) for i in impls_d],
+            marker_color=MEMORY_PART_COLORS[part],
+            customdata=[fmt(parts[i][part], unit) for i in impls_d],
+            hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
+        ))
+    fig.add_hline(y=in_unit(gpu_bytes, unit), line_dash="dash", layer="above",
+                  annotation_text=f"{gpu}: {fmt(gpu_bytes, unit)}", annotation_position="top left")
+    fig.update_layout(barmode="stack")
+    charts.style(fig, "", f"memory ({unit})", 420)
+    table = pd.DataFrame(
+        [{"part": p, **{impls_d[i]: parts[i][p] for i in impls_d}, "formula (computed)": formulas[p]}
+         for p in names]
+        + [{"part": "total", **{impls_d[i]: totals[i] for i in impls_d}, "formula (computed)": "sum"}]
+    )
+    # The formulas go under the grid, not in it: the attention one is longer than a 1920 px
+    # page is wide, and the grid cuts a cell off (the CSV download keeps them in a column).
+    shown = table.drop(columns="formula (computed)")
+    for i in impls_d:
+        shown[impls_d[i]] = shown[impls_d[i]].map(lambda b: fmt(b, unit))
+    return {"parts": parts, "totals": totals, "figure": fig,
+            "csv": table.assign(model=model.name, batch=batch, seq_len=seq_len), "shown": shown,
+            "formulas": "\n".join(f"- **{md_escape(p)}** (computed): {md_escape(formulas[p])}"
+                                  for p in names)}
 
 
 page_setup("model")
@@ -152,13 +198,15 @@ impls = {i: label for i, label in {NAIVE: "Standard (eager)", FLASH: "FlashAtten
 if FLASH not in impls:
     st.caption(f"FlashAttention-2 runs fp16 and bf16 inputs only (PyTorch's SDPA flash backend): "
                f"not shown for {ad} attention.")
+key = choice if choice in MODELS else model  # the caches' key for the model (`of`)
+view_key = (key, batch, seq_len, wd, kvd, ad, tuple(impls.items()), gpu, gpu_bytes, unit)
 try:
-    parts, formulas = memory_parts(model, batch, seq_len, wd, kvd, ad, tuple(impls))
+    view = parts_view(*view_key)
 except ValueError as err:  # a config that parses but that the model cannot size: say so
     st.error(md_escape(f"These settings cannot be computed for this model: {err}"), icon=":material/block:")
     sync_url(used)
     st.stop()
-totals = {impl: sum(p.values()) for impl, p in parts.items()}
+parts, totals = view["parts"], view["totals"]
 state = parts[NAIVE].get(STATE, 0)  # constant in s: the longest context fits in what it leaves
 
 summary, picture = st.columns([1, 1.25])
@@ -179,7 +227,7 @@ with summary:
                     icon=":material/cancel:",
                 )
             try:
-                longest: int | None = longest_context(model, max(gpu_bytes - state, 0), batch, wd, kvd, ad, impl)
+                longest: int | None = longest_context(key, max(gpu_bytes - state, 0), batch, wd, kvd, ad, impl)
             except ValueError:
                 longest = None
             shown = "n/a" if longest is None else (f"{longest:,}" if longest else "none")
@@ -197,26 +245,8 @@ with summary:
                     else "the weights fit, but not a prompt of one token."),
                     icon=":material/block:")
 
-fig = go.Figure()
-names = list(parts[NAIVE])
-for part in names:
-    fig.add_trace(go.Bar(
-        name=part, x=[impls[i] for i in impls], y=[in_unit(parts[i][part], unit) for i in impls],
-        marker_color=MEMORY_PART_COLORS[part],
-        customdata=[fmt(parts[i][part], unit) for i in impls],
-        hovertemplate="%{x}<br>" + part + ": %{customdata}<extra></extra>",
-    ))
-fig.add_hline(y=in_unit(gpu_bytes, unit), line_dash="dash", layer="above",
-              annotation_text=f"{gpu}: {fmt(gpu_bytes, unit)}", annotation_position="top left")
-fig.update_layout(barmode="stack")
-charts.style(fig, "", f"memory ({unit})", 420)
-
-table = pd.DataFrame(
-    [{"part": p, **{impls[i]: parts[i][p] for i in impls}, "formula (computed)": formulas[p]} for p in names]
-    + [{"part": "total", **{impls[i]: totals[i] for i in impls}, "formula (computed)": "sum"}]
-)
 with picture:
-    charts.chart(fig, "model_chart", "model-memory", table.assign(model=model.name, batch=batch, seq_len=seq_len))
+    charts.chart(view["figure"], "model_chart", "model-memory", view["csv"], content_key=view_key)
 if model.is_mla:
     latent_col, expanded_col = st.columns(2)
     latent = parts[NAIVE]["KV cache"]
@@ -241,13 +271,9 @@ if state:
         f"{state_formula(model)}."
     )
 with st.container():
-    # The formulas go under the grid, not in it: the attention one is longer than a 1920 px
-    # page is wide, and the grid cuts a cell off (the CSV download keeps them in a column).
-    shown = table.drop(columns="formula (computed)")
-    for i in impls:
-        shown[impls[i]] = shown[impls[i]].map(lambda b: fmt(b, unit))
-    tables.table(shown, hide_index=True)
-    st.markdown("\n".join(f"- **{md_escape(p)}** (computed): {md_escape(formulas[p])}" for p in names))
+    # The formulas go under the grid (parts_view), not in it.
+    tables.table(view["shown"], hide_index=True, content_key=("model memory", view_key))
+    st.markdown(view["formulas"])
     st.caption(
         "Inference prefill of s tokens, causal. Attention is one layer's peak: layers run "
         "one after another, so only one layer's scores exist at a time."

@@ -107,12 +107,16 @@ def capacity_dict(name: str, n_bytes: int, x0: float, x1: float, unit: str) -> d
     )
 
 
-def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.DataFrame | None = None) -> None:
+def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.DataFrame | None = None,
+          content_key: Any = None) -> None:
     """Draw a figure (theme follows the app) with its download buttons underneath. A figure
     drawn before with the same content (by any session) is replayed, not validated and
-    serialised again (attnmem.pages.ui.replay: 3-10 ms of CPU a chart)."""
+    serialised again (attnmem.pages.ui.replay: 3-10 ms of CPU a chart). ``content_key``,
+    where given, stands for the figure in that comparison (a value that changes whenever the
+    figure does): a go.Figure is then not turned into a dict to be compared."""
     config = {"displaylogo": False, "toImageButtonOptions": {"filename": file_stem, "scale": 2}}
-    replay.drawn("plotly_chart", (fig, key, config),
+    replay.drawn("plotly_chart",
+                 (("key", content_key) if content_key is not None else fig, key, config),
                  lambda: st.plotly_chart(fig, key=key, theme="streamlit", config=config))
     row = st.container(horizontal=True, horizontal_alignment="left")
     download_html(fig, f"{file_stem}.html", key=f"{key}_html", where=row)
