@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,44 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     gc.unfreeze()  # a normal interpreter exit: every remaining object is collected
+
+
+# Where the suite's time goes, printed after pytest's slowest-durations list: the seconds of
+# each test file (setup + call + teardown of its tests) and, under xdist, which worker ran it,
+# each worker's total and when (seconds after the session started) it sent its last report.
+# Two workers finishing far apart is time lost to the split (a big file scheduled last), not to
+# any one test. In the xdist controller a report carries the worker that ran it (report.node).
+FILE_SECONDS_SHOWN = 30
+_file_seconds: dict[tuple[str, str], float] = {}
+_worker_last: dict[str, float] = {}
+_session_start: list[float] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _session_start.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "-"
+    key = (worker, report.nodeid.split("::")[0])
+    _file_seconds[key] = _file_seconds.get(key, 0.0) + report.duration
+    if _session_start:
+        _worker_last[worker] = time.monotonic() - _session_start[0]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not _file_seconds:
+        return  # an xdist worker: the controller prints the whole picture
+    tr = terminalreporter
+    tr.write_sep("=", "seconds per test file (worker)")
+    files = sorted(_file_seconds.items(), key=lambda kv: -kv[1])
+    for (worker, path), seconds in files[:FILE_SECONDS_SHOWN]:
+        tr.write_line(f"{seconds:8.1f}s {worker:>4} {path}")
+    totals: dict[str, tuple[float, int]] = {}
+    for (worker, _), seconds in files:
+        total, count = totals.get(worker, (0.0, 0))
+        totals[worker] = (total + seconds, count + 1)
+    for worker, (total, count) in sorted(totals.items()):
+        tr.write_line(f"worker {worker}: {total:.1f} s of tests in {count} files, last report "
+                      f"{_worker_last.get(worker, 0.0):.1f} s after the session started")
