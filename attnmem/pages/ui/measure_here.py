@@ -57,6 +57,33 @@ def _shown(df: pd.DataFrame, unit: str) -> pd.DataFrame:
     return out
 
 
+def nearest_rows(df: pd.DataFrame, *, names: list[str], length_col: str, length: int,
+                 batch: int, attention: str | None = None, also: dict[str, Any] | None = None,
+                 n: int = 8) -> pd.DataFrame:
+    """attnmem.measure.on_this_gpu.nearest_rows, the same rows in the same order, with its sort
+    keys read from the columns as Python lists instead of one DataFrame.iloc lookup per row
+    and key (~3,000 of them for the ~620 training rows: 16 ms of CPU for each new length or
+    batch, issue 45 item 5). Each key is computed as there (math.log of the same float ratio,
+    the same comparisons), and Python's sort is stable, so ties keep the frame's order;
+    tests/app/test_nearest_rows.py checks both against each other."""
+    if df is None or len(df) == 0:
+        return df
+    wanted = set(names)
+    same = [m not in wanted for m in df["model"].tolist()]
+    other_attn = ([a != attention for a in df["attention"].tolist()] if attention is not None
+                  else [False] * len(df))
+    others = [0] * len(df)
+    for c, v in (also or {}).items():
+        if c in df:
+            others = [o + int(x != v) for o, x in zip(others, df[c].tolist(), strict=True)]
+    lo_len, lo_b = max(1, length), max(1, batch)
+    far_len = [abs(math.log(max(float(x), 1.0) / lo_len)) for x in df[length_col].tolist()]
+    far_b = [abs(math.log(max(float(x), 1.0) / lo_b)) for x in df["batch"].tolist()]
+    order = sorted(range(len(df)), key=lambda i: (same[i], far_len[i], far_b[i], other_attn[i],
+                                                  others[i]))
+    return df.iloc[order[:n]]
+
+
 @st.cache_resource(max_entries=256, show_spinner=False)
 def _nearest_table(compared_key: Any, _compared: pd.DataFrame, names: tuple[str, ...],
                    length_col: str, length: int, batch: int, attention: str | None,
@@ -68,8 +95,8 @@ def _nearest_table(compared_key: Any, _compared: pd.DataFrame, names: tuple[str,
     stamp and the unit they were predicted for), and the inputs: it sorts every bundled row by
     a Python key (~0.1-0.2 s of CPU for the ~620 training rows), and hashing the rows to key
     them cost ~20 ms a run (issue 45 item 5)."""
-    rows = gpu_run.nearest_rows(_compared, names=list(names), length_col=length_col,
-                                length=length, batch=batch, attention=attention, also=dict(also))
+    rows = nearest_rows(_compared, names=list(names), length_col=length_col, length=length,
+                        batch=batch, attention=attention, also=dict(also))
     same = bool(names) and bool(rows["model"].isin(names).any())
     keep = [c for c in (columns or rows.columns) if c in rows.columns]
     return same, _shown(rows[keep], unit).rename(columns=SHORT)
