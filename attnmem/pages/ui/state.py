@@ -18,6 +18,8 @@ st.cache_resource for what they share read-only.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -171,9 +173,32 @@ def _wrapped(decorator: Callable[..., Any], options: dict[str, Any]
             (code.co_filename, code.co_qualname, code.co_firstlineno, code), {})
         key = (decorator, tuple(sorted(options.items())))
         if key not in by_options:
-            by_options[key] = decorator(**options)(func)
+            by_options[key] = _by_keyword(decorator(**options)(func), func)
         return by_options[key]
     return decorate
+
+
+def _by_keyword(cached_func: Callable[..., Any], func: Callable[..., Any]) -> Callable[..., Any]:
+    """`cached_func` called with every positional argument passed by its parameter's name.
+
+    Streamlit names each positional argument of a cached call through inspect.signature, once
+    per argument per call (~0.1 ms each: 2-5 ms a run on a page whose cached calls take ten
+    arguments); a keyword argument brings its name. The key is the same either way (each
+    argument's name, then its value, in order), so are the arguments whose name starts with
+    "_" (left out of it). A function with *args is called as it is."""
+    params = inspect.signature(func).parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params):
+        return cached_func
+    names = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > len(names):
+            return cached_func(*args, **kwargs)
+        return cached_func(**dict(zip(names, args, strict=False)), **kwargs)  # fewer: defaults
+
+    call.clear = cached_func.clear  # type: ignore[attr-defined]
+    return call
 
 
 def cached(max_entries: int = 64) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
