@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-if __name__ != "__main__":  # run by torchrun as a rank script (below) it needs no helper
+if __name__ != "__main__":  # run as a script (the padding test's ranks, below) it needs no helper
     from _procs import run_in_session
 
 from attnmem.measure import train_dist as td
@@ -212,16 +212,17 @@ def test_sharded_losses_equal_one_process_on_the_global_batch(dist_rows, checkpo
 ODD = {"vocab_size": 129, "intermediate_size": 129}
 
 
-def _odd_worker(out_dir: str) -> None:
-    """Run under torchrun: FSDP2 on a tiny Llama with odd vocabulary and MLP width; each rank
-    writes what it holds and the shapes needed to recompute it."""
+def _odd_worker(rank: int, out_dir: str) -> None:
+    """One rank (forked by _odd_ranks): FSDP2 on a tiny Llama with odd vocabulary and MLP
+    width; it writes what it holds and the shapes needed to recompute it."""
     import torch
     import torch.distributed as dist
 
     from attnmem.measure import train_models as tm
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "store"),
+                            rank=rank, world_size=2)
+    world = dist.get_world_size()
     try:
         d = {**tm.hf_config("tiny-llama"), **ODD}
         hf = tm.build_config(d)
@@ -242,12 +243,29 @@ def _odd_worker(out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def _odd_ranks(out_dir: str) -> None:
+    """Run as a script (this file): 2 gloo ranks forked from one process that has imported
+    torch, transformers' Llama and FSDP2 first, so the ranks start with them (spawned ranks
+    under torchrun each imported them again: most of this test's time). The launcher form
+    of the harness is tested by dist_rows above."""
+    import torch
+    import torch.multiprocessing as mp
+    from torch.distributed.fsdp import fully_shard  # noqa: F401  (imported once, before the fork)
+
+    from attnmem.measure import train_models as tm
+
+    torch.set_num_threads(1)
+    td.build_model(tm.build_config({**tm.hf_config("tiny-llama"), **ODD}), "bf16", "sdpa_math",
+                   False, "cpu", 0)  # transformers' lazy Llama modules, before the fork
+    mp.start_processes(_odd_worker, args=(out_dir,), nprocs=2, join=True, start_method="fork")
+
+
 def test_fsdp2_pads_shards_where_calc_divides(tmp_path) -> None:
     from attnmem.calc import ModelConfig
     from attnmem.calc.parallel import layout_bytes, make_layout
     from attnmem.measure import train_models as tm
 
-    res = run_in_session([*TORCHRUN, "2", str(Path(__file__).resolve()), str(tmp_path)], timeout=180)
+    res = run_in_session([sys.executable, str(Path(__file__).resolve()), str(tmp_path)], timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     world, e = 2, 2  # bf16
@@ -301,4 +319,4 @@ def test_gpu_sharded_steps_hold_what_calc_says(tmp_path) -> None:
 
 
 if __name__ == "__main__":
-    _odd_worker(sys.argv[1])
+    _odd_ranks(sys.argv[1])
