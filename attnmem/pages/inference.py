@@ -96,8 +96,10 @@ def label(a: str) -> str:
 
 def of(key):
     """The model a cache key names: a preset's or measured config's name (hashing a ModelConfig
-    costs more than a search), or the model itself (a Hub id's, a config.json's)."""
-    return PRESETS[key] if isinstance(key, str) else key
+    costs more than a search), or the model itself (a Hub id's, a config.json's). The names
+    are looked up here, not in a page global: a cached function runs the first run's code
+    (attnmem.pages.ui.state.kept), whose globals another run does not update."""
+    return ({**MODELS, **measured_models()[1]}[key]) if isinstance(key, str) else key
 
 
 @cached(max_entries=128)
