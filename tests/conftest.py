@@ -41,7 +41,48 @@ def _cuda_reason() -> str | None:
     return None
 
 
+# Test files run longest first. Under `pytest -n 2 --dist loadfile` (make test) each worker
+# takes the next whole file whenever it runs out, in the order of the collection; a long file
+# taken last is run by one worker while the other has finished (the longest file alone is
+# about a tenth of the suite). Longest first (LPT scheduling) leaves only short files for the
+# end. The seconds per file are tests/file_seconds.txt's (measured; see that file); files not
+# listed there (under 2 s) follow in collection order. pytest-xdist's own reordering, by the
+# number of tests in a file (its default with loadscope/loadfile), ran the few-test files
+# last, which are the long ones here (a browser walk of every page is 1 test, 26 s): off.
+FILE_SECONDS = Path(__file__).resolve().with_name("file_seconds.txt")
+
+
+def read_file_seconds(path: Path = FILE_SECONDS) -> dict[str, float]:
+    """{test file's path from the repository root: seconds} from a "seconds path" table
+    (lines starting with # are comments)."""
+    seconds: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            value, name = line.split(maxsplit=1)
+            seconds[name.strip()] = float(value)
+    return seconds
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is installed
+        config.option.loadscopereorder = False
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    seconds = read_file_seconds()
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+
+    def key(item: pytest.Item) -> tuple[float, int]:
+        path = item.nodeid.split("::")[0]
+        return -seconds.get(path, 0.0), first[path]
+
+    items.sort(key=key)  # stable: a file's tests keep their order
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_files_first(items)
     if not any("gpu" in item.keywords for item in items):
         return
     reason = _cuda_reason()
@@ -87,7 +128,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # each worker's total and when (seconds after the session started) it sent its last report.
 # Two workers finishing far apart is time lost to the split (a big file scheduled last), not to
 # any one test. In the xdist controller a report carries the worker that ran it (report.node).
-FILE_SECONDS_SHOWN = 30
+FILE_SECONDS_SHOWN = 2.0  # files that took at least this long are listed (the table's cut)
 _file_seconds: dict[tuple[str, str], float] = {}
 _worker_last: dict[str, float] = {}
 _session_start: list[float] = []
@@ -112,8 +153,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     tr = terminalreporter
     tr.write_sep("=", "seconds per test file (worker)")
     files = sorted(_file_seconds.items(), key=lambda kv: -kv[1])
-    for (worker, path), seconds in files[:FILE_SECONDS_SHOWN]:
-        tr.write_line(f"{seconds:8.1f}s {worker:>4} {path}")
+    for (worker, path), seconds in files:
+        if seconds >= FILE_SECONDS_SHOWN:
+            tr.write_line(f"{seconds:8.1f}s {worker:>4} {path}")
     totals: dict[str, tuple[float, int]] = {}
     for (worker, _), seconds in files:
         total, count = totals.get(worker, (0.0, 0))
