@@ -369,9 +369,81 @@ def _bundled_shown(stamp: tuple[tuple[str, int, int], ...], which: str, unit: st
 
 
 @kept(8)
-def _seven_b(stamp: tuple[tuple[str, int, int], ...], unit: str) -> pd.DataFrame:
-    """tr.seven_b_at_32k on the bundled rows, kept as _bundled is (~20 training steps)."""
-    return tr.seven_b_at_32k(_bundled(stamp).rows, unit)
+def _seven_b(stamp: tuple[tuple[str, int, int], ...], unit: str) -> tuple[pd.DataFrame, list[str]]:
+    """tr.seven_b_at_32k on the bundled rows and the answer per GPU as a line each, kept as
+    _bundled is (~20 training steps)."""
+    answer = tr.seven_b_at_32k(_bundled(stamp).rows, unit)
+    lines = []
+    for gpu_name, col in ((tr.H200, "fits one H200"), (tr.H100, "fits one H100")):
+        ok = answer[answer[col] == "yes"]
+        if ok.empty:
+            lines.append(f"- **One {gpu_name}**: no attention fits either model at 32k, even with "
+                         "checkpointing (computed).")
+        else:
+            said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
+                             f"{r['peak']})" for _, r in ok.iterrows())
+            lines.append(f"- **One {gpu_name}**: {md_escape(said)}.")
+    return answer, lines
+
+
+@kept(256)
+def matching(stamp: tuple[tuple[str, int, int], ...], shape: str | None, batch: int, seq_len: int,
+             prec: str, ckpt: bool, attns: tuple[str, ...], method: str | None) -> pd.DataFrame:
+    """tr.matching_rows of the bundled rows, kept across runs and sessions by the inputs
+    (boolean masks over ~620 rows of arrow strings: ~4 ms a call, twice a run)."""
+    return tr.matching_rows(_bundled(stamp).compared, shape, batch, seq_len, prec, ckpt,
+                            list(attns), method=method)
+
+
+@kept(256)
+def side_view(key, gpu_bytes: int, batch: int, seq_len: int, kw: tuple, ft_settings: tuple,
+              unit: str, peaks: tuple, methods: tuple) -> tuple[list, pd.DataFrame, list, int]:
+    """side_by_side's rows and what the section shows of them: the methods that fit, the table
+    (calc's reasons left out), (method, reason) where calc refused one, and the longest context
+    computed; kept as side_by_side is."""
+    rows = side_by_side(key, gpu_bytes, batch, seq_len, kw, ft_settings)
+    side = tr.side_by_side_table(rows, unit, dict(peaks), set(methods))
+    fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
+    reasons = [(name, why) for name, why in zip(side["method"], side[tr.REASON], strict=True) if why]
+    longest_done = max(((r["longest_context"] or 0) for r in rows if r["refused"] is None), default=0)
+    return fit_names, side.drop(columns=[tr.REASON]), reasons, longest_done
+
+
+@kept(256)
+def cheapest_view(key, batch: int, seq_len: int, gpu_bytes: int, base: tuple,
+                  unit: str) -> tuple[tr.Cheapest, pd.DataFrame, list]:
+    """cheapest and what the section shows of each lever alone: the table (calc's reasons left
+    out) and (lever, reason) where calc refused one; kept as cheapest is."""
+    best = cheapest(key, batch, seq_len, gpu_bytes, base, unit)
+    alone = best.alone
+    reasons = [(name, why) for name, why in zip(alone["lever"], alone[tr.REASON], strict=True)
+               if why and why != "already on"]  # calc's reason, as the side-by-side table says it
+    return best, alone.drop(columns=[tr.REASON]), reasons
+
+
+@kept(256)
+def steps_view(run_key: tuple, unit: str, gpu: str, gpu_bytes: int, hits_key: tuple | None,
+               model_name: str, batch: int, seq_len: int) -> dict:
+    """What the page draws of run_levers' steps (`run_key`: its arguments): the stacked bars
+    (a plotly dict) and their CSV, each moment of the step, and the first attention's
+    activation terms; kept across runs and sessions by the inputs. `hits_key`: matching's
+    arguments for the measured peaks laid on the bars, or None."""
+    steps = run_levers(*run_key)[0]
+    first = next(iter(steps.values()))
+    hits = matching(*hits_key) if hits_key is not None else None
+    traces, layout = tr.step_figure(steps, unit, gpu, gpu_bytes, hits)
+    return {
+        "figure": charts.figure(traces, "", f"memory per GPU ({unit})", 460, **layout),
+        "csv": tr.step_table(steps).assign(model=model_name, batch=batch, seq_len=seq_len),
+        # A moment the model does not have (the tied embedding's backward of an untied model)
+        # is left out.
+        "moments": pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: fmt(m.phases[ph], unit)
+                                                   for a, m in steps.items()}}
+                                 for ph in tr.moments(first.phases, PHASES)]),
+        # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
+        "terms": pd.DataFrame([{"part": p, "tensor": lab, "size": fmt(x, unit), "bytes": f"{x:,}"}
+                               for p, lab, x in first.activation_terms]),
+    }
 
 
 stamp = _stamp()
@@ -384,8 +456,6 @@ where_said = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
 def side_by_side_section() -> None:
     """Full, LoRA and QLoRA side by side for this model, batch, length and GPU (first attention
     selected), every number computed; a method calc refuses shows the reason."""
-    rows = side_by_side(key, gpu_bytes, step_b, step_s, _items(dict(kw, attention=attns[0], **levers)),
-                        ft_settings)
     st.markdown("### Which of these fits on my GPU, at what length?")
     st.markdown(f"{md_escape(model.name)}, batch {batch:,}, s = {seq_len:,}, "
                 f"{TRAIN_ATTENTION_LABELS[attns[0]]}, on {md_escape(gpu)}; LoRA rank {rank}, "
@@ -393,20 +463,19 @@ def side_by_side_section() -> None:
     methods = set(compared["method"]) if not compared.empty else set()
     peaks = {}
     if shape and gpus == 1 and plain:
-        at = tr.matching_rows(compared, shape, batch, seq_len, prec, ckpt, attns[:1])
+        at = matching(stamp, shape, batch, seq_len, prec, ckpt, tuple(attns[:1]), None)
         peaks = {r["method"]: int(r["measured peak"]) for _, r in at.iterrows()}
-    fit_names = [ft_.METHOD_LABELS[r["method"]] for r in rows if r["fits"]]
+    side_key = (key, gpu_bytes, step_b, step_s, _items(dict(kw, attention=attns[0], **levers)),
+                ft_settings, unit, tuple(peaks.items()), tuple(sorted(methods)))
+    fit_names, side, reasons, longest_done = side_view(*side_key)
     where = f"one {gpu}" if gpus == 1 else f"each {gpu} of {gpus:,}"
     st.markdown(f"**On {md_escape(where)} at s = {seq_len:,}**: "
                 + (f"fits with {', '.join(fit_names)} (computed)." if fit_names else
                    "none of full training, LoRA or QLoRA fits (computed)."))
-    side = tr.side_by_side_table(rows, unit, peaks, methods)
-    tables.table(side.drop(columns=[tr.REASON]), hide_index=True)
-    for name, why in zip(side["method"], side[tr.REASON], strict=True):
-        if why:
-            st.markdown(md_escape(f"{name}: not computed: {why}"))
-    longest_past_trained_note(model, max(((r["longest_context"] or 0) for r in rows
-                                          if r["refused"] is None), default=0))
+    tables.table(side, hide_index=True, content_key=("training side", side_key))
+    for name, why in reasons:
+        st.markdown(md_escape(f"{name}: not computed: {why}"))
+    longest_past_trained_note(model, longest_done)
     lora_measured = len(methods - {"full"})
     st.caption(f"{COMPUTED}: the peak and whether it fits from attnmem.calc.training_step, the "
                "longest context from attnmem.calc.max_train_seq_len with the same "
@@ -422,7 +491,8 @@ def cheapest_section(attention: str) -> tr.Cheapest:
     """Under the levers: the fewest levers on top of these settings that fit the GPU
     (attnmem.calc.train_levers.cheapest_fit) with each one's saving, and each lever alone."""
     base = dict(kw, attention=attention, **ft_kw, **levers)
-    best = cheapest(key, step_b, step_s, gpu_bytes, _items(base), unit)
+    cheap_key = (key, step_b, step_s, gpu_bytes, _items(base), unit)
+    best, alone_shown, alone_reasons = cheapest_view(*cheap_key)
     where = where_said
     with cheapest_box:
         st.markdown(f"**Cheapest combination that fits {md_escape(where)} at s = {seq_len:,}** "
@@ -440,16 +510,14 @@ def cheapest_section(attention: str) -> tr.Cheapest:
             st.success(md_escape(f"Fits with {' + '.join(best.levers)}: peak "
                                  f"{fmt(best.peak_bytes, unit)} (computed)."),
                        icon=":material/check_circle:")
-            tables.table(best.combo, hide_index=True)
+            tables.table(best.combo, hide_index=True, content_key=("training combo", cheap_key))
         st.markdown("Each lever alone on top of these settings:")
-        alone = best.alone
-        tables.table(alone.drop(columns=[tr.REASON]), hide_index=True)
-        for name, why in zip(alone["lever"], alone[tr.REASON], strict=True):
-            if why and why != "already on":  # calc's reason, as the side-by-side table says it
-                st.markdown(md_escape(f"{name}: not computed: {why}"))
-        if alone.attrs.get("base_refused"):
+        tables.table(alone_shown, hide_index=True, content_key=("training alone", cheap_key))
+        for name, why in alone_reasons:
+            st.markdown(md_escape(f"{name}: not computed: {why}"))
+        if best.alone.attrs.get("base_refused"):
             st.markdown(md_escape("These settings as chosen are not computed ("
-                                  + alone.attrs["base_refused"] + "): the combination and "
+                                  + best.alone.attrs["base_refused"] + "): the combination and "
                                   "the table start from them without Liger and offloading."))
         st.caption(f"{COMPUTED}: every peak from attnmem.calc.training_step, each lever counted "
                    "from its library's source (attnmem/calc/train_optimizer.py, train_liger.py, "
@@ -466,8 +534,8 @@ with answer_box:
     pickers.gpu_note(gpu, unit, what="\"Fits\", the longest context and GPUs needed")
     trained_context_note(model, seq_len)
     try:
-        steps, no_kernel, lever_refused = run_levers(key, step_b, step_s, tuple(attns),
-                                                     _items(dict(kw, **ft_kw)), _items(levers))
+        run_key = (key, step_b, step_s, tuple(attns), _items(dict(kw, **ft_kw)), _items(levers))
+        steps, no_kernel, lever_refused = run_levers(*run_key)
     except tr.LeverRefusal as err:
         warn(f"These levers cannot be computed with these settings: {err}")
         top_answer.markdown("**Not computed with these levers**: calc's reason is just below; "
@@ -534,14 +602,14 @@ top_answer.markdown(tr.headline(steps, gpu_bytes, md_escape(where_said), unit, b
 # Stacked bars: what exists before the step, then the activations at the end of the forward;
 # the peak of the step as a marker (its moment holds some of these, and gradients), and the
 # H200's measured peak where a bundled row has exactly these inputs.
-hits = tr.matching_rows(compared, shape, batch, seq_len, prec, ckpt, attns, method=method)
+hits_key = (stamp, shape, batch, seq_len, prec, ckpt, tuple(attns), method)
+hits = matching(*hits_key)
 if not plain:  # the bundled rows ran without the recipe levers
     hits = hits.iloc[0:0]
-traces, layout = tr.step_figure(steps, unit, gpu, gpu_bytes,
-                                hits if shape and gpus == 1 else None)
-charts.chart(charts.figure(traces, "", f"memory per GPU ({unit})", 460, **layout),
-             "training_chart", "training-step",
-             tr.step_table(steps).assign(model=model.name, batch=batch, seq_len=seq_len))
+drawn = steps_view(run_key, unit, gpu, gpu_bytes,
+                   (hits_key if plain else None) if shape and gpus == 1 else None,
+                   model.name, batch, seq_len)
+charts.chart(drawn["figure"], "training_chart", "training-step", drawn["csv"])
 st.caption(f"{COMPUTED}. Bars: before the step (weights, AdamW state, buffers: cuBLAS "
            "workspaces, inputs and the layout's) plus the activations alive at the end of the "
            "forward; the diamond is the step's peak (attnmem/calc/training_step.py lists each moment "
@@ -549,14 +617,11 @@ st.caption(f"{COMPUTED}. Bars: before the step (weights, AdamW state, buffers: c
 
 st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
 # A moment the model does not have (the tied embedding's backward of an untied model) is left out.
-tables.table(pd.DataFrame([{"moment": ph, **{TRAIN_ATTENTION_LABELS[a]: fmt(m.phases[ph], unit)
-                                            for a, m in steps.items()}}
-                           for ph in tr.moments(first.phases, PHASES)]), hide_index=True)
+drawn_key = ("training steps", run_key, unit, gpu, gpu_bytes, model.name, batch, seq_len)
+tables.table(drawn["moments"], hide_index=True, content_key=(drawn_key, "moments"))
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn]):
-    tables.text_table(  # bytes as text: eager's s×s terms can exceed 64-bit integers (s = 10^8)
-        pd.DataFrame([{"part": p, "tensor": lab, "size": fmt(x, unit), "bytes": f"{x:,}"}
-                      for p, lab, x in first.activation_terms]))
+    tables.text_table(drawn["terms"], content_key=(drawn_key, "terms"))
 
 lever_kw = {k: v for k, v in levers.items() if k != "packed_lengths"}
 fit_rows, longest_seen, never_any, fit_notes = fit_table(
@@ -620,16 +685,9 @@ st.markdown("### Can I train a 7B at 32k on one GPU?")
 st.markdown("Llama-2-7B and Llama-3-8B shapes, s = 32,768, B = 1, bf16 parameters and AdamW "
             "state, one GPU (computed; the step time is measured on the 2-layer model of the "
             "same widths where bundled).")
-answer = _seven_b(stamp, unit)
-for gpu_name, col in ((tr.H200, "fits one H200"), (tr.H100, "fits one H100")):
-    ok = answer[answer[col] == "yes"]
-    if ok.empty:
-        st.markdown(f"- **One {gpu_name}**: no attention fits either model at 32k, even with "
-                    "checkpointing (computed).")
-    else:
-        said = "; ".join(f"{r['model']}: {r['attention']} (checkpointing {r['checkpointing']}, "
-                         f"{r['peak']})" for _, r in ok.iterrows())
-        st.markdown(f"- **One {gpu_name}**: {md_escape(said)}.")
+answer, answer_lines = _seven_b(stamp, unit)
+for line in answer_lines:
+    st.markdown(line)
 tables.wide_table(answer, tr.SEVEN_B_FIRST, "acols", content_key=("seven_b", stamp, unit))
 st.caption("At this length the fp32 log-softmax and its two gradients (12·s·V bytes) and, "
            "for eager attention, the s×s softmax of every layer decide it: the fused kernels "

@@ -138,13 +138,14 @@ def table(data: Any, where: Any = st, content_key: Any = None, **kw: Any) -> Any
     return None
 
 
-def text_table(data: pd.DataFrame, where: Any = st) -> None:
+def text_table(data: pd.DataFrame, where: Any = st, content_key: Any = None) -> None:
     """A table whose cells are sentences (what each tensor is, why it is kept) as st.table:
     HTML, whose cells wrap at the container's width, where st.dataframe's grid draws each cell
     on one line and scrolls sideways once the longest does not fit. No index; missing cells
-    a dash, as in `table`."""
-    replay.drawn("text_table", (data,), lambda: st.table(
-        data.astype(object).where(data.notna(), MISSING), hide_index=True), where)
+    a dash, as in `table`; replayed, and ``content_key`` taken, as there."""
+    replay.drawn("text_table", (("key", content_key) if content_key is not None else data,),
+                 lambda: st.table(data.astype(object).where(data.notna(), MISSING), hide_index=True),
+                 where)
 
 
 def code_table(data: pd.DataFrame, long: Iterable[str], where: Any = st,
@@ -198,6 +199,14 @@ def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = 
     more = f"adds {', '.join(map(str, rest))}" if len(rest) <= 2 else f"{len(rest)} more"
     every = toggle(f"Show all {len(data.columns)} columns ({more})", key, spec, where=where,
                    help="Adds: " + ", ".join(map(str, rest)))
-    return table(data if every else data[first], where,
-                 None if content_key is None else (content_key, every, tuple(first)), **kw)
+    if content_key is None or every or not replay.can_replay(where):
+        return table(data if every else data[first], where,
+                     None if content_key is None else (content_key, every, tuple(first)), **kw)
+    # the first columns taken from the frame only when they are drawn, not replayed (a copy of
+    # ~620 rows of arrow strings, ~2 ms)
+    kw.setdefault("placeholder", MISSING)
+    replay.drawn("dataframe", (("key", (content_key, every, tuple(first))), kw),
+                 lambda: st.dataframe(data[first], **{**kw, "column_config": fit_widths(
+                     data[first], kw.get("column_config"))}), where)
+    return None
 
