@@ -52,10 +52,12 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -215,14 +217,18 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def app_server(log_path: Path | None = None,
-               extra_args: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+               extra_args: Sequence[str] = (),
+               page_cpu: Path | None = None) -> Iterator[tuple[str, int]]:
     """The app on a free 127.0.0.1 port: (url, pid); terminated at the end, whatever happens.
 
-    extra_args are more `streamlit run` options (the browser test hides the toolbar)."""
+    extra_args are more `streamlit run` options (the browser test hides the toolbar). With
+    page_cpu, the server counts each page's script CPU into that file (serve_counting_page_cpu)."""
     port = free_port()
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    launch = ([sys.executable, str(Path(__file__).resolve()), "--serve-counting-page-cpu",
+               str(page_cpu), "--"] if page_cpu else [sys.executable, "-m", "streamlit"])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+        [*launch, "run", "app.py", "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1",
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
          *extra_args],
@@ -252,6 +258,70 @@ def app_server(log_path: Path | None = None,
             proc.wait(timeout=15)
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+#: Signals to a server started with page_cpu: start counting afresh (the clock starts), and
+#: write the counts now.
+RESET_SIGNAL, DUMP_SIGNAL = signal.SIGUSR2, signal.SIGUSR1
+
+
+def serve_counting_page_cpu(out: Path, streamlit_args: list[str]) -> int:
+    """`streamlit <streamlit_args>` in this process, each page's script runs timed: the CPU
+    time of the thread that runs it (time.thread_time around StreamlitPage.run, which runs the
+    page's file inside app.py's run). RESET_SIGNAL empties the counts, DUMP_SIGNAL (and the
+    exit) writes them to `out` as JSON {url path: [CPU seconds of each run]}. What a page costs
+    the server's one Python process, whatever else runs on the machine (other jobs slow a run,
+    they add little to its CPU time)."""
+    import threading
+
+    from streamlit.navigation.page import StreamlitPage
+    from streamlit.web import cli
+
+    runs: dict[str, list[float]] = {}
+    lock = threading.Lock()
+    original = StreamlitPage.run
+
+    def timed_run(self: StreamlitPage) -> None:
+        t0 = time.thread_time()
+        try:
+            original(self)
+        finally:
+            with lock:
+                runs.setdefault(self.url_path or ROOT_PAGE, []).append(time.thread_time() - t0)
+
+    def reset(*_: Any) -> None:
+        with lock:
+            runs.clear()
+
+    def dump(*_: Any) -> None:
+        with lock:
+            text = json.dumps(runs)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+
+    StreamlitPage.run = timed_run  # type: ignore[method-assign]
+    signal.signal(RESET_SIGNAL, reset)
+    signal.signal(DUMP_SIGNAL, dump)
+    sys.argv = ["streamlit", *streamlit_args]
+    try:
+        return cli.main()
+    finally:
+        dump()
+
+
+def read_page_cpu(pid: int, path: Path, timeout_s: float = 10) -> dict[str, list[float]]:
+    """Ask the server started with page_cpu=path to write its counts; read them ({} if it did
+    not answer in time)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    os.kill(pid, DUMP_SIGNAL)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            return json.loads(path.read_text())
+        time.sleep(0.1)
+    return {}
 
 
 # ----------------------------------------------------------------------- one session ----
@@ -798,9 +868,12 @@ async def walk_pages(url: str, index: int, paths: list[str], seconds: float, tim
 
 async def _every_page(url: str, sessions: int, seconds: float, timeout_s: float, think_s: float,
                       paths: list[str], pid: int | None = None,
-                      cpu: dict[str, float] | None = None) -> dict[str, PageStats]:
+                      cpu: dict[str, Any] | None = None,
+                      page_cpu: Path | None = None) -> dict[str, PageStats]:
     """Every session's page walk; with the server's `pid`, `cpu` gets its CPU seconds over the
-    timed part (from the gate to the last session's end) as cpu["server_s"]."""
+    timed part (from the gate to the last session's end) as cpu["server_s"], and with
+    `page_cpu` (the server counts each page's script CPU there) cpu["pages"]: those counts
+    over the timed part."""
     stats = {p: PageStats() for p in paths}
     gate = asyncio.Event()
     ready: list[int] = []
@@ -812,10 +885,18 @@ async def _every_page(url: str, sessions: int, seconds: float, timeout_s: float,
         if len(ready) + sum(1 for t in tasks if t.done()) >= sessions:
             break
     cpu0 = cpu_seconds(pid) if pid else 0.0
+    if cpu is not None:  # the machine's load when the clock starts (other jobs, not this test)
+        cpu["load_start"] = os.getloadavg()[0]
+    if pid and page_cpu:
+        os.kill(pid, RESET_SIGNAL)
     gate.set()
     done, pending = await asyncio.wait(tasks, timeout=seconds + LOAD_TIMEOUT_S)
+    if cpu is not None:
+        cpu["load_end"] = os.getloadavg()[0]
     if pid and cpu is not None:
         cpu["server_s"] = cpu_seconds(pid) - cpu0
+        if page_cpu:
+            cpu["pages"] = read_page_cpu(pid, page_cpu)
     for t in pending:
         t.cancel()
         stats[paths[0]].errors.append("a session was cancelled at the hard deadline")
@@ -831,13 +912,15 @@ def every_page(sessions: int, seconds: float, url: str | None = None, timeout_s:
     here (no `url`), `server` gets the server's CPU seconds over the timed part, the runs and
     the CPU per run: the figure that load on the machine from elsewhere changes least."""
     paths = every_page_paths()
-    cpu: dict[str, float] = {}
+    cpu: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         pid = None
+        page_cpu = None
         if url is None:
-            url, pid = stack.enter_context(app_server())
+            page_cpu = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "page_cpu.json"
+            url, pid = stack.enter_context(app_server(page_cpu=page_cpu))
         stats = asyncio.run(_every_page(url, sessions, seconds, timeout_s, think_s, paths, pid,
-                                        cpu))
+                                        cpu, page_cpu))
     out: dict[str, dict[str, Any]] = {}
     ok = True
     for page, s in stats.items():
@@ -848,7 +931,15 @@ def every_page(sessions: int, seconds: float, url: str | None = None, timeout_s:
                "errors": len(s.errors), "error_samples": s.errors[:5]}
         row["ok"] = bool(both) and not s.errors and med <= median_ms and p95 <= p95_ms
         ok &= row["ok"]
+        secs = cpu.get("pages", {}).get(page, [])
+        if secs:  # the page's script CPU per run (its runs as the server counted them)
+            row.update(cpu_mean_ms=round(1e3 * statistics.mean(secs), 1),
+                       cpu_median_ms=round(1e3 * statistics.median(secs), 1),
+                       cpu_p95_ms=round(1e3 * percentile(secs, 95), 1))
         out[page] = row
+    if server is not None:
+        server.update(load_start=round(cpu.get("load_start", float("nan")), 2),
+                      load_end=round(cpu.get("load_end", float("nan")), 2))
     if "server_s" in cpu and server is not None:  # CPU per script run, whatever else loads the machine
         runs = sum(r["runs"] for r in out.values())
         server.update(cpu_s=round(cpu["server_s"], 1), runs=runs,
@@ -858,25 +949,32 @@ def every_page(sessions: int, seconds: float, url: str | None = None, timeout_s:
 
 def every_page_summary(rows: dict[str, dict[str, Any]], sessions: int, seconds: float,
                        server: dict[str, Any] | None = None) -> str:
+    load = (f"{server['load_start']:.1f} at the start, {server['load_end']:.1f} at the end"
+            if server and "load_start" in server else f"{os.getloadavg()[0]:.1f} at the end")
     lines = [f"{sessions} protocol sessions x {seconds:g} s walking every page on "
-             f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at the end); "
+             f"{os.cpu_count()} cores (1-minute load average {load}); "
              "script run after opening a page or changing an input, ms:",
              f"{'page':<16}{'runs':>6}{'median':>9}{'p95':>9}{'max':>9}{'open med':>10}"
-             f"{'change med':>12}{'errors':>8}"]
+             f"{'change med':>12}{'errors':>8}{'CPU mean':>10}{'CPU med':>9}"]
     for page, r in rows.items():
         lines.append(f"{page:<16}{r['runs']:>6}{r['median_ms']:>9}{r['p95_ms']:>9}{r['max_ms']:>9}"
                      f"{r['open_median_ms']:>10}{r['change_median_ms']:>12}{r['errors']:>8}"
+                     f"{r.get('cpu_mean_ms', float('nan')):>10}{r.get('cpu_median_ms', float('nan')):>9}"
                      + ("" if r["ok"] else "  over target" if not r["errors"] else "  ERRORS"))
-    if server:
+    if server and "cpu_s" in server:
         lines.append(f"server CPU over the timed part: {server['cpu_s']} s for {server['runs']} "
                      f"runs, {server['cpu_ms_per_run']} ms per run (its one Python process "
-                     "runs every session's script under one GIL)")
+                     "runs every session's script under one GIL); CPU mean / med: each page's "
+                     "script (the server's thread time in the page's file), ms per run")
     for page, r in rows.items():
         lines += [f"  {page}: {e}" for e in r["error_samples"]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve-counting-page-cpu"]:  # app_server(page_cpu=...) starts this
+        return serve_counting_page_cpu(Path(argv[1]), argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=20, help="concurrent sessions (20)")
     ap.add_argument("--browsers", type=int, default=2,
