@@ -40,7 +40,7 @@ from attnmem.pages.ui import pickers, tables, widgets  # noqa: E402
 from attnmem.pages.ui import traced_serving_view as tsv  # noqa: E402
 from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED  # noqa: E402
-from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     BoolParam,
@@ -66,6 +66,41 @@ SPECS = {
     "wdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
     "kvdtype": ChoiceParam("bf16", DTYPES, aliases=DTYPE_ALIASES),
 }
+
+@kept(256)
+def serving_view(key, gpu: str, gpu_bytes: int, seq_len: int, wd: str, kvd: str, util: float,
+                 block: str, mnbt: int, seqs: int, graphs: int, nontorch: int, graphs_in: bool,
+                 unit: str) -> tuple:
+    """calc's serving capacity for these inputs (the model by its preset's name, or itself for
+    a Hub id or config.json) and the page's two tables (where the memory goes; one layer's
+    prefill and decode attention), kept across runs and sessions (issue 45 item 5), shared
+    read-only. A ValueError from calc is raised again on every run."""
+    model = MODELS[key] if isinstance(key, str) else key
+    cap = serving_capacity(model, gpu_bytes, seq_len, weight_dtype=wd, kv_dtype=kvd,
+                           gpu_memory_utilization=util, block_size=int(block),
+                           max_num_batched_tokens=mnbt, max_num_seqs=seqs,
+                           cuda_graph_bytes=graphs * MIB, non_torch_bytes=nontorch * MIB,
+                           cuda_graphs_in_budget=graphs_in)
+    attention = {impl: prefill_decode_attention(model, impl, seq_len) for impl in IMPLEMENTATIONS}
+    # The memory the budget is taken from, and the spec figure beside it where the two differ.
+    gpu_rows = ([{"part": "GPU memory torch can use (used)", "bytes": cap.gpu_bytes},
+                 {"part": "GPU memory on the spec sheet (not used)", "bytes": GPUS[gpu]}]
+                if GPU_TORCH_TOTAL[gpu] else
+                [{"part": "GPU memory, spec sheet (no torch figure sourced)", "bytes": cap.gpu_bytes}])
+    table = pd.DataFrame(gpu_rows + [
+        {"part": "budget (GPU × utilization)", "bytes": cap.budget_bytes},
+        {"part": "weights", "bytes": cap.weights_bytes},
+        {"part": "activation peak of the profiling run" + (" (estimate)" if cap.activation_estimated else ""), "bytes": cap.activation_bytes},
+        {"part": "non-torch memory", "bytes": cap.non_torch_bytes},
+        {"part": "CUDA graphs" + ("" if cap.cuda_graphs_in_budget else " (outside the budget)"), "bytes": cap.cuda_graph_bytes},
+        {"part": "KV cache pool", "bytes": cap.kv_pool_bytes},
+        {"part": "one request of s tokens (KV blocks + state)", "bytes": cap.bytes_per_sequence},
+    ])
+    shown = table.assign(size=table["bytes"].map(lambda b: fmt(b, unit)))
+    rows = [{"implementation": IMPL_LABELS[impl], "prefill": fmt(prefill, unit),
+             "decode": fmt(decode, unit)} for impl, (prefill, decode) in attention.items()]
+    return cap, shown[["part", "size", "bytes"]], pd.DataFrame(rows)
+
 
 page_setup("serving")
 st.title("Serving")
@@ -109,13 +144,11 @@ if picked.traced is not None:  # outside calc's rules: transformers' own modules
         tsv.show(picked.traced, traced_answer, seq_len, seqs, unit, below)
     sync_url(used)
     st.stop()
+key = picked.choice if picked.choice in MODELS else model  # the cache's key for the model
+view_key = (key, gpu, gpu_bytes, seq_len, wd, kvd, util, block, mnbt, seqs, graphs, nontorch,
+            graphs_in, unit)
 try:
-    cap = serving_capacity(model, gpu_bytes, seq_len, weight_dtype=wd, kv_dtype=kvd,
-                           gpu_memory_utilization=util, block_size=int(block),
-                           max_num_batched_tokens=mnbt, max_num_seqs=seqs,
-                           cuda_graph_bytes=graphs * MIB, non_torch_bytes=nontorch * MIB,
-                           cuda_graphs_in_budget=graphs_in)
-    attention = {impl: prefill_decode_attention(model, impl, seq_len) for impl in IMPLEMENTATIONS}
+    cap, parts_table, attention_table = serving_view(*view_key)
 except ValueError as err:
     st.error(md_escape(f"These settings cannot be computed for {model.name}: {err}"), icon=":material/block:")
     sync_url(used)
@@ -142,29 +175,10 @@ if trained and cap.max_context > trained:  # vLLM itself refuses max_model_len p
 if cap.headroom_bytes < 0:
     st.warning("CUDA graphs do not fit in the memory left outside the budget: lower gpu_memory_utilization.")
 
-# The memory the budget is taken from, and the spec figure beside it where the two differ.
-gpu_rows = ([{"part": "GPU memory torch can use (used)", "bytes": cap.gpu_bytes},
-             {"part": "GPU memory on the spec sheet (not used)", "bytes": GPUS[gpu]}]
-            if GPU_TORCH_TOTAL[gpu] else
-            [{"part": "GPU memory, spec sheet (no torch figure sourced)", "bytes": cap.gpu_bytes}])
-table = pd.DataFrame(gpu_rows + [
-    {"part": "budget (GPU × utilization)", "bytes": cap.budget_bytes},
-    {"part": "weights", "bytes": cap.weights_bytes},
-    {"part": "activation peak of the profiling run" + (" (estimate)" if cap.activation_estimated else ""), "bytes": cap.activation_bytes},
-    {"part": "non-torch memory", "bytes": cap.non_torch_bytes},
-    {"part": "CUDA graphs" + ("" if cap.cuda_graphs_in_budget else " (outside the budget)"), "bytes": cap.cuda_graph_bytes},
-    {"part": "KV cache pool", "bytes": cap.kv_pool_bytes},
-    {"part": "one request of s tokens (KV blocks + state)", "bytes": cap.bytes_per_sequence},
-])
-shown = table.assign(size=table["bytes"].map(lambda b: fmt(b, unit)))
-tables.table(shown[["part", "size", "bytes"]], hide_index=True)
+tables.table(parts_table, hide_index=True, content_key=("serving parts", view_key))
 
 st.markdown("**Attention of one layer, prefill (s_q = s) against decode (s_q = 1)**")
-rows = []
-for impl, (prefill, decode) in attention.items():
-    rows.append({"implementation": IMPL_LABELS[impl], "prefill": fmt(prefill, unit),
-                 "decode": fmt(decode, unit)})
-tables.table(pd.DataFrame(rows), hide_index=True)
+tables.table(attention_table, hide_index=True, content_key=("serving attention", view_key))
 st.caption(f"{COMPUTED}. Budget and blocks: vLLM's gpu_worker.py (determine_available_memory) and "
            "kv_cache_utils.py; overhead defaults from vLLM start-up logs (attnmem/calc/serving.py). "
            "Prefill: attnmem.calc.attention_peak_bytes; decode: the same terms with s_q = 1. "
