@@ -218,21 +218,25 @@ def free_port() -> int:
 @contextlib.contextmanager
 def app_server(log_path: Path | None = None,
                extra_args: Sequence[str] = (),
-               page_cpu: Path | None = None) -> Iterator[tuple[str, int]]:
+               page_cpu: Path | None = None,
+               script: Path | None = None) -> Iterator[tuple[str, int]]:
     """The app on a free 127.0.0.1 port: (url, pid); terminated at the end, whatever happens.
 
     extra_args are more `streamlit run` options (the browser test hides the toolbar). With
-    page_cpu, the server counts each page's script CPU into that file (serve_counting_page_cpu)."""
+    page_cpu, the server counts each page's script CPU into that file (serve_counting_page_cpu).
+    `script`: another Streamlit script to serve instead of app.py (scripts/settle_times.py's
+    one-file floor apps), run from its own folder."""
     port = free_port()
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
     launch = ([sys.executable, str(Path(__file__).resolve()), "--serve-counting-page-cpu",
                str(page_cpu), "--"] if page_cpu else [sys.executable, "-m", "streamlit"])
     proc = subprocess.Popen(
-        [*launch, "run", "app.py", "--server.port", str(port),
+        [*launch, "run", str(script) if script else "app.py", "--server.port", str(port),
          "--server.headless", "true", "--server.address", "127.0.0.1",
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
          *extra_args],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=script.parent if script else ROOT, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90

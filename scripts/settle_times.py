@@ -27,7 +27,13 @@ document (the script checks it), so plotly.js and the data grid's bundle, which 
 page evaluated, are not evaluated again. Reported: seconds from the click until the page has
 settled by the rule above, for the cold and the warm browser.
 
-Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--in-app] [--url http://127.0.0.1:8501]
+With --floor, the same is measured for one-file apps served alike (FLOOR_APPS), in the same run
+and so at the same load: what Streamlit itself costs a direct load with the app's sidebar (a
+title and one number), then with one plotly chart (its bundle evaluated and the chart drawn:
+the cost every page with a chart pays), then with a data grid too. A page cannot settle
+sooner than the floor of the elements it draws.
+
+Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--in-app] [--floor] [--url http://127.0.0.1:8501]
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +74,53 @@ if (document.documentElement) watch(); else document.addEventListener('readystat
 #: (the page's time now, its last change, its first number, whether Streamlit shows it running).
 STATE_JS = """() => [performance.now(), window.__settle.last, window.__settle.first,
                      !!document.querySelector('[data-testid="stStatusWidget"]')]"""
+
+
+#: The floor apps (--floor): the app's sidebar (a unit switch and a caption, as app.py draws it)
+#: and a title and one number; then one plotly chart as the pages draw theirs (a dict of four
+#: lines of 18 points, log x, Streamlit's theme, the pages' toolbar options); then a data grid
+#: of 20 rows too. Names sort in that order.
+FLOOR_HEAD = """
+import streamlit as st
+st.set_page_config(page_title="floor", layout="wide")
+with st.sidebar:
+    st.radio("Memory unit", ["GB", "GiB"], horizontal=True)
+    st.caption("The sidebar of the app, without its page links.")
+st.title("Floor")
+st.markdown("A title, a sentence and one number: what every page draws first.")
+st.metric("a number", "17.18 GB")
+"""
+FLOOR_CHART = """
+xs = [128 * 2 ** i for i in range(18)]
+traces = [dict(type="scatter", mode="lines+markers", name=f"line {k}", x=xs,
+               y=[(k + 1) * x * 1e-6 for x in xs]) for k in range(4)]
+st.plotly_chart({"data": traces, "layout": {"height": 430, "xaxis": {"type": "log"}}},
+                theme="streamlit", config={"displaylogo": False})
+"""
+FLOOR_GRID = """
+import pandas as pd
+st.dataframe(pd.DataFrame({"s": range(20), "bytes": [2 ** i for i in range(20)]}))
+"""
+FLOOR_APPS = {
+    "floor_1_number.py": FLOOR_HEAD,
+    "floor_2_chart.py": FLOOR_HEAD + FLOOR_CHART,
+    "floor_3_chart_grid.py": FLOOR_HEAD + FLOOR_CHART + FLOOR_GRID,
+}
+
+
+def measure_floors(folder: Path, repeat: int, quiet_ms: int, kinds: list[str]
+                   ) -> dict[str, dict[str, list]]:
+    """FLOOR_APPS written to `folder`, each served alone and loaded as the pages are:
+    {app name: {kind: [(first number, settled), ...]}}."""
+    out: dict[str, dict[str, list]] = {}
+    for name, source in FLOOR_APPS.items():
+        script = folder / name
+        script.write_text(source)
+        with load_test.app_server(script=script) as (url, _):
+            measure(url, ["/"], 1, quiet_ms, warm=False)  # the server's first imports
+            out[name] = {kind: measure(url, ["/"], repeat, quiet_ms, kind == "warm")["/"]
+                         for kind in kinds}
+    return out
 
 
 def page_paths() -> list[str]:
@@ -205,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure one kind of browser only (default: both)")
     ap.add_argument("--pages", nargs="*", default=None,
                     help="URL paths to measure (default: every page of app.py)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the one-file floor apps (FLOOR_APPS: the sidebar and a "
+                         "number; plus a plotly chart; plus a data grid), served and loaded "
+                         "alike, in the same run")
     ap.add_argument("--in-app", action="store_true",
                     help="also measure each page reached by a click in the sidebar from "
                          f"{NAV_FROM} (from {NAV_FROM_ELSE} for itself): the same document, "
@@ -223,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         res = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm") for kind in kinds}
         nav = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm", in_app=True)
                for kind in kinds} if a.in_app else {}
+        floors = (measure_floors(Path(stack.enter_context(tempfile.TemporaryDirectory())),
+                                 a.repeat, a.quiet_ms, kinds) if a.floor else {})
     load = os.getloadavg()
     head = "".join(f" {k + ' first':>11} {k + ' settled':>13}" for k in kinds)
     head += "".join(f" {'in-app ' + k:>13}" for k in nav)
@@ -242,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             worst[f"in-app {kind}"] = max(worst[f"in-app {kind}"], settled)
             cells += f" {settled:>13.2f}"
         print(f"{path:<18}{cells}")
+    for name, got in floors.items():
+        cells = "".join(f" {statistics.median(r[0] for r in got[k]):>11.2f}"
+                        f" {statistics.median(r[1] for r in got[k]):>13.2f}" for k in kinds)
+        print(f"{name.removesuffix('.py'):<18}{cells}")
     print("worst median settle: " + ", ".join(f"{k} {v:.2f} s" for k, v in worst.items()))
     return 0
 
