@@ -29,7 +29,7 @@ from attnmem.pages.ui import fit, pickers, tables, traced, widgets  # noqa: E402
 from attnmem.pages.ui import hub_model as hub  # noqa: E402
 from attnmem.pages.ui.custom_config import CUSTOM  # noqa: E402
 from attnmem.pages.ui.messages import COMPUTED, trained_context_note  # noqa: E402
-from attnmem.pages.ui.state import get_unit, page_setup, sync_url  # noqa: E402
+from attnmem.pages.ui.state import get_unit, kept, page_setup, sync_url  # noqa: E402
 from attnmem.pages.ui.units import fmt  # noqa: E402
 from attnmem.pages.ui.url_state import (  # noqa: E402
     ChoiceParam,
@@ -112,6 +112,20 @@ def link(path: str, title: str, icon: str, what: str, query: dict[str, str]) -> 
         st.markdown(f"[{title}](/{Path(path).stem}): " + md_escape(what))
 
 
+@kept(256)
+def verdict(key, task: str, gpu_bytes: int, batch: int, seq_len: int, new_tokens: int,
+            wd: str) -> fit.Verdict:
+    """The task's verdict from calc (attnmem.pages.ui.fit: a step and an exact search over s),
+    kept across runs and sessions by the inputs, the model by its preset's name (or itself for
+    a Hub id or config.json); ~5 ms of CPU a run before (issue 45 item 5)."""
+    model = MODELS[key] if isinstance(key, str) else key
+    if task == "inference":
+        return fit.inference(model, gpu_bytes, batch, seq_len, new_tokens, wd)
+    if task == "serving":
+        return fit.serving(model, gpu_bytes, batch, seq_len, wd)
+    return fit.training(model, gpu_bytes, batch, seq_len, task)
+
+
 page_setup("will_it_fit")
 st.title("Will it fit?")
 st.markdown("**Does this model run this task at this context length on this GPU?** One answer, "
@@ -168,12 +182,9 @@ if trained and seq_len <= trained < seq_len + new_tokens - 1:  # the prompt fits
 if unruled:
     with st.spinner("Tracing transformers' own modules on the meta device…"):
         v = traced.fit_verdict(unruled, task, gpu_bytes, batch, seq_len, new_tokens, wd)
-elif task == "inference":
-    v = fit.inference(model, gpu_bytes, batch, seq_len, new_tokens, wd)
-elif task == "serving":
-    v = fit.serving(model, gpu_bytes, batch, seq_len, wd)
 else:
-    v = fit.training(model, gpu_bytes, batch, seq_len, task)
+    v = verdict(choice if choice in MODELS else model, task, gpu_bytes, batch, seq_len,
+                new_tokens if task == "inference" else 0, wd)
 
 query = {"model": choice, "gpu": gpu, "s": str(seq_len), "b": str(batch)}
 if hub.KEY in picked.specs:
