@@ -144,7 +144,8 @@ def side_by_side(key, gpu_bytes: int, batch: int, seq_len: int, kw: tuple,
                  ft_settings: tuple) -> list:
     """ft_.side_by_side (full, LoRA and QLoRA: their steps and longest contexts), kept as
     run_levers is."""
-    return ft_.side_by_side(of(key), gpu_bytes, batch, seq_len, dict(kw), *ft_settings)
+    return ft_.side_by_side(of(key), gpu_bytes, batch, seq_len, dict(kw), *ft_settings,
+                            longest=lambda _m, g, b, **k: longest(key, g, b, tuple(sorted(k.items()))))
 
 
 @kept(256)

@@ -11,6 +11,7 @@ fits); a method calc refuses gets its reason instead of numbers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attnmem.calc.finetune import (
@@ -43,13 +44,16 @@ MAX_GPUS = 1024  # the GPUs-needed search's bound, as on the page
 def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: dict[str, Any],
                  rank: int = DEFAULT_RANK, targets: str = DEFAULT_TARGETS,
                  adapter_dtype: str = DEFAULT_ADAPTER_DTYPE, double_quant: bool = False,
-                 ) -> list[dict[str, Any]]:
+                 longest: Callable[..., int] = max_train_seq_len) -> list[dict[str, Any]]:
     """One row per METHODS: the raw numbers (bytes, tokens, GPUs; None where not applicable)
     and, where calc refuses the method with these settings, its reason.
 
     step_kw: the page's other training_step keywords (attention, precision, checkpointing,
     optimizer, gpus, tp, sharding). GPUs needed is searched for full training only (LoRA is
-    modelled on one GPU), under the page's sharding or ZeRO-3 when it shards nothing."""
+    modelled on one GPU), under the page's sharding or ZeRO-3 when it shards nothing.
+    `longest`: max_train_seq_len, or a function that answers as it does (the page's, kept
+    across runs: the longest context does not depend on seq_len, so a new length need not
+    search again)."""
     rows = []
     for method in METHODS:
         kw = {**step_kw, **calc_kwargs(method, rank, targets, adapter_dtype, double_quant)}
@@ -60,7 +64,7 @@ def side_by_side(model: Any, gpu_bytes: int, batch: int, seq_len: int, step_kw: 
             m = training_step(model, batch, seq_len, **kw)
             row.update(peak_bytes=m.peak_bytes, peak_phase=m.peak_phase,
                        fits=m.peak_bytes <= gpu_bytes,
-                       longest_context=max_train_seq_len(model, gpu_bytes, batch, **kw))
+                       longest_context=longest(model, gpu_bytes, batch, **kw))
         except ValueError as err:
             row["refused"] = str(err)
             rows.append(row)
