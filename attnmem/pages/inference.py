@@ -354,7 +354,8 @@ with measure_box:  # this page's exact inputs through the bundled harness (attnm
 view = parts_view(key, batch, seq_len, new_tokens, kw_key, gpu, gpu_bytes, unit)
 view_key = ("inference parts", key, batch, seq_len, new_tokens, kw_key, gpu, gpu_bytes, unit)
 st.markdown("**What each implementation holds at its peak** (computed)")
-charts.chart(view["figure"], "inference_parts", "inference-peak", view["csv"])
+charts.chart(view["figure"], "inference_parts", "inference-peak", view["csv"],
+             content_key=(view_key, "parts"))
 st.caption(f"{COMPUTED}: attnmem.calc.inference_step. Each bar is the moment of that "
            "implementation's peak: weights, the cuBLAS workspace and generate()'s inputs, the "
            "KV cache then, and the transients alive at that moment by part; the dashed line is "
@@ -368,7 +369,8 @@ for a, why in refused.items():
 
 # --- prefill against decode -------------------------------------------------------------------
 st.markdown("**Prefill peak against decode peak** (computed)")
-charts.chart(view["phases"], "inference_phases", "inference-prefill-decode", view["phases_csv"])
+charts.chart(view["phases"], "inference_phases", "inference-prefill-decode", view["phases_csv"],
+             content_key=(view_key, "phases"))
 st.caption(f"{COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
            "layer; a decode step runs one token per sequence against the full cache. With one "
            "new token there is no decode step (0).")

@@ -206,10 +206,11 @@ if view["heads"] is not None:
         if fa4_note:
             st.caption(fa4_note)
 table = view["table"]
-charts.chart(view["figure"], "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table)
+key = ("kernel speed", dtype, d, causal, want, timing, kv, stamp)
+charts.chart(view["figure"], "kernel_speed_chart", f"kernel-speed-{dtype}-d{d}-{mode}", table,
+             content_key=key)
 # Speeds, then the ratios to the peers: two tables, each fits a 1280 px window.
 ratios = [col for col in table.columns if col.startswith("default / ")]
-key = ("kernel speed", dtype, d, causal, want, timing, kv, stamp)
 tables.table(table.drop(columns=ratios), hide_index=True, width="stretch", content_key=(key, "speed"))
 if ratios:
     tables.table(table[["s", *ratios]], hide_index=True, content_key=(key, "ratios"))

@@ -266,7 +266,8 @@ with left:
     ring_stamp = _ring_stamp()
     sweep, fig = per_gpu_view(impl, heads, kv_heads, head_dim, dtype, s_in, backward, pas, unit,
                               ring_stamp)
-    charts.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep)
+    charts.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep, content_key=(
+        "per gpu", impl, heads, kv_heads, head_dim, dtype, s_in, backward, pas, unit, ring_stamp))
 with right:
     st.markdown(f"**Longest context on c × {md_escape(gpu)}**")
     traces = [
@@ -283,7 +284,7 @@ with right:
 st.markdown(f"**The ring on {world} GPUs: which key/value block each rank holds at each step**")
 shown_c = min(world, 32)
 fig = ring_figure(shown_c)
-charts.chart(fig, "cp_ring", "many_gpus_ring")
+charts.chart(fig, "cp_ring", "many_gpus_ring", content_key=("ring", shown_c))
 st.caption(("Showing the first 32 ranks. " if world > 32 else "") +
            "Cell = the rank whose key/value block is held, (r − t) mod c (Liu et al. 2023, "
            "Algorithm 1). Step 0: the local shard with the causal mask; a block from a lower "

@@ -283,7 +283,8 @@ with main:
                             "Computed: exact integer search of attnmem.calc.attention_peak_bytes ≤ GPU memory.")
 
     st.subheader(f"Memory against sequence length ({what}{', causal' if causal else ''})")
-    charts.chart(view["figure"], "scaling_chart", "scaling-seq-len", view["df"])
+    charts.chart(view["figure"], "scaling_chart", "scaling-seq-len", view["df"],
+                 content_key=("scaling seq", tuple(impls), tuple(gpus), s_hi, b, h, d, dtype, causal, bwd, unit))
     st.caption(
         f"{COMPUTED}: attnmem.calc.attention_peak_bytes, the predicted extra peak of one attention call "
         "(inputs already allocated). × marks the longest s that fits each GPU (exact integer search, "
@@ -300,7 +301,8 @@ cols = st.columns([1, 1, 2])
 by = widgets.radio("Vary", "by", SPECS["by"], where=cols[0])
 s2 = widgets.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
 df2, fig2 = param_view(by, tuple(impls), s2, b, h, d, dtype, causal, bwd, unit)
-charts.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2)
+charts.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2,
+             content_key=("scaling param", by, tuple(impls), s2, b, h, d, dtype, causal, bwd, unit))
 st.caption(f"{COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
 
 st.subheader(f"One call at s = {s2:,}: what PyTorch's allocator counts and reserves")

@@ -607,10 +607,12 @@ hits_key = (stamp, shape, batch, seq_len, prec, ckpt, tuple(attns), method)
 hits = matching(*hits_key)
 if not plain:  # the bundled rows ran without the recipe levers
     hits = hits.iloc[0:0]
-drawn = steps_view(run_key, unit, gpu, gpu_bytes,
-                   (hits_key if plain else None) if shape and gpus == 1 else None,
-                   model.name, batch, seq_len)
-charts.chart(drawn["figure"], "training_chart", "training-step", drawn["csv"])
+steps_key = (run_key, unit, gpu, gpu_bytes,
+             (hits_key if plain else None) if shape and gpus == 1 else None,
+             model.name, batch, seq_len)
+drawn = steps_view(*steps_key)
+charts.chart(drawn["figure"], "training_chart", "training-step", drawn["csv"],
+             content_key=("training steps", steps_key))
 st.caption(f"{COMPUTED}. Bars: before the step (weights, AdamW state, buffers: cuBLAS "
            "workspaces, inputs and the layout's) plus the activations alive at the end of the "
            "forward; the diamond is the step's peak (attnmem/calc/training_step.py lists each moment "
@@ -618,11 +620,10 @@ st.caption(f"{COMPUTED}. Bars: before the step (weights, AdamW state, buffers: c
 
 st.markdown("**Each moment of the step (per GPU)** — the peak is the largest")
 # A moment the model does not have (the tied embedding's backward of an untied model) is left out.
-drawn_key = ("training steps", run_key, unit, gpu, gpu_bytes, model.name, batch, seq_len)
-tables.table(drawn["moments"], hide_index=True, content_key=(drawn_key, "moments"))
+tables.table(drawn["moments"], hide_index=True, content_key=("training moments", steps_key))
 
 with st.expander("Every activation term of " + TRAIN_ATTENTION_LABELS[first_attn]):
-    tables.text_table(drawn["terms"], content_key=(drawn_key, "terms"))
+    tables.text_table(drawn["terms"], content_key=("training terms", steps_key))
 
 lever_kw = {k: v for k, v in levers.items() if k != "packed_lengths"}
 fit_rows, longest_seen, never_any, fit_notes = fit_table(
