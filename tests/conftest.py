@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -124,25 +125,49 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 # Where the suite's time goes, printed after pytest's slowest-durations list: the seconds of
-# each test file (setup + call + teardown of its tests) and, under xdist, which worker ran it,
+# each test file (setup + call + teardown of its tests), the CPU seconds its process and the
+# child processes it waited for used meanwhile (a file far below its seconds mostly waits:
+# sleeps, time limits, a browser's quiet periods), and, under xdist, which worker ran it; then
 # each worker's total and when (seconds after the session started) it sent its last report.
 # Two workers finishing far apart is time lost to the split (a big file scheduled last), not to
-# any one test. In the xdist controller a report carries the worker that ran it (report.node).
+# any one test. In the xdist controller a report carries the worker that ran it (report.node)
+# and the CPU seconds its worker measured (report.cpu_s, sent with the report).
 FILE_SECONDS_SHOWN = 2.0  # files that took at least this long are listed (the table's cut)
-_file_seconds: dict[tuple[str, str], float] = {}
+_file_seconds: dict[tuple[str, str], list[float]] = {}
 _worker_last: dict[str, float] = {}
 _session_start: list[float] = []
+_cpu_mark: list[float] = []
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and of its waited-for children, so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _session_start.append(time.monotonic())
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _cpu_mark[:] = [_cpu_seconds()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    now = _cpu_seconds()
+    outcome.get_result().cpu_s = now - (_cpu_mark[0] if _cpu_mark else now)
+    _cpu_mark[:] = [now]
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     node = getattr(report, "node", None)
     worker = node.gateway.id if node is not None else "-"
     key = (worker, report.nodeid.split("::")[0])
-    _file_seconds[key] = _file_seconds.get(key, 0.0) + report.duration
+    wall_cpu = _file_seconds.setdefault(key, [0.0, 0.0])
+    wall_cpu[0] += report.duration
+    wall_cpu[1] += getattr(report, "cpu_s", 0.0)
     if _session_start:
         _worker_last[worker] = time.monotonic() - _session_start[0]
 
@@ -151,15 +176,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if hasattr(config, "workerinput") or not _file_seconds:
         return  # an xdist worker: the controller prints the whole picture
     tr = terminalreporter
-    tr.write_sep("=", "seconds per test file (worker)")
-    files = sorted(_file_seconds.items(), key=lambda kv: -kv[1])
-    for (worker, path), seconds in files:
+    tr.write_sep("=", "seconds per test file (CPU seconds, worker)")
+    files = sorted(_file_seconds.items(), key=lambda kv: -kv[1][0])
+    for (worker, path), (seconds, cpu) in files:
         if seconds >= FILE_SECONDS_SHOWN:
-            tr.write_line(f"{seconds:8.1f}s {worker:>4} {path}")
-    totals: dict[str, tuple[float, int]] = {}
-    for (worker, _), seconds in files:
-        total, count = totals.get(worker, (0.0, 0))
-        totals[worker] = (total + seconds, count + 1)
-    for worker, (total, count) in sorted(totals.items()):
-        tr.write_line(f"worker {worker}: {total:.1f} s of tests in {count} files, last report "
-                      f"{_worker_last.get(worker, 0.0):.1f} s after the session started")
+            tr.write_line(f"{seconds:8.1f}s {cpu:7.1f}s cpu {worker:>4} {path}")
+    totals: dict[str, list[float]] = {}
+    for (worker, _), (seconds, cpu) in files:
+        total = totals.setdefault(worker, [0.0, 0.0, 0])
+        total[0] += seconds
+        total[1] += cpu
+        total[2] += 1
+    for worker, (seconds, cpu, count) in sorted(totals.items()):
+        tr.write_line(f"worker {worker}: {seconds:.1f} s of tests ({cpu:.1f} s CPU) in {count:.0f} "
+                      f"files, last report {_worker_last.get(worker, 0.0):.1f} s after the session "
+                      f"started")
