@@ -393,9 +393,10 @@ def triton_decode_steps(b: int, h: int, h_kv: int, new_tokens: int, kv_len: int,
     allocation order: the output (one (B, s_q, H, d) tensor), then, where
     attnmem.calc.decode_split.decode_plan cuts the keys into S > 1 chunks, the chunks' fp32
     partial outputs (B·H·s_q·S·d) and one buffer of their fp32 log2-sum-exps (B·H·s_q·S)
-    followed by the int32 counters of the fused combine (one per row block, batch and
-    key/value head, `decode_counters`), both freed once the output is written
-    (`decode_buffer_bytes`). Flash-decoding: Dao, Haziza, Massa, Sizov 2023."""
+    followed, where the split kernel combines its own chunks (2-4 chunks, tiles up to
+    32 x 128: `attnmem.calc.decode_split.fused_combine`), by its int32 counters (one per row
+    block, batch and key/value head, `decode_counters`), both freed once the output is
+    written (`decode_buffer_bytes`). Flash-decoding: Dao, Haziza, Massa, Sizov 2023."""
     from attnmem.calc.decode_split import decode_buffer_bytes, decode_plan
 
     out, part, lse = decode_buffer_bytes(b, h, h_kv, new_tokens, kv_len, d, dtype_bytes(dtype))

@@ -34,13 +34,37 @@ predicts the buffers exactly on every GPU:
   no chunk is empty of cache and every chunk but the last is whole tiles.
 
 S = 1 writes the output directly (no partials, no counters). With S > 1 each chunk writes
-its normalised partial output and log2-sum-exp in fp32, and with ``DECODE_FUSED_COMBINE``
-(the default) and a tile BLOCK_M x d of at most ``DECODE_FUSED_MAX_TILE`` (every decode
-tile up to 8 queries at d <= 128; `fused_combine`) the last chunk of each (row block,
-batch, key/value head) to finish, found by an int32 counter per row block that every chunk
-increments, combines them in the same launch; the counters (P int32, zeroed by the host)
-sit behind the log2-sum-exps in one buffer. Otherwise a second kernel combines. The SM count is the H100's and the H200's
-(132) on every GPU: a GPU with more SMs gets the same chunks (some SMs idle while the
+its normalised partial output and log2-sum-exp in fp32, and the chunks are combined one of
+two ways (`fused_combine`):
+
+- fused, where 2 <= S <= ``DECODE_FUSED_MAX_SPLITS`` (4) and the tile BLOCK_M x d is at most
+  ``DECODE_FUSED_MAX_TILE`` (every decode tile up to 8 queries at d <= 128): the last chunk
+  of each (row block, batch, key/value head) to finish, found by an int32 counter per row
+  block that every chunk increments, combines them in the same launch; the counters (P
+  int32, zeroed by the host) sit behind the log2-sum-exps in one buffer;
+- else a second kernel, one program per output row, combines.
+
+Why at most 4 chunks (the work of each side, then the measurement). The fused combine is a
+serial tail: after the other chunks have finished, one program reads S partial tiles of
+(rows x d) fp32 (its rows' share of the partials) and writes O, a time S·t_c that grows
+with the chunks. The combine kernel spreads the same reads over B·H·s_q programs, so its
+time barely depends on S, but it is one more launch and its programs' round trips, less
+what the fused path pays on its own (the counters' zero fill, a small launch too, and the
+ticket): a saving K per call. Fusing pays while S·t_c < K, i.e. below S* = K / t_c chunks.
+Both t_c and K grow with the rows (the tail's tile, the combine kernel's programs), so S*
+is a number of chunks. Measured on an H100 (attnmem/kernels/flash/NOTES.md, "Decode and
+chunked prefill", the A/B; data/kernel_speed_decode_ab_h100.csv: fused "new" minus
+"new_kernel", H = 32, H_kv = 8, d = 128, bf16, one-wave grids; t_c and K from the line
+Δ = S·t_c − K through the means at 4 and 16 chunks): one new query (4 rows of a
+16 x 128 tile) -0.83, +0.02, +0.06, 0.00, +0.50 µs at 4 chunks and +1.40, +1.04, +1.17 at
+16: t_c = 0.10 µs, K = 0.47 µs, S* = 4.5; eight (32 rows) +0.82, -1.04, -1.42, -0.94, +0.04
+at 4 and +5.36, +4.81, +5.77 at 16: t_c = 0.49 µs, K = 2.45 µs, S* = 5.0. So fused up to 4
+chunks (at 16 x 128, the fused combine's one unrolled step), the combine kernel from 5
+(B = 1, H_kv = 8: 8 chunks at 2k keys, 16 from 4k; B = 2: 8 chunks). Not measured between 4
+and 16 chunks (the preset's one-wave grids have 1, 4 or 16); `attnmem.kernels.dev.ab_decode`
+times both combines at every split shape.
+
+The SM count is the H100's and the H200's (132) on every GPU: a GPU with more SMs gets the same chunks (some SMs idle while the
 grid is small), one with fewer two rounds.
 
 The first rule (2026-12-07) aimed at 4 waves (``waves=4``: B = 1, H_kv = 8 at 128k keys in
@@ -64,10 +88,15 @@ DECODE_WAVES = 1
 DECODE_MIN_SPLIT_TILES = 2
 #: At most this many chunks per (row block, batch, key/value head).
 DECODE_MAX_SPLITS = 256
-#: The last chunk of each row block combines the partials in the split kernel (one launch;
-#: int32 counters zeroed per call) where its tile is at most DECODE_FUSED_MAX_TILE. False:
-#: a second kernel combines (two launches) everywhere.
+#: The last chunk of each row block combines the partials in the split kernel (int32
+#: counters zeroed per call) where the chunks are at most DECODE_FUSED_MAX_SPLITS and its
+#: tile at most DECODE_FUSED_MAX_TILE. False: a second kernel combines everywhere.
 DECODE_FUSED_COMBINE = True
+#: Chunks up to which the split kernel combines its own (module docstring: the fused tail's
+#: S·t_c against the combine kernel's saving K, measured on an H100 to cross at 4.5 chunks
+#: with one new query and 5.0 with eight; from 16 chunks the fused tail lost 1.0-1.4 µs and
+#: 4.8-5.8 µs).
+DECODE_FUSED_MAX_SPLITS = 4
 #: BLOCK_M x padded head dim up to which the split kernel combines its own chunks. Compiled
 #: for sm_90 (Triton 3.9) the fused combine adds no spill up to 32 x 128 (BLOCK_M = 16-64,
 #: d 64-256 with 4 warps) and 50-120 bytes of spills at 64 x 128 and above (8 warps, or
@@ -117,10 +146,13 @@ def split_count(programs: int, tiles: int, waves: int = DECODE_WAVES) -> int:
 
 def fused_combine(splits: int, block_m: int, head_dim: int,
                   fused: bool = DECODE_FUSED_COMBINE) -> bool:
-    """Whether the split kernel combines its own chunks: S > 1, ``fused``, and the tile
-    BLOCK_M x d (d padded to a power of two, at least 16) at most DECODE_FUSED_MAX_TILE."""
+    """Whether the split kernel combines its own chunks: ``fused``, 2 <= S <=
+    DECODE_FUSED_MAX_SPLITS (the last program's serial tail of S partial reads is shorter
+    than the combine kernel's launch, module docstring), and the tile BLOCK_M x d (d padded
+    to a power of two, at least 16) at most DECODE_FUSED_MAX_TILE (registers)."""
     block_d = max(16, _pow2_at_least(head_dim))
-    return splits > 1 and fused and block_m * block_d <= DECODE_FUSED_MAX_TILE
+    return (fused and 1 < splits <= DECODE_FUSED_MAX_SPLITS
+            and block_m * block_d <= DECODE_FUSED_MAX_TILE)
 
 
 def decode_plan(batch: int, heads: int, kv_heads: int, new_tokens: int, kv_len: int,
@@ -131,7 +163,8 @@ def decode_plan(batch: int, heads: int, kv_heads: int, new_tokens: int, kv_len: 
     given per sequence on the device). ``block_n`` forces another key tile (the interpreter
     tests use 16 or 32 to get several tiles per chunk on small caches); ``waves`` another
     target grid (4: the first rule, which attnmem.kernels.dev.ab_decode times against this
-    one); ``fused`` False plans the second-kernel combine everywhere (`fused_combine`)."""
+    one); ``fused`` False plans the second-kernel combine everywhere, True (the default) the
+    fused combine where `fused_combine` gives it (at most 4 chunks, tiles up to 32 x 128)."""
     for name, x in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads),
                     ("new_tokens", new_tokens), ("kv_len", kv_len), ("head_dim", head_dim)):
         if type(x) is not int or x < 1:

@@ -538,9 +538,11 @@ def decode_peak_bytes(batch: int, heads: int, kv_heads: int | None, new_tokens: 
     attnmem.calc.decode_split.decode_plan cuts the keys into S > 1 chunks (programs =
     row blocks·B·H_kv·S of at most one wave of 132 SMs, chunks of whole 128- or 64-key
     tiles, at least 2 tiles each) the chunks' partial outputs rows·S·d·4 (fp32) and one
-    buffer of their log2-sum-exps rows·S·4 (fp32) followed by the fused combine's int32
-    counters, one per row block, batch and key/value head, alive together with the output
-    until the combine has run. The
+    buffer of their log2-sum-exps rows·S·4 (fp32) followed, where the split kernel combines
+    its own chunks (2-4 chunks, tiles up to 32 x 128: attnmem.calc.decode_split.fused_combine;
+    from 5 chunks a second kernel combines and there are none), by its int32 counters, one
+    per row block, batch and key/value head, alive together with the output until the
+    combine has run. The
     valid length sets S; the cache's allocated length only sizes the inputs. Each tensor is
     counted as the caching allocator's block (attnmem.calc.allocator, `ALLOCATOR_NOTE`).
     Sources: flash-decoding (Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context

@@ -113,58 +113,71 @@ CASES = {
     "more_chunks_than_tiles": (1, 4, 1, 1, 40, 16, 33, True, torch.float32, 9, 16),
     "prefill_rows_blocks": (1, 4, 2, 40, 100, 32, 93, True, torch.float32, 2, 16),
     "default_plan_tile": (1, 8, 2, 8, 300, 64, 290, True, torch.float16, None, None),
-    # the fused combine: chunk counts that are not a multiple of its step of 4, two row
-    # blocks (two counters per sequence), rows that see no key at all (kv_len < s_q)
+    # the fused combine: chunk counts that are not a multiple of its step of 4 (19: forced,
+    # FORCE_COMBINE), two row blocks (two counters per sequence), rows that see no key at
+    # all (kv_len < s_q)
     "fused_19_chunks": (1, 4, 1, 1, 300, 32, 297, True, torch.float32, 19, 16),
     "fused_two_row_blocks": (1, 8, 2, 40, 100, 32, 93, True, torch.float32, 3, 16),
     "fused_rows_without_keys": (2, 4, 2, 3, 50, 16, [1, 50], True, torch.float32, 4, 16),
+    # the default rule on both sides of its threshold (fused at 2-4 chunks): 2 programs, 8
+    # and 10 tiles of 16 keys -> 4 chunks (fused) and 5 (the combine kernel)
+    "default_4_chunks_fused": (1, 8, 2, 4, 128, 32, 113, True, torch.float16, None, 16),
+    "default_5_chunks_kernel": (1, 8, 2, 4, 160, 32, 150, True, torch.float16, None, 16),
 }
+#: cases whose combine is forced (the default rule would not fuse 19 chunks)
+FORCE_COMBINE = {"fused_19_chunks": "fused"}
 #: cases run again with the second-kernel combine (combine="kernel", the A/B's other arm)
 KERNEL_COMBINE = ("gqa4_8q_full", "per_seq_lengths", "fused_19_chunks",
                   "fused_two_row_blocks", "fused_rows_without_keys", "d256_gqa8_8q")
 
 
 def _allocations() -> dict:
-    """The kernel's allocations in order (bytes, from common.empty) against the step list
-    attnmem.calc.attention_steps.triton_decode_steps replays (the default, fused combine),
-    for split and unsplit plans; and with combine="kernel" against decode_buffers."""
+    """The kernel's allocations in order (bytes, from common.empty) and its launches, for the
+    default combine (against the step list attnmem.calc.attention_steps.triton_decode_steps
+    replays) and either combine forced (against decode_buffers of plan_for's plan)."""
+    import attnmem.kernels.flash.decode as dec
     from attnmem.calc.attention_steps import _A, triton_decode_steps
-    from attnmem.calc.decode_split import decode_plan
     from attnmem.kernels.flash import common
     from attnmem.kernels.flash.decode import decode_attention, decode_buffers, plan_for
 
     got = {}
-    # (B, H, H_kv, s_q, kv_len, d): split plans (B·H_kv = 2 programs; two row blocks in the
-    # third) and an unsplit one
-    for shape in ((1, 4, 2, 1, 700, 64), (1, 4, 2, 8, 700, 64), (1, 8, 2, 40, 700, 32),
-                  (2, 4, 4, 1, 100, 16)):
+    # (B, H, H_kv, s_q, kv_len, d): B·H_kv = 2 programs over 8, 10 and 6 tiles of 128 keys
+    # (4 chunks: fused; 5: the combine kernel; 3), two row blocks in the fourth (3 chunks),
+    # and an unsplit plan
+    for shape in ((1, 4, 2, 1, 1000, 64), (1, 4, 2, 1, 1200, 64), (1, 4, 2, 8, 700, 64),
+                  (1, 8, 2, 40, 700, 32), (2, 4, 4, 1, 100, 16)):
         B, H, H_kv, s_q, kv, d = shape
-        plan = decode_plan(B, H, H_kv, s_q, kv, d)
-        for combine in ("fused", "kernel"):
+        for combine in (None, "fused", "kernel"):
             sizes: list[int] = []
-            real = common.empty
+            launches: list[str] = []
+            real, real_launch = common.empty, dec.launch
 
             def record(*a, real=real, sizes=sizes, **k):
                 t = real(*a, **k)
                 sizes.append(t.numel() * t.element_size())
                 return t
 
-            common.empty = record
+            def record_launch(*a, real_launch=real_launch, launches=launches):
+                launches.append(a[2])  # the launch's name: "decode" or "decode_combine"
+                return real_launch(*a)
+
+            common.empty, dec.launch = record, record_launch
             try:
                 q, k, v = make(B, H, H_kv, s_q, kv, d, torch.float16, "cpu", 5)
                 with torch.no_grad():
                     decode_attention(q, k, v, kv, combine=combine)
             finally:
-                common.empty = real
-            if combine == "fused":
+                common.empty, dec.launch = real, real_launch
+            plan = plan_for(B, H, H_kv, s_q, kv, d, combine=combine)
+            if combine is None:
                 steps = [s for s in triton_decode_steps(B, H, H_kv, s_q, kv, d, "fp16")
                          if isinstance(s, _A)]
                 want = [n for s in steps for n in s.sizes]
             else:
-                kplan = plan_for(B, H, H_kv, s_q, kv, d, combine="kernel")
-                want = [n for _, n in decode_buffers(kplan, B, H, H_kv, s_q, d, 2)]
-            got[f"{shape} {combine}"] = {"kernel": sizes, "calc": want, "splits": plan.splits,
-                                         "row_blocks": plan.row_blocks}
+                want = [n for _, n in decode_buffers(plan, B, H, H_kv, s_q, d, 2)]
+            got[f"{shape} {combine}"] = {"kernel": sizes, "calc": want, "launches": launches,
+                                         "splits": plan.splits, "fused": plan.fused,
+                                         "row_blocks": plan.row_blocks, "combine": combine}
     return got
 
 
@@ -200,7 +213,8 @@ def _interp_worker() -> None:
 
     assert api.interpreting(), "TRITON_INTERPRET=1 did not take effect"
     results: dict[str, object] = {}
-    runs = {name: (lambda c=c, i=i: check(*c[:8], c[8], "cpu", 100 + i, c[9], c[10]))
+    runs = {name: (lambda c=c, i=i, name=name: check(*c[:8], c[8], "cpu", 100 + i, c[9], c[10],
+                                                     combine=FORCE_COMBINE.get(name)))
             for i, (name, c) in enumerate(CASES.items())}
     runs["strided_bshd_cache"] = lambda: check(2, 8, 2, 1, 130, 64, 111, True, torch.float16,
                                                "cpu", 7, 3, 32, layout="bshd")
@@ -253,33 +267,51 @@ def test_decode_matches_float64_reference_under_interpreter(interp, case):
 @pytest.mark.skipif(HAS_CUDA, reason="interpreter subset")
 def test_kernel_allocates_what_calc_replays(interp):
     """The decode path's allocations, in order and to the byte, are the step sequence
-    attnmem.calc.attention_steps.triton_decode_steps replays (split and unsplit plans, one
-    and two row blocks: the counters behind the log2-sum-exps); the second-kernel combine's
-    are decode_buffers(fused=False)."""
+    attnmem.calc.attention_steps.triton_decode_steps replays (split plans on both sides of
+    the fused combine's 4-chunk threshold, unsplit plans, one and two row blocks: the
+    counters behind the log2-sum-exps only where fused); either combine forced allocates
+    decode_buffers of its plan. The combine kernel is launched exactly where the plan splits
+    and does not fuse."""
     got = interp["allocations"]
     assert isinstance(got, dict), got
-    assert {v["splits"] > 1 for v in got.values()} == {True, False}  # both kinds covered
-    assert any(v["splits"] > 1 and v["row_blocks"] > 1 for v in got.values())
+    default = {k: v for k, v in got.items() if v["combine"] is None}
+    # the default rule covered unsplit, fused (4 and 3 chunks) and the combine kernel (5)
+    assert {(v["splits"] > 1, v["fused"]) for v in default.values()} == {
+        (False, False), (True, True), (True, False)}
+    assert {v["splits"]: v["fused"] for v in default.values() if v["splits"] > 1} == {
+        3: True, 4: True, 5: False}
+    assert any(v["splits"] > 1 and v["row_blocks"] > 1 and v["fused"]
+               for v in default.values())
     for shape, v in got.items():
         assert v["kernel"] == v["calc"], (shape, v)
+        combined = v["splits"] > 1 and not v["fused"]
+        assert v["launches"] == ["decode"] + ["decode_combine"] * combined, (shape, v)
+        assert len(v["kernel"]) == (3 if v["splits"] > 1 else 1), (shape, v)
+    # forcing the fused combine at 5 chunks adds the counters (5 x 4 rows + 2 counters)
+    five = got["(1, 4, 2, 1, 1200, 64) fused"]
+    assert five["fused"] and five["kernel"][2] == (4 * 5 + 2) * 4
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="interpreter subset")
 def test_ab_probe_runs_every_candidate_correctly(interp):
     """The A/B probe times what it says: old (4-wave rule, combine kernel), new (one wave,
-    fused), the two crosses and no split, each output right; a candidate that runs what an
-    earlier one runs is not run again but points at it."""
+    the default combine: at 16 chunks the combine kernel), both combines forced at new's
+    chunks, old's chunks fused and no split, each output right; a candidate that runs what
+    an earlier one runs is not run again but points at it."""
     got = interp["ab_probe"]
     assert isinstance(got, dict), got
     rows = {(r["batch"], r["impl"]): r for r in got["rows"]}
-    for impl in ("old", "new", "new_kernel", "old_fused", "s1"):
+    for impl in ("old", "new", "new_kernel", "new_fused", "old_fused", "s1"):
         assert rows[(1, impl)]["status"] == "ok", rows[(1, impl)]
-    assert [rows[(1, c)]["chunks"] for c in ("old", "new", "s1")] == [32, 16, 1]
-    assert rows[(1, "new")]["fused"] and not rows[(1, "old")]["fused"]
-    assert rows[(1, "new_kernel")]["same_as"] == "" and not rows[(1, "new_kernel")]["fused"]
-    # B = 16: 128 programs, so new runs unsplit, as s1 does; new_kernel is new again
+    assert [rows[(1, c)]["chunks"] for c in ("old", "new", "new_fused", "s1")] == [32, 16, 16, 1]
+    # 16 chunks: past the fused combine's 4, so new is new_kernel; new_fused is timed apart
+    assert not rows[(1, "new")]["fused"] and not rows[(1, "old")]["fused"]
+    assert rows[(1, "new_kernel")]["same_as"] == "new"
+    assert rows[(1, "new_fused")]["same_as"] == "" and rows[(1, "new_fused")]["fused"]
+    # B = 16: 128 programs, so new runs unsplit, as s1 does; both forced combines are new
     assert (rows[(16, "old")]["chunks"], rows[(16, "new")]["chunks"]) == (4, 1)
     assert rows[(16, "s1")]["same_as"] == "new" and rows[(16, "new_kernel")]["same_as"] == "new"
+    assert rows[(16, "new_fused")]["same_as"] == "new"
     assert "| 16 | 1024 | 8 | 4/1 |" in got["report"]
 
 
@@ -321,6 +353,17 @@ def test_plan_fills_one_wave_and_cuts_whole_tiles():
     assert decode_plan(16, 32, 8, 1, 1024, 128, waves=4).splits == 4
 
 
+def test_threshold_cases_take_the_path_they_name():
+    """The interpreter cases named for the default rule's threshold plan what they say (the
+    plan that decode_attention runs with combine None): 4 chunks fused, 5 not."""
+    from attnmem.kernels.flash.decode import plan_for
+
+    for name, fused in (("default_4_chunks_fused", True), ("default_5_chunks_kernel", False)):
+        B, H, H_kv, s_q, _, d, kv_len, *_, splits, block_n = CASES[name]
+        plan = plan_for(B, H, H_kv, s_q, kv_len, d, block_n, splits)
+        assert (plan.splits, plan.fused) == (4 if fused else 5, fused), (name, plan)
+
+
 def test_decode_peak_counts_the_partials():
     """decode_peak_bytes is the output plus, with S > 1 chunks, the fp32 partial outputs and
     the buffer of log2-sum-exps and int32 counters: the allocator's blocks of the sizes
@@ -329,26 +372,37 @@ def test_decode_peak_counts_the_partials():
     from attnmem.calc.decode_split import decode_buffer_bytes, decode_counters, decode_plan
     from attnmem.calc.peak import decode_peak_breakdown, decode_peak_bytes
 
-    # B = 1, H = 32, H_kv = 8, 128k keys, bf16: 16 chunks of the cache, 8 counters
+    # B = 1, H = 32, H_kv = 8, 128k keys, bf16: 16 chunks of the cache, combined by the
+    # second kernel (past the fused combine's 4 chunks): no counters
     plan = decode_plan(1, 32, 8, 1, 131072, 128)
-    assert plan.splits == 16 and decode_counters(1, 8, plan) == 8
+    assert plan.splits == 16 and not plan.fused and decode_counters(1, 8, plan) == 0
     o, part, lse = decode_buffer_bytes(1, 32, 8, 1, 131072, 128, 2)
-    assert (o, part, lse) == (32 * 128 * 2, 32 * 16 * 128 * 4, (32 * 16 + 8) * 4)
-    assert decode_buffer_bytes(1, 32, 8, 1, 131072, 128, 2, fused=False)[2] == 32 * 16 * 4
+    assert (o, part, lse) == (32 * 128 * 2, 32 * 16 * 128 * 4, 32 * 16 * 4)
     peak = decode_peak_bytes(1, 32, 8, 1, 131072, 128, "bf16", expandable=True)
     assert peak == round_size(o) + round_size(part) + round_size(lse)
     terms = decode_peak_breakdown(1, 32, 8, 1, 131072, 128, "bf16", expandable=True)
     assert sum(t.counted_bytes for t in terms) == peak
-    # two row blocks (s_q = 40, G = 4: 160 rows of 128, d = 32): 2 counters per (b, h_kv)
+    # B = 4: 4 chunks, fused: 32 counters behind the log2-sum-exps
+    plan = decode_plan(4, 32, 8, 1, 131072, 128)
+    assert plan.splits == 4 and plan.fused and decode_counters(4, 8, plan) == 32
+    o, part, lse = decode_buffer_bytes(4, 32, 8, 1, 131072, 128, 2)
+    assert lse == (4 * 32 * 4 + 32) * 4
+    assert decode_buffer_bytes(4, 32, 8, 1, 131072, 128, 2, fused=False)[2] == 4 * 32 * 4 * 4
+    assert decode_peak_bytes(4, 32, 8, 1, 131072, 128, "bf16", expandable=True) == (
+        round_size(o) + round_size(part) + round_size(lse))
+    # two row blocks (s_q = 40, G = 4: 160 rows of 128, d = 32), 8 tiles: 4 chunks, fused,
+    # 2 counters per (b, h_kv); at 4,096 keys 16 chunks: the combine kernel, none
+    plan = decode_plan(1, 8, 2, 40, 1024, 32)
+    assert plan.row_blocks == 2 and plan.splits == 4 and plan.fused
+    assert decode_buffer_bytes(1, 8, 2, 40, 1024, 32, 2)[2] == (8 * 40 * 4 + 2 * 2) * 4
     plan = decode_plan(1, 8, 2, 40, 4096, 32)
-    assert plan.row_blocks == 2 and plan.splits > 1 and plan.fused
-    assert decode_buffer_bytes(1, 8, 2, 40, 4096, 32, 2)[2] == (
-        8 * 40 * plan.splits + 2 * 2) * 4
+    assert plan.splits == 16 and not plan.fused
+    assert decode_buffer_bytes(1, 8, 2, 40, 4096, 32, 2)[2] == 8 * 40 * 16 * 4
     # the same rows at d = 64: a 128 x 64 tile, over DECODE_FUSED_MAX_TILE: the combine
-    # kernel, no counters
-    plan = decode_plan(1, 8, 2, 40, 4096, 64)
-    assert plan.splits > 1 and not plan.fused
-    assert decode_buffer_bytes(1, 8, 2, 40, 4096, 64, 2)[2] == 8 * 40 * plan.splits * 4
+    # kernel, no counters, at 4 chunks too
+    plan = decode_plan(1, 8, 2, 40, 1024, 64)
+    assert plan.splits == 4 and not plan.fused
+    assert decode_buffer_bytes(1, 8, 2, 40, 1024, 64, 2)[2] == 8 * 40 * plan.splits * 4
     # B = 16 and 64, H_kv = 8: 128 and 512 programs, no split: the output alone
     for B in (16, 64):
         assert decode_plan(B, 32, 8, 1, 4096, 128).splits == 1
@@ -422,6 +476,36 @@ def test_ab_probe_report_and_plan():
         parse_shape("4x1024")
 
 
+def test_ab_probe_predicts_the_default_from_measured_rows(tmp_path):
+    """--predict: per shape the default rule's (chunks, fused) and the time of the earlier
+    run's candidate that ran the same; at B = 1, 8k keys (16 chunks: the combine kernel now)
+    that is new_kernel's, not the fused new's of that run."""
+    from attnmem.kernels.dev.ab_decode import predict, read_rows
+
+    def row(b, cache, impl, us, chunks=None, fused=None):
+        return dict(batch=b, cache=cache, new=1, impl=impl, us=us, status="ok", chunks=chunks,
+                    fused=fused, same_as="")
+
+    rows = [row(1, 8192, "new", 28.0, 16, True), row(1, 8192, "new_kernel", 26.0, 16, False),
+            row(1, 8192, "sdpa_cudnn", 26.0), row(1, 1024, "new", 15.0, 4, True),
+            row(1, 1024, "new_kernel", 16.0, 4, False), row(1, 1024, "sdpa_cudnn", 12.0),
+            row(1, 32768, "old", 70.0, 64, False), row(1, 32768, "sdpa_cudnn", 63.0)]
+    out, text = predict(rows)
+    by = {r["cache"]: r for r in out}
+    assert (by[8192]["source"], by[8192]["us"], by[8192]["ratio"]) == ("new_kernel", 26.0, 1.0)
+    assert (by[1024]["source"], by[1024]["us"]) == ("new", 15.0) and by[1024]["fused"]
+    assert by[32768]["source"] == "" and math.isnan(by[32768]["us"])  # 16 chunks not timed
+    assert "median 0.90, worst 0.80, 1 at >= 1.00" in text
+    assert "not predicted (no candidate timed that path): B=1 cache=32768 new=1" in text
+    # the bundled H100 rows: every shape's path was timed
+    out, text = predict(read_rows(os.path.join(ROOT, "data", "kernel_speed_decode_ab_h100.csv")))
+    assert len(out) == 30 and all(r["source"] for r in out)
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not ab_decode rows"):
+        read_rows(str(bad))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU (the lead runs these)
 # ---------------------------------------------------------------------------------------------
@@ -445,19 +529,19 @@ def test_gpu_decode_matches_reference(B, H, H_kv, s_q, cache, d, kv_len, dtype):
                                                        (2, 2, 2, 4096, [4096, 1000]),
                                                        (4, 8, 1, 1024, None)])
 def test_gpu_fused_combine_is_deterministic(B, H_kv, s_q, cache, kv_len):
-    """The fused combine, 200 calls on the same inputs, buffers NaN-poisoned: every output
-    bit-identical to the first (which program takes the last ticket varies from call to
-    call, the order of the sum does not) and right. A program that read another chunk's
-    partials before they were visible would read NaN or an older call's values."""
-    from attnmem.calc.decode_split import decode_plan
-    from attnmem.kernels.flash.decode import decode_attention
+    """The fused combine (forced: at 16 chunks the default combines in a second kernel),
+    200 calls on the same inputs, buffers NaN-poisoned: every output bit-identical to the
+    first (which program takes the last ticket varies from call to call, the order of the
+    sum does not) and right. A program that read another chunk's partials before they were
+    visible would read NaN or an older call's values."""
+    from attnmem.kernels.flash.decode import decode_attention, plan_for
 
-    plan = decode_plan(B, 32, H_kv, s_q, cache, 128)
+    plan = plan_for(B, 32, H_kv, s_q, cache, 128, combine="fused")
     assert plan.fused and plan.splits > 1
     q, k, v = make(B, 32, H_kv, s_q, cache, 128, torch.bfloat16, "cuda", 13, kv_len)
     lens = None if kv_len is None else torch.tensor(kv_len, dtype=torch.int32, device="cuda")
     with torch.no_grad(), poison_empty():
-        outs = [decode_attention(q, k, v, lens) for _ in range(200)]
+        outs = [decode_attention(q, k, v, lens, combine="fused") for _ in range(200)]
     first = outs[0]
     assert all(torch.equal(o, first) for o in outs[1:])
     _within("out", first, reference(q, k, v, kv_len, True),

@@ -1,10 +1,12 @@
 # Measured: split-KV decode, the first split rule (4 waves, combine kernel) vs the one-wave rule
-# with the fused combine, per shape of the decode preset, against cuDNN and SDPA's flash.
+# (fused combine at 2-4 chunks, the combine kernel from 5), per shape of the decode preset,
+# against cuDNN and SDPA's flash; and either combine forced at the one-wave rule's chunks.
 """A/B timing of the split-KV decode path (attnmem/kernels/flash/decode.py): its split rules
 and combines against each other and the fastest peers, per shape, in one process, on a GPU.
 
     python -m attnmem.kernels.dev.ab_decode [--shapes B/CACHE/NEW ...] [--rounds 3]
         [--fa4] [--rep-ms 25] [--out DIR]
+    python -m attnmem.kernels.dev.ab_decode --predict ROWS.csv   # no GPU
 
 Shapes are the decode preset's (attnmem.measure.bench.decode.DECODE_SHAPES: Llama-3-8B's
 heads H = 32, H_kv = 8, d = 128, bf16, B 1-64, cache 1k-128k, 1 and 8 new queries, causal
@@ -13,8 +15,11 @@ bottom-right) unless ``--shapes`` names others. Candidates, each
 
 - ``old``: the first rule (S = floor(4·132 / P), ``waves=4``) with the second combine
   kernel: the path as it was before the one-wave rule and the fused combine;
-- ``new``: the default (S = floor(132 / P), fused combine where the tile allows);
-- ``new_kernel``: the new S with the combine kernel (what the fusion alone changes);
+- ``new``: the default (S = floor(132 / P), the combine fused at 2-4 chunks where the tile
+  allows, the combine kernel from 5: `attnmem.calc.decode_split.fused_combine`);
+- ``new_kernel``: the new S with the combine kernel everywhere;
+- ``new_fused``: the new S with the fused combine everywhere (the default before the
+  chunk threshold): with ``new_kernel``, both sides of the threshold at every split shape;
 - ``old_fused``: the old S with the fused combine (what the rule alone changes);
 - ``s1``: no split (one program per (batch, key/value head), one launch), up to 8,192 keys:
   whether short caches should not be split at all (the alternative rule the one-wave rule
@@ -32,6 +37,11 @@ candidate the median and worst of (fastest peer / candidate) over the shapes and
 at >= 1.00, and new / old per shape; and the wall time per call of back-to-back calls at
 B = 1, 1k keys, one query (old, new_kernel, new: host-bound there, so it is the host
 path's cost with one or two launches). ``--out DIR`` writes ab_decode.csv and ab_decode.txt.
+
+``--predict ROWS.csv`` (no GPU) reads an earlier run's rows and prints, per shape, what the
+default rule runs now (chunks, fused) and the time a row of that run measured for the same
+(chunks, fused), so a change of the rule is predicted from measured columns before it is
+timed (`predict`).
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import time
 
 #: candidate -> (waves of the split rule or None for no split, combine)
 CANDIDATES = {"old": (4, "kernel"), "new": (1, None), "new_kernel": (1, "kernel"),
-              "old_fused": (4, "fused"), "s1": (None, None)}
+              "new_fused": (1, "fused"), "old_fused": (4, "fused"), "s1": (None, None)}
 #: s1 is timed up to this many key tiles (8,192 keys at d <= 128): past it B·H_kv programs
 #: alone would walk the cache at a few SMs' bandwidth, a known loss not worth GPU time
 S1_MAX_TILES = 64
@@ -282,6 +292,70 @@ def report(rows: list[dict], host: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def read_rows(path: str) -> list[dict]:
+    """Rows of an earlier run's ab_decode.csv (or the bundled
+    data/kernel_speed_decode_ab_h100.csv), typed as `run` returns them."""
+    need = {"batch", "cache", "new", "impl", "us", "status", "chunks", "fused"}
+    with open(path, newline="") as f:
+        raw = list(csv.DictReader(f))
+    if not raw or not need <= set(raw[0]):
+        raise ValueError(f"{path}: not ab_decode rows (need columns {sorted(need)}, got "
+                         f"{sorted(raw[0]) if raw else 'no rows'})")
+    out = []
+    for r in raw:
+        out.append(dict(batch=int(r["batch"]), cache=int(r["cache"]), new=int(r["new"]),
+                        impl=r["impl"], us=float(r["us"]) if r["us"] else math.nan,
+                        status=r["status"], chunks=int(r["chunks"]) if r["chunks"] else None,
+                        fused={"True": True, "False": False}.get(r["fused"]),
+                        same_as=r.get("same_as", "")))
+    return out
+
+
+def predict(rows: list[dict]) -> tuple[list[dict], str]:
+    """Per shape of ``rows`` (an earlier run, the preset's heads H = 32, H_kv = 8, d = 128):
+    what the default rule runs now (`candidate_kwargs` of ``new``: chunks, fused) and the time
+    a candidate of that run measured with the same (chunks, fused), the fastest peer, and
+    fastest / predicted; then the median and worst over the shapes. A shape whose path no
+    candidate timed is predicted as nan (named in the text)."""
+    from attnmem.measure.bench.decode import DecodeShape
+
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault((r["batch"], r["cache"], r["new"]), {})[r["impl"]] = r
+    out, lines = [], ["| B | cache | new | S | fused | from | then new µs | predicted µs "
+                      "| fastest peer µs | fastest/predicted |", "|" + " --- |" * 10]
+    for key in sorted(by):
+        t = by[key]
+        _, (chunks, fused) = candidate_kwargs(DecodeShape(*key), "new")
+        src = next((c for c in CANDIDATES if c in t and t[c]["status"] == "ok"
+                    and t[c]["chunks"] == chunks and bool(t[c]["fused"]) == fused), None)
+        us = t[src]["us"] if src else math.nan
+        best = min((r["us"] for p, r in t.items() if p not in CANDIDATES
+                    and r["status"] == "ok"), default=math.nan)
+        then = t["new"]["us"] if "new" in t and t["new"]["status"] == "ok" else math.nan
+        out.append(dict(batch=key[0], cache=key[1], new=key[2], chunks=chunks, fused=fused,
+                        source=src or "", us=us, then_new_us=then, fastest_us=best,
+                        ratio=best / us))
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {chunks} | {fused} | {src or 'none'} "
+                     f"| {then:.1f} | {us:.1f} | {best:.1f} | {best / us:.2f} |")
+    xs = sorted(r["ratio"] for r in out if not math.isnan(r["ratio"]))
+    was = sorted(r["fastest_us"] / r["then_new_us"] for r in out
+                 if not math.isnan(r["fastest_us"] / r["then_new_us"]))
+    lines.append("")
+    if xs:
+        lines.append(f"- predicted fastest peer / new over {len(xs)} shapes: median "
+                     f"{statistics.median(xs):.2f}, worst {xs[0]:.2f}, "
+                     f"{sum(x >= 1.0 for x in xs)} at >= 1.00")
+    if was:
+        lines.append(f"- measured then (that run's new): median {statistics.median(was):.2f}, "
+                     f"worst {was[0]:.2f}, {sum(x >= 1.0 for x in was)} at >= 1.00")
+    missing = [r for r in out if not r["source"]]
+    if missing:
+        lines.append("- not predicted (no candidate timed that path): " + ", ".join(
+            f"B={r['batch']} cache={r['cache']} new={r['new']}" for r in missing))
+    return out, "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", type=parse_shape, nargs="+", metavar="B/CACHE/NEW",
@@ -293,6 +367,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", metavar="DIR", help="write ab_decode.csv and ab_decode.txt (the Markdown table) here")
     ap.add_argument("--plan", action="store_true",
                     help="print what would be timed per shape and the do_bench calls; no GPU")
+    ap.add_argument("--predict", metavar="ROWS.csv",
+                    help="predict the default rule's times from an earlier run's rows; no GPU")
     return ap.parse_args(argv)
 
 
@@ -304,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     shapes = args.shapes or list(DECODE_SHAPES)
+    if args.predict:
+        try:
+            print(predict(read_rows(args.predict))[1])
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--predict: {exc}") from None
+        return 0
     if args.plan:
         lines, calls = timing_plan(shapes, args.rounds, args.fa4)
         print("\n".join(lines) + f"\n{calls} do_bench calls of about {args.rep_ms + 10} ms "

@@ -22,13 +22,17 @@ What this file adds to that idea, in our words:
   one program per SM (one program fills an SM's shared memory at the default tiles), and a
   grid of P >= 67 programs runs unsplit. The chunk length is a multiple of the key tile
   (128 keys at d <= 128, 64 above). One chunk writes O directly and nothing is combined.
-- The combine in the same launch: each chunk writes its partials, then takes a ticket from
-  an int32 counter of its (row block, batch, key/value head) (a CTA barrier, then one
-  thread's acq_rel atomic at GPU scope); the program with the last ticket reads the other
-  chunks' partials past L1 and writes O. The counters are zeroed per call (P int32 behind
-  the log2-sum-exps, one allocation). ``combine="kernel"`` instead launches
-  `decode_combine_kernel` (one program per output row), the first design, kept for the A/B
-  (attnmem.kernels.dev.ab_decode).
+- The combine, where the plan has S > 1 chunks, one of two ways
+  (`attnmem.calc.decode_split.fused_combine`). Fused, at 2-4 chunks (tiles up to 32 x 128):
+  each chunk writes its partials, then takes a ticket from an int32 counter of its (row
+  block, batch, key/value head) (a CTA barrier, then one thread's acq_rel atomic at GPU
+  scope); the program with the last ticket reads the other chunks' partials past L1 and
+  writes O. The counters are zeroed per call (P int32 behind the log2-sum-exps, one
+  allocation). From 5 chunks `decode_combine_kernel` (one program per output row) combines
+  in a second launch: there the last program's serial tail of S partial reads costs more
+  than that launch (measured on an H100: 1.0-5.8 µs lost at 16 chunks, from 0.8 µs lost
+  to 1.4 µs gained at 4; the derivation is attnmem.calc.decode_split's). ``combine`` forces either
+  (the A/B, attnmem.kernels.dev.ab_decode).
 - Causal with the queries at the end of the cache (bottom-right): new query i of s_q sits at
   position kv_len - s_q + i and sees keys 0 .. kv_len - s_q + i. That is a KV cache's mask
   (transformers' causal mask with a query offset) and the mask of chunked prefill, which is
@@ -40,7 +44,7 @@ What this file adds to that idea, in our words:
 
 Work and memory per call: reads q, each valid K/V row once per row block (one block at
 decode), writes O (B·H·s_q·d·e) and, with S > 1 chunks, the fp32 partials B·H·s_q·S·(d + 1)·4
-bytes, which the combine reads once, and P int32 counters. Buffers: `decode_buffers`, counted by
+bytes, which the combine reads once, and where fused P int32 counters. Buffers: `decode_buffers`, counted by
 `attnmem.calc.peak.decode_peak_bytes`. No backward: this path serves inference (no_grad).
 """
 
@@ -319,8 +323,9 @@ def plan_for(B: int, H: int, H_kv: int, s_q: int, s_k: int, d: int,
     """The call's `DecodePlan` (`attnmem.calc.decode_split.decode_plan`), with ``splits``
     forcing the number of chunks (tests, the A/B probe; the chunk length is then whole key
     tiles again), ``waves`` another target grid (the probe's first rule: 4) and ``combine``
-    the combine ("fused": in the split kernel wherever S > 1; "kernel": a second launch;
-    None: the plan's rule, `attnmem.calc.decode_split.fused_combine`)."""
+    the combine ("fused": in the split kernel wherever S > 1, at any chunk count and tile;
+    "kernel": a second launch; None: the plan's rule, `attnmem.calc.decode_split.
+    fused_combine`: fused at 2-4 chunks and tiles up to 32 x 128)."""
     if combine not in (None, "fused", "kernel"):
         raise ValueError(f"combine must be 'fused', 'kernel' or None, got {combine!r}")
     plan = decode_plan(B, H, H_kv, s_q, s_k, d, block_n, waves=waves)
@@ -454,8 +459,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (tests); by default `attnmem.calc.decode_split.decode_plan` decides; ``waves`` gives its
     rule another target grid (the A/B probe's first rule: 4). ``combine``: how
     split chunks are combined, "fused" (the last chunk program of each row block, one
-    launch) or "kernel" (a second launch); None takes the plan's rule
-    (`attnmem.calc.decode_split.fused_combine`), the path calc's peak counts. Not
+    launch, any chunk count) or "kernel" (a second launch); None takes the plan's rule
+    (`attnmem.calc.decode_split.fused_combine`: fused at 2-4 chunks, the combine kernel from
+    5), the path calc's peak counts. Not
     differentiable: a call that would need a gradient raises ValueError.
     """
     if combine not in (None, "fused", "kernel"):
