@@ -31,6 +31,21 @@ mapping assumes, and what TRL's SFTTrainer.__init__ (trl/trainer/sft_trainer.py)
 - activation_offloading (TRL's OffloadActivations) with the fused head is not counted: refused.
 - TRL's SFTTrainer does not call peft's prepare_model_for_kbit_training: kbit_prepare stays
   False unless the user's script calls it.
+- The attention (`TrlMapping.attention`, calc's name, and `attn_implementation`,
+  transformers'): TRL sets none; a model loaded by name takes `model_init_kwargs`'
+  attn_implementation, and transformers' default is "sdpa" (modeling_utils.
+  get_correct_attn_implementation: None -> "sdpa"), with torch choosing the backend per call
+  (no backend forced). Dense rows: TRL's collator gives an all-ones attention_mask, which
+  transformers drops (masking_utils._ignore_causal_mask_sdpa), so SDPA runs is_causal with no
+  mask and torch picks flash (first in its priority order): "sdpa_flash". Padding-free rows:
+  transformers finds the sequences from position_ids and passes the block-diagonal bool mask
+  (masking_utils.find_packed_sequence_indices; attnmem/calc/train_packed.py), flash refuses
+  any mask (torch's sdp_utils check_for_attn_mask: a forced flash backend stops with "No
+  available kernel"), and torch picks the memory-efficient backend, next in its order:
+  "sdpa_efficient". "eager" is eager. flash_attention_2/3, flex_attention and Hub kernels are
+  refused (calc has no count for them), flash_attention_4 ("fa4") with packing too
+  (train_packed.PACKED_REFUSED). TRL's docs recommend FlashAttention 2/3 for padding_free
+  (sft_config.py), but SFTTrainer checks nothing: with sdpa it runs the masked SDPA counted.
 """
 
 from __future__ import annotations
@@ -38,6 +53,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from attnmem.calc.train_packed import PACKED_REFUSED
 
 #: TRL / transformers optim names -> training_step's optimizer.
 TRL_OPTIMS: dict[str, str] = {
@@ -56,6 +73,17 @@ _BOOLS = ("gradient_checkpointing", "fp16", "padding_free", "packing",
           "use_liger_kernel", "activation_offloading")
 #: SFTConfig's loss_type choices (trl 1.16 sft_config.py).
 TRL_LOSS_TYPES = ("nll", "dft", "chunked_nll")
+#: transformers' attn_implementation (model_init_kwargs) -> calc's attention; "sdpa" is
+#: torch's choice (module docstring): flash for dense rows, memory-efficient for padding-free.
+TRL_ATTENTIONS: dict[str, str | None] = {"sdpa": None, "eager": "eager",
+                                         "flash_attention_4": "fa4"}
+#: Why the other attn_implementation values are refused.
+TRL_ATTENTIONS_REFUSED: dict[str, str] = {
+    "flash_attention_2": "FlashAttention-2 (flash-attn's varlen kernels) is not one of calc's "
+                         "attentions",
+    "flash_attention_3": "FlashAttention-3 is not one of calc's attentions",
+    "flex_attention": "transformers' flex_attention (a compiled block mask) is not counted",
+}
 
 
 @dataclass(frozen=True)
@@ -70,6 +98,11 @@ class TrlMapping:
     ignored: tuple[str, ...]
     #: training_step's `loss` for TRL's step (module docstring: not in kwargs)
     loss: str = "trl_fused"
+    #: training_step's `attention`: the backend the run uses (module docstring: not in kwargs,
+    #: the page and `attnmem train` keep their own attention input)
+    attention: str = "sdpa_flash"
+    #: transformers' attn_implementation the model is built with ("sdpa": no backend forced)
+    attn_implementation: str = "sdpa"
 
 
 def parse_trl_args(text: str) -> dict:
@@ -191,8 +224,43 @@ def trl_kwargs(args: dict) -> TrlMapping:
     else:
         notes.append(f"rows padded to max_length: {b} × {s:,} tokens")
         batch, seq = b, s
-    ignored = tuple(k for k in args if k not in TRL_DEFAULTS)
-    return TrlMapping(batch, seq, kw, tuple(notes), ignored)
+    impl, attention = _trl_attention(a.get("model_init_kwargs"), free, notes)
+    ignored = tuple(k for k in args if k not in TRL_DEFAULTS and k != "model_init_kwargs")
+    mik = a.get("model_init_kwargs") or {}
+    ignored += tuple(f"model_init_kwargs.{k}" for k in mik if k != "attn_implementation")
+    return TrlMapping(batch, seq, kw, tuple(notes), ignored, attention=attention,
+                      attn_implementation=impl)
+
+
+def _trl_attention(mik: object, padding_free: bool, notes: list) -> tuple[str, str]:
+    """(attn_implementation, calc's attention) for model_init_kwargs (module docstring);
+    ValueError names a value calc cannot count."""
+    if mik is not None and not isinstance(mik, dict):
+        raise ValueError(f"TRL model_init_kwargs={mik!r}: accepted: null or an object")
+    impl = (mik or {}).get("attn_implementation") or "sdpa"
+    accepted = ", ".join(TRL_ATTENTIONS)
+    if not isinstance(impl, str) or impl not in TRL_ATTENTIONS:
+        why = TRL_ATTENTIONS_REFUSED.get(impl) if isinstance(impl, str) else None
+        if why is None and isinstance(impl, str) and "/" in impl:
+            why = "a Hub kernel is not counted"
+        raise ValueError(f"TRL model_init_kwargs attn_implementation={impl!r}: "
+                         f"{why or 'not counted'}; accepted: {accepted}")
+    attention = TRL_ATTENTIONS[impl]
+    if attention is None:  # torch's choice (module docstring)
+        if padding_free:
+            attention = "sdpa_efficient"
+            notes.append("attention: SDPA as torch picks it; the padding-free row's "
+                         "block-diagonal mask rules out flash, so the memory-efficient backend "
+                         "(sdpa_efficient)")
+        else:
+            attention = "sdpa_flash"
+            notes.append("attention: SDPA as torch picks it; full rows have no mask, so flash "
+                         "(sdpa_flash); a batch padded to its longest row gets a padding mask "
+                         "and the memory-efficient backend instead, not counted")
+    elif padding_free and attention in PACKED_REFUSED:
+        raise ValueError(f"TRL model_init_kwargs attn_implementation={impl!r} with a "
+                         f"padding-free row: {PACKED_REFUSED[attention]}; accepted: sdpa, eager")
+    return impl, attention
 
 
 #: The levers `cheapest_fit` tries, cheapest first within each (what each costs: checkpointing
