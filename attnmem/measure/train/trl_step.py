@@ -479,7 +479,7 @@ def run(model_name: str, text: str, *, attention: str | None = None, steps: int 
     found = mismatches(seen, p.mapping) + sdpa_mismatches(seen, p.attention, cuda)
     return {
         "model": model_name, "trl_args": text, "attention": p.attention,
-        "attn_implementation": p.attn_implementation, "sdpa_forced": p.forced or "",
+        "attn_implementation": impl, "sdpa_forced": p.forced or "",
         "device": device,
         "steps": steps, "batch": p.mapping.batch, "seq_len": p.mapping.seq_len,
         "packed_lengths": " ".join(map(str, packed or ())),
