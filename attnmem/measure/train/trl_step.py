@@ -258,8 +258,11 @@ def sdpa_recorder(seen: Seen, state: dict, cuda: bool) -> Any:
                                                    is_causal, scale=scale,
                                                    enable_gqa=enable_gqa)
                     seen.sdpa_backends.append(SDPBackend(pick).name)
-                except RuntimeError:
-                    seen.sdpa_backends.append("no kernel")
+                except RuntimeError as exc:  # torch's "No available kernel" (the call fails too)
+                    seen.sdpa_backends.append("no kernel" if "kernel" in str(exc)
+                                              else f"choice failed: {exc}"[:80])
+                except TypeError as exc:  # a torch whose _fused_sdp_choice differs
+                    seen.sdpa_backends.append(f"choice failed: {exc}"[:80])
         return real(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                     is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
