@@ -79,8 +79,11 @@ label = impl_label
 
 @kept(None)
 def gpu_reason() -> str | None:
-    """None when a CUDA GPU is usable here, else why not."""
-    from attnmem.measure.registry import gpu_reason as reason
+    """None when a CUDA GPU is usable here, else why not: torch's answer where a GPU device
+    node exists, without importing torch where none does (attnmem.measure.on_this_gpu, as the
+    "Measure on this GPU" sections ask). The import cost the first visit ~2 s and left ~160,000
+    objects that every full garbage collection of the server walks again (issue 45 item 5)."""
+    from attnmem.measure.on_this_gpu import gpu_reason as reason
 
     return reason()
 
