@@ -13,8 +13,10 @@ Model memory, Inference, Serving, Training step, Scaling, How FlashAttention wor
 (computed: the number is recomputed with calc), Kernel speed and GPU measurement (measured: the
 number is recomputed from the bundled CSV the page reads, filtered by the choices on screen).
 In the suite each is reached once, from the page after it in SOURCES, so every page is also
-a source once (its own values are the stale ones that must not leak); the reproduction run
-below reaches each target from the page before it and the page after it, many times.
+a source once (its own values are the stale ones that must not leak), four tries at a time
+(race_many: each in a browser context of its own, a session of its own on the server; the
+tries mostly wait, for their click and for their runs); the reproduction run below reaches
+each target from the page before it and the page after it, many times, one try at a time.
 
 Run: .venv/bin/python -m pytest -m browser tests/browser/test_state_race.py
 Reproduction rate (tries per target, report only, no assertion):
@@ -28,6 +30,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +43,7 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, _p)
 
 import load_test  # noqa: E402  (server start-up and Chromium flags shared with the load test)
+import settle_times  # noqa: E402  (WATCH_JS: when the page last changed)
 
 from attnmem.calc import (  # noqa: E402
     CP_IMPL_LABELS,
@@ -302,13 +306,22 @@ SOURCES = {
 ORDER = list(SOURCES)
 
 
-def _wait_settled(page: Page) -> None:
-    """The run is over: no 'running' indicator for a while, and the page's numbers are drawn."""
-    page.wait_for_selector('[data-testid="stMetricValue"]', timeout=TIMEOUT_MS)
-    for _ in range(2):  # a page switch can run twice (the new page, then its URL write)
-        page.wait_for_timeout(700)
-        page.wait_for_function(
-            "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=TIMEOUT_MS)
+SETTLE_GAP_S = 0.7  # a run started by the last step shows its 'running' indicator by then
+QUIET_MS = 500  # and no change to the page for this long (settle_times.WATCH_JS records them)
+_IDLE_JS = """(quiet) => !document.querySelector('[data-testid="stStatusWidget"]')
+                     && performance.now() - window.__settle.last >= quiet"""
+
+
+def _settle_round(page: Page, since: float) -> float:
+    """SETTLE_GAP_S after `since` (time.monotonic(): a click, an edit, the previous round),
+    wait until no 'running' indicator is shown and nothing on the page has changed for
+    QUIET_MS (the page's context carries settle_times.WATCH_JS); the moment that held. A
+    page has settled after two rounds (a page switch can run twice: the new page, then its
+    URL write) with its numbers drawn. Without the quiet period, a check on a loaded machine
+    read GPU measurement half drawn (its multiselect not yet there) with no indicator shown."""
+    page.wait_for_timeout(max(0.0, SETTLE_GAP_S - (time.monotonic() - since)) * 1000)
+    page.wait_for_function(_IDLE_JS, arg=QUIET_MS, timeout=TIMEOUT_MS)
+    return time.monotonic()
 
 
 def _mismatches(page: Page, target: str, unit: str = "GB") -> list[str]:
@@ -326,35 +339,110 @@ def _mismatches(page: Page, target: str, unit: str = "GB") -> list[str]:
             f"{value!r} (inputs {inputs})" for label, value in want.items() if shown.get(label) != value]
 
 
-def race_once(browser: Any, url: str, source: str, target: str, edit: int | str) -> dict[str, list[str]]:
-    """One try: open `source` fresh, click `target` after NAV_AFTER_S, check; edit, check."""
-    title, path, _, box, _ = TARGETS[target]
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        start = time.monotonic()
-        page.goto(url + SOURCES[source], wait_until="domcontentloaded")
-        page.wait_for_timeout(max(0.0, NAV_AFTER_S - (time.monotonic() - start)) * 1000)
-        page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
-        page.wait_for_url(lambda u: urlsplit(u).path == f"/{path}", timeout=TIMEOUT_MS)
-        _wait_settled(page)
-        after_nav = _mismatches(page, target)
+@dataclass
+class _Race:
+    """One try in progress: open `source` fresh, click `target` NAV_AFTER_S after the load
+    started, check; edit, check. Its steps, in order, are the methods named in STEPS; each
+    settle is split into its two rounds (_settle_round), each SETTLE_GAP_S after the try's
+    own previous step (as one try alone waited them), so tries stepped through in turn wait
+    for their gaps together."""
+
+    source: str
+    target: str
+    edit: int | str
+    context: Any = None
+    page: Any = None
+    start: float = 0.0
+    last: float = 0.0  # when the previous step ended (time.monotonic())
+    found: dict[str, list[str]] = field(default_factory=lambda: {"navigation": [], "edit": []})
+    error: BaseException | None = None
+
+    def open_source(self, browser: Any, url: str) -> None:
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.context.add_init_script(settle_times.WATCH_JS)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.start = time.monotonic()
+        # "commit": back as soon as the load has begun, so the next try's load begins too;
+        # the click below waits for the sidebar's link itself
+        self.page.goto(url + SOURCES[self.source], wait_until="commit")
+
+    def click_target(self) -> None:
+        self.page.wait_for_timeout(max(0.0, NAV_AFTER_S - (time.monotonic() - self.start)) * 1000)
+        title = TARGETS[self.target][0]
+        self.page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
+        self.last = time.monotonic()
+
+    def arrived(self) -> None:  # the target's page, its numbers drawn, first round
+        path = TARGETS[self.target][1]
+        self.page.wait_for_url(lambda u: urlsplit(u).path == f"/{path}", timeout=TIMEOUT_MS)
+        self.page.wait_for_selector('[data-testid="stMetricValue"]', timeout=TIMEOUT_MS)
+        self.last = _settle_round(self.page, self.last)
+
+    def check_then_edit(self) -> None:  # second round, the check, the edit
+        page, box = self.page, TARGETS[self.target][3]
+        _settle_round(page, self.last)
+        self.found["navigation"] = _mismatches(page, self.target)
         if box.startswith("radio:"):
             radio = page.locator('[data-testid="stRadio"]').filter(
                 has=page.get_by_text(box.removeprefix("radio:"), exact=True))
-            radio.get_by_text(str(edit), exact=True).first.click()
+            radio.get_by_text(str(self.edit), exact=True).first.click()
         else:
-            field = page.get_by_label(box, exact=True).first
-            field.fill(str(edit))
-            field.press("Enter")
-        _wait_settled(page)
-        after_edit = _mismatches(page, target)
-        if page.locator('[data-testid="stException"]').count():
-            after_edit.append(f"{target}: an exception box is shown")
-        return {"navigation": after_nav, "edit": after_edit}
+            box_input = page.get_by_label(box, exact=True).first
+            box_input.fill(str(self.edit))
+            box_input.press("Enter")
+        self.last = time.monotonic()
+
+    def edited(self) -> None:  # the numbers drawn, first round after the edit
+        self.page.wait_for_selector('[data-testid="stMetricValue"]', timeout=TIMEOUT_MS)
+        self.last = _settle_round(self.page, self.last)
+
+    def check_after_edit(self) -> None:  # second round, the check
+        _settle_round(self.page, self.last)
+        self.found["edit"] = _mismatches(self.page, self.target)
+        if self.page.locator('[data-testid="stException"]').count():
+            self.found["edit"].append(f"{self.target}: an exception box is shown")
+
+
+STEPS = ("click_target", "arrived", "check_then_edit", "edited", "check_after_edit")
+
+
+def race_many(browser: Any, url: str, tries: list[tuple[str, str, int | str]]
+              ) -> list[dict[str, list[str]] | BaseException]:
+    """Several tries (source, target, edit) at once, each in a context of its own (a session
+    of its own on the server): every try's source is opened, then every try takes its next
+    step (_Race, STEPS) in turn: its click NAV_AFTER_S after its own load started, its
+    checks each after its own settle. Only this process steps through them one at a time;
+    the browser and the server run all of them meanwhile, and a try mostly waits (for its
+    click, for its runs to end), so N tries take about the time of one, not N. Each try gets
+    its mismatches ({"navigation": [...], "edit": [...]}) or the exception that stopped it."""
+    races = [_Race(source, target, edit) for source, target, edit in tries]
+    try:
+        for race in races:
+            try:
+                race.open_source(browser, url)
+            except Exception as err:  # noqa: BLE001  (reported by the try's own test)
+                race.error = err
+        for step in STEPS:
+            for race in races:
+                if race.error is None:
+                    try:
+                        getattr(race, step)()
+                    except Exception as err:  # noqa: BLE001  (reported by the try's own test)
+                        race.error = err
     finally:
-        context.close()
+        for race in races:
+            if race.context is not None:
+                race.context.close()
+    return [race.error if race.error is not None else race.found for race in races]
+
+
+def race_once(browser: Any, url: str, source: str, target: str, edit: int | str) -> dict[str, list[str]]:
+    """One try: open `source` fresh, click `target` after NAV_AFTER_S, check; edit, check."""
+    (found,) = race_many(browser, url, [(source, target, edit)])
+    if isinstance(found, BaseException):
+        raise found
+    return found
 
 
 def _pairs() -> list[tuple[str, str]]:
@@ -385,12 +473,34 @@ def app_browser() -> Iterator[tuple[Any, str]]:
         pytest.fail(str(err))
 
 
+def _edit(source: str, target: str) -> int | str:
+    return TARGETS[target][4][ORDER.index(source) % 2]
+
+
+#: Tries run at once in the suite (race_many). Each holds a Chromium context and a server
+#: session; on the 2-core machine 4 at a time took about as long as one.
+RACES_AT_ONCE = 4
+
+
+@pytest.fixture(scope="module")
+def race_results(app_browser: tuple[Any, str]) -> dict[tuple[str, str], dict[str, list[str]] | BaseException]:
+    """Every (source, target) of _pairs() raced, RACES_AT_ONCE at a time."""
+    browser, url = app_browser
+    pairs = _pairs()
+    results: dict[tuple[str, str], dict[str, list[str]] | BaseException] = {}
+    for at in range(0, len(pairs), RACES_AT_ONCE):
+        batch = pairs[at:at + RACES_AT_ONCE]
+        found = race_many(browser, url, [(s, t, _edit(s, t)) for s, t in batch])
+        results.update(zip(batch, found, strict=True))
+    return results
+
+
 @pytest.mark.parametrize("source,target", _pairs())
 def test_navigating_mid_run_then_editing_shows_numbers_of_the_inputs_on_screen(
-        app_browser: tuple[Any, str], source: str, target: str) -> None:
-    browser, url = app_browser
-    edit = TARGETS[target][4][ORDER.index(source) % 2]
-    found = race_once(browser, url, source, target, edit)
+        race_results: dict[tuple[str, str], Any], source: str, target: str) -> None:
+    found = race_results[(source, target)]
+    if isinstance(found, BaseException):
+        raise found
     assert not found["navigation"], found["navigation"]
     assert not found["edit"], found["edit"]
 
