@@ -1,15 +1,15 @@
 """How fast a trace's storage events replay through attnmem.calc.allocator (issue 42).
 
 Records generate()'s events for a model (as attnmem.trace.generate.trace_inference does:
-attnmem.trace.layer_blocks.record) once, keeps them in a pickle, and times
+attnmem.trace.layer_blocks.record) once, keeps them in a JSON file (flat tuples of str and int), and times
 attnmem.trace.recorder.replay over them with no limit, so two versions of the allocator can be
 timed on the same events. Prints events, seconds, events/s and the peaks (which must not change
 between versions).
 
-    python scripts/replay_speed.py mamba-130m --events /tmp/mamba.pkl      # record (or load)
-    python scripts/replay_speed.py zamba-7b --seq-len 1024 --events /tmp/zamba.pkl
-    python scripts/replay_speed.py mamba-130m --events /tmp/mamba.pkl --trace   # + a full trace
-    python scripts/replay_speed.py mamba-130m --events /tmp/mamba.pkl --baseline 15aff2e
+    python scripts/replay_speed.py mamba-130m --events /tmp/mamba.json      # record (or load)
+    python scripts/replay_speed.py zamba-7b --seq-len 1024 --events /tmp/zamba.json
+    python scripts/replay_speed.py mamba-130m --events /tmp/mamba.json --trace   # + a full trace
+    python scripts/replay_speed.py mamba-130m --events /tmp/mamba.json --baseline 15aff2e
 
 `--baseline COMMIT` also times the allocator as it was at that commit (read with git show,
 loaded as a module of its own) on the same events, alternating with the current one, so both
@@ -27,7 +27,6 @@ import argparse
 import hashlib
 import json
 import os
-import pickle
 import sys
 import time
 
@@ -56,16 +55,23 @@ def config(name: str) -> dict:
 
 def baseline_allocator(commit: str) -> type:
     """CachingAllocator of attnmem/calc/allocator.py at `commit`, as a module of its own."""
+    import importlib.util
     import subprocess
-    import types
+    import tempfile
 
     root = os.path.join(os.path.dirname(__file__), "..")
     src = subprocess.run(["git", "show", f"{commit}:attnmem/calc/allocator.py"], cwd=root,
                          capture_output=True, text=True)
     if src.returncode:
         raise SystemExit(f"--baseline {commit!r}: git show failed: {src.stderr.strip()}")
-    mod = types.ModuleType(f"allocator_at_{commit}")
-    exec(compile(src.stdout, f"allocator.py@{commit}", "exec"), mod.__dict__)
+    # the project's own file at that commit, imported from a temporary copy
+    folder = tempfile.mkdtemp(prefix="allocator_at_")
+    path = os.path.join(folder, "allocator_baseline.py")
+    with open(path, "w") as f:
+        f.write(src.stdout)
+    spec = importlib.util.spec_from_file_location(f"allocator_at_{commit}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return mod.CachingAllocator
 
 
@@ -77,7 +83,7 @@ def main() -> None:
     ap.add_argument("--attention", default=None,
                     help="eager or an SDPA backend (default: eager for Mamba, which has "
                          "no SDPA path, else sdpa)")
-    ap.add_argument("--events", help="pickle of the events: read if it exists, else written")
+    ap.add_argument("--events", help="JSON file of the events: read if it exists, else written")
     ap.add_argument("--baseline", metavar="COMMIT",
                     help="also time attnmem/calc/allocator.py as it was at this commit")
     ap.add_argument("--rounds", type=int, default=1, help="timings of each allocator")
@@ -87,8 +93,8 @@ def main() -> None:
     d = config(args.model)
     attention = args.attention or ("eager" if args.model.startswith("mamba") else "sdpa")
     if args.events and os.path.exists(args.events):
-        with open(args.events, "rb") as f:
-            events = pickle.load(f)
+        with open(args.events) as f:
+            events = [tuple(e) for e in json.load(f)]
         print(f"events loaded from {args.events}")
     else:
         from attnmem.trace.layer_blocks import record
@@ -99,8 +105,8 @@ def main() -> None:
         events = list(rec.events)
         print(f"recorded in {time.perf_counter() - t0:.1f} s")
         if args.events:
-            with open(args.events, "wb") as f:
-                pickle.dump(events, f)
+            with open(args.events, "w") as f:
+                json.dump(events, f)
     import attnmem.trace.recorder as recorder
 
     versions = {"current": recorder.CachingAllocator}
