@@ -115,8 +115,9 @@ class _Block:
 
 
 #: Free-index key: size, then segment id, then offset, packed into one int (ints compare faster
-#: than tuples under bisect). Offsets and segment ids below 2**56 keep the three fields apart.
-_SEG_SHIFT = 56
+#: than tuples under bisect). Offsets and segment ids below 2**96 keep the three fields apart:
+#: far past any size the pages accept (their hostile-URL tests reach segments of ~2**57 B).
+_SEG_SHIFT = 96
 _SIZE_SHIFT = 2 * _SEG_SHIFT
 _FIELD_LIMIT = 1 << _SEG_SHIFT
 

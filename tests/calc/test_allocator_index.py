@@ -429,6 +429,15 @@ def test_best_fit_takes_the_smallest_block_that_fits_not_the_first():
 
 def test_a_segment_id_past_the_index_key_is_refused():
     a = CachingAllocator()
-    a._next_seg = 1 << 56
-    with pytest.raises(ValueError, match=r"segment 72057594037927936 .*below 2\*\*56"):
+    a._next_seg = 1 << 96
+    with pytest.raises(ValueError, match=rf"segment {1 << 96} .*below 2\*\*96"):
         a.malloc(1)
+
+
+def test_a_segment_past_2_56_bytes_is_indexed():
+    """The pages accept inputs whose steps reach segments of ~2**57 B (their hostile-URL tests);
+    the index keeps such sizes apart from the segment id and offset."""
+    a = CachingAllocator()
+    h = a.malloc(1 << 57)
+    a.free(h)
+    assert a.malloc(1 << 57) is not None
