@@ -53,7 +53,7 @@ what the fused path pays on its own (the counters' zero fill, a small launch too
 ticket): a saving K per call. Fusing pays while S·t_c < K, i.e. below S* = K / t_c chunks.
 Both t_c and K grow with the rows (the tail's tile, the combine kernel's programs), so S*
 is a number of chunks. Measured on an H100 (attnmem/kernels/flash/NOTES.md, "Decode and
-chunked prefill", the A/B; data/kernel_speed_decode_ab_h100.csv: fused "new" minus
+chunked prefill (split-KV, issue 44 item 4)", the A/B; data/kernel_speed_decode_ab_h100.csv: fused "new" minus
 "new_kernel", H = 32, H_kv = 8, d = 128, bf16, one-wave grids; t_c and K from the line
 Δ = S·t_c − K through the means at 4 and 16 chunks): one new query (4 rows of a
 16 x 128 tile) -0.83, +0.02, +0.06, 0.00, +0.50 µs at 4 chunks and +1.40, +1.04, +1.17 at
