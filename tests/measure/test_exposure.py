@@ -124,11 +124,14 @@ def test_measure_page_has_no_run_button_when_switched_off(tmp_path: Path,
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
+    import attnmem.measure.on_this_gpu
     import attnmem.measure.registry
 
     monkeypatch.setenv("ATTNMEM_DB", str(tmp_path / "r.sqlite"))
     monkeypatch.setenv(ENV, "1")
     monkeypatch.setattr(attnmem.measure.registry, "gpu_reason", lambda: None)  # as on a GPU machine
+    # the page asks on_this_gpu, which looks for a device node before torch
+    monkeypatch.setattr(attnmem.measure.on_this_gpu, "gpu_reason", lambda: None)
     st.cache_resource.clear()
     try:
         at = AppTest.from_file(PAGE, default_timeout=180)
@@ -148,11 +151,14 @@ def test_measure_page_offers_a_run_when_allowed(tmp_path: Path,
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
+    import attnmem.measure.on_this_gpu
     import attnmem.measure.registry
 
     monkeypatch.setenv("ATTNMEM_DB", str(tmp_path / "r.sqlite"))
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(attnmem.measure.registry, "gpu_reason", lambda: None)
+    # the page asks on_this_gpu, which looks for a device node before torch
+    monkeypatch.setattr(attnmem.measure.on_this_gpu, "gpu_reason", lambda: None)
     st.cache_resource.clear()
     try:
         at = AppTest.from_file(PAGE, default_timeout=180)

@@ -308,11 +308,14 @@ def page_with_fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import streamlit as st
 
     import attnmem.measure.child
+    import attnmem.measure.on_this_gpu
     import attnmem.measure.registry
     from attnmem.measure.harness import BenchOptions
 
     monkeypatch.setenv("ATTNMEM_DB", str(tmp_path / "r.sqlite"))
     monkeypatch.setattr(attnmem.measure.registry, "gpu_reason", lambda: None)
+    # the page asks on_this_gpu, which looks for a device node before torch
+    monkeypatch.setattr(attnmem.measure.on_this_gpu, "gpu_reason", lambda: None)
     real_run = attnmem.measure.child.run_points
     points = _scenario_points()
     PAGE_POINTS[:] = points
