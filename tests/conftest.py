@@ -46,30 +46,19 @@ def _cuda_reason() -> str | None:
 # takes the next whole file whenever it runs out, in the order of the collection; a long file
 # taken last is run by one worker while the other has finished (the longest file alone is
 # about a tenth of the suite). Longest first (LPT scheduling) leaves only short files for the
-# end. The seconds per file are tests/file_seconds.txt's (measured; see that file); files not
-# listed there (under 2 s) follow in collection order. pytest-xdist's own reordering, by the
-# number of tests in a file (its default with loadscope/loadfile), ran the few-test files
-# last, which are the long ones here (a browser walk of every page is 1 test, 26 s): off.
-FILE_SECONDS = Path(__file__).resolve().with_name("file_seconds.txt")
-
-
-def read_file_seconds(path: Path = FILE_SECONDS) -> dict[str, float]:
-    """{test file's path from the repository root: seconds} from a "seconds path" table
-    (lines starting with # are comments)."""
-    seconds: dict[str, float] = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            value, name = line.split(maxsplit=1)
-            seconds[name.strip()] = float(value)
-    return seconds
-
-
+# end. The seconds per file are tests/file_seconds.txt's (measured; see that file, read by
+# tests/_schedule.py); files not listed there (under 2 s) follow in collection order.
+# pytest-xdist's own reordering, by the number of tests in a file (its default with
+# loadscope/loadfile), ran the few-test files last, which are the long ones here (a browser
+# walk of every page is 1 test, 26 s): off.
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is installed
         config.option.loadscopereorder = False
 
 
 def _longest_files_first(items: list[pytest.Item]) -> None:
+    from _schedule import read_file_seconds  # tests/ is on sys.path (below)
+
     seconds = read_file_seconds()
     first: dict[str, int] = {}
     for i, item in enumerate(items):
@@ -97,7 +86,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Shared helpers for the tests in the layer folders (``from _robust import ...``).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 # Python's cyclic garbage collector, at each full collection, walks every object the process
 # holds; in a test worker that is torch, transformers, pandas, streamlit and every test module

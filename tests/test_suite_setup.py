@@ -33,7 +33,7 @@ def test_objects_alive_when_the_file_started_are_frozen() -> None:
 def test_the_file_seconds_table_names_test_files_longest_first() -> None:
     """tests/file_seconds.txt (the order tests/conftest.py runs the files in) names only test
     files that exist, each once, longest first."""
-    from conftest import FILE_SECONDS, read_file_seconds
+    from _schedule import FILE_SECONDS, read_file_seconds
 
     table = read_file_seconds()
     root = FILE_SECONDS.parent.parent
@@ -48,7 +48,7 @@ def test_the_file_seconds_table_names_test_files_longest_first() -> None:
 
 def test_files_run_longest_first(request: pytest.FixtureRequest) -> None:
     """The session's items: the files of the table in its order, before every other file."""
-    from conftest import read_file_seconds
+    from _schedule import read_file_seconds
 
     table = read_file_seconds()
     files = list(dict.fromkeys(i.nodeid.split("::")[0] for i in request.session.items))
