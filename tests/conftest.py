@@ -59,14 +59,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def _longest_files_first(items: list[pytest.Item]) -> None:
     from _schedule import read_file_seconds  # tests/ is on sys.path (below)
 
-    seconds = read_file_seconds()
+    # the table's own order (longest first; ties as the table lists them), then the files it
+    # does not list in collection order
+    rank = {path: r for r, path in enumerate(read_file_seconds())}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         first.setdefault(item.nodeid.split("::")[0], i)
 
-    def key(item: pytest.Item) -> tuple[float, int]:
+    def key(item: pytest.Item) -> tuple[int, int]:
         path = item.nodeid.split("::")[0]
-        return -seconds.get(path, 0.0), first[path]
+        return rank.get(path, len(rank)), first[path]
 
     items.sort(key=key)  # stable: a file's tests keep their order
 
