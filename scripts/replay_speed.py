@@ -88,7 +88,7 @@ def main() -> None:
                     help="also time attnmem/calc/allocator.py as it was at this commit")
     ap.add_argument("--rounds", type=int, default=1, help="timings of each allocator")
     ap.add_argument("--trace", action="store_true",
-                    help="also time trace_inference end to end (its 30 s limits apply)")
+                    help="also time trace_inference end to end (its limits apply)")
     args = ap.parse_args()
     d = config(args.model)
     attention = args.attention or ("eager" if args.model.startswith("mamba") else "sdpa")

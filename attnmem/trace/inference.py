@@ -55,8 +55,9 @@ from attnmem.calc.backends import NoKernel
 from attnmem.calc.inference_step import CUBLAS_WORKSPACE_BYTES
 from attnmem.trace.fake_attention import SDPA_BACKENDS, sdpa_as
 from attnmem.trace.known import ValuesTooLarge
+from attnmem.trace.loops import Limits
 from attnmem.trace.masks import unpacked_rows
-from attnmem.trace.recorder import PhasePeak, Recorder, ReplayTooSlow, replay
+from attnmem.trace.recorder import PhasePeak, Recorder, ReplayTooLong, replay, replay_cost
 
 #: What the trace runs: transformers' eager attention as it is, or SDPA with a backend.
 TRACE_ATTENTIONS = ("eager", *SDPA_BACKENDS)
@@ -136,10 +137,14 @@ def _built(text: str, dtype: str, attn: str):
     return model.eval()
 
 
-#: The longest a trace may be expected to take before it is refused instead of run: a Python
-#: loop over the tokens that attnmem.trace.loops cannot fold (Mamba's selective scan keeps a
-#: list of per-token outputs) is refused once its estimated time passes it.
-MAX_TRACE_SECONDS = 30.0
+#: How much work a trace may do before it is refused instead of run, as counts (so a refusal
+#: depends on the model and its inputs, never on the host's load): tensor ops dispatched on
+#: meta (Recorder.ops; a Python loop over the tokens that attnmem.trace.loops cannot fold is
+#: refused once its projected ops pass the limit) and steps of the allocator replay
+#: (recorder.replay_cost). Calibrated on the project's 2-core host at load 5 (NOTES.md,
+#: "Reading any model"): an op ~100 µs, a replay step 2-3 µs at worst, so each limit alone is
+#: about 30-40 s of work there; the old 30 s wall-clock limits refused less at load 3.
+LIMITS = Limits(ops=400_000, steps=6_000_000)
 
 
 class CacheRefused(ValueError):
@@ -147,7 +152,7 @@ class CacheRefused(ValueError):
 
 
 class TraceTooSlow(ValueError):
-    """A trace refused because running it would take past MAX_TRACE_SECONDS."""
+    """A trace refused because running it would take more work than LIMITS allow."""
 
 
 @contextmanager
@@ -157,7 +162,7 @@ def loop_guard(rec: Any, model: Any):
     from attnmem.trace.loops import LoopTooSlow, fold_loops
 
     try:
-        with fold_loops(rec, MAX_TRACE_SECONDS, model) as folder:
+        with fold_loops(rec, LIMITS, model) as folder:
             yield folder
     except LoopTooSlow as e:
         raise TraceTooSlow(f"{type(model).__name__}: {e}") from None
@@ -254,10 +259,12 @@ def result(rec: Recorded, b: int, s: int, n: int, attention: str, dtype: str,
     import transformers
 
     try:
-        phases = replay(list(rec.events), limit=MAX_TRACE_SECONDS)
-    except ReplayTooSlow as e:
+        phases = replay(rec.events, limit=LIMITS.steps)
+    except ReplayTooLong as e:
+        cost = replay_cost(rec.events)
         raise TraceTooSlow(f"{rec.model_class}: {e}; a shorter prompt has fewer (a Python "
-                           f"loop over the tokens makes events for every token)") from None
+                           f"loop over the tokens makes events for every token): about "
+                           f"{s * LIMITS.steps // cost:,} tokens at this batch") from None
     base = rec.weights_bytes + CUBLAS_WORKSPACE_BYTES
     pre = phases["prefill"]
     dec: PhasePeak | None = phases.get("decode")

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from attnmem.trace.recorder import flat
 from attnmem.trace.weights import _LAYER_KEYS
 
 #: Attributes that hold a module's own layer index (its cache slot): left out of a signature.
@@ -343,6 +344,7 @@ def _top_level(label: str) -> bool:
 def cache_ids(events: tuple) -> set[int]:
     """The allocations the cache holds at the end: the model's (not the driver's top-level)
     allocations that are never freed (the trace ends with the cache alive)."""
+    events = tuple(flat(events))  # folded loops unrolled
     freed = {ev[1] for ev in events if ev[0] == "f"}
     return {ev[1] for ev in events if ev[0] == "a" and ev[1] not in freed
             and not _top_level(ev[3])}
@@ -350,7 +352,7 @@ def cache_ids(events: tuple) -> set[int]:
 
 def cache_bytes(events: tuple) -> int:
     ids = cache_ids(events)
-    return sum(ev[2] for ev in events if ev[0] == "a" and ev[1] in ids)
+    return sum(ev[2] for ev in flat(events) if ev[0] == "a" and ev[1] in ids)
 
 
 def expand(events: tuple, layers_name: str, short_depth: int, head: int, period: int,
@@ -361,7 +363,8 @@ def expand(events: tuple, layers_name: str, short_depth: int, head: int, period:
     (its size, or a length model's coefficient index) is copied as it is."""
     if short_depth != head + period or (depth - head) % period or depth < short_depth:
         raise NotRepeating(f"{depth} layers are not {head} + a multiple of {period}")
-    return _Expansion(events, _Layers(layers_name), head, period, depth).run()
+    # a folded loop's repeat events unrolled: the stream as the full trace has it
+    return _Expansion(tuple(flat(events)), _Layers(layers_name), head, period, depth).run()
 
 
 class _Expansion:
@@ -559,7 +562,7 @@ def canonical(events: tuple) -> tuple:
     names: the allocator's replay is the same under any renaming); `expand` numbers so."""
     ids: dict[int, int] = {}
     out = []
-    for ev in events:
+    for ev in flat(events):
         if ev[0] == "a":
             ids[ev[1]] = len(ids)
             out.append(("a", ids[ev[1]], ev[2], ev[3]))

@@ -38,6 +38,7 @@ from typing import Any
 from attnmem.calc.units import MAX_SEQ_LEN
 from attnmem.trace import layer_blocks
 from attnmem.trace.inference import Recorded, TracedInference, record, result
+from attnmem.trace.recorder import flat
 
 #: Shortest span worth a model: below it the callers trace each length.
 MIN_SPAN = 64
@@ -156,13 +157,14 @@ def _model(text: str, b: int, n: int, attention: str, dtype: str, lo: int, hi: i
     t0 = time.perf_counter()
     fit_at, check_at = _lengths(lo, mid, hi)
     runs, pl = _runs(text, b, n, attention, dtype, (*fit_at, *check_at))
-    first = runs[lo].events
-    if any(len(r.events) != len(first) for r in runs.values()):
+    plain = {s: tuple(flat(r.events)) for s, r in runs.items()}  # folded loops unrolled
+    first = plain[lo]
+    if any(len(p) != len(first) for p in plain.values()):
         return None
     skeleton: list[tuple] = []
     coeffs: list[tuple[Fraction, Fraction, Fraction]] = []
     for i, ev in enumerate(first):
-        evs = [runs[s].events[i] for s in (*fit_at, *check_at)]
+        evs = [plain[s][i] for s in (*fit_at, *check_at)]
         if any(_shape(e) != _shape(ev) for e in evs):
             return None
         if ev[0] != "a":

@@ -18,14 +18,19 @@ checked fact rather than an assumption, for each `for` statement in transformers
    before at the same position (so what an iteration leaves alive, the next one frees: nothing
    accumulates); every list, dict, set or tuple among the loop's local variables must keep its
    length (no Python-side accumulation either), and the block must make at least one tensor;
-3. then the n − 6 iterations not run are added as copies of the block (fresh storage ids, each
-   free renamed to the copy before it), and the last index, n − 1, runs for real, its frees of
-   the previous iteration's tensors renamed to the last copy's.
+3. then the n − 6 iterations not run are added as one repeat event: the block as a template
+   (sizes, labels, frees by position) to be taken n − 6 times with fresh storage ids, each
+   "prev" free naming the copy before (attnmem.trace.recorder.unrolled; the replay runs it in
+   closed form where it can, `replay`), at the cost of one event however long the loop; the
+   last index, n − 1, runs for real, its frees of the previous iteration's tensors renamed to
+   the last copy's. Where each iteration appends one tensor to one list (Mamba's selective
+   scan keeps its per-token outputs), the list is extended with a tensor per copy (`_Kept`).
 
 The caching allocator's replay then sees exactly the events of all n iterations. A loop that
-fails a check (a list of per-token outputs, as Mamba's selective scan keeps) is not folded: it
-runs every remaining iteration, and `LoopGuard` refuses it where its estimated time is past
-the trace's limit, naming the loop. Only `for` statements are folded (an AST check of the
+fails a check is not folded: it runs every remaining iteration, and `_Folder.check_cost`
+refuses it where its tensor ops (counted by the recorder) or its events would take the trace
+past its `Limits`, naming the loop; the limits are counts, so a refusal depends on the model
+and its inputs, not on the host's load. Only `for` statements are folded (an AST check of the
 statement at the instruction: comprehensions and `list(range(n))` get the plain range), only
 in the tracing thread, and only in inference (no autograd graph: a training step's backward
 would replay the iterations that were not run).
@@ -37,18 +42,24 @@ import ast
 import linecache
 import sys
 import threading
-import time
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
+
+from attnmem.trace.recorder import flat
 
 #: Loops shorter than this run as written (layer loops, heads, small chunks).
 FOLD_MIN = 64
 #: Positions of the iterations that run before the rest are folded (n // 2 is added).
 _SAMPLED = (0, 1, 2, 3)
 _BUILTIN_RANGE = range
-#: Iterations of an unfolded loop between two checks of its time.
+#: Tensors a fold makes for a list of per-step outputs (`_Kept`) that count as one tensor op
+#: in the trace's limit of ops.
+KEPT_PER_OP = 5
+#: Iterations of an unfolded loop between two checks of its cost.
 _RECHECK = 256
 
 
@@ -129,15 +140,15 @@ class _Made:
 
 
 class _Folder:
-    """The state of one trace's folding: the recorder, the thread, the time limit."""
+    """The state of one trace's folding: the recorder, the thread, the limits (counts of the
+    trace's work, so a refusal depends on the model and its inputs only)."""
 
-    def __init__(self, rec: Any, limit: float | None, model: Any) -> None:
+    def __init__(self, rec: Any, limits: Limits | None, model: Any) -> None:
         import torch
 
         self.rec = rec
         self.thread = threading.get_ident()
-        self.start = time.perf_counter()
-        self.limit = limit
+        self.limits = limits
         self.model = model
         self.grad = torch.is_grad_enabled
         self.folded = 0  # loops folded
@@ -148,22 +159,24 @@ class _Folder:
         return threading.get_ident() == self.thread
 
     def check_spent(self, where: str, n: int) -> None:
-        """LoopTooSlow where the trace has already run past its limit (folded loops too: each
-        copy is events to write and, later, to replay)."""
-        if self.limit is None:
+        """LoopTooSlow where the trace has already run past its limit of ops."""
+        lim = self.limits
+        if lim is None or self.rec.ops <= lim.ops:
             return
-        spent = time.perf_counter() - self.start
-        if spent > self.limit:
-            raise LoopTooSlow(
-                f"after {spent:,.0f} s, past the {self.limit:g} s a trace may take here, it "
-                f"reached another Python loop of {n:,} steps in transformers' code ({where}); "
-                f"{self.folded} loops were folded, {len(self.unfolded)} run in full")
+        raise LoopTooSlow(
+            f"after {self.rec.ops:,} tensor ops, past the {lim.ops:,} a trace may run here, it "
+            f"reached another Python loop of {n:,} steps in transformers' code ({where}); "
+            f"{self.folded} loops were folded, {len(self.unfolded)} run in full; a shorter "
+            f"prompt runs fewer (a loop over the tokens makes work for every token)")
 
-    def check_time(self, where: str, n: int, left_here: int, per: float, why: str) -> None:
+    def check_cost(self, where: str, n: int, left_here: int, ops: float, events: float,
+                   why: str) -> None:
         """LoopTooSlow where this loop's `left_here` iterations, and the loops like it in the
-        model's other modules of the class running it, would take the trace past its limit
-        at `per` seconds an iteration."""
-        if self.limit is None:
+        model's other modules of the class running it, at `ops` tensor ops and `events`
+        storage events an iteration, would take the trace past its limit of ops or its
+        events past the replay's limit of steps."""
+        lim = self.limits
+        if lim is None:
             return
         owner = None
         if self.model is not None and self.rec.stack:
@@ -175,17 +188,36 @@ class _Folder:
         if owner is not None:
             alike = max(1, sum(1 for m in self.model.modules() if type(m) is type(owner)))
         ahead = max(0, alike - self.runs.get(where, 1))  # its like not yet run
-        est = per * (left_here + ahead * n)
-        left = self.limit - (time.perf_counter() - self.start)
-        if est <= left:
+        iters = left_here + ahead * n
+        over = []
+        if self.rec.ops + ops * iters > lim.ops:
+            over.append((f"{self.rec.ops + ops * iters:,.0f} tensor ops ({ops:,.0f} an "
+                         f"iteration)", f"{lim.ops:,} a trace may run here",
+                         lim.ops / max(ops * alike, 1)))
+        if len(self.rec.events) + events * iters > lim.steps:
+            over.append((f"{len(self.rec.events) + events * iters:,.0f} storage events to "
+                         f"replay ({events:,.0f} an iteration)",
+                         f"{lim.steps:,} the replay takes here",
+                         lim.steps / max(events * alike, 1)))
+        if not over:
             return
-        steps = int(self.limit / (per * alike)) if per > 0 else n
+        steps = int(min(s for _, _, s in over))
         who = f" in each of its {alike} {type(owner).__name__} modules" if alike > 1 else ""
         raise LoopTooSlow(
             f"a Python loop of {n:,} steps in transformers' code ({where}){who} cannot be "
-            f"folded ({why}) and would take about {est:,.0f} s more to trace, past the "
-            f"{self.limit:g} s a trace may take here; the trace answers such loops up to "
-            f"about {steps:,} steps (for a loop over the tokens, a prompt that long)")
+            f"folded ({why}) and would bring the trace to "
+            + " and ".join(f"{what}, past the {limit}" for what, limit, _ in over)
+            + f"; the trace answers such loops up to about {steps:,} steps (for a loop over "
+              f"the tokens, a prompt that long)")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much work a trace may do: `ops` tensor ops dispatched (Recorder.ops), `steps` of
+    the allocator replay (attnmem.trace.recorder.replay_cost)."""
+
+    ops: int
+    steps: int
 
 
 _FOLDER: list[_Folder] = []
@@ -246,7 +278,7 @@ def _normal(events: list, start: int, end: int, prev: dict[int, int]) -> tuple[t
     ("f", "this"|"prev", position) or ("f", "old", id); and its id -> position map."""
     own: dict[int, int] = {}
     out = []
-    for ev in events[start:end]:
+    for ev in flat(events[start:end]):  # a loop folded inside an iteration: its events
         if ev[0] == "a":
             own[ev[1]] = len(own)
             out.append(("a", ev[2], ev[3]))
@@ -273,7 +305,7 @@ def _fold(folder: _Folder, r: range, frame: Any):
     bounds: list[int] = []
     made = _Made()
     outer, rec.watch = rec.watch, made
-    t0 = time.perf_counter()
+    ops0 = rec.ops
     try:
         for pos in sampled:
             bounds.append(len(events))
@@ -298,66 +330,90 @@ def _fold(folder: _Folder, r: range, frame: Any):
         rest = [i for i in _BUILTIN_RANGE(n) if i not in set(sampled)]
         folder.unfolded.append(f"{where} ({n:,} steps): {why}")
         folder.runs[where] = folder.runs.get(where, 0) + 1
-        per = (time.perf_counter() - t0) / len(sampled)
-        folder.check_time(where, n, len(rest), per, why)
-        t1 = time.perf_counter()
+        ops = (rec.ops - ops0) / len(sampled)
+        evs = _length(events[bounds[0]:bounds[-1]]) / len(sampled)
+        folder.check_cost(where, n, len(rest), ops, evs, why)
+        ops1, ev1 = rec.ops, len(events)
         for k, i in enumerate(rest):
-            if k and k % _RECHECK == 0:  # iterations slow down as what they keep piles up
-                now = time.perf_counter()
-                per, t1 = max(per, (now - t1) / _RECHECK), now
-                folder.check_time(where, n, len(rest) - k, per, why)
+            if k and k % _RECHECK == 0:  # iterations that do more than the sampled ones
+                ops = max(ops, (rec.ops - ops1) / _RECHECK)
+                evs = max(evs, (len(events) - ev1) / _RECHECK)
+                ops1, ev1 = rec.ops, len(events)
+                folder.check_cost(where, n, len(rest) - k, ops, evs, why)
             yield r[i]
         return
-    # the template: the last sampled block, its ids relative to the block before
+    # the template: the last sampled block, its ids relative to the block before; the copies
+    # are one repeat event (attnmem.trace.recorder.unrolled), their ids taken as one range
     prev_ids = _ids(events, bounds[-3], bounds[-2])
     template, last = _normal(events, bounds[-2], bounds[-1], prev_ids)
-    last_ids = list(last)  # ids of the last real block's allocations, by position
+    k = len(last)
     copies = n - len(sampled) - 1
-    appended: list[Any] = []
-    for _ in _BUILTIN_RANGE(copies):
-        ids: list[int] = []
-        for ev in template:
-            if ev[0] == "a":
-                i = rec.new_id()
-                ids.append(i)
-                events.append(("a", i, ev[1], ev[2]))
-                if len(ids) - 1 in kept:  # the per-step output the list keeps: a real tensor
-                    appended.append(_like(out_list[1], i, rec))
-            elif ev[1] == "this":
-                events.append(("f", ids[ev[2]]))
-            else:  # "prev": checked to be the only other kind
-                events.append(("f", last_ids[ev[2]]))
-        last_ids = ids
-    if out_list is not None:
-        out_list[0].extend(appended)  # the list the loop appends to: its n - 1 entries so far
-        del appended
+    base = rec.new_ids(copies * k)
+    events.append(("r", template, copies, base, tuple(last)))
+    if out_list is not None:  # the per-step outputs the list keeps: real tensors
+        (p,) = kept
+        made_here = _Kept(rec, out_list[1], [base + c * k + p for c in _BUILTIN_RANGE(copies)])
+        out_list[0].extend(made_here.views)  # the list the loop appends to: n - 1 entries
+        made_here.views = ()
+        # each a tensor the model's code then handles (a stack's input) and frees: about a
+        # fifth of an op's time (Mamba-130M at 16,384 tokens: 393k of them, ~8 s of 10)
+        rec.ops += copies // KEPT_PER_OP
     # the last iteration runs: its frees of the last real block's tensors are the last copy's
-    for pos, (real, copy) in enumerate(zip(list(last), last_ids, strict=True)):
+    end = base + (copies - 1) * k
+    for pos, real in enumerate(last):
         if pos not in kept:  # a kept tensor is freed as itself (with its list)
-            rec.rename[real] = copy
+            rec.rename[real] = end + pos
     folder.folded += 1
     yield r[n - 1]
 
 
-def _like(proto: Any, i: int, rec: Any) -> Any:
-    """A tensor shaped as `proto` (size, stride, offset, dtype) on a storage of its own, made
-    outside the recorder and entered in it as allocation `i` (its free recorded when it dies)."""
-    import torch
-    from torch.utils._python_dispatch import _disable_current_modes
+class _Kept:
+    """The per-step outputs of a folded loop's copies (the tensors a loop appends to a list):
+    views shaped as `proto` (size, stride, offset, dtype), one per id, of one storage made
+    outside the recorder, which the recorder treats as made before it (`Recorder.shared`).
+    Copy c's tensor stands for allocation ids[c], whose free is recorded when the last tensor
+    on it dies: its view here, or any view an op makes of it (counted by `view`), as a storage
+    of its own would be freed. Made in one call (`unbind`, ~1 µs a tensor): a storage of its
+    own per copy cost ~40 µs, minutes for a long prompt's loops over every layer."""
 
-    with _disable_current_modes():
-        nbytes = proto.untyped_storage().nbytes()
-        t = torch.empty(0, dtype=proto.dtype, device=proto.device)
-        t.set_(torch.UntypedStorage(nbytes, device=proto.device), proto.storage_offset(),
-               proto.size(), proto.stride())
-    st = t.untyped_storage()
-    rec.own(st, i)
-    return t
+    def __init__(self, rec: Any, proto: Any, ids: list[int]) -> None:
+        import torch
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self.rec, self.ids = rec, ids
+        self.span = proto.untyped_storage().nbytes()  # each copy's bytes, as the proto's
+        self.alive = [1] * len(ids)
+        self._refs: dict[Any, int] = {}
+        item = proto.element_size()
+        with _disable_current_modes():
+            whole = torch.empty(max(1, len(ids) * self.span // item), dtype=proto.dtype,
+                                device=proto.device)
+            views = whole.as_strided((len(ids), *proto.size()),
+                                     (self.span // item, *proto.stride()),
+                                     proto.storage_offset()).unbind(0)
+        rec.shared(whole.untyped_storage(), self)
+        del whole
+        # one weak reference per view, made in C (a Python loop doubled the cost)
+        refs = map(weakref.ref, views, repeat(self._died))
+        self._refs = dict(zip(refs, range(len(ids)), strict=True))
+        self.views = views
+
+    def view(self, t: Any) -> None:
+        """An op made `t` on the shared storage: the copy it lies in lives while it does."""
+        c = t.storage_offset() * t.element_size() // self.span
+        self.alive[c] += 1
+        self._refs[weakref.ref(t, self._died)] = c
+
+    def _died(self, ref: Any) -> None:
+        c = self._refs.pop(ref)
+        self.alive[c] -= 1
+        if not self.alive[c]:
+            self.rec._freed(self.ids[c])
 
 
 def _ids(events: list, start: int, end: int) -> dict[int, int]:
     own: dict[int, int] = {}
-    for ev in events[start:end]:
+    for ev in flat(events[start:end]):
         if ev[0] == "a":
             own[ev[1]] = len(own)
     return own
@@ -385,13 +441,21 @@ def _check(events: list, bounds: list[int]) -> tuple[str, set[int]]:
     return "", {pos for pos in _BUILTIN_RANGE(made) if pos not in freed}
 
 
+def _length(events: list) -> int:
+    """How many events `events` stand for (repeat events unrolled)."""
+    n = 0
+    for ev in events:
+        n += 1 if ev[0] != "r" else ev[2] * len(ev[1])
+    return n
+
+
 @contextmanager
-def fold_loops(rec: Any, limit: float | None = None, model: Any = None):
+def fold_loops(rec: Any, limits: Limits | None = None, model: Any = None):
     """Inside the block, `for` loops over range(n ≥ FOLD_MIN) in transformers' code are folded
-    into `rec` (module docstring); where one cannot be, LoopTooSlow is raised once the trace
-    would run past `limit` seconds (its like in `model`'s other modules counted). Yields the
-    _Folder (what was folded, what was not and why)."""
-    folder = _Folder(rec, limit, model)
+    into `rec` (module docstring); where one cannot be, LoopTooSlow is raised once running it
+    would take the trace past `limits` (its like in `model`'s other modules counted). Yields
+    the _Folder (what was folded, what was not and why)."""
+    folder = _Folder(rec, limits, model)
     mods = [m for name, m in list(sys.modules.items())
             if name.startswith("transformers.") and m is not None and hasattr(m, "__dict__")]
     patched = []

@@ -59,13 +59,13 @@ def test_a_logged_activation_figure_replaces_the_bound(tmp_path, capsys) -> None
 
 def test_a_hybrid_whose_profile_cannot_be_traced_gets_an_upper_bound(tmp_path, capsys,
                                                                      monkeypatch) -> None:
-    # Zamba's Mamba scan loops over the tokens; its fold refused and the time limit made tiny,
+    # Zamba's Mamba scan loops over the tokens; its fold refused and the limit of ops made tiny,
     # as for a loop too slow to trace
     import attnmem.trace.inference as inference
     import attnmem.trace.loops as loops
 
     monkeypatch.setattr(loops, "_check", lambda events, bounds: ("refused here", set()))
-    monkeypatch.setattr(inference, "MAX_TRACE_SECONDS", 0.5)
+    monkeypatch.setattr(inference, "LIMITS", loops.Limits(ops=1_000, steps=10**9))
     path, _ = _write(tmp_path, "ZambaConfig", num_hidden_layers=3,
                      layers_block_type=["mamba", "hybrid", "hybrid"], attn_hidden_size=128,
                      mamba_d_state=8, n_mamba_heads=2)

@@ -167,14 +167,14 @@ def test_the_whole_answer_uses_the_traced_terms() -> None:
 
 def test_an_untraceable_activation_leaves_an_upper_bound_with_the_reason(monkeypatch) -> None:
     """A profile trace refused as too slow (Jamba's Mamba scan, a Python loop over the tokens
-    on meta, its fold refused and the time limit made tiny for the test, as for a loop that
+    on meta, its fold refused and the limit of ops made tiny for the test, as for a loop that
     cannot be folded): the KV and state are still counted, and the capacity is said to be an
     upper bound."""
     import attnmem.trace.inference as inference
     import attnmem.trace.loops as loops
 
     monkeypatch.setattr(loops, "_check", lambda events, bounds: ("refused here", set()))
-    monkeypatch.setattr(inference, "MAX_TRACE_SECONDS", 0.5)
+    monkeypatch.setattr(inference, "LIMITS", loops.Limits(ops=1_000, steps=10**9))
     d = cfg("JambaConfig", num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1,
             expert_layer_period=100, num_experts=1)
     r = traced_serving(d, GPU, 4096)
