@@ -32,6 +32,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from attnmem.trace.uniform import index_masks
+
 #: The most bytes one tensor's values may take when computed on the CPU: a (B, 1, s, s) mask
 #: read as int32 is 4·B·s² bytes, so B·s² up to 2^26 (s = 8,192 at B = 1).
 MAX_BYTES = 1 << 28
@@ -286,28 +288,26 @@ class Known:
         return (out_vals, inverse, out_counts), order
 
     def mask_index(self, func: Any, args: tuple) -> tuple[tuple, Any] | None:
-        """`x[mask]` (aten.index) where each boolean mask's values are known: as uniform.py's
-        `mask_index` (CUDA's index makes `mask.nonzero()`, an int64 (k, mask dims) tensor,
-        and indexes with its columns), for masks whose values vary."""
-        torch = self._torch
-        if _name(func) != "index" or len(args) < 2 or not isinstance(args[1], (list, tuple)):
-            return None
-        indices: list = []
-        made: list = []
-        for idx in args[1]:
-            if not (isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8)):
-                indices.append(idx)
-                continue
-            v = self.values(idx)
+        """`x[mask]` where each boolean mask's values are known (uniform.py's
+        `index_masks`): the nonzero tensor and its columns carry the positions as values."""
+        found: list = []
+
+        def selected(mask: Any) -> Any:
+            v = self.values(mask)
             if v is None:
                 return None
-            nz = torch.nonzero(v)
-            made.append(torch.empty(tuple(nz.shape), dtype=torch.long, device=idx.device))
-            self.set_value(made[-1], nz)
-            for j, col in enumerate(made[-1].unbind(1)):
+            found.append(self._torch.nonzero(v))
+            return found[-1]
+
+        got = index_masks(func, args, selected)
+        if got is None:
+            return None
+        new_args, made, columns = got
+        for t, cols, nz in zip(made, columns, found, strict=True):
+            self.set_value(t, nz)
+            for j, col in enumerate(cols):
                 self.set_value(col, nz[:, j])
-                indices.append(col)
-        return ((args[0], indices, *args[2:]), made) if made else None
+        return new_args, made
 
 
 def _evaluate(root: _Node) -> Any:

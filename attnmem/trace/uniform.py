@@ -111,27 +111,14 @@ class Uniform:
         return torch.tensor(split, dtype=dtype, device=dev)
 
     def mask_index(self, func: Any, args: tuple) -> tuple[tuple, Any] | None:
-        """`x[mask]` (aten.index) where a boolean mask's value is known: the meta kernel needs
-        nonzero(), which has no meta form; CUDA's index makes `mask.nonzero()`, an int64
-        (k, mask dims) tensor of the k selected positions (all of them, or none), and indexes
-        with its columns. Returns the arguments with each mask so replaced and those nonzero
-        tensors (held while the op runs), or None."""
-        torch = self._torch
-        if _name(func) != "index" or len(args) < 2 or not isinstance(args[1], (list, tuple)):
-            return None
-        indices: list = []
-        made: list = []
-        for idx in args[1]:
-            if not (isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8)):
-                indices.append(idx)
-                continue
-            v = self.value(idx)
-            if v is None:
-                return None
-            k = idx.numel() if v else 0
-            made.append(torch.empty((k, idx.dim()), dtype=torch.long, device=idx.device))
-            indices.extend(made[-1].unbind(1))
-        return ((args[0], indices, *args[2:]), made) if made else None
+        """`x[mask]` where each boolean mask's one value is known (`index_masks`): all of its
+        positions are selected, or none."""
+        def selected(mask: Any) -> int | None:
+            v = self.value(mask)
+            return None if v is None else mask.numel() if v else 0
+
+        got = index_masks(func, args, selected)
+        return None if got is None else got[:2]
 
     def after(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Follow one op: forget what it overwrote, and learn its output's value if uniform."""
@@ -257,6 +244,37 @@ class Uniform:
             if known.untyped_storage() is st:
                 del self._values[known]
         self._values.pop(t, None)
+
+
+def index_masks(func: Any, args: tuple, selected: Any) -> tuple[tuple, list, list] | None:
+    """`x[mask]` (aten.index) where every boolean mask's selected positions are known: the
+    meta kernel needs nonzero(), which has no meta form; CUDA's index makes `mask.nonzero()`,
+    an int64 (k, mask dims) tensor of the k selected positions, and indexes with its columns
+    (aten/src/ATen/native/IndexingUtils.h `expandTensors`: `nonzero.select(1, j)`).
+    `selected(mask)` gives a mask's positions, as their count or as that (k, dims) tensor's
+    CPU values, or None where they are not known (then None here). Returns the arguments with each mask so replaced,
+    the nonzero tensors made (held while the op runs) and each one's columns; else None.
+    Shared by this tracker (uniform masks) and attnmem.trace.known (masks whose values
+    vary)."""
+    import torch
+
+    if _name(func) != "index" or len(args) < 2 or not isinstance(args[1], (list, tuple)):
+        return None
+    indices: list = []
+    made: list = []
+    columns: list = []
+    for idx in args[1]:
+        if not (isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8)):
+            indices.append(idx)
+            continue
+        sel = selected(idx)
+        if sel is None:
+            return None
+        k = sel if isinstance(sel, int) else sel.shape[0]
+        made.append(torch.empty((k, idx.dim()), dtype=torch.long, device=idx.device))
+        columns.append(made[-1].unbind(1))
+        indices.extend(columns[-1])
+    return ((args[0], indices, *args[2:]), made, columns) if made else None
 
 
 def _name(func: Any) -> str:
