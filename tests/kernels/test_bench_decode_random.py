@@ -136,3 +136,20 @@ def test_other_presets_are_not_routed():
     from attnmem.measure.bench.preset_cli import route
 
     assert route(["--preset", "training"]) is None and route(["--quick"]) is None
+
+
+def test_random_route_label_names_the_portable_path_off_hopper():
+    """On a CPU the route has no Hopper kernel: the label names the portable forward, and for
+    fwd_bwd the backward the pure rules pick (a 4:1 GQA group on a 2-block grid is split)."""
+    import torch
+
+    from attnmem.calc import dispatch
+    from attnmem.measure.bench.random_grid import route_label
+
+    q = torch.randn(1, 8, 256, 64)
+    k = v = torch.randn(1, 2, 256, 64)
+    assert route_label(q, k, v, q, True, "fwd") == "fwd triton"
+    split = dispatch.kv_split(1, 8, 2, 256, 256, 64, 4)
+    label = route_label(q, k, v, q, True, "fwd_bwd")
+    assert label.startswith("fwd triton, bwd triton 2-kernel"), label
+    assert (f" S={split}" in label) == (split > 1)

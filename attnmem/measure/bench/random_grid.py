@@ -36,8 +36,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["COUNT", "HEADS", "RandomRow", "RandomShape", "draw", "run_random", "summary",
-           "table"]
+__all__ = ["COUNT", "HEADS", "RandomRow", "RandomShape", "draw", "route_label", "run_random",
+           "summary", "table"]
 
 #: (model, H, H_kv, d): attention heads of released models (their config.json:
 #: num_attention_heads, num_key_value_heads, head_dim or hidden_size / heads). DeepSeek-V3's
@@ -126,6 +126,29 @@ class RandomRow:
     triton_version: str
     fa4_version: str
     timestamp: str
+    #: our kernel's path for this pass (`route_label`), empty for the peers
+    route: str = ""
+
+
+def route_label(q, k, v, do, causal: bool, mode: str) -> str:
+    """The path `flash_attention` takes for these tensors, as the route decides it
+    (attnmem.kernels.flash.route): "fwd sm90" / "fwd triton" and, for fwd_bwd, the backward
+    ("bwd sm90", "bwd triton atomic", "bwd triton 2-kernel", with " S=n" where a GQA group is
+    split). Where the route cannot say (an import or a forced field failing), the reason."""
+    try:
+        from attnmem.kernels.flash import route
+
+        call = route.Call.of(q, k, causal, None)
+        can = route.probe(q, k, v, do, q)
+        f = route.forward_route(call, None, can)
+        label = f"fwd {f.kernel}"
+        if mode == "fwd_bwd":
+            b = route.backward_route(call, None, can)
+            kind = "" if b.kernel == "sm90" else (" atomic" if b.atomic else " 2-kernel")
+            label += f", bwd {b.kernel}{kind}" + (f" S={b.split}" if b.split > 1 else "")
+        return label
+    except Exception as exc:  # noqa: BLE001 - the label is a note, never stops a timing
+        return f"? {type(exc).__name__}: {str(exc)[:60]}"
 
 
 def _time(fn, q, k, v, do, causal, mode, ref) -> tuple[float, float, str]:
@@ -214,12 +237,14 @@ def run_random(seed: int, out_dir: str, rounds: int = 2, budget_s: float = 220.0
                         got[name].append(_time(fns[name], *qkv, do, sh.causal, mode, ref))
                 flop = attention_flops(sh.batch, sh.heads, sh.seq_len, sh.head_dim,
                                        sh.causal, mode == "fwd_bwd")
+                ours_route = route_label(q, k, v, do, sh.causal, mode)
                 for name in IMPLS:
                     ms, rel, status = impls.combine(got[name])
                     rows.append(RandomRow(seed, i, sh.model, name, mode, sh.batch, sh.heads,
                                           sh.kv_heads, sh.seq_len, sh.head_dim, sh.causal,
                                           sh.dtype, ms, flop / (ms * 1e-3) / 1e12, rel,
-                                          status, **stamp))
+                                          status, **stamp,
+                                          route=ours_route if name == "triton" else ""))
                     writer.writerow(asdict(rows[-1]))
                     sink.flush()
                     log(f"{i:2d} {name:10s} {mode:7s} {sh.label():40s} {ms:8.3f} ms {status}")
@@ -245,7 +270,7 @@ def table(rows: list[RandomRow]) -> str:
     ratio = _ratios(rows)
     shapes = {r.index: r for r in rows}
     head = ["#", "model", "B", "H", "H_kv", "s", "d", "causal", "dtype", "pass", "ours TFLOP/s",
-            "cudnn/ours", "fa4/ours"]
+            "cudnn/ours", "fa4/ours", "our path"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     ours = {(r.index, r.mode): r for r in rows if r.impl == "triton"}
     for (i, mode) in sorted({(r.index, r.mode) for r in rows}):
@@ -257,6 +282,7 @@ def table(rows: list[RandomRow]) -> str:
                  "fwd+bwd" if mode == "fwd_bwd" else "fwd",
                  f"{o.tflops:.0f}" if o and o.status == "ok" else (o.status[:20] if o else "-")]
         cells += [f"{rr[p]:.2f}" if p in rr else "-" for p in PEERS]
+        cells.append(o.route if o and o.route else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
