@@ -142,8 +142,9 @@ def _built(text: str, dtype: str, attn: str):
 #: meta (Recorder.ops; a Python loop over the tokens that attnmem.trace.loops cannot fold is
 #: refused once its projected ops pass the limit) and steps of the allocator replay
 #: (recorder.replay_cost). Calibrated on the project's 2-core host at load 5 (NOTES.md,
-#: "Reading any model"): an op ~100 µs, a replay step 2-3 µs at worst, so each limit alone is
-#: about 30-40 s of work there; the old 30 s wall-clock limits refused less at load 3.
+#: "Reading any model (issue 42)"): an op ~100 µs, a replay step 2-3 µs at worst, so each
+#: limit alone is about 30-40 s of work there; the old 30 s wall-clock limits refused less at
+#: load 3.
 LIMITS = Limits(ops=400_000, steps=6_000_000)
 
 

@@ -5,15 +5,17 @@ storage not seen before is an allocation of `nbytes` (a view, or an in-place op'
 not), and a weak-reference finalizer on the storage records its free when the last tensor on it
 dies (CPython frees at the last reference, so the order is the program's); temporaries a CUDA
 kernel makes inside an op, which its meta kernel does not, come from attnmem.trace.cuda_only.
-On the meta device
-storages have sizes but no memory, so a 70B model's forward at 128k tokens costs nothing but
-the Python of its modules.
+On the meta device storages have sizes but no memory, so a 70B model's forward at 128k tokens
+costs nothing but the Python of its modules. A loop over the tokens that attnmem.trace.loops
+folds is one repeat event ("r": an iteration's events as a template, taken n times with fresh
+ids; `unrolled`, `flat`), and `ops` counts the work the trace's limits are set in.
 
 Each allocation is labelled with the op and the innermost module running (`track_modules`), so
 a peak can be said in the model's own names. `replay` feeds the events through
 attnmem.calc.allocator.CachingAllocator: what `torch.cuda.max_memory_allocated()` counts is
 each tensor as the block the CUDA caching allocator hands out (512-byte rounding, whole blocks
-where the large pool does not split), and phases (`mark`) get their own peaks.
+where the large pool does not split), and phases (`mark`) get their own peaks; the small
+pool's requests, whose block never depends on the allocator's state, without it (`_bypass`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from attnmem.trace.cuda_only import temporaries
 from attnmem.trace.known import Known
 from attnmem.trace.uniform import Uniform
 
-#: ("a", id, nbytes, label) | ("f", id) | ("m", phase name)
+#: ("a", id, nbytes, label) | ("f", id) | ("m", phase name) | ("r", template, copies, first id,
+#: previous ids) (`unrolled`)
 Event = tuple
 
 
