@@ -29,11 +29,15 @@ settled by the rule above, for the cold and the warm browser.
 
 With --floor, the same is measured for one-file apps served alike (FLOOR_APPS), in the same run
 and so at the same load: what Streamlit itself costs a direct load with the app's sidebar (a
-title and one number), then with one plotly chart (its bundle evaluated and the chart drawn:
-the cost every page with a chart pays), then with a data grid too. A page cannot settle
-sooner than the floor of the elements it draws.
+title and one number), then that plus an HTML table, a data grid (its bundle evaluated, its
+canvas drawn), one plotly chart (plotly.js evaluated and the chart drawn: the cost every page
+with a chart pays), a chart and a table, a chart and a grid. A page cannot settle sooner than
+the floor of the element kinds it draws.
 
-Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--in-app] [--floor] [--url http://127.0.0.1:8501]
+With --compare DIR, a second copy of the app (a checkout of another commit) is served beside
+this one and every load is made from both in turn, so a before/after pair shares the load.
+
+Usage: .venv/bin/python scripts/settle_times.py [--repeat 3] [--in-app] [--floor] [--compare DIR] [--url http://127.0.0.1:8501]
 """
 
 from __future__ import annotations
@@ -77,9 +81,11 @@ STATE_JS = """() => [performance.now(), window.__settle.last, window.__settle.fi
 
 
 #: The floor apps (--floor): the app's sidebar (a unit switch and a caption, as app.py draws it)
-#: and a title and one number; then one plotly chart as the pages draw theirs (a dict of four
-#: lines of 18 points, log x, Streamlit's theme, the pages' toolbar options); then a data grid
-#: of 20 rows too. Names sort in that order.
+#: and a title and one number; then, each added to that alone, a data grid of 20 rows
+#: (st.dataframe: its canvas bundle), the same rows as an HTML table (st.table), one plotly
+#: chart as the pages draw theirs (a dict of four lines of 18 points, log x, Streamlit's theme,
+#: the pages' toolbar options); then the chart with the HTML table, and with the grid. A page
+#: pays the floor of the element kinds it draws. Names sort in that order.
 FLOOR_HEAD = """
 import streamlit as st
 st.set_page_config(page_title="floor", layout="wide")
@@ -97,14 +103,19 @@ traces = [dict(type="scatter", mode="lines+markers", name=f"line {k}", x=xs,
 st.plotly_chart({"data": traces, "layout": {"height": 430, "xaxis": {"type": "log"}}},
                 theme="streamlit", config={"displaylogo": False})
 """
-FLOOR_GRID = """
+FLOOR_ROWS = """
 import pandas as pd
-st.dataframe(pd.DataFrame({"s": range(20), "bytes": [2 ** i for i in range(20)]}))
+rows = pd.DataFrame({"s": range(20), "bytes": [2 ** i for i in range(20)]})
 """
+FLOOR_GRID = FLOOR_ROWS + "st.dataframe(rows)\n"
+FLOOR_TABLE = FLOOR_ROWS + "st.table(rows, hide_index=True)\n"
 FLOOR_APPS = {
     "floor_1_number.py": FLOOR_HEAD,
-    "floor_2_chart.py": FLOOR_HEAD + FLOOR_CHART,
-    "floor_3_chart_grid.py": FLOOR_HEAD + FLOOR_CHART + FLOOR_GRID,
+    "floor_2_table.py": FLOOR_HEAD + FLOOR_TABLE,
+    "floor_3_grid.py": FLOOR_HEAD + FLOOR_GRID,
+    "floor_4_chart.py": FLOOR_HEAD + FLOOR_CHART,
+    "floor_5_chart_table.py": FLOOR_HEAD + FLOOR_CHART + FLOOR_TABLE,
+    "floor_6_chart_grid.py": FLOOR_HEAD + FLOOR_CHART + FLOOR_GRID,
 }
 
 
@@ -229,23 +240,28 @@ def navigate_once(context, url: str, path: str, quiet_ms: int) -> float:
         page.close()
 
 
-def measure(url: str, paths: list[str], repeat: int, quiet_ms: int,
-            warm: bool, in_app: bool = False) -> dict[str, list]:
+def measure(url: str | list[str], paths: list[str], repeat: int, quiet_ms: int,
+            warm: bool, in_app: bool = False) -> dict:
     """Per page path, per load: (first number, settled) of a direct load, or with in_app the
-    seconds from a sidebar click to settled (navigate_once)."""
-    out: dict[str, list] = {p: [] for p in paths}
+    seconds from a sidebar click to settled (navigate_once). With several urls (--compare),
+    each load of a page from the first app is followed by one from each other (interleaved,
+    so they share the machine's load); then {url: {path: [...]}}."""
+    urls = [url] if isinstance(url, str) else list(url)
+    out: dict[str, dict[str, list]] = {u: {p: [] for p in paths} for u in urls}
     with browser() as b:
         shared = watched_context(b) if warm else None
         if shared is not None:  # a returning user: the bundles are in the cache already
-            load_once(shared, url + "/score_matrix", quiet_ms)
+            for u in urls:
+                load_once(shared, u + "/score_matrix", quiet_ms)
         for path in paths:
             for _ in range(repeat):
-                ctx = shared or watched_context(b)
-                out[path].append(navigate_once(ctx, url, path, quiet_ms) if in_app else
-                                 load_once(ctx, url + path, quiet_ms))
-                if shared is None:
-                    ctx.close()
-    return out
+                for u in urls:
+                    ctx = shared or watched_context(b)
+                    out[u][path].append(navigate_once(ctx, u, path, quiet_ms) if in_app else
+                                        load_once(ctx, u + path, quiet_ms))
+                    if shared is None:
+                        ctx.close()
+    return out[url] if isinstance(url, str) else out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,13 +277,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="URL paths to measure (default: every page of app.py)")
     ap.add_argument("--floor", action="store_true",
                     help="also measure the one-file floor apps (FLOOR_APPS: the sidebar and a "
-                         "number; plus a plotly chart; plus a data grid), served and loaded "
-                         "alike, in the same run")
+                         "number; plus an HTML table, a data grid, a plotly chart, a chart and "
+                         "a table, a chart and a grid), served and loaded alike, in the same run")
     ap.add_argument("--in-app", action="store_true",
                     help="also measure each page reached by a click in the sidebar from "
                          f"{NAV_FROM} (from {NAV_FROM_ELSE} for itself): the same document, "
                          "plotly and the data grid already evaluated; seconds from the click")
+    ap.add_argument("--compare", type=Path, default=None, metavar="DIR",
+                    help="another copy of the app (a checkout of another commit: its app.py "
+                         "and attnmem/), served beside this one; every load of a page from "
+                         "this app is followed by the same load from that one, and both are "
+                         "reported (before/after at the same load)")
     a = ap.parse_args(argv)
+    if a.compare is not None and not (a.compare / "app.py").is_file():
+        raise SystemExit(f"--compare {a.compare}: no app.py there")
     if a.repeat < 1:
         raise SystemExit(f"--repeat must be at least 1, got {a.repeat}")
     if a.quiet_ms < 100:
@@ -276,11 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [a.only] if a.only else ["cold", "warm"]
     with contextlib.ExitStack() as stack:
         url = a.url or stack.enter_context(load_test.app_server())[0]
-        measure(url, paths[:1], 1, a.quiet_ms, warm=False)  # the server's first imports
+        other = (stack.enter_context(load_test.app_server(script=a.compare.resolve() / "app.py"))[0]
+                 if a.compare is not None else None)
+        urls = [url] if other is None else [url, other]
+        measure(urls, paths[:1], 1, a.quiet_ms, warm=False)  # the servers' first imports
         load_start = os.getloadavg()
-        res = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm") for kind in kinds}
-        nav = {kind: measure(url, paths, a.repeat, a.quiet_ms, kind == "warm", in_app=True)
-               for kind in kinds} if a.in_app else {}
+        both = {kind: measure(urls, paths, a.repeat, a.quiet_ms, kind == "warm") for kind in kinds}
+        nav_both = {kind: measure(urls, paths, a.repeat, a.quiet_ms, kind == "warm", in_app=True)
+                    for kind in kinds} if a.in_app else {}
+        res = {kind: got[url] for kind, got in both.items()}
+        nav = {kind: got[url] for kind, got in nav_both.items()}
+        res_other = {kind: got[other] for kind, got in both.items()} if other else {}
+        nav_other = {kind: got[other] for kind, got in nav_both.items()} if other else {}
         floors = (measure_floors(Path(stack.enter_context(tempfile.TemporaryDirectory())),
                                  a.repeat, a.quiet_ms, kinds) if a.floor else {})
     load = os.getloadavg()
@@ -290,23 +320,29 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {'/'.join(f'{x:.1f}' for x in load_start)} at the start, "
           f"{'/'.join(f'{x:.1f}' for x in load)} at the end, {os.cpu_count()} CPUs)")
     worst = dict.fromkeys([*kinds, *(f"in-app {k}" for k in nav)], 0.0)
+    rows = [("", res, nav, worst)]
+    if res_other:
+        rows.append((f" ({a.compare.name})", res_other, nav_other,
+                     dict.fromkeys(worst, 0.0)))
     for path in paths:
-        cells = ""
-        for kind in kinds:
-            first = statistics.median(r[0] for r in res[kind][path])
-            settled = statistics.median(r[1] for r in res[kind][path])
-            worst[kind] = max(worst[kind], settled)
-            cells += f" {first:>11.2f} {settled:>13.2f}"
-        for kind, got in nav.items():
-            settled = statistics.median(got[path])
-            worst[f"in-app {kind}"] = max(worst[f"in-app {kind}"], settled)
-            cells += f" {settled:>13.2f}"
-        print(f"{path:<18}{cells}")
+        for tag, got_res, got_nav, top in rows:
+            cells = ""
+            for kind in kinds:
+                first = statistics.median(r[0] for r in got_res[kind][path])
+                settled = statistics.median(r[1] for r in got_res[kind][path])
+                top[kind] = max(top[kind], settled)
+                cells += f" {first:>11.2f} {settled:>13.2f}"
+            for kind, got in got_nav.items():
+                settled = statistics.median(got[path])
+                top[f"in-app {kind}"] = max(top[f"in-app {kind}"], settled)
+                cells += f" {settled:>13.2f}"
+            print(f"{path + tag:<18}{cells}")
     for name, got in floors.items():
         cells = "".join(f" {statistics.median(r[0] for r in got[k]):>11.2f}"
                         f" {statistics.median(r[1] for r in got[k]):>13.2f}" for k in kinds)
         print(f"{name.removesuffix('.py'):<18}{cells}")
-    print("worst median settle: " + ", ".join(f"{k} {v:.2f} s" for k, v in worst.items()))
+    for tag, _, _, top in rows:
+        print(f"worst median settle{tag}: " + ", ".join(f"{k} {v:.2f} s" for k, v in top.items()))
     return 0
 
 

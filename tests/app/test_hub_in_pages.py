@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _frames import grids  # HTML tables and grids alike
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
@@ -221,7 +222,7 @@ def test_typed_id_loads_and_garbage_typed_is_refused(hub: FakeHub) -> None:
 def test_hub_hybrid_shows_its_constant_state(hub: FakeHub) -> None:
     at = run(MODEL_PAGE, model=HUB, hub="Qwen/Qwen3-Next-80B-A3B-Instruct", b="4")
     model = fixture_model("Qwen3-Next-80B-A3B-Instruct.json", "Qwen/Qwen3-Next-80B-A3B-Instruct")
-    table = at.dataframe[0].value
+    table = grids(at)[0].value
     row = table[table["part"] == "recurrent state"]
     assert len(row) == 1
     assert row.iloc[0]["Standard (eager)"] == format_bytes(state_bytes(model, 4, "bf16"), "GB")
@@ -269,7 +270,7 @@ def test_hybrid_preset_counts_state_in_total_and_longest_context() -> None:
 def test_standard_model_shows_neither() -> None:
     at = run(MODEL_PAGE)
     assert "K/V expanded per head (eager)" not in metrics(at)
-    assert "recurrent state" not in set(at.dataframe[0].value["part"])
+    assert "recurrent state" not in set(grids(at)[0].value["part"])
 
 
 # --- Serving page ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _frames import grids  # HTML tables and grids alike
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
@@ -40,7 +41,7 @@ def metrics(at: AppTest) -> dict[str, str]:
 
 
 def frame_with(at: AppTest, column: str) -> pd.DataFrame:
-    return next(d.value for d in at.dataframe if column in d.value.columns)
+    return next(d.value for d in grids(at) if column in d.value.columns)
 
 
 def test_default_load_shows_calc_numbers() -> None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _frames import grids  # HTML tables and grids alike
 from streamlit.testing.v1 import AppTest
 
 from attnmem.measure import on_this_gpu as g
@@ -55,7 +56,7 @@ def test_without_a_gpu_the_page_says_so_and_shows_the_nearest_rows(no_gpu, name,
     ex = section(at)
     assert any("No GPU here" in i.value for i in ex.info)
     assert not [b for b in ex.button if b.label == TITLE]  # nothing to press
-    (df,) = ex.dataframe
+    (df,) = grids(ex)
     rows = df.value
     assert len(rows) > 0 and rows.iloc[0]["model"] == model
     # each with its prediction and error, in the page's unit and as percentages
@@ -105,7 +106,7 @@ def test_the_button_measures_the_page_inputs_beside_the_prediction(fake_gpu, nam
     metrics = {m.label: m.value for m in ex.metric}
     assert metrics["measured peak"] == "3.00 GB"  # the stand-in harness's row
     assert metrics["predicted peak"] == "3.03 GB" and metrics["error"] == "+1.00%"
-    (parts,) = ex.dataframe
+    (parts,) = grids(ex)
     assert list(parts.value["part"])[0] == "peak"
     kind = "infer" if name == "inference" else "train"
     runs = g.page_runs(kind)

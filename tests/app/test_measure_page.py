@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
+from _frames import grids  # HTML tables and grids alike
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from attnmem.measure.store import COLUMNS, ResultStore  # noqa: E402
@@ -64,7 +65,7 @@ def test_page_shows_a_stored_run_with_model_error(db):
     st.add_row(run, row(message="=HYPERLINK(\"x\")", seq_len=512, peak_extra_bytes=37_748_736))
     at = run_page({"src": str(run), "mode": "fwd", "lens": "512,1024,2048,4096"})
     assert not at.exception, [e.value for e in at.exception]
-    table = at.dataframe[0].value
+    table = grids(at)[0].value
     assert set(table["s"]) == {512, 1024, 2048, 4096}
     ok = table[table["s"] == 1024].iloc[0]
     assert ok["model error %"] == pytest.approx(0.0, abs=0.01)
@@ -111,7 +112,7 @@ def test_fa4_is_selectable_and_says_why_it_is_unavailable(db):
     chosen = at.multiselect(key="impls")
     assert "fa4" in chosen.options or any("FlashAttention-4" in o for o in chosen.options)
     assert len(chosen.value) == 2
-    table = at.dataframe[0].value
+    table = grids(at)[0].value
     fa4 = table[table["status"] == "unavailable"].iloc[0]
     assert "FlashAttention-4" in fa4["implementation"] and fa4["note"] == why
     if fa4_installed_reason():
@@ -131,8 +132,9 @@ def _widths(grid) -> dict[str, int]:
 
 
 def test_tables_fit_a_laptop_window_and_show_all_adds_the_rest(db):
-    """Every grid on the page, at its default inputs and with two stored runs (the runs
-    table and their comparison), fits the main column at 1280 px: the points show the
+    """Every table on the page, at its default inputs and with two stored runs (the runs
+    table and their comparison), fits the main column at 1280 px (a grid's widths add up to
+    at most the column; an HTML table wraps): the points show the
     columns that answer "how far off is the model" and "Show all 12 columns" adds the rest
     (kept in the URL); the per-kernel table wraps instead (st.table)."""
     st = ResultStore(db)
@@ -142,22 +144,27 @@ def test_tables_fit_a_laptop_window_and_show_all_adds_the_rest(db):
         st.add_row(run, row(seq_len=2048, peak_extra_bytes=553_648_128))
     at = run_page()
     assert not at.exception, [e.value for e in at.exception]
-    grids = {tuple(g.value.columns): _widths(g) for g in at.dataframe}
-    assert any("model error %" in cols for cols in grids)
-    assert any("peak_ratio_b_over_a" in cols for cols in grids)  # the comparison is drawn
-    assert any("started (UTC)" in cols for cols in grids)  # the runs are listed
-    for cols, widths in grids.items():
+    shown = [tuple(g.value.columns) for g in grids(at)]
+    assert any("model error %" in cols for cols in shown)
+    assert any("peak_ratio_b_over_a" in cols for cols in shown)  # the comparison is drawn
+    assert any("started (UTC)" in cols for cols in shown)  # the runs are listed
+    # a data grid (a frame of more than tables.HTML_MAX_ROWS rows; the bundled reference's
+    # points at the default inputs) has a width for every column, all within the window; a
+    # shorter frame is an HTML table, whose cells wrap at the column's width
+    assert at.dataframe
+    for grid in at.dataframe:
+        cols, widths = tuple(grid.value.columns), _widths(grid)
         assert set(widths) == set(cols), cols  # every shown column was given its width
         assert sum(widths.values()) <= MAIN_COLUMN_PX, (cols, widths)
-    kernels = at.table[0]  # every kernel: an HTML table whose kernel names wrap anywhere
-    assert len(at.table) == 1 and "kernel" in kernels.value.columns
+    kernels = next(t for t in at.table if "kernel" in t.value.columns)  # every kernel: an HTML
+    # table whose kernel names wrap anywhere
     assert "col2 p { overflow-wrap: anywhere }" in kernels.proto.arrow_data.styler.styles
     assert list(kernels.value.columns).index("kernel") == 2
 
     everything = run_page({"fcols": "true", "bcols": "true", "rcols": "true", "ccols": "true"})
-    points = [g.value for g in everything.dataframe if "model error %" in g.value.columns]
+    points = [g.value for g in grids(everything) if "model error %" in g.value.columns]
     assert len(points) == 2 and all(len(p.columns) == 12 for p in points)
     assert {"median ms", "TFLOP/s", "note"} <= set(points[0].columns)
-    assert any("driver" in g.value.columns for g in everything.dataframe)
-    assert any("predicted_bytes_a" in g.value.columns for g in everything.dataframe)
+    assert any("driver" in g.value.columns for g in grids(everything))
+    assert any("predicted_bytes_a" in g.value.columns for g in grids(everything))
     assert everything.query_params["fcols"] in (["true"], "true")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from _frames import grids  # HTML tables and grids alike
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +17,7 @@ def _needed_cells(**query: str) -> list[str]:
         at.query_params[key] = value
     at.run()
     assert not at.exception
-    table = next(t.value for t in at.dataframe if any(str(col).startswith("GPUs needed") for col in t.value))
+    table = next(t.value for t in grids(at) if any(str(col).startswith("GPUs needed") for col in t.value))
     col = next(col for col in table if str(col).startswith("GPUs needed"))
     return list(table[col])
 

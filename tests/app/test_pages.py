@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _frames import grids  # HTML tables and grids alike
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st_
 from streamlit.testing.v1 import AppTest
@@ -335,7 +336,7 @@ def test_flash_explainer_url_and_out_of_range_step() -> None:
 def _kernel_table(at: AppTest):
     """The page's speeds and its ratios to the peers (two tables of the same s, each fits a
     1280 px window) as one frame, column s first."""
-    frames = [d.value.set_index("s") for d in at.dataframe[:2]]
+    frames = [d.value.set_index("s") for d in grids(at)[:2]]
     if len(frames) == 2 and any(str(col).startswith("default / ") for col in frames[1].columns):
         frames[0] = frames[0].join(frames[1])
     return frames[0].reset_index()
@@ -417,7 +418,7 @@ def test_kernel_speed_gqa_rows() -> None:
     for other in (dict(kpass="fwd"), dict(ktiming="eager calls", kpass="fwd+bwd"),
                   dict(kdtype="fp16", ktiming="GPU time (CUDA graphs)", kpass="fwd+bwd")):
         at = run("kernel", kkv="8", **other)
-        assert not at.dataframe and any("measured for" in i.value for i in at.info)
+        assert not grids(at) and any("measured for" in i.value for i in at.info)
 
 
 
@@ -468,7 +469,7 @@ def test_kernel_speed_shows_fa4_when_the_data_has_it(tmp_path, monkeypatch) -> N
     t = _kernel_table(at).set_index("s")
     assert list(t.index) == [8192] and t.loc[8192, f"default / {fa4}"] == round(300 / 320, 2)
     at = run("kernel", ktiming=timing, kkv="8", kpass="fwd")  # GQA measured fwd+bwd only
-    assert not at.dataframe and any("measured for" in i.value for i in at.info)
+    assert not grids(at) and any("measured for" in i.value for i in at.info)
     monkeypatch.delenv("ATTNMEM_BENCH_DIR")
     at = run("kernel", ktiming=timing)  # the bundled H200 peer run (data/kernel_speed_peers_eager_h200.csv)
     t = _kernel_table(at).set_index("s")

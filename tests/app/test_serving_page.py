@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from _frames import grids  # HTML tables and grids alike
 from streamlit.testing.v1 import AppTest
 
 import attnmem.calc
@@ -52,7 +53,7 @@ def test_quantized_checkpoint_as_stored_and_torch_total_budget() -> None:
     assert cap.gpu_bytes == 150_109_880_320
     values = {m.label: m.value for m in at.metric}
     assert values["KV blocks available"] == f"{cap.num_blocks:,}"
-    table = at.dataframe[0].value
+    table = grids(at)[0].value
     rows = dict(zip(table["part"], table["bytes"], strict=True))
     assert rows["GPU memory torch can use (used)"] == 150_109_880_320
     assert rows["GPU memory on the spec sheet (not used)"] == attnmem.calc.GPUS[h200]

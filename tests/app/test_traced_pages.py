@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _frames import grids  # noqa: E402  (HTML tables and grids alike)
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from attnmem.calc import ModelConfig, format_bytes  # noqa: E402
@@ -81,14 +82,14 @@ def test_inference_page_answers_an_unruled_config_by_the_trace() -> None:
     assert f"Olmo2ForCausalLM, transformers {t.transformers_version}" in caps
     assert "model type 'olmo2'" in caps
     # the parts sum to the peak, each equal to the trace's
-    parts = next(d.value for d in at.dataframe if "part of the peak" in d.value.columns)
+    parts = next(d.value for d in grids(at) if "part of the peak" in d.value.columns)
     shown = {r["part of the peak"]: int(r["bytes"].replace(",", "")) for _, r in parts.iterrows()}
     assert shown["peak"] == t.peak_bytes
     assert shown["weights"] == t.weights_bytes
     assert shown["KV cache (after the last step)"] == t.kv_cache_bytes
     assert sum(v for k, v in shown.items() if k != "peak") == t.peak_bytes
     # where the peak is: the trace's largest entries, in its order
-    where = next(d.value for d in at.dataframe if "module" in d.value.columns)
+    where = next(d.value for d in grids(at) if "module" in d.value.columns)
     first_module, _, first_op = t.at_peak[0][0].rpartition("|")
     assert (where.iloc[0]["module"], where.iloc[0]["op"]) == (first_module, first_op)
     assert int(where.iloc[0]["bytes"].replace(",", "")) == t.at_peak[0][2]
@@ -165,7 +166,7 @@ def test_will_it_fit_answers_inference_by_the_trace_and_refuses_training() -> No
     caps = texts(at.caption)
     assert "meta-device trace of transformers' own modules" in caps
     assert "Counted from calc's hand-written rules" not in caps
-    assert any("module" in d.value.columns for d in at.dataframe)
+    assert any("module" in d.value.columns for d in grids(at))
     at.selectbox(key="task").set_value("training").run()
     assert not at.exception
     shown = texts(at.error)

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _frames import grids  # noqa: E402  (HTML tables and grids alike)
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from attnmem.calc.gpus import torch_total_bytes  # noqa: E402
@@ -55,7 +56,7 @@ def test_blocks_requests_and_longest_request_are_traced_with_their_sources() -> 
     assert "weights: trace: 202,240 parameters of Olmo2ForCausalLM" in caps
     assert "activation peak: bound: transformers' Olmo2ForCausalLM" in caps
     assert "KV cache: trace: 64 K+V elements per token" in caps
-    parts = at.dataframe[0].value
+    parts = grids(at)[0].value
     assert set(parts["from"]) >= {"trace", "bound", "settings"}
     assert int(parts.set_index("part")["bytes"]["weights"].replace(",", "")) == \
         cap.weights_bytes

@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
+from _frames import grids  # noqa: E402  (HTML tables and grids alike)
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from attnmem.calc import format_bytes  # noqa: E402
@@ -78,10 +79,10 @@ def test_full_training_of_an_unruled_config_is_traced() -> None:
     assert f"Olmo2ForCausalLM, transformers {flash.transformers_version}" in caps
     assert "model type 'olmo2'" in caps
     # the parts add up to the peak, where the peak is in the trace's order
-    parts = next(d.value for d in at.dataframe if "part of the peak" in d.value.columns)
+    parts = next(d.value for d in grids(at) if "part of the peak" in d.value.columns)
     shown = {r["part of the peak"]: int(r["bytes"].replace(",", "")) for _, r in parts.iterrows()}
     assert shown.pop("peak") == flash.peak_bytes == sum(shown.values())
-    where = next(d.value for d in at.dataframe if "module" in d.value.columns)
+    where = next(d.value for d in grids(at) if "module" in d.value.columns)
     assert int(where.iloc[0]["bytes"].replace(",", "")) == flash.at_peak[0][2]
     # the answer in one line under the title; what stays rules-only is said
     assert any("traced, not calc's rules" in m.value for m in at.markdown)

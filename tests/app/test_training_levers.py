@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _frames import grids  # HTML tables and grids alike
 from streamlit.testing.v1 import AppTest
 
 import attnmem.calc
@@ -114,10 +115,10 @@ def test_the_cheapest_table_is_calcs_cheapest_fit() -> None:
     assert levers and rows  # 16k does not fit an H100 as it is; some levers make it fit
     assert any(f"Fits with {' + '.join(levers)}: peak {gb(p)}" in x
                for x in unescaped(at.success))
-    combo = next(d.value for d in at.dataframe if "saving (computed)" in d.value.columns)
+    combo = next(d.value for d in grids(at) if "saving (computed)" in d.value.columns)
     assert list(combo["lever"]) == [r.lever for r in rows]
     assert list(combo["saving (computed)"]) == [gb(r.saving_bytes) for r in rows]
-    alone = next(d.value for d in at.dataframe if "peak with it" in d.value.columns)
+    alone = next(d.value for d in grids(at) if "peak with it" in d.value.columns)
     p0 = step(**base).peak_bytes
     liger = step(**base, liger=True).peak_bytes
     row = alone[alone["lever"] == "liger"].iloc[0]
@@ -185,7 +186,7 @@ def test_refused_levers_are_warnings_with_calcs_reason() -> None:
     warnings = unescaped(at.warning)
     assert any("cannot be computed" in w and "offload_activations=True with liger=True" in w
                for w in warnings), warnings
-    assert any("peak with it" in d.value.columns for d in at.dataframe)
+    assert any("peak with it" in d.value.columns for d in grids(at))
     # Liger on a model with tied embeddings
     at = run({"model": "Llama 3.2 1B", "liger": "true", "attns": "sdpa_flash"})
     assert not at.exception

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pandas as pd
+from _frames import grids  # HTML tables and grids alike
 from streamlit.testing.v1 import AppTest
 
 import attnmem.calc
@@ -92,7 +93,7 @@ def test_layout_that_cannot_be_computed_is_a_message() -> None:
 def test_seven_b_at_32k_answer() -> None:
     at = run({})
     assert not at.exception
-    frames = [d.value for d in at.dataframe]
+    frames = [d.value for d in grids(at)]
     table = next(f for f in frames if "fits one H200" in f.columns)
     m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 8B"], 1, 32768, attention="sdpa_flash",
                            checkpointing=True)
@@ -177,7 +178,7 @@ def test_matching_measured_rows_are_shown_beside_the_prediction() -> None:
               "attns": "sdpa_flash,triton"})
     assert not at.exception
     assert any("Rows matching these inputs" in m.value for m in at.markdown)
-    table = next(d.value for d in at.dataframe if "predicted" in d.value.columns)
+    table = next(d.value for d in grids(at) if "predicted" in d.value.columns)
     assert set(table["attention"]) <= {"sdpa_flash", "triton"} and len(table) >= 1
 
 
@@ -238,7 +239,7 @@ def test_sharded_section_says_how_to_measure_when_nothing_is_bundled(monkeypatch
 def _side_by_side(at: AppTest) -> pd.DataFrame:
     """The side-by-side table, with calc's reason for each refused method (written under the
     table as "<method>: not computed: <reason>") as a column; "" where none was written."""
-    table = next(d.value for d in at.dataframe if "GPUs (full training)" in d.value.columns).copy()
+    table = next(d.value for d in grids(at) if "GPUs (full training)" in d.value.columns).copy()
     said = {}
     for line in (re.sub(r"\\(.)", r"\1", m.value) for m in at.markdown):  # md_escape undone
         for name in table["method"]:
@@ -310,7 +311,7 @@ def test_lora_chosen_gives_the_lora_step_and_no_multi_gpu_search() -> None:
     values = {x.label: x.value for x in at.metric}
     assert values[attnmem.calc.TRAIN_ATTENTION_LABELS["triton"] + ": peak"] == \
         attnmem.calc.format_bytes(m.peak_bytes, "GB")
-    assert any("modelled on one GPU" in str(v) for d in at.dataframe
+    assert any("modelled on one GPU" in str(v) for d in grids(at)
                for col in d.value.columns if str(col).startswith("GPUs needed")
                for v in d.value[col])
 
@@ -398,21 +399,21 @@ def test_wide_tables_show_their_other_columns_one_click_away() -> None:
 
     at = run({})
     assert not at.exception
-    answer = next(d.value for d in at.dataframe if "fits one H200" in d.value.columns)
+    answer = next(d.value for d in grids(at) if "fits one H200" in d.value.columns)
     assert list(answer.columns) == list(tr.SEVEN_B_FIRST)
     # the page's measured rows: the last such table (the "Measure on this GPU" section above
     # it shows the few bundled rows nearest the inputs with the same columns)
-    measured = ([d.value for d in at.dataframe if "predicted" in d.value.columns] or [None])[-1]
+    measured = ([d.value for d in grids(at) if "predicted" in d.value.columns] or [None])[-1]
     if measured is not None:
         assert list(measured.columns) == list(tr.MEASURED_FIRST)
         packed = tr.predicted_rows(tr.read_measured())["packed"].notna().sum()
         assert measured["method"].str.endswith(", packed").sum() == packed  # told apart
     full = run({"mcols": "true", "acols": "true"})
     assert not full.exception
-    answer_all = next(d.value for d in full.dataframe if "fits one H200" in d.value.columns)
+    answer_all = next(d.value for d in grids(full) if "fits one H200" in d.value.columns)
     assert "where" in answer_all.columns and answer_all[list(answer.columns)].equals(answer)
     if measured is not None:
-        measured_all = [d.value for d in full.dataframe if "predicted" in d.value.columns][-1]
+        measured_all = [d.value for d in grids(full) if "predicted" in d.value.columns][-1]
         assert {"measured before", "predicted before", "predicted phase", "step_ms"} <= set(measured_all.columns)
         assert measured_all[list(measured.columns)].equals(measured)
     m = attnmem.calc.training_step(attnmem.calc.MODELS["Llama 3.1 8B"], 1, 4096, attention="eager")

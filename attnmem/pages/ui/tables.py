@@ -1,15 +1,18 @@
 """Tables that read without scrolling sideways in a 1280 px window with the sidebar open.
 Streamlit widgets.
 
-`table` is st.dataframe with missing cells shown as a dash and every column as wide as its
-longest cell or header in the grid's font (`fit_widths`: the grid draws on a canvas, so nothing
-in the DOM shows a cut-off cell); `text_table` and `code_table` are HTML tables whose cells wrap;
-`wide_table` shows the columns that answer its question and a URL-bound "show all" checkbox.
+`table` draws a frame of up to HTML_MAX_ROWS rows as an HTML table (st.table) and a longer one
+as st.dataframe's data grid, missing cells a dash either way; a grid's columns are as wide as
+their longest cell or header in the grid's font (`fit_widths`: the grid draws on a canvas, so
+nothing in the DOM shows a cut-off cell); `text_table` and `code_table` are HTML tables whose
+cells wrap; `wide_table` shows the columns that answer its question and a URL-bound "show all"
+checkbox.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -115,14 +118,79 @@ def fit_widths(data: pd.DataFrame, given: Mapping[str, Any] | None = None) -> di
     return cfg
 
 
+#: A frame of at most this many rows is drawn as an HTML table (st.table), not a data grid
+#: (issue 45 item 3): the grid's bundle (glide-data-grid, 0.5 MB) is evaluated and its canvas
+#: drawn on every direct load that shows one, 0.5-0.9 s on the 2-core machine
+#: (scripts/settle_times.py --floor: floor_3_grid against floor_2_table, 20 rows each), where
+#: an HTML table of the same rows costs 0.1-0.3 s. Longer frames (every bundled measured row)
+#: keep the grid: it scrolls inside its box and draws only the rows in view, where st.table
+#: renders every cell as markdown.
+HTML_MAX_ROWS = 40
+
+#: Characters that st.table's cells (rendered as markdown) would read as markup: emphasis,
+#: code, math, strikethrough, links, HTML, escapes; and a heading, quote or list marker that
+#: starts the cell. Escaped with a backslash, so a cell shows its text as the grid would; "_"
+#: inside a word ("masked_fill_") is no emphasis in markdown.
+_MD_IN_CELL = re.compile(r"([\\*`$~\[\]<>|])")
+_MD_AT_START = re.compile(r"^(\s*)([#>+-]|\d+[.)])(?=\s|$)")
+
+
+def _cell_text(value: Any) -> Any:
+    """A string cell escaped for st.table's markdown (_MD_IN_CELL, _MD_AT_START); anything
+    else as it is."""
+    if not isinstance(value, str):
+        return value
+    return _MD_AT_START.sub(lambda m: m[1] + m[2][:-1] + "\\" + m[2][-1],
+                            _MD_IN_CELL.sub(r"\\\1", value))
+
+
+def cell_display(value: Any) -> str:
+    """What an HTML table shows for a cell: text escaped for st.table's markdown (_cell_text),
+    an integer in digits, a float with at most four decimals (as the grid shows numbers; no
+    "1.500000"), anything else as str()."""
+    if isinstance(value, str):
+        return _cell_text(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _cell_text(str(value))
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) < 2 ** 53):
+        return str(int(value))
+    return f"{value:.4f}".rstrip("0").rstrip(".") if math.isfinite(value) else str(value)
+
+
+def html_styled(data: pd.DataFrame) -> Any:
+    """`data` as `table` hands it to st.table: a pandas Styler whose display text is
+    cell_display's, a missing cell MISSING, column names escaped alike. The data under it stay
+    as they are (numbers as numbers, a missing cell missing: what AppTest's Table.value reads),
+    only what is shown is formatted. A frame whose index or columns repeat a label (which a
+    Styler refuses) gets its cells turned into that text instead."""
+    shown = data.rename(columns=lambda c: _cell_text(c) if isinstance(c, str) else c)
+    if not (shown.index.is_unique and shown.columns.is_unique):
+        return shown.astype(object).where(shown.notna(), MISSING).map(cell_display)
+    return shown.style.format(cell_display, na_rep=MISSING)
+
+
 def table(data: Any, where: Any = st, content_key: Any = None, **kw: Any) -> Any:
-    """st.dataframe with missing cells shown as a dash instead of "None" (measured tables
-    have columns a row does not fill: a failed run has no time, an old row no version), and
-    every column as wide as its content (fit_widths). A frame drawn before with the same
-    content and options is replayed (attnmem.pages.ui.replay): its widths and Arrow bytes are
-    not computed again. ``content_key``, where given, stands for the frame's content in that
-    comparison (a value that changes whenever the frame does, e.g. the inputs of the cached
-    function that made it), so a large frame is not pickled to find it."""
+    """A table: an HTML table (st.table) for a frame of at most HTML_MAX_ROWS rows, else
+    st.dataframe's grid. Missing cells are shown as a dash instead of "None" (measured tables
+    have columns a row does not fill: a failed run has no time, an old row no version); a
+    grid's columns are as wide as their content (fit_widths). A frame drawn before with the
+    same content and options is replayed (attnmem.pages.ui.replay): its widths and Arrow bytes
+    are not computed again. ``content_key``, where given, stands for the frame's content in
+    that comparison (a value that changes whenever the frame does, e.g. the inputs of the
+    cached function that made it), so a large frame is not pickled to find it. Of `kw`, an
+    HTML table takes hide_index and width (default "content": as wide as its cells, as the
+    grid is)."""
+    if isinstance(data, pd.DataFrame) and len(data) <= HTML_MAX_ROWS:
+        opts = {"hide_index": kw.get("hide_index"), "width": kw.get("width", "content")}
+
+        def draw_html() -> None:  # styled and turned into Arrow only on a miss
+            st.table(html_styled(data), **opts)
+
+        if not replay.can_replay(where):  # a stand-in object (tests): drawn on directly
+            return where.table(html_styled(data), **opts)
+        replay.drawn("html_table", (("key", content_key) if content_key is not None else data,
+                                    opts), draw_html, where)
+        return None
     kw.setdefault("placeholder", MISSING)
     if not isinstance(data, pd.DataFrame):
         return where.dataframe(data, **kw)
@@ -199,7 +267,7 @@ def wide_table(data: pd.DataFrame, first: Iterable[str], key: str, where: Any = 
     more = f"adds {', '.join(map(str, rest))}" if len(rest) <= 2 else f"{len(rest)} more"
     every = toggle(f"Show all {len(data.columns)} columns ({more})", key, spec, where=where,
                    help="Adds: " + ", ".join(map(str, rest)))
-    if content_key is None or every or not replay.can_replay(where):
+    if content_key is None or every or not replay.can_replay(where) or len(data) <= HTML_MAX_ROWS:
         return table(data if every else data[first], where,
                      None if content_key is None else (content_key, every, tuple(first)), **kw)
     # the first columns taken from the frame only when they are drawn, not replayed (a copy of
