@@ -13,7 +13,9 @@ between versions).
 
 `--baseline COMMIT` also times the allocator as it was at that commit (read with git show,
 loaded as a module of its own) on the same events, alternating with the current one, so both
-see the same load on a shared machine.
+see the same load on a shared machine. The replay gives the allocator only large-pool requests
+(recorder._bypass), so that is what such a comparison times; the replay as a whole is compared
+by running this script from the two checkouts (the digest must not change).
 
 Models (nothing is downloaded; configs come from the installed transformers classes):
 mamba-130m: MambaConfig with the hub checkpoint's shape (hidden 768, 24 layers, vocab 50,280);
