@@ -137,11 +137,13 @@ with right:
         {"row": r.row, "running max m": round(r.m, 4), "running sum ℓ": round(r.l, 4)} for r in state.rows
     ])
     tables.table(rows_df, hide_index=True)
-    st.latex(r"m' = \max\big(m,\ \max_{j \in \text{tile}} S_{ij}\big)")
-    st.latex(r"\ell' = e^{m-m'}\,\ell + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}")
-    # the output on a line of its own: beside O' it ran past the column at 1280 px
-    st.latex(r"O' = e^{m-m'}\,O + \textstyle\sum_{j \in \text{tile}} e^{S_{ij}-m'}\,V_j")
-    st.latex(r"\text{output: } O/\ell")
+    # The update rules as text, not st.latex: KaTeX's bundle and fonts cost a direct load
+    # 0.5-1 s on the 2-core machine (issue 45 item 3); one rule a line.
+    st.markdown(
+        "*m′* = max(*m*, maxⱼ *S*ᵢⱼ)  \n"
+        "*ℓ′* = exp(*m* − *m′*) · *ℓ* + Σⱼ exp(*S*ᵢⱼ − *m′*)  \n"
+        "*O′* = exp(*m* − *m′*) · *O* + Σⱼ exp(*S*ᵢⱼ − *m′*) · *V*ⱼ  \n"
+        "output: *O* / *ℓ*  (*j*: the keys of the tile)")
     st.caption(
         f"{tr} query blocks × {tr} key blocks = {len(tiles)} tiles"
         + (f", {skipped} skipped by the causal mask" if causal else "")
@@ -197,8 +199,15 @@ fig2 = charts.figure(
     ],
     f"bytes moved to/from HBM, one forward pass ({unit})", "", 300, barmode="stack",
 )
-charts.chart(fig2, "io_chart", "hbm-traffic", io_df.assign(batch=b, heads=h, seq_len=s, head_dim=d, dtype=dtype,
-                                                             block_q=br, block_k=bc, causal=causal))
+# The numbers as a table, the chart one click away: a second plotly chart costs a direct load
+# as much as the first (issue 45 item 3); the tiles above stay drawn.
+tables.table(pd.DataFrame([{"what": row["what"], "standard attention": fmt(row["standard"], unit),
+                            "FlashAttention": fmt(row["flash"], unit)} for row in rows]
+                          + [{"what": "total", "standard attention": fmt(std.total_bytes, unit),
+                              "FlashAttention": fmt(fl.total_bytes, unit)}]), hide_index=True)
+charts.chart_on_open("Chart: bytes moved, stacked by part", fig2, "io_chart", "hbm-traffic",
+                     io_df.assign(batch=b, heads=h, seq_len=s, head_dim=d, dtype=dtype,
+                                  block_q=br, block_k=bc, causal=causal))
 st.caption(
     f"{COMPUTED}. Standard attention (Dao et al. 2022, arXiv 2205.14135, Algorithm 0) writes S "
     "and P = softmax(S) to HBM and reads them back: Θ(N·d + N²). FlashAttention (FlashAttention-2 "

@@ -170,6 +170,11 @@ def parts_view(key, batch: int, seq_len: int, new_tokens: int, kw: tuple, gpu: s
         "phases": charts.figure(pd_traces, "", f"peak ({unit})", 380, barmode="group"),
         "phases_csv": pd.DataFrame([{"attention": a, "prefill peak": m.prefill_peak_bytes,
                                      "decode peak": m.decode_peak_bytes} for a, m in steps.items()]),
+        # the same numbers as the page shows them (the chart is drawn only when opened)
+        "phases_table": pd.DataFrame([{"implementation": label(a),
+                                       "prefill peak": fmt(m.prefill_peak_bytes, unit),
+                                       "decode peak": fmt(m.decode_peak_bytes, unit)}
+                                      for a, m in steps.items()]),
     }
 
 
@@ -369,8 +374,10 @@ for a, why in refused.items():
 
 # --- prefill against decode -------------------------------------------------------------------
 st.markdown("**Prefill peak against decode peak** (computed)")
-charts.chart(view["phases"], "inference_phases", "inference-prefill-decode", view["phases_csv"],
-             content_key=(view_key, "phases"))
+tables.table(view["phases_table"], hide_index=True, content_key=(view_key, "phases table"))
+charts.chart_on_open("Chart: prefill and decode peaks against the GPU", view["phases"],
+                     "inference_phases", "inference-prefill-decode", view["phases_csv"],
+                     content_key=(view_key, "phases"))
 st.caption(f"{COMPUTED}. The prefill runs the whole prompt (or one chunk) through every "
            "layer; a decode step runs one token per sequence against the full cache. With one "
            "new token there is no decode step (0).")

@@ -269,7 +269,16 @@ with left:
     charts.chart(fig, "cp_per_gpu", "many_gpus_per_gpu", sweep, content_key=(
         "per gpu", impl, heads, kv_heads, head_dim, dtype, s_in, backward, pas, unit, ring_stamp))
 with right:
-    st.markdown(f"**Longest context on c × {md_escape(gpu)}**")
+    # The numbers as a table, the chart one click away: each plotly chart drawn costs a direct
+    # load 0.5-0.8 s (issue 45 item 3); the per-GPU chart beside it stays drawn.
+    st.markdown(f"**Longest context on c × {md_escape(gpu)}** (tokens)")
+    tables.table(pd.DataFrame({
+        "GPUs (c)": [f"{int(c):,}" for c in longest["GPUs"]],
+        f"training step of {model.name}": ["—" if pd.isna(v) else f"{int(v):,}"
+                                           for v in longest["training_seq_len"]],
+        "one attention call, fwd+bwd": ["—" if pd.isna(v) else f"{int(v):,}"
+                                        for v in longest["attention_seq_len"]],
+    }), hide_index=True)
     traces = [
         dict(type="scatter", x=longest["GPUs"].tolist(),
              y=longest["training_seq_len"].tolist(), mode="lines",
@@ -279,12 +288,12 @@ with right:
              name="one attention call, forward+backward"),
     ]
     fig = charts.figure(traces, "GPUs in the ring (c)", "tokens", height=360, yaxis=dict(type="log"))
-    charts.chart(fig, "cp_longest", "many_gpus_longest", longest)
+    charts.chart_on_open("Chart: longest context by GPU count", fig, "cp_longest",
+                         "many_gpus_longest", longest)
 
-st.markdown(f"**The ring on {world} GPUs: which key/value block each rank holds at each step**")
 shown_c = min(world, 32)
-fig = ring_figure(shown_c)
-charts.chart(fig, "cp_ring", "many_gpus_ring", content_key=("ring", shown_c))
+charts.chart_on_open(f"The ring on {world} GPUs: which key/value block each rank holds at each step",
+                     ring_figure(shown_c), "cp_ring", "many_gpus_ring", content_key=("ring", shown_c))
 st.caption(("Showing the first 32 ranks. " if world > 32 else "") +
            "Cell = the rank whose key/value block is held, (r − t) mod c (Liu et al. 2023, "
            "Algorithm 1). Step 0: the local shard with the causal mask; a block from a lower "

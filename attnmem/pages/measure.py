@@ -398,11 +398,20 @@ else:
                            + ". What each formula cannot know is listed below.")
     if view["n_sel"]:
         metric = widgets.radio("Speed as", "tmetric", SPECS["tmetric"])
-        times = (bundled_time_figures(*key, metric) if src == REF
-                 else time_figures(view, tuple(impls), backwards, metric))
-        for bwd, fig in zip(backwards, times, strict=True):
-            if fig is not None:
-                charts.chart(fig, f"time_{int(bwd)}", f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
+        # The speed charts drawn once their expander is opened (Streamlit's lazy expander):
+        # each plotly chart costs a direct load 0.5-0.8 s of the browser's main thread
+        # (issue 45 item 3); the memory charts above stay drawn, the points' tables list the
+        # times ("Show all" columns: median ms, TFLOP/s).
+        speed_box = st.expander("Charts: speed of each call", key="_open_speed",
+                                on_change="rerun")
+        if speed_box.open:
+            times = (bundled_time_figures(*key, metric) if src == REF
+                     else time_figures(view, tuple(impls), backwards, metric))
+            with speed_box:
+                for bwd, fig in zip(backwards, times, strict=True):
+                    if fig is not None:
+                        charts.chart(fig, f"time_{int(bwd)}",
+                                     f"measured-time-{'fwdbwd' if bwd else 'fwd'}")
         st.caption("TFLOP/s: forward 4·B·H·s²·d (half when causal), forward + backward 3.5× "
                    "that (attnmem.calc.attention_flops), over the median time.")
     with st.expander("What each formula assumes (and cannot know)"):

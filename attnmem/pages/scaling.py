@@ -186,6 +186,17 @@ def param_view(by: str, impls: tuple[str, ...], s2: int, b: int, h: int, d: int,
     return df2, fig2
 
 
+def param_table(df2: pd.DataFrame, by: str, unit: str) -> pd.DataFrame:
+    """param_view's sweep as a table: one row per value of B (or H), one column per
+    implementation, the extra peak in the unit."""
+    out = df2.pivot(index=by, columns="impl", values="peak_bytes")
+    out = out[list(dict.fromkeys(df2["impl"]))]  # the implementations in the sweep's order
+    shown = pd.DataFrame({"B" if by == "batch" else "H": [f"{int(v):,}" for v in out.index]})
+    for impl in out.columns:
+        shown[IMPL_LABELS.get(impl, impl)] = [fmt(int(v), unit) for v in out[impl]]
+    return shown
+
+
 @kept(128)
 def detail_summary(impls: tuple[str, ...], s2: int, b: int, h: int, d: int, dtype: str,
                    causal: bool, bwd: bool, unit: str) -> pd.DataFrame:
@@ -301,8 +312,12 @@ cols = st.columns([1, 1, 2])
 by = widgets.radio("Vary", "by", SPECS["by"], where=cols[0])
 s2 = widgets.int_input("at sequence length s", "s2", SPECS["s2"], where=cols[1])
 df2, fig2 = param_view(by, tuple(impls), s2, b, h, d, dtype, causal, bwd, unit)
-charts.chart(fig2, "scaling_param_chart", f"scaling-{by}", df2,
-             content_key=("scaling param", by, tuple(impls), s2, b, h, d, dtype, causal, bwd, unit))
+# The sweep as a table, its chart one click away: a second chart costs a direct load as much
+# as the first (issue 45 item 3).
+param_key = ("scaling param", by, tuple(impls), s2, b, h, d, dtype, causal, bwd, unit)
+tables.table(param_table(df2, by, unit), hide_index=True, content_key=param_key)
+charts.chart_on_open(f"Chart: extra peak against {'batch size B' if by == 'batch' else 'heads H'}",
+                     fig2, "scaling_param_chart", f"scaling-{by}", df2, content_key=param_key)
 st.caption(f"{COMPUTED}. Memory is linear in B and H for every implementation: only s enters squared.")
 
 st.subheader(f"One call at s = {s2:,}: what PyTorch's allocator counts and reserves")

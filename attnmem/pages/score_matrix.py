@@ -101,11 +101,10 @@ if 2 * seq_len <= MAX_SEQ_LEN:
         help="Twice the sequence length, four times the memory: s appears squared.",
     )
 
-e_tex = f"{e_value:g}"
-st.latex(
-    rf"B \cdot H \cdot s^2 \cdot e = {batch:,} \cdot {heads:,} \cdot {seq_len:,}^2 \cdot {e_tex}"
-    rf"\ \text{{bytes}} = {n_bytes:,}\ \text{{bytes}}".replace(",", "{,}")
-)
+# The formula with the numbers substituted, as text: st.latex would load KaTeX's bundle and
+# fonts, 0.5-1 s of a direct load on the 2-core machine (issue 45 item 3).
+st.markdown(f"*B* · *H* · *s*² · *e* = {batch:,} · {heads:,} · {seq_len:,}² · {e_value:g} bytes "
+            f"= **{n_bytes:,} bytes**")
 st.caption(
     f"{COMPUTED}. Formula: Vaswani et al. 2017 (arXiv 1706.03762), eq. 1: Q·Kᵀ holds one "
     "score per query-key pair. GB = 10⁹ bytes, GiB = 2³⁰ bytes. This is one layer and only the "

@@ -56,6 +56,10 @@ def test_metrics_are_calc_numbers_from_url_inputs() -> None:
 
 def test_ring_heatmap_holds_the_schedule() -> None:
     at = run(c="4", s="8192")
+    assert not [ch for ch in at.get("plotly_chart")  # drawn once its expander is opened
+                if any(tr.get("type") == "heatmap" for tr in json.loads(ch.proto.spec)["data"])]
+    at.session_state["_open_cp_ring"] = True  # opened, as a click on it does
+    at.run()
     charts = [json.loads(ch.proto.spec) for ch in at.get("plotly_chart")]
     heat = [tr for ch in charts for tr in ch["data"] if tr.get("type") == "heatmap"]
     assert heat and heat[0]["z"] == attnmem.calc.ring_schedule(4)

@@ -18,6 +18,7 @@ def _traces(page: str, **query: str) -> list[list[dict]]:
     at = AppTest.from_file(str(ROOT / "attnmem" / "pages" / f"{page}.py"), default_timeout=TIMEOUT)
     for key, value in query.items():
         at.query_params[key] = value
+    at.session_state["_open_scaling_param_chart"] = True  # Scaling's second chart, opened
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return [json.loads(ch.proto.spec)["data"] for ch in at.get("plotly_chart")]

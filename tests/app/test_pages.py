@@ -102,7 +102,8 @@ def test_score_defaults_are_the_worked_example() -> None:
     values = list(metrics(at).values())
     assert values[0] == "1.07 GB" and values[1] == "1.00 GiB"
     assert values[2] == "4.29 GB"  # twice the length: four times the memory
-    assert "1{,}073{,}741{,}824" in at.latex[0].value  # the formula with the numbers substituted
+    # the formula with the numbers substituted
+    assert any("4,096² · 2 bytes = **1,073,741,824 bytes**" in m.value for m in at.markdown)
 
 
 def test_score_reacts_to_inputs() -> None:
@@ -279,6 +280,12 @@ def test_scaling_defaults_show_where_memory_runs_out() -> None:
     at = run("scaling")
     values = [x.value for x in at.metric]
     assert f"{max_seq_len('naive', GPUS['NVIDIA H200 141GB'], 1, 32, 128, 'fp16'):,}" in values
+    # the sequence-length chart drawn; the batch sweep a table, its chart once opened
+    assert len(at.get("plotly_chart")) == 1
+    sweep = next(t.value for t in at.table if "B" in t.value.columns)
+    assert list(sweep["B"])[:3] == ["1", "2", "4"] and len(sweep.columns) > 2
+    at.session_state["_open_scaling_param_chart"] = True
+    at.run()
     assert len(at.get("plotly_chart")) == 2
 
 
@@ -300,7 +307,7 @@ def test_scaling_with_no_implementation_asks_for_one() -> None:
 
 def test_scaling_without_gpus_says_what_it_needs() -> None:
     at = run("scaling", impls="", b="", h="", gpus="NONE")  # found by the URL fuzzer
-    assert len(warnings(at)) == 3 and at.info and len(at.get("plotly_chart")) == 2
+    assert len(warnings(at)) == 3 and at.info and len(at.get("plotly_chart")) == 1
 
 
 def test_scaling_bad_url_values() -> None:

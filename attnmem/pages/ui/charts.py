@@ -123,3 +123,18 @@ def chart(fig: go.Figure | dict[str, Any], key: str, file_stem: str, df: pd.Data
     if df is not None:
         download_csv(df, f"{file_stem}.csv", key=f"{key}_csv", where=row)
 
+
+
+def chart_on_open(title: str, fig: go.Figure | dict[str, Any], key: str, file_stem: str,
+                  df: pd.DataFrame | None = None, content_key: Any = None) -> bool:
+    """`chart` in an expander that draws it only once opened (Streamlit's lazy expander:
+    opening it reruns the page; it stays open for the session), for a page's second or later
+    chart whose numbers the page shows in a table beside it. Each plotly chart drawn on a
+    direct load costs 0.5-0.8 s of the browser's main thread on the 2-core machine, the same
+    whether separate or as subplots of one figure (issue 45 item 3; docs/APP.md, "Speed:
+    opening a page"); the page's first chart stays drawn. Whether it was drawn."""
+    box = st.expander(title, key=f"_open_{key}", on_change="rerun")
+    if box.open:
+        with box:
+            chart(fig, key, file_stem, df, content_key)
+    return bool(box.open)
