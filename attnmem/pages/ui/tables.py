@@ -12,10 +12,12 @@ checkbox.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -146,15 +148,15 @@ def _cell_text(value: Any) -> Any:
 
 def cell_display(value: Any) -> str:
     """What an HTML table shows for a cell: text escaped for st.table's markdown (_cell_text),
-    an integer in digits, a float with at most four decimals (as the grid shows numbers; no
-    "1.500000"), anything else as str()."""
+    an integer with thousands separators (as the app writes lengths and byte counts), a float
+    with at most four decimals (no "1.500000"), anything else as str()."""
     if isinstance(value, str):
         return _cell_text(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         return _cell_text(str(value))
-    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) < 2 ** 53):
-        return str(int(value))
-    return f"{value:.4f}".rstrip("0").rstrip(".") if math.isfinite(value) else str(value)
+    if isinstance(value, numbers.Integral) or (math.isfinite(value) and value == int(value)):
+        return f"{int(value):,}"
+    return f"{value:,.4f}".rstrip("0").rstrip(".") if math.isfinite(value) else str(value)
 
 
 def html_styled(data: pd.DataFrame) -> Any:
