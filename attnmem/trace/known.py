@@ -40,6 +40,9 @@ MAX_BYTES = 1 << 28
 #: A computed value up to this size is kept with its node, so a mask every layer reads is
 #: computed once per forward; larger ones are computed again where read again.
 KEEP_BYTES = 1 << 26
+#: A reduction (argmax, any, ...) of a tensor of more bytes than this is computed over blocks of
+#: the dims it keeps (`_blockwise`), each tensor of a block about this size at most.
+BLOCK_BYTES = 1 << 24
 
 #: Ops whose output values are not a function of their inputs' values (or are not tensors).
 _NOT_VALUES = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout",
@@ -59,12 +62,14 @@ class _Node:
     """How one tensor's values are made: `func(*args, **kwargs)` (its `index`-th output), with
     the tensors among the arguments replaced by their nodes; or a fixed CPU `value`."""
 
-    __slots__ = ("func", "args", "kwargs", "index", "nbytes", "value", "__weakref__")
+    __slots__ = ("func", "args", "kwargs", "index", "nbytes", "shape", "value", "key",
+                 "__weakref__")
 
     def __init__(self, func: Any, args: Any, kwargs: Any, index: int | None, nbytes: int,
-                 value: Any = None) -> None:
+                 shape: tuple, value: Any = None) -> None:
         self.func, self.args, self.kwargs, self.index = func, args, kwargs, index
-        self.nbytes, self.value = nbytes, value
+        self.nbytes, self.shape, self.value = nbytes, tuple(shape), value
+        self.key: tuple | None = None  # its structure, once `_key` has needed it
 
 
 def _fill(shape: tuple, v: Any, dtype: Any) -> Any:
@@ -104,21 +109,21 @@ class Known:
         torch = self._torch
         v = self._uniform.value(t)
         if v is not None:
-            return _Node(_fill, (tuple(t.shape), v, t.dtype), {}, None, _nbytes(t))
+            return _Node(_fill, (tuple(t.shape), v, t.dtype), {}, None, _nbytes(t), t.shape)
         n = self._nodes.get(t)
         if n is not None or t.device.type in self._devices or t.device.type == "meta":
             return n
         if t.layout != torch.strided or _nbytes(t) > MAX_BYTES:
             return None
         # a CPU tensor holds its values: taken as they are now (a later write is not followed)
-        return _Node(None, (), {}, None, _nbytes(t), t.detach().clone())
+        return _Node(None, (), {}, None, _nbytes(t), t.shape, t.detach().clone())
 
     def set_value(self, t: Any, value: Any) -> None:
         """Enter `value` (a CPU tensor of t's shape) as the values of meta tensor t."""
         if tuple(value.shape) != tuple(t.shape):
             raise ValueError(f"values of shape {tuple(value.shape)} given for a tensor of "
                              f"shape {tuple(t.shape)}")
-        self._set(t, _Node(None, (), {}, None, _nbytes(t), value))
+        self._set(t, _Node(None, (), {}, None, _nbytes(t), t.shape, value))
 
     def values(self, t: Any) -> Any:
         """t's values as a CPU tensor, or None where they are not known; ValuesTooLarge where
@@ -196,7 +201,8 @@ class Known:
             return
         many = isinstance(out, (tuple, list))
         for i, o in targets:
-            self._set(o, _Node(func, targs, tkw, i if many else None, _nbytes(o)))
+            self._set(o, _Node(func, targs, tkw, i if many else None, _nbytes(o),
+                                 o.shape))
 
     def _template(self, x: Any) -> Any:
         """x with each tensor replaced by its node and the meta device by the CPU."""
@@ -329,6 +335,12 @@ def _evaluate(root: _Node) -> Any:
         if node.value is not None or id(node) in done:
             continue
         if not ready:
+            got = _blockwise(node)
+            if got is not None:
+                done[id(node)] = got
+                if node.nbytes <= KEEP_BYTES:
+                    node.value = got
+                continue
             if node.nbytes > MAX_BYTES:
                 raise ValuesTooLarge(
                     f"its forward reads values computed from a tensor of {node.nbytes:,} "
@@ -345,3 +357,282 @@ def _evaluate(root: _Node) -> Any:
         if node.nbytes <= KEEP_BYTES:
             node.value = out
     return get(root)
+
+
+# ---- reductions computed over blocks of the dims they keep --------------------------------
+#
+# Kolibri-1.1 reads, of its (B, s, s) causal mask, only reductions over the keys: each query's
+# first and last visible key (argmax of the mask and of its flip, as int32) and whether it sees
+# any (`any(-1)`). Each output element of such a reduction is the same reduction of the same
+# input elements however the kept dims are split, so it is computed block by block over rows
+# of a dim it keeps, each block made by the same ops on the matching slices of their operands:
+# elementwise ops take the slice of each operand along the aligned dim (an operand broadcast
+# there whole), views map the dim through (unsqueeze, squeeze, select, expand, flip: the
+# mirrored range, transpose, permute), and nested reductions through the dims they keep. An op
+# not listed is computed whole and sliced, so MAX_BYTES still refuses a value that is large
+# for another reason. The values are exact: every element is computed by the same op from the
+# same values as in the whole tensor; the reductions taken blockwise are ones whose result
+# does not depend on the order of their elements (argmax/argmin take the first extreme, as the
+# whole does, since a block holds whole rows).
+
+#: The reductions taken blockwise (order-independent, so exact over any split of kept dims).
+_BLOCK_REDUCTIONS = ("argmax", "argmin", "any", "all", "amax", "amin")
+#: Ops passing their dims through unchanged, like elementwise ones.
+_SAME_DIMS = ("_to_copy", "clone", "alias", "lift_fresh", "detach", "contiguous")
+
+
+def _bound(func: Any, args: tuple, kwargs: dict) -> dict:
+    """func's arguments by schema name, defaults filled in."""
+    out: dict = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def _reduced(node: _Node) -> tuple[_Node, list[int]] | None:
+    """Where node is a reduction of _BLOCK_REDUCTIONS over some but not all dims of one known
+    tensor: (that tensor's node, for each of node's dims the input dim it is), else None."""
+    if node.func is None or node.func is _fill or _name(node.func) not in _BLOCK_REDUCTIONS:
+        return None
+    b = _bound(node.func, node.args, node.kwargs)
+    x, dim = b.get("self"), b.get("dim")
+    if not isinstance(x, _Node) or dim is None:
+        return None
+    m = len(x.shape)
+    dims = {(k % m) for k in ([dim] if isinstance(dim, int) else dim)} if m else set()
+    if not dims or len(dims) == m:
+        return None
+    kept = list(range(m)) if b.get("keepdim") else [i for i in range(m) if i not in dims]
+    return x, kept
+
+
+def _same(a: int, b: int) -> tuple[int, int]:
+    return a, b
+
+
+def _row_spec(node: _Node, d: int) -> tuple[list, Any] | None:
+    """How node's values over [a, b) of its dim d are made (the notes above `_BLOCK_REDUCTIONS`):
+    ([(argument node, its dim to slice or None for whole, range map)], a function giving the
+    op's arguments for the block, or None); None where the op is not followed."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    func, n = node.func, len(node.shape)
+    kids = [c for c in tree_leaves((node.args, node.kwargs)) if isinstance(c, _Node)]
+
+    def aligned(c: _Node) -> int | None:  # broadcasting aligns dims from the right
+        k = d - (n - len(c.shape))
+        return k if k >= 0 and c.shape[k] != 1 else None
+
+    name = _name(func)
+    if torch.Tag.pointwise in func.tags or name in _SAME_DIMS:
+        return [(c, aligned(c), _same) for c in kids], None
+    reduced = _reduced(node)
+    if reduced is not None:
+        return [(reduced[0], reduced[1][d], _same)], None
+    x = node.args[0] if node.args else None
+    if len(kids) != 1 or not isinstance(x, _Node):
+        return None
+    m = len(x.shape)
+    b = _bound(func, node.args, node.kwargs)
+    if name == "unsqueeze":
+        u = b["dim"] % n
+        return [(x, d if d < u else d - 1, _same)], None
+    if name == "squeeze":
+        dim = b.get("dim")
+        gone = set(range(m)) if dim is None else {k % m for k in (
+            [dim] if isinstance(dim, int) else dim)}
+        kept = [i for i in range(m) if not (i in gone and x.shape[i] == 1)]
+        return [(x, kept[d], _same)], None
+    if name == "select":
+        k = b["dim"] % m
+        return [(x, d if d < k else d + 1, _same)], None
+    if name == "expand":
+        def sizes(args: tuple, a: int, bb: int) -> tuple:
+            new = list(args[1])
+            new[d] = bb - a
+            return (args[0], new, *args[2:])
+        return [(x, aligned(x), _same)], sizes
+    if name == "flip":
+        if d in {k % m for k in b["dims"]}:
+            size = node.shape[d]
+            return [(x, d, lambda a, bb: (size - bb, size - a))], None
+        return [(x, d, _same)], None
+    if name == "transpose":
+        i, j = b["dim0"] % m, b["dim1"] % m
+        return [(x, j if d == i else i if d == j else d, _same)], None
+    if name == "permute":
+        return [(x, b["dims"][d] % m, _same)], None
+    return None
+
+
+def _rows(node: _Node, d: int | None, a: int, b: int, memo: dict) -> Any:
+    """node's values over [a, b) of its dim d (None: all of them), made from slices of its
+    arguments' where `_row_spec` follows the op, else computed whole and sliced."""
+    from torch.utils._pytree import tree_map
+
+    key = (id(node), None) if d is None else (id(node), d, a, b)
+    if key in memo:
+        return memo[key]
+    if d is None:
+        out = _evaluate(node)
+    elif node.value is not None:
+        out = node.value.narrow(d, a, b - a)
+    elif node.func is _fill:
+        shape = list(node.shape)
+        shape[d] = b - a
+        out = _fill(tuple(shape), *node.args[1:])
+    else:
+        spec = _row_spec(node, d)
+        cast = _cast_of_bool(node, spec, a, b, memo)
+        if cast is not None:
+            out = cast
+        elif spec is None:
+            out = _evaluate(node).narrow(d, a, b - a)
+        else:
+            parts, adjust = spec
+            got = {id(c): _rows(c, k, *f(a, b), memo) for c, k, f in parts}
+            args = tree_map(lambda x: got[id(x)] if isinstance(x, _Node) else x, node.args)
+            kwargs = tree_map(lambda x: got[id(x)] if isinstance(x, _Node) else x, node.kwargs)
+            if adjust is not None:
+                args = adjust(args, a, b)
+            out = node.func(*args, **kwargs)
+            if node.index is not None:
+                out = out[node.index]
+    memo[key] = out
+    return out
+
+
+def _cast_of_bool(node: _Node, spec: Any, a: int, b: int, memo: dict) -> Any:
+    """argmax/argmin of a bool tensor cast to a number (Kolibri's `visible.int().argmax(-1)`)
+    taken of the bools viewed as uint8: the cast maps False, True to 0, 1 in every number
+    dtype, keeping their order, and both return the first index of the extreme, so the result
+    is the same, without the cast's 4-byte copy (argmax has no bool kernel). None otherwise."""
+    import torch
+
+    if spec is None or _name(node.func) not in ("argmax", "argmin"):
+        return None
+    (x, k, _), = spec[0]
+    if (x.func is None or _name(x.func) != "_to_copy" or len(x.args) != 1
+            or not isinstance(x.args[0], _Node) or set(x.kwargs) - {"dtype"}
+            or x.kwargs.get("dtype") in (None, torch.bool, torch.uint8, torch.int8)):
+        return None  # 8-bit results hold the cast as it is: nothing to save
+    src = _rows(x.args[0], k, a, b, memo)
+    if src.dtype != torch.bool:
+        return None
+    return node.func(src.view(torch.uint8), *node.args[1:], **node.kwargs)
+
+
+def _row_bytes(node: _Node, d: int | None, seen: set) -> int:
+    """The most bytes one index of dim d takes in any tensor a block of node is made of (the
+    whole tensors left out: each is held to MAX_BYTES where it is computed)."""
+    if d is None or (id(node), d) in seen:
+        return 0
+    seen.add((id(node), d))
+    here = node.nbytes // max(1, node.shape[d])
+    if node.value is not None or node.func is None or node.func is _fill:
+        return here
+    spec = _row_spec(node, d)
+    if spec is None:
+        return here
+    return max([here] + [_row_bytes(c, k, seen) for c, k, _ in spec[0]])
+
+
+def _key(root: _Node, leaves: list) -> tuple:
+    """What root's values are made of, as a hashable structure: equal keys, equal values (ops
+    and their non-tensor arguments, each with its type; a fixed value by its node, which
+    `leaves` gets so that the caller can keep it alive while the key is in use)."""
+    from torch.utils._pytree import tree_flatten
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, _Node):
+            return x.key
+        return (type(x).__name__, repr(x))  # 1, 1.0 and True make different dtypes
+
+    stack = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node.key is not None:
+            continue
+        if node.func is None:
+            node.key = ("value", id(node))
+            continue
+        flat, spec = tree_flatten((node.args, node.kwargs))
+        if not ready:
+            stack.append((node, True))
+            stack += [(x, False) for x in flat if isinstance(x, _Node) and x.key is None]
+            continue
+        node.key = (str(node.func), node.index, str(spec), tuple(plain(x) for x in flat))
+    todo, seen = [root], set()
+    while todo:  # the fixed values it rests on
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.func is None:
+            leaves.append(node)
+        else:
+            todo += [x for x in tree_flatten((node.args, node.kwargs))[0]
+                     if isinstance(x, _Node)]
+    return root.key
+
+
+#: Blockwise results by `_key`, newest last: every layer of a model reads the same reductions
+#: of the same mask through new tensors (Kolibri: `visible.int().argmax(-1)` per layer).
+_BLOCK_CACHE: dict[tuple, tuple[Any, list]] = {}
+_BLOCK_CACHE_SIZE = 32
+
+
+def _blockwise(node: _Node) -> Any:
+    """node's values where it is a reduction of _BLOCK_REDUCTIONS of a tensor of more than
+    BLOCK_BYTES, computed over blocks of its largest kept dim; else None (computed as usual)."""
+    reduced = _reduced(node)
+    if reduced is None or node.value is not None:
+        return None
+    x, _ = reduced
+    if x.nbytes <= BLOCK_BYTES or x.value is not None or not node.shape:
+        return None
+    leaves: list = []
+    key = (_key(node, leaves), BLOCK_BYTES, MAX_BYTES)
+    hit = _BLOCK_CACHE.pop(key, None)
+    if hit is None:
+        hit = (_blocks(node), leaves)
+    _BLOCK_CACHE[key] = hit
+    while len(_BLOCK_CACHE) > _BLOCK_CACHE_SIZE:
+        del _BLOCK_CACHE[next(iter(_BLOCK_CACHE))]
+    return hit[0]
+
+
+def _blocks(node: _Node) -> Any:
+    """_blockwise's computation, block by block."""
+    import torch
+
+    x = _reduced(node)[0]
+    d = max(range(len(node.shape)), key=lambda i: node.shape[i])
+    size = node.shape[d]
+    per = _row_bytes(node, d, set())
+    if per > MAX_BYTES:
+        raise ValuesTooLarge(
+            f"its forward reads values computed from a tensor of {x.nbytes:,} bytes, of "
+            f"{per:,} bytes a row; the trace computes such values on the CPU up to "
+            f"{MAX_BYTES:,} bytes a tensor")
+    step = max(1, BLOCK_BYTES // max(1, per))
+    whole: dict = {}
+    out = None
+    for a in range(0, size, step):
+        memo = dict(whole)
+        part = _rows(node, d, a, min(size, a + step), memo)
+        whole.update((k, v) for k, v in memo.items() if k[1] is None)
+        del memo  # this block's tensors, before the next block makes its own
+        if out is None:  # one output, filled in place: small results kept between the
+            # blocks' freed temporaries hold the heap's top and the process grows a block
+            # each (1 GB at s = 32,768, measured)
+            out = torch.empty(node.shape, dtype=part.dtype)
+        out.narrow(d, a, part.shape[d]).copy_(part)
+        del part
+    return out
