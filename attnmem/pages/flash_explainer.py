@@ -56,6 +56,7 @@ def demo(n: int, blk: int, causal: bool) -> tuple[list[list[float]], list, list]
 
 
 page_setup("flash")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 st.title("How FlashAttention works")
 st.markdown(
     "**Why does FlashAttention need so little memory?** It never writes the *s × s* score "

@@ -234,6 +234,7 @@ def measured_table() -> pd.DataFrame:
 
 
 page_setup("inference")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 st.title("Inference")
 st.markdown("**What does `generate()` hold at its peak, where, and what would change it?** "
             "Weights, the KV cache and everything the prompt's prefill and each decode step "

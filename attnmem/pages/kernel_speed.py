@@ -164,6 +164,7 @@ def speed_view(dtype: str, d: int, causal: bool, want: str, timing: str, kv: str
 
 
 page_setup("kernel_speed")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 st.title("Kernel speed")
 st.markdown(
     "**How fast is each attention kernel on a real GPU?** Our bundled kernels and PyTorch's "

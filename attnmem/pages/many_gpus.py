@@ -172,6 +172,7 @@ def ring_figure(shown_c: int) -> dict:
 
 
 page_setup("many_gpus")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 st.title("Many GPUs: context parallelism")
 st.markdown("**How long a context fits on c GPUs, and what does each GPU hold?** Ring "
             "attention splits the sequence over c GPUs and passes the key/value blocks around "

@@ -228,6 +228,7 @@ def formula_notes(impls: tuple[str, ...]) -> str:
 # --- the page ------------------------------------------------------------------------------
 
 page_setup("measure")
+charts.preload("PlotlyChart", "DataFrame")  # plotly.js and the data grid start loading now
 st.title("GPU measurement")
 st.markdown(
     "Measured peaks laid over the analytic model. Each point is one attention call: "

@@ -125,6 +125,7 @@ def parts_view(key, batch: int, seq_len: int, wd: str, kvd: str, ad: str,
 
 
 page_setup("model")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 
 
 def training_link(where) -> None:

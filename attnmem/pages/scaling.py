@@ -233,6 +233,7 @@ def detail_terms(impls: tuple[str, ...], s2: int, b: int, h: int, d: int, dtype:
 
 
 page_setup("scaling")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 st.title("Scaling with sequence length")
 st.markdown(
     "**Why does attention run out of memory?** Standard attention stores the *s × s* scores, so "

@@ -57,6 +57,7 @@ def curve(batch: int, heads: int, e: float | str) -> pd.DataFrame:
 
 
 page_setup("score")
+charts.preload()  # plotly.js starts loading now, not after every element above the chart
 st.title("Score matrix memory")
 st.markdown(
     "**How much memory does one attention layer's score matrix take?** Standard attention "

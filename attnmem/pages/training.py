@@ -212,6 +212,7 @@ def apply_trl() -> None:
 
 
 page_setup("training")
+charts.preload("PlotlyChart", "DataFrame")  # plotly.js and the data grid start loading now
 st.title("Training step")
 st.markdown("**How much memory does one training step take, where is its peak, and does it "
             "fit?** Weights, gradients, AdamW's two moments and every activation autograd "
