@@ -43,15 +43,16 @@ sliding-window, MoE and hybrid layouts.
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import json
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from attnmem.trace.recorder import flat
 from attnmem.trace.weights import _LAYER_KEYS
 
 #: Attributes that hold a module's own layer index (its cache slot): left out of a signature.
@@ -68,6 +69,9 @@ _INDEX_BRANCH = re.compile(
 #: The shortcut is taken only where its two short traces together have fewer layers than the
 #: model, by at least this many.
 MIN_SAVED_LAYERS = 2
+#: The most times a plan's head is made a period longer where the layer before the block
+#: allocates unlike the block's last (`deeper`).
+MAX_GROWN = 2
 
 
 class NotRepeating(ValueError):
@@ -86,6 +90,7 @@ class LayerPlan:
     check_text: str  # ... and with head + 2·period
     weights_bytes: int  # the full model's parameters and buffers
     model_class: str
+    grown: int = 0  # times the head was made one period longer (`deeper`)
 
     @property
     def short_depth(self) -> int:
@@ -239,13 +244,34 @@ def plan(text: str, dtype: str, attn: str) -> LayerPlan | str:
     return got
 
 
+def deeper(text: str, dtype: str, attn: str, pl: LayerPlan, why: str) -> LayerPlan:
+    """The plan with a head one period longer, now this model's plan, where `pl`'s short trace
+    does not expand (`why`); else the plan is refused and NotRepeating raised. The layers
+    before the block can allocate unlike the block's even with the same signature: Mamba's
+    block casts its input to the norm's dtype and its residual to fp32, so layer 0 (given the
+    bf16 embeddings) copies the residual and every later layer (given fp32) the input. The
+    expansion stands the layer before the block for the block's last layer, so the head takes
+    the first block layer too: one more layer in each short trace."""
+    if pl.grown >= MAX_GROWN:
+        refuse(text, dtype, attn, why)
+        raise NotRepeating(why)
+    try:
+        got = _plan(text, dtype, attn, pl.grown + 1)
+    except NotRepeating as e:
+        refuse(text, dtype, attn, f"{why}; with a longer head: {e}")
+        raise NotRepeating(f"{why}; with a longer head: {e}") from None
+    with _PLANS_LOCK:
+        _PLANS[(text, dtype, attn)] = got
+    return got
+
+
 def refuse(text: str, dtype: str, attn: str, why: str) -> None:
     """Remember that the shortcut failed its check for this model: full traces from now on."""
     with _PLANS_LOCK:
         _PLANS[(text, dtype, attn)] = why
 
 
-def _plan(text: str, dtype: str, attn: str) -> LayerPlan:
+def _plan(text: str, dtype: str, attn: str, grown: int = 0) -> LayerPlan:
     from attnmem.trace.inference import TRACE_LOCK, _built, _held_bytes
 
     with TRACE_LOCK:
@@ -266,6 +292,9 @@ def _plan(text: str, dtype: str, attn: str) -> LayerPlan:
     if block is None:
         raise NotRepeating(f"no block of layers repeats often enough in {depth} layers")
     c, p = block
+    c += grown * p
+    if depth - (2 * c + 3 * p) < MIN_SAVED_LAYERS:
+        raise NotRepeating(f"a head of {c} layers saves too few of {depth} layers")
     full_dict = cfg.to_dict()
     texts = []
     for n in (c + p, c + 2 * p):
@@ -279,7 +308,7 @@ def _plan(text: str, dtype: str, attn: str) -> LayerPlan:
         _same_model(full, model, name, n, short)
         texts.append(t)
     return LayerPlan(name, depth, c, p, texts[0], texts[1], _held_bytes(full),
-                     type(full).__name__)
+                     type(full).__name__, grown)
 
 
 def _no_index_branches(model: Any, layers: Any) -> None:
@@ -341,18 +370,42 @@ def _top_level(label: str) -> bool:
     return label.startswith("|")
 
 
+def _never_freed(events: tuple) -> Iterator[tuple[int, Any, str]]:
+    """(id, third field, label) of each allocation never freed, folded loops kept folded: of a
+    repeat event (recorder.unrolled), the allocations its template never frees, in every
+    iteration, and those it frees in the next iteration ("prev"), in the last, where no free
+    event outside names them."""
+    freed = {ev[1] for ev in events if ev[0] == "f"}
+    for ev in events:  # a repeat's first iteration frees the allocations before it ("prev")
+        if ev[0] == "r":
+            freed.update(ev[4][t[2]] for t in ev[1] if t[0] == "f" and t[1] == "prev")
+    for ev in events:
+        if ev[0] == "a":
+            if ev[1] not in freed:
+                yield ev[1], ev[2], ev[3]
+        elif ev[0] == "r":
+            _, template, copies, base, _ = ev
+            made = [t for t in template if t[0] == "a"]
+            this = {t[2] for t in template if t[0] == "f" and t[1] == "this"}
+            prev = {t[2] for t in template if t[0] == "f" and t[1] == "prev"}
+            for pos, t in enumerate(made):
+                if pos in this:
+                    continue
+                first = copies - 1 if pos in prev else 0
+                for c in range(first, copies):
+                    x = base + c * len(made) + pos
+                    if x not in freed:
+                        yield x, t[1], t[2]
+
+
 def cache_ids(events: tuple) -> set[int]:
     """The allocations the cache holds at the end: the model's (not the driver's top-level)
     allocations that are never freed (the trace ends with the cache alive)."""
-    events = tuple(flat(events))  # folded loops unrolled
-    freed = {ev[1] for ev in events if ev[0] == "f"}
-    return {ev[1] for ev in events if ev[0] == "a" and ev[1] not in freed
-            and not _top_level(ev[3])}
+    return {x for x, _, label in _never_freed(events) if not _top_level(label)}
 
 
 def cache_bytes(events: tuple) -> int:
-    ids = cache_ids(events)
-    return sum(ev[2] for ev in flat(events) if ev[0] == "a" and ev[1] in ids)
+    return sum(nbytes for _, nbytes, label in _never_freed(events) if not _top_level(label))
 
 
 def expand(events: tuple, layers_name: str, short_depth: int, head: int, period: int,
@@ -363,8 +416,9 @@ def expand(events: tuple, layers_name: str, short_depth: int, head: int, period:
     (its size, or a length model's coefficient index) is copied as it is."""
     if short_depth != head + period or (depth - head) % period or depth < short_depth:
         raise NotRepeating(f"{depth} layers are not {head} + a multiple of {period}")
-    # a folded loop's repeat events unrolled: the stream as the full trace has it
-    return _Expansion(tuple(flat(events)), _Layers(layers_name), head, period, depth).run()
+    # a folded loop's repeat event stays one event per copy of its layer: unrolled, Mamba's
+    # 24 scans of 16,384 steps are 2.4M events the replay takes one by one
+    return _Expansion(tuple(events), _Layers(layers_name), head, period, depth).run()
 
 
 class _Expansion:
@@ -378,6 +432,12 @@ class _Expansion:
         self.copies = (depth - c) // p
         self.out: list[tuple] = []
         self.new_id: dict[tuple[int, int], int] = {}
+        self.count = 0  # generated allocations so far (the next one's id)
+        # a repeat event's allocations: template id -> its first id; (first id, copy) -> the
+        # generated repeat's first id (its ids are consecutive, as the recorder's)
+        self.repeat_of: dict[int, int] = {}
+        self.repeat_new: dict[tuple[int, int], int] = {}
+        self.alike: dict[tuple[int, int, int], bool] = {}
         self._contexts()
 
     def _contexts(self) -> None:
@@ -392,8 +452,22 @@ class _Expansion:
         last = self.n1 - 1
         for ev in self.events:
             if ev[0] == "a":
-                u = self.names.of(ev[3])
-                self.labels[ev[1]] = ev[3]
+                made = [(ev[1], ev[3])]
+            elif ev[0] == "r":  # a folded loop: its first allocation moves the layer, the rest
+                # stay in it (one layer), taken at once: Mamba's scan makes 65,536 at 16k
+                layers = {self.names.of(t[2]) for t in ev[1] if t[0] == "a"}
+                if len(layers) > 1:
+                    raise NotRepeating(f"a folded loop allocates in layers {sorted(layers)}")
+                made = _repeat_allocs(ev)
+                self.repeat_of.update(dict.fromkeys((x for x, _ in made), ev[3]))
+                self.labels.update(made)
+            else:
+                made = []
+            for i, (x, label) in enumerate(made):
+                if ev[0] == "r" and i:
+                    break  # the rest of the repeat, below
+                u = self.names.of(label)
+                self.labels[x] = label
                 if u is None:
                     if ctx == last:
                         ctx = None  # past the last layer: the model's tail
@@ -405,9 +479,14 @@ class _Expansion:
                     ctx = u
                 elif u != ctx:
                     raise NotRepeating(f"layer {u} runs after layer {ctx}")
-                self.owner[ev[1]] = (ctx, fwd)
+                self.owner[x] = (ctx, fwd)
                 if ctx is not None:
-                    self.allocs.setdefault((fwd, ctx), []).append(ev[1])
+                    self.allocs.setdefault((fwd, ctx), []).append(x)
+            if ev[0] == "r" and len(made) > 1:
+                rest = [x for x, _ in made[1:]]
+                self.owner.update(dict.fromkeys(rest, (ctx, fwd)))
+                if ctx is not None:
+                    self.allocs.setdefault((fwd, ctx), []).extend(rest)
             self.ctx.append(ctx)
         if ctx is not None:
             raise NotRepeating("the trace ends inside the layers")
@@ -429,41 +508,76 @@ class _Expansion:
         u, f = self.owner[x]
         t, k = self._where(g)
         if t != u:
-            ids_u, ids_t = self.allocs[(f, u)], self.allocs.get((f, t), [])
-            if len(ids_u) != len(ids_t) or any(
-                    self.names.relabel(self.labels[a], u, 0)
-                    != self.names.relabel(self.labels[b], t, 0)
-                    for a, b in zip(ids_u, ids_t, strict=True)):
+            if not self._alike(f, u, t):
                 raise NotRepeating(f"layers {u} and {t} allocate differently")
-            x = ids_t[self.position[x]]
+            x = self.allocs[(f, t)][self.position[x]]
         return (x, k if t >= self.c else 0)
+
+    def _alike(self, f: int, u: int, t: int) -> bool:
+        """Whether layers u and t make the same allocations (labels but the layer) in forward
+        f (asked once per pair: a folded loop gives a layer tens of thousands)."""
+        if (f, u, t) not in self.alike:
+            ids_u, ids_t = self.allocs[(f, u)], self.allocs.get((f, t), [])
+            self.alike[(f, u, t)] = len(ids_u) == len(ids_t) and all(
+                self.names.relabel(self.labels[a], u, 0)
+                == self.names.relabel(self.labels[b], t, 0)
+                for a, b in zip(ids_u, ids_t, strict=True))
+        return self.alike[(f, u, t)]
+
+    def _relabel(self, label: str, k: int) -> str:
+        u = self.names.of(label)
+        return label if u is None else self.names.relabel(label, u, self._gen(u, k))
 
     def _alloc(self, ev: tuple, v: int | None, k: int) -> None:
         key = (ev[1], k if v is not None and v >= self.c else 0)
-        self.new_id[key] = len(self.new_id)
-        label = ev[3]
-        u = self.names.of(label)
-        if u is not None:
-            label = self.names.relabel(label, u, self._gen(u, k))
-        self.out.append(("a", self.new_id[key], ev[2], label))
+        self.new_id[key] = self.count
+        self.count += 1
+        self.out.append(("a", self.new_id[key], ev[2], self._relabel(ev[3], k)))
+
+    def _repeat(self, ev: tuple, v: int | None, k: int) -> None:
+        """A repeat event in template layer v (None: outside the layers) as copy k: its
+        template relabelled, its ids the next ones, its previous ids those of the copy."""
+        _, template, copies, base, prev = ev
+        made = sum(1 for t in template if t[0] == "a")
+        self.repeat_new[(base, k if v is not None and v >= self.c else 0)] = self.count
+        new_prev = tuple(self._id(self._ref(x, v, k)) for x in prev)
+        self.out.append(("r", tuple((t[0], t[1], self._relabel(t[2], k)) if t[0] == "a"
+                                    else t for t in template),
+                         copies, self.count, new_prev))
+        self.count += copies * made
+
+    def _id(self, key: tuple[int, int]) -> int:
+        """The generated id of (template allocation, copy)."""
+        got = self.new_id.get(key)
+        if got is None:
+            base = self.repeat_of.get(key[0])
+            first = None if base is None else self.repeat_new.get((base, key[1]))
+            if first is None:
+                raise NotRepeating("a free of a tensor not made yet")
+            got = first + key[0] - base
+        return got
 
     def _free(self, key: tuple[int, int]) -> None:
-        if key not in self.new_id:
-            raise NotRepeating("a free of a tensor not made yet")
-        self.out.append(("f", self.new_id[key]))
+        self.out.append(("f", self._id(key)))
 
-    def _free_in_layer(self, x: int, v: int, k: int) -> None:
-        """A free inside template layer v (copy k): of a tensor made outside the layers, or
-        made by the layer as many layers back as in the template."""
+    def _ref(self, x: int, v: int | None, k: int) -> tuple[int, int]:
+        """The generated tensor that template allocation x is in template layer v (None:
+        outside the layers), copy k: made outside the layers, or by the layer as many layers
+        back as in the template."""
         u, _ = self.owner[x]
-        if u is None:
-            self._free((x, 0))
-            return
+        if u is None or v is None:
+            if u is not None and v is None:
+                raise NotRepeating("a folded loop outside the layers reads a layer's tensor")
+            return (x, 0)
         gv = self._gen(v, k)
         g = gv + (u - v)
         if not 0 <= g < self.depth:
             raise NotRepeating(f"layer {gv} frees a tensor of layer {g}")
-        self._free(self._instance(x, g))
+        return self._instance(x, g)
+
+    def _free_in_layer(self, x: int, v: int, k: int) -> None:
+        """A free inside template layer v (copy k) (`_ref`)."""
+        self._free(self._ref(x, v, k))
 
     def run(self) -> tuple:
         events, ctx, c = self.events, self.ctx, self.c
@@ -487,6 +601,8 @@ class _Expansion:
             ev = self.events[idx]
             if ev[0] == "a":
                 self._alloc(ev, self.ctx[idx], k)
+            elif ev[0] == "r":
+                self._repeat(ev, self.ctx[idx], k)
             elif ev[0] == "f":
                 self._free_in_layer(ev[1], self.ctx[idx], k)
             else:
@@ -500,6 +616,8 @@ class _Expansion:
             ev, v = events[i], ctx[i]
             if ev[0] == "a":
                 self._alloc(ev, v, 0)
+            elif ev[0] == "r":
+                self._repeat(ev, v, 0)
             elif ev[0] == "m":
                 self.out.append(ev)
             elif v is not None:  # inside a head layer
@@ -552,6 +670,13 @@ class _Expansion:
                     self._free(self._instance(x, g))
 
 
+def _repeat_allocs(ev: tuple) -> list[tuple[int, str]]:
+    """(id, label) of each allocation of repeat event `ev` (recorder.unrolled), in order."""
+    _, template, copies, base, _ = ev
+    labels = [t[2] for t in template if t[0] == "a"]
+    return [(base + i, labels[i % len(labels)]) for i in range(copies * len(labels))]
+
+
 def _same_way(a: int, b: int, y: int, z: int) -> bool:
     """Whether y -> z goes the same way as a -> b (both up or both down)."""
     return (b - a) * (z - y) > 0
@@ -559,31 +684,55 @@ def _same_way(a: int, b: int, y: int, z: int) -> bool:
 
 def canonical(events: tuple) -> tuple:
     """The events with the allocations numbered in the order they are made (ids are only
-    names: the allocator's replay is the same under any renaming); `expand` numbers so."""
+    names: the allocator's replay is the same under any renaming); `expand` numbers so. A
+    folded loop stays one repeat event, its ids renumbered as a range (equal folded streams
+    unroll to equal streams)."""
     ids: dict[int, int] = {}
+    starts: list[int] = []  # repeat events' first ids, sorted, and their (end, new first)
+    ranges: dict[int, tuple[int, int]] = {}
+    count = 0
+
+    def new(x: int) -> Any:
+        got = ids.get(x)
+        if got is None:
+            i = bisect.bisect_right(starts, x) - 1
+            if i >= 0 and x < ranges[starts[i]][0]:
+                return ranges[starts[i]][1] + x - starts[i]
+            return ("unmade", x)
+        return got
+
     out = []
-    for ev in flat(events):
+    for ev in events:
         if ev[0] == "a":
-            ids[ev[1]] = len(ids)
+            ids[ev[1]] = count
+            count += 1
             out.append(("a", ids[ev[1]], ev[2], ev[3]))
         elif ev[0] == "f":
-            out.append(("f", ids.get(ev[1], ("unmade", ev[1]))))
+            out.append(("f", new(ev[1])))
+        elif ev[0] == "r":
+            _, template, copies, base, prev = ev
+            n = copies * sum(1 for t in template if t[0] == "a")
+            out.append(("r", template, copies, count, tuple(new(x) for x in prev)))
+            bisect.insort(starts, base)
+            ranges[base] = (base + n, count)
+            count += n
         else:
             out.append(ev)
     return tuple(out)
 
 
-def check(pl: LayerPlan, short: Any, longer: Any) -> None:
-    """NotRepeating unless the short trace, expanded to the longer one's depth, is the longer
-    trace (events, up to the numbering of allocations, and cache bytes), and both traces'
-    cache is what `cache_bytes` counts."""
+def check(pl: LayerPlan, short: Any, longer: Any, got: tuple | None = None) -> None:
+    """NotRepeating unless the short trace, expanded to the longer one's depth (`got`, where
+    the caller has it), is the longer trace (events, up to the numbering of allocations, and
+    cache bytes), and both traces' cache is what `cache_bytes` counts."""
     for rec, n in ((short, pl.short_depth), (longer, pl.check_depth)):
         if cache_bytes(rec.events) != rec.cache_bytes:
             raise NotRepeating(f"the {n}-layer trace's cache is not its tensors left alive "
                                f"({cache_bytes(rec.events):,} B against "
                                f"{rec.cache_bytes:,} B)")
-    got = expand(short.events, pl.layers_name, pl.short_depth, pl.head, pl.period,
-                 pl.check_depth)
+    if got is None:
+        got = expand(short.events, pl.layers_name, pl.short_depth, pl.head, pl.period,
+                     pl.check_depth)
     want = canonical(longer.events)
     if got != want:
         at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
@@ -605,19 +754,28 @@ _CHECKED: dict[tuple, set[int]] = {}
 
 
 def checked(pl: LayerPlan, text: str, b: int, s: int, n: int, attention: str,
-            dtype: str) -> None:
-    """Run `check` at these inputs once (the longer model's trace against the short one's
-    expansion); on failure the plan is refused for this model (`refuse`) and NotRepeating
-    raised."""
+            dtype: str) -> LayerPlan:
+    """The plan that holds at these inputs: `pl`, or one with a longer head (`deeper`) where
+    `pl`'s short trace does not expand to the longer model's depth. Its `check` (the longer
+    model's trace against the short one's expansion) is run once per inputs; on failure the
+    plan is refused for this model (`refuse`) and NotRepeating raised."""
     attn = "eager" if attention == "eager" else "sdpa"
     key = (text, dtype, attention, b, n)
     if s in was_checked(text, b, n, attention, dtype):
-        return
+        return pl
     from attnmem.trace.inference import record as record_full
 
+    while True:
+        short = short_record(pl.short_text, b, s, n, attention, dtype)
+        try:  # the short trace alone shows a head too short, before the longer trace is run
+            got = expand(short.events, pl.layers_name, pl.short_depth, pl.head, pl.period,
+                         pl.check_depth)
+        except NotRepeating as e:
+            pl = deeper(text, dtype, attn, pl, str(e))
+            continue
+        break
     try:
-        check(pl, short_record(pl.short_text, b, s, n, attention, dtype),
-              record_full(pl.check_text, b, s, n, attention, dtype))
+        check(pl, short, record_full(pl.check_text, b, s, n, attention, dtype), got)
     except NotRepeating as e:
         refuse(text, dtype, attn, str(e))
         raise
@@ -625,6 +783,7 @@ def checked(pl: LayerPlan, text: str, b: int, s: int, n: int, attention: str,
         _CHECKED.setdefault(key, set()).add(s)
         while len(_CHECKED) > MAX_PLANS:
             _CHECKED.pop(next(iter(_CHECKED)))
+    return pl
 
 
 def was_checked(text: str, b: int, n: int, attention: str, dtype: str) -> set[int]:
@@ -648,8 +807,8 @@ def record(text: str, b: int, s: int, n: int, attention: str, dtype: str) -> Any
     if pl is None:
         return record_full(text, b, s, n, attention, dtype)
     try:
+        pl = checked(pl, text, b, s, n, attention, dtype)
         short = short_record(pl.short_text, b, s, n, attention, dtype)
-        checked(pl, text, b, s, n, attention, dtype)
     except NotRepeating:
         return record_full(text, b, s, n, attention, dtype)
     except ValueError:  # the short model's code refused: the full trace says why in its words

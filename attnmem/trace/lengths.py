@@ -139,10 +139,10 @@ def _runs(text: str, b: int, n: int, attention: str, dtype: str,
     pl = layer_blocks.plan_for(text, attention, dtype)
     if pl is not None:
         try:
+            if not layer_blocks.was_checked(text, b, n, attention, dtype) & set(lengths):
+                pl = layer_blocks.checked(pl, text, b, lengths[1], n, attention, dtype)
             runs = {s: layer_blocks.short_record(pl.short_text, b, s, n, attention, dtype)
                     for s in lengths}
-            if not layer_blocks.was_checked(text, b, n, attention, dtype) & set(lengths):
-                layer_blocks.checked(pl, text, b, lengths[1], n, attention, dtype)
             return runs, pl
         except layer_blocks.NotRepeating:
             pass

@@ -109,7 +109,9 @@ class Recorder:
                     held = [*held, *made]
                 for t in held:
                     rec._add(t, func)
-                out = func(*args, **kwargs)
+                out = _meta_stack(torch, func, args, kwargs)
+                if out is None:
+                    out = func(*args, **kwargs)
                 del held
                 for o in out if isinstance(out, (tuple, list)) else [out]:
                     rec._add(o, func)
@@ -235,6 +237,34 @@ def flat(events: Any) -> Iterator[Event]:
             yield from unrolled(ev)
         else:
             yield ev
+
+
+#: Fewer tensors than this are stacked by the meta kernel itself.
+STACK_FAST_MIN = 64
+
+
+def _meta_stack(torch: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`torch.stack` of many contiguous meta tensors of one shape and dtype, made at once: an
+    empty contiguous meta tensor of the stacked shape, which is what the meta kernel returns
+    (torch/_refs `stack`: `cat` of each input unsqueezed, contiguous inputs giving a contiguous
+    result), without its Python per input (Mamba's scan stacks 16,384 steps a layer: 0.45 s).
+    None where the inputs are otherwise (the meta kernel runs)."""
+    if func is not torch.ops.aten.stack.default or not args:
+        return None
+    tensors = args[0]
+    if len(tensors) < STACK_FAST_MIN:
+        return None
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    first = tensors[0]
+    shape, dtype = first.shape, first.dtype
+    if any(not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.shape != shape
+           or t.dtype != dtype or not t.is_contiguous() for t in tensors):
+        return None
+    ndim = len(shape) + 1
+    if not -ndim <= dim < ndim:
+        return None  # the kernel says what is wrong
+    dim %= ndim
+    return torch.empty((*shape[:dim], len(tensors), *shape[dim:]), dtype=dtype, device="meta")
 
 
 def _bypass(nbytes: int, expandable: bool) -> bool:
