@@ -24,7 +24,9 @@ values), everything computed from them, `empty`, random ops.
 
 A write in place makes every tensor on the written storage unknown (its views too); uniform.py
 still follows fills. A value is computed only up to MAX_BYTES per tensor (a causal mask is
-queries x keys); past it `ValuesTooLarge` stops the trace and says so.
+queries x keys); past it `ValuesTooLarge` stops the trace and says so. A reduction that keeps
+some dims (Kolibri's argmax and any over the keys) of a tensor past BLOCK_BYTES is computed
+over blocks of the dims it keeps (`_blockwise`, exact), so a (B, s, s) mask is never held.
 """
 
 from __future__ import annotations
@@ -602,6 +604,8 @@ def _blockwise(node: _Node) -> Any:
     hit = _BLOCK_CACHE.pop(key, None)
     if hit is None:
         hit = (_blocks(node), leaves)
+    if sum(n.nbytes for n in leaves) > KEEP_BYTES:
+        return hit[0]  # not kept: the entry would hold large CPU values alive
     _BLOCK_CACHE[key] = hit
     while len(_BLOCK_CACHE) > _BLOCK_CACHE_SIZE:
         del _BLOCK_CACHE[next(iter(_BLOCK_CACHE))]
