@@ -597,6 +597,7 @@ class _Expansion:
 
     def _stretch(self, start: int, end: int, k: int) -> None:
         """The block's events of one forward, as copy k."""
+        repeat_of, repeat_new, owner, out = self.repeat_of, self.repeat_new, self.owner, self.out
         for idx in range(start, end):
             ev = self.events[idx]
             if ev[0] == "a":
@@ -604,9 +605,16 @@ class _Expansion:
             elif ev[0] == "r":
                 self._repeat(ev, self.ctx[idx], k)
             elif ev[0] == "f":
-                self._free_in_layer(ev[1], self.ctx[idx], k)
+                base = repeat_of.get(ev[1])
+                first = None if base is None else repeat_new.get((base, k))
+                if first is not None and owner[ev[1]][0] == self.ctx[idx]:
+                    # a folded loop's output freed in its own layer (Mamba: 16,384 a layer
+                    # after the stack): `_free_in_layer` in short
+                    out.append(("f", first + ev[1] - base))
+                else:
+                    self._free_in_layer(ev[1], self.ctx[idx], k)
             else:
-                self.out.append(ev)
+                out.append(ev)
 
     def _outside(self, start: int, end: int) -> None:
         """Events outside the block: the head's layers and the model's own code, once; frees
