@@ -415,8 +415,10 @@ def test_sm90_forward_compiles_without_spills():
     memory one block may use."""
     pytest.importorskip("triton.experimental.gluon")  # only a Triton without Gluon skips
     from attnmem.kernels.dev import compile_sm90 as mod
-    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3)):
-        ck = mod.compile_variant(*args)  # the default tile at d = 128; three warpgroups at 64
+    for args in (("bf16", 128, True, 128, 2), ("fp16", 64, False, 128, 3, 3),
+                 ("fp16", 80, True, 128, 2)):
+        # the default tile at d = 128; three warpgroups at 64; d = 80 in 128-wide tiles
+        ck = mod.compile_variant(*args)
         regs, spills = mod._ptxas_usage(ck.asm["ptx"])
         assert spills == "0", f"{args}: ptxas reports {spills} bytes of spill stores ({regs} regs)"
         assert ck.metadata.shared <= 227 * 1024

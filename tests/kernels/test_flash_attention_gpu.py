@@ -78,14 +78,19 @@ def test_gpu_descriptor_loads_match_reference(fa, poisoned, s_q, s_k, d, causal,
 @pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on compute capability 9.x only")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 80, 96, 128])
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (17, 17), (97, 97), (128, 128), (1000, 1000),
                                      (1025, 1025), (2065, 2065), (130, 1000), (1000, 130),
                                      (1, 1025), (1025, 1), (300, 4100)])
-def test_gpu_sm90_forward_matches_reference(fa, poisoned, s_q, s_k, group, d, causal, dtype):
+def test_gpu_sm90_forward_matches_reference(fa, poisoned, s_q, s_k, group, d, causal, dtype,
+                                            monkeypatch):
     """The hand-scheduled Hopper forward (fwd_sm90), forced on: ragged tails,
-    diagonals, s_q != s_k, GQA; gradients through the Triton backward on its O and lse2."""
+    diagonals, s_q != s_k, GQA, d = 80 and 96 in 128-wide tiles (`fwd_sm90.tile_d`, with
+    SETTINGS.sm90_padded_dims); gradients through the Triton backward on its O and lse2."""
+    from attnmem.kernels.flash.config import SETTINGS
+
+    monkeypatch.setattr(SETTINGS, "sm90_padded_dims", True)
     check_against_reference(fa, 2, 8, 8 // group, s_q, s_k, d, causal, dtype, "cuda",
                             config=KernelConfig(sm90=True))
 

@@ -46,17 +46,19 @@ def _ptxas_usage(ptx: str) -> tuple[str, str]:
 
 def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
                     consumers: int = 2):
-    """The Gluon forward compiled for sm_90 as a launch with these settings compiles it."""
-    lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.HALF_M, d], _DT[dtype])
-    lay_n = k90.gl.NVMMASharedLayout.get_default_for([1, 1, block_n, d], _DT[dtype])
-    desc_m = f"tensordesc<{dtype}[1, 1, {k90.HALF_M}, {d}],{lay_m!r}>"
-    desc_n = f"tensordesc<{dtype}[1, 1, {block_n}, {d}],{lay_n!r}>"
+    """The Gluon forward compiled for sm_90 as a launch with these settings compiles it (head
+    dim d in tiles of `fwd_sm90.tile_d`)."""
+    td = k90.tile_d(d)
+    lay_m = k90.gl.NVMMASharedLayout.get_default_for([1, 1, k90.HALF_M, td], _DT[dtype])
+    lay_n = k90.gl.NVMMASharedLayout.get_default_for([1, 1, block_n, td], _DT[dtype])
+    desc_m = f"tensordesc<{dtype}[1, 1, {k90.HALF_M}, {td}],{lay_m!r}>"
+    desc_n = f"tensordesc<{dtype}[1, 1, {block_n}, {td}],{lay_n!r}>"
     sig = {"q_desc": desc_m, "k_desc": desc_n, "v_desc": desc_n, "o_desc": desc_m,
            "LSE2": "*fp32", "H": "i32", "GROUP": "i32", "s_q": "i32", "s_k": "i32",
            "qk_scale": "fp32", "CAUSAL": "constexpr", "STAGES": "constexpr",
-           "num_warps": "constexpr", "CONSUMERS": "constexpr"}
+           "num_warps": "constexpr", "CONSUMERS": "constexpr", "D": "constexpr"}
     consts = {"CAUSAL": causal, "STAGES": stages, "num_warps": k90.NUM_WARPS,
-              "CONSUMERS": consumers}
+              "CONSUMERS": consumers, "D": d}
     src = GluonASTSource(k90.attn_fwd_sm90_kernel, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": k90.NUM_WARPS})
@@ -65,7 +67,8 @@ def compile_variant(dtype: str, d: int, causal: bool, block_n: int, stages: int,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dump", help="write ttgir/ptx/sass-less asm of each variant here")
-    ap.add_argument("--dims", type=int, nargs="+", default=list(k90.HEAD_DIMS))
+    ap.add_argument("--dims", type=int, nargs="+",
+                    default=sorted(k90.HEAD_DIMS + k90.PADDED_HEAD_DIMS))
     ap.add_argument("--stages", type=int, nargs="+", default=None)
     ap.add_argument("--consumers", type=int, default=None, choices=[2, 3],
                     help="consumer warpgroups (default: the kernel's choice per head dim)")
@@ -77,13 +80,13 @@ def main() -> int:
     print("dtype d causal BLOCK_N stages regs spill_bytes shared_KiB")
     bad = 0
     for d in args.dims:
-        bn, st0 = k90.TILES[d]
+        bn, st0 = k90.TILES[k90.tile_d(d)]
         for st in args.stages or [st0]:
             for dtype in ("fp16", "bf16"):
                 for causal in (False, True):
                     try:
                         ck = compile_variant(dtype, d, causal, bn, st,
-                                             args.consumers or k90.CONSUMERS[d])
+                                             args.consumers or k90.CONSUMERS[k90.tile_d(d)])
                     except Exception as e:  # report and go on with the next variant
                         print(f"{dtype} {d} {causal} {bn} {st} FAILED: {type(e).__name__}: "
                               f"{str(e)[:2000]}")

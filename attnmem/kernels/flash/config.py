@@ -37,6 +37,11 @@ class Settings:
     # suite passes through that route: attnmem/kernels/flash/NOTES.md, "the route on by default");
     # KernelConfig(sm90_bwd=...) decides per call.
     sm90_bwd: bool = True
+    # True: the Hopper Gluon forward also takes d = 80 and 96, in 128-wide tiles
+    # (`fwd_sm90.PADDED_HEAD_DIMS`). Off until that form has run on a GPU
+    # (attnmem/kernels/flash/NOTES.md, "Head dims 80 and 96 on the Hopper forward"): the GPU
+    # tests and the bench's "triton_sm90" turn it on.
+    sm90_padded_dims: bool = False
 
 
 SETTINGS = Settings()

@@ -60,7 +60,9 @@ exp2 unit (FA4's Blackwell exp2 emulation) measured 0.93-0.98x this forward with
 them, 0.78-0.92x with half, on the H200, and is gone (attnmem/kernels/flash/NOTES.md, "EXP2_EMU in
 the forward" and "DQ_FLAT kept, the others deleted").
 
-Scope: compute capability 9.x, fp16/bf16, d in {64, 128} (``flash_attention`` picks it by
+Scope: compute capability 9.x, fp16/bf16, d in {64, 128}; with ``SETTINGS.sm90_padded_dims``
+also 80 and 96 in 128-wide tiles (`tile_d`), and then only when forced
+(``KernelConfig(sm90=True)``): not yet run on a GPU (``flash_attention`` picks it by
 default at d = 128, and at d = 64 for long sequences; packed calls by the same rule on their
 longest sequence). Everything else (and every other GPU)
 uses ``fwd.py``. So does a causal sliding window (``flash_attention(..., window=W)``): this
@@ -101,6 +103,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnmem.calc import dispatch
 from attnmem.kernels.flash import common
+from attnmem.kernels.flash.config import SETTINGS
 from attnmem.kernels.flash.launcher import DirectLauncher
 
 # The copy-engine calls were renamed after Triton 3.6 (async_copy_global_to_shared ->
@@ -109,6 +112,8 @@ _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glo
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 HEAD_DIMS = (64, 128)  # what the kernel runs
+# ... and, with config.SETTINGS.sm90_padded_dims on, these in 128-wide tiles (`tile_d`)
+PADDED_HEAD_DIMS = (80, 96)
 # ... and where flash_attention picks it at every length without being asked; at d = 64 the
 # three-warpgroup form is the default for long sequences only (`default_schedule`).
 DEFAULT_HEAD_DIMS = (128,)
@@ -134,6 +139,16 @@ CONSUMERS = {64: 2, 128: 2}
 # which keeps them (attnmem/kernels/flash/NOTES.md, "three warpgroups by default at d = 64").
 THREE_WG_MIN_LEN = {False: 2049, True: 4097}  # by causal
 THREE_WG_SCHEDULE = (3, 2)  # (consumer warpgroups, stages)
+
+
+def tile_d(d: int) -> int:
+    """The head dim of the kernel's tiles for head dim d: d at 64 and 128; 128 at 80 and 96.
+    Gluon's register tensors have power-of-two shapes, so an 80- or 96-wide head runs in
+    128-wide tiles: the copy engine fills the columns past d with zeros on loads (they add
+    nothing to Q K^T, and P V's extra columns are zeros) and drops them on stores, as the
+    portable forward pads d to `common.block_d`. The padding costs 128/d of the products'
+    work (1.33x at d = 96, 1.6x at d = 80)."""
+    return common.block_d(d)
 
 
 def default_schedule(d: int, s_q: int, s_k: int, causal: bool) -> tuple[int, int] | None:
@@ -236,7 +251,8 @@ def _key_step(j, q, s, p, acc, m_i, l_i, k_smem, v_smem, k_ready, v_ready, k_emp
 @gluon.jit
 def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty,
               v_empty, o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
-              qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr):
+              qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+              D: gl.constexpr):
     """One warpgroup: 64 query rows of the program's tile, over the key blocks the loader
     brings (module docstring). Stores its rows of O and lse2.
 
@@ -244,7 +260,8 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
     row in o_desc's sequence axis and ``row_base`` (int64) the row of its query 0 in O and
     LSE2 seen as (rows, d) and (rows,). Rows past s_q belong to the next sequence, whose
     program writes them: a half that runs past s_q stores its rows with masked register
-    stores instead of one bulk copy."""
+    stores instead of one bulk copy. ``D``: the head dim of O in memory; the tiles' HEAD_D is
+    D or, at d = 80 and 96, 128 (`tile_d`: zero columns the copy engine fills and drops)."""
     HALF: gl.constexpr = q_smem.shape[3]
     HEAD_D: gl.constexpr = q_smem.shape[4]
     BLOCK_N: gl.constexpr = k_smem.shape[3]
@@ -321,9 +338,9 @@ def _consumer(HALF_ID: gl.constexpr, q_smem, k_smem, v_smem, q_bars, k_ready, v_
             rows_o = row0 + gl.arange(0, HALF, o_row)
             cols_o = gl.arange(0, HEAD_D, o_col)
             # one 64-bit base, 32-bit offsets inside the sequence (s_q * d < 2^31)
-            offs = gl.expand_dims(rows_o, 1) * HEAD_D + gl.expand_dims(cols_o, 0)
-            keep = (gl.expand_dims(rows_o, 1) < s_q) & (gl.expand_dims(cols_o, 0) < HEAD_D)
-            gl.store(O + row_base * HEAD_D + offs, acc.to(DTYPE), mask=keep)
+            offs = gl.expand_dims(rows_o, 1) * D + gl.expand_dims(cols_o, 0)
+            keep = (gl.expand_dims(rows_o, 1) < s_q) & (gl.expand_dims(cols_o, 0) < D)
+            gl.store(O + row_base * D + offs, acc.to(DTYPE), mask=keep)
     else:
         gl.store(LSE2 + bh.to(gl.int64) * s_q + rows, m_i + gl.log2(l_i), mask=rows < s_q)
         # O leaves through this half's Q buffer (its last reader, S_{n-1}, has completed).
@@ -345,6 +362,7 @@ def attn_fwd_sm90_kernel(
     STAGES: gl.constexpr,  # K and V buffers each
     num_warps: gl.constexpr,  # 4: the default partition is the first consumer warpgroup
     CONSUMERS: gl.constexpr = 2,  # consumer warpgroups of 64 query rows (2, or 3 at d = 64)
+    D: gl.constexpr = 128,  # the head dim in memory (the tiles': `tile_d`)
 ):
     gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3)
     HALF: gl.constexpr = q_desc.block_type.shape[2]
@@ -356,7 +374,7 @@ def attn_fwd_sm90_kernel(
     b = bh // H
     h = bh % H
     _one_tile(q_desc, k_desc, v_desc, o_desc, LSE2, LSE2, bh, b, h, h // GROUP, start_m, s_q,
-              s_k, 0, 0, 0, qk_scale, CAUSAL, STAGES, CONSUMERS, False)
+              s_k, 0, 0, 0, qk_scale, CAUSAL, STAGES, CONSUMERS, False, D)
 
 
 @gluon.jit(do_not_specialize=["total_q"])
@@ -372,6 +390,7 @@ def attn_fwd_sm90_varlen_kernel(
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 2,
+    D: gl.constexpr = 128,
 ):
     """Packed sequences (`attention_forward_sm90_packed`): grid (query tiles of the longest
     sequence, sequences x heads), as FlashAttention-2's varlen kernels and `fwd.fwd_kernel`
@@ -394,13 +413,13 @@ def attn_fwd_sm90_varlen_kernel(
     if start_m < s_q:  # the grid is sized for the longest sequence: shorter ones stop here
         row_base = h.to(gl.int64) * total_q + q0  # query 0's row in O and LSE2
         _one_tile(q_desc, k_desc, v_desc, o_desc, O, LSE2, sh, 0, h, h // GROUP, start_m, s_q,
-                  s_k, q0, k0, row_base, qk_scale, CAUSAL, STAGES, CONSUMERS, True)
+                  s_k, q0, k0, row_base, qk_scale, CAUSAL, STAGES, CONSUMERS, True, D)
 
 
 @gluon.jit
 def _one_tile(q_desc, k_desc, v_desc, o_desc, O, LSE2, bh, b, h, h_kv, start_m, s_q, s_k, q0,
               k0, row_base, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-              CONSUMERS: gl.constexpr, VARLEN: gl.constexpr):
+              CONSUMERS: gl.constexpr, VARLEN: gl.constexpr, D: gl.constexpr):
     """One program: the query tile from row ``start_m`` of (batch b or sequence, head h),
     key/value head h_kv; the shared memory, the barriers, and the warp-specialised
     partitions. ``q0``, ``k0``, ``row_base``: where a packed sequence lies (VARLEN, see
@@ -437,10 +456,10 @@ def _one_tile(q_desc, k_desc, v_desc, o_desc, O, LSE2, bh, b, h, h_kv, start_m, 
         gl.warp_specialize(
             [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
-                          qk_scale, CAUSAL, STAGES, VARLEN)),
+                          qk_scale, CAUSAL, STAGES, VARLEN, D)),
              (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
-                          qk_scale, CAUSAL, STAGES, VARLEN)),
+                          qk_scale, CAUSAL, STAGES, VARLEN, D)),
              (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
                         v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, q0, k0,
                         STAGES, CONSUMERS))],
@@ -449,13 +468,13 @@ def _one_tile(q_desc, k_desc, v_desc, o_desc, O, LSE2, bh, b, h, h_kv, start_m, 
         gl.warp_specialize(
             [(_consumer, (0, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
-                          qk_scale, CAUSAL, STAGES, VARLEN)),
+                          qk_scale, CAUSAL, STAGES, VARLEN, D)),
              (_consumer, (1, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
-                          qk_scale, CAUSAL, STAGES, VARLEN)),
+                          qk_scale, CAUSAL, STAGES, VARLEN, D)),
              (_consumer, (2, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty,
                           o_desc, O, LSE2, bh, b, h, start_m, n_blocks, s_q, s_k, q0, row_base,
-                          qk_scale, CAUSAL, STAGES, VARLEN)),
+                          qk_scale, CAUSAL, STAGES, VARLEN, D)),
              (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready,
                         v_ready, k_empty, v_empty, b, h, h_kv, start_m, n_blocks, q0, k0,
                         STAGES, CONSUMERS))],
@@ -503,7 +522,8 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether this kernel can run these inputs (the caller has validated shapes and dtypes)."""
     if q.device.type != "cuda":
         return False
-    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.device.index)
+    key = (q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.device.index,
+           SETTINGS.sm90_padded_dims)
     ok = _USABLE.get(key)
     if ok is None:
         if len(_USABLE) > 4096:  # many distinct shapes: start over rather than grow
@@ -514,7 +534,9 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _layout_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if q.dtype not in _GL_DTYPES or q.shape[3] not in HEAD_DIMS:
+    d = q.shape[3]
+    if q.dtype not in _GL_DTYPES or not (
+            d in HEAD_DIMS or (d in PADDED_HEAD_DIMS and SETTINGS.sm90_padded_dims)):
         return False
     if q.shape[1] * q.shape[0] > dispatch.GRID_Y_MAX:  # grid's second dimension: B * H
         return False
@@ -531,7 +553,7 @@ def _descriptor(t: torch.Tensor, rows: int, layout) -> TensorDescriptor:
     (alignment, strides) once for q, k and v, and O is allocated contiguous here."""
     desc = TensorDescriptor.__new__(TensorDescriptor)
     desc.base, desc.shape, desc.strides = t, list(t.shape), _strides(t)
-    desc.block_shape, desc.layout, desc.padding = [1, 1, rows, t.shape[3]], layout, "zero"
+    desc.block_shape, desc.layout, desc.padding = [1, 1, rows, tile_d(t.shape[3])], layout, "zero"
     return desc
 
 
@@ -554,8 +576,8 @@ def _schedule(d: int, stages: int | None, block_n: int | None,
               consumers: int | None) -> tuple[int, int, int]:
     """(BLOCK_N, stages, consumer warpgroups): the given values, else `TILES` and
     `CONSUMERS` for head dim d; ValueError for a consumer count the kernel has not."""
-    bn, st = TILES[d]
-    nc = CONSUMERS[d] if consumers is None else consumers
+    bn, st = TILES[tile_d(d)]
+    nc = CONSUMERS[tile_d(d)] if consumers is None else consumers
     if nc not in (2, 3) or (nc == 3 and d != 64):
         raise ValueError(f"sm90_consumers must be 2, or 3 at d = 64; got {nc} at d = {d}")
     return block_n or bn, stages or st, nc
@@ -572,11 +594,12 @@ def attention_forward_sm90(q, k, v, causal: bool, qk_scale: float, stages: int |
     bn, st, nc = _schedule(d, stages, block_n, consumers)
     o = common.empty(q, (B, H, s_q, d))  # q's dtype and device, contiguous
     lse2 = common.empty(q, (B, H, s_q), torch.float32)
-    lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
+    lay_m, lay_n = _layout(q.dtype, HALF_M, tile_d(d)), _layout(q.dtype, bn, tile_d(d))
     group = H // H_kv
     args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), lse2,
             H, group, s_q, s_k, qk_scale)
-    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc}
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc,
+              "D": d}
     key = (q.dtype, d, bn, st, bool(causal), nc, _int_spec(H), _int_spec(group))
     LAUNCHER((-(-s_q // (nc * HALF_M)), B * H), key, args, consts)
     return o, lse2
@@ -602,12 +625,13 @@ def attention_forward_sm90_packed(q, k, v, causal: bool, qk_scale: float, packed
     bn, st, nc = _schedule(d, stages, block_n, consumers)
     o = common.empty(q, (1, H, total_q, d))
     lse2 = common.empty(q, (1, H, total_q), torch.float32)
-    lay_m, lay_n = _layout(q.dtype, HALF_M, d), _layout(q.dtype, bn, d)
+    lay_m, lay_n = _layout(q.dtype, HALF_M, tile_d(d)), _layout(q.dtype, bn, tile_d(d))
     group = H // H_kv
     cu_q, cu_k = packed.cu_q, packed.cu_k
     args = ((q, HALF_M, lay_m), (k, bn, lay_n), (v, bn, lay_n), (o, HALF_M, lay_m), o, lse2,
             cu_q, cu_k, H, group, total_q, qk_scale)
-    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc}
+    consts = {"CAUSAL": bool(causal), "STAGES": st, "num_warps": NUM_WARPS, "CONSUMERS": nc,
+              "D": d}
     key = (q.dtype, d, bn, st, bool(causal), nc, _int_spec(H), _int_spec(group),
            cu_q.data_ptr() % 16 == 0, cu_k.data_ptr() % 16 == 0)
     LAUNCHER_VARLEN((-(-packed.max_q // (nc * HALF_M)), packed.n_seq * H), key, args, consts)

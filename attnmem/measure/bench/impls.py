@@ -17,30 +17,33 @@ import math
 from attnmem.kernels.flash.config import KernelConfig
 from attnmem.measure import registry
 
-__all__ = ["CONFIGS", "GENERIC", "IMPLS", "NATIVE_BSHD", "PORTABLE_BWD", "REL_ERR_MAX",
+__all__ = ["CONFIGS", "GENERIC", "IMPLS", "NATIVE_BSHD", "PORTABLE_BWD", "REL_ERR_MAX", "SM90",
            "SM90_3WG", "SM90_BWD", "combine", "impl_fn", "measure"]
 
 # "triton" is what flash_attention runs by default (on Hopper: the Gluon forward at d = 128,
 # and at d = 64 past 2,048/4,096 with three warpgroups; the Gluon backward where
 # attnmem.kernels.flash.route.backward_route picks it, else the Triton backward);
-# "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90_3wg" the
+# "triton_generic" is the portable Triton forward on the same GPU; "triton_sm90" the Gluon
+# forward forced (with its own schedule; d = 80 and 96 run it only so); "triton_sm90_3wg" the
 # three-warpgroup Gluon forward forced at every length (d = 64); "triton_sm90_bwd" the default
 # forward with the Hopper Gluon backward forced (KernelConfig(sm90_bwd=True): where it cannot
 # run, the row says why); "triton_portable_bwd" the default forward with the portable Triton
 # backward (KernelConfig(sm90_bwd=False): beside "triton", it times the Hopper backward against
 # the portable one, packed batches included). The SDPA backends and "fa4"
 # (FlashAttention-4) are the registry's implementations (attnmem.measure.registry).
-IMPLS = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd", "triton_portable_bwd",
+IMPLS = ("triton", "triton_generic", "triton_sm90", "triton_sm90_3wg", "triton_sm90_bwd", "triton_portable_bwd",
          "sdpa_cudnn", "sdpa_flash", "fa4", "sdpa_efficient", "sdpa_math")
 #: "triton_sm90_3wg": the Hopper forward forced, with three consumer warpgroups and two stages.
 SM90_3WG = KernelConfig(sm90=True, sm90_consumers=3, sm90_stages=2)
+#: "triton_sm90": the Hopper forward forced, its schedule per head dim.
+SM90 = KernelConfig(sm90=True)
 #: "triton_generic": the portable Triton forward.
 GENERIC = KernelConfig(sm90=False)
 #: "triton_sm90_bwd": the Hopper backward forced; "triton_portable_bwd": the portable one.
 SM90_BWD = KernelConfig(sm90_bwd=True)
 PORTABLE_BWD = KernelConfig(sm90_bwd=False)
 #: The KernelConfig each of our implementations passes (None: the route's own choices).
-CONFIGS = {"triton": None, "triton_generic": GENERIC, "triton_sm90_3wg": SM90_3WG,
+CONFIGS = {"triton": None, "triton_generic": GENERIC, "triton_sm90": SM90, "triton_sm90_3wg": SM90_3WG,
            "triton_sm90_bwd": SM90_BWD, "triton_portable_bwd": PORTABLE_BWD}
 #: Implementations timed on their own (B, s, H, d) layout: speed.run_grid gives them q, k, v as
 #: contiguous (B, s, H, d) leaves, so their gradients need no copy into a (B, H, s, d) layout
@@ -70,6 +73,14 @@ def impl_fn(name: str):
         from attnmem.kernels.flash.api import flash_attention
 
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=GENERIC)
+    if name == "triton_sm90":
+        from attnmem.kernels.flash.api import flash_attention
+        from attnmem.kernels.flash.config import SETTINGS
+
+        # a bench tool may turn on the forms not yet run on a GPU (d = 80, 96 in 128-wide
+        # tiles): measuring them is how they get checked
+        SETTINGS.sm90_padded_dims = True
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, config=SM90)
     if name == "triton_sm90_3wg":
         from attnmem.kernels.flash.api import flash_attention
 

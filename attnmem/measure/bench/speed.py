@@ -45,7 +45,7 @@ __all__ = ["IMPLS", "PRESETS", "Row", "Shape", "flops", "main", "parse_args",
 
 DEFAULT_IMPLS = IMPLS
 #: Implementations whose output is checked against the reference (a wrong one gets no time).
-CHECKED = ("triton", "triton_generic", "triton_sm90_3wg", "triton_sm90_bwd",
+CHECKED = ("triton", "triton_generic", "triton_sm90", "triton_sm90_3wg", "triton_sm90_bwd",
            "triton_portable_bwd", "fa4")
 MATH_MAX_SEQ = 8192  # sdpa_math keeps fp32 s x s scores: skipped above this length
 

@@ -27,6 +27,7 @@ IMPL_COLORS: dict[str, str] = {
     "fa4": "#882255",  # wine
     # the benchmark's variants of our kernel (Kernel speed page)
     "triton_generic": "#332288",  # indigo
+    "triton_sm90": "#88CCEE",  # cyan
     "triton_sm90_3wg": "#999933",  # olive
     "triton_sm90_bwd": "#117733",  # green
     "triton_portable_bwd": "#44AA99",  # teal
@@ -54,6 +55,7 @@ TRAINING_PART_COLORS: dict[str, str] = {
 _SERIES_LABELS: dict[str, str] = {
     "fa4": "FlashAttention-4",
     "triton_generic": "Our kernel: portable Triton forward",
+    "triton_sm90": "Our kernel: Gluon forward (forced)",
     "triton_sm90_3wg": "Our kernel: Gluon forward, 3 warpgroups",
     "triton_sm90_bwd": "Our kernel: Gluon backward (forced)",
     "triton_portable_bwd": "Our kernel: portable Triton backward (forced)",
