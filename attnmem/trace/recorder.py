@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnmem.calc.allocator import K_SMALL_SIZE, CachingAllocator, round_size
+from attnmem.calc.allocator import CachingAllocator, is_small, round_size
 from attnmem.trace.cuda_only import temporaries
 from attnmem.trace.known import Known
 from attnmem.trace.uniform import Uniform
@@ -274,7 +274,7 @@ def _bypass(nbytes: int, expandable: bool) -> bool:
     segments, every request (blocks always split); calc.allocator `should_split`. The small and
     large pools share no blocks (`get_pool`), so such requests never change what a large
     request gets: the replay counts them without the allocator."""
-    return expandable or round_size(nbytes) <= K_SMALL_SIZE
+    return expandable or is_small(round_size(nbytes))
 
 
 class _Repeat:
